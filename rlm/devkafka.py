@@ -1,0 +1,370 @@
+"""A real Apache Kafka cluster (KRaft) on 127.0.0.1 for tests, the demo and benchmarks.
+
+The jars come from Maven Central through ``config/kafka-pom.xml`` and are cached under ``.cache/kafka/``
+(ignored by git). Node 1 is broker+controller (a static one-voter quorum); nodes 2.. are brokers only.
+Every node gets free ports, its own ``log.dirs`` under a temp directory and small segment/roll settings so
+tests see rolled segments quickly.
+
+Usage::
+
+    with KafkaCluster(brokers=1) as kc:
+        kc.bootstrap_servers          # "127.0.0.1:PORT,..."
+        kc.log_dir(1)                 # Path of node 1's log dir
+        kc.run_class("org.apache.kafka.tools.consumer.ConsoleConsumer", [...])
+
+The broker's own log is ``<node dir>/broker.log``; :meth:`KafkaCluster.tail_logs` returns it for failure
+reports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["KafkaCluster", "KafkaNode", "KafkaStartError", "ensure_kafka_jars", "project_root"]
+
+KB = 1024
+MB = 1024 * KB
+
+
+class KafkaStartError(RuntimeError):
+    """The dev cluster could not resolve its jars or a node did not come up; the message has the log tail."""
+
+
+def project_root() -> Path:
+    """The checkout this module lives in (``config/`` and ``.cache/`` are resolved against it)."""
+    return Path(os.environ.get("RLM_PROJECT_ROOT", Path(__file__).resolve().parents[1]))
+
+
+def ensure_kafka_jars(root: Path | None = None) -> Path:
+    """Resolve the Kafka jars with Maven once; return the directory that holds them.
+
+    A marker file records the POM it was resolved from, so editing ``config/kafka-pom.xml`` re-resolves.
+    """
+    root = root or project_root()
+    pom = root / "config" / "kafka-pom.xml"
+    cache = Path(os.environ.get("RLM_KAFKA_CACHE", root / ".cache" / "kafka"))
+    libs = cache / "libs"
+    marker = cache / "resolved-from.pom"
+    pom_text = pom.read_text()
+    if libs.is_dir() and marker.exists() and marker.read_text() == pom_text:
+        return libs
+    if shutil.which("mvn") is None:
+        raise KafkaStartError("mvn not found on PATH: Maven is needed to fetch the Kafka jars")
+    tmp = cache / "libs.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KafkaStartError(f"maven could not resolve {pom}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    marker.write_text(pom_text)
+    return libs
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Broker settings for tests: small, fast-rolling segments and quick housekeeping. Callers override per cluster.
+DEFAULT_BROKER_CONFIG: dict[str, str] = {
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "group.initial.rebalance.delay.ms": "0",
+    "log.segment.bytes": str(1 * MB),
+    "log.roll.ms": str(10 * 60 * 1000),
+    "log.retention.check.interval.ms": "1000",
+    "log.segment.delete.delay.ms": "1000",
+    "log.cleaner.backoff.ms": "1000",
+    "log.flush.interval.messages": "1",
+    "auto.create.topics.enable": "false",
+    "delete.topic.enable": "true",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+}
+
+
+@dataclass
+class KafkaNode:
+    node_id: int
+    port: int
+    controller_port: int | None
+    directory: Path
+    log_dirs: list[Path]
+    process: subprocess.Popen | None = None
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def roles(self) -> str:
+        return "broker,controller" if self.controller_port else "broker"
+
+
+class KafkaCluster:
+    """Start ``brokers`` Kafka nodes as one KRaft cluster; stop them (and remove their data) on exit."""
+
+    def __init__(
+        self,
+        brokers: int = 1,
+        *,
+        broker_config: Mapping[str, str] | None = None,
+        log_dirs_per_broker: int = 1,
+        base_dir: Path | None = None,
+        heap: str = "512m",
+        start_timeout_s: float = 120.0,
+        keep_data: bool = False,
+    ) -> None:
+        if brokers < 1:
+            raise ValueError("brokers must be >= 1")
+        self.libs = ensure_kafka_jars()
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="rlm-kafka-"))
+        self.cluster_id = _kafka_uuid()
+        self.heap = heap
+        self.start_timeout_s = start_timeout_s
+        self.keep_data = keep_data
+        self.overrides = dict(DEFAULT_BROKER_CONFIG)
+        if brokers > 1:
+            rf = str(min(brokers, 3))
+            self.overrides.update({
+                "offsets.topic.replication.factor": rf,
+                "transaction.state.log.replication.factor": rf,
+                "share.coordinator.state.topic.replication.factor": rf,
+            })
+        self.overrides.update(broker_config or {})
+        self.nodes: list[KafkaNode] = []
+        controller_port = free_port()
+        for i in range(1, brokers + 1):
+            d = self.base_dir / f"node-{i}"
+            dirs = [d / f"data-{j}" for j in range(log_dirs_per_broker)]
+            self.nodes.append(KafkaNode(i, free_port(), controller_port if i == 1 else None, d, dirs))
+        self.controller_port = controller_port
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> KafkaCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.nodes[node_id - 1]
+
+    def log_dir(self, node_id: int = 1, index: int = 0) -> Path:
+        return self.node(node_id).log_dirs[index]
+
+    def _java(self) -> str:
+        java_home = os.environ.get("JAVA_HOME")
+        java = Path(java_home) / "bin" / "java" if java_home else shutil.which("java")
+        if not java:
+            raise KafkaStartError("java not found (set JAVA_HOME or put java on PATH)")
+        return str(java)
+
+    def java_cmd(self, main_class: str, args: Sequence[str], *, heap: str = "256m",
+                 log_dir: Path | None = None, tool: bool = True) -> list[str]:
+        """A java command line over the Kafka jars; ``tool`` trades peak speed for a fast start (C1 only)."""
+        log_cfg = project_root() / "config" / "kafka-log4j2.xml"
+        jit = ["-XX:TieredStopAtLevel=1"] if tool else []
+        return [
+            self._java(), f"-Xmx{heap}", "-XX:+UseG1GC", *jit,
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log_cfg}",
+            f"-Dkafka.logs.dir={log_dir or self.base_dir}",
+            "-cp", f"{self.libs}/*", main_class, *args,
+        ]
+
+    def run_class(self, main_class: str, args: Sequence[str], *, timeout: float = 120.0,
+                  input_text: str | None = None) -> subprocess.CompletedProcess:
+        """Run one of Kafka's command-line classes (console consumer, storage tool...) against the jars."""
+        return subprocess.run(self.java_cmd(main_class, args), capture_output=True, text=True,
+                              timeout=timeout, input=input_text)
+
+    def _properties(self, node: KafkaNode) -> dict[str, str]:
+        props = {
+            "process.roles": node.roles,
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "advertised.listeners": f"PLAINTEXT://{node.address}",
+            "log.dirs": ",".join(str(p) for p in node.log_dirs),
+            "metadata.log.dir": str(node.directory / "metadata"),
+        }
+        listeners = [f"PLAINTEXT://{node.address}"]
+        if node.controller_port:
+            listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
+        props["listeners"] = ",".join(listeners)
+        props.update(self.overrides)
+        props.update(node.config)
+        return props
+
+    def _write_props(self, node: KafkaNode) -> Path:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        path = node.directory / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in sorted(self._properties(node).items())))
+        return path
+
+    def _format(self, node: KafkaNode, props: Path) -> None:
+        proc = subprocess.run(
+            self.java_cmd("kafka.tools.StorageTool", ["format", "-t", self.cluster_id, "-c", str(props),
+                                                       "--ignore-formatted"], log_dir=node.directory),
+            capture_output=True, text=True, timeout=120,
+        )
+        if proc.returncode != 0:
+            raise KafkaStartError(f"formatting node {node.node_id} failed:\n{proc.stdout}\n{proc.stderr}")
+
+    def start(self) -> None:
+        try:
+            for node in self.nodes:
+                props = self._write_props(node)
+                self._format(node, props)
+            for node in self.nodes:
+                self.start_node(node.node_id, _formatted=True)
+            self.wait_ready()
+        except KafkaStartError as err:
+            logs = self.tail_logs()
+            self.stop()
+            raise KafkaStartError(f"{err}\n{logs}") from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_node(self, node_id: int, *, _formatted: bool = False) -> None:
+        """(Re)start one node; its data is kept, so a stopped broker comes back with its logs."""
+        node = self.node(node_id)
+        if node.process and node.process.poll() is None:
+            return
+        props = self._write_props(node)
+        if not _formatted:
+            self._format(node, props)
+        out = open(node.directory / "stdout.log", "ab")
+        node.process = subprocess.Popen(
+            self.java_cmd("kafka.Kafka", [str(props)], heap=self.heap, log_dir=node.directory, tool=False),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        out.close()
+
+    def stop_node(self, node_id: int, *, kill: bool = False, timeout: float = 60.0) -> None:
+        node = self.node(node_id)
+        proc = node.process
+        if proc is None or proc.poll() is not None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        # Brokers first, the controller last, so brokers can shut down cleanly.
+        for node in reversed(self.nodes):
+            self.stop_node(node.node_id)
+        if self._own_dir and not self.keep_data:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------ readiness
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every node is registered and a metadata request lists all brokers."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + (timeout or self.start_timeout_s)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
+                             "logger": _SilentLogger()})
+        last_err: object = None
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.process and node.process.poll() is not None:
+                    raise KafkaStartError(f"kafka node {node.node_id} exited with {node.process.returncode}")
+            try:
+                md = admin.list_topics(timeout=2)
+                if len(md.brokers) == len(self.nodes):
+                    return
+                last_err = f"{len(md.brokers)} of {len(self.nodes)} brokers registered"
+            except Exception as err:  # noqa: BLE001 - retried until the deadline
+                last_err = err
+            time.sleep(0.3)
+        raise KafkaStartError(f"kafka cluster not ready after {timeout or self.start_timeout_s}s: {last_err}")
+
+    def tail_logs(self, lines: int = 80) -> str:
+        parts = []
+        for node in self.nodes:
+            for name in ("broker.log", "stdout.log"):
+                path = node.directory / name
+                if path.exists():
+                    text = path.read_text(errors="replace").splitlines()[-lines:]
+                    parts.append(f"----- node {node.node_id} {name} (last {len(text)} lines) -----")
+                    parts.extend(text)
+        return "\n".join(parts)
+
+    # ---------------------------------------------------------------------------------------- conveniences
+    def admin_config(self) -> dict[str, object]:
+        return {"bootstrap.servers": self.bootstrap_servers}
+
+    def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                     config: Mapping[str, str] | None = None, timeout: float = 30.0) -> uuid.UUID:
+        """Create a topic and wait until every partition has a leader; return its topic id."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.admin_config())
+        fut = admin.create_topics([NewTopic(name, partitions, replication_factor, config=dict(config or {}))])
+        fut[name].result(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            md = admin.list_topics(name, timeout=5).topics.get(name)
+            if md and md.error is None and len(md.partitions) == partitions and all(
+                p.leader >= 0 for p in md.partitions.values()
+            ):
+                desc = admin.describe_topics(TopicCollection([name]))[name].result(timeout)
+                tid = desc.topic_id
+                msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
+                return uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1)))
+            time.sleep(0.1)
+        raise KafkaStartError(f"topic {name} has no leader after {timeout}s")
+
+
+class _SilentLogger:
+    """librdkafka logs every refused connection while the broker starts; keep the test output clean."""
+
+    def log(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    def __getattr__(self, name: str):  # debug, info, warning... all no-ops
+        return self.log
+
+
+def _kafka_uuid() -> str:
+    """A random cluster id in Kafka's URL-safe base64 form (22 chars, no padding)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

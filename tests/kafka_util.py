@@ -1,0 +1,78 @@
+"""Helpers for tests that make the real broker write segments: produce, roll, find the files."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from rlm.devkafka import KafkaCluster
+
+__all__ = ["partition_dir", "produce", "roll_and_wait", "rolled_logs"]
+
+
+def partition_dir(kafka: KafkaCluster, topic: str, partition: int = 0, node_id: int = 1) -> Path:
+    for d in kafka.node(node_id).log_dirs:
+        p = d / f"{topic}-{partition}"
+        if p.is_dir():
+            return p
+    raise FileNotFoundError(f"no directory for {topic}-{partition} on node {node_id}")
+
+
+def rolled_logs(pdir: Path) -> list[Path]:
+    """The rolled (immutable) ``.log`` files of a partition directory: all but the highest base offset."""
+    logs = sorted(pdir.glob("*.log"))
+    return logs[:-1]
+
+
+def produce(kafka: KafkaCluster, topic: str, records: Iterable[tuple], *, partition: int = 0,
+            **producer_config: object) -> list[tuple[int, int]]:
+    """Produce ``(key, value[, headers[, timestamp_ms]])`` tuples; return (partition, offset) per record."""
+    conf = {"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5, **producer_config}
+    producer = Producer(conf)
+    results: list[tuple[int, int] | None] = []
+
+    def on_delivery(idx: int):
+        def cb(err, msg):
+            if err is not None:
+                raise RuntimeError(f"delivery failed: {err}")
+            results[idx] = (msg.partition(), msg.offset())
+        return cb
+
+    for i, rec in enumerate(records):
+        key, value, *rest = rec
+        headers = rest[0] if rest else None
+        ts = rest[1] if len(rest) > 1 else 0
+        results.append(None)
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, headers=headers, partition=partition,
+                                 timestamp=ts or 0, on_delivery=on_delivery(i))
+                break
+            except BufferError:
+                producer.poll(0.1)
+    if producer.flush(60) != 0:
+        raise RuntimeError("producer did not flush within 60s")
+    if any(r is None for r in results):
+        raise RuntimeError("some records were not acknowledged")
+    return results  # type: ignore[return-value]
+
+
+def roll_and_wait(kafka: KafkaCluster, topic: str, partition: int = 0, *, rolled: int = 1,
+                  segment_ms: int = 200, timeout: float = 60.0) -> list[Path]:
+    """Make the broker roll until ``rolled`` segments are immutable; return their ``.log`` paths.
+
+    The topic must have been created with ``segment.ms`` <= ``segment_ms``: a segment rolls on the first append
+    after it is that old, so this appends a one-byte filler record (key ``b"__roll__"``) until enough rolled.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pdir = partition_dir(kafka, topic, partition)
+        logs = rolled_logs(pdir)
+        if len(logs) >= rolled:
+            return logs
+        time.sleep(segment_ms / 1000)
+        produce(kafka, topic, [(b"__roll__", b"r")], partition=partition)
+    raise TimeoutError(f"{topic}-{partition} did not roll {rolled} segments within {timeout}s")
