@@ -1,0 +1,204 @@
+"""Sidecar configuration: a YAML file validated by pydantic, with environment overrides.
+
+Precedence (highest first): environment variables ``RLM_<SECTION>__<FIELD>`` (e.g.
+``RLM_KAFKA__BOOTSTRAP_SERVERS``), then the YAML file, then the defaults below. A bad value fails at start
+with the field's dotted path (:class:`ConfigError`).
+
+Kafka client settings (security, SASL, TLS) are passed through verbatim to confluent-kafka under
+``kafka.client`` using librdkafka's dotted names; secrets there may come from the environment as
+``RLM_KAFKA__CLIENT='{"sasl.password": "..."}'``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "ConfigError",
+    "KafkaSettings",
+    "MetadataSettings",
+    "RetentionRule",
+    "SidecarSettings",
+    "TaskSettings",
+    "TopicSelection",
+    "load_settings",
+]
+
+SECOND_MS = 1000
+HOUR_MS = 3600 * SECOND_MS
+DAY_MS = 24 * HOUR_MS
+MB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment is invalid; the message names the file and each bad field."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Frozen):
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port] of the cluster")
+    client: dict[str, str | int | bool] = Field(
+        default_factory=dict,
+        description="extra librdkafka properties for every client (security.protocol, sasl.*, ssl.*)",
+    )
+
+    @field_validator("client")
+    @classmethod
+    def _no_owned_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        owned = {"bootstrap.servers", "group.id", "enable.auto.commit", "isolation.level"}
+        bad = sorted(owned & v.keys())
+        if bad:
+            raise ValueError(f"{', '.join(bad)} are set by the sidecar, not under kafka.client")
+        return v
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        """The confluent-kafka configuration for one client: bootstrap + pass-through + ``extra``."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client, **extra}
+
+
+class MetadataSettings(_Frozen):
+    topic: str = "__remote_log_metadata"
+    partitions: int = Field(50, ge=1)
+    replication_factor: int = Field(1, ge=1)
+    state_dir: Path = Field(Path("/var/lib/rlm/state"), description="RocksDB cache of the metadata topic")
+    tombstone_delay_ms: int = Field(DAY_MS, ge=0)
+    write_timeout_ms: int = Field(30 * SECOND_MS, ge=100)
+    to_be_deleted_topic: str = "__remote_segments_to_be_deleted"
+
+
+class TaskSettings(_Frozen):
+    copy_interval_ms: int = Field(30 * SECOND_MS, ge=100)
+    expiration_interval_ms: int = Field(5 * 60 * SECOND_MS, ge=100)
+    cleaner_interval_ms: int = Field(30 * SECOND_MS, ge=100)
+    gc_interval_ms: int = Field(HOUR_MS, ge=1000)
+    gc_grace_ms: int = Field(DAY_MS, ge=0)
+    discovery_interval_ms: int = Field(10 * SECOND_MS, ge=100)
+    copy_workers: int = Field(2, ge=1, le=64)
+
+
+class RetentionRule(_Frozen):
+    """Remote retention for the topics whose name fully matches ``pattern`` (first matching rule wins).
+
+    ``-1`` means unlimited. These are the sidecar's own settings: the topic's ``retention.*`` govern only the
+    broker's local data in sidecar mode, and the broker's log start offset is never followed.
+    """
+
+    pattern: str = ".*"
+    retention_ms: int = Field(7 * DAY_MS, ge=-1)
+    retention_bytes: int = Field(-1, ge=-1)
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as err:
+            raise ValueError(f"not a regular expression: {err}") from err
+        return v
+
+
+class TopicSelection(_Frozen):
+    include: list[str] = Field(default_factory=lambda: [".*"], description="regexes of topics to tier")
+    exclude: list[str] = Field(default_factory=list, description="regexes of topics never tiered")
+    paused: list[str] = Field(default_factory=list, description="regexes of topics whose copying is paused")
+
+    @field_validator("include", "exclude", "paused")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as err:
+                raise ValueError(f"{p!r} is not a regular expression: {err}") from err
+        return v
+
+    def tiered(self, topic: str) -> bool:
+        if topic.startswith("__"):
+            return False  # internal topics are never tiered
+        return any(re.fullmatch(p, topic) for p in self.include) and not any(
+            re.fullmatch(p, topic) for p in self.exclude
+        )
+
+    def is_paused(self, topic: str) -> bool:
+        return any(re.fullmatch(p, topic) for p in self.paused)
+
+
+class ListenSettings(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(9464, ge=0, le=65535)
+
+
+class SidecarSettings(BaseSettings):
+    """The whole sidecar configuration (see ``config/sidecar.example.yaml``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLM_", env_nested_delimiter="__", frozen=True, extra="forbid")
+
+    broker_id: int = Field(ge=0)
+    log_dirs: list[Path] = Field(min_length=1, description="the broker's log.dirs")
+    staging_dir: Path | None = Field(
+        None, description="hard-link staging area; must be on the same filesystem as the log dirs "
+                          "(default: <log dir>/.rlm-staging in each log dir)")
+    kafka: KafkaSettings
+    store: dict[str, Any] = Field(default_factory=lambda: {"kind": "fs", "root": "/var/lib/rlm/remote"})
+    metadata: MetadataSettings = MetadataSettings()
+    tasks: TaskSettings = TaskSettings()
+    topics: TopicSelection = TopicSelection()
+    retention: list[RetentionRule] = Field(default_factory=lambda: [RetentionRule()])
+    listen: ListenSettings = ListenSettings()
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _log_dirs_distinct(self) -> SidecarSettings:
+        if len(set(self.log_dirs)) != len(self.log_dirs):
+            raise ValueError("log_dirs lists a directory twice")
+        return self
+
+    def retention_for(self, topic: str) -> RetentionRule:
+        for rule in self.retention:
+            if re.fullmatch(rule.pattern, topic):
+                return rule
+        return RetentionRule(pattern=re.escape(topic), retention_ms=-1, retention_bytes=-1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment beats the file (passed as init kwargs), so an operator can override one field.
+        return env_settings, init_settings
+
+
+def load_settings(path: Path | str, **overrides: Any) -> SidecarSettings:
+    """Read and validate a YAML config file; raise :class:`ConfigError` naming the file and the bad fields."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, found {type(raw).__name__}")
+    raw.update(overrides)
+    try:
+        return SidecarSettings(**raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+            lines.append(f"  {field}: {e['msg']}")
+        raise ConfigError(f"{path}: invalid configuration:\n" + "\n".join(lines)) from None
