@@ -15,10 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlm.devkafka import KafkaCluster
-from tests.kafka_util import (  # noqa: F401 - re-exported fixtures' helpers
-    roll_and_wait,
-)
+from rlm.devkafka import KafkaCluster, KafkaStartError
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +23,7 @@ def kafka() -> Iterator[KafkaCluster]:
     cluster = KafkaCluster(brokers=1)
     try:
         cluster.start()
-    except Exception as err:
+    except KafkaStartError as err:
         pytest.fail(f"the Kafka broker did not start (tests never skip it): {err}", pytrace=False)
     try:
         yield cluster
@@ -41,7 +38,7 @@ def kafka_cluster3() -> Iterator[KafkaCluster]:
     cluster = KafkaCluster(brokers=3)
     try:
         cluster.start()
-    except Exception as err:
+    except KafkaStartError as err:
         pytest.fail(f"the 3-broker Kafka cluster did not start: {err}", pytrace=False)
     try:
         yield cluster

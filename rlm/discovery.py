@@ -1,0 +1,137 @@
+"""What the sidecar tiers: partitions found in the broker's log dirs, and what the cluster says about them.
+
+Two sources, merged by the sidecar every discovery interval:
+
+- the broker's ``log.dirs`` (every one of them: JBOD), scanned for ``<topic>-<partition>`` directories. A
+  replica being moved between log dirs shows up as ``<topic>-<partition>.<uuid>-future`` until the move ends;
+  those, ``-delete`` and ``-stray`` directories are ignored, so a moved replica is simply found in its new dir on
+  the next scan;
+- the cluster (AdminClient): topic ids, leaders, compacted topics, last stable offsets (ListOffsets with
+  read_committed isolation).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+
+__all__ = ["ClusterView", "LocalPartition", "PartitionInfo", "scan_log_dirs"]
+
+log = logging.getLogger(__name__)
+
+_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPartition:
+    topic: str
+    partition: int
+    path: Path
+
+
+def scan_log_dirs(log_dirs: Iterable[Path]) -> dict[tuple[str, int], LocalPartition]:
+    """Every partition directory in the given log dirs, keyed by (topic, partition).
+
+    A partition found in two log dirs at once (should not happen outside a move) keeps the first found and logs it.
+    """
+    found: dict[tuple[str, int], LocalPartition] = {}
+    for log_dir in log_dirs:
+        try:
+            entries = sorted(Path(log_dir).iterdir())
+        except FileNotFoundError:
+            log.warning("log dir missing", extra={"log_dir": str(log_dir)})
+            continue
+        for entry in entries:
+            m = _PARTITION_DIR.match(entry.name)
+            if not m or not entry.is_dir():
+                continue  # checkpoints, meta.properties, *-future / *-delete / *-stray directories
+            key = (m["topic"], int(m["partition"]))
+            if key in found:
+                log.warning("partition in two log dirs", extra={"partition": f"{key[0]}-{key[1]}",
+                                                                "kept": str(found[key].path), "ignored": str(entry)})
+                continue
+            found[key] = LocalPartition(key[0], key[1], entry)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    topic_id: uuid.UUID
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+
+
+def _to_uuid(kafka_uuid: object) -> uuid.UUID:
+    msb = kafka_uuid.get_most_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
+    lsb = kafka_uuid.get_least_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
+    return uuid.UUID(int=(msb << 64) | lsb)
+
+
+class ClusterView:
+    """The cluster's answers the sidecar needs, through one AdminClient."""
+
+    def __init__(self, client_config: dict[str, object], timeout_s: float = 15.0) -> None:
+        self._admin = AdminClient(client_config)
+        self.timeout_s = timeout_s
+
+    def partitions(self, topics: Iterable[str] | None = None) -> dict[tuple[str, int], PartitionInfo]:
+        """Leader, replicas and topic id of every partition of ``topics`` (default: all topics)."""
+        names = sorted(topics) if topics is not None else sorted(self._admin.list_topics(
+            timeout=self.timeout_s).topics)
+        if not names:
+            return {}
+        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
+        out: dict[tuple[str, int], PartitionInfo] = {}
+        for name, fut in futures.items():
+            try:
+                desc = fut.result()
+            except Exception as err:  # noqa: BLE001 - a topic deleted meanwhile is simply absent
+                log.info("topic not described", extra={"topic": name, "error": str(err)})
+                continue
+            tid = _to_uuid(desc.topic_id)
+            for p in desc.partitions:
+                leader = p.leader.id if p.leader is not None else -1
+                out[(name, p.id)] = PartitionInfo(name, tid, p.id, leader, tuple(r.id for r in p.replicas))
+        return out
+
+    def compacted_topics(self, topics: Iterable[str]) -> set[str]:
+        """Topics whose ``cleanup.policy`` includes ``compact`` (never tiered)."""
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(set(topics))]
+        if not resources:
+            return set()
+        out = set()
+        for res, fut in self._admin.describe_configs(resources, request_timeout=self.timeout_s).items():
+            try:
+                entries = fut.result()
+            except Exception as err:  # noqa: BLE001
+                log.info("topic config not described", extra={"topic": res.name, "error": str(err)})
+                continue
+            policy = entries.get("cleanup.policy")
+            if policy is not None and "compact" in (policy.value or ""):
+                out.add(res.name)
+        return out
+
+    def last_stable_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """ListOffsets(latest, read_committed) per partition: the LSO, below which no transaction is open."""
+        request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
+        if not request:
+            return {}
+        futures = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                           request_timeout=self.timeout_s)
+        out: dict[tuple[str, int], int] = {}
+        for tp, fut in futures.items():
+            try:
+                out[(tp.topic, tp.partition)] = fut.result().offset
+            except Exception as err:  # noqa: BLE001 - not leader any more, topic gone: skip this round
+                log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
+                                                         "error": str(err)})
+        return out
