@@ -1,0 +1,41 @@
+"""The sidecar's Prometheus metrics, all defined here (``rsm`` and ``rlmm`` define their own in their packages).
+
+Every metric lives in the default registry, which ``/metrics`` serves (see :mod:`rlm.http`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "BYTES_COPIED",
+    "BYTES_READ",
+    "COPY_LAG_BYTES",
+    "COPY_LAG_SEGMENTS",
+    "COPY_SECONDS",
+    "DELETE_SECONDS",
+    "ERRORS",
+    "GC_DELETED",
+    "READ_SECONDS",
+    "SEGMENTS_COPIED",
+    "SEGMENTS_DELETED",
+    "SEGMENT_GAPS",
+    "STAGING_BYTES",
+]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+COPY_LAG_BYTES = Gauge("rlm_copy_lag_bytes", "Bytes of rolled segments not yet remote", ["topic", "partition"])
+COPY_LAG_SEGMENTS = Gauge("rlm_copy_lag_segments", "Rolled segments not yet remote", ["topic", "partition"])
+BYTES_COPIED = Counter("rlm_bytes_copied", "Segment bytes copied to the remote store", ["topic"])
+SEGMENTS_COPIED = Counter("rlm_segments_copied", "Segments copied to the remote store", ["topic"])
+BYTES_READ = Counter("rlm_bytes_read", "Bytes served from the remote store by remote reads", ["topic"])
+SEGMENTS_DELETED = Counter("rlm_segments_deleted", "Remote segments deleted", ["topic", "reason"])
+GC_DELETED = Counter("rlm_gc_deleted_objects", "Orphan objects deleted by garbage collection")
+COPY_SECONDS = Histogram("rlm_copy_seconds", "Time to copy one segment", buckets=_LATENCY_BUCKETS)
+READ_SECONDS = Histogram("rlm_read_seconds", "Time to serve one remote read", buckets=_LATENCY_BUCKETS)
+DELETE_SECONDS = Histogram("rlm_delete_seconds", "Time to delete one remote segment", buckets=_LATENCY_BUCKETS)
+ERRORS = Counter("rlm_errors", "Failed operations", ["op"])
+SEGMENT_GAPS = Counter("rlm_segment_gaps", "Rolled segments the broker deleted before they were staged",
+                       ["topic", "partition"])
+STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
