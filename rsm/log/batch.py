@@ -1,0 +1,332 @@
+"""Record batches (magic v2) in a segment's ``.log`` file: header-level streaming scan with CRC-32C check.
+
+Mirrors Kafka's ``org.apache.kafka.common.record.DefaultRecordBatch``
+(https://github.com/apache/kafka/blob/trunk/clients/src/main/java/org/apache/kafka/common/record/DefaultRecordBatch.java).
+A ``.log`` file is record batches back to back; all integers big-endian::
+
+    RecordBatch =>
+      BaseOffset => Int64
+      BatchLength => Int32            bytes after this field (the whole batch is 12 + BatchLength bytes)
+      PartitionLeaderEpoch => Int32
+      Magic => Int8                   = 2
+      CRC => Uint32                   CRC-32C of Attributes .. end of batch (not of the fields above it)
+      Attributes => Int16             bits 0-2 codec, bit 3 timestamp type, bit 4 transactional, bit 5 control
+      LastOffsetDelta => Int32
+      BaseTimestamp => Int64
+      MaxTimestamp => Int64
+      ProducerId => Int64
+      ProducerEpoch => Int16
+      BaseSequence => Int32
+      RecordCount => Int32
+      Records => [Record]             compressed as one block when codec != none (see records.py)
+
+Scanning streams the file through one reusable read buffer (``readinto``): the file is never loaded whole;
+a batch larger than the buffer is checked chunk by chunk (``scan_batches``) or read into its own buffer
+(``iter_batches_with_bytes``, one batch in memory at a time).
+
+Zero-filled tail: Kafka only preallocates ``.log`` files with ``file.preallocate=true``, and trims them when
+the segment rolls. By default a zero header where a batch should start is an error (a rolled segment that ends
+in zeros has lost data); pass ``zero_tail_ok=True`` for an active segment of a broker with
+``file.preallocate=true``: then a run of zero bytes that reaches EOF ends the scan cleanly, and zeros followed
+by anything else are still an error.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum, IntFlag
+from typing import BinaryIO
+
+from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log.errors import CorruptRecordBatchError
+
+__all__ = [
+    "BATCH_HEADER_SIZE",
+    "CHUNK_BYTES",
+    "BatchAttributes",
+    "BatchHeader",
+    "Codec",
+    "TimestampType",
+    "iter_batches_with_bytes",
+    "scan_batches",
+]
+
+HEADER = struct.Struct(
+    ">"
+    "q"  # base_offset: Int64
+    "i"  # batch_length: Int32, bytes after this field
+    "i"  # partition_leader_epoch: Int32
+    "b"  # magic: Int8
+    "I"  # crc: Uint32, CRC-32C from attributes to the end of the batch
+    "h"  # attributes: Int16
+    "i"  # last_offset_delta: Int32
+    "q"  # base_timestamp: Int64
+    "q"  # max_timestamp: Int64
+    "q"  # producer_id: Int64
+    "h"  # producer_epoch: Int16
+    "i"  # base_sequence: Int32
+    "i"  # record_count: Int32
+)
+BATCH_HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = struct.calcsize(">qi")  # 12: BaseOffset + BatchLength, not counted in BatchLength
+MAGIC_OFFSET = struct.calcsize(">qii")  # 16
+CRC_OFFSET = MAGIC_OFFSET + struct.calcsize(">b")  # 17
+ATTRIBUTES_OFFSET = CRC_OFFSET + struct.calcsize(">I")  # 21: the CRC covers bytes from here to the end
+MIN_BATCH_LENGTH = BATCH_HEADER_SIZE - LOG_OVERHEAD  # 49: an empty batch
+CURRENT_MAGIC = 2
+CHUNK_BYTES = 1024 * 1024  # read buffer; a batch up to this size is checked without another copy
+
+
+class Codec(IntEnum):
+    """Compression codec of a batch (attributes bits 0-2)."""
+
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(IntEnum):
+    """Attributes bit 3: whose clock set the record timestamps."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class BatchAttributes(IntFlag):
+    """The flag bits of a batch's attributes (the codec is bits 0-2, see :class:`Codec`)."""
+
+    CODEC_MASK = 0x07
+    LOG_APPEND_TIME = 0x08
+    TRANSACTIONAL = 0x10
+    CONTROL = 0x20
+    DELETE_HORIZON = 0x40
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The header of one record batch and where it sits in its ``.log`` file. Offsets are inclusive."""
+
+    position: int  # byte position of the batch in the .log file
+    base_offset: int
+    last_offset: int  # base_offset + lastOffsetDelta (inclusive)
+    size_bytes: int  # whole batch incl. the 12-byte baseOffset+batchLength prefix
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.attributes & BatchAttributes.CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType.LOG_APPEND_TIME if self.attributes & BatchAttributes.LOG_APPEND_TIME else (
+            TimestampType.CREATE_TIME)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & BatchAttributes.TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & BatchAttributes.CONTROL)
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after this batch (``last_offset + 1``)."""
+        return self.last_offset + 1
+
+    @property
+    def end_position(self) -> int:
+        """Byte position just after this batch (where the next one starts)."""
+        return self.position + self.size_bytes
+
+
+def scan_batches(path: str | os.PathLike[str], *, start_position: int = 0, verify_crc: bool = True,
+                 zero_tail_ok: bool = False) -> Iterator[BatchHeader]:
+    """Yield the header of every batch of a ``.log`` file from ``start_position`` (a batch boundary) to EOF.
+
+    Streams the file through a :data:`CHUNK_BYTES` buffer. Raises :class:`CorruptRecordBatchError` (naming the
+    file and byte position) on a bad magic, impossible length, codec or offsets, a CRC-32C mismatch (when
+    ``verify_crc``), or a batch cut short by EOF. Headers already yielded were valid; the error comes when the
+    scan reaches the bad batch. See the module docstring for ``zero_tail_ok``.
+    """
+    for header, _ in _scan(path, start_position, verify_crc, False, zero_tail_ok):
+        yield header
+
+
+def iter_batches_with_bytes(path: str | os.PathLike[str], *, start_position: int = 0, verify_crc: bool = True,
+                            zero_tail_ok: bool = False) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Like :func:`scan_batches`, also yielding each batch's verbatim bytes (12-byte prefix included).
+
+    Each memoryview is read-only and over a private copy, so it stays valid after the iterator moves on; only
+    one batch's bytes are held by the iterator at a time.
+    """
+    return _scan(path, start_position, verify_crc, True, zero_tail_ok)  # type: ignore[return-value]
+
+
+def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, with_bytes: bool,
+          zero_tail_ok: bool) -> Iterator[tuple[BatchHeader, memoryview | None]]:
+    if start_position < 0:
+        raise ValueError(f"start_position must be >= 0, got {start_position}")
+    unpack_header = HEADER.unpack_from
+    with open(path, "rb", buffering=0) as f:
+        file_size = os.fstat(f.fileno()).st_size
+        if start_position > file_size:
+            raise CorruptRecordBatchError(path, start_position,
+                                          f"start position is beyond the end of the file ({file_size} bytes)")
+        f.seek(start_position)
+        buf = bytearray(CHUNK_BYTES)
+        view = memoryview(buf)
+        address = buffer_address(buf)
+        buf_pos = start_position  # file position of buf[0]
+        buf_len = 0  # valid bytes in buf; the file position is always buf_pos + buf_len
+        pos = start_position
+        prev_last = -1
+        while pos < file_size:
+            off = pos - buf_pos
+            remaining = file_size - pos
+            if buf_len - off < min(BATCH_HEADER_SIZE, remaining):
+                buf_pos, buf_len = _refill(f, path, view, buf_pos, buf_len, off, file_size)
+                off = 0
+            if remaining < BATCH_HEADER_SIZE:
+                if zero_tail_ok and not any(view[off:off + remaining]):
+                    return
+                raise CorruptRecordBatchError(
+                    path, pos, f"truncated batch header: expected {BATCH_HEADER_SIZE} bytes, found {remaining} "
+                    "before the end of the file")
+            (base_offset, batch_length, leader_epoch, magic, crc, attributes, last_delta, base_ts, max_ts,
+             producer_id, producer_epoch, base_seq, record_count) = unpack_header(buf, off)
+            if batch_length == 0 and base_offset == 0 and magic == 0:
+                if zero_tail_ok:
+                    _check_zero_tail(f, path, view, off, buf_len, pos, file_size)
+                    return
+                raise CorruptRecordBatchError(
+                    path, pos, "zero bytes where a batch header was expected (a preallocated tail of an active "
+                    "segment? scan it with zero_tail_ok=True)")
+            if magic != CURRENT_MAGIC:
+                raise CorruptRecordBatchError(path, pos, f"unsupported magic: expected {CURRENT_MAGIC}, found {magic}")
+            if batch_length < MIN_BATCH_LENGTH:
+                raise CorruptRecordBatchError(
+                    path, pos, f"batch length {batch_length} is below the minimum {MIN_BATCH_LENGTH}")
+            size = LOG_OVERHEAD + batch_length
+            if size > remaining:
+                raise CorruptRecordBatchError(
+                    path, pos, f"truncated batch: expected {size} bytes (batch length {batch_length}), found "
+                    f"{remaining} before the end of the file")
+            if attributes & BatchAttributes.CODEC_MASK > Codec.ZSTD:
+                raise CorruptRecordBatchError(
+                    path, pos, f"unknown compression codec {attributes & BatchAttributes.CODEC_MASK} in attributes "
+                    f"0x{attributes & 0xFFFF:04x}")
+            if base_offset < 0 or last_delta < 0 or record_count < 0 or record_count > last_delta + 1:
+                raise CorruptRecordBatchError(
+                    path, pos, f"impossible offsets: base offset {base_offset}, last offset delta {last_delta}, "
+                    f"record count {record_count}")
+            if base_offset <= prev_last:
+                raise CorruptRecordBatchError(
+                    path, pos, f"offsets go backwards: batch base offset {base_offset} after a batch ending at "
+                    f"offset {prev_last}")
+            header = BatchHeader(pos, base_offset, base_offset + last_delta, size, leader_epoch, magic, crc,
+                                 attributes, base_ts, max_ts, producer_id, producer_epoch, base_seq, record_count)
+            data: memoryview | None = None
+            if size <= CHUNK_BYTES:
+                if off + size > buf_len:
+                    buf_pos, buf_len = _refill(f, path, view, buf_pos, buf_len, off, file_size)
+                    off = 0
+                if verify_crc:
+                    computed = crc32c_at(buf, address, off + ATTRIBUTES_OFFSET, size - ATTRIBUTES_OFFSET)
+                    if computed != crc:
+                        raise _crc_error(path, pos, crc, computed)
+                if with_bytes:
+                    data = memoryview(bytes(view[off:off + size]))
+            else:
+                # A batch larger than the read buffer: its own buffer (with_bytes), else chunk by chunk.
+                have = buf_len - off
+                if with_bytes:
+                    big = bytearray(size)
+                    big[:have] = view[off:buf_len]
+                    _read_exactly(f, path, memoryview(big)[have:], pos + have, file_size)
+                    if verify_crc:
+                        computed = crc32c_at(big, buffer_address(big), ATTRIBUTES_OFFSET, size - ATTRIBUTES_OFFSET)
+                        if computed != crc:
+                            raise _crc_error(path, pos, crc, computed)
+                    data = memoryview(big).toreadonly()
+                elif verify_crc:
+                    computed = crc32c_at(buf, address, off + ATTRIBUTES_OFFSET, have - ATTRIBUTES_OFFSET)
+                    left = size - have
+                    while left:
+                        n = _read_exactly(f, path, view[:min(left, CHUNK_BYTES)], pos + size - left, file_size)
+                        computed = crc32c_at(buf, address, 0, n, computed)
+                        left -= n
+                    if computed != crc:
+                        raise _crc_error(path, pos, crc, computed)
+                else:
+                    f.seek(pos + size)
+                buf_pos, buf_len = pos + size, 0
+            yield header, data
+            prev_last = base_offset + last_delta
+            pos += size
+
+
+def _crc_error(path: str | os.PathLike[str], pos: int, stored: int, computed: int) -> CorruptRecordBatchError:
+    return CorruptRecordBatchError(
+        path, pos, f"CRC-32C mismatch: header says 0x{stored:08x}, bytes {pos + ATTRIBUTES_OFFSET}.. compute "
+        f"0x{computed:08x}")
+
+
+def _read_exactly(f: BinaryIO, path: str | os.PathLike[str], into: memoryview, file_pos: int,
+                  file_size: int) -> int:
+    """Fill ``into`` from the file's current position (``file_pos``); a short file is a truncation error."""
+    done = 0
+    while done < len(into):
+        n = f.readinto(into[done:])
+        if not n:
+            raise CorruptRecordBatchError(
+                path, file_pos + done, f"file ended while reading: expected {len(into) - done} more bytes (the "
+                f"file was {file_size} bytes when the scan began; was it truncated meanwhile?)")
+        done += n
+    return done
+
+
+def _refill(f: BinaryIO, path: str | os.PathLike[str], view: memoryview, buf_pos: int, buf_len: int, off: int,
+            file_size: int) -> tuple[int, int]:
+    """Move the unread bytes ``view[off:buf_len]`` to the front and fill the buffer up (or to EOF)."""
+    keep = buf_len - off
+    if keep:
+        view[:keep] = view[off:buf_len]
+    new_pos = buf_pos + off
+    end = min(len(view), file_size - new_pos)
+    if end > keep:
+        _read_exactly(f, path, view[keep:end], new_pos + keep, file_size)
+    return new_pos, max(end, keep)
+
+
+def _check_zero_tail(f: BinaryIO, path: str | os.PathLike[str], view: memoryview, off: int, buf_len: int, pos: int,
+                     file_size: int) -> None:
+    """Everything from ``pos`` to EOF must be zero bytes, else the zeros hide data: an error."""
+    start, end, file_pos = off, buf_len, pos
+    while True:
+        chunk = view[start:end]
+        if any(chunk):
+            nz = next(i for i, b in enumerate(chunk) if b)
+            raise CorruptRecordBatchError(
+                path, file_pos + nz, f"non-zero byte 0x{chunk[nz]:02x} after a zero-filled tail that began at "
+                f"byte {pos}")
+        file_pos += end - start
+        if file_pos >= file_size:
+            return
+        n = min(len(view), file_size - file_pos)
+        _read_exactly(f, path, view[:n], file_pos, file_size)
+        start, end = 0, n

@@ -1,0 +1,92 @@
+"""A partition directory ``<topic>-<partition>`` of a broker's log dir, and the segments in it.
+
+Files of a segment are named by its 20-digit zero-padded base offset: ``.log``, ``.index``, ``.timeindex``,
+``.txnindex`` (only when it has aborted transactions), ``.snapshot`` (producer state, not for every segment).
+Files being deleted or compacted (``.deleted``, ``.cleaned``, ``.swap`` suffixes) are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from rsm.log.checkpoint import EpochEntry, read_leader_epoch_checkpoint, read_partition_metadata
+from rsm.log.errors import LogFormatError
+
+__all__ = ["LEADER_EPOCH_CHECKPOINT", "PARTITION_METADATA", "PartitionDir", "Segment", "segment_file_name"]
+
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+PARTITION_METADATA = "partition.metadata"
+_LOG_NAME = re.compile(r"^(\d{20})\.log$")
+_DIR_NAME = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000000042.log`` for ``(42, ".log")``."""
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    base_offset: int
+    log_path: Path
+    offset_index_path: Path  # where the .index is (Kafka may create it lazily for a new active segment)
+    time_index_path: Path
+    txn_index_path: Path | None  # None: the segment has no .txnindex (no aborted transactions)
+    snapshot_path: Path | None  # <base>.snapshot if present
+    is_active: bool  # highest base offset: the broker still appends to it
+
+
+class PartitionDir:
+    """A partition directory. The listing is read on each call (the broker rolls and deletes meanwhile)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        m = _DIR_NAME.match(self.path.name)
+        if m is None:
+            raise LogFormatError(self.path, None, "not a partition directory: expected a name '<topic>-<partition>'")
+        self.topic = m.group("topic")
+        self.partition = int(m.group("partition"))
+
+    def __repr__(self) -> str:
+        return f"PartitionDir({str(self.path)!r})"
+
+    @property
+    def topic_id(self) -> uuid.UUID:
+        """The topic id from ``partition.metadata`` (FileNotFoundError if absent, CorruptCheckpointError if bad)."""
+        return read_partition_metadata(self.path / PARTITION_METADATA)
+
+    def leader_epochs(self) -> list[EpochEntry]:
+        """The ``leader-epoch-checkpoint`` entries ([] if the file does not exist yet)."""
+        p = self.path / LEADER_EPOCH_CHECKPOINT
+        try:
+            return read_leader_epoch_checkpoint(p)
+        except FileNotFoundError:
+            return []
+
+    def segments(self) -> list[Segment]:
+        """All segments, sorted by base offset; the last one is the active segment."""
+        names = set(os.listdir(self.path))
+        bases = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
+        out: list[Segment] = []
+        for i, base in enumerate(bases):
+            def f(suffix: str, _b: int = base) -> Path:
+                return self.path / segment_file_name(_b, suffix)
+
+            out.append(Segment(
+                base_offset=base,
+                log_path=f(".log"),
+                offset_index_path=f(".index"),
+                time_index_path=f(".timeindex"),
+                txn_index_path=f(".txnindex") if segment_file_name(base, ".txnindex") in names else None,
+                snapshot_path=f(".snapshot") if segment_file_name(base, ".snapshot") in names else None,
+                is_active=i == len(bases) - 1,
+            ))
+        return out
+
+    def rolled_segments(self) -> list[Segment]:
+        """The immutable segments: all but the active one."""
+        return [s for s in self.segments() if not s.is_active]
