@@ -24,7 +24,8 @@ from pathlib import Path
 
 from rsm.log.errors import CorruptCheckpointError
 
-__all__ = ["EpochEntry", "parse_leader_epoch_checkpoint", "parse_partition_metadata", "read_leader_epoch_checkpoint",
+__all__ = ["EpochEntry", "format_leader_epoch_checkpoint", "parse_leader_epoch_checkpoint",
+           "parse_partition_metadata", "read_leader_epoch_checkpoint",
            "read_partition_metadata"]
 
 CHECKPOINT_VERSION = 0
@@ -122,3 +123,9 @@ def _read_text(path: str | os.PathLike[str]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise CorruptCheckpointError(path, err.start, f"not UTF-8 text: {err.reason}") from err
+
+
+def format_leader_epoch_checkpoint(entries: list[EpochEntry]) -> bytes:
+    """The bytes of a ``leader-epoch-checkpoint`` holding ``entries`` (the layout above; what Kafka writes)."""
+    lines = [str(CHECKPOINT_VERSION), str(len(entries))] + [f"{e.epoch} {e.start_offset}" for e in entries]
+    return ("\n".join(lines) + "\n").encode()
