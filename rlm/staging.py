@@ -41,6 +41,7 @@ class StagedSegment:
     topic: str
     partition: int
     base_offset: int
+    end_offset_inclusive: int  # the next segment's base offset - 1, known when it was staged (rolled)
     directory: Path
 
     def file(self, suffix: str) -> Path | None:
@@ -82,13 +83,17 @@ class Staging:
             raise StagingError(f"{partition_dir} is in no configured log dir ({sorted(map(str, self._roots))})") \
                 from None
 
-    def stage(self, topic: str, partition: int, partition_dir: Path, base_offset: int) -> StagedSegment:
+    def stage(self, topic: str, partition: int, partition_dir: Path, base_offset: int,
+              end_offset_inclusive: int) -> StagedSegment:
         """Hard-link the segment's files into staging; idempotent (an already staged segment is returned as is).
+
+        ``end_offset_inclusive`` (the next segment's base offset - 1) is kept with the links, so a staged segment
+        can be copied after the broker deleted it and its successor.
 
         Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more.
         """
         target = self.root_for(partition_dir) / f"{topic}-{partition}" / f"{base_offset:020d}"
-        staged = StagedSegment(topic, partition, base_offset, target)
+        staged = StagedSegment(topic, partition, base_offset, end_offset_inclusive, target)
         if staged.log_path.exists() and (target / ".complete").exists():
             return staged
         target.mkdir(parents=True, exist_ok=True)
@@ -113,7 +118,7 @@ class Staging:
             if not linked and suffix == ".log":
                 shutil.rmtree(target, ignore_errors=True)
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
-        (target / ".complete").touch()
+        (target / ".complete").write_text(str(end_offset_inclusive))
         return staged
 
     def release(self, staged: StagedSegment) -> None:
@@ -133,8 +138,10 @@ class Staging:
                 if not part.isdigit():
                     continue
                 for seg in sorted(pdir.iterdir()):
-                    if seg.name.isdigit() and (seg / ".complete").exists():
-                        out.append(StagedSegment(topic, int(part), int(seg.name), seg))
+                    marker = seg / ".complete"
+                    if seg.name.isdigit() and marker.exists():
+                        end = int(marker.read_text() or -1)
+                        out.append(StagedSegment(topic, int(part), int(seg.name), end, seg))
                     elif seg.name.isdigit():
                         shutil.rmtree(seg, ignore_errors=True)  # a stage interrupted half-way: redo later
         return out
@@ -144,6 +151,8 @@ class Staging:
         for root in self._roots.values():
             for dirpath, _, files in os.walk(root):
                 for f in files:
+                    if f == ".complete":
+                        continue
                     try:
                         total += os.stat(os.path.join(dirpath, f)).st_size
                     except FileNotFoundError:

@@ -22,14 +22,14 @@ def test_stage_survives_broker_delete(tmp_path: Path) -> None:
     pdir = log_dir / "my.topic-x-3"
     files = make_segment(pdir, 42, with_txn=True)
     staging = Staging({log_dir: default_staging_root(log_dir)})
-    staged = staging.stage("my.topic-x", 3, pdir, 42)
-    assert staging.stage("my.topic-x", 3, pdir, 42) == staged  # idempotent
+    staged = staging.stage("my.topic-x", 3, pdir, 42, 99)
+    assert staging.stage("my.topic-x", 3, pdir, 42, 99) == staged  # idempotent
     for p in pdir.iterdir():  # the broker's retention removes the segment
         p.unlink()
     for suffix, data in files.items():
         assert staged.file(suffix).read_bytes() == data
     assert staged.file(".snapshot") is None
-    assert staging.staged() == [staged]
+    assert staging.staged() == [staged] and staged.end_offset_inclusive == 99
     assert staging.size_bytes() == sum(len(d) for d in files.values())
     staging.release(staged)
     assert staging.staged() == [] and staging.size_bytes() == 0
@@ -41,7 +41,7 @@ def test_stage_links_renamed_deleted_files(tmp_path: Path) -> None:
     files = make_segment(pdir, 7)
     for p in list(pdir.iterdir()):
         p.rename(p.with_name(p.name + ".deleted"))  # what the broker does before unlinking
-    staged = Staging({log_dir: tmp_path / "stage"}).stage("t", 0, pdir, 7)
+    staged = Staging({log_dir: tmp_path / "stage"}).stage("t", 0, pdir, 7, 8)
     assert staged.log_path.read_bytes() == files[".log"]
 
 
@@ -50,7 +50,7 @@ def test_gone_segment_is_an_error_and_leaves_nothing(tmp_path: Path) -> None:
     (log_dir / "t-0").mkdir(parents=True)
     staging = Staging({log_dir: tmp_path / "stage"})
     with pytest.raises(SegmentGoneError, match="00000000000000000009.log"):
-        staging.stage("t", 0, log_dir / "t-0", 9)
+        staging.stage("t", 0, log_dir / "t-0", 9, 10)
     assert staging.staged() == []
 
 
