@@ -1,0 +1,44 @@
+"""rlmm: the RemoteLogMetadataManager (KIP-405) on a compacted, Kafka-compatible metadata topic + RocksDB cache."""
+
+from rlmm.api import (
+    CorruptMetadataRecordError,
+    InvalidStateTransitionError,
+    MetadataCacheFormatError,
+    MetadataWriteError,
+    PartitionNotServedError,
+    ReadYourWritesTimeoutError,
+    RemoteLogMetadataError,
+    RemoteLogMetadataManager,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    RemoteResourceNotFoundError,
+    TopicIdPartition,
+)
+from rlmm.partitioner import metadata_partition
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+
+__all__ = [
+    "CorruptMetadataRecordError",
+    "InvalidStateTransitionError",
+    "MetadataCacheFormatError",
+    "MetadataWriteError",
+    "PartitionNotServedError",
+    "ReadYourWritesTimeoutError",
+    "RemoteLogMetadataError",
+    "RemoteLogMetadataManager",
+    "RemoteLogSegmentId",
+    "RemoteLogSegmentMetadata",
+    "RemoteLogSegmentMetadataUpdate",
+    "RemoteLogSegmentState",
+    "RemotePartitionDeleteMetadata",
+    "RemotePartitionDeleteState",
+    "RemoteResourceNotFoundError",
+    "TopicBasedRemoteLogMetadataManager",
+    "TopicBasedRlmmConfig",
+    "TopicIdPartition",
+    "metadata_partition",
+]

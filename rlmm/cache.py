@@ -1,0 +1,478 @@
+"""The metadata topic materialized into RocksDB (rocksdict, raw bytes keys).
+
+Every consumed batch of records is applied together with the next offset of each metadata partition in ONE
+``WriteBatch``, so a restart resumes exactly where it stopped. All keys are big-endian, so RocksDB's byte order
+is numeric order; signed ints are stored with their sign bit flipped (``u = v ^ 1 << (bits - 1)``).
+
+    Key layout (table byte first; every state key then has MetadataPartition:u16, so a metadata partition's
+    state can be dropped with one range delete per table):
+
+    0x00 Name:ascii                                         -> meta: b"format" (FORMAT_VERSION), b"topic",
+                                                               b"partitions" (u32)
+    0x01 MP:u16                                             -> Progress => NextOffset:i64 CaughtUpWallMs:i64
+    0x10 MP TopicId:uuid Partition:s32 StartOffset:s64 SegmentId:uuid
+                                                            -> segment: RemoteLogSegmentMetadataRecord bytes
+                                                               (rlmm.serde, current state)
+    0x11 MP TopicId Partition SegmentId                     -> StartOffset:i64      (id -> segment key)
+    0x12 MP TopicId Partition Epoch:s32 StartOffset:s64 SegmentId
+                                                            -> b""   (every segment holding Epoch, any state)
+    0x13 MP TopicId Partition Epoch:s32 EpochStartOffset:s64
+                                                            -> Floor => StartOffset:i64 SegmentId:uuid
+                                                               EpochEndOffset:i64 (COPY_SEGMENT_FINISHED only)
+    0x14 MP TopicId Partition Epoch:s32                     -> HighestOffset:i64
+    0x15 MP TopicId Partition                               -> RemotePartitionDeleteMetadataRecord bytes
+    0x16 MP TopicId Partition SegmentId                     -> Deleted => EventTimestampMs:i64 BrokerId:i32
+                                                               (DELETE_SEGMENT_FINISHED, tombstones pending)
+
+A floor lookup (segment holding offset X under epoch E) is one ``seek_for_prev`` on table 0x13 plus one get.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from rlmm import serde
+from rlmm.api import (
+    CorruptMetadataRecordError,
+    InvalidStateTransitionError,
+    MetadataCacheFormatError,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    RemoteResourceNotFoundError,
+    TopicIdPartition,
+)
+from rlmm.keys import KeyKind, decode_key
+from rlmm.partitioner import metadata_partition
+
+__all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", "Progress", "SkippedRecord"]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = b"rlmm-cache-1"
+
+T_META = b"\x00"
+T_PROGRESS = b"\x01"
+T_SEGMENT = b"\x10"
+T_SEGMENT_ID = b"\x11"
+T_EPOCH_ALL = b"\x12"
+T_EPOCH_FLOOR = b"\x13"
+T_EPOCH_HIGHEST = b"\x14"
+T_PARTITION_DELETE = b"\x15"
+T_DELETED = b"\x16"
+STATE_TABLES = (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_EPOCH_HIGHEST, T_PARTITION_DELETE, T_DELETED)
+
+_MP = struct.Struct(">H")
+_TP = struct.Struct(">H16sI")          # MP, TopicId, Partition (sign-flipped)
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_PROGRESS = struct.Struct(
+    ">q"   # NextOffset
+    "q"    # CaughtUpWallMs
+)
+_FLOOR = struct.Struct(
+    ">q"   # StartOffset
+    "16s"  # SegmentId
+    "q"    # EpochEndOffset
+)
+_DELETED = struct.Struct(
+    ">q"   # EventTimestampMs
+    "i"    # BrokerId
+)
+_S32_FLIP = 1 << 31
+_S64_FLIP = 1 << 63
+
+
+def _s32(v: int) -> bytes:
+    return _U32.pack((v + _S32_FLIP) & 0xFFFFFFFF)
+
+
+def _s64(v: int) -> bytes:
+    return _U64.pack((v + _S64_FLIP) & 0xFFFFFFFFFFFFFFFF)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (prefix has a non-0xff byte)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    p[-1] += 1
+    return bytes(p)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    next_offset: int
+    caught_up_wall_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRecord:
+    metadata_partition: int
+    offset: int
+    reason: str          # "corrupt" or "refused"
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedSegment:
+    topic_id: uuid.UUID
+    partition: int
+    segment_id: uuid.UUID
+    event_timestamp_ms: int
+    broker_id: int
+
+
+@dataclass(slots=True)
+class ApplyOutcome:
+    applied: int = 0
+    tombstones: int = 0
+    skipped: list[SkippedRecord] | None = None
+
+
+class _Batch:
+    """Pending writes of one apply call, readable before they are written (read-through overlay)."""
+
+    __slots__ = ("db", "puts", "ranges", "segments")
+
+    def __init__(self, db: Rdict) -> None:
+        self.db = db
+        self.puts: dict[bytes, bytes | None] = {}
+        self.ranges: list[tuple[bytes, bytes]] = []
+        self.segments: dict[bytes, RemoteLogSegmentMetadata] = {}   # decoded segment values by 0x10 key
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.puts:
+            return self.puts[key]
+        return self.db.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.puts[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.puts[key] = None
+        self.segments.pop(key, None)
+
+    def write(self, extra: dict[bytes, bytes]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for begin, end in self.ranges:
+            wb.delete_range(begin, end)
+        for k, v in self.puts.items():
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+        for k, v in extra.items():
+            wb.put(k, v)
+        self.db.write(wb)
+        self.puts.clear()
+        self.ranges.clear()
+        self.segments.clear()
+
+
+class MetadataCache:
+    """RocksDB state of the metadata partitions; one writer (the consumer thread), many readers."""
+
+    def __init__(self, path: str | Path, *, topic: str, num_partitions: int) -> None:
+        self.path = Path(path)
+        self.topic = topic
+        self.num_partitions = num_partitions
+        self.path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        try:
+            self.db = Rdict(str(self.path), opts)
+        except Exception as err:  # noqa: BLE001 - rocksdict raises plain Exception
+            raise MetadataCacheFormatError(f"cannot open the metadata cache at {self.path}: {err}; if it is "
+                                           "corrupt, delete the directory and it rebuilds from the topic") from err
+        self._check_format()
+
+    # ------------------------------------------------------------------------------------------ meta / open
+    def _check_format(self) -> None:
+        db = self.db
+        fmt = db.get(T_META + b"format")
+        expected = {b"format": FORMAT_VERSION, b"topic": self.topic.encode(),
+                    b"partitions": _U32.pack(self.num_partitions)}
+        if fmt is None:
+            if any(True for _ in db.keys()):
+                raise MetadataCacheFormatError(
+                    f"{self.path} holds data but no format key: it is not an rlmm metadata cache; "
+                    "point the manager at an empty directory")
+            wb = WriteBatch(raw_mode=True)
+            for k, v in expected.items():
+                wb.put(T_META + k, v)
+            db.write(wb)
+            return
+        for k, v in expected.items():
+            found = db.get(T_META + k)
+            if found != v:
+                raise MetadataCacheFormatError(
+                    f"metadata cache {self.path}: {k.decode()} is {found!r}, this manager needs {v!r}; the cache "
+                    "is disposable: delete the directory (or use another one) and it rebuilds from the topic")
+
+    def close(self) -> None:
+        self.db.close()
+
+    @staticmethod
+    def destroy(path: str | Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------- progress
+    def progress(self, mp: int) -> Progress | None:
+        raw = self.db.get(T_PROGRESS + _MP.pack(mp))
+        return None if raw is None else Progress(*_PROGRESS.unpack(raw))
+
+    def mark_caught_up(self, progress: dict[int, Progress]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for mp, p in progress.items():
+            wb.put(T_PROGRESS + _MP.pack(mp), _PROGRESS.pack(p.next_offset, p.caught_up_wall_ms))
+        self.db.write(wb)
+
+    def wipe(self, mps: Sequence[int]) -> None:
+        """Forget all state and progress of these metadata partitions (before a rebuild from the start)."""
+        wb = WriteBatch(raw_mode=True)
+        for mp in mps:
+            m = _MP.pack(mp)
+            for t in STATE_TABLES:
+                wb.delete_range(t + m, _prefix_end(t + m))
+            wb.delete(T_PROGRESS + m)
+        self.db.write(wb)
+
+    # ----------------------------------------------------------------------------------------------- keys
+    def mp_of(self, tp: TopicIdPartition) -> int:
+        return metadata_partition(tp.topic_id, tp.partition, self.num_partitions)
+
+    def _tp_key(self, tp: TopicIdPartition, mp: int | None = None) -> bytes:
+        if mp is None:
+            mp = self.mp_of(tp)
+        return _TP.pack(mp, tp.topic_id.bytes, (tp.partition + _S32_FLIP) & 0xFFFFFFFF)
+
+    # ---------------------------------------------------------------------------------------------- apply
+    def apply(self, records: Sequence[tuple[int, int, bytes | None, bytes | None]], caught_up: dict[int, int],
+              ) -> ApplyOutcome:
+        """Apply ``(metadata partition, offset, key, value)`` records in order; write state and each partition's
+        next offset in one WriteBatch (two when a partition delete finishes). Undecodable records and refused
+        transitions are skipped and reported in the outcome. ``caught_up`` maps partition -> caught-up wall ms
+        (kept as stored for partitions not in it)."""
+        out = ApplyOutcome(skipped=[])
+        batch = _Batch(self.db)
+        next_offsets: dict[int, int] = {}
+        for mp, offset, key, value in records:
+            next_offsets[mp] = offset + 1
+            try:
+                if value is None:
+                    self._apply_tombstone(batch, mp, key)
+                    out.tombstones += 1
+                    continue
+                md = serde.decode(value)
+                if isinstance(md, RemoteLogSegmentMetadata):
+                    self._apply_add(batch, mp, md, value)
+                elif isinstance(md, RemoteLogSegmentMetadataUpdate):
+                    self._apply_update(batch, mp, md)
+                else:
+                    if md.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                        # range deletes cannot be read through the overlay: commit what came before first
+                        next_offsets[mp] = offset
+                        batch.write(self._progress_puts(next_offsets, caught_up))
+                        next_offsets[mp] = offset + 1
+                    self._apply_partition_delete(batch, mp, md, value)
+                out.applied += 1
+            except CorruptMetadataRecordError as err:
+                out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
+            except (InvalidStateTransitionError, RemoteResourceNotFoundError, ValueError) as err:
+                out.skipped.append(SkippedRecord(mp, offset, "refused", str(err)))
+        batch.write(self._progress_puts(next_offsets, caught_up))
+        return out
+
+    def _progress_puts(self, next_offsets: dict[int, int], caught_up: dict[int, int]) -> dict[bytes, bytes]:
+        puts = {}
+        for mp, nxt in next_offsets.items():
+            wall = caught_up.get(mp)
+            if wall is None:
+                old = self.progress(mp)
+                wall = old.caught_up_wall_ms if old else 0
+            puts[T_PROGRESS + _MP.pack(mp)] = _PROGRESS.pack(nxt, wall)
+        return puts
+
+    def _segment_key(self, tpk: bytes, start: int, sid: bytes) -> bytes:
+        return T_SEGMENT + tpk + _s64(start) + sid
+
+    def _load(self, batch: _Batch, skey: bytes) -> RemoteLogSegmentMetadata | None:
+        md = batch.segments.get(skey)
+        if md is None:
+            raw = batch.get(skey)
+            if raw is None:
+                return None
+            md = serde.decode(raw)
+            batch.segments[skey] = md
+        return md
+
+    def _apply_add(self, batch: _Batch, mp: int, md: RemoteLogSegmentMetadata, value: bytes) -> None:
+        sid_obj = md.remote_log_segment_id
+        if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+            raise InvalidStateTransitionError(
+                f"{sid_obj}: a new segment must be COPY_SEGMENT_STARTED, the record has {md.state.name}")
+        tpk = self._tp_key(md.topic_id_partition, mp)
+        sid = sid_obj.id.bytes
+        idk = T_SEGMENT_ID + tpk + sid
+        old_start = batch.get(idk)
+        if old_start is not None:
+            (start,) = _I64.unpack(old_start)
+            old = self._load(batch, self._segment_key(tpk, start, sid))
+            if old is not None:
+                old.state.check_transition(md.state, sid_obj)
+                self._drop_segment(batch, tpk, old)
+        skey = self._segment_key(tpk, md.start_offset, sid)
+        batch.put(skey, bytes(value))
+        batch.segments[skey] = md
+        batch.put(idk, _I64.pack(md.start_offset))
+        for epoch, _o in md.segment_leader_epochs:
+            batch.put(T_EPOCH_ALL + tpk + _s32(epoch) + _s64(md.start_offset) + sid, b"")
+
+    def _drop_segment(self, batch: _Batch, tpk: bytes, md: RemoteLogSegmentMetadata) -> None:
+        sid = md.remote_log_segment_id.id.bytes
+        batch.delete(self._segment_key(tpk, md.start_offset, sid))
+        batch.delete(T_SEGMENT_ID + tpk + sid)
+        for epoch, _o in md.segment_leader_epochs:
+            batch.delete(T_EPOCH_ALL + tpk + _s32(epoch) + _s64(md.start_offset) + sid)
+        self._drop_floor(batch, tpk, md)
+
+    def _drop_floor(self, batch: _Batch, tpk: bytes, md: RemoteLogSegmentMetadata) -> None:
+        sid = md.remote_log_segment_id.id.bytes
+        for epoch, epoch_start in md.segment_leader_epochs:
+            fk = T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start)
+            raw = batch.get(fk)
+            if raw is not None and _FLOOR.unpack(raw)[1] == sid:
+                batch.delete(fk)
+
+    def _apply_update(self, batch: _Batch, mp: int, u: RemoteLogSegmentMetadataUpdate) -> None:
+        sid_obj = u.remote_log_segment_id
+        tpk = self._tp_key(u.topic_id_partition, mp)
+        sid = sid_obj.id.bytes
+        raw_start = batch.get(T_SEGMENT_ID + tpk + sid)
+        if raw_start is None:
+            raise RemoteResourceNotFoundError(f"{sid_obj}: no such segment (update to {u.state.name})")
+        (start,) = _I64.unpack(raw_start)
+        skey = self._segment_key(tpk, start, sid)
+        old = self._load(batch, skey)
+        if old is None:
+            raise RemoteResourceNotFoundError(f"{sid_obj}: segment index without segment (update to {u.state.name})")
+        new = old.with_update(u)
+        S = RemoteLogSegmentState
+        if new.state == S.DELETE_SEGMENT_FINISHED:
+            self._drop_segment(batch, tpk, old)
+            batch.put(T_DELETED + tpk + sid, _DELETED.pack(u.event_timestamp_ms, u.broker_id))
+            return
+        batch.put(skey, serde.encode(new))
+        batch.segments[skey] = new
+        if new.state == S.COPY_SEGMENT_FINISHED and old.state != S.COPY_SEGMENT_FINISHED:
+            for epoch, epoch_start in new.segment_leader_epochs:
+                end = new.epoch_end_offset(epoch)
+                batch.put(T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start), _FLOOR.pack(start, sid, end))
+                hk = T_EPOCH_HIGHEST + tpk + _s32(epoch)
+                raw = batch.get(hk)
+                if raw is None or _I64.unpack(raw)[0] < end:
+                    batch.put(hk, _I64.pack(end))
+        elif new.state == S.DELETE_SEGMENT_STARTED and old.state == S.COPY_SEGMENT_FINISHED:
+            self._drop_floor(batch, tpk, old)
+
+    def _apply_partition_delete(self, batch: _Batch, mp: int, p: RemotePartitionDeleteMetadata,
+                                value: bytes) -> None:
+        tpk = self._tp_key(p.topic_id_partition, mp)
+        pk = T_PARTITION_DELETE + tpk
+        raw = batch.get(pk)
+        if raw is not None:
+            old = serde.decode(raw)
+            old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
+        if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+            for t in (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_EPOCH_HIGHEST):
+                batch.ranges.append((t + tpk, _prefix_end(t + tpk)))
+        batch.put(pk, bytes(value))
+
+    def _apply_tombstone(self, batch: _Batch, mp: int, key: bytes | None) -> None:
+        k = decode_key(key)
+        if k.kind == KeyKind.SEGMENT and k.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
+            tpk = _TP.pack(mp, k.topic_id.bytes, (k.partition + _S32_FLIP) & 0xFFFFFFFF)
+            batch.delete(T_DELETED + tpk + k.segment_id.bytes)   # type: ignore[union-attr]
+
+    # ---------------------------------------------------------------------------------------------- reads
+    def segment_floor(self, tp: TopicIdPartition, epoch: int, offset: int) -> RemoteLogSegmentMetadata | None:
+        tpk = self._tp_key(tp)
+        prefix = T_EPOCH_FLOOR + tpk + _s32(epoch)
+        it = self.db.iter()
+        it.seek_for_prev(prefix + _s64(offset))
+        if not it.valid():
+            return None
+        k = it.key()
+        if not k.startswith(prefix):
+            return None
+        start, sid, epoch_end = _FLOOR.unpack(it.value())
+        if offset > epoch_end:
+            return None
+        raw = self.db.get(T_SEGMENT + tpk + _s64(start) + sid)
+        return None if raw is None else serde.decode(raw)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
+        raw = self.db.get(T_EPOCH_HIGHEST + self._tp_key(tp) + _s32(epoch))
+        return None if raw is None else _I64.unpack(raw)[0]
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                return
+            yield k, it.value()
+            it.next()
+
+    def segments(self, tp: TopicIdPartition, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+        tpk = self._tp_key(tp)
+        if epoch is None:
+            return [serde.decode(v) for _k, v in self._scan(T_SEGMENT + tpk)]
+        out = []
+        prefix = T_EPOCH_ALL + tpk + _s32(epoch)
+        n = len(prefix)
+        for k, _v in self._scan(prefix):
+            raw = self.db.get(T_SEGMENT + tpk + k[n:])
+            if raw is not None:
+                out.append(serde.decode(raw))
+        return out
+
+    def segment(self, tp: TopicIdPartition, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata | None:
+        tpk = self._tp_key(tp)
+        raw = self.db.get(T_SEGMENT_ID + tpk + segment_id.bytes)
+        if raw is None:
+            return None
+        seg = self.db.get(T_SEGMENT + tpk + _s64(_I64.unpack(raw)[0]) + segment_id.bytes)
+        return None if seg is None else serde.decode(seg)
+
+    def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
+        raw = self.db.get(T_PARTITION_DELETE + self._tp_key(tp))
+        return None if raw is None else serde.decode(raw)  # type: ignore[return-value]
+
+    def deleted_segments(self, mp: int) -> list[DeletedSegment]:
+        """Fully deleted segments of metadata partition ``mp`` whose tombstones were not consumed yet."""
+        out = []
+        for k, v in self._scan(T_DELETED + _MP.pack(mp)):
+            _mp, tid, part = _TP.unpack_from(k, 1)
+            sid = k[1 + _TP.size:]
+            ts, broker = _DELETED.unpack(v)
+            out.append(DeletedSegment(uuid.UUID(bytes=tid), part - _S32_FLIP, uuid.UUID(bytes=sid), ts, broker))
+        return out
+
+    def dump(self) -> dict[bytes, bytes]:
+        """Every state key and value (progress and meta excluded): for comparing two caches."""
+        return {k: v for k, v in self.db.items() if k[:1] not in (T_META, T_PROGRESS)}
+

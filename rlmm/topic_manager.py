@@ -1,0 +1,457 @@
+"""A RemoteLogMetadataManager on a compacted Kafka topic, materialized into RocksDB.
+
+Writes go to the metadata partition of the user partition (:mod:`rlmm.partitioner`), keyed by
+:mod:`rlmm.keys`, valued as Kafka's ``RemoteLogMetadataSerde`` (:mod:`rlmm.serde`), with ``acks=all`` and
+idempotence. One consumer thread (``assign``, never ``subscribe``, no group commits) applies records into
+:class:`rlmm.cache.MetadataCache`; a write returns once that thread has applied the produced offset.
+
+On (re)assignment of a metadata partition the cache resumes from its stored next offset, unless it has been
+away longer than the topic's ``delete.retention.ms`` (it might have missed tombstones) or the stored offset fell
+below the log start: then that partition's state is dropped and rebuilt from the beginning.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from prometheus_client import Counter
+
+from rlmm import serde
+from rlmm.api import (
+    InvalidStateTransitionError,
+    MetadataWriteError,
+    PartitionNotServedError,
+    ReadYourWritesTimeoutError,
+    RemoteLogMetadataError,
+    RemoteLogMetadataManager,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemoteResourceNotFoundError,
+    TopicIdPartition,
+)
+from rlmm.cache import MetadataCache, Progress, SkippedRecord
+from rlmm.keys import KeyKind, encode_key, segment_keys
+
+__all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "TopicBasedRlmmConfig", "TopicBasedRemoteLogMetadataManager"]
+
+log = logging.getLogger(__name__)
+
+SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
+                          "Metadata records skipped by the cache (undecodable or refused transitions)", ["reason"])
+APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
+
+DEFAULT_TOPIC = "__remote_log_metadata"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicBasedRlmmConfig:
+    """Settings of :class:`TopicBasedRemoteLogMetadataManager` (units in names)."""
+
+    bootstrap_servers: str
+    cache_dir: Path
+    broker_id: int = -1
+    topic: str = DEFAULT_TOPIC
+    num_partitions: int = 50
+    replication_factor: int = 3
+    topic_config: Mapping[str, str] = field(default_factory=dict)   # extra configs when the topic is created
+    serve_all: bool = False                                         # consume every metadata partition
+    write_timeout_s: float = 30.0                                   # produce + read-your-writes
+    tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
+    tombstone_check_interval_s: float = 1.0
+    caught_up_refresh_s: float = 1.0
+    max_batch_records: int = 10_000
+    producer_config: Mapping[str, object] = field(default_factory=dict)
+    consumer_config: Mapping[str, object] = field(default_factory=dict)
+
+
+class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
+    """See the module docstring. Counters for tests: ``records_consumed``, ``records_applied``,
+    ``skipped_records`` (and ``skipped``, the last ones), ``rebuilt_partitions``."""
+
+    def __init__(self, config: TopicBasedRlmmConfig) -> None:
+        self.config = config
+        self.topic = config.topic
+        common = {"bootstrap.servers": config.bootstrap_servers}
+        self._admin = AdminClient(dict(common))
+        self.num_partitions, self.delete_retention_ms = self._ensure_topic()
+        self.cache = MetadataCache(config.cache_dir, topic=self.topic, num_partitions=self.num_partitions)
+        self._producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 1,
+                                   **config.producer_config})
+        self._consumer = Consumer({**common, "group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
+                                   "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                                   "fetch.wait.max.ms": 50, **config.consumer_config})
+        self._cond = threading.Condition()
+        self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
+        self._assigned: set[int] = set()
+        self._ready: set[int] = set()
+        self._at_eof: set[int] = set()
+        self._served: dict[TopicIdPartition, int] = {}
+        self._commands: queue.Queue[tuple[Callable[[], object], list]] = queue.Queue()
+        self._skipped_at: collections.OrderedDict[tuple[int, int], SkippedRecord] = collections.OrderedDict()
+        self._tombstoned: set[tuple[uuid.UUID, int, uuid.UUID]] = set()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread_error: BaseException | None = None
+        self.records_consumed = 0
+        self.records_applied = 0
+        self.skipped_records = 0
+        self.skipped: collections.deque[SkippedRecord] = collections.deque(maxlen=1000)
+        self.rebuilt_partitions: list[int] = []
+        self.resumed_partitions: list[int] = []
+        self._thread = threading.Thread(target=self._run, name=f"rlmm-consumer-{self.topic}", daemon=True)
+        self._thread.start()
+        if config.serve_all:
+            self._call(lambda: self._assign(range(self.num_partitions)))
+
+    # ------------------------------------------------------------------------------------------------ topic
+    def _ensure_topic(self) -> tuple[int, int]:
+        cfg = self.config
+        topic_conf = {"cleanup.policy": "compact", **cfg.topic_config}
+        md = self._admin.list_topics(self.topic, timeout=30).topics.get(self.topic)
+        if md is None or md.error is not None:
+            fut = self._admin.create_topics([NewTopic(self.topic, cfg.num_partitions, cfg.replication_factor,
+                                                      config=dict(topic_conf))])[self.topic]
+            try:
+                fut.result(30)
+            except KafkaException as err:
+                if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise MetadataWriteError(f"cannot create metadata topic {self.topic}: {err}") from err
+        deadline = time.monotonic() + 30
+        while True:
+            md = self._admin.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if md is not None and md.error is None and md.partitions and all(
+                    p.leader >= 0 for p in md.partitions.values()):
+                break
+            if time.monotonic() > deadline:
+                raise MetadataWriteError(f"metadata topic {self.topic} has no leaders after 30s")
+            time.sleep(0.1)
+        n = len(md.partitions)
+        if n != cfg.num_partitions:
+            log.warning("metadata topic %s has %d partitions, configured %d: using %d", self.topic, n,
+                        cfg.num_partitions, n)
+        res = ConfigResource(ResourceType.TOPIC, self.topic)
+        entries = self._admin.describe_configs([res])[res].result(30)
+        retention = int(entries["delete.retention.ms"].value)
+        return n, retention
+
+    # ------------------------------------------------------------------------------- consumer thread side
+    def _call(self, fn: Callable[[], object], timeout_s: float = 60.0) -> object:
+        """Run ``fn`` on the consumer thread (it owns the consumer and the cache writes); wait for it."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box: list = []
+        done = threading.Event()
+        self._commands.put((fn, [box, done]))
+        if not done.wait(timeout_s):
+            raise RemoteLogMetadataError(f"consumer thread did not answer within {timeout_s}s")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def _assign(self, mps: Iterable[int]) -> None:
+        new = sorted(set(mps) - self._assigned)
+        if not new:
+            return
+        now_ms = int(time.time() * 1000)
+        tps, wipe = [], []
+        for mp in new:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp), timeout=30)
+            prog = self.cache.progress(mp)
+            if (prog is not None and prog.caught_up_wall_ms > 0
+                    and now_ms - prog.caught_up_wall_ms <= self.delete_retention_ms and prog.next_offset >= low):
+                start = prog.next_offset
+                self.resumed_partitions.append(mp)
+            else:
+                if prog is not None:
+                    log.info("metadata partition %d: cache away since %d ms (delete.retention.ms %d) or below log "
+                             "start %d: rebuilding from the beginning", mp, prog.caught_up_wall_ms,
+                             self.delete_retention_ms, low)
+                wipe.append(mp)
+                start = low
+                self.rebuilt_partitions.append(mp)
+            tps.append(TopicPartition(self.topic, mp, start if start > 0 else OFFSET_BEGINNING))
+            with self._cond:
+                self._applied[mp] = start
+                if start >= high:
+                    self._ready.add(mp)
+                    self._at_eof.add(mp)
+        if wipe:
+            self.cache.wipe(wipe)
+        self._consumer.incremental_assign(tps)
+        with self._cond:
+            self._assigned.update(new)
+            self._cond.notify_all()
+
+    def _unassign(self, mps: Iterable[int]) -> None:
+        gone = sorted(set(mps) & self._assigned)
+        if not gone:
+            return
+        self._consumer.incremental_unassign([TopicPartition(self.topic, mp) for mp in gone])
+        with self._cond:
+            for mp in gone:
+                self._assigned.discard(mp)
+                self._ready.discard(mp)
+                self._at_eof.discard(mp)
+                self._applied.pop(mp, None)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        last_caught_up = 0.0
+        last_tombstones = 0.0
+        try:
+            while not self._stop.is_set():
+                self._run_commands()
+                msgs = self._consumer.consume(num_messages=self.config.max_batch_records, timeout=0.05)
+                records = []
+                eofs = []
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            eofs.append((m.partition(), m.offset()))
+                        else:
+                            log.warning("metadata consumer error: %s", err)
+                        continue
+                    if m.partition() in self._assigned:
+                        records.append((m.partition(), m.offset(), m.key(), m.value()))
+                if records:
+                    self._apply(records)
+                if eofs:
+                    with self._cond:
+                        for mp, _off in eofs:
+                            if mp in self._assigned:
+                                self._at_eof.add(mp)
+                                self._ready.add(mp)
+                        self._cond.notify_all()
+                now = time.monotonic()
+                if self._at_eof and (eofs or now - last_caught_up >= self.config.caught_up_refresh_s):
+                    if now - last_caught_up >= self.config.caught_up_refresh_s:
+                        self._mark_caught_up()
+                        last_caught_up = now
+                if now - last_tombstones >= self.config.tombstone_check_interval_s:
+                    self._write_due_tombstones()
+                    last_tombstones = now
+                self._producer.poll(0)
+            self._mark_caught_up()
+        except BaseException as err:  # noqa: BLE001 - reported to every waiter, then re-raised
+            log.exception("metadata consumer thread died")
+            self._thread_error = err
+            with self._cond:
+                self._cond.notify_all()
+            raise
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, (box, done) = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                box.append(err)
+            done.set()
+
+    def _apply(self, records: list) -> None:
+        self.records_consumed += len(records)
+        out = self.cache.apply(records, {})
+        self.records_applied += out.applied
+        APPLIED_RECORDS.inc(out.applied)
+        with self._cond:
+            for mp, offset, _k, _v in records:
+                self._applied[mp] = offset + 1
+                self._at_eof.discard(mp)
+            for s in out.skipped or ():
+                log.error("metadata partition %d offset %d skipped (%s): %s", s.metadata_partition, s.offset,
+                          s.reason, s.error)
+                SKIPPED_RECORDS.labels(s.reason).inc()
+                self.skipped_records += 1
+                self.skipped.append(s)
+                self._skipped_at[(s.metadata_partition, s.offset)] = s
+                while len(self._skipped_at) > 10_000:
+                    self._skipped_at.popitem(last=False)
+            self._cond.notify_all()
+
+    def _mark_caught_up(self) -> None:
+        with self._cond:
+            mps = {mp: self._applied[mp] for mp in self._at_eof if mp in self._applied}
+        if mps:
+            now_ms = int(time.time() * 1000)
+            self.cache.mark_caught_up({mp: Progress(nxt, now_ms) for mp, nxt in mps.items()})
+
+    def _write_due_tombstones(self) -> None:
+        now_ms = int(time.time() * 1000)
+        for mp in sorted(self._assigned):
+            for d in self.cache.deleted_segments(mp):
+                ident = (d.topic_id, d.partition, d.segment_id)
+                if (d.broker_id != self.config.broker_id or ident in self._tombstoned
+                        or now_ms - d.event_timestamp_ms < self.config.tombstone_delay_ms):
+                    continue
+                # the DELETE_SEGMENT_FINISHED key last: consuming its tombstone clears the pending entry
+                for key in segment_keys(d.topic_id, d.partition, d.segment_id):
+                    self._producer.produce(self.topic, key=key, value=None, partition=mp)
+                self._tombstoned.add(ident)
+
+    # ------------------------------------------------------------------------------------------ write side
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RemoteLogMetadataError("the metadata manager is closed")
+        if self._thread_error is not None:
+            raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
+
+    def _ensure_assigned(self, tp: TopicIdPartition) -> int:
+        mp = self.cache.mp_of(tp)
+        if mp not in self._assigned:
+            self._call(lambda: self._assign([mp]))
+        return mp
+
+    def _write(self, tp: TopicIdPartition, key: bytes, value: bytes, what: object) -> None:
+        self._check_open()
+        mp = self._ensure_assigned(tp)
+        result: list = []
+
+        def on_delivery(err, msg) -> None:
+            result.append((err, msg.offset() if err is None else None))
+
+        deadline = time.monotonic() + self.config.write_timeout_s
+        self._producer.produce(self.topic, key=key, value=value, partition=mp, on_delivery=on_delivery)
+        while not result and time.monotonic() < deadline:
+            self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        if not result:
+            raise MetadataWriteError(f"{what}: not acknowledged by {self.topic}-{mp} within "
+                                     f"{self.config.write_timeout_s}s")
+        err, offset = result[0]
+        if err is not None:
+            raise MetadataWriteError(f"{what}: {self.topic}-{mp} refused the record: {err}")
+        with self._cond:
+            while self._applied.get(mp, -1) <= offset:
+                if self._thread_error is not None:
+                    raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReadYourWritesTimeoutError(
+                        f"{what}: written at {self.topic}-{mp} offset {offset} but the local cache applied only "
+                        f"up to {self._applied.get(mp, -1) - 1} within {self.config.write_timeout_s}s")
+                self._cond.wait(min(left, 0.5))
+            skipped = self._skipped_at.get((mp, offset))
+        if skipped is not None:
+            raise InvalidStateTransitionError(f"{what}: the cache refused the record at {self.topic}-{mp} offset "
+                                              f"{offset}: {skipped.error}")
+
+    def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
+        sid = metadata.remote_log_segment_id
+        if metadata.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+            raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {metadata.state.name}")
+        tp = metadata.topic_id_partition
+        self._ensure_assigned(tp)
+        existing = self.cache.segment(tp, sid.id)
+        if existing is not None:
+            existing.state.check_transition(metadata.state, sid)
+        key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, metadata.state)
+        self._write(tp, key, serde.encode(metadata), sid)
+
+    def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
+        sid = update.remote_log_segment_id
+        tp = update.topic_id_partition
+        self._ensure_assigned(tp)
+        existing = self.cache.segment(tp, sid.id)
+        if existing is None:
+            raise RemoteResourceNotFoundError(f"{sid}: no such segment (update to {update.state.name})")
+        existing.state.check_transition(update.state, sid)
+        key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, update.state)
+        self._write(tp, key, serde.encode(update), sid)
+
+    def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> None:
+        tp = metadata.topic_id_partition
+        self._ensure_assigned(tp)
+        existing = self.cache.partition_delete(tp)
+        if existing is not None:
+            existing.state.check_transition(metadata.state, tp)
+        key = encode_key(KeyKind.PARTITION_DELETE, tp.topic_id, tp.partition, None, metadata.state)
+        self._write(tp, key, serde.encode(metadata), tp)
+
+    # ------------------------------------------------------------------------------------------- read side
+    def _served_mp(self, tp: TopicIdPartition) -> None:
+        self._check_open()
+        mp = self.cache.mp_of(tp)
+        if mp not in self._assigned:
+            raise PartitionNotServedError(f"{tp}: metadata partition {self.topic}-{mp} is not consumed by this "
+                                          "manager; call on_partition_leadership_changes first")
+
+    def remote_log_segment_metadata(self, tp: TopicIdPartition, epoch: int,
+                                    offset: int) -> RemoteLogSegmentMetadata | None:
+        self._served_mp(tp)
+        return self.cache.segment_floor(tp, epoch, offset)
+
+    def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
+        self._served_mp(tp)
+        return self.cache.highest_offset_for_epoch(tp, epoch)
+
+    def list_remote_log_segments(self, tp: TopicIdPartition,
+                                 epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
+        self._served_mp(tp)
+        return self.cache.segments(tp, epoch)
+
+    def remote_log_size(self, tp: TopicIdPartition, epoch: int | None = None) -> int:
+        return sum(md.segment_size_bytes for md in self.list_remote_log_segments(tp, epoch))
+
+    def remote_partition_delete_metadata(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
+        self._served_mp(tp)
+        return self.cache.partition_delete(tp)
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def on_partition_leadership_changes(self, leaders: Iterable[TopicIdPartition],
+                                        followers: Iterable[TopicIdPartition]) -> None:
+        self._check_open()
+        tps = [*leaders, *followers]
+        for tp in tps:
+            self._served[tp] = self.cache.mp_of(tp)
+        self._call(lambda: self._assign({self._served[tp] for tp in tps}))
+
+    def on_stop_partitions(self, partitions: Iterable[TopicIdPartition]) -> None:
+        self._check_open()
+        for tp in partitions:
+            self._served.pop(tp, None)
+        if self.config.serve_all:
+            return
+        still = set(self._served.values())
+        self._call(lambda: self._unassign(self._assigned - still))
+
+    def is_ready(self, tp: TopicIdPartition) -> bool:
+        return self.cache.mp_of(tp) in self._ready
+
+    def wait_ready(self, tps: Iterable[TopicIdPartition], timeout_s: float = 60.0) -> None:
+        """Block until :meth:`is_ready` holds for every partition (or raise ReadYourWritesTimeoutError)."""
+        mps = {self.cache.mp_of(tp) for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not mps <= self._ready:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReadYourWritesTimeoutError(f"metadata partitions {sorted(mps - self._ready)} not caught "
+                                                     f"up within {timeout_s}s")
+                self._cond.wait(min(left, 0.5))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join(60)
+        try:
+            self._producer.flush(10)
+            self._consumer.close()
+        finally:
+            self.cache.close()
