@@ -1,0 +1,247 @@
+"""The leader copy task of one partition: rolled segments below the last stable offset, oldest first.
+
+One run (:meth:`PartitionCopier.run_once`):
+
+1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.staging`), so the broker's local
+   retention cannot take it away before it is copied. A segment the broker deleted before it could be staged is
+   a *gap*: counted (``rlm_segment_gaps``) and logged with its offsets, never silent.
+2. Clean up copies that were left COPY_SEGMENT_STARTED (a crashed or abandoned attempt): delete them.
+3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
+   transaction is ever uploaded): COPY_SEGMENT_STARTED, the store's copy, COPY_SEGMENT_FINISHED; release staging.
+
+Where to resume: the highest remote offset of the partition's leader-epoch lineage (as Kafka's
+``findHighestRemoteOffset``), so a new leader continues where the old one stopped. A local segment that starts
+below that offset but ends above it (replicas roll at different offsets) is copied whole, but recorded as
+starting at highest + 1, so no offset range is ever remote twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlm import metrics
+from rlm.deleter import SegmentDeleter
+from rlm.segments import epochs_for_range, to_rsm
+from rlm.staging import SegmentGoneError, StagedSegment, Staging
+from rlmm.api import (
+    RemoteLogMetadataManager,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+from rsm.api import LogSegmentData, RemoteStorageManagerApi
+from rsm.log.batch import scan_batches
+from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
+from rsm.log.errors import LogFormatError
+from rsm.log.indexes import read_time_index
+from rsm.log.partition import PartitionDir
+
+__all__ = ["CopyResult", "PartitionCopier", "highest_remote_offset"]
+
+log = logging.getLogger(__name__)
+
+ABANDONED_COPY_MS = 10 * 60 * 1000  # another broker's COPY_SEGMENT_STARTED older than this is abandoned
+
+
+@dataclass
+class CopyResult:
+    copied: list[RemoteLogSegmentMetadata] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # (first, last) offsets lost before staging
+    waiting_for_lso: int = 0  # staged segments not copied because they end at or above the LSO
+    cleaned_up: int = 0
+
+
+def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
+                          epochs: list[EpochEntry]) -> int:
+    """The highest offset copied under the partition's epoch lineage (latest epoch first), or -1."""
+    for entry in reversed(epochs):
+        off = rlmm.highest_offset_for_epoch(tp, entry.epoch)
+        if off is not None:
+            return off
+    return -1
+
+
+class PartitionCopier:
+    """Copies one partition's rolled segments. Not thread-safe: the scheduler runs one instance at a time."""
+
+    def __init__(self, *, broker_id: int, tp: TopicIdPartition, partition_dir: Path,
+                 rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi, staging: Staging,
+                 deleter: SegmentDeleter, min_max_timestamp_ms: int | None = None) -> None:
+        self.broker_id = broker_id
+        self.tp = tp
+        self.partition_dir = partition_dir
+        self.rlmm = rlmm
+        self.rsm = rsm
+        self.staging = staging
+        self.deleter = deleter
+        # Segments whose newest record is older than this would be expired at once: not copied (see expiration).
+        self.min_max_timestamp_ms = min_max_timestamp_ms
+        self._last_known_end = -1
+
+    # --------------------------------------------------------------------------------------------- staging
+    def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
+        """Stage the rolled local segments above ``highest``; return all staged segments and new gaps."""
+        pdir = PartitionDir(self.partition_dir)
+        segments = pdir.segments()
+        gaps: list[tuple[int, int]] = []
+        for seg, nxt in zip(segments, segments[1:], strict=False):
+            end = nxt.base_offset - 1
+            if end <= highest:
+                continue
+            try:
+                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, seg.base_offset, end)
+            except SegmentGoneError:
+                gaps.append((seg.base_offset, end))
+        staged = sorted((s for s in self.staging.staged()
+                         if s.topic == self.tp.topic and s.partition == self.tp.partition),
+                        key=lambda s: s.base_offset)
+        # Staged leftovers that are remote already (copied by us before a crash, or by another leader).
+        keep = []
+        for s in staged:
+            if s.end_offset_inclusive <= highest:
+                self.staging.release(s)
+            else:
+                keep.append(s)
+        # Offsets between what is remote (or staged) and the first local segment: gone before we saw them.
+        expect = highest + 1
+        first_local = segments[0].base_offset if segments else None
+        if highest >= 0 and keep and keep[0].base_offset > expect:
+            gaps.append((expect, keep[0].base_offset - 1))
+        elif highest >= 0 and not keep and first_local is not None and first_local > expect:
+            gaps.append((expect, first_local - 1))
+        gaps = [g for g in gaps if g[1] > self._last_known_end]  # report each gap once
+        for first, last in gaps:
+            metrics.SEGMENT_GAPS.labels(self.tp.topic, str(self.tp.partition)).inc()
+            log.error("offsets deleted by the broker before they could be staged: not remote",
+                      extra={"partition": str(self.tp), "first_offset": first, "last_offset": last})
+            self._last_known_end = max(self._last_known_end, last)
+        return keep, gaps
+
+    # ------------------------------------------------------------------------------------------- clean-up
+    def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None) -> int:
+        """Delete copies left COPY_SEGMENT_STARTED by a crash (ours) or abandoned (another broker's, old)."""
+        now_ms = int(time.time() * 1000)
+        n = 0
+        for md in self.rlmm.list_remote_log_segments(self.tp):
+            if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                if md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
+                    self.deleter.delete(md, "unfinished-delete")
+                    n += 1
+                continue
+            if in_flight and md.remote_log_segment_id.id in in_flight:
+                continue
+            if md.broker_id != self.broker_id and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
+                continue
+            self.deleter.delete(md, "unfinished-copy")
+            n += 1
+        return n
+
+    # ----------------------------------------------------------------------------------------------- copy
+    def run_once(self, last_stable_offset: int, stop: threading.Event | None = None) -> CopyResult:
+        result = CopyResult()
+        result.cleaned_up = self.clean_up_unfinished()
+        pdir = PartitionDir(self.partition_dir)
+        epochs = pdir.leader_epochs()
+        highest = highest_remote_offset(self.rlmm, self.tp, epochs)
+        staged, result.gaps = self.stage_new(highest)
+        lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
+        metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(staged))
+        metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(lag_bytes)
+        for s in staged:
+            if stop is not None and stop.is_set():
+                break
+            if s.end_offset_inclusive >= last_stable_offset:
+                result.waiting_for_lso += 1
+                continue  # this and every later segment wait for the LSO to move past them
+            start = max(s.base_offset, highest + 1)
+            md = self.copy_segment(s, start, epochs)
+            if md is None:
+                self.staging.release(s)  # nothing worth copying (expired already); not a gap
+                highest = s.end_offset_inclusive
+                continue
+            result.copied.append(md)
+            highest = md.end_offset_inclusive
+            self.staging.release(s)
+        return result
+
+    def _max_timestamp(self, s: StagedSegment) -> int:
+        """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""
+        tix = s.file(".timeindex")
+        if tix is not None:
+            try:
+                entries = read_time_index(tix, s.base_offset)
+                if entries:
+                    return entries[-1].timestamp_ms
+            except LogFormatError:
+                pass
+        return max((b.max_timestamp for b in scan_batches(s.log_path)), default=-1)
+
+    def copy_segment(self, s: StagedSegment, start_offset: int,
+                     epochs: list[EpochEntry]) -> RemoteLogSegmentMetadata | None:
+        seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
+        if not seg_epochs:
+            # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
+            first = next(iter(scan_batches(s.log_path)), None)
+            seg_epochs = [EpochEntry(max(first.partition_leader_epoch, 0) if first else 0, start_offset)]
+        max_ts = self._max_timestamp(s)
+        if self.min_max_timestamp_ms is not None and 0 <= max_ts < self.min_max_timestamp_ms:
+            log.info("segment older than remote retention: not copied", extra={
+                "partition": str(self.tp), "base_offset": s.base_offset, "max_timestamp_ms": max_ts})
+            return None
+        now_ms = int(time.time() * 1000)
+        md = RemoteLogSegmentMetadata(
+            remote_log_segment_id=RemoteLogSegmentId.generate(self.tp),
+            start_offset=start_offset,
+            end_offset_inclusive=s.end_offset_inclusive,
+            max_timestamp_ms=max_ts,
+            broker_id=self.broker_id,
+            event_timestamp_ms=now_ms,
+            segment_size_bytes=s.log_path.stat().st_size,
+            segment_leader_epochs=tuple((e.epoch, e.start_offset) for e in seg_epochs),
+            state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
+            txn_index_empty=s.file(".txnindex") is None,
+        )
+        # The checkpoint as Kafka hands it to the storage manager: the epochs up to the segment's end.
+        checkpoint = format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= s.end_offset_inclusive])
+        data = LogSegmentData(
+            log_path=s.log_path,
+            offset_index_path=s.directory / f"{s.base_offset:020d}.index",
+            time_index_path=s.directory / f"{s.base_offset:020d}.timeindex",
+            transaction_index_path=s.file(".txnindex"),
+            producer_snapshot_path=s.file(".snapshot"),
+            leader_epoch_checkpoint=checkpoint,
+        )
+        self.rlmm.add_remote_log_segment_metadata(md)
+        started = time.monotonic()
+        try:
+            custom = self.rsm.copy_log_segment_data(to_rsm(md), data)
+        except Exception as err:
+            metrics.ERRORS.labels("copy").inc()
+            log.error("copy failed; removing the attempt", extra={
+                "partition": str(self.tp), "base_offset": s.base_offset, "segment": str(md.remote_log_segment_id),
+                "error": str(err)})
+            try:
+                self.deleter.delete(md, "failed-copy")
+            except Exception as cleanup_err:  # noqa: BLE001 - the next run's clean-up retries it
+                log.error("clean-up of failed copy failed", extra={"error": str(cleanup_err)})
+            raise
+        elapsed = time.monotonic() - started
+        self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+            md.remote_log_segment_id, int(time.time() * 1000), custom,
+            RemoteLogSegmentState.COPY_SEGMENT_FINISHED, self.broker_id))
+        metrics.COPY_SECONDS.observe(elapsed)
+        metrics.BYTES_COPIED.labels(self.tp.topic).inc(md.segment_size_bytes)
+        metrics.SEGMENTS_COPIED.labels(self.tp.topic).inc()
+        log.info("segment copied", extra={
+            "partition": str(self.tp), "start_offset": md.start_offset, "end_offset": md.end_offset_inclusive,
+            "bytes": md.segment_size_bytes, "seconds": round(elapsed, 3), "segment": str(md.remote_log_segment_id)})
+        from dataclasses import replace
+
+        return replace(md, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED, custom_metadata=custom)

@@ -1,0 +1,47 @@
+"""Small pieces the sidecar's tasks share: adapting metadata models and slicing leader epochs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlmm.api import RemoteLogSegmentMetadata
+from rsm.api import RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.log.checkpoint import EpochEntry
+
+__all__ = ["epochs_for_range", "to_rsm"]
+
+
+def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
+    """The storage manager's view of a metadata manager's segment (the two packages do not import each other)."""
+    tp = md.topic_id_partition
+    return RemoteSegmentMetadata(
+        remote_segment_id=md.remote_log_segment_id.id,
+        topic_id=tp.topic_id,
+        topic_name=tp.topic,
+        partition=tp.partition,
+        start_offset=md.start_offset,
+        end_offset_inclusive=md.end_offset_inclusive,
+        max_timestamp_ms=md.max_timestamp_ms,
+        segment_size_bytes=md.segment_size_bytes,
+        broker_id=md.broker_id,
+        event_timestamp_ms=md.event_timestamp_ms,
+        segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in md.segment_leader_epochs),
+    )
+
+
+def epochs_for_range(entries: Sequence[EpochEntry], start_offset: int,
+                     end_offset_inclusive: int) -> list[EpochEntry]:
+    """The leader epochs of ``[start_offset, end_offset_inclusive]``: the epoch in force at the start (its
+    start offset raised to ``start_offset``) and every later epoch that starts inside the range.
+
+    ``entries`` is the partition's leader-epoch checkpoint (ascending). Empty when no epoch covers the start.
+    """
+    out: list[EpochEntry] = []
+    for i, e in enumerate(entries):
+        nxt = entries[i + 1].start_offset if i + 1 < len(entries) else None
+        if e.start_offset > end_offset_inclusive:
+            break
+        if nxt is not None and nxt <= start_offset:
+            continue  # this epoch ended before the range
+        out.append(EpochEntry(e.epoch, max(e.start_offset, start_offset)))
+    return out
