@@ -19,6 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from rsm.manager import RsmConfig
+
 __all__ = [
     "ConfigError",
     "KafkaSettings",
@@ -148,7 +150,7 @@ class SidecarSettings(BaseSettings):
         None, description="hard-link staging area; must be on the same filesystem as the log dirs "
                           "(default: <log dir>/.rlm-staging in each log dir)")
     kafka: KafkaSettings
-    store: dict[str, Any] = Field(default_factory=lambda: {"kind": "fs", "root": "/var/lib/rlm/remote"})
+    store: RsmConfig = Field(default_factory=lambda: RsmConfig(store="fs", root_path=Path("/var/lib/rlm/remote")))
     metadata: MetadataSettings = MetadataSettings()
     tasks: TaskSettings = TaskSettings()
     topics: TopicSelection = TopicSelection()

@@ -73,3 +73,16 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert s.kafka.bootstrap_servers == "10.0.0.1:9093"
     assert s.kafka.client["security.protocol"] == "SASL_SSL"  # the rest of the section comes from the file
     assert s.tasks.copy_interval_ms == 2500
+
+
+def test_example_config_loads() -> None:
+    from rlm.devkafka import project_root
+
+    s = load_settings(project_root() / "config" / "sidecar.example.yaml")
+    assert s.store.store == "fs" and s.metadata.topic == "__remote_log_metadata"
+    assert s.retention_for("audit.x").retention_ms == -1
+
+
+def test_store_field_errors_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"store\.block_size_bytes"):
+        load_settings(write(tmp_path, GOOD + "store: {store: fs, root_path: /x, block_size_bytes: 1}\n"))
