@@ -50,6 +50,7 @@ __all__ = [
     "BatchHeader",
     "Codec",
     "TimestampType",
+    "header_from_bytes",
     "iter_batches_with_bytes",
     "scan_batches",
 ]
@@ -330,3 +331,27 @@ def _check_zero_tail(f: BinaryIO, path: str | os.PathLike[str], view: memoryview
         n = min(len(view), file_size - file_pos)
         _read_exactly(f, path, view[:n], file_pos, file_size)
         start, end = 0, n
+
+
+def header_from_bytes(data: bytes | memoryview, position: int = 0,
+                      path: str | os.PathLike[str] = "<batch bytes>") -> BatchHeader:
+    """The header of the batch whose verbatim bytes are ``data`` (e.g. a remote entry), found at ``position``.
+
+    Checks what the scan checks short of the CRC: magic, length against ``len(data)``, offsets. Raises
+    :class:`CorruptRecordBatchError` naming ``path`` and ``position``.
+    """
+    if len(data) < BATCH_HEADER_SIZE:
+        raise CorruptRecordBatchError(path, position, f"expected at least {BATCH_HEADER_SIZE} header bytes, "
+                                      f"found {len(data)}")
+    (base, length, epoch, magic, crc, attrs, last_delta, base_ts, max_ts, pid, pepoch, bseq,
+     count) = HEADER.unpack_from(data, 0)
+    if magic != CURRENT_MAGIC:
+        raise CorruptRecordBatchError(path, position, f"expected magic {CURRENT_MAGIC}, found {magic}")
+    if length + LOG_OVERHEAD != len(data) or length < MIN_BATCH_LENGTH:
+        raise CorruptRecordBatchError(path, position, f"batch length {length} + {LOG_OVERHEAD} does not match "
+                                      f"the {len(data)} bytes given")
+    if last_delta < 0 or count < 0:
+        raise CorruptRecordBatchError(path, position, f"negative last offset delta {last_delta} or record count "
+                                      f"{count}")
+    return BatchHeader(position, base, base + last_delta, len(data), epoch, magic, crc, attrs, base_ts, max_ts,
+                       pid, pepoch, bseq, count)
