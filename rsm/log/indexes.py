@@ -46,7 +46,7 @@ __all__ = [
     "lookup_position",
     "read_offset_index",
     "read_time_index",
-    "read_txn_index",
+    "parse_txn_index", "read_txn_index",
 ]
 
 OFFSET_ENTRY = struct.Struct(
@@ -146,7 +146,17 @@ def read_time_index(path: str | os.PathLike[str], base_offset: int) -> list[Time
 def read_txn_index(path: str | os.PathLike[str]) -> list[AbortedTxn]:
     """The aborted transactions of a ``.txnindex`` file. Raises :class:`CorruptIndexError` for a truncated file,
     an unknown version or an entry whose offsets are inverted."""
-    data = _read_entries(path, TXN_ENTRY, "transaction index")
+    return parse_txn_index(Path(path).read_bytes(), path)
+
+
+def parse_txn_index(data: bytes | memoryview, path: str | os.PathLike[str] = "<txnindex bytes>") -> list[AbortedTxn]:
+    """The aborted transactions in the bytes of a ``.txnindex`` (e.g. fetched from remote storage); errors name
+    ``path``. See :func:`read_txn_index`."""
+    data = bytes(data)
+    if len(data) % TXN_ENTRY.size:
+        raise CorruptIndexError(
+            path, len(data) - len(data) % TXN_ENTRY.size, f"truncated transaction index: length {len(data)} is "
+            f"not a multiple of the {TXN_ENTRY.size}-byte entry size ({len(data) % TXN_ENTRY.size} bytes left over)")
     out: list[AbortedTxn] = []
     for i, (version, pid, first, last, lso) in enumerate(TXN_ENTRY.iter_unpack(data)):
         if version != TXN_VERSION:
