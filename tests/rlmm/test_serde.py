@@ -1,0 +1,179 @@
+"""Metadata record values: golden bytes, Kafka's own serde as oracle, unknown tags, fuzzing (no broker)."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlmm import serde
+from rlmm.api import (
+    CorruptMetadataRecordError,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from tests.rlmm.strategies import metadata
+
+TID = uuid.UUID("01020304-0506-0708-090a-0b0c0d0e0f10")
+SID = uuid.UUID("11121314-1516-1718-191a-1b1c1d1e1f20")
+TP = TopicIdPartition(TID, "foo", 3)
+SEG = RemoteLogSegmentMetadata(RemoteLogSegmentId(TP, SID), 100, 199, 1_700_000_000_000, 1, 1_700_000_000_001,
+                               4096, {0: 100, 2: 150}, b"cm", RemoteLogSegmentState.COPY_SEGMENT_STARTED, True)
+
+# The layout of the module docstring, spelled out field by field.
+TP_BYTES = "04" + b"foo".hex() + TID.hex + "00000003" + "00"              # Name, Id, Partition, tags
+SEG_GOLDEN = "".join([
+    "01", "00", "00",                                                   # frame version 1, api key 0, version 0
+    TP_BYTES, SID.hex, "00",                                            # RemoteLogSegmentId {TopicIdPartition, Id}
+    "0000000000000064", "00000000000000c7",                             # StartOffset 100, EndOffset 199
+    "00000001",                                                         # BrokerId 1
+    "0000018bcfe56800", "0000018bcfe56801",                             # MaxTimestampMs, EventTimestampMs
+    "03",                                                               # SegmentLeaderEpochs: 2 entries
+    "00000000" "0000000000000064" "00",                                 # {0, 100, tags}
+    "00000002" "0000000000000096" "00",                                 # {2, 150, tags}
+    "00001000",                                                         # SegmentSizeInBytes 4096
+    "03" + b"cm".hex(),                                                 # CustomMetadata (2 bytes)
+    "00",                                                               # RemoteLogSegmentState STARTED
+    "01" "00" "01" "01",                                                # tags: 1 field, tag 0, size 1, true
+])
+UPDATE = RemoteLogSegmentMetadataUpdate(RemoteLogSegmentId(TP, SID), 5, None,
+                                        RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 2)
+UPDATE_GOLDEN = "".join(["01", "01", "00", TP_BYTES, SID.hex, "00", "00000002", "0000000000000005",
+                         "00", "01", "00"])                             # null custom metadata, state 1, tags
+PDEL = RemotePartitionDeleteMetadata(TP, RemotePartitionDeleteState.DELETE_PARTITION_STARTED, 7, 3)
+PDEL_GOLDEN = "".join(["01", "02", "00", TP_BYTES, "00000003", "0000000000000007", "01", "00"])
+
+
+@pytest.mark.parametrize(("md", "golden"), [(SEG, SEG_GOLDEN), (UPDATE, UPDATE_GOLDEN), (PDEL, PDEL_GOLDEN)])
+def test_golden_bytes_round_trip(md, golden: str) -> None:
+    assert serde.encode(md).hex() == golden
+    assert serde.decode(bytes.fromhex(golden)) == md
+
+
+def test_txn_index_empty_false_writes_no_tag() -> None:
+    from dataclasses import replace
+    raw = serde.encode(replace(SEG, txn_index_empty=False))
+    assert raw.hex() == SEG_GOLDEN[:-8] + "00"
+    assert serde.decode(raw).txn_index_empty is False
+
+
+def test_kafka_reserializes_our_bytes_identically(kafka_probe) -> None:
+    """Kafka's RemoteLogMetadataSerde decodes our values and writes back exactly the same bytes."""
+    samples = [SEG, UPDATE, PDEL, *_varied_samples(60)]
+    lines = kafka_probe.run([f"D {serde.encode(md).hex()}" for md in samples])
+    assert len(lines) == 2 * len(samples), lines[:4]
+    for i, md in enumerate(samples):
+        ours = serde.encode(md).hex()
+        assert lines[2 * i] == f"R {ours}", (md, lines[2 * i:2 * i + 2])
+    assert "segmentLeaderEpochs={0=100, 2=150}" in lines[1] and "txnIdxEmpty=true" in lines[1]
+    assert "state=COPY_SEGMENT_FINISHED" in lines[3] and "brokerId=2" in lines[3]
+    assert "state=DELETE_PARTITION_STARTED" in lines[5]
+
+
+def _varied_samples(n: int) -> list:
+    """Deterministic, varied values (names with non-ASCII, extreme ints, big custom metadata, many epochs)."""
+    rnd = random.Random(405)
+    out: list = []
+    for i in range(n):
+        tp = TopicIdPartition(uuid.UUID(int=rnd.getrandbits(128)), rnd.choice(["t", "tópic-ü", "x" * 249, "a.b_c"]),
+                              rnd.randrange(2**31))
+        sid = RemoteLogSegmentId(tp, uuid.UUID(int=rnd.getrandbits(128)))
+        custom = rnd.choice([None, b"", rnd.randbytes(200)])
+        i64 = rnd.randrange(-(2**63), 2**63)
+        i32 = rnd.randrange(-(2**31), 2**31)
+        if i % 3 == 0:
+            start = rnd.randrange(2**62)
+            n_epochs = rnd.randint(1, 70)
+            epochs = tuple((e * 3, start + e) for e in range(n_epochs))
+            out.append(RemoteLogSegmentMetadata(sid, start, start + n_epochs + rnd.randrange(1000), i64, i32, i64,
+                                                i32, epochs, custom, RemoteLogSegmentState.COPY_SEGMENT_STARTED,
+                                                rnd.random() < 0.5))
+        elif i % 3 == 1:
+            out.append(RemoteLogSegmentMetadataUpdate(sid, i64, custom, rnd.choice(list(RemoteLogSegmentState)[1:]),
+                                                      i32))
+        else:
+            out.append(RemotePartitionDeleteMetadata(tp, rnd.choice(list(RemotePartitionDeleteState)), i64, i32))
+    return out
+
+
+def _with_unknown_tags(golden: str) -> bytes:
+    # a tag 5 of 3 bytes in the nested TopicIdPartition, and tag 9 in the RemoteLogSegmentId
+    tp_tagged = TP_BYTES[:-2] + "01" "05" "03" "aabbcc"
+    raw = golden.replace(TP_BYTES + SID.hex + "00", tp_tagged + SID.hex + "01" "09" "00", 1)
+    return bytes.fromhex(raw)
+
+
+def test_unknown_tagged_fields_are_skipped() -> None:
+    assert serde.decode(_with_unknown_tags(SEG_GOLDEN)) == SEG
+    assert serde.decode(_with_unknown_tags(UPDATE_GOLDEN)) == UPDATE
+
+
+def test_unknown_tags_in_array_elements_and_top_level() -> None:
+    raw = SEG_GOLDEN.replace("00000002" "0000000000000096" "00", "00000002" "0000000000000096" "01" "07" "01" "ff")
+    raw = raw[:-8] + "02" "00" "01" "01" "0c" "02" "abcd"
+    assert serde.decode(bytes.fromhex(raw)) == SEG
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    ("02", "FrameVersion at byte 0"),
+    ("010900", "unknown api key 9"),
+    ("010001", "unsupported schema version 1"),
+    (SEG_GOLDEN[:60], "RemoteLogSegmentMetadataRecord."),
+    (SEG_GOLDEN + "00", "1 trailing bytes"),
+    (UPDATE_GOLDEN[:-4] + "07" + "00", "RemoteLogSegmentState"),
+    (PDEL_GOLDEN[:-4] + "09" + "00", "unknown partition delete state 9"),
+    ("0100" + "00", "Name at byte 3"),
+])
+def test_corrupt_values_name_field_and_position(raw: str, needle: str) -> None:
+    with pytest.raises(CorruptMetadataRecordError, match="byte") as err:
+        serde.decode(bytes.fromhex(raw))
+    assert needle in str(err.value)
+
+
+def test_truncation_reports_expected_and_found() -> None:
+    raw = bytes.fromhex(SEG_GOLDEN)
+    for cut in range(len(raw)):
+        with pytest.raises(CorruptMetadataRecordError):
+            serde.decode(raw[:cut])
+    fixed_at = 3 + (1 + 3 + 16 + 4 + 1) + 16 + 1      # header, TopicIdPartition, segment Id, tags
+    with pytest.raises(CorruptMetadataRecordError,
+                       match=rf"StartOffset..EventTimestampMs at byte {fixed_at} of {fixed_at + 10}: "
+                             r"expected 36 bytes, found 10"):
+        serde.decode(raw[:fixed_at + 10])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(metadata)
+def test_round_trip_any(md) -> None:
+    assert serde.decode(serde.encode(md)) == md
+
+
+@settings(max_examples=1500)
+@given(st.binary(max_size=200))
+def test_fuzz_random_bytes_raise_only_our_error(raw: bytes) -> None:
+    try:
+        serde.decode(raw)
+    except CorruptMetadataRecordError:
+        pass
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(metadata, st.data())
+def test_fuzz_mutated_records_raise_only_our_error(md, data) -> None:
+    raw = bytearray(serde.encode(md))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(raw)))
+    try:
+        serde.decode(bytes(raw[:cut]))
+    except CorruptMetadataRecordError:
+        pass
