@@ -1,0 +1,72 @@
+"""Object keys of remote segment copies.
+
+::
+
+    [<entropy>/]<topic name, percent-encoded>-<topic id>/<partition>/<20-digit base offset>-<remote segment id>
+        the first data object (object 0) of a copy; objects 1, 2 ... of a spanning copy add ``.part-<n:05d>``
+    ...-<remote segment id>-index
+        the index object (written last: the commit point)
+
+The topic name keeps ``[A-Za-z0-9._-]`` and percent-encodes every other byte of its UTF-8 form (and a name of
+only dots), so any name makes a safe, single path component. The optional entropy prefix is 4 hex digits of
+SHA-256 over the partition part, so all of a partition's objects share it and listing a partition stays one
+prefix, while partitions spread over the key space (S3 request-rate partitioning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["SegmentKeys", "encode_topic_name", "ledger_id_for", "partition_prefix"]
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def encode_topic_name(name: str) -> str:
+    """Percent-encode ``name`` into one safe key component."""
+    raw = name.encode("utf-8")
+    if raw.strip(b".") == b"":
+        return "".join(f"%{b:02X}" for b in raw) or "%00"
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
+
+
+def partition_prefix(topic_name: str, topic_id: uuid.UUID, partition: int, *, entropy: bool = False) -> str:
+    """The key prefix of all copies of one partition (ends with ``/``)."""
+    base = f"{encode_topic_name(topic_name)}-{topic_id}/{partition}/"
+    if entropy:
+        return hashlib.sha256(base.encode()).hexdigest()[:4] + "/" + base
+    return base
+
+
+def ledger_id_for(remote_segment_id: uuid.UUID) -> int:
+    """The ledger id of a copy attempt: the top 63 bits of its (random, per attempt) remote segment id."""
+    return remote_segment_id.int >> 65
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentKeys:
+    """The keys of one segment copy."""
+
+    base: str
+
+    @classmethod
+    def for_segment(cls, topic_name: str, topic_id: uuid.UUID, partition: int, base_offset: int,
+                    remote_segment_id: uuid.UUID, *, entropy: bool = False) -> SegmentKeys:
+        if base_offset < 0:
+            raise ValueError(f"negative base offset {base_offset}")
+        prefix = partition_prefix(topic_name, topic_id, partition, entropy=entropy)
+        return cls(f"{prefix}{base_offset:020d}-{remote_segment_id}")
+
+    def data(self, object_number: int) -> str:
+        return self.base if object_number == 0 else f"{self.base}.part-{object_number:05d}"
+
+    @property
+    def index(self) -> str:
+        return self.base + "-index"
+
+    @property
+    def prefix(self) -> str:
+        """Every object of this copy (and only of this copy) starts with it."""
+        return self.base

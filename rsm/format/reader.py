@@ -1,0 +1,290 @@
+"""Reading a ledger back: verified entries, original ``.log`` ranges, offset <-> entry mapping.
+
+Every entry read is checked before use: block magic and lengths against the index, entry ids in sequence,
+the batch's own length field, magic and CRC-32C, its offsets inside the block's range, and the block's
+original ``.log`` byte count. A failure raises :class:`~rsm.errors.CorruptRemoteObjectError` naming the key,
+the byte position in the object and the Kafka offset when known; bad bytes are never handed out.
+
+Request costs: the index object is one GET (cache it: :class:`SegmentReader` is built from a decoded index),
+then one ranged GET per data object touched (a range inside one object is one GET, streamed).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import google_crc32c
+
+from rsm.api import IndexType
+from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
+from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LENGTH, decode_block_header
+from rsm.format.index import BlockInfo, LedgerIndex
+from rsm.format.keys import SegmentKeys
+from rsm.format.ledger import EntryAddress
+from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log.batch import ATTRIBUTES_OFFSET, CURRENT_MAGIC, HEADER, LOG_OVERHEAD
+from rsm.store.base import Store
+
+__all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
+
+READ_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One verified entry: where it is and the batch it holds (``data`` is the batch, verbatim)."""
+
+    block: BlockInfo
+    entry_id: int
+    object_position: int  # position of the entry header in the data object
+    log_position: int  # position of the batch in the original .log
+    base_offset: int
+    last_offset: int
+    max_timestamp_ms: int
+    data: memoryview
+
+
+def _read_exactly(stream: BinaryIO, n: int, *, key: str, position: int, what: str) -> bytearray:
+    buf = bytearray(n)
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = stream.readinto(mv[got:])  # type: ignore[attr-defined]
+        if not k:
+            raise CorruptRemoteObjectError(f"object ends inside {what}: expected {n} bytes, found {got}", key=key,
+                                           position=position + got)
+        got += k
+    return buf
+
+
+def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) -> tuple[int, int, int]:
+    """Check one entry's record batch; return (base offset, last offset, max timestamp)."""
+    if len(data) < HEADER.size:
+        raise CorruptRemoteObjectError(f"entry of {len(data)} bytes is shorter than a batch header ({HEADER.size})",
+                                       key=key, position=position)
+    (base, batch_len, _epoch, magic, crc, _attrs, last_delta, _bts, max_ts, *_rest) = HEADER.unpack_from(data, 0)
+    if batch_len + LOG_OVERHEAD != len(data):
+        raise CorruptRemoteObjectError(
+            f"batch length field {batch_len} + {LOG_OVERHEAD} does not match the entry length {len(data)}",
+            key=key, position=position + 8, kafka_offset=base)
+    if magic != CURRENT_MAGIC:
+        raise CorruptRemoteObjectError(f"batch magic {magic}, expected {CURRENT_MAGIC}", key=key,
+                                       position=position + 16, kafka_offset=base)
+    actual = crc32c_at(data, buffer_address(data), ATTRIBUTES_OFFSET, len(data) - ATTRIBUTES_OFFSET)
+    if actual != crc:
+        raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{crc:08X}", key=key,
+                                       position=position, kafka_offset=base)
+    last = base + last_delta
+    if base < block.first_offset or last > block.last_offset:
+        raise CorruptRemoteObjectError(
+            f"batch offsets {base}..{last} outside the block's {block.first_offset}..{block.last_offset}",
+            key=key, position=position, kafka_offset=base)
+    return base, last, max_ts
+
+
+def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int) -> Iterator[EntryView]:
+    """Verified entries of consecutive ``blocks`` of one object; ``stream`` starts at the first block."""
+    for block in blocks:
+        pos = block.object_position
+        hdr_bytes = _read_exactly(stream, BLOCK_HEADER_LENGTH, key=key, position=pos, what="a block header")
+        hdr = decode_block_header(hdr_bytes, key=key, position=pos)
+        if hdr.block_length != block.block_length or hdr.first_entry_id != block.first_entry_id:
+            raise CorruptRemoteObjectError(
+                f"block header says length {hdr.block_length}, first entry {hdr.first_entry_id}; the index says "
+                f"{block.block_length}, {block.first_entry_id}", key=key, position=pos, kafka_offset=block.first_offset)
+        if hdr.ledger_id != ledger_id:
+            raise CorruptRemoteObjectError(f"block of ledger {hdr.ledger_id}, expected {ledger_id}", key=key,
+                                           position=pos + 28, kafka_offset=block.first_offset)
+        p = pos + BLOCK_HEADER_LENGTH
+        end = pos + block.block_length
+        log_pos = block.log_position
+        prev_last = block.first_offset - 1
+        for i in range(block.entry_count):
+            if end - p < ENTRY_HEADER_LENGTH:
+                raise CorruptRemoteObjectError(f"block ends after {i} of {block.entry_count} entries", key=key,
+                                               position=p, kafka_offset=prev_last + 1)
+            entry_len, entry_id = ENTRY_HEADER.unpack(
+                _read_exactly(stream, ENTRY_HEADER_LENGTH, key=key, position=p, what="an entry header"))
+            if entry_id != block.first_entry_id + i:
+                raise CorruptRemoteObjectError(f"entry id {entry_id}, expected {block.first_entry_id + i}", key=key,
+                                               position=p + 4, kafka_offset=prev_last + 1)
+            if entry_len < 0 or p + ENTRY_HEADER_LENGTH + entry_len > end:
+                raise CorruptRemoteObjectError(f"entry length {entry_len} runs past the block end", key=key,
+                                               position=p, kafka_offset=prev_last + 1)
+            data_pos = p + ENTRY_HEADER_LENGTH
+            data = _read_exactly(stream, entry_len, key=key, position=data_pos, what="an entry")
+            base, last, max_ts = _check_batch(data, block, key=key, position=data_pos)
+            if base <= prev_last:
+                raise CorruptRemoteObjectError(f"batch base offset {base} not after the previous batch's {prev_last}",
+                                               key=key, position=data_pos, kafka_offset=base)
+            yield EntryView(block, entry_id, p, log_pos, base, last, max_ts, memoryview(data))
+            prev_last = last
+            log_pos += entry_len
+            p = data_pos + entry_len
+        if p != end or log_pos != block.log_position + block.log_bytes or prev_last != block.last_offset:
+            raise CorruptRemoteObjectError(
+                f"block content ({p - pos} bytes, .log bytes {log_pos - block.log_position}, last offset "
+                f"{prev_last}) does not match the index ({block.block_length}, {block.log_bytes}, "
+                f"{block.last_offset})", key=key, position=pos, kafka_offset=block.first_offset)
+
+
+class _ChunkStream(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (closing it closes the iterator)."""
+
+    def __init__(self, chunks: Iterator[bytes | memoryview]) -> None:
+        self._chunks = chunks
+        self._cur = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._cur:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return 0
+            self._cur = memoryview(nxt).cast("B")
+        n = min(len(b), len(self._cur))
+        b[:n] = self._cur[:n]
+        self._cur = self._cur[n:]
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        super().close()
+
+
+class SegmentReader:
+    """Reads one segment copy, given its decoded index (from a cache or one GET)."""
+
+    def __init__(self, store: Store, keys: SegmentKeys, ledger: LedgerIndex,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.keys = keys
+        self.ledger = ledger
+        self._on_bytes = on_bytes
+
+    # -- entries -----------------------------------------------------------------------------------------------
+
+    def iter_entries(self, first_block: int = 0, last_block: int | None = None) -> Iterator[EntryView]:
+        """Verified entries of blocks ``first_block..last_block`` (inclusive), one GET per data object."""
+        blocks = self.ledger.blocks
+        last_block = len(blocks) - 1 if last_block is None else last_block
+        i = first_block
+        while i <= last_block:
+            obj = blocks[i].object_number
+            j = i
+            while j + 1 <= last_block and blocks[j + 1].object_number == obj:
+                j += 1
+            key = self.keys.data(obj)
+            start = blocks[i].object_position
+            end = blocks[j].object_position + blocks[j].block_length - 1
+            with self.store.get(key, start, end) as stream:
+                yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id)
+            i = j + 1
+
+    def _block_ordinal(self, block: BlockInfo) -> int:
+        return block.part_id
+
+    def locate(self, offset: int) -> EntryAddress:
+        """Kafka ``offset`` -> (ledger id, entry id, index in batch); reads one block.
+
+        An offset in a gap between batches maps to the next batch (index 0). Raises
+        :class:`RemoteResourceNotFoundError` when the offset is not in this segment.
+        """
+        block = self.ledger.block_for_offset(offset)
+        if block is None:
+            raise RemoteResourceNotFoundError(f"offset {offset} is not in remote segment {self.keys.base}")
+        n = self._block_ordinal(block)
+        for e in self.iter_entries(n, n):
+            if e.last_offset >= offset:
+                return EntryAddress(self.ledger.ledger_id, e.entry_id, max(0, offset - e.base_offset))
+        raise RemoteResourceNotFoundError(f"offset {offset} is not in remote segment {self.keys.base}")
+
+    def offset_of(self, address: EntryAddress) -> int:
+        """(ledger id, entry id, index in batch) -> Kafka offset; reads one block."""
+        if address.ledger_id != self.ledger.ledger_id:
+            raise RemoteResourceNotFoundError(f"ledger {address.ledger_id} is not {self.keys.base}")
+        block = self.ledger.block_for_entry(address.entry_id)
+        if block is None:
+            raise RemoteResourceNotFoundError(f"entry {address.entry_id} is not in ledger {address.ledger_id}")
+        n = self._block_ordinal(block)
+        for e in self.iter_entries(n, n):
+            if e.entry_id == address.entry_id:
+                offset = e.base_offset + address.index_in_batch
+                if not 0 <= address.index_in_batch or offset > e.last_offset:
+                    raise RemoteResourceNotFoundError(
+                        f"index {address.index_in_batch} is outside entry {e.entry_id} "
+                        f"(offsets {e.base_offset}..{e.last_offset})")
+                return offset
+        raise RemoteResourceNotFoundError(f"entry {address.entry_id} is not in ledger {address.ledger_id}")
+
+    def find_timestamp(self, timestamp_ms: int) -> EntryView | None:
+        """The first batch whose max timestamp is >= ``timestamp_ms`` (reads one block), or None."""
+        block = self.ledger.block_for_timestamp(timestamp_ms)
+        if block is None:
+            return None
+        n = self._block_ordinal(block)
+        for e in self.iter_entries(n, len(self.ledger.blocks) - 1):
+            if e.max_timestamp_ms >= timestamp_ms:
+                return e
+        return None
+
+    # -- original bytes ----------------------------------------------------------------------------------------
+
+    def open_log(self, start_position: int, end_position_inclusive: int | None = None) -> BinaryIO:
+        """The original ``.log`` bytes ``start_position..end_position_inclusive`` (clamped to the end)."""
+        size = self.ledger.metadata.segment_size_bytes
+        if start_position < 0 or start_position >= size:
+            raise ValueError(f"start position {start_position} is outside remote segment {self.keys.base} "
+                             f"of {size} bytes")
+        end = size - 1 if end_position_inclusive is None else min(end_position_inclusive, size - 1)
+        if end < start_position:
+            return io.BytesIO(b"")  # type: ignore[return-value]
+        first = self.ledger.block_for_position(start_position)
+        last = self.ledger.block_for_position(end)
+        if first is None or last is None:
+            raise CorruptRemoteObjectError(f"the index does not cover .log bytes {start_position}..{end}",
+                                           key=self.keys.index, position=0)
+        return io.BufferedReader(_ChunkStream(self._log_chunks(first, last, start_position, end)),
+                                 READ_CHUNK_BYTES)  # type: ignore[return-value]
+
+    def _log_chunks(self, first: int, last: int, start: int, end: int) -> Iterator[memoryview]:
+        for e in self.iter_entries(first, last):
+            e_end = e.log_position + len(e.data)
+            if e_end <= start:
+                continue
+            if e.log_position > end:
+                return
+            lo = max(start, e.log_position) - e.log_position
+            hi = min(end + 1, e_end) - e.log_position
+            if self._on_bytes is not None:
+                self._on_bytes(hi - lo)
+            yield e.data[lo:hi]
+
+    def open_section(self, index_type: IndexType) -> BinaryIO:
+        """One of Kafka's indexes, original bytes, CRC-32C checked before it is returned."""
+        s = self.ledger.section(index_type)
+        if s is None:
+            raise RemoteResourceNotFoundError(f"remote segment {self.keys.base} has no {index_type.name} index")
+        key = self.keys.data(s.object_number)
+        if s.length == 0:
+            return io.BytesIO(b"")  # type: ignore[return-value]
+        data = self.store.get_bytes(key, s.position, s.position + s.length - 1)
+        if len(data) != s.length:
+            raise CorruptRemoteObjectError(f"{index_type.name} index: expected {s.length} bytes, found {len(data)}",
+                                           key=key, position=s.position + len(data))
+        crc = google_crc32c.value(data)
+        if crc != s.crc32c:
+            raise CorruptRemoteObjectError(
+                f"{index_type.name} index CRC-32C 0x{crc:08X} does not match the index's 0x{s.crc32c:08X}", key=key,
+                position=s.position)
+        if self._on_bytes is not None:
+            self._on_bytes(len(data))
+        return io.BytesIO(data)  # type: ignore[return-value]

@@ -1,0 +1,294 @@
+"""The RemoteStorageManager: the ledger/entry object format on a store, with throttles.
+
+Copy (streams; memory is one block plus one S3 part, whatever the segment size):
+  1. the ``.log`` is scanned batch by batch (CRC-32C checked) and packed into blocks of ``block_size_bytes``;
+  2. blocks are streamed into data object 0, 1, ... each closed before it would pass
+     ``max_data_object_bytes`` (PIP-76 offload segments: a huge segment spans several objects);
+  3. Kafka's five indexes are appended verbatim to the last data object (sections, CRC-32C each);
+  4. the index object is written last: it is the commit point (no index, nothing readable).
+A failed copy removes what it wrote (best effort; leftovers without index are garbage-collected).
+
+Reads: the decoded index objects are cached (LRU), so a random read costs 2 requests cold (index + one ranged
+GET of the blocks needed) and 1 warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import google_crc32c
+from pydantic import BaseModel, ConfigDict, Field
+
+from rsm.api import IndexType, LogSegmentData, RemoteSegmentMetadata, RemoteStorageManagerApi
+from rsm.errors import RemoteStorageError, StoreConfigError
+from rsm.format.block import BLOCK_HEADER_LENGTH
+from rsm.format.index import (
+    BlockInfo,
+    IndexObject,
+    IndexSection,
+    LedgerIndex,
+    LedgerMetadata,
+    decode_index,
+    encode_index,
+)
+from rsm.format.keys import SegmentKeys, ledger_id_for
+from rsm.format.ledger import EntryAddress, LedgerWriter
+from rsm.format.reader import SegmentReader
+from rsm.log.batch import iter_batches_with_bytes
+from rsm.log.errors import LogFormatError
+from rsm.store.base import Store
+from rsm.store.fs import FileSystemStore
+from rsm.throttle import Throttle
+
+__all__ = ["RemoteStorageManager", "RsmConfig"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+FILE_CHUNK_BYTES = 1 * MiB
+
+
+class RsmConfig(BaseModel):
+    """Configuration of the RemoteStorageManager (frozen; validated at the edge)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: Literal["fs", "s3"] = "fs"
+    root_path: Path | None = Field(None, description="fs store: the root directory")
+    bucket: str | None = Field(None, description="s3 store: the bucket")
+    endpoint_url: str | None = Field(None, description="s3 store: endpoint of an S3-compatible service")
+    region: str | None = None
+    key_prefix: str = Field("", description="s3 store: prefix of every key in the bucket")
+    key_entropy: bool = Field(False, description="prefix each partition's keys with 4 hex digits of a hash")
+    block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
+    max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
+    part_size_bytes: int = Field(8 * MiB, ge=5 * MiB)
+    retries: int = Field(5, ge=0)
+    copy_rate_bytes_per_second: float | None = Field(None, ge=0)
+    fetch_rate_bytes_per_second: float | None = Field(None, ge=0)
+    index_cache_entries: int = Field(1024, ge=0)
+    fsync: bool = True
+    create_bucket: bool = False
+
+    def make_store(self) -> Store:
+        if self.store == "fs":
+            if self.root_path is None:
+                raise StoreConfigError("store 'fs' needs root_path")
+            return FileSystemStore(self.root_path, fsync=self.fsync)
+        if not self.bucket:
+            raise StoreConfigError("store 's3' needs bucket")
+        from rsm.store.s3 import S3Store
+
+        return S3Store(self.bucket, endpoint_url=self.endpoint_url, region_name=self.region,
+                       key_prefix=self.key_prefix, part_size_bytes=self.part_size_bytes, retries=self.retries,
+                       create_bucket=self.create_bucket)
+
+
+class _LruCache:
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, LedgerIndex] = OrderedDict()
+
+    def get(self, key: str) -> LedgerIndex | None:
+        with self._lock:
+            v = self._items.get(key)
+            if v is not None:
+                self._items.move_to_end(key)
+            return v
+
+    def put(self, key: str, value: LedgerIndex) -> None:
+        if self._capacity == 0:
+            return
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._capacity:
+                self._items.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+
+class RemoteStorageManager(RemoteStorageManagerApi):
+    """KIP-405 RemoteStorageManager over a :class:`~rsm.store.base.Store`. Thread-safe."""
+
+    def __init__(self, config: RsmConfig, store: Store | None = None, *, copy_throttle: Throttle | None = None,
+                 fetch_throttle: Throttle | None = None) -> None:
+        self.config = config
+        self.store = store if store is not None else config.make_store()
+        self.copy_throttle = copy_throttle or Throttle("copy", config.copy_rate_bytes_per_second)
+        self.fetch_throttle = fetch_throttle or Throttle("fetch", config.fetch_rate_bytes_per_second)
+        self._cache = _LruCache(config.index_cache_entries)
+
+    def keys(self, m: RemoteSegmentMetadata) -> SegmentKeys:
+        return SegmentKeys.for_segment(m.topic_name, m.topic_id, m.partition, m.start_offset, m.remote_segment_id,
+                                       entropy=self.config.key_entropy)
+
+    # -- copy --------------------------------------------------------------------------------------------------
+
+    def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
+                              segment_data: LogSegmentData) -> bytes | None:
+        """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Returns None (no custom metadata: the
+        index object holds all a reader needs)."""
+        m = segment_metadata
+        keys = self.keys(m)
+        try:
+            ledger = self._copy(m, segment_data, keys)
+        except BaseException as err:
+            self._cleanup(keys)
+            if isinstance(err, LogFormatError):
+                raise RemoteStorageError(f"copy of {keys.base}: the local segment is unreadable: {err}") from err
+            if isinstance(err, OSError):
+                raise RemoteStorageError(f"copy of {keys.base}: {err}") from err
+            raise
+        self._cache.put(keys.index, ledger)
+        return None
+
+    def _copy(self, m: RemoteSegmentMetadata, data: LogSegmentData, keys: SegmentKeys) -> LedgerIndex:
+        ledger_id = ledger_id_for(m.remote_segment_id)
+        writer = LedgerWriter(ledger_id, self.config.block_size_bytes)
+        batches = iter_batches_with_bytes(data.log_path, verify_crc=True)
+        block_iter = writer.blocks(batches)
+        sections_src: list[tuple[IndexType, Path | bytes]] = [
+            (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
+        if data.producer_snapshot_path is not None:
+            sections_src.append((IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot_path))
+        if data.transaction_index_path is not None:
+            sections_src.append((IndexType.TRANSACTION, data.transaction_index_path))
+        sections_src.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
+
+        blocks: list[BlockInfo] = []
+        sections: list[IndexSection] = []
+        object_lengths: list[int] = []
+        state = {"pending": None, "done": False}
+        limit = self.config.max_data_object_bytes
+        throttle = self.copy_throttle
+
+        def object_chunks(obj: int) -> Iterator[bytes | bytearray | memoryview]:
+            pos = 0
+            while True:
+                item = state["pending"] if state["pending"] is not None else next(block_iter, None)
+                state["pending"] = None
+                if item is None:
+                    break
+                draft, block = item
+                if pos > 0 and pos + len(block) > limit:
+                    state["pending"] = item
+                    return
+                blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, draft.block_length,
+                                        draft.entry_count, draft.first_offset, draft.last_offset,
+                                        draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
+                throttle.acquire(len(block))
+                yield block
+                pos += len(block)
+            for kind, src in sections_src:
+                crc = 0
+                length = 0
+                for chunk in _file_chunks(src):
+                    crc = google_crc32c.extend(crc, chunk)
+                    length += len(chunk)
+                    throttle.acquire(len(chunk))
+                    yield chunk
+                sections.append(IndexSection(kind, obj, pos, length, crc))
+                pos += length
+            state["done"] = True
+
+        obj = 0
+        while True:
+            object_lengths.append(self.store.put(keys.data(obj), object_chunks(obj)))
+            if state["done"]:
+                break
+            obj += 1
+
+        if writer.entry_count and (writer.first_offset < m.start_offset or writer.last_offset > m.end_offset_inclusive):
+            raise RemoteStorageError(
+                f"copy of {keys.base}: {data.log_path} holds offsets {writer.first_offset}..{writer.last_offset}, "
+                f"outside the segment metadata's {m.start_offset}..{m.end_offset_inclusive}")
+        meta = LedgerMetadata(
+            remote_segment_id=m.remote_segment_id, topic_id=m.topic_id, topic_name=m.topic_name,
+            partition=m.partition, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,
+            max_timestamp_ms=max(m.max_timestamp_ms, writer.max_timestamp_ms),
+            event_timestamp_ms=m.event_timestamp_ms if m.event_timestamp_ms >= 0 else int(time.time() * 1000),
+            broker_id=m.broker_id, segment_size_bytes=writer.log_bytes, entry_count=writer.entry_count,
+            leader_epochs=tuple(m.segment_leader_epochs), data_object_lengths=tuple(object_lengths),
+            sections=tuple(sections))
+        ledger = LedgerIndex(ledger_id, meta, tuple(blocks))
+        index = IndexObject(sum(object_lengths), BLOCK_HEADER_LENGTH, (ledger,))
+        self.store.put(keys.index, [encode_index(index)])
+        return ledger
+
+    def _cleanup(self, keys: SegmentKeys) -> None:
+        try:
+            self._delete_keys(keys)
+        except RemoteStorageError as err:
+            log.warning("could not remove the partial copy %s: %s", keys.base, err)
+
+    # -- reads -------------------------------------------------------------------------------------------------
+
+    def load_index(self, keys: SegmentKeys) -> LedgerIndex:
+        """The segment's ledger index, from the cache or one GET."""
+        cached = self._cache.get(keys.index)
+        if cached is not None:
+            return cached
+        data = self.store.get_bytes(keys.index)
+        index = decode_index(data, key=keys.index)
+        if len(index.ledgers) != 1:
+            raise RemoteStorageError(f"{keys.index} holds {len(index.ledgers)} ledgers, expected 1")
+        ledger = index.ledgers[0]
+        self._cache.put(keys.index, ledger)
+        return ledger
+
+    def reader(self, segment_metadata: RemoteSegmentMetadata) -> SegmentReader:
+        keys = self.keys(segment_metadata)
+        return SegmentReader(self.store, keys, self.load_index(keys), on_bytes=self.fetch_throttle.acquire)
+
+    def fetch_log_segment(self, segment_metadata: RemoteSegmentMetadata, start_position: int,
+                          end_position_inclusive: int | None = None) -> BinaryIO:
+        return self.reader(segment_metadata).open_log(start_position, end_position_inclusive)
+
+    def fetch_index(self, segment_metadata: RemoteSegmentMetadata, index_type: IndexType) -> BinaryIO:
+        return self.reader(segment_metadata).open_section(IndexType(index_type))
+
+    def locate_offset(self, segment_metadata: RemoteSegmentMetadata, offset: int) -> EntryAddress:
+        """Kafka offset -> (ledger id, entry id, index in batch)."""
+        return self.reader(segment_metadata).locate(offset)
+
+    def offset_of(self, segment_metadata: RemoteSegmentMetadata, address: EntryAddress) -> int:
+        """(ledger id, entry id, index in batch) -> Kafka offset."""
+        return self.reader(segment_metadata).offset_of(address)
+
+    # -- delete ------------------------------------------------------------------------------------------------
+
+    def delete_log_segment_data(self, segment_metadata: RemoteSegmentMetadata) -> None:
+        keys = self.keys(segment_metadata)
+        self._cache.drop(keys.index)
+        self._delete_keys(keys)
+
+    def _delete_keys(self, keys: SegmentKeys) -> None:
+        # The index first: readers stop seeing the copy before its data goes.
+        self.store.delete(keys.index)
+        rest = [o.key for o in self.store.list(keys.prefix) if o.key != keys.index]
+        if rest:
+            self.store.delete_many(rest)
+
+
+def _file_chunks(src: Path | bytes) -> Iterator[bytes]:
+    if isinstance(src, bytes | bytearray):
+        if src:
+            yield bytes(src)
+        return
+    try:
+        f = open(src, "rb")  # noqa: SIM115
+    except FileNotFoundError as err:
+        raise RemoteStorageError(f"local index file {src} is missing") from err
+    with f:
+        while chunk := f.read(FILE_CHUNK_BYTES):
+            yield chunk

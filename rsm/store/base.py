@@ -1,0 +1,80 @@
+"""The object store protocol every store implements (and the contract tests run against).
+
+Contracts:
+- ``put`` streams the object from an iterable of chunks and makes it visible atomically: before it returns a
+  reader sees the old object or none, never part of the new one; if it raises, nothing new is visible.
+- ``get`` is ranged, ``end_inclusive`` inclusive (HTTP Range semantics); an absent key raises
+  :class:`~rsm.errors.RemoteResourceNotFoundError`; a range past the end is clamped; the returned stream
+  must be closed (use ``with``).
+- ``delete`` is idempotent: deleting an absent key is not an error.
+- ``requests`` counts the store requests made, per kind, for benchmarks and the request-count targets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol, runtime_checkable
+
+__all__ = ["ObjectInfo", "RequestCounter", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size_bytes: int
+
+
+class RequestCounter:
+    """Thread-safe counts of store requests by kind (``get``, ``put``, ``list``, ...)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[kind] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+
+@runtime_checkable
+class Store(Protocol):
+    requests: RequestCounter
+
+    def put(self, key: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+        """Write the object from ``chunks``; return its size in bytes. Atomic, overwrites."""
+        ...
+
+    def get(self, key: str, start: int = 0, end_inclusive: int | None = None) -> BinaryIO:
+        """A readable stream of the object's bytes ``start..end_inclusive``."""
+        ...
+
+    def get_bytes(self, key: str, start: int = 0, end_inclusive: int | None = None) -> bytes:
+        """The bytes ``start..end_inclusive`` in memory (for small reads: index objects, one block)."""
+        ...
+
+    def head(self, key: str) -> int | None:
+        """The object's size in bytes, or None when absent."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Objects whose key starts with ``prefix``, in key order."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Delete the object; absent is not an error."""
+        ...
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete several objects; absent ones are not an error."""
+        ...

@@ -1,0 +1,324 @@
+"""An S3 object store on boto3 (AWS or any S3-compatible endpoint).
+
+- Puts stream: chunks fill one part buffer of ``part_size_bytes``; an object that fits in one part is one
+  ``PutObject``, a larger one a multipart upload (aborted on failure, so nothing partial is ever visible: S3
+  makes an object visible only at ``PutObject``/``CompleteMultipartUpload``). Memory: one part buffer.
+- Gets are ranged ``GetObject`` streams; a stream that breaks mid-body is resumed with a new ranged GET from
+  the byte where it stopped.
+- Retries: botocore's ``standard`` retry mode (throttling, 5xx, connection errors) plus our own, with
+  exponential backoff and jitter, around each request and each resumed stream.
+- For S3-compatible endpoints: ``endpoint_url`` and ``request_checksum_calculation="when_required"`` (newer
+  botocore otherwise sends CRC trailers some endpoints reject), path-style addressing on request.
+- ``requests`` counts the HTTP requests actually sent (retries included), per operation.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO, TypeVar
+
+import boto3
+import botocore.exceptions as bexc
+from botocore.config import Config
+
+from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
+from rsm.store.base import ObjectInfo, RequestCounter
+
+__all__ = ["S3Store"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+_T = TypeVar("_T")
+
+# Errors worth another attempt: the connection or the stream broke, or the server said "try again".
+_TRANSIENT = (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ReadTimeoutError,
+              bexc.ConnectTimeoutError, bexc.ResponseStreamingError, bexc.IncompleteReadError,
+              bexc.ProxyConnectionError, ConnectionError)
+
+
+def _status(err: bexc.ClientError) -> int:
+    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _code(err: bexc.ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def _transient(err: BaseException) -> bool:
+    if isinstance(err, _TRANSIENT):
+        return True
+    if isinstance(err, bexc.ClientError):
+        return _status(err) >= 500 or _code(err) in ("SlowDown", "RequestTimeout", "InternalError")
+    return False
+
+
+class _ResumableBody(io.RawIOBase):
+    """A ranged GET body that re-issues the GET from where it broke (up to ``attempts`` times)."""
+
+    def __init__(self, store: S3Store, key: str, start: int, end_inclusive: int | None, body, length: int) -> None:
+        self._store, self._key, self._pos, self._end = store, key, start, end_inclusive
+        self._body = body
+        self._remaining = length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self._remaining <= 0:
+            return 0
+        mv = memoryview(b)
+        want = min(len(mv), self._remaining)
+        failures = 0
+        while True:
+            try:
+                data = self._body.read(want)
+                if not data:
+                    raise bexc.IncompleteReadError(actual_bytes=0, expected_bytes=self._remaining)
+                break
+            except _TRANSIENT as err:
+                failures += 1
+                if failures > self._store.retries:
+                    raise RemoteStorageError(
+                        f"get s3://{self._store.bucket}/{self._key} broke at byte {self._pos} "
+                        f"{failures} times: {err}") from err
+                log.debug("resuming GET %s at byte %d after %s", self._key, self._pos, err)
+                self._store._sleep_backoff(failures)
+                self._close_body()
+                self._body, _ = self._store._open(self._key, self._pos, self._end)
+        n = len(data)
+        mv[:n] = data
+        self._pos += n
+        self._remaining -= n
+        return n
+
+    def _close_body(self) -> None:
+        try:
+            self._body.close()
+        except Exception:  # noqa: BLE001 - closing a broken stream may fail any way; nothing to do
+            pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self._close_body()
+        super().close()
+
+
+class S3Store:
+    """Objects in one S3 bucket, optionally under a key prefix."""
+
+    def __init__(self, bucket: str, *, endpoint_url: str | None = None, region_name: str | None = None,
+                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, retries: int = 5,
+                 connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, max_pool_connections: int = 16,
+                 path_style: bool = True, checksum_when_required: bool = True, create_bucket: bool = False,
+                 client=None) -> None:
+        if part_size_bytes < 5 * MiB:
+            raise StoreConfigError(f"part_size_bytes {part_size_bytes} is below S3's 5 MiB minimum part size")
+        self.bucket = bucket
+        self.key_prefix = key_prefix
+        self.part_size_bytes = part_size_bytes
+        self.retries = retries
+        self.requests = RequestCounter()
+        if client is None:
+            extra = {}
+            if checksum_when_required:
+                extra = {"request_checksum_calculation": "when_required",
+                         "response_checksum_validation": "when_required"}
+            config = Config(retries={"max_attempts": retries, "mode": "standard"},
+                            connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                            max_pool_connections=max_pool_connections,
+                            s3={"addressing_style": "path" if path_style else "auto"}, **extra)
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region_name,
+                                                    config=config)
+        self.client = client
+        self.client.meta.events.register("before-send.s3.*", self._count)
+        if create_bucket:
+            try:
+                self.client.create_bucket(Bucket=bucket)
+            except bexc.ClientError as err:
+                if _code(err) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise StoreConfigError(f"cannot create bucket {bucket}: {err}") from err
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.bucket!r}, prefix={self.key_prefix!r})"
+
+    def _count(self, event_name: str = "", **_: object) -> None:
+        self.requests.add(event_name.rsplit(".", 1)[-1])
+
+    def _k(self, key: str) -> str:
+        return self.key_prefix + key
+
+    def _sleep_backoff(self, attempt: int) -> None:
+        time.sleep(min(2.0, 0.05 * (2 ** (attempt - 1))) * (0.5 + random.random()))
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """Run one request with our retries on top of botocore's; wrap the final error."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except (bexc.BotoCoreError, bexc.ClientError, ConnectionError) as err:
+                attempt += 1
+                if isinstance(err, bexc.ClientError) and _code(err) in ("NoSuchKey", "404", "NotFound"):
+                    raise
+                if not _transient(err) or attempt > self.retries:
+                    raise RemoteStorageError(f"{what} failed after {attempt} attempt(s): {err}") from err
+                log.debug("%s: retry %d after %s", what, attempt, err)
+                self._sleep_backoff(attempt)
+
+    # -- writes ------------------------------------------------------------------------------------------------
+
+    def put(self, key: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+        k = self._k(key)
+        where = f"put s3://{self.bucket}/{k}"
+        part = bytearray()
+        upload_id: str | None = None
+        parts: list[dict] = []
+        size = 0
+        try:
+            for chunk in chunks:
+                mv = memoryview(chunk)
+                while mv:
+                    room = self.part_size_bytes - len(part)
+                    part += mv[:room]
+                    mv = mv[room:]
+                    if len(part) == self.part_size_bytes:
+                        if upload_id is None:
+                            upload_id = self._call(where, lambda: self.client.create_multipart_upload(
+                                Bucket=self.bucket, Key=k))["UploadId"]
+                        parts.append(self._upload_part(where, k, upload_id, len(parts) + 1, part))
+                        size += len(part)
+                        part = bytearray()
+            if upload_id is None:
+                body = bytes(part)
+                self._call(where, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=body))
+                return len(body)
+            if part:
+                parts.append(self._upload_part(where, k, upload_id, len(parts) + 1, part))
+                size += len(part)
+            self._complete(where, k, upload_id, parts, size)
+            return size
+        except BaseException as err:
+            if upload_id is not None:
+                self._abort(k, upload_id)
+            if isinstance(err, RemoteStorageError | KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            if isinstance(err, bexc.BotoCoreError | bexc.ClientError):
+                raise RemoteStorageError(f"{where} failed: {err}") from err
+            raise
+
+    def _upload_part(self, where: str, k: str, upload_id: str, number: int, data: bytearray) -> dict:
+        body = bytes(data)
+        r = self._call(f"{where} part {number}", lambda: self.client.upload_part(
+            Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=body))
+        return {"PartNumber": number, "ETag": r["ETag"]}
+
+    def _complete(self, where: str, k: str, upload_id: str, parts: list[dict], size: int) -> None:
+        attempt = 0
+        while True:
+            try:
+                self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
+                                                      MultipartUpload={"Parts": parts})
+                return
+            except (bexc.BotoCoreError, bexc.ClientError) as err:
+                attempt += 1
+                if isinstance(err, bexc.ClientError) and _code(err) == "NoSuchUpload" and attempt > 1:
+                    # An earlier attempt completed it but its answer was lost: check the object is there.
+                    if self.head(k[len(self.key_prefix):]) == size:
+                        return
+                if not _transient(err) or attempt > self.retries:
+                    raise RemoteStorageError(f"{where}: completing the multipart upload failed: {err}") from err
+                self._sleep_backoff(attempt)
+
+    def _abort(self, k: str, upload_id: str) -> None:
+        try:
+            self._call(f"abort upload of {k}", lambda: self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=k, UploadId=upload_id))
+        except RemoteStorageError as err:
+            # The upload stays invisible to readers; the bucket's lifecycle rule for incomplete uploads ends it.
+            log.warning("could not abort the multipart upload of %s: %s", k, err)
+
+    # -- reads -------------------------------------------------------------------------------------------------
+
+    def _open(self, key: str, start: int, end_inclusive: int | None):
+        k = self._k(key)
+        kwargs = {}
+        if start > 0 or end_inclusive is not None:
+            kwargs["Range"] = f"bytes={start}-{'' if end_inclusive is None else end_inclusive}"
+        try:
+            r = self._call(f"get s3://{self.bucket}/{k}",
+                           lambda: self.client.get_object(Bucket=self.bucket, Key=k, **kwargs))
+        except bexc.ClientError as err:
+            raise RemoteResourceNotFoundError(f"no object s3://{self.bucket}/{k}") from err
+        except RemoteStorageError as err:
+            cause = err.__cause__
+            if isinstance(cause, bexc.ClientError) and _code(cause) == "InvalidRange":
+                return io.BytesIO(b""), 0
+            raise
+        return r["Body"], int(r["ContentLength"])
+
+    def get(self, key: str, start: int = 0, end_inclusive: int | None = None) -> BinaryIO:
+        if end_inclusive is not None and end_inclusive < start:
+            return io.BytesIO(b"")
+        body, length = self._open(key, start, end_inclusive)
+        raw = _ResumableBody(self, key, start, end_inclusive, body, length)
+        return io.BufferedReader(raw, 1 << 20)  # type: ignore[return-value]
+
+    def get_bytes(self, key: str, start: int = 0, end_inclusive: int | None = None) -> bytes:
+        with self.get(key, start, end_inclusive) as r:
+            return r.read()
+
+    def head(self, key: str) -> int | None:
+        k = self._k(key)
+        try:
+            r = self._call(f"head s3://{self.bucket}/{k}",
+                           lambda: self.client.head_object(Bucket=self.bucket, Key=k))
+        except bexc.ClientError as err:
+            if _status(err) == 404 or _code(err) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise RemoteStorageError(f"head s3://{self.bucket}/{k} failed: {err}") from err
+        except RemoteStorageError as err:
+            if isinstance(err.__cause__, bexc.ClientError) and _status(err.__cause__) == 404:
+                return None
+            raise
+        return int(r["ContentLength"])
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        n = len(self.key_prefix)
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+            if token:
+                kwargs["ContinuationToken"] = token
+            r = self._call(f"list s3://{self.bucket}/{self._k(prefix)}",
+                           lambda kw=kwargs: self.client.list_objects_v2(**kw))
+            for o in r.get("Contents", []):
+                yield ObjectInfo(o["Key"][n:], int(o["Size"]))
+            if not r.get("IsTruncated"):
+                return
+            token = r["NextContinuationToken"]
+
+    def delete(self, key: str) -> None:
+        k = self._k(key)
+        self._call(f"delete s3://{self.bucket}/{k}", lambda: self.client.delete_object(Bucket=self.bucket, Key=k))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        batch: list[str] = []
+        for key in keys:
+            batch.append(self._k(key))
+            if len(batch) == 1000:
+                self._delete_batch(batch)
+                batch = []
+        if batch:
+            self._delete_batch(batch)
+
+    def _delete_batch(self, keys: list[str]) -> None:
+        r = self._call(f"delete {len(keys)} objects from s3://{self.bucket}", lambda: self.client.delete_objects(
+            Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}))
+        errors = [e for e in r.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        if errors:
+            raise RemoteStorageError(f"delete from s3://{self.bucket} refused: {errors[:3]}")

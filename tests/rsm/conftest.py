@@ -1,0 +1,147 @@
+"""Fixtures of the RemoteStorageManager tests: segments the real broker wrote, and one store per kind."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+from confluent_kafka import Producer
+
+from rsm.api import LogSegmentData, RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.log.batch import BatchHeader, scan_batches
+from rsm.log.partition import PartitionDir
+from rsm.store.fs import FileSystemStore
+from rsm.store.s3 import S3Store
+from tests.kafka_util import partition_dir, produce, roll_and_wait
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+@dataclass(frozen=True)
+class BrokerSegment:
+    """A rolled segment the broker wrote (files copied aside so retention cannot take them)."""
+
+    topic_name: str
+    topic_id: uuid.UUID
+    base_offset: int
+    end_offset_inclusive: int
+    data: LogSegmentData
+    batches: tuple[BatchHeader, ...]
+
+    def metadata(self, segment_id: uuid.UUID | None = None) -> RemoteSegmentMetadata:
+        epochs = sorted({b.partition_leader_epoch for b in self.batches})
+        return RemoteSegmentMetadata(
+            remote_segment_id=segment_id or uuid.uuid4(), topic_id=self.topic_id, topic_name=self.topic_name,
+            partition=0, start_offset=self.base_offset, end_offset_inclusive=self.end_offset_inclusive,
+            max_timestamp_ms=max(b.max_timestamp for b in self.batches),
+            segment_size_bytes=self.data.log_path.stat().st_size,
+            broker_id=1, event_timestamp_ms=1_700_000_000_000,
+            segment_leader_epochs=tuple(SegmentLeaderEpoch(e, self.base_offset) for e in epochs))
+
+
+def _produce_transactions(kafka, topic: str) -> None:
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}",
+                  "linger.ms": 5, "compression.type": "lz4"})
+    p.init_transactions(60)
+    p.begin_transaction()
+    for i in range(50):
+        p.produce(topic, key=b"tx-commit-%d" % i, value=b"c" * 300, partition=0)
+    p.commit_transaction(60)
+    p.begin_transaction()
+    for i in range(50):
+        p.produce(topic, key=b"tx-abort-%d" % i, value=b"a" * 300, partition=0)
+    p.flush(30)
+    p.abort_transaction(60)
+    p.begin_transaction()
+    p.produce(topic, key=b"tx-last", value=b"z", partition=0)
+    p.commit_transaction(60)
+
+
+@pytest.fixture(scope="session")
+def broker_segments(kafka, tmp_path_factory) -> list[BrokerSegment]:
+    """Rolled segments of one topic: one per codec (many batches, headers, explicit timestamps) and one
+    holding a committed and an aborted transaction (so it has a ``.txnindex``)."""
+    topic = f"rsm-contract-{uuid.uuid4().hex[:8]}"
+    topic_id = kafka.create_topic(topic, 1, 1, {"segment.ms": "200", "message.timestamp.type": "CreateTime"})
+    ts0 = 1_700_000_000_000
+    for n, codec in enumerate(CODECS):
+        records = [(b"k%d" % i, (b"%s-%05d-" % (codec.encode(), i)) * (1 + i % 40),
+                    [("h", b"v%d" % i)] if i % 7 == 0 else None, ts0 + n * 100_000 + i) for i in range(400)]
+        produce(kafka, topic, records, **{"compression.type": codec, "batch.size": 8192, "linger.ms": 2})
+    _produce_transactions(kafka, topic)
+    pdir = partition_dir(kafka, topic)
+    roll_and_wait(kafka, topic, 0, rolled=len(list(pdir.glob("*.log"))))
+    part = PartitionDir(pdir)
+    segments = part.segments()
+    out_dir = tmp_path_factory.mktemp("broker-segments")
+    epoch_bytes = (pdir / "leader-epoch-checkpoint").read_bytes()
+    result = []
+    for i, seg in enumerate(segments):
+        if seg.is_active:
+            continue
+        nxt = segments[i + 1].base_offset
+        copies = {}
+        snapshot = pdir / f"{nxt:020d}.snapshot"
+        for name, src in (("log", seg.log_path), ("index", seg.offset_index_path), ("timeindex", seg.time_index_path),
+                          ("txnindex", seg.txn_index_path), ("snapshot", snapshot if snapshot.exists() else None)):
+            if src is None:
+                copies[name] = None
+                continue
+            dst = out_dir / src.name
+            shutil.copyfile(src, dst)
+            copies[name] = dst
+        batches = tuple(scan_batches(copies["log"]))
+        if not batches:
+            continue
+        data = LogSegmentData(copies["log"], copies["index"], copies["timeindex"], copies["txnindex"],
+                              copies["snapshot"], epoch_bytes)
+        result.append(BrokerSegment(topic, topic_id, seg.base_offset, nxt - 1, data, batches))
+    assert len(result) >= len(CODECS) + 1, [s.base_offset for s in result]
+    return result
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint):
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                        config=Config(request_checksum_calculation="when_required",
+                                      response_checksum_validation="when_required"))
+
+
+def new_bucket(s3_client) -> str:
+    name = f"rsm-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["fs", "s3"])
+def store_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store(store_kind, tmp_path: Path, s3_endpoint, s3_client) -> Iterator[FileSystemStore | S3Store]:
+    if store_kind == "fs":
+        yield FileSystemStore(tmp_path / "remote")
+    else:
+        yield S3Store(new_bucket(s3_client), endpoint_url=s3_endpoint, region_name="us-east-1",
+                      part_size_bytes=5 * 1024 * 1024)
+
+
+def corrupt_byte(store, s3_client, key: str, position: int) -> None:
+    """Flip one byte of a stored object behind the store's back (bit rot)."""
+    if isinstance(store, FileSystemStore):
+        path = store.root / key
+        data = bytearray(path.read_bytes())
+        data[position] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        k = store.key_prefix + key
+        data = bytearray(s3_client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
+        data[position] ^= 0xFF
+        s3_client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))
