@@ -1,0 +1,127 @@
+"""The cleaner: consumes the to-be-deleted topic and retries each refused delete, with backoff, until done.
+
+Every sidecar runs one, in one consumer group (``rlm-cleaner``), so each record is retried by exactly one of
+them. A record is committed only once its segment is gone from the store and DELETE_SEGMENT_FINISHED is
+recorded (or the metadata no longer knows the segment: somebody else finished it). On a refusal the consumer
+seeks back to the same record and waits (exponential backoff, ``base_backoff_s`` doubling up to
+``max_backoff_s``); records behind it wait too, which keeps deletes in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from rlm import metrics
+from rlm.segments import to_rsm
+from rlmm import serde
+from rlmm.api import (
+    RemoteLogMetadataError,
+    RemoteLogMetadataManager,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+)
+from rsm.errors import RemoteStorageError
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["Cleaner"]
+
+log = logging.getLogger(__name__)
+
+
+class Cleaner:
+    def __init__(self, client_config: dict[str, object], topic: str, rlmm: RemoteLogMetadataManager,
+                 rsm: RemoteStorageManager, broker_id: int, *, group_id: str = "rlm-cleaner",
+                 base_backoff_s: float = 0.5, max_backoff_s: float = 60.0) -> None:
+        self.topic = topic
+        self.rlmm = rlmm
+        self.rsm = rsm
+        self.broker_id = broker_id
+        self.base_backoff_s = base_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._consumer_config = {**client_config, "group.id": group_id, "enable.auto.commit": False,
+                                 "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlm-cleaner", daemon=True)
+        self.deleted = 0
+        self.retries = 0
+        self.skipped = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        consumer = Consumer(self._consumer_config)
+        consumer.subscribe([self.topic])
+        attempt = 0
+        try:
+            while not self._stop.is_set():
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("cleaner consumer error", extra={"error": str(msg.error())})
+                    continue
+                try:
+                    done = self.handle(msg.value())
+                except Exception as err:  # noqa: BLE001 - anything else: retry the same record later
+                    log.exception("cleaner failed on a record", extra={"offset": msg.offset(), "error": str(err)})
+                    done = False
+                if done:
+                    consumer.commit(message=msg, asynchronous=False)
+                    attempt = 0
+                    continue
+                attempt += 1
+                self.retries += 1
+                consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+                self._stop.wait(min(self.max_backoff_s, self.base_backoff_s * 2 ** (attempt - 1)))
+        finally:
+            consumer.close()
+
+    def handle(self, value: bytes | None) -> bool:
+        """Try one queued delete; True when the record is done with (deleted, or nothing left to do)."""
+        try:
+            queued = serde.decode(value)
+        except RemoteLogMetadataError as err:
+            self.skipped += 1
+            log.error("undecodable record in the to-be-deleted topic: skipped", extra={"error": str(err)})
+            return True
+        if not isinstance(queued, RemoteLogSegmentMetadata):
+            self.skipped += 1
+            return True
+        tp = queued.topic_id_partition
+        self.rlmm.on_partition_leadership_changes([], [tp])
+        if hasattr(self.rlmm, "wait_ready"):
+            self.rlmm.wait_ready([tp], timeout_s=30)
+        current = next((m for m in self.rlmm.list_remote_log_segments(tp)
+                        if m.remote_log_segment_id == queued.remote_log_segment_id), None)
+        if current is None:
+            return True  # fully deleted (and tombstoned) by someone else
+        try:
+            self.rsm.delete_log_segment_data(to_rsm(current))
+        except RemoteStorageError as err:
+            metrics.ERRORS.labels("cleaner-delete").inc()
+            log.warning("store still refuses the delete; will retry",
+                        extra={"segment": str(current.remote_log_segment_id), "error": str(err)})
+            return False
+        if current.state != RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
+            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
+                RemoteLogSegmentState.DELETE_SEGMENT_STARTED, self.broker_id))
+        self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+            current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
+            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED, self.broker_id))
+        metrics.SEGMENTS_DELETED.labels(tp.topic, "cleaner").inc()
+        self.deleted += 1
+        log.info("queued delete done", extra={"segment": str(current.remote_log_segment_id)})
+        return True

@@ -1,0 +1,190 @@
+"""Reads of remote offsets: what a consumer would fetch, served from the remote tier.
+
+The sidecar answers for the remote tier what the broker answers for its local log:
+
+- :meth:`RemoteReader.read`: records from the batch holding an offset onward, across segment boundaries, with
+  ``read_committed`` isolation dropping aborted records through the uploaded transaction indexes (control
+  batches are never returned, as a Kafka consumer never surfaces them);
+- :meth:`RemoteReader.earliest_offset` / :meth:`latest_offset`: the ListOffsets answers for the remote tier;
+- :meth:`RemoteReader.offset_for_timestamp`: the first offset whose batch max timestamp is >= T, through the
+  ledger index (one index read, then one block) and its leader epoch.
+
+Only COPY_SEGMENT_FINISHED segments are read. A block range of one data object is one ranged GET that streams
+the following blocks too (sequential reads need no further request per block); ledger indexes are cached by the
+storage manager (LRU), so a warm random read costs one request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from rlm import metrics
+from rlm.segments import to_rsm
+from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rsm.api import IndexType
+from rsm.errors import RemoteResourceNotFoundError
+from rsm.log.batch import header_from_bytes
+from rsm.log.indexes import AbortedTxn, parse_txn_index
+from rsm.log.records import iter_raw_records
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["OffsetOutOfRangeError", "RemoteReader", "RemoteRecord"]
+
+log = logging.getLogger(__name__)
+
+Isolation = Literal["read_uncommitted", "read_committed"]
+# A transaction is aborted by its coordinator at the latest after transaction.max.timeout.ms (default 15 min):
+# its abort marker (and .txnindex entry) lies in a segment no later than that after the transaction's start.
+DEFAULT_TXN_WINDOW_MS = 15 * 60 * 1000
+
+
+class OffsetOutOfRangeError(LookupError):
+    """The offset is not in the remote tier (below the earliest or above the latest remote offset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int  # 0 CreateTime, 1 LogAppendTime (Spark's Kafka source numbering)
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    leader_epoch: int
+
+
+class RemoteReader:
+    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager, *,
+                 txn_window_ms: int = DEFAULT_TXN_WINDOW_MS) -> None:
+        self.rlmm = rlmm
+        self.rsm = rsm
+        self.txn_window_ms = txn_window_ms
+
+    # ----------------------------------------------------------------------------------------- listings
+    def segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
+        """The readable (COPY_SEGMENT_FINISHED) segments of ``tp``, by start offset."""
+        return [m for m in self.rlmm.list_remote_log_segments(tp)
+                if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
+
+    def earliest_offset(self, tp: TopicIdPartition) -> int | None:
+        segs = self.segments(tp)
+        return segs[0].start_offset if segs else None
+
+    def latest_offset(self, tp: TopicIdPartition) -> int | None:
+        """The last offset that is remote (inclusive): the latest tiered offset."""
+        segs = self.segments(tp)
+        return segs[-1].end_offset_inclusive if segs else None
+
+    def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, leader epoch) of the first batch whose max timestamp is >= ``timestamp_ms``, or None."""
+        for md in self.segments(tp):
+            if md.max_timestamp_ms < timestamp_ms:
+                continue
+            entry = self.rsm.reader(to_rsm(md)).find_timestamp(timestamp_ms)
+            if entry is None:
+                continue
+            offset = max(entry.base_offset, md.start_offset)
+            return offset, _epoch_of(md, offset)
+        return None
+
+    # -------------------------------------------------------------------------------------------- reads
+    def _aborted(self, segs: list[RemoteLogSegmentMetadata], i: int,
+                 cache: dict[int, list[AbortedTxn]]) -> list[AbortedTxn]:
+        """Aborted transactions that may cover records of ``segs[i]``: from its own transaction index and those
+        of the following segments written within the transaction window."""
+        md = segs[i]
+        out: list[AbortedTxn] = []
+        for j in range(i, len(segs)):
+            other = segs[j]
+            if j > i and segs[j - 1].max_timestamp_ms > md.max_timestamp_ms + self.txn_window_ms:
+                break  # everything from here on was written after any transaction of segs[i] had ended
+            if j not in cache:
+                cache[j] = [] if other.txn_index_empty else self._txn_index(other)
+            out.extend(t for t in cache[j] if t.first_offset <= md.end_offset_inclusive)
+        return out
+
+    def _txn_index(self, md: RemoteLogSegmentMetadata) -> list[AbortedTxn]:
+        try:
+            with self.rsm.fetch_index(to_rsm(md), IndexType.TRANSACTION) as f:
+                return parse_txn_index(f.read(), f"{md.remote_log_segment_id} transaction index")
+        except RemoteResourceNotFoundError:
+            return []
+
+    def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
+             max_records: int | None = None, isolation: Isolation = "read_uncommitted",
+             to_offset_inclusive: int | None = None) -> Iterator[RemoteRecord]:
+        """Records from ``from_offset`` on, in offset order, across segments.
+
+        ``max_bytes`` bounds the batch bytes read (at least one batch is always returned, as Kafka does);
+        raises :class:`OffsetOutOfRangeError` when ``from_offset`` is outside the remote tier.
+        """
+        started = time.monotonic()
+        segs = self.segments(tp)
+        if not segs or from_offset > segs[-1].end_offset_inclusive or from_offset < segs[0].start_offset:
+            lo = segs[0].start_offset if segs else None
+            hi = segs[-1].end_offset_inclusive if segs else None
+            raise OffsetOutOfRangeError(f"{tp}: offset {from_offset} is not remote (remote offsets: {lo}..{hi})")
+        i = bisect.bisect_left([m.end_offset_inclusive for m in segs], from_offset)
+        read_bytes = 0
+        n_records = 0
+        txn_cache: dict[int, list[AbortedTxn]] = {}
+        try:
+            for si in range(i, len(segs)):
+                md = segs[si]
+                if to_offset_inclusive is not None and md.start_offset > to_offset_inclusive:
+                    return
+                aborted = self._aborted(segs, si, txn_cache) if isolation == "read_committed" else []
+                reader = self.rsm.reader(to_rsm(md))
+                want = max(from_offset, md.start_offset)
+                block = reader.ledger.block_for_offset(want)
+                if block is None:
+                    continue
+                key = reader.keys.base
+                for entry in reader.iter_entries(block.part_id):
+                    h = header_from_bytes(entry.data, entry.log_position, key)
+                    if h.last_offset < want:
+                        continue
+                    if h.base_offset > md.end_offset_inclusive:
+                        break
+                    if max_bytes is not None and read_bytes > 0 and read_bytes + h.size_bytes > max_bytes:
+                        return
+                    read_bytes += h.size_bytes
+                    metrics.BYTES_READ.labels(tp.topic).inc(h.size_bytes)
+                    if h.is_control:
+                        continue
+                    if aborted and h.is_transactional and _is_aborted(aborted, h.producer_id, h.base_offset):
+                        continue
+                    ts_type = 1 if h.timestamp_type else 0
+                    for r in iter_raw_records(h, entry.data, path=key):
+                        off = r.offset
+                        if off < want or off > md.end_offset_inclusive:
+                            continue
+                        if to_offset_inclusive is not None and off > to_offset_inclusive:
+                            return
+                        hdrs = r.headers
+                        yield RemoteRecord(tp.topic, tp.partition, off, r.timestamp, ts_type, r.key, r.value,
+                                           tuple(hdrs) if hdrs else (), h.partition_leader_epoch)
+                        n_records += 1
+                        if max_records is not None and n_records >= max_records:
+                            return
+        finally:
+            metrics.READ_SECONDS.observe(time.monotonic() - started)
+
+
+def _is_aborted(aborted: list[AbortedTxn], producer_id: int, offset: int) -> bool:
+    return any(t.producer_id == producer_id and t.first_offset <= offset <= t.last_offset for t in aborted)
+
+
+def _epoch_of(md: RemoteLogSegmentMetadata, offset: int) -> int:
+    epoch = md.segment_leader_epochs[0][0]
+    for e, start in md.segment_leader_epochs:
+        if start <= offset:
+            epoch = e
+    return epoch

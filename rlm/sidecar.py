@@ -1,0 +1,314 @@
+"""The sidecar: wires discovery, staging, the copy tasks, expiration, the cleaner and GC onto one scheduler.
+
+Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1``, so one run at a time):
+
+- ``discovery`` (``tasks.discovery_interval_ms``): partitions in the log dirs x leaders in the cluster. Starts a
+  copy job for each partition this broker leads, stops the ones it no longer leads (the running copy stops between
+  segments), tells the metadata manager which partitions to follow (followers keep remote state current for
+  reads), and purges the remote data of topics deleted on the cluster.
+- ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``): :class:`rlm.copier.PartitionCopier`.
+- ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
+- ``gc`` (``tasks.gc_interval_ms``): objects no metadata owns, after a grace period.
+- the cleaner (its own thread): retries deletes the store refused, from the to-be-deleted topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from rlm import metrics
+from rlm.cleaner import Cleaner
+from rlm.config import SidecarSettings
+from rlm.copier import PartitionCopier
+from rlm.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
+from rlm.discovery import ClusterView, scan_log_dirs
+from rlm.expiration import expire_partition
+from rlm.gc import GarbageCollector
+from rlm.known import KnownPartitions
+from rlm.reader import RemoteReader
+from rlm.staging import Staging, default_staging_root
+from rlmm.api import (
+    InvalidStateTransitionError,
+    RemoteLogMetadataManager,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+from rsm.log.errors import LogFormatError
+from rsm.log.partition import PartitionDir
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["Sidecar", "make_rlmm"]
+
+log = logging.getLogger(__name__)
+
+
+def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False,
+              cache_dir: Path | None = None) -> TopicBasedRemoteLogMetadataManager:
+    md = settings.metadata
+    client = {k: v for k, v in settings.kafka.client.items()}
+    return TopicBasedRemoteLogMetadataManager(TopicBasedRlmmConfig(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        cache_dir=cache_dir or md.state_dir / "metadata-cache",
+        broker_id=settings.broker_id,
+        topic=md.topic,
+        num_partitions=md.partitions,
+        replication_factor=md.replication_factor,
+        serve_all=serve_all,
+        write_timeout_s=md.write_timeout_ms / 1000,
+        tombstone_delay_ms=md.tombstone_delay_ms,
+        producer_config=client,
+        consumer_config=client,
+    ))
+
+
+@dataclass
+class _Led:
+    tp: TopicIdPartition
+    path: Path
+    copier: PartitionCopier
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class Sidecar:
+    """Everything ``rlm serve`` runs. ``start()`` returns at once; ``stop()`` shuts down gracefully."""
+
+    def __init__(self, settings: SidecarSettings, *, rlmm: RemoteLogMetadataManager | None = None,
+                 rsm: RemoteStorageManager | None = None) -> None:
+        self.settings = settings
+        s = settings
+        s.metadata.state_dir.mkdir(parents=True, exist_ok=True)
+        self.client_config = s.kafka.client_config()
+        self.rsm = rsm or RemoteStorageManager(s.store)
+        self.rlmm = rlmm or make_rlmm(s)
+        ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
+                     replication_factor=s.metadata.replication_factor)
+        self.queue = ToBeDeletedQueue(self.client_config, s.metadata.to_be_deleted_topic)
+        self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
+        roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
+                           default_staging_root(Path(d))) for d in s.log_dirs}
+        self.staging = Staging(roots)
+        self.view = ClusterView(self.client_config)
+        self.reader = RemoteReader(self.rlmm, self.rsm)
+        self.known = KnownPartitions(s.metadata.state_dir / "known-partitions.json")
+        self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
+                                   state_path=s.metadata.state_dir / "gc-orphans.json")
+        self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
+                               s.broker_id)
+        self._led: dict[tuple[str, int], _Led] = {}
+        self._followed: set[TopicIdPartition] = set()
+        self._lock = threading.RLock()
+        self._scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(s.tasks.copy_workers + 3)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self.last_discovery_ok: float | None = None
+        self.last_error: str | None = None
+        self._stopping = threading.Event()
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> Sidecar:
+        t = self.settings.tasks
+        self._scheduler.add_job(self.discover, "interval", seconds=t.discovery_interval_ms / 1000,
+                                id="discovery", next_run_time=_now())
+        self._scheduler.add_job(self.expire, "interval", seconds=t.expiration_interval_ms / 1000, id="expiration")
+        self._scheduler.add_job(self.collect_garbage, "interval", seconds=t.gc_interval_ms / 1000, id="gc")
+        self._scheduler.add_job(self._refresh_gauges, "interval", seconds=5, id="gauges")
+        self._scheduler.start()
+        self.cleaner.start()
+        log.info("sidecar started", extra={"broker_id": self.settings.broker_id,
+                                           "log_dirs": [str(d) for d in self.settings.log_dirs]})
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop scheduling, let in-flight copies finish their current segment, close clients."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        with self._lock:
+            for led in self._led.values():
+                led.stop.set()
+        self._scheduler.shutdown(wait=True)
+        self.cleaner.stop(timeout_s)
+        self.queue.close()
+        self.rlmm.close()
+        log.info("sidecar stopped")
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        ok = self.last_discovery_ok is not None and time.time() - self.last_discovery_ok < max(
+            60.0, 6 * self.settings.tasks.discovery_interval_ms / 1000)
+        return ok, {"last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
+                    "leading": len(self._led), "following": len(self._followed)}
+
+    # ----------------------------------------------------------------------------------------- discovery
+    def discover(self) -> None:
+        s = self.settings
+        try:
+            local = scan_log_dirs(s.log_dirs)
+            candidates = {k: v for k, v in local.items() if s.topics.tiered(k[0])}
+            names = {t for t, _ in candidates}
+            cluster = self.view.partitions(names) if names else {}
+            compacted = self.view.compacted_topics(names) if names else set()
+        except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
+            self.last_error = f"discovery: {err}"
+            log.warning("discovery failed", extra={"error": str(err)})
+            return
+        leaders: dict[TopicIdPartition, Path] = {}
+        followers: set[TopicIdPartition] = set()
+        for key, lp in candidates.items():
+            info = cluster.get(key)
+            if info is None or key[0] in compacted:
+                continue
+            try:
+                local_id = PartitionDir(lp.path).topic_id
+            except (FileNotFoundError, LogFormatError):
+                continue  # partition.metadata not written yet
+            if local_id != info.topic_id:
+                continue  # a directory left over from a deleted topic of the same name
+            tp = TopicIdPartition(info.topic_id, info.topic, info.partition)
+            if info.leader == s.broker_id:
+                leaders[tp] = lp.path
+            else:
+                followers.add(tp)
+        self.known.add(list(leaders) + list(followers))
+        with self._lock:
+            new_served = set(leaders) | followers
+            old_served = {led.tp for led in self._led.values()} | self._followed
+            if new_served - old_served or set(leaders) - {led.tp for led in self._led.values()}:
+                self.rlmm.on_partition_leadership_changes(list(leaders), list(followers))
+            gone = old_served - new_served
+            if gone:
+                self.rlmm.on_stop_partitions(list(gone))
+            self._followed = followers
+            for key in list(self._led):
+                led = self._led[key]
+                if led.tp not in leaders or leaders[led.tp] != led.path:
+                    self._stop_leading(key)
+            for tp, path in leaders.items():
+                if (tp.topic, tp.partition) not in self._led:
+                    self._start_leading(tp, path)
+        self._purge_deleted_topics(cluster_ids={i.topic_id for i in cluster.values()}, asked=names)
+        self.last_discovery_ok = time.time()
+
+    def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
+        rule = self.settings.retention_for(tp.topic)
+        copier = PartitionCopier(broker_id=self.settings.broker_id, tp=tp, partition_dir=path, rlmm=self.rlmm,
+                                 rsm=self.rsm, staging=self.staging, deleter=self.deleter)
+        led = _Led(tp, path, copier)
+        self._led[(tp.topic, tp.partition)] = led
+        self._scheduler.add_job(self._copy, "interval", args=[led], id=f"copy:{tp.topic}-{tp.partition}",
+                                seconds=self.settings.tasks.copy_interval_ms / 1000, next_run_time=_now(),
+                                replace_existing=True)
+        log.info("leading partition: copy task started", extra={"partition": str(tp), "path": str(path),
+                                                                "retention_ms": rule.retention_ms})
+
+    def _stop_leading(self, key: tuple[str, int]) -> None:
+        led = self._led.pop(key)
+        led.stop.set()
+        try:
+            self._scheduler.remove_job(f"copy:{key[0]}-{key[1]}")
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
+
+    # ---------------------------------------------------------------------------------------------- copy
+    def _copy(self, led: _Led) -> None:
+        if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
+            return
+        tp = led.tp
+        try:
+            self.rlmm.wait_ready([tp], timeout_s=30) if hasattr(self.rlmm, "wait_ready") else None
+            lso = self.view.last_stable_offsets([(tp.topic, tp.partition)]).get((tp.topic, tp.partition))
+            if lso is None:
+                return
+            rule = self.settings.retention_for(tp.topic)
+            led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
+                                               if rule.retention_ms >= 0 else None)
+            led.copier.run_once(lso, led.stop)
+        except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
+            metrics.ERRORS.labels("copy-task").inc()
+            self.last_error = f"copy {tp}: {err}"
+            log.exception("copy task failed", extra={"partition": str(tp)})
+
+    # ---------------------------------------------------------------------------------------- expiration
+    def expire(self) -> None:
+        with self._lock:
+            leds = list(self._led.values())
+        for led in leds:
+            if led.stop.is_set():
+                continue
+            try:
+                expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic))
+            except Exception as err:  # noqa: BLE001
+                metrics.ERRORS.labels("expiration").inc()
+                self.last_error = f"expiration {led.tp}: {err}"
+                log.exception("expiration failed", extra={"partition": str(led.tp)})
+
+    # ------------------------------------------------------------------------------------------------ gc
+    def collect_garbage(self, dry_run: bool = False) -> list[str]:
+        with self._lock:
+            tps = [led.tp for led in self._led.values()]
+        try:
+            return self.gc.run(tps, dry_run=dry_run)
+        except Exception as err:  # noqa: BLE001
+            metrics.ERRORS.labels("gc").inc()
+            self.last_error = f"gc: {err}"
+            log.exception("gc failed")
+            return []
+
+    # ---------------------------------------------------------------------------------- deleted topics
+    def _purge_deleted_topics(self, cluster_ids: set, asked: set[str]) -> None:
+        """Partitions we once served whose topic id is gone from the cluster: purge their remote data.
+
+        MARKED -> STARTED -> every segment deleted -> FINISHED (Kafka's partition-delete states).
+        """
+        try:
+            all_topics = self.view.partitions(None)
+        except Exception:  # noqa: BLE001
+            return
+        live_ids = {i.topic_id for i in all_topics.values()}
+        for tp in self.known.all():
+            if tp.topic_id in live_ids:
+                continue
+            try:
+                self.purge_partition(tp)
+                self.known.remove([tp])
+            except Exception as err:  # noqa: BLE001
+                metrics.ERRORS.labels("purge").inc()
+                log.warning("purge of deleted topic's partition failed", extra={"partition": str(tp),
+                                                                                "error": str(err)})
+
+    def purge_partition(self, tp: TopicIdPartition) -> None:
+        self.rlmm.on_partition_leadership_changes([], [tp])
+        if hasattr(self.rlmm, "wait_ready"):
+            self.rlmm.wait_ready([tp], timeout_s=30)
+        now = lambda: int(time.time() * 1000)  # noqa: E731
+        for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                      RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
+            try:
+                self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+                    tp, state, now(), self.settings.broker_id))
+            except InvalidStateTransitionError:
+                pass  # another sidecar got further already
+        for md in self.rlmm.list_remote_log_segments(tp):
+            self.deleter.delete(md, "topic-deleted")
+        self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+            tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, now(), self.settings.broker_id))
+        log.info("remote data of deleted topic purged", extra={"partition": str(tp)})
+
+    def _refresh_gauges(self) -> None:
+        metrics.STAGING_BYTES.set(self.staging.size_bytes())
+
+
+def _now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
