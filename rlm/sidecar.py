@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -309,6 +310,6 @@ class Sidecar:
 
 
 def _now():
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
