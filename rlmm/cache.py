@@ -19,12 +19,15 @@ is numeric order; signed ints are stored with their sign bit flipped (``u = v ^ 
     0x13 MP TopicId Partition Epoch:s32 EpochStartOffset:s64
                                                             -> Floor => StartOffset:i64 SegmentId:uuid
                                                                EpochEndOffset:i64 (COPY_SEGMENT_FINISHED only)
-    0x14 MP TopicId Partition Epoch:s32                     -> HighestOffset:i64
     0x15 MP TopicId Partition                               -> RemotePartitionDeleteMetadataRecord bytes
     0x16 MP TopicId Partition SegmentId                     -> Deleted => EventTimestampMs:i64 BrokerId:i32
                                                                (DELETE_SEGMENT_FINISHED, tombstones pending)
 
-A floor lookup (segment holding offset X under epoch E) is one ``seek_for_prev`` on table 0x13 plus one get.
+A floor lookup (segment holding offset X under epoch E) is one ``seek_for_prev`` on table 0x13 plus one get;
+the highest copied offset of epoch E is one ``seek_for_prev`` to the end of E's range in 0x13. Unlike Kafka's
+in-memory cache (which remembers an epoch's highest offset after its segments are deleted) it is computed from the
+live COPY_SEGMENT_FINISHED segments, so a cache rebuilt from the compacted topic answers the same as one that
+never restarted.
 """
 
 from __future__ import annotations
@@ -67,10 +70,9 @@ T_SEGMENT = b"\x10"
 T_SEGMENT_ID = b"\x11"
 T_EPOCH_ALL = b"\x12"
 T_EPOCH_FLOOR = b"\x13"
-T_EPOCH_HIGHEST = b"\x14"
 T_PARTITION_DELETE = b"\x15"
 T_DELETED = b"\x16"
-STATE_TABLES = (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_EPOCH_HIGHEST, T_PARTITION_DELETE, T_DELETED)
+STATE_TABLES = (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_PARTITION_DELETE, T_DELETED)
 
 _MP = struct.Struct(">H")
 _TP = struct.Struct(">H16sI")          # MP, TopicId, Partition (sign-flipped)
@@ -380,10 +382,6 @@ class MetadataCache:
             for epoch, epoch_start in new.segment_leader_epochs:
                 end = new.epoch_end_offset(epoch)
                 batch.put(T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start), _FLOOR.pack(start, sid, end))
-                hk = T_EPOCH_HIGHEST + tpk + _s32(epoch)
-                raw = batch.get(hk)
-                if raw is None or _I64.unpack(raw)[0] < end:
-                    batch.put(hk, _I64.pack(end))
         elif new.state == S.DELETE_SEGMENT_STARTED and old.state == S.COPY_SEGMENT_FINISHED:
             self._drop_floor(batch, tpk, old)
 
@@ -396,7 +394,7 @@ class MetadataCache:
             old = serde.decode(raw)
             old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
         if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-            for t in (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_EPOCH_HIGHEST):
+            for t in (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))
         batch.put(pk, bytes(value))
 
@@ -424,8 +422,12 @@ class MetadataCache:
         return None if raw is None else serde.decode(raw)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
-        raw = self.db.get(T_EPOCH_HIGHEST + self._tp_key(tp) + _s32(epoch))
-        return None if raw is None else _I64.unpack(raw)[0]
+        prefix = T_EPOCH_FLOOR + self._tp_key(tp) + _s32(epoch)
+        it = self.db.iter()
+        it.seek_for_prev(_prefix_end(prefix))
+        if not it.valid() or not it.key().startswith(prefix):
+            return None
+        return _FLOOR.unpack(it.value())[2]
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.db.iter()

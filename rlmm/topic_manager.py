@@ -167,7 +167,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         now_ms = int(time.time() * 1000)
         tps, wipe = [], []
         for mp in new:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp), timeout=30)
+            low, high = self._watermarks(mp)
             prog = self.cache.progress(mp)
             if (prog is not None and prog.caught_up_wall_ms > 0
                     and now_ms - prog.caught_up_wall_ms <= self.delete_retention_ms and prog.next_offset >= low):
@@ -193,6 +193,19 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         with self._cond:
             self._assigned.update(new)
             self._cond.notify_all()
+
+    def _watermarks(self, mp: int, timeout_s: float = 30.0) -> tuple[int, int]:
+        """(log start, high watermark) of a metadata partition; retried while leadership settles."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp), timeout=10)
+            except KafkaException as err:
+                if time.monotonic() > deadline or not err.args[0].retriable() and err.args[0].code() not in (
+                        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    raise MetadataWriteError(f"cannot read the offsets of {self.topic}-{mp}: {err}") from err
+                time.sleep(0.2)
 
     def _unassign(self, mps: Iterable[int]) -> None:
         gone = sorted(set(mps) & self._assigned)

@@ -40,3 +40,24 @@ def kafka_probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaProbe
     if proc.returncode != 0:
         pytest.fail(f"javac KafkaRlmmProbe failed:\n{proc.stderr}", pytrace=False)
     yield KafkaProbe(out, libs)
+
+
+@pytest.fixture
+def rlmm_factory(kafka, tmp_path: Path):
+    """Make TopicBasedRemoteLogMetadataManagers on the session broker; all are closed after the test."""
+    from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+
+    made: list = []
+
+    def make(topic: str, cache_name: str, **kw) -> TopicBasedRemoteLogMetadataManager:
+        kw.setdefault("num_partitions", 5)
+        kw.setdefault("replication_factor", 1)
+        cfg = TopicBasedRlmmConfig(bootstrap_servers=kafka.bootstrap_servers, cache_dir=tmp_path / cache_name,
+                                   topic=topic, **kw)
+        m = TopicBasedRemoteLogMetadataManager(cfg)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
