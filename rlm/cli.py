@@ -13,6 +13,12 @@ __all__ = ["main"]
 COMMAND_MODULES = [
     "rlm.cmd_demo",
     "rlm.cmd_dump_segment",
+    "rlm.cmd_serve",
+    "rlm.cmd_ls",
+    "rlm.cmd_cat",
+    "rlm.cmd_offsets",
+    "rlm.cmd_verify",
+    "rlm.cmd_gc",
 ]
 
 

@@ -1,0 +1,68 @@
+"""What the operator commands (``ls``, ``cat``, ``offsets``, ``verify``, ``gc``) share: config, clients, lookups.
+
+They open their own metadata cache (``<state_dir>/cli-metadata-cache``, kept between runs so the next one
+resumes instead of replaying) so they can run next to a live sidecar, whose cache RocksDB keeps locked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from rlm.config import ConfigError, SidecarSettings, load_settings
+from rlm.discovery import ClusterView
+from rlm.reader import RemoteReader
+from rlmm.api import TopicIdPartition
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["CliContext", "add_config_arg", "open_context"]
+
+
+def add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="the sidecar's YAML config (as for `rlm serve`)")
+
+
+@dataclass
+class CliContext:
+    settings: SidecarSettings
+    view: ClusterView
+    rlmm: TopicBasedRemoteLogMetadataManager
+    rsm: RemoteStorageManager
+    reader: RemoteReader
+
+    def partitions(self, topic: str, partition: int | None = None) -> list[TopicIdPartition]:
+        """The partitions of ``topic`` (or just ``partition``), served and caught up; exits 2 if unknown."""
+        infos = self.view.partitions([topic])
+        tps = sorted((TopicIdPartition(i.topic_id, i.topic, i.partition) for i in infos.values()),
+                     key=lambda t: t.partition)
+        if partition is not None:
+            tps = [t for t in tps if t.partition == partition]
+        if not tps:
+            what = f"{topic}-{partition}" if partition is not None else topic
+            print(f"rlm: {what}: no such topic partition on the cluster", file=sys.stderr)
+            raise SystemExit(2)
+        self.rlmm.on_partition_leadership_changes([], tps)
+        self.rlmm.wait_ready(tps, timeout_s=60)
+        return tps
+
+
+@contextmanager
+def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
+    from rlm.sidecar import make_rlmm
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as err:
+        print(f"rlm: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
+    rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
+    try:
+        rsm = RemoteStorageManager(settings.store)
+        yield CliContext(settings, ClusterView(settings.kafka.client_config()), rlmm, rsm, RemoteReader(rlmm, rsm))
+    finally:
+        rlmm.close()

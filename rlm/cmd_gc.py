@@ -1,0 +1,33 @@
+"""``rlm gc TOPIC... [--dry-run]``: delete objects no metadata owns (orphans older than the grace period)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rlm.cli_context import add_config_arg, open_context
+from rlm.gc import GarbageCollector
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gc", help="garbage-collect remote objects that no metadata owns")
+    add_config_arg(p)
+    p.add_argument("topics", nargs="+")
+    p.add_argument("--dry-run", action="store_true", help="only list the orphans")
+    p.add_argument("--grace-ms", type=int, default=None, help="override tasks.gc_grace_ms")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_context(args) as ctx:
+        s = ctx.settings
+        gc = GarbageCollector(ctx.rlmm, ctx.rsm,
+                              grace_ms=s.tasks.gc_grace_ms if args.grace_ms is None else args.grace_ms,
+                              state_path=s.metadata.state_dir / "gc-orphans.json")
+        tps = [tp for topic in args.topics for tp in ctx.partitions(topic)]
+        keys = gc.run(tps, dry_run=args.dry_run)
+        for k in keys:
+            print(("orphan " if args.dry_run else "deleted ") + k)
+        print(f"{len(keys)} objects {'orphaned' if args.dry_run else 'deleted'}")
+    return 0

@@ -1,0 +1,52 @@
+"""``rlm serve --config FILE``: run the sidecar until SIGTERM/SIGINT, with /metrics and /health."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from rlm.config import ConfigError, load_settings
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger("rlm.serve")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the sidecar next to a broker")
+    p.add_argument("--config", "-c", required=True, help="YAML config (see config/sidecar.example.yaml)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlm.http import OpsServer
+    from rlm.logs import setup_logging
+    from rlm.sidecar import Sidecar
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as err:
+        print(f"rlm: {err}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.log_format)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal received: shutting down", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sidecar = Sidecar(settings)
+    ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health).start()
+    log.info("listening", extra={"host": settings.listen.host, "port": ops.port})
+    sidecar.start()
+    try:
+        stop.wait()
+    finally:
+        sidecar.stop()
+        ops.stop()
+    return 0
