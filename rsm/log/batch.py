@@ -208,7 +208,7 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
                 buf_pos, buf_len = _refill(f, path, view, buf_pos, buf_len, off, file_size)
                 off = 0
             if remaining < BATCH_HEADER_SIZE:
-                if zero_tail_ok and not any(view[off:off + remaining]):
+                if zero_tail_ok and not view[off:off + remaining].tobytes().strip(b"\0"):
                     return
                 raise CorruptRecordBatchError(
                     path, pos, f"truncated batch header: expected {BATCH_HEADER_SIZE} bytes, found {remaining} "
@@ -324,11 +324,12 @@ def _check_zero_tail(f: BinaryIO, path: str | os.PathLike[str], view: memoryview
     """Everything from ``pos`` to EOF must be zero bytes, else the zeros hide data: an error."""
     start, end, file_pos = off, buf_len, pos
     while True:
-        chunk = view[start:end]
-        if any(chunk):
-            nz = next(i for i, b in enumerate(chunk) if b)
+        chunk = view[start:end].tobytes()
+        rest = chunk.lstrip(b"\0")
+        if rest:
+            nz = len(chunk) - len(rest)
             raise CorruptRecordBatchError(
-                path, file_pos + nz, f"non-zero byte 0x{chunk[nz]:02x} after a zero-filled tail that began at "
+                path, file_pos + nz, f"non-zero byte 0x{rest[0]:02x} after a zero-filled tail that began at "
                 f"byte {pos}")
         file_pos += end - start
         if file_pos >= file_size:
