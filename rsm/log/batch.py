@@ -41,6 +41,7 @@ from enum import IntEnum, IntFlag
 from typing import BinaryIO
 
 from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log._fastinit import fast_constructor
 from rsm.log.errors import CorruptRecordBatchError
 
 __all__ = [
@@ -160,6 +161,9 @@ class BatchHeader:
         return self.position + self.size_bytes
 
 
+_make_header = fast_constructor(BatchHeader)
+
+
 def scan_batches(path: str | os.PathLike[str], *, start_position: int = 0, verify_crc: bool = True,
                  zero_tail_ok: bool = False) -> Iterator[BatchHeader]:
     """Yield the header of every batch of a ``.log`` file from ``start_position`` (a batch boundary) to EOF.
@@ -244,7 +248,7 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
                 raise CorruptRecordBatchError(
                     path, pos, f"offsets go backwards: batch base offset {base_offset} after a batch ending at "
                     f"offset {prev_last}")
-            header = BatchHeader(pos, base_offset, base_offset + last_delta, size, leader_epoch, magic, crc,
+            header = _make_header(pos, base_offset, base_offset + last_delta, size, leader_epoch, magic, crc,
                                  attributes, base_ts, max_ts, producer_id, producer_epoch, base_seq, record_count)
             data: memoryview | None = None
             if size <= CHUNK_BYTES:

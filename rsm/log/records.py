@@ -45,6 +45,7 @@ try:
 except ImportError:  # pragma: no cover - the wheel ships the extension; pure Python is ~10x slower
     from aiokafka.record.default_records import _DefaultRecordBatchPy as _DecodeBatch  # type: ignore[assignment]
 
+from rsm.log._fastinit import fast_constructor
 from rsm.log.batch import HEADER, BatchHeader
 from rsm.log.errors import CorruptRecordBatchError
 
@@ -89,12 +90,7 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-_new = object.__new__
-_set_offset = Record.offset.__set__  # type: ignore[attr-defined]
-_set_timestamp = Record.timestamp.__set__  # type: ignore[attr-defined]
-_set_key = Record.key.__set__  # type: ignore[attr-defined]
-_set_value = Record.value.__set__  # type: ignore[attr-defined]
-_set_headers = Record.headers.__set__  # type: ignore[attr-defined]
+_make_record = fast_constructor(Record)
 
 
 class RecordView(Protocol):
@@ -153,20 +149,10 @@ def iter_raw_records(batch: BatchHeader, data: bytes | memoryview, *,
 def decode_records(batch: BatchHeader, data: bytes | memoryview, *,
                    path: str | os.PathLike[str] = "<batch bytes>") -> list[Record]:
     """Decode every record of one batch into :class:`Record` values (see :func:`iter_raw_records`)."""
-    # Built through the slot descriptors: ~1.8x faster than the frozen dataclass __init__ (object.__setattr__
-    # per field), which dominates decoding. Same resulting object.
-    out: list[Record] = []
-    append = out.append
-    for r in iter_raw_records(batch, data, path=path):
-        rec = _new(Record)
-        _set_offset(rec, r.offset)
-        _set_timestamp(rec, r.timestamp)
-        _set_key(rec, r.key)
-        _set_value(rec, r.value)
-        headers = r.headers
-        _set_headers(rec, tuple(headers) if headers else _EMPTY)
-        append(rec)
-    return out
+    empty = _EMPTY
+    make = _make_record
+    return [make(r.offset, r.timestamp, r.key, r.value, tuple(r.headers) if r.headers else empty)
+            for r in iter_raw_records(batch, data, path=path)]
 
 
 def control_type(batch: BatchHeader, data: bytes | memoryview, *,
