@@ -293,3 +293,23 @@ def test_checkpoint_parse_errors_name_file_and_line():
         parse_partition_metadata("version: 0\ntopic_id: not-an-id\n", "pm")
     entries = parse_leader_epoch_checkpoint("0\n2\n0 0\n3 17\n")
     assert [(e.epoch, e.start_offset) for e in entries] == [(0, 0), (3, 17)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [64, 4096, 65_536])
+def test_scan_independent_of_read_buffer_size(broker_topics, monkeypatch, chunk_bytes):
+    """Batches straddling read-buffer boundaries, and batches larger than the buffer, scan the same."""
+    import rsm.log.batch as batch_mod
+
+    expected = {}
+    for t in broker_topics.values():
+        for seg in PartitionDir(t.pdir).segments():
+            expected[seg.log_path] = [(h, bytes(d)) for h, d in iter_batches_with_bytes(seg.log_path)]
+    monkeypatch.setattr(batch_mod, "CHUNK_BYTES", chunk_bytes)
+    for path, want in expected.items():
+        assert [(h, bytes(d)) for h, d in iter_batches_with_bytes(path)] == want
+        assert list(scan_batches(path)) == [h for h, _ in want]
+        assert list(scan_batches(path, verify_crc=False)) == [h for h, _ in want]
+        assert [(h, bytes(d)) for h, d in iter_batches_with_bytes(path, verify_crc=False)] == want
+        if len(want) > 2:  # start in the middle
+            mid = want[len(want) // 2][0]
+            assert list(scan_batches(path, start_position=mid.position)) == [h for h, _ in want[len(want) // 2:]]
