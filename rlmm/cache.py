@@ -10,15 +10,13 @@ is numeric order; signed ints are stored with their sign bit flipped (``u = v ^ 
     0x00 Name:ascii                                         -> meta: b"format" (FORMAT_VERSION), b"topic",
                                                                b"partitions" (u32)
     0x01 MP:u16                                             -> Progress => NextOffset:i64 CaughtUpWallMs:i64
-    0x10 MP TopicId:uuid Partition:s32 StartOffset:s64 SegmentId:uuid
-                                                            -> segment: RemoteLogSegmentMetadataRecord bytes
+    0x10 MP TopicId:uuid Partition:s32 SegmentId:uuid       -> segment: RemoteLogSegmentMetadataRecord bytes
                                                                (rlmm.serde, current state)
-    0x11 MP TopicId Partition SegmentId                     -> StartOffset:i64      (id -> segment key)
     0x12 MP TopicId Partition Epoch:s32 StartOffset:s64 SegmentId
                                                             -> b""   (every segment holding Epoch, any state)
     0x13 MP TopicId Partition Epoch:s32 EpochStartOffset:s64
-                                                            -> Floor => StartOffset:i64 SegmentId:uuid
-                                                               EpochEndOffset:i64 (COPY_SEGMENT_FINISHED only)
+                                                            -> Floor => SegmentId:uuid EpochEndOffset:i64
+                                                               (COPY_SEGMENT_FINISHED segments only)
     0x15 MP TopicId Partition                               -> RemotePartitionDeleteMetadataRecord bytes
     0x16 MP TopicId Partition SegmentId                     -> Deleted => EventTimestampMs:i64 BrokerId:i32
                                                                (DELETE_SEGMENT_FINISHED, tombstones pending)
@@ -28,6 +26,11 @@ the highest copied offset of epoch E is one ``seek_for_prev`` to the end of E's 
 in-memory cache (which remembers an epoch's highest offset after its segments are deleted) it is computed from the
 live COPY_SEGMENT_FINISHED segments, so a cache rebuilt from the compacted topic answers the same as one that
 never restarted.
+
+Durability: the topic is the source of truth, so by default writes skip RocksDB's WAL (``wal=False``) and the
+memtables are flushed on close and before each caught-up mark (written with WAL). A WriteBatch lands in the
+memtable whole, so a crash loses a suffix of batches together with their progress key: the restart resumes from
+the older offset and re-applies them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from rlmm import serde
 from rlmm.api import (
@@ -48,7 +51,6 @@ from rlmm.api import (
     InvalidStateTransitionError,
     MetadataCacheFormatError,
     RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
@@ -67,12 +69,11 @@ FORMAT_VERSION = b"rlmm-cache-1"
 T_META = b"\x00"
 T_PROGRESS = b"\x01"
 T_SEGMENT = b"\x10"
-T_SEGMENT_ID = b"\x11"
 T_EPOCH_ALL = b"\x12"
 T_EPOCH_FLOOR = b"\x13"
 T_PARTITION_DELETE = b"\x15"
 T_DELETED = b"\x16"
-STATE_TABLES = (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR, T_PARTITION_DELETE, T_DELETED)
+STATE_TABLES = (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_PARTITION_DELETE, T_DELETED)
 
 _MP = struct.Struct(">H")
 _TP = struct.Struct(">H16sI")          # MP, TopicId, Partition (sign-flipped)
@@ -84,14 +85,20 @@ _PROGRESS = struct.Struct(
     "q"    # CaughtUpWallMs
 )
 _FLOOR = struct.Struct(
-    ">q"   # StartOffset
-    "16s"  # SegmentId
+    ">16s"  # SegmentId
     "q"    # EpochEndOffset
 )
 _DELETED = struct.Struct(
     ">q"   # EventTimestampMs
     "i"    # BrokerId
 )
+_API_SEGMENT = serde.MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA
+_API_UPDATE = serde.MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA_UPDATE
+_STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+_FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+_DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+_DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+_ALLOWED = frozenset((a, b) for a in RemoteLogSegmentState for b in RemoteLogSegmentState if a.can_transition_to(b))
 _S32_FLIP = 1 << 31
 _S64_FLIP = 1 << 63
 
@@ -146,13 +153,14 @@ class ApplyOutcome:
 class _Batch:
     """Pending writes of one apply call, readable before they are written (read-through overlay)."""
 
-    __slots__ = ("db", "puts", "ranges", "segments")
+    __slots__ = ("db", "wo", "puts", "ranges", "views")
 
-    def __init__(self, db: Rdict) -> None:
+    def __init__(self, db: Rdict, wo: WriteOptions) -> None:
         self.db = db
+        self.wo = wo
         self.puts: dict[bytes, bytes | None] = {}
         self.ranges: list[tuple[bytes, bytes]] = []
-        self.segments: dict[bytes, RemoteLogSegmentMetadata] = {}   # decoded segment values by 0x10 key
+        self.views: dict[bytes, serde.SegmentView] = {}   # scanned segment values by 0x10 key
 
     def get(self, key: bytes) -> bytes | None:
         if key in self.puts:
@@ -164,7 +172,7 @@ class _Batch:
 
     def delete(self, key: bytes) -> None:
         self.puts[key] = None
-        self.segments.pop(key, None)
+        self.views.pop(key, None)
 
     def write(self, extra: dict[bytes, bytes]) -> None:
         wb = WriteBatch(raw_mode=True)
@@ -177,16 +185,16 @@ class _Batch:
                 wb.put(k, v)
         for k, v in extra.items():
             wb.put(k, v)
-        self.db.write(wb)
+        self.db.write(wb, self.wo)
         self.puts.clear()
         self.ranges.clear()
-        self.segments.clear()
+        self.views.clear()
 
 
 class MetadataCache:
     """RocksDB state of the metadata partitions; one writer (the consumer thread), many readers."""
 
-    def __init__(self, path: str | Path, *, topic: str, num_partitions: int) -> None:
+    def __init__(self, path: str | Path, *, topic: str, num_partitions: int, wal: bool = False) -> None:
         self.path = Path(path)
         self.topic = topic
         self.num_partitions = num_partitions
@@ -198,6 +206,9 @@ class MetadataCache:
         except Exception as err:  # noqa: BLE001 - rocksdict raises plain Exception
             raise MetadataCacheFormatError(f"cannot open the metadata cache at {self.path}: {err}; if it is "
                                            "corrupt, delete the directory and it rebuilds from the topic") from err
+        self._wo = WriteOptions()
+        self._wo.disable_wal = not wal
+        self._dirty = False
         self._check_format()
 
     # ------------------------------------------------------------------------------------------ meta / open
@@ -223,7 +234,12 @@ class MetadataCache:
                     f"metadata cache {self.path}: {k.decode()} is {found!r}, this manager needs {v!r}; the cache "
                     "is disposable: delete the directory (or use another one) and it rebuilds from the topic")
 
+    def flush(self) -> None:
+        """Persist the memtables (needed for durability when the WAL is off)."""
+        self.db.flush()
+
     def close(self) -> None:
+        self.db.flush()
         self.db.close()
 
     @staticmethod
@@ -236,6 +252,11 @@ class MetadataCache:
         return None if raw is None else Progress(*_PROGRESS.unpack(raw))
 
     def mark_caught_up(self, progress: dict[int, Progress]) -> None:
+        """Record that these partitions were fully consumed at a wall time: flush the state first (it was written
+        without WAL), then write the progress keys with WAL, so a recovered WAL never gets ahead of the state."""
+        if self._dirty:
+            self.db.flush()
+            self._dirty = False
         wb = WriteBatch(raw_mode=True)
         for mp, p in progress.items():
             wb.put(T_PROGRESS + _MP.pack(mp), _PROGRESS.pack(p.next_offset, p.caught_up_wall_ms))
@@ -268,8 +289,9 @@ class MetadataCache:
         transitions are skipped and reported in the outcome. ``caught_up`` maps partition -> caught-up wall ms
         (kept as stored for partitions not in it)."""
         out = ApplyOutcome(skipped=[])
-        batch = _Batch(self.db)
+        batch = _Batch(self.db, self._wo)
         next_offsets: dict[int, int] = {}
+        api_key_of = serde.api_key_of
         for mp, offset, key, value in records:
             next_offsets[mp] = offset + 1
             try:
@@ -277,12 +299,13 @@ class MetadataCache:
                     self._apply_tombstone(batch, mp, key)
                     out.tombstones += 1
                     continue
-                md = serde.decode(value)
-                if isinstance(md, RemoteLogSegmentMetadata):
-                    self._apply_add(batch, mp, md, value)
-                elif isinstance(md, RemoteLogSegmentMetadataUpdate):
-                    self._apply_update(batch, mp, md)
+                api = api_key_of(value)
+                if api == _API_UPDATE:
+                    self._apply_update(batch, mp, serde.scan_update(value))
+                elif api == _API_SEGMENT:
+                    self._apply_add(batch, mp, serde.scan_segment(value))
                 else:
+                    md = serde.decode(value)
                     if md.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
                         # range deletes cannot be read through the overlay: commit what came before first
                         next_offsets[mp] = offset
@@ -292,9 +315,10 @@ class MetadataCache:
                 out.applied += 1
             except CorruptMetadataRecordError as err:
                 out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
-            except (InvalidStateTransitionError, RemoteResourceNotFoundError, ValueError) as err:
+            except (InvalidStateTransitionError, RemoteResourceNotFoundError) as err:
                 out.skipped.append(SkippedRecord(mp, offset, "refused", str(err)))
         batch.write(self._progress_puts(next_offsets, caught_up))
+        self._dirty = True
         return out
 
     def _progress_puts(self, next_offsets: dict[int, int], caught_up: dict[int, int]) -> dict[bytes, bytes]:
@@ -307,82 +331,83 @@ class MetadataCache:
             puts[T_PROGRESS + _MP.pack(mp)] = _PROGRESS.pack(nxt, wall)
         return puts
 
-    def _segment_key(self, tpk: bytes, start: int, sid: bytes) -> bytes:
-        return T_SEGMENT + tpk + _s64(start) + sid
-
-    def _load(self, batch: _Batch, skey: bytes) -> RemoteLogSegmentMetadata | None:
-        md = batch.segments.get(skey)
-        if md is None:
+    def _load(self, batch: _Batch, skey: bytes) -> serde.SegmentView | None:
+        view = batch.views.get(skey)
+        if view is None:
             raw = batch.get(skey)
             if raw is None:
                 return None
-            md = serde.decode(raw)
-            batch.segments[skey] = md
-        return md
+            view = serde.scan_segment(raw)
+            batch.views[skey] = view
+        return view
 
-    def _apply_add(self, batch: _Batch, mp: int, md: RemoteLogSegmentMetadata, value: bytes) -> None:
-        sid_obj = md.remote_log_segment_id
-        if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+    @staticmethod
+    def _describe(tid: bytes, partition: int, sid: bytes) -> str:
+        return f"RemoteLogSegmentId({uuid.UUID(bytes=tid)}-{partition}, {uuid.UUID(bytes=sid)})"
+
+    def _apply_add(self, batch: _Batch, mp: int, v: serde.SegmentView) -> None:
+        if v.state != _STARTED:
             raise InvalidStateTransitionError(
-                f"{sid_obj}: a new segment must be COPY_SEGMENT_STARTED, the record has {md.state.name}")
-        tpk = self._tp_key(md.topic_id_partition, mp)
-        sid = sid_obj.id.bytes
-        idk = T_SEGMENT_ID + tpk + sid
-        old_start = batch.get(idk)
-        if old_start is not None:
-            (start,) = _I64.unpack(old_start)
-            old = self._load(batch, self._segment_key(tpk, start, sid))
-            if old is not None:
-                old.state.check_transition(md.state, sid_obj)
-                self._drop_segment(batch, tpk, old)
-        skey = self._segment_key(tpk, md.start_offset, sid)
-        batch.put(skey, bytes(value))
-        batch.segments[skey] = md
-        batch.put(idk, _I64.pack(md.start_offset))
-        for epoch, _o in md.segment_leader_epochs:
-            batch.put(T_EPOCH_ALL + tpk + _s32(epoch) + _s64(md.start_offset) + sid, b"")
+                f"{self._describe(v.topic_id, v.partition, v.segment_id)}: a new segment must be COPY_SEGMENT_STARTED,"
+                f" the record has {RemoteLogSegmentState(v.state).name}")
+        tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
+        sid = v.segment_id
+        skey = T_SEGMENT + tpk + sid
+        old = self._load(batch, skey)
+        if old is not None:
+            if old.state != _STARTED:
+                raise InvalidStateTransitionError(
+                    f"{self._describe(v.topic_id, v.partition, sid)}: invalid state transition "
+                    f"{RemoteLogSegmentState(old.state).name} -> COPY_SEGMENT_STARTED")
+            self._drop_segment(batch, tpk, old)
+        start = _s64(v.start_offset)
+        puts = batch.puts
+        puts[skey] = v.value
+        batch.views[skey] = v
+        for epoch, _o in v.epochs:
+            puts[T_EPOCH_ALL + tpk + _s32(epoch) + start + sid] = b""
 
-    def _drop_segment(self, batch: _Batch, tpk: bytes, md: RemoteLogSegmentMetadata) -> None:
-        sid = md.remote_log_segment_id.id.bytes
-        batch.delete(self._segment_key(tpk, md.start_offset, sid))
-        batch.delete(T_SEGMENT_ID + tpk + sid)
-        for epoch, _o in md.segment_leader_epochs:
-            batch.delete(T_EPOCH_ALL + tpk + _s32(epoch) + _s64(md.start_offset) + sid)
-        self._drop_floor(batch, tpk, md)
+    def _drop_segment(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
+        sid = v.segment_id
+        start = _s64(v.start_offset)
+        batch.delete(T_SEGMENT + tpk + sid)
+        for epoch, _o in v.epochs:
+            batch.delete(T_EPOCH_ALL + tpk + _s32(epoch) + start + sid)
+        self._drop_floor(batch, tpk, v)
 
-    def _drop_floor(self, batch: _Batch, tpk: bytes, md: RemoteLogSegmentMetadata) -> None:
-        sid = md.remote_log_segment_id.id.bytes
-        for epoch, epoch_start in md.segment_leader_epochs:
+    def _drop_floor(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
+        for epoch, epoch_start in v.epochs:
             fk = T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start)
             raw = batch.get(fk)
-            if raw is not None and _FLOOR.unpack(raw)[1] == sid:
+            if raw is not None and raw[:16] == v.segment_id:
                 batch.delete(fk)
 
-    def _apply_update(self, batch: _Batch, mp: int, u: RemoteLogSegmentMetadataUpdate) -> None:
-        sid_obj = u.remote_log_segment_id
-        tpk = self._tp_key(u.topic_id_partition, mp)
-        sid = sid_obj.id.bytes
-        raw_start = batch.get(T_SEGMENT_ID + tpk + sid)
-        if raw_start is None:
-            raise RemoteResourceNotFoundError(f"{sid_obj}: no such segment (update to {u.state.name})")
-        (start,) = _I64.unpack(raw_start)
-        skey = self._segment_key(tpk, start, sid)
+    def _apply_update(self, batch: _Batch, mp: int, u: serde.UpdateView) -> None:
+        tpk = _TP.pack(mp, u.topic_id, (u.partition + _S32_FLIP) & 0xFFFFFFFF)
+        sid = u.segment_id
+        skey = T_SEGMENT + tpk + sid
         old = self._load(batch, skey)
         if old is None:
-            raise RemoteResourceNotFoundError(f"{sid_obj}: segment index without segment (update to {u.state.name})")
-        new = old.with_update(u)
-        S = RemoteLogSegmentState
-        if new.state == S.DELETE_SEGMENT_FINISHED:
+            raise RemoteResourceNotFoundError(f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
+                                              f"(update to {RemoteLogSegmentState(u.state).name})")
+        if (old.state, u.state) not in _ALLOWED:
+            raise InvalidStateTransitionError(
+                f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "
+                f"{RemoteLogSegmentState(old.state).name} -> {RemoteLogSegmentState(u.state).name}")
+        if u.state == _DELETE_FINISHED:
             self._drop_segment(batch, tpk, old)
-            batch.put(T_DELETED + tpk + sid, _DELETED.pack(u.event_timestamp_ms, u.broker_id))
+            batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
             return
-        batch.put(skey, serde.encode(new))
-        batch.segments[skey] = new
-        if new.state == S.COPY_SEGMENT_FINISHED and old.state != S.COPY_SEGMENT_FINISHED:
-            for epoch, epoch_start in new.segment_leader_epochs:
-                end = new.epoch_end_offset(epoch)
-                batch.put(T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start), _FLOOR.pack(start, sid, end))
-        elif new.state == S.DELETE_SEGMENT_STARTED and old.state == S.COPY_SEGMENT_FINISHED:
+        new = serde.patch_segment(old, u)
+        batch.puts[skey] = new.value
+        batch.views[skey] = new
+        if u.state == _FINISHED and old.state != _FINISHED:
+            epochs = new.epochs
+            last = len(epochs) - 1
+            for i, (epoch, epoch_start) in enumerate(epochs):
+                end = epochs[i + 1][1] - 1 if i < last else new.end_offset_inclusive
+                batch.puts[T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start)] = _FLOOR.pack(sid, end)
+        elif u.state == _DELETE_STARTED and old.state == _FINISHED:
             self._drop_floor(batch, tpk, old)
 
     def _apply_partition_delete(self, batch: _Batch, mp: int, p: RemotePartitionDeleteMetadata,
@@ -394,7 +419,7 @@ class MetadataCache:
             old = serde.decode(raw)
             old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
         if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-            for t in (T_SEGMENT, T_SEGMENT_ID, T_EPOCH_ALL, T_EPOCH_FLOOR):
+            for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))
         batch.put(pk, bytes(value))
 
@@ -415,10 +440,10 @@ class MetadataCache:
         k = it.key()
         if not k.startswith(prefix):
             return None
-        start, sid, epoch_end = _FLOOR.unpack(it.value())
+        sid, epoch_end = _FLOOR.unpack(it.value())
         if offset > epoch_end:
             return None
-        raw = self.db.get(T_SEGMENT + tpk + _s64(start) + sid)
+        raw = self.db.get(T_SEGMENT + tpk + sid)
         return None if raw is None else serde.decode(raw)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
@@ -427,7 +452,7 @@ class MetadataCache:
         it.seek_for_prev(_prefix_end(prefix))
         if not it.valid() or not it.key().startswith(prefix):
             return None
-        return _FLOOR.unpack(it.value())[2]
+        return _FLOOR.unpack(it.value())[1]
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.db.iter()
@@ -442,23 +467,22 @@ class MetadataCache:
     def segments(self, tp: TopicIdPartition, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         tpk = self._tp_key(tp)
         if epoch is None:
-            return [serde.decode(v) for _k, v in self._scan(T_SEGMENT + tpk)]
+            segs = [serde.decode(v) for _k, v in self._scan(T_SEGMENT + tpk)]
+            segs.sort(key=lambda md: (md.start_offset, md.remote_log_segment_id.id.bytes))
+            return segs
         out = []
         prefix = T_EPOCH_ALL + tpk + _s32(epoch)
         n = len(prefix)
         for k, _v in self._scan(prefix):
-            raw = self.db.get(T_SEGMENT + tpk + k[n:])
+            raw = self.db.get(T_SEGMENT + tpk + k[n + 8:])
             if raw is not None:
                 out.append(serde.decode(raw))
         return out
 
     def segment(self, tp: TopicIdPartition, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata | None:
         tpk = self._tp_key(tp)
-        raw = self.db.get(T_SEGMENT_ID + tpk + segment_id.bytes)
-        if raw is None:
-            return None
-        seg = self.db.get(T_SEGMENT + tpk + _s64(_I64.unpack(raw)[0]) + segment_id.bytes)
-        return None if seg is None else serde.decode(seg)
+        raw = self.db.get(T_SEGMENT + tpk + segment_id.bytes)
+        return None if raw is None else serde.decode(raw)
 
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
         raw = self.db.get(T_PARTITION_DELETE + self._tp_key(tp))

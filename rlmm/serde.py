@@ -34,6 +34,7 @@ from __future__ import annotations
 import struct
 import uuid
 from enum import IntEnum
+from typing import NamedTuple
 
 from rlmm.api import (
     CorruptMetadataRecordError,
@@ -47,7 +48,8 @@ from rlmm.api import (
     TopicIdPartition,
 )
 
-__all__ = ["FRAME_VERSION", "SCHEMA_VERSION", "MetadataApiKey", "decode", "decode_api_key", "encode"]
+__all__ = ["FRAME_VERSION", "SCHEMA_VERSION", "MetadataApiKey", "SegmentView", "UpdateView", "api_key_of", "decode",
+           "decode_api_key", "encode", "patch_segment", "scan_segment", "scan_update"]
 
 FRAME_VERSION = 1
 SCHEMA_VERSION = 0
@@ -337,3 +339,179 @@ def decode(value: bytes | memoryview | None) -> RemoteLogMetadata:
     r = _Reader(value)
     api_key = _header(r)
     return _DECODERS[api_key](r)
+
+
+# ------------------------------------------------------------------------------- scanning (the cache's hot path)
+# The cache applies records without building value objects: it needs raw ids, offsets and the byte positions of the
+# fields an update replaces. The fast scanners accept only the canonical shape ``encode`` writes (1-byte varints,
+# empty tagged sections except TxnIndexEmpty, names < 127 bytes) and check everything ``decode`` checks; anything
+# else goes through ``decode``, which raises the precise error or yields a value that is re-encoded canonically.
+class SegmentView(NamedTuple):
+    value: bytes                           # canonical record bytes (what the cache stores)
+    topic_id: bytes
+    partition: int
+    segment_id: bytes
+    start_offset: int
+    end_offset_inclusive: int
+    epochs: tuple[tuple[int, int], ...]
+    broker_pos: int                        # BrokerId, then MaxTimestampMs, EventTimestampMs
+    custom_pos: int                        # CustomMetadata (compact nullable bytes), then the state byte
+    state_pos: int
+    state: int
+
+
+class UpdateView(NamedTuple):
+    topic_id: bytes
+    partition: int
+    segment_id: bytes
+    broker_id: int
+    event_timestamp_ms: int
+    custom_field: bytes                    # CustomMetadata as encoded (length prefix included)
+    state: int
+
+
+_SEG_HEAD = b"\x01\x00\x00"
+_UPD_HEAD = b"\x01\x01\x00"
+_TAIL_TAGS = (b"\x00", b"\x01\x00\x01\x00", b"\x01\x00\x01\x01")
+_I32_AT = _I32.unpack_from
+_FIXED_AT = _SEGMENT_FIXED.unpack_from
+_EPOCH_AT = _EPOCH_ENTRY.unpack_from
+_BROKER_EVENT_AT = _BROKER_EVENT.unpack_from
+
+
+def api_key_of(value: bytes) -> int:
+    """The api key of a record value (fast for the canonical header; checked like ``decode``)."""
+    if len(value) > 3 and value[0] == FRAME_VERSION and value[1] < 3 and value[2] == SCHEMA_VERSION:
+        return value[1]
+    return decode_api_key(value)
+
+
+def _ids(buf: bytes) -> tuple[bytes, int, bytes, int] | None:
+    """TopicId, Partition, SegmentId and the position after RemoteLogSegmentId, canonical shape only."""
+    n = buf[3]
+    if n == 0 or n >= 0x80:
+        return None
+    p = 3 + n
+    buf[4:p].decode("utf-8")
+    (part,) = _I32_AT(buf, p + 16)
+    if buf[p + 20] != 0 or buf[p + 37] != 0:
+        return None
+    return buf[p:p + 16], part, buf[p + 21:p + 37], p + 38
+
+
+def _scan_segment_fast(buf: bytes) -> SegmentView | None:
+    if buf[:3] != _SEG_HEAD:
+        return None
+    ids = _ids(buf)
+    if ids is None:
+        return None
+    tid, part, sid, p = ids
+    start, end, _broker, _max_ts, _event = _FIXED_AT(buf, p)
+    broker_pos = p + 16
+    p += 36
+    n = buf[p] - 1
+    if n < 1 or n >= 0x7F:
+        return None
+    p += 1
+    epochs = []
+    last_e = last_o = -(1 << 64)
+    for _ in range(n):
+        e, o = _EPOCH_AT(buf, p)
+        if buf[p + 12] != 0 or e <= last_e or o < last_o:
+            return None
+        epochs.append((e, o))
+        last_e, last_o = e, o
+        p += 13
+    p += 4
+    custom_pos = p
+    c = buf[p]
+    if c >= 0x80:
+        return None
+    p += c if c else 1
+    state = buf[p]
+    if state > 3 or start < 0 or end < start or epochs[0][1] < start or last_o > end:
+        return None
+    if buf[p + 1:] not in _TAIL_TAGS:
+        return None
+    return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state)
+
+
+def scan_segment(value: bytes) -> SegmentView:
+    """Scan a RemoteLogSegmentMetadataRecord; raises only CorruptMetadataRecordError (like :func:`decode`)."""
+    try:
+        view = _scan_segment_fast(value)
+    except (IndexError, struct.error, UnicodeDecodeError):
+        view = None
+    if view is not None:
+        return view
+    md = decode(value)
+    if not isinstance(md, RemoteLogSegmentMetadata):
+        raise CorruptMetadataRecordError(f"RemoteLogMetadata.ApiKey at byte 1: expected a segment record, found "
+                                         f"{type(md).__name__}")
+    view = _scan_segment_fast(encode(md))
+    if view is None:   # e.g. a topic name of 127+ bytes: no fast shape; positions from a careful re-encoding
+        view = _scan_canonical(md)
+    return view
+
+
+def _scan_canonical(md: RemoteLogSegmentMetadata) -> SegmentView:
+    raw = encode(md)
+    tail = len(b"\x01\x00\x01\x01" if md.txn_index_empty else _NO_TAGS)
+    state_pos = len(raw) - tail - 1
+    custom_len = len(_nullable_bytes(md.custom_metadata))
+    custom_pos = state_pos - custom_len
+    fixed_pos = custom_pos - 4 - sum(_EPOCH_ENTRY.size + 1 for _ in md.segment_leader_epochs) \
+        - len(_uvarint(len(md.segment_leader_epochs) + 1)) - _SEGMENT_FIXED.size
+    sid = md.remote_log_segment_id
+    return SegmentView(raw, sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
+                       md.start_offset, md.end_offset_inclusive, md.segment_leader_epochs, fixed_pos + 16,
+                       custom_pos, state_pos, int(md.state))
+
+
+def scan_update(value: bytes) -> UpdateView:
+    """Scan a RemoteLogSegmentMetadataUpdateRecord; raises only CorruptMetadataRecordError."""
+    try:
+        if value[:3] == _UPD_HEAD:
+            ids = _ids(value)
+            if ids is not None:
+                tid, part, sid, p = ids
+                broker, event_ts = _BROKER_EVENT_AT(value, p)
+                p += 12
+                c = value[p]
+                end = p + (c if c else 1)
+                if c < 0x80 and 1 <= value[end] <= 3 and value[end + 1:] == _NO_TAGS:
+                    return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end])
+    except (IndexError, struct.error, UnicodeDecodeError):
+        pass
+    u = decode(value)
+    if not isinstance(u, RemoteLogSegmentMetadataUpdate):
+        raise CorruptMetadataRecordError(f"RemoteLogMetadata.ApiKey at byte 1: expected an update record, found "
+                                         f"{type(u).__name__}")
+    sid = u.remote_log_segment_id
+    return UpdateView(sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
+                      u.broker_id, u.event_timestamp_ms, _nullable_bytes(u.custom_metadata), int(u.state))
+
+
+_EVENT_TS = struct.Struct(">q")
+_STATE_BYTE = [bytes((i,)) for i in range(4)]
+_new_view = SegmentView._make
+
+
+def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
+    """The segment record after ``update``: BrokerId, EventTimestampMs, CustomMetadata and state replaced."""
+    raw = view.value
+    bp, cp, sp = view.broker_pos, view.custom_pos, view.state_pos
+    custom = update.custom_field
+    if len(custom) == sp - cp:                      # the usual case: patch in place
+        buf = bytearray(raw)
+        _I32.pack_into(buf, bp, update.broker_id)
+        _EVENT_TS.pack_into(buf, bp + 12, update.event_timestamp_ms)
+        buf[cp:sp] = custom
+        buf[sp] = update.state
+        new = bytes(buf)
+    else:
+        new = b"".join((raw[:bp], _I32.pack(update.broker_id), raw[bp + 4:bp + 12],
+                        _EVENT_TS.pack(update.event_timestamp_ms), raw[bp + 20:cp], custom,
+                        _STATE_BYTE[update.state], raw[sp + 1:]))
+        sp = cp + len(custom)
+    return _new_view((new, view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state))

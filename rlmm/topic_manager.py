@@ -70,7 +70,7 @@ class TopicBasedRlmmConfig:
     write_timeout_s: float = 30.0                                   # produce + read-your-writes
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
     tombstone_check_interval_s: float = 1.0
-    caught_up_refresh_s: float = 1.0
+    caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
     max_batch_records: int = 10_000
     producer_config: Mapping[str, object] = field(default_factory=dict)
     consumer_config: Mapping[str, object] = field(default_factory=dict)
