@@ -360,8 +360,11 @@ def header_from_bytes(data: bytes | memoryview, position: int = 0,
     if length + LOG_OVERHEAD != len(data) or length < MIN_BATCH_LENGTH:
         raise CorruptRecordBatchError(path, position, f"batch length {length} + {LOG_OVERHEAD} does not match "
                                       f"the {len(data)} bytes given")
-    if last_delta < 0 or count < 0:
-        raise CorruptRecordBatchError(path, position, f"negative last offset delta {last_delta} or record count "
-                                      f"{count}")
-    return BatchHeader(position, base, base + last_delta, len(data), epoch, magic, crc, attrs, base_ts, max_ts,
+    if attrs & _CODEC_MASK > _MAX_CODEC:
+        raise CorruptRecordBatchError(path, position, f"unknown compression codec {attrs & _CODEC_MASK} in "
+                                      f"attributes 0x{attrs & 0xFFFF:04x}")
+    if base < 0 or last_delta < 0 or count < 0 or count > last_delta + 1:
+        raise CorruptRecordBatchError(path, position, f"impossible offsets: base offset {base}, last offset delta "
+                                      f"{last_delta}, record count {count}")
+    return _make_header(position, base, base + last_delta, len(data), epoch, magic, crc, attrs, base_ts, max_ts,
                        pid, pepoch, bseq, count)

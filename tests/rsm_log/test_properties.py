@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsm.log import (
+    Codec,
     CorruptCheckpointError,
     CorruptIndexError,
     LogFormatError,
@@ -22,7 +23,7 @@ from rsm.log import (
     read_txn_index,
     scan_batches,
 )
-from rsm.log.batch import ATTRIBUTES_OFFSET
+from rsm.log.batch import ATTRIBUTES_OFFSET, header_from_bytes
 from rsm.log.checkpoint import parse_leader_epoch_checkpoint, parse_partition_metadata
 
 pytestmark = pytest.mark.kafka
@@ -55,24 +56,6 @@ def _write(scratch: Path, data: bytes) -> Path:
     return p
 
 
-def _scan_and_decode(path: Path, verify_crc: bool) -> list:
-    out = []
-    for h, data in iter_batches_with_bytes(path, verify_crc=verify_crc):
-        out.append((h, decode_records(h, data, path=path)))
-    return out
-
-
-@PROPS
-@given(data=st.binary(max_size=400))
-def test_random_bytes_scan(scratch, data):
-    p = _write(scratch, data)
-    for verify in (True, False):
-        try:
-            _scan_and_decode(p, verify)
-        except LogFormatError:
-            pass
-
-
 mutation = st.tuples(st.sampled_from(["set", "insert", "delete", "truncate"]), st.integers(0, 1 << 30),
                      st.integers(0, 255))
 
@@ -92,6 +75,46 @@ def _mutate(buf: bytes, ops) -> bytes:
         else:
             del b[i:]
     return bytes(b)
+
+
+def test_header_from_bytes_matches_scan(broker_topics):
+    for t in broker_topics.values():
+        for seg in PartitionDir(t.pdir).rolled_segments():
+            for h, data in iter_batches_with_bytes(seg.log_path):
+                assert header_from_bytes(data, h.position, seg.log_path) == h
+
+
+@PROPS
+@given(which=st.integers(0, 100), ops=st.lists(mutation, min_size=1, max_size=4))
+def test_header_from_bytes_mutated(real_batches, which, ops):
+    try:
+        h = header_from_bytes(_mutate(real_batches[which % len(real_batches)], ops), 0, "remote-entry")
+    except LogFormatError as err:
+        assert "remote-entry" in str(err)
+    else:
+        assert h.codec in set(Codec) and h.last_offset >= h.base_offset
+
+
+def _scan_and_decode(path: Path, verify_crc: bool) -> list:
+    out = []
+    for h, data in iter_batches_with_bytes(path, verify_crc=verify_crc):
+        out.append((h, decode_records(h, data, path=path)))
+    return out
+
+
+@PROPS
+@given(data=st.binary(max_size=400))
+def test_random_bytes_scan(scratch, data):
+    p = _write(scratch, data)
+    for verify in (True, False):
+        try:
+            _scan_and_decode(p, verify)
+        except LogFormatError:
+            pass
+
+
+
+
 
 
 @PROPS
