@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,8 +21,9 @@ from rlmm.api import (
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
-from tests.rlmm.strategies import metadata
+from tests.rlmm.strategies import metadata, segments, updates
 
+S = RemoteLogSegmentState
 TID = uuid.UUID("01020304-0506-0708-090a-0b0c0d0e0f10")
 SID = uuid.UUID("11121314-1516-1718-191a-1b1c1d1e1f20")
 TP = TopicIdPartition(TID, "foo", 3)
@@ -59,7 +61,6 @@ def test_golden_bytes_round_trip(md, golden: str) -> None:
 
 
 def test_txn_index_empty_false_writes_no_tag() -> None:
-    from dataclasses import replace
     raw = serde.encode(replace(SEG, txn_index_empty=False))
     assert raw.hex() == SEG_GOLDEN[:-8] + "00"
     assert serde.decode(raw).txn_index_empty is False
@@ -177,3 +178,50 @@ def test_fuzz_mutated_records_raise_only_our_error(md, data) -> None:
         serde.decode(bytes(raw[:cut]))
     except CorruptMetadataRecordError:
         pass
+
+
+# ------------------------------------------------------------------ the cache's fast path agrees with decode()
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(segments(), updates)
+def test_scan_and_patch_agree_with_decode(md, u) -> None:
+    raw = serde.encode(md)
+    view = serde.scan_segment(raw)
+    sid = md.remote_log_segment_id
+    assert view.value == raw
+    assert (view.topic_id, view.partition, view.segment_id) == (sid.topic_id_partition.topic_id.bytes,
+                                                               sid.topic_id_partition.partition, sid.id.bytes)
+    assert (view.start_offset, view.end_offset_inclusive, view.epochs, view.state) == (
+        md.start_offset, md.end_offset_inclusive, md.segment_leader_epochs, md.state)
+    uv = serde.scan_update(serde.encode(u))
+    assert (uv.broker_id, uv.event_timestamp_ms, uv.state) == (u.broker_id, u.event_timestamp_ms, u.state)
+    patched = serde.patch_segment(view, uv)
+    expected = replace(md, state=u.state, broker_id=u.broker_id, event_timestamp_ms=u.event_timestamp_ms,
+                       custom_metadata=u.custom_metadata)
+    assert serde.decode(patched.value) == expected
+    assert serde.scan_segment(patched.value) == patched
+
+
+def test_scan_accepts_unknown_tags_canonically() -> None:
+    view = serde.scan_segment(_with_unknown_tags(SEG_GOLDEN))
+    assert view.value.hex() == SEG_GOLDEN
+    assert serde.scan_update(_with_unknown_tags(UPDATE_GOLDEN)).state == S.COPY_SEGMENT_FINISHED
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(metadata, st.data())
+def test_fuzz_scanners_raise_only_our_error_and_agree(md, data) -> None:
+    raw = bytearray(serde.encode(md))
+    for _ in range(data.draw(st.integers(1, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    raw = bytes(raw)
+    for scan, kind in ((serde.scan_segment, RemoteLogSegmentMetadata), (serde.scan_update,
+                                                                        RemoteLogSegmentMetadataUpdate)):
+        try:
+            scan(raw)
+        except CorruptMetadataRecordError:
+            try:
+                assert not isinstance(serde.decode(raw), kind)   # decode refuses it too (or it is another kind)
+            except CorruptMetadataRecordError:
+                pass
+        else:
+            assert isinstance(serde.decode(raw), kind)

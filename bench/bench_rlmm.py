@@ -1,0 +1,260 @@
+"""Metadata manager benchmark: bootstrap apply rate, warm restart, lookup latency, vs. a replay-into-a-dict baseline.
+
+What runs (one process, side by side, one table at the end):
+
+1. apply-only: ``--apply-events`` pre-encoded records (COPY_SEGMENT_STARTED + COPY_SEGMENT_FINISHED per segment)
+   applied straight into :class:`rlmm.cache.MetadataCache` (no Kafka), vs. decoding the same records with
+   ``rlmm.serde.decode`` into a Python dict (what Kafka's own in-memory cache does).
+2. through Kafka: ``--segments`` segments (2 events each) produced to a compacted topic on a local broker
+   (``rlm.devkafka.KafkaCluster``); a fresh ``TopicBasedRemoteLogMetadataManager`` bootstraps from it (consumer +
+   apply + RocksDB), vs. a plain consumer replaying the topic into a dict.
+3. warm restart of that manager (same cache dir): time to ready and records consumed, vs. the dict baseline, which
+   must replay everything again on every start.
+4. lookups ``remote_log_segment_metadata(tp, epoch, offset)`` at random: p50/p99, vs. bisect over per-epoch
+   sorted lists in the dict.
+
+Targets (DESIGN.md section 7): >= 100k events/s applied, warm restart with 1M segments <= 2 s, lookup p99 <= 100 us.
+
+    .venv/bin/python bench/bench_rlmm.py                  # 1M segments = 2M events through the broker
+    .venv/bin/python bench/bench_rlmm.py --segments 50000 # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import random
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from rlm.devkafka import KafkaCluster
+from rlmm import serde
+from rlmm.api import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
+from rlmm.cache import MetadataCache
+from rlmm.keys import KeyKind, encode_key
+from rlmm.partitioner import metadata_partition
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+
+__all__: list[str] = []
+
+S = RemoteLogSegmentState
+SEGMENT_SPAN = 1000          # offsets per segment
+SEGMENTS_PER_EPOCH = 100
+
+
+def user_partitions(n_topics: int, n_parts: int) -> list[TopicIdPartition]:
+    rnd = random.Random(1)
+    return [TopicIdPartition(uuid.UUID(int=rnd.getrandbits(128)), f"topic-{t}", p)
+            for t in range(n_topics) for p in range(n_parts)]
+
+
+def events(tps: list[TopicIdPartition], segments: int, num_partitions: int):
+    """(metadata partition, key, value) per event, segment k of each partition at offsets [k*1000, k*1000+999]."""
+    rnd = random.Random(2)
+    for i in range(segments):
+        tp = tps[i % len(tps)]
+        k = i // len(tps)
+        sid = RemoteLogSegmentId(tp, uuid.UUID(int=rnd.getrandbits(128)))
+        md = RemoteLogSegmentMetadata(sid, k * SEGMENT_SPAN, k * SEGMENT_SPAN + SEGMENT_SPAN - 1,
+                                      1_700_000_000_000 + k, 1, 1_700_000_000_000 + k, 1 << 20,
+                                      ((k // SEGMENTS_PER_EPOCH, k * SEGMENT_SPAN),), None)
+        up = RemoteLogSegmentMetadataUpdate(sid, 1_700_000_000_001 + k, None, S.COPY_SEGMENT_FINISHED, 1)
+        mp = metadata_partition(tp.topic_id, tp.partition, num_partitions)
+        yield mp, encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, 0), serde.encode(md)
+        yield mp, encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, 1), serde.encode(up)
+
+
+class DictBaseline:
+    """Kafka-style: decode every record into objects, keep them in dicts, bisect for floor lookups."""
+
+    def __init__(self) -> None:
+        self.by_id: dict = {}
+        self.epochs: dict = {}       # (tp, epoch) -> (sorted epoch start offsets, [(end, md)])
+
+    def apply(self, value: bytes) -> None:
+        md = serde.decode(value)
+        if isinstance(md, RemoteLogSegmentMetadata):
+            self.by_id[md.remote_log_segment_id] = md
+            return
+        old = self.by_id[md.remote_log_segment_id]
+        new = old.with_update(md)
+        self.by_id[md.remote_log_segment_id] = new
+        if new.state == S.COPY_SEGMENT_FINISHED:
+            for epoch, start in new.segment_leader_epochs:
+                starts, items = self.epochs.setdefault((new.topic_id_partition, epoch), ([], []))
+                i = bisect.bisect(starts, start)
+                starts.insert(i, start)
+                items.insert(i, (new.epoch_end_offset(epoch), new))
+
+    def lookup(self, tp: TopicIdPartition, epoch: int, offset: int):
+        entry = self.epochs.get((tp, epoch))
+        if entry is None:
+            return None
+        i = bisect.bisect(entry[0], offset) - 1
+        if i < 0:
+            return None
+        end, md = entry[1][i]
+        return md if offset <= end else None
+
+
+def pct(samples_ns: list[int], q: float) -> float:
+    s = sorted(samples_ns)
+    return s[min(len(s) - 1, int(q * len(s)))] / 1000
+
+
+def bench_apply_only(tps, n_events: int, tmp: Path) -> dict:
+    recs = [(mp, off, key, value) for off, (mp, key, value) in enumerate(events(tps, n_events // 2, 50))]
+    cache = MetadataCache(tmp / "apply-only", topic="bench", num_partitions=50)
+    t0 = time.perf_counter()
+    for i in range(0, len(recs), 10_000):
+        out = cache.apply(recs[i:i + 10_000], {})
+        if out.skipped:
+            raise RuntimeError(out.skipped[0])
+    t_cache = time.perf_counter() - t0
+    cache.close()
+    base = DictBaseline()
+    t0 = time.perf_counter()
+    for _mp, _off, _key, value in recs:
+        base.apply(value)
+    t_dict = time.perf_counter() - t0
+    return {"events": len(recs), "cache_eps": len(recs) / t_cache, "dict_eps": len(recs) / t_dict}
+
+
+def produce_all(kafka: KafkaCluster, topic: str, tps, segments: int) -> int:
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "batch.size": 1_000_000,
+                  "compression.type": "lz4", "acks": "1", "queue.buffering.max.messages": 500_000})
+    n = 0
+    for mp, key, value in events(tps, segments, 50):
+        while True:
+            try:
+                p.produce(topic, value=value, key=key, partition=mp)
+                break
+            except BufferError:
+                p.poll(0.05)
+        n += 1
+        if n % 10_000 == 0:
+            p.poll(0)
+    if p.flush(300) != 0:
+        raise RuntimeError("producer did not flush")
+    return n
+
+
+def replay_into_dict(kafka: KafkaCluster, topic: str, total: int) -> tuple[float, DictBaseline]:
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"b-{uuid.uuid4()}",
+                  "enable.auto.commit": False, "enable.partition.eof": False})
+    c.assign([TopicPartition(topic, mp, 0) for mp in range(50)])
+    base = DictBaseline()
+    seen = 0
+    t0 = time.perf_counter()
+    while seen < total:
+        for m in c.consume(10_000, timeout=1.0):
+            if m.error() is None:
+                base.apply(m.value())
+                seen += 1
+            elif m.error().code() != KafkaError._PARTITION_EOF:
+                raise RuntimeError(m.error())
+    dt = time.perf_counter() - t0
+    c.close()
+    return dt, base
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--segments", type=int, default=1_000_000, help="segments through Kafka (2 events each)")
+    ap.add_argument("--apply-events", type=int, default=400_000, help="events for the apply-only run")
+    ap.add_argument("--lookups", type=int, default=100_000)
+    ap.add_argument("--skip-dict-replay", action="store_true", help="skip the (slow) dict replay through Kafka")
+    args = ap.parse_args()
+    tps = user_partitions(20, 50)            # 1000 user partitions
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rlmm-"))
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        print(f"apply-only: {args.apply_events:,} events into RocksDB vs. decode into a dict ...", flush=True)
+        r = bench_apply_only(tps, args.apply_events, tmp)
+        rows.append(("apply rate, decoded records straight into the cache (events/s)", f"{r['cache_eps']:,.0f}",
+                     f"{r['dict_eps']:,.0f}", ">= 100,000"))
+
+        with KafkaCluster(brokers=1, heap="1g") as kafka:
+            topic = "__remote_log_metadata"
+            kafka.create_topic(topic, 50, 1, {"cleanup.policy": "compact"})
+            t0 = time.perf_counter()
+            total = produce_all(kafka, topic, tps, args.segments)
+            print(f"produced {total:,} events ({args.segments:,} segments) in {time.perf_counter() - t0:.1f}s",
+                  flush=True)
+            cfg = TopicBasedRlmmConfig(kafka.bootstrap_servers, tmp / "cache", topic=topic, num_partitions=50,
+                                       replication_factor=1, serve_all=True)
+            t0 = time.perf_counter()
+            m = TopicBasedRemoteLogMetadataManager(cfg)
+            m.wait_ready(tps, timeout_s=3600)
+            t_boot = time.perf_counter() - t0
+            if m.records_applied != total or m.skipped_records:
+                raise RuntimeError(f"applied {m.records_applied} of {total}, skipped {m.skipped_records}")
+            print(f"bootstrap through Kafka: {t_boot:.1f}s", flush=True)
+            if args.skip_dict_replay:
+                t_dict, base = float("nan"), None
+            else:
+                t_dict, base = replay_into_dict(kafka, topic, total)
+                print(f"dict replay through Kafka: {t_dict:.1f}s", flush=True)
+            rows.append(("bootstrap through Kafka: consume + apply (events/s)", f"{total / t_boot:,.0f}",
+                         f"{total / t_dict:,.0f}", ">= 100,000"))
+            m.close()
+
+            t0 = time.perf_counter()
+            m = TopicBasedRemoteLogMetadataManager(cfg)
+            m.wait_ready(tps, timeout_s=600)
+            t_warm = time.perf_counter() - t0
+            rows.append((f"warm restart with {args.segments:,} segments (s)", f"{t_warm:.2f}",
+                         f"{t_dict:.2f} (full replay)", "<= 2"))
+            rows.append(("  records consumed on warm restart", f"{m.records_consumed:,}", f"{total:,}", "0"))
+
+            rnd = random.Random(3)
+            per_tp = args.segments // len(tps)
+            queries = []
+            for _ in range(args.lookups):
+                tp = rnd.choice(tps)
+                k = rnd.randrange(per_tp)
+                queries.append((tp, k // SEGMENTS_PER_EPOCH, k * SEGMENT_SPAN + rnd.randrange(SEGMENT_SPAN)))
+            lat, lat_dict = [], []
+            now = time.perf_counter_ns
+            for tp, epoch, offset in queries:
+                t = now()
+                md = m.remote_log_segment_metadata(tp, epoch, offset)
+                lat.append(now() - t)
+                if md is None or not md.start_offset <= offset <= md.end_offset_inclusive:
+                    raise RuntimeError(f"lookup {tp} {epoch} {offset} -> {md}")
+            if base is not None:
+                for tp, epoch, offset in queries:
+                    t = now()
+                    base.lookup(tp, epoch, offset)
+                    lat_dict.append(now() - t)
+            dp50 = f"{pct(lat_dict, 0.5):.1f}" if lat_dict else "-"
+            dp99 = f"{pct(lat_dict, 0.99):.1f}" if lat_dict else "-"
+            rows.append(("lookup latency p50 (us)", f"{pct(lat, 0.5):.1f}", dp50, ""))
+            rows.append(("lookup latency p99 (us)", f"{pct(lat, 0.99):.1f}", dp99, "<= 100"))
+            rows.append(("  lookup mean (us)", f"{statistics.fmean(lat) / 1000:.1f}",
+                         f"{statistics.fmean(lat_dict) / 1000:.1f}" if lat_dict else "-", ""))
+            m.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    w = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'measure':<{w}}  {'rlmm (RocksDB)':>16}  {'dict replay':>22}  {'target':>10}")
+    for name, ours, theirs, target in rows:
+        print(f"{name:<{w}}  {ours:>16}  {theirs:>22}  {target:>10}")
+
+
+if __name__ == "__main__":
+    main()
