@@ -38,11 +38,10 @@ from rsm.format.index import (
     encode_index,
 )
 from rsm.format.keys import SegmentKeys, ledger_id_for
-from rsm.format.ledger import EntryAddress, LedgerWriter
+from rsm.format.ledger import EntryAddress, LedgerChangedError, LedgerWriter
 from rsm.format.reader import SegmentReader
-from rsm.log.batch import iter_batches_with_bytes
 from rsm.log.errors import LogFormatError
-from rsm.store.base import Store
+from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
 
@@ -144,7 +143,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             ledger = self._copy(m, segment_data, keys)
         except BaseException as err:
             self._cleanup(keys)
-            if isinstance(err, LogFormatError):
+            if isinstance(err, LogFormatError | LedgerChangedError):
                 raise RemoteStorageError(f"copy of {keys.base}: the local segment is unreadable: {err}") from err
             if isinstance(err, OSError):
                 raise RemoteStorageError(f"copy of {keys.base}: {err}") from err
@@ -155,8 +154,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     def _copy(self, m: RemoteSegmentMetadata, data: LogSegmentData, keys: SegmentKeys) -> LedgerIndex:
         ledger_id = ledger_id_for(m.remote_segment_id)
         writer = LedgerWriter(ledger_id, self.config.block_size_bytes)
-        batches = iter_batches_with_bytes(data.log_path, verify_crc=True)
-        block_iter = writer.blocks(batches)
+        block_iter = writer.blocks(data.log_path, verify_crc=True)
         sections_src: list[tuple[IndexType, Path | bytes]] = [
             (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
         if data.producer_snapshot_path is not None:
@@ -172,7 +170,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         limit = self.config.max_data_object_bytes
         throttle = self.copy_throttle
 
-        def object_chunks(obj: int) -> Iterator[bytes | bytearray | memoryview]:
+        def object_chunks(obj: int) -> Iterator[Chunk]:
             pos = 0
             while True:
                 item = state["pending"] if state["pending"] is not None else next(block_iter, None)
@@ -180,15 +178,15 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 if item is None:
                     break
                 draft, block = item
-                if pos > 0 and pos + len(block) > limit:
+                if pos > 0 and pos + draft.block_length > limit:
                     state["pending"] = item
                     return
                 blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, draft.block_length,
                                         draft.entry_count, draft.first_offset, draft.last_offset,
                                         draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
-                throttle.acquire(len(block))
+                throttle.acquire(draft.block_length)
                 yield block
-                pos += len(block)
+                pos += draft.block_length
             for kind, src in sections_src:
                 crc = 0
                 length = 0

@@ -37,6 +37,7 @@ __all__ = [
     "BlockBuilder",
     "BlockHeader",
     "decode_block_header",
+    "encode_block_header",
     "iter_entries",
 ]
 
@@ -68,6 +69,11 @@ class BlockHeader:
     block_length: int
     first_entry_id: int
     ledger_id: int
+
+
+def encode_block_header(block_length: int, first_entry_id: int, ledger_id: int) -> bytes:
+    """The 128-byte header of a block of ``block_length`` bytes (header included)."""
+    return _BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id, ledger_id) + _PADDING
 
 
 def decode_block_header(buf: bytes | memoryview, *, key: str, position: int) -> BlockHeader:

@@ -1,20 +1,25 @@
 """Writing a segment as one ledger: Kafka record batches -> entries -> blocks of a bounded size.
 
 Entry ids run 0, 1, 2 ... in file order; one entry is one record batch, verbatim. A block closes when the
-next entry would take it past ``block_size_bytes`` (a batch larger than that gets a block of its own), so the
-writer holds at most one block in memory. Where blocks go (which data object, at which position) is the
-caller's business: :class:`LedgerWriter` only reports what each block holds.
+next entry would take it past ``block_size_bytes`` (a batch larger than that gets a block of its own).
+
+Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
+header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
+``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
+bytes per entry) without another copy. Memory: one block buffer, whatever the segment size. Where blocks go
+(which data object, at which position) is the caller's business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, BlockBuilder
-from rsm.log.batch import BatchHeader
+from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LENGTH, encode_block_header
+from rsm.log.batch import BatchHeader, scan_batches
 
-__all__ = ["BlockDraft", "EntryAddress", "LedgerWriter"]
+__all__ = ["BlockDraft", "EntryAddress", "LedgerChangedError", "LedgerWriter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +49,12 @@ class BlockDraft:
     log_bytes: int
 
 
+class LedgerChangedError(ValueError):
+    """The ``.log`` changed between the checking pass and the copying pass (it must be immutable)."""
+
+
 class LedgerWriter:
-    """Packs record batches into blocks; iterate :meth:`blocks` once."""
+    """Packs the record batches of one ``.log`` into blocks; iterate :meth:`blocks` once."""
 
     def __init__(self, ledger_id: int, block_size_bytes: int) -> None:
         if block_size_bytes < BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH:
@@ -58,43 +67,59 @@ class LedgerWriter:
         self.last_offset: int | None = None
         self.max_timestamp_ms = -1
 
-    def blocks(self, batches: Iterable[tuple[BatchHeader, memoryview]]) -> Iterator[tuple[BlockDraft, bytearray]]:
-        """Yield ``(draft, block bytes)`` per block; the bytes are the caller's once yielded."""
-        builder: BlockBuilder | None = None
+    def blocks(self, log_path: str | os.PathLike[str], *,
+               verify_crc: bool = True) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
+        """Yield ``(draft, gather list)`` per block. The buffers are valid until the next block is requested."""
+        self._buf = bytearray(self.block_size_bytes)
         part_id = 0
-        first_offset = last_offset = log_position = 0
+        plan: list[BatchHeader] = []
+        planned = BLOCK_HEADER_LENGTH
+        with open(log_path, "rb", buffering=0) as f:
+            for header in scan_batches(log_path, verify_crc=verify_crc):
+                need = ENTRY_HEADER_LENGTH + header.size_bytes
+                if plan and planned + need > self.block_size_bytes:
+                    yield self._emit(f, log_path, plan, part_id)
+                    part_id += 1
+                    plan = []
+                    planned = BLOCK_HEADER_LENGTH
+                plan.append(header)
+                planned += need
+            if plan:
+                yield self._emit(f, log_path, plan, part_id)
+
+    def _emit(self, f, log_path: str | os.PathLike[str], plan: list[BatchHeader],
+              part_id: int) -> tuple[BlockDraft, list[bytes | memoryview]]:
+        start = plan[0].position
+        n = plan[-1].end_position - start
+        if len(self._buf) < n:
+            self._buf = bytearray(n)  # one batch larger than a block: a bigger buffer from now on
+        view = memoryview(self._buf)
+        got = 0
+        f.seek(start)
+        while got < n:
+            k = f.readinto(view[got:n])
+            if not k:
+                raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {start + got})")
+            got += k
+        first_entry_id = self.entry_count
+        block_length = BLOCK_HEADER_LENGTH + len(plan) * ENTRY_HEADER_LENGTH + n
+        pieces: list[bytes | memoryview] = [encode_block_header(block_length, first_entry_id, self.ledger_id)]
         max_ts = -1
-        expected_position: int | None = None
-
-        def close(b: BlockBuilder) -> tuple[BlockDraft, bytearray]:
-            n = b.entry_count
-            block = b.finish()
-            draft = BlockDraft(self.entry_count - n, part_id, n, len(block), first_offset, last_offset, max_ts,
-                               log_position, len(block) - BLOCK_HEADER_LENGTH - n * ENTRY_HEADER_LENGTH)
-            return draft, block
-
-        for header, data in batches:
-            if expected_position is not None and header.position != expected_position:
-                raise ValueError(f"batch at position {header.position} does not follow the previous batch "
-                                 f"(expected {expected_position})")
-            expected_position = header.position + header.size_bytes
-            if builder is not None and len(builder) + ENTRY_HEADER_LENGTH + len(data) > self.block_size_bytes:
-                yield close(builder)
-                part_id += 1
-                builder = None
-            if builder is None:
-                builder = BlockBuilder(self.ledger_id, self.entry_count)
-                first_offset = header.base_offset
-                log_position = header.position
-                max_ts = -1
-            builder.add(self.entry_count, data)
-            self.entry_count += 1
-            self.log_bytes += len(data)
-            last_offset = header.last_offset
-            max_ts = max(max_ts, header.max_timestamp)
-            if self.first_offset is None:
-                self.first_offset = header.base_offset
-            self.last_offset = header.last_offset
-            self.max_timestamp_ms = max(self.max_timestamp_ms, header.max_timestamp)
-        if builder is not None and builder.entry_count:
-            yield close(builder)
+        for i, h in enumerate(plan):
+            off = h.position - start
+            raw = view[off:off + h.size_bytes]
+            # the bytes read now must be the batch checked by the scan (base offset and CRC fields)
+            if raw[:8] != h.base_offset.to_bytes(8, "big", signed=True) or raw[17:21] != h.crc.to_bytes(4, "big"):
+                raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
+            pieces.append(ENTRY_HEADER.pack(h.size_bytes, first_entry_id + i))
+            pieces.append(raw)
+            max_ts = max(max_ts, h.max_timestamp)
+        self.entry_count += len(plan)
+        self.log_bytes += n
+        if self.first_offset is None:
+            self.first_offset = plan[0].base_offset
+        self.last_offset = plan[-1].last_offset
+        self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
+        draft = BlockDraft(first_entry_id, part_id, len(plan), block_length, plan[0].base_offset,
+                           plan[-1].last_offset, max_ts, start, n)
+        return draft, pieces

@@ -1,7 +1,8 @@
 """The object store protocol every store implements (and the contract tests run against).
 
 Contracts:
-- ``put`` streams the object from an iterable of chunks and makes it visible atomically: before it returns a
+- ``put`` streams the object from an iterable of chunks (buffers or gather lists of buffers, each valid only
+  until the next is requested: a store copies what it keeps) and makes it visible atomically: before it returns a
   reader sees the old object or none, never part of the new one; if it raises, nothing new is visible.
 - ``get`` is ranged, ``end_inclusive`` inclusive (HTTP Range semantics); an absent key raises
   :class:`~rsm.errors.RemoteResourceNotFoundError`; a range past the end is clamped; the returned stream
@@ -18,7 +19,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["ObjectInfo", "RequestCounter", "Store"]
+__all__ = ["Chunk", "ObjectInfo", "RequestCounter", "Store", "iter_buffers"]
+
+Chunk = bytes | bytearray | memoryview | list[bytes | bytearray | memoryview]
+"""A chunk of an object being put: a buffer, or a gather list of buffers (written with one ``writev``)."""
+
+
+def iter_buffers(chunks: Iterable[Chunk]) -> Iterator[bytes | bytearray | memoryview]:
+    """The buffers of ``chunks``, gather lists flattened."""
+    for chunk in chunks:
+        if isinstance(chunk, list):
+            yield from chunk
+        else:
+            yield chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +64,7 @@ class RequestCounter:
 class Store(Protocol):
     requests: RequestCounter
 
-    def put(self, key: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+    def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         """Write the object from ``chunks``; return its size in bytes. Atomic, overwrites."""
         ...
 

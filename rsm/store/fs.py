@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
-from rsm.store.base import ObjectInfo, RequestCounter
+from rsm.store.base import Chunk, ObjectInfo, RequestCounter
 
 __all__ = ["FileSystemStore"]
 
@@ -48,6 +48,28 @@ class _RangeReader(io.RawIOBase):
         super().close()
 
 
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview]) -> int:
+    """Write a gather list with ``writev`` (in groups of at most IOV_MAX), finishing partial writes."""
+    total = 0
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        group = views[:_IOV_MAX]
+        n = os.writev(fd, group)
+        total += n
+        # drop what was written, keep the rest
+        i = 0
+        while i < len(group) and n >= len(group[i]):
+            n -= len(group[i])
+            i += 1
+        views = views[i:]
+        if n:
+            views[0] = views[0][n:]
+    return total
+
+
 class FileSystemStore:
     """Objects as files under ``root``; ``fsync=False`` skips the fsyncs (benchmarks and tests only)."""
 
@@ -70,7 +92,7 @@ class FileSystemStore:
             raise ValueError(f"invalid object key {key!r}")
         return self.root.joinpath(*parts)
 
-    def put(self, key: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+    def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         """Errors of ``chunks`` itself propagate unchanged; the store's own become RemoteStorageError."""
         path = self._path(key)
         self.requests.add("put")
@@ -83,12 +105,8 @@ class FileSystemStore:
             except OSError as err:
                 raise RemoteStorageError(f"put {key} to {self.root} failed: {err}") from err
             for chunk in chunks:
-                mv = memoryview(chunk)
                 try:
-                    while mv:
-                        n = os.write(fd, mv)
-                        mv = mv[n:]
-                        size += n
+                    size += _write_all(fd, chunk if isinstance(chunk, list) else [chunk])
                 except OSError as err:
                     raise RemoteStorageError(f"put {key} to {self.root} failed at byte {size}: {err}") from err
             try:

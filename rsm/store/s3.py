@@ -26,7 +26,7 @@ import botocore.exceptions as bexc
 from botocore.config import Config
 
 from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
-from rsm.store.base import ObjectInfo, RequestCounter
+from rsm.store.base import Chunk, ObjectInfo, RequestCounter, iter_buffers
 
 __all__ = ["S3Store"]
 
@@ -172,7 +172,7 @@ class S3Store:
 
     # -- writes ------------------------------------------------------------------------------------------------
 
-    def put(self, key: str, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+    def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         k = self._k(key)
         where = f"put s3://{self.bucket}/{k}"
         part = bytearray()
@@ -180,8 +180,8 @@ class S3Store:
         parts: list[dict] = []
         size = 0
         try:
-            for chunk in chunks:
-                mv = memoryview(chunk)
+            for chunk in iter_buffers(chunks):
+                mv = memoryview(chunk).cast("B")
                 while mv:
                     room = self.part_size_bytes - len(part)
                     part += mv[:room]

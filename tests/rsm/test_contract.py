@@ -33,7 +33,7 @@ def positions_of(seg) -> list[tuple[int, int | None]]:
     size = seg.data.log_path.stat().st_size
     b = seg.batches
     out: list[tuple[int, int | None]] = [(0, None), (0, size - 1), (size - 1, None), (size - 1, size + 100)]
-    for i in (0, 1, len(b) // 2, len(b) - 1):
+    for i in sorted({0, min(1, len(b) - 1), len(b) // 2, len(b) - 1}):
         h = b[i]
         out += [(h.position, None), (h.position, h.end_position - 1), (h.position + h.size_bytes // 2, None),
                 (h.position + 7, min(size - 1, h.end_position + 33)), (h.position + 61, h.position + 61)]
