@@ -56,7 +56,8 @@ def _expect(topic: ProducedTopic, recs: list[tuple], offsets: list[tuple[int, in
 
 def _topic_config(**extra: str) -> dict[str, str]:
     return {"segment.ms": "200", "segment.bytes": str(16 * MiB), "compression.type": "producer",
-            "index.interval.bytes": "512", "max.message.bytes": str(8 * MiB), **extra}
+            "index.interval.bytes": "512", "max.message.bytes": str(8 * MiB),
+            "retention.ms": "-1", **extra}  # our record timestamps are from 2023: time retention would delete them
 
 
 @pytest.fixture(scope="session")
