@@ -117,19 +117,21 @@ def pct(samples_ns: list[int], q: float) -> float:
 def bench_apply_only(tps, n_events: int, tmp: Path) -> dict:
     recs = [(mp, off, key, value) for off, (mp, key, value) in enumerate(events(tps, n_events // 2, 50))]
     cache = MetadataCache(tmp / "apply-only", topic="bench", num_partitions=50)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(0, len(recs), 10_000):
         out = cache.apply(recs[i:i + 10_000], {})
         if out.skipped:
             raise RuntimeError(out.skipped[0])
-    t_cache = time.perf_counter() - t0
+    t_cache, c_cache = time.perf_counter() - t0, time.process_time() - c0
     cache.close()
     base = DictBaseline()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _mp, _off, _key, value in recs:
         base.apply(value)
-    t_dict = time.perf_counter() - t0
-    return {"events": len(recs), "cache_eps": len(recs) / t_cache, "dict_eps": len(recs) / t_dict}
+    t_dict, c_dict = time.perf_counter() - t0, time.process_time() - c0
+    n = len(recs)
+    return {"events": n, "cache_eps": n / t_cache, "dict_eps": n / t_dict, "cache_cpu_eps": n / c_cache,
+            "dict_cpu_eps": n / c_dict}
 
 
 def produce_all(kafka: KafkaCluster, topic: str, tps, segments: int) -> int:
@@ -183,10 +185,14 @@ def main() -> None:
     try:
         print(f"apply-only: {args.apply_events:,} events into RocksDB vs. decode into a dict ...", flush=True)
         r = bench_apply_only(tps, args.apply_events, tmp)
-        rows.append(("apply rate, decoded records straight into the cache (events/s)", f"{r['cache_eps']:,.0f}",
+        rows.append(("apply rate, records straight into the cache (events/s, wall)", f"{r['cache_eps']:,.0f}",
                      f"{r['dict_eps']:,.0f}", ">= 100,000"))
+        rows.append(("apply rate, records straight into the cache (events/CPU-s)", f"{r['cache_cpu_eps']:,.0f}",
+                     f"{r['dict_cpu_eps']:,.0f}", ">= 100,000"))
 
-        with KafkaCluster(brokers=1, heap="1g") as kafka:
+        # no fsync per message (the dev default): this measures the metadata path, not the disk
+        with KafkaCluster(brokers=1, heap="1g",
+                          broker_config={"log.flush.interval.messages": str(2**63 - 1)}) as kafka:
             topic = "__remote_log_metadata"
             kafka.create_topic(topic, 50, 1, {"cleanup.policy": "compact"})
             t0 = time.perf_counter()

@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from rlmm import serde
 from rlmm.api import (
@@ -65,6 +65,7 @@ __all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = b"rlmm-cache-1"
+MB = 1024 * 1024
 
 T_META = b"\x00"
 T_PROGRESS = b"\x01"
@@ -201,6 +202,11 @@ class MetadataCache:
         self.path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)            # absent-id checks on every COPY_SEGMENT_STARTED stay cheap
+        table.set_block_cache(Cache(64 * MB))
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_size(64 * MB)
         try:
             self.db = Rdict(str(self.path), opts)
         except Exception as err:  # noqa: BLE001 - rocksdict raises plain Exception
@@ -292,6 +298,8 @@ class MetadataCache:
         batch = _Batch(self.db, self._wo)
         next_offsets: dict[int, int] = {}
         api_key_of = serde.api_key_of
+        scan_update, scan_segment = serde.scan_update, serde.scan_segment
+        apply_update, apply_add = self._apply_update, self._apply_add
         for mp, offset, key, value in records:
             next_offsets[mp] = offset + 1
             try:
@@ -299,11 +307,12 @@ class MetadataCache:
                     self._apply_tombstone(batch, mp, key)
                     out.tombstones += 1
                     continue
-                api = api_key_of(value)
+                api = value[1] if value[:1] == b"\x01" and value[1:2] < b"\x03" and value[2:3] == b"\x00" \
+                    else api_key_of(value)
                 if api == _API_UPDATE:
-                    self._apply_update(batch, mp, serde.scan_update(value))
+                    apply_update(batch, mp, scan_update(value))
                 elif api == _API_SEGMENT:
-                    self._apply_add(batch, mp, serde.scan_segment(value))
+                    apply_add(batch, mp, scan_segment(value))
                 else:
                     md = serde.decode(value)
                     if md.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:

@@ -49,7 +49,7 @@ from rlmm.api import (
 )
 
 __all__ = ["FRAME_VERSION", "SCHEMA_VERSION", "MetadataApiKey", "SegmentView", "UpdateView", "api_key_of", "decode",
-           "decode_api_key", "encode", "patch_segment", "scan_segment", "scan_update"]
+           "decode_api_key", "encode", "patch_segment", "scan_segment", "scan_update", "segment_from_view"]
 
 FRAME_VERSION = 1
 SCHEMA_VERSION = 0
@@ -336,6 +336,13 @@ def decode(value: bytes | memoryview | None) -> RemoteLogMetadata:
     """Decode one record value; raises only :class:`CorruptMetadataRecordError` (field and byte position)."""
     if value is None:
         raise CorruptMetadataRecordError("RemoteLogMetadata: null value (a tombstone is not a metadata record)")
+    if type(value) is bytes and value[:3] == _SEG_HEAD:
+        try:
+            view = _scan_segment_fast(value)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            view = None
+        if view is not None:
+            return segment_from_view(view)
     r = _Reader(value)
     api_key = _header(r)
     return _DECODERS[api_key](r)
@@ -515,3 +522,53 @@ def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
                         _STATE_BYTE[update.state], raw[sp + 1:]))
         sp = cp + len(custom)
     return _new_view((new, view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state))
+
+
+# Value objects from a scanned (hence already validated) record, without re-running the dataclass checks.
+_object_new = object.__new__
+_setattr = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_SEGMENT_STATES = tuple(RemoteLogSegmentState)
+_BROKER_MAX_EVENT = struct.Struct(
+    ">i"   # BrokerId
+    "q"    # MaxTimestampMs
+    "q"    # EventTimestampMs
+)
+_TXN_TRUE = b"\x01\x00\x01\x01"
+
+
+def _uuid(raw: bytes) -> uuid.UUID:
+    u = _object_new(uuid.UUID)
+    _setattr(u, "int", int.from_bytes(raw, "big"))
+    _setattr(u, "is_safe", _SAFE_UNKNOWN)
+    return u
+
+
+def segment_from_view(view: SegmentView) -> RemoteLogSegmentMetadata:
+    """The value object of a scanned segment record (the fields ``scan_segment`` already checked)."""
+    raw = view.value
+    broker, max_ts, event_ts = _BROKER_MAX_EVENT.unpack_from(raw, view.broker_pos)
+    cp = view.custom_pos
+    (size,) = _I32_AT(raw, cp - 4)
+    c = raw[cp]
+    name_end = view.broker_pos - 16 - 38
+    tp = _object_new(TopicIdPartition)
+    _setattr(tp, "topic_id", _uuid(view.topic_id))
+    _setattr(tp, "topic", raw[4:name_end].decode("utf-8"))
+    _setattr(tp, "partition", view.partition)
+    sid = _object_new(RemoteLogSegmentId)
+    _setattr(sid, "topic_id_partition", tp)
+    _setattr(sid, "id", _uuid(view.segment_id))
+    md = _object_new(RemoteLogSegmentMetadata)
+    _setattr(md, "remote_log_segment_id", sid)
+    _setattr(md, "start_offset", view.start_offset)
+    _setattr(md, "end_offset_inclusive", view.end_offset_inclusive)
+    _setattr(md, "max_timestamp_ms", max_ts)
+    _setattr(md, "broker_id", broker)
+    _setattr(md, "event_timestamp_ms", event_ts)
+    _setattr(md, "segment_size_bytes", size)
+    _setattr(md, "segment_leader_epochs", view.epochs)
+    _setattr(md, "custom_metadata", None if c == 0 else raw[cp + 1:cp + c])
+    _setattr(md, "state", _SEGMENT_STATES[view.state])
+    _setattr(md, "txn_index_empty", raw[view.state_pos + 1:] == _TXN_TRUE)
+    return md

@@ -229,16 +229,18 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 msgs = self._consumer.consume(num_messages=self.config.max_batch_records, timeout=0.05)
                 records = []
                 eofs = []
+                assigned = self._assigned
                 for m in msgs:
-                    err = m.error()
-                    if err is not None:
+                    if m.error() is not None:
+                        err = m.error()
                         if err.code() == KafkaError._PARTITION_EOF:
                             eofs.append((m.partition(), m.offset()))
                         else:
                             log.warning("metadata consumer error: %s", err)
                         continue
-                    if m.partition() in self._assigned:
-                        records.append((m.partition(), m.offset(), m.key(), m.value()))
+                    mp = m.partition()
+                    if mp in assigned:
+                        records.append((mp, m.offset(), m.key(), m.value()))
                 if records:
                     self._apply(records)
                 if eofs:
@@ -282,8 +284,11 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         out = self.cache.apply(records, {})
         self.records_applied += out.applied
         APPLIED_RECORDS.inc(out.applied)
+        last: dict[int, int] = {}
+        for mp, offset, _k, _v in records:
+            last[mp] = offset
         with self._cond:
-            for mp, offset, _k, _v in records:
+            for mp, offset in last.items():
                 self._applied[mp] = offset + 1
                 self._at_eof.discard(mp)
             for s in out.skipped or ():
