@@ -68,6 +68,7 @@ class RsmConfig(BaseModel):
     block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
     max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
     part_size_bytes: int = Field(8 * MiB, ge=5 * MiB)
+    upload_concurrency: int = Field(4, ge=1, description="s3 store: parts of one object uploading at once")
     retries: int = Field(5, ge=0)
     copy_rate_bytes_per_second: float | None = Field(None, ge=0)
     fetch_rate_bytes_per_second: float | None = Field(None, ge=0)
@@ -85,7 +86,8 @@ class RsmConfig(BaseModel):
         from rsm.store.s3 import S3Store
 
         return S3Store(self.bucket, endpoint_url=self.endpoint_url, region_name=self.region,
-                       key_prefix=self.key_prefix, part_size_bytes=self.part_size_bytes, retries=self.retries,
+                       key_prefix=self.key_prefix, part_size_bytes=self.part_size_bytes,
+                       upload_concurrency=self.upload_concurrency, retries=self.retries,
                        create_bucket=self.create_bucket)
 
 

@@ -1,8 +1,9 @@
 """An S3 object store on boto3 (AWS or any S3-compatible endpoint).
 
-- Puts stream: chunks fill one part buffer of ``part_size_bytes``; an object that fits in one part is one
-  ``PutObject``, a larger one a multipart upload (aborted on failure, so nothing partial is ever visible: S3
-  makes an object visible only at ``PutObject``/``CompleteMultipartUpload``). Memory: one part buffer.
+- Puts stream: chunks fill a part buffer of ``part_size_bytes``; an object that fits in one part is one
+  ``PutObject``, a larger one a multipart upload with up to ``upload_concurrency`` parts uploading at once
+  (aborted on failure, so nothing partial is ever visible: S3 makes an object visible only at
+  ``PutObject``/``CompleteMultipartUpload``). Memory: ``upload_concurrency + 1`` part buffers at most.
 - Gets are ranged ``GetObject`` streams; a stream that breaks mid-body is resumed with a new ranged GET from
   the byte where it stopped.
 - Retries: botocore's ``standard`` retry mode (throttling, 5xx, connection errors) plus our own, with
@@ -17,8 +18,10 @@ from __future__ import annotations
 import io
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import BinaryIO, TypeVar
 
 import boto3
@@ -112,7 +115,7 @@ class S3Store:
     """Objects in one S3 bucket, optionally under a key prefix."""
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, region_name: str | None = None,
-                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, retries: int = 5,
+                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = 4, retries: int = 5,
                  connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, max_pool_connections: int = 16,
                  path_style: bool = True, checksum_when_required: bool = True, create_bucket: bool = False,
                  client=None) -> None:
@@ -121,6 +124,9 @@ class S3Store:
         self.bucket = bucket
         self.key_prefix = key_prefix
         self.part_size_bytes = part_size_bytes
+        self.upload_concurrency = max(1, upload_concurrency)
+        self._executor: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self.retries = retries
         self.requests = RequestCounter()
         if client is None:
@@ -177,8 +183,20 @@ class S3Store:
         where = f"put s3://{self.bucket}/{k}"
         part = bytearray()
         upload_id: str | None = None
-        parts: list[dict] = []
+        futures: list[Future] = []
+        in_flight = threading.BoundedSemaphore(self.upload_concurrency)
         size = 0
+
+        def submit(number: int, data: bytes) -> None:
+            in_flight.acquire()  # at most upload_concurrency parts in memory and on the wire
+            for f in futures:
+                if f.done() and f.exception() is not None:
+                    in_flight.release()
+                    raise f.exception()  # type: ignore[misc]
+            fut = self._pool().submit(self._upload_part, where, k, upload_id, number, data)
+            fut.add_done_callback(lambda _f: in_flight.release())
+            futures.append(fut)
+
         try:
             for chunk in iter_buffers(chunks):
                 mv = memoryview(chunk).cast("B")
@@ -190,20 +208,24 @@ class S3Store:
                         if upload_id is None:
                             upload_id = self._call(where, lambda: self.client.create_multipart_upload(
                                 Bucket=self.bucket, Key=k))["UploadId"]
-                        parts.append(self._upload_part(where, k, upload_id, len(parts) + 1, part))
                         size += len(part)
+                        submit(len(futures) + 1, bytes(part))
                         part = bytearray()
             if upload_id is None:
                 body = bytes(part)
                 self._call(where, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=body))
                 return len(body)
             if part:
-                parts.append(self._upload_part(where, k, upload_id, len(parts) + 1, part))
                 size += len(part)
+                submit(len(futures) + 1, bytes(part))
+            parts = [f.result() for f in futures]
             self._complete(where, k, upload_id, parts, size)
             return size
         except BaseException as err:
             if upload_id is not None:
+                for f in futures:
+                    f.cancel()
+                wait(futures)
                 self._abort(k, upload_id)
             if isinstance(err, RemoteStorageError | KeyboardInterrupt | SystemExit | GeneratorExit):
                 raise
@@ -211,8 +233,13 @@ class S3Store:
                 raise RemoteStorageError(f"{where} failed: {err}") from err
             raise
 
-    def _upload_part(self, where: str, k: str, upload_id: str, number: int, data: bytearray) -> dict:
-        body = bytes(data)
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="s3-upload")
+            return self._executor
+
+    def _upload_part(self, where: str, k: str, upload_id: str, number: int, body: bytes) -> dict:
         r = self._call(f"{where} part {number}", lambda: self.client.upload_part(
             Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=body))
         return {"PartNumber": number, "ETag": r["ETag"]}
