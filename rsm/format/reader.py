@@ -25,7 +25,8 @@ from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
 from rsm.log._crc32c import buffer_address, crc32c_at
-from rsm.log.batch import ATTRIBUTES_OFFSET, CURRENT_MAGIC, HEADER, LOG_OVERHEAD
+from rsm.log.batch import ATTRIBUTES_OFFSET, header_from_bytes
+from rsm.log.errors import CorruptRecordBatchError
 from rsm.store.base import Store
 
 __all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
@@ -61,28 +62,21 @@ def _read_exactly(stream: BinaryIO, n: int, *, key: str, position: int, what: st
 
 
 def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) -> tuple[int, int, int]:
-    """Check one entry's record batch; return (base offset, last offset, max timestamp)."""
-    if len(data) < HEADER.size:
-        raise CorruptRemoteObjectError(f"entry of {len(data)} bytes is shorter than a batch header ({HEADER.size})",
-                                       key=key, position=position)
-    (base, batch_len, _epoch, magic, crc, _attrs, last_delta, _bts, max_ts, *_rest) = HEADER.unpack_from(data, 0)
-    if batch_len + LOG_OVERHEAD != len(data):
-        raise CorruptRemoteObjectError(
-            f"batch length field {batch_len} + {LOG_OVERHEAD} does not match the entry length {len(data)}",
-            key=key, position=position + 8, kafka_offset=base)
-    if magic != CURRENT_MAGIC:
-        raise CorruptRemoteObjectError(f"batch magic {magic}, expected {CURRENT_MAGIC}", key=key,
-                                       position=position + 16, kafka_offset=base)
+    """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return (base offset, last
+    offset, max timestamp)."""
+    try:
+        h = header_from_bytes(data, position, key)
+    except CorruptRecordBatchError as err:
+        raise CorruptRemoteObjectError(f"bad record batch: {err}", key=key, position=position) from err
     actual = crc32c_at(data, buffer_address(data), ATTRIBUTES_OFFSET, len(data) - ATTRIBUTES_OFFSET)
-    if actual != crc:
-        raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{crc:08X}", key=key,
-                                       position=position, kafka_offset=base)
-    last = base + last_delta
-    if base < block.first_offset or last > block.last_offset:
+    if actual != h.crc:
+        raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{h.crc:08X}", key=key,
+                                       position=position, kafka_offset=h.base_offset)
+    if h.base_offset < block.first_offset or h.last_offset > block.last_offset:
         raise CorruptRemoteObjectError(
-            f"batch offsets {base}..{last} outside the block's {block.first_offset}..{block.last_offset}",
-            key=key, position=position, kafka_offset=base)
-    return base, last, max_ts
+            f"batch offsets {h.base_offset}..{h.last_offset} outside the block's "
+            f"{block.first_offset}..{block.last_offset}", key=key, position=position, kafka_offset=h.base_offset)
+    return h.base_offset, h.last_offset, h.max_timestamp
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int) -> Iterator[EntryView]:
