@@ -136,7 +136,7 @@ def bench_apply_only(tps, n_events: int, tmp: Path) -> dict:
 
 def produce_all(kafka: KafkaCluster, topic: str, tps, segments: int) -> int:
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "batch.size": 1_000_000,
-                  "compression.type": "lz4", "acks": "1", "queue.buffering.max.messages": 500_000})
+                  "compression.type": "lz4", "enable.idempotence": True, "queue.buffering.max.messages": 500_000})
     n = 0
     for mp, key, value in events(tps, segments, 50):
         while True:

@@ -66,6 +66,7 @@ def broker_batches(workdir: Path) -> list[bytes]:
                 except BufferError:
                     p.poll(0.05)
         p.flush(60)
+        del p  # close the producer before the broker stops
         pdir = next(d / f"{topic}-0" for d in kc.node(1).log_dirs)
         out = []
         for seg in PartitionDir(pdir).segments():

@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from rlmm import serde
 from rlmm.api import (
@@ -195,7 +195,8 @@ class _Batch:
 class MetadataCache:
     """RocksDB state of the metadata partitions; one writer (the consumer thread), many readers."""
 
-    def __init__(self, path: str | Path, *, topic: str, num_partitions: int, wal: bool = False) -> None:
+    def __init__(self, path: str | Path, *, topic: str, num_partitions: int, wal: bool = False,
+                 block_cache_bytes: int = 256 * MB) -> None:
         self.path = Path(path)
         self.topic = topic
         self.num_partitions = num_partitions
@@ -204,9 +205,11 @@ class MetadataCache:
         opts.create_if_missing(True)
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)            # absent-id checks on every COPY_SEGMENT_STARTED stay cheap
-        table.set_block_cache(Cache(64 * MB))
+        table.set_block_cache(Cache(block_cache_bytes))
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(64 * MB)
+        opts.set_compression_type(DBCompressionType.none())   # lookups are random: no block decompression
+        opts.set_allow_mmap_reads(True)
         try:
             self.db = Rdict(str(self.path), opts)
         except Exception as err:  # noqa: BLE001 - rocksdict raises plain Exception
