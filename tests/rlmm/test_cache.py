@@ -1,0 +1,116 @@
+"""The RocksDB cache on its own (no broker): apply semantics, atomic progress, floor lookups, wipes."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from rlmm import serde
+from rlmm.api import (
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from rlmm.cache import MetadataCache
+from rlmm.keys import KeyKind, encode_key
+from tests.rlmm.helpers import segment, update
+
+S = RemoteLogSegmentState
+TP = TopicIdPartition(uuid.UUID(int=7), "orders", 1)
+
+
+class Feeder:
+    def __init__(self, cache: MetadataCache) -> None:
+        self.cache = cache
+        self.offset = 0
+        self.mp = cache.mp_of(TP)
+
+    def __call__(self, *items, key: bytes = b"k"):
+        recs = []
+        for it in items:
+            recs.append((self.mp, self.offset, key, it if isinstance(it, bytes | None) else serde.encode(it)))
+            self.offset += 1
+        return self.cache.apply(recs, {})
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = MetadataCache(tmp_path / "db", topic="m", num_partitions=8)
+    yield c
+    c.close()
+
+
+def test_lifecycle_lookups_and_progress(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    a = segment(TP, 0, 99, {0: 0, 1: 60})
+    b = segment(TP, 100, 199, {1: 100, 4: 180})
+    out = feed(a, update(a, S.COPY_SEGMENT_FINISHED), b)
+    assert out.applied == 3 and out.skipped == []
+    assert cache.progress(feed.mp).next_offset == 3
+    assert cache.segment_floor(TP, 0, 59).remote_log_segment_id == a.remote_log_segment_id
+    assert cache.segment_floor(TP, 0, 60) is None
+    assert cache.segment_floor(TP, 1, 99).start_offset == 0
+    assert cache.segment_floor(TP, 1, 150) is None                     # b is not finished yet
+    assert cache.highest_offset_for_epoch(TP, 1) == 99
+    feed(update(b, S.COPY_SEGMENT_FINISHED))
+    assert cache.segment_floor(TP, 1, 150).start_offset == 100
+    assert cache.segment_floor(TP, 4, 199).start_offset == 100
+    assert cache.segment_floor(TP, 4, 200) is None
+    assert (cache.highest_offset_for_epoch(TP, 1), cache.highest_offset_for_epoch(TP, 4)) == (179, 199)
+    assert [m.start_offset for m in cache.segments(TP, 1)] == [0, 100]
+    assert [m.start_offset for m in cache.segments(TP, 4)] == [100]
+    feed(update(b, S.DELETE_SEGMENT_STARTED))
+    assert cache.segment_floor(TP, 1, 150) is None and cache.highest_offset_for_epoch(TP, 4) is None
+    assert cache.segment(TP, b.remote_log_segment_id.id).state == S.DELETE_SEGMENT_STARTED
+    feed(update(b, S.DELETE_SEGMENT_FINISHED))
+    assert cache.segment(TP, b.remote_log_segment_id.id) is None
+    assert [d.segment_id for d in cache.deleted_segments(feed.mp)] == [b.remote_log_segment_id.id]
+    tomb_key = encode_key(KeyKind.SEGMENT, TP.topic_id, TP.partition, b.remote_log_segment_id.id, 3)
+    out = feed(None, key=tomb_key)
+    assert out.tombstones == 1 and cache.deleted_segments(feed.mp) == []
+    assert cache.progress(feed.mp).next_offset == feed.offset
+
+
+def test_refusals_and_corruption_are_reported_not_applied(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    a = segment(TP, 0, 99)
+    feed(a, update(a, S.COPY_SEGMENT_FINISHED))
+    before = cache.dump()
+    out = feed(a, update(segment(TP, 5, 6), S.COPY_SEGMENT_FINISHED), update(a, S.DELETE_SEGMENT_FINISHED),
+               b"\x01\x00\x00garbage", replace(a, state=S.COPY_SEGMENT_FINISHED))
+    assert [s.reason for s in out.skipped] == ["refused", "refused", "refused", "corrupt", "refused"]
+    assert "COPY_SEGMENT_FINISHED -> COPY_SEGMENT_STARTED" in out.skipped[0].error
+    assert "no such segment" in out.skipped[1].error
+    assert "COPY_SEGMENT_FINISHED -> DELETE_SEGMENT_FINISHED" in out.skipped[2].error
+    assert [s.offset for s in out.skipped] == [2, 3, 4, 5, 6]
+    assert cache.dump() == before and cache.progress(feed.mp).next_offset == 7
+
+
+def test_readd_while_started_replaces(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    a = segment(TP, 0, 99, {2: 0})
+    moved = replace(a, start_offset=10, segment_leader_epochs=((3, 10),))
+    feed(a, moved, update(moved, S.COPY_SEGMENT_FINISHED))
+    assert [m.start_offset for m in cache.segments(TP)] == [10]
+    assert cache.segments(TP, 2) == [] and cache.segment_floor(TP, 3, 50).start_offset == 10
+
+
+def test_partition_delete_finished_and_wipe(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    other = TopicIdPartition(uuid.UUID(int=8), "x", 0)
+    segs = [segment(TP, i * 10, i * 10 + 9) for i in range(3)]
+    feed(*segs, *[update(s, S.COPY_SEGMENT_FINISHED) for s in segs])
+    o = segment(other, 0, 9)
+    cache.apply([(cache.mp_of(other), 0, b"k", serde.encode(o))], {})
+    feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState],
+         segment(TP, 100, 109))                                  # after FINISHED, in the same batch
+    assert [m.start_offset for m in cache.segments(TP)] == [100]
+    assert cache.partition_delete(TP).state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
+    assert cache.progress(feed.mp).next_offset == feed.offset
+    cache.wipe([feed.mp])
+    assert cache.segments(TP) == [] and cache.progress(feed.mp) is None
+    if cache.mp_of(other) != feed.mp:
+        assert len(cache.segments(other)) == 1
