@@ -187,6 +187,44 @@ def random_reads(store, md, positions: list[tuple[int, int]], n: int) -> dict:
     return out
 
 
+def throttle_accuracy(rate: float, seconds: float, threads: int = 4) -> list[tuple[str, float, float]]:
+    """Threads draw 64 KiB at a time from one shared throttle; the rate halves halfway. (phase, want, got)."""
+    import threading
+
+    from rsm.throttle import Throttle
+
+    t = Throttle("bench", rate)
+    passed = [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            t.acquire(65536)
+            with lock:
+                passed[0] += 65536
+
+    workers = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+    t.acquire(int(rate))  # drain the initial burst so the phases measure the steady rate
+    for w in workers:
+        w.start()
+    out = []
+    for phase, r in (("full rate", rate), ("rate halved at run time", rate / 2)):
+        t.set_rate(r)
+        with lock:
+            start_bytes = passed[0]
+        t0 = time.monotonic()
+        time.sleep(seconds / 2)
+        with lock:
+            got = (passed[0] - start_bytes) / (time.monotonic() - t0)
+        out.append((phase, r, got))
+    stop.set()
+    t.set_rate(None)
+    for w in workers:
+        w.join()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=2048, help="the large segment (filesystem, memory)")
@@ -194,6 +232,7 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2, help="best of N for each copy")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--throttle-seconds", type=float, default=30.0, help="length of the throttle accuracy run")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -284,6 +323,11 @@ def main() -> None:
     print("(targets: cold <= 2 requests, warm 1; one read = one whole batch at a random position, 4 MiB blocks)")
     server.stop()
     shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\nthrottle: 4 threads, 64 KiB acquires, {a.throttle_seconds:.0f} s (target: within 5%)")
+    print(f"{'phase':<26}{'MiB/s set':>10}{'MiB/s got':>11}{'error %':>9}")
+    for phase, want, got in throttle_accuracy(50 * MiB, a.throttle_seconds):
+        print(f"{phase:<26}{want / MiB:>10.1f}{got / MiB:>11.2f}{(got - want) / want * 100:>9.2f}")
 
 
 if __name__ == "__main__":

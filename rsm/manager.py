@@ -68,7 +68,7 @@ class RsmConfig(BaseModel):
     block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
     max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
     part_size_bytes: int = Field(8 * MiB, ge=5 * MiB)
-    upload_concurrency: int = Field(4, ge=1, description="s3 store: parts of one object uploading at once")
+    upload_concurrency: int = Field(3, ge=1, description="s3 store: parts of one object uploading at once")
     retries: int = Field(5, ge=0)
     copy_rate_bytes_per_second: float | None = Field(None, ge=0)
     fetch_rate_bytes_per_second: float | None = Field(None, ge=0)

@@ -9,16 +9,19 @@ position and Kafka offset. Streams: one ranged GET per data object, one batch in
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from rsm.api import IndexType
-from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
-from rsm.format.index import decode_index
+from rsm.errors import CorruptRemoteObjectError
+from rsm.format.index import INDEX_KEY_SUFFIX, decode_index
 from rsm.format.keys import SegmentKeys
 from rsm.format.reader import SegmentReader
 from rsm.store.base import Store
 
-__all__ = ["VerifyReport", "verify_segment"]
+__all__ = ["VerifyReport", "main", "verify_prefix", "verify_segment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,8 @@ def verify_segment(store: Store, keys: SegmentKeys) -> VerifyReport:
             for n, expected in enumerate(ledger.metadata.data_object_lengths):
                 actual = store.head(keys.data(n))
                 if actual is None:
-                    raise RemoteResourceNotFoundError(f"data object {keys.data(n)} of {keys.index} is missing")
+                    raise CorruptRemoteObjectError(f"data object of {keys.index} is missing", key=keys.data(n),
+                                                   position=0)
                 if actual != expected:
                     raise CorruptRemoteObjectError(f"data object has {actual} bytes, the index says {expected}",
                                                    key=keys.data(n), position=min(actual, expected))
@@ -82,3 +86,40 @@ def verify_segment(store: Store, keys: SegmentKeys) -> VerifyReport:
     except CorruptRemoteObjectError as err:
         return bad(err)
     return VerifyReport(keys.index, True, blocks, entries, checked)
+
+
+def verify_prefix(store: Store, prefix: str) -> Iterator[VerifyReport]:
+    """Verify every segment copy whose index object key starts with ``prefix`` (e.g. a partition's prefix)."""
+    for info in store.list(prefix):
+        if info.key.endswith(INDEX_KEY_SUFFIX):
+            yield verify_segment(store, SegmentKeys(info.key[:-len(INDEX_KEY_SUFFIX)]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rsm.verify (--root DIR | --bucket B [--endpoint-url URL]) [--prefix P]``; exit 1 if any is bad."""
+    ap = argparse.ArgumentParser(prog="python -m rsm.verify", description="Verify remote segment copies.")
+    ap.add_argument("--root", help="filesystem store root")
+    ap.add_argument("--bucket", help="S3 bucket")
+    ap.add_argument("--endpoint-url", default=None)
+    ap.add_argument("--key-prefix", default="", help="S3 store key prefix")
+    ap.add_argument("--prefix", default="", help="verify only copies under this key prefix")
+    args = ap.parse_args(argv)
+    if bool(args.root) == bool(args.bucket):
+        ap.error("give exactly one of --root and --bucket")
+    if args.root:
+        from rsm.store.fs import FileSystemStore
+
+        store: Store = FileSystemStore(args.root)
+    else:
+        from rsm.store.s3 import S3Store
+
+        store = S3Store(args.bucket, endpoint_url=args.endpoint_url, key_prefix=args.key_prefix)
+    bad = 0
+    for report in verify_prefix(store, args.prefix):
+        print(report)
+        bad += not report.ok
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -261,6 +261,8 @@ class SegmentReader:
             if self._on_bytes is not None:
                 self._on_bytes(hi - lo)
             yield e.data[lo:hi]
+            if e_end > end:
+                return  # stop reading the object: the rest of the range is not needed
 
     def open_section(self, index_type: IndexType) -> BinaryIO:
         """One of Kafka's indexes, original bytes, CRC-32C checked before it is returned."""

@@ -3,7 +3,8 @@
 - Puts stream: chunks fill a part buffer of ``part_size_bytes``; an object that fits in one part is one
   ``PutObject``, a larger one a multipart upload with up to ``upload_concurrency`` parts uploading at once
   (aborted on failure, so nothing partial is ever visible: S3 makes an object visible only at
-  ``PutObject``/``CompleteMultipartUpload``). Memory: ``upload_concurrency + 1`` part buffers at most.
+  ``PutObject``/``CompleteMultipartUpload``). Memory: ``upload_concurrency + 1`` part
+  buffers at most (a full part is handed to its upload as is, not copied).
 - Gets are ranged ``GetObject`` streams; a stream that breaks mid-body is resumed with a new ranged GET from
   the byte where it stopped.
 - Retries: botocore's ``standard`` retry mode (throttling, 5xx, connection errors) plus our own, with
@@ -115,7 +116,7 @@ class S3Store:
     """Objects in one S3 bucket, optionally under a key prefix."""
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, region_name: str | None = None,
-                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = 4, retries: int = 5,
+                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = 3, retries: int = 5,
                  connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, max_pool_connections: int = 16,
                  path_style: bool = True, checksum_when_required: bool = True, create_bucket: bool = False,
                  client=None) -> None:
@@ -187,7 +188,7 @@ class S3Store:
         in_flight = threading.BoundedSemaphore(self.upload_concurrency)
         size = 0
 
-        def submit(number: int, data: bytes) -> None:
+        def submit(number: int, data: bytearray) -> None:
             in_flight.acquire()  # at most upload_concurrency parts in memory and on the wire
             for f in futures:
                 if f.done() and f.exception() is not None:
@@ -209,7 +210,7 @@ class S3Store:
                             upload_id = self._call(where, lambda: self.client.create_multipart_upload(
                                 Bucket=self.bucket, Key=k))["UploadId"]
                         size += len(part)
-                        submit(len(futures) + 1, bytes(part))
+                        submit(len(futures) + 1, part)
                         part = bytearray()
             if upload_id is None:
                 body = bytes(part)
@@ -217,7 +218,7 @@ class S3Store:
                 return len(body)
             if part:
                 size += len(part)
-                submit(len(futures) + 1, bytes(part))
+                submit(len(futures) + 1, part)
             parts = [f.result() for f in futures]
             self._complete(where, k, upload_id, parts, size)
             return size
@@ -239,7 +240,7 @@ class S3Store:
                 self._executor = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="s3-upload")
             return self._executor
 
-    def _upload_part(self, where: str, k: str, upload_id: str, number: int, body: bytes) -> dict:
+    def _upload_part(self, where: str, k: str, upload_id: str, number: int, body: bytearray) -> dict:
         r = self._call(f"{where} part {number}", lambda: self.client.upload_part(
             Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=body))
         return {"PartNumber": number, "ETag": r["ETag"]}

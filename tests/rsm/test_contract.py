@@ -10,10 +10,12 @@ import pytest
 from rsm.api import IndexType
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
 from rsm.format.index import decode_index
+from rsm.format.keys import partition_prefix
 from rsm.format.ledger import EntryAddress
 from rsm.log.batch import Codec
 from rsm.manager import RemoteStorageManager, RsmConfig
-from rsm.verify import verify_segment
+from rsm.verify import main as verify_main
+from rsm.verify import verify_prefix, verify_segment
 from tests.rsm.conftest import CODECS, corrupt_byte
 
 pytestmark = [pytest.mark.kafka, pytest.mark.s3]
@@ -242,3 +244,20 @@ def test_store_put_is_atomic_when_the_source_fails(store):
     store.delete(key)
     with pytest.raises(RemoteResourceNotFoundError):
         store.get_bytes(key)
+
+
+def test_verify_prefix_finds_the_bad_copy(store, store_kind, s3_client, broker_segments, capsys):
+    rsm = make_rsm(store)
+    good, bad = broker_segments[0].metadata(), broker_segments[1].metadata()
+    rsm.copy_log_segment_data(good, broker_segments[0].data)
+    rsm.copy_log_segment_data(bad, broker_segments[1].data)
+    bad_keys = rsm.keys(bad)
+    store.delete(bad_keys.data(0))  # a lost data object under a committed index
+    prefix = partition_prefix(good.topic_name, good.topic_id, 0)
+    reports = {r.index_key: r for r in verify_prefix(store, prefix)}
+    assert reports[rsm.keys(good).index].ok
+    assert not reports[bad_keys.index].ok and reports[bad_keys.index].bad_key == bad_keys.data(0)
+    if store_kind == "fs":
+        assert verify_main(["--root", str(store.root), "--prefix", prefix]) == 1
+        out = capsys.readouterr().out
+        assert f"BAD {bad_keys.index}" in out and f"OK {rsm.keys(good).index}" in out
