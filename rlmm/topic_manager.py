@@ -330,9 +330,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
 
     def _ensure_assigned(self, tp: TopicIdPartition) -> int:
+        """Consume ``tp``'s metadata partition (if not yet) and wait until caught up: writes check against it."""
         mp = self.cache.mp_of(tp)
         if mp not in self._assigned:
             self._call(lambda: self._assign([mp]))
+        if mp not in self._ready:
+            self.wait_ready([tp], self.config.write_timeout_s)
         return mp
 
     def _write(self, tp: TopicIdPartition, key: bytes, value: bytes, what: object) -> None:

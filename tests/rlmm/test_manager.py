@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from rlmm.api import (
     InvalidStateTransitionError,
     PartitionNotServedError,
+    ReadYourWritesTimeoutError,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
@@ -136,3 +138,20 @@ def test_restart_consumes_no_old_records(rlmm_factory, topic_name: str) -> None:
     md = segment(tps[0], 10_000, 10_099, {9: 10_000})
     again.add_remote_log_segment_metadata(md)
     assert again.records_consumed == 1
+
+
+def test_read_your_writes_timeout_is_clear(rlmm_factory, topic_name: str) -> None:
+    tp = TopicIdPartition(uuid.uuid4(), "slow", 0)
+    m = rlmm_factory(topic_name, "c", write_timeout_s=1.0)
+    m.on_partition_leadership_changes([tp], [])
+    real_apply = m.cache.apply
+
+    def slow_apply(records, caught_up):       # the consumer thread falls behind (a stalled disk, say)
+        time.sleep(2.5)
+        return real_apply(records, caught_up)
+
+    m.cache.apply = slow_apply
+    md = segment(tp, 0, 9)
+    with pytest.raises(ReadYourWritesTimeoutError, match=r"written at .* offset 0 but the local cache applied only"):
+        m.add_remote_log_segment_metadata(md)
+    eventually(lambda: m.list_remote_log_segments(tp))            # the write itself is durable and arrives
