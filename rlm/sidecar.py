@@ -133,8 +133,8 @@ class Sidecar:
         """Stop scheduling, let in-flight copies finish their current segment, close clients."""
         if self._stopping.is_set():
             return
-        self._stopping.set()
-        with self._lock:
+        with self._lock:  # after this, no job adds or removes jobs (apscheduler's shutdown would deadlock)
+            self._stopping.set()
             for led in self._led.values():
                 led.stop.set()
         self._scheduler.shutdown(wait=True)
@@ -151,6 +151,8 @@ class Sidecar:
 
     # ----------------------------------------------------------------------------------------- discovery
     def discover(self) -> None:
+        if self._stopping.is_set():
+            return
         s = self.settings
         try:
             local = scan_log_dirs(s.log_dirs)
@@ -181,6 +183,8 @@ class Sidecar:
                 followers.add(tp)
         self.known.add(list(leaders) + list(followers))
         with self._lock:
+            if self._stopping.is_set():
+                return  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
             new_served = set(leaders) | followers
             old_served = {led.tp for led in self._led.values()} | self._followed
             if new_served - old_served or set(leaders) - {led.tp for led in self._led.values()}:
