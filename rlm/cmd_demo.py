@@ -1,59 +1,146 @@
-"""``rlm demo``: a local Kafka broker, a topic with small segments, data produced, rolled segments shown."""
+"""``rlm demo``: the sidecar end to end on this machine.
+
+Starts a local Kafka broker (KRaft, from the Maven jars), creates a topic with small segments and short *local*
+retention, starts the sidecar (filesystem store under ``demo-data/``), produces data, waits until the broker's own
+retention has deleted the oldest segments, and then shows with ``rlm ls`` and ``rlm cat`` that those offsets,
+gone from the broker, are still served from the remote tier.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import shutil
 import time
+from pathlib import Path
+
+import yaml
 
 __all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="start a local broker, produce data to a small-segment topic, show its segments")
-    p.add_argument("--records", type=int, default=20_000, help="records to produce (default 20000)")
+    p = sub.add_parser("demo", help="run the sidecar against a local broker and read back what the broker deleted")
+    p.add_argument("--records", type=int, default=30_000, help="records to produce (default 30000)")
     p.add_argument("--topic", default="demo-events", help="topic name (default demo-events)")
-    p.add_argument("--keep", action="store_true", help="leave the broker running until Ctrl-C")
+    p.add_argument("--dir", default="demo-data", help="where the store, state and logs go (default ./demo-data)")
+    p.add_argument("--keep", action="store_true", help="leave broker and sidecar running until Ctrl-C")
     p.set_defaults(func=run)
+
+
+def _say(msg: str) -> None:
+    print(f"demo: {msg}", flush=True)
+
+
+def _broker_earliest(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rlm-demo-probe"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
+    finally:
+        c.close()
 
 
 def run(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
+    from rlm.cli import main as rlm_main
+    from rlm.config import load_settings
     from rlm.devkafka import KafkaCluster
-    from rsm.log.partition import PartitionDir
+    from rlm.http import OpsServer
+    from rlm.logs import setup_logging
+    from rlm.sidecar import Sidecar
+    from rlmm.api import TopicIdPartition
 
-    print("demo: starting a local Kafka broker (KRaft) on 127.0.0.1 ...", flush=True)
-    with KafkaCluster(brokers=1) as kc:
-        print(f"demo: broker up at {kc.bootstrap_servers}, log dir {kc.log_dir()}", flush=True)
-        topic_id = kc.create_topic(args.topic, 1, config={"segment.ms": "1000", "compression.type": "producer"})
-        print(f"demo: created topic {args.topic} (id {topic_id}) with segment.ms=1000", flush=True)
-        producer = Producer({"bootstrap.servers": kc.bootstrap_servers, "compression.type": "zstd",
-                             "linger.ms": 20})
-        t0 = time.monotonic()
-        for i in range(args.records):
-            while True:
-                try:
-                    producer.produce(args.topic, key=f"user-{i % 97}".encode(),
-                                     value=json.dumps({"seq": i, "at": time.time()}).encode())
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            if i % 2000 == 1999:
-                producer.flush()
-                time.sleep(0.4)  # let segment.ms pass so the broker rolls segments
-        producer.flush()
-        print(f"demo: produced {args.records} records in {time.monotonic() - t0:.1f}s", flush=True)
-        pdir = PartitionDir(kc.log_dir() / f"{args.topic}-0")
-        print(f"demo: {pdir.path} (topic id {pdir.topic_id})")
-        for seg in pdir.segments():
-            state = "active" if seg.is_active else "rolled"
-            print(f"  {seg.base_offset:>20}  {state:6}  {seg.log_path.stat().st_size:>10} bytes")
-        if args.keep:
-            print("demo: broker left running; Ctrl-C to stop", flush=True)
-            try:
+    base = Path(args.dir).resolve()
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    setup_logging("INFO", "json")
+    handler = logging.FileHandler(base / "sidecar.log")
+    handler.setFormatter(logging.getLogger().handlers[0].formatter)
+    logging.getLogger().handlers[:] = [handler]  # the console is for the demo's own lines
+
+    _say("starting a local Kafka broker (KRaft) on 127.0.0.1 ...")
+    with KafkaCluster(brokers=1, base_dir=base / "kafka") as kc:
+        _say(f"broker up at {kc.bootstrap_servers}, log dir {kc.log_dir()}")
+        local_retention_ms = 8000
+        topic_id = kc.create_topic(args.topic, 1, config={
+            "segment.ms": "1000", "retention.ms": str(local_retention_ms)})
+        _say(f"topic {args.topic} (id {topic_id}): segment.ms=1000, local retention.ms={local_retention_ms}")
+        config = {
+            "broker_id": 1,
+            "log_dirs": [str(kc.log_dir())],
+            "staging_dir": str(base / "staging"),
+            "kafka": {"bootstrap_servers": kc.bootstrap_servers},
+            "store": {"store": "fs", "root_path": str(base / "remote"), "block_size_bytes": 256 * 1024},
+            "metadata": {"partitions": 5, "replication_factor": 1, "state_dir": str(base / "state")},
+            "tasks": {"copy_interval_ms": 500, "discovery_interval_ms": 500, "expiration_interval_ms": 5000},
+            "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
+            "listen": {"host": "127.0.0.1", "port": 0},
+        }
+        config_path = base / "sidecar.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        settings = load_settings(config_path)
+        sidecar = Sidecar(settings).start()
+        ops = OpsServer("127.0.0.1", 0, sidecar.health).start()
+        _say(f"sidecar running: store {base / 'remote'}, metrics http://127.0.0.1:{ops.port}/metrics, "
+             f"logs {base / 'sidecar.log'}")
+        try:
+            producer = Producer({"bootstrap.servers": kc.bootstrap_servers, "compression.type": "zstd",
+                                 "linger.ms": 20})
+            t0 = time.monotonic()
+            for i in range(args.records):
                 while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+                    try:
+                        producer.produce(args.topic, key=f"user-{i % 97}".encode(),
+                                         value=json.dumps({"seq": i, "at": time.time()}).encode())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                if i % 2000 == 1999:
+                    producer.flush()
+                    time.sleep(0.3)  # let segment.ms pass now and then so the broker rolls segments
+            producer.flush()
+            _say(f"produced {args.records} records (offsets 0..{args.records - 1}) in "
+                 f"{time.monotonic() - t0:.1f}s")
+            time.sleep(1.1)
+            producer.produce(args.topic, key=b"demo", value=b"roll")  # rolls the last data segment
+            producer.flush()
+            tp = TopicIdPartition(topic_id, args.topic, 0)
+            _say("waiting for the sidecar to tier every rolled segment and the broker to delete old ones ...")
+            deadline = time.monotonic() + 180
+            earliest = 0
+            while time.monotonic() < deadline:
+                earliest = _broker_earliest(kc.bootstrap_servers, args.topic)
+                try:
+                    latest_remote = sidecar.reader.latest_offset(tp) or -1
+                except Exception:  # noqa: BLE001 - not served yet
+                    latest_remote = -1
+                if earliest > 0 and latest_remote >= args.records - 1:
+                    break
+                time.sleep(1)
+            _say(f"the broker's earliest offset is now {earliest}: offsets 0..{earliest - 1} are gone locally")
+            print(f"\n$ rlm ls {args.topic} 0 --config {config_path}", flush=True)
+            rlm_main(["ls", args.topic, "0", "--config", str(config_path)])
+            print(f"\n$ rlm cat {args.topic} 0 --from-offset 0 --max-records 5 --text --config {config_path}",
+                  flush=True)
+            rlm_main(["cat", args.topic, "0", "--from-offset", "0", "--max-records", "5", "--text",
+                      "--config", str(config_path)])
+            print(f"\n$ rlm offsets {args.topic} 0 --config {config_path}", flush=True)
+            rlm_main(["offsets", args.topic, "0", "--config", str(config_path)])
+            print(flush=True)
+            _say(f"offset 0 is served from the remote tier although the broker starts at {earliest}")
+            if args.keep:
+                _say("broker and sidecar left running; Ctrl-C to stop")
+                try:
+                    while True:
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
+        finally:
+            sidecar.stop()
+            ops.stop()
+    _say(f"done; the remote store and logs stay in {base}")
     return 0
