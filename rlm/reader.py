@@ -19,21 +19,30 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rlm import metrics
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from rsm.api import IndexType
+from rsm.api import IndexType, RemoteSegmentMetadata
 from rsm.errors import RemoteResourceNotFoundError
-from rsm.log.batch import header_from_bytes
+from rsm.format.reader import EntryView, SegmentReader
+from rsm.log.batch import BatchHeader, header_from_bytes
 from rsm.log.indexes import AbortedTxn, parse_txn_index
 from rsm.log.records import iter_raw_records
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["OffsetOutOfRangeError", "RemoteReader", "RemoteRecord"]
+__all__ = [
+    "OffsetOutOfRangeError",
+    "RemoteReader",
+    "RemoteRecord",
+    "is_aborted",
+    "iter_segment_batches",
+    "read_txn_index",
+    "txn_window_segments",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,21 +110,11 @@ class RemoteReader:
         of the following segments written within the transaction window."""
         md = segs[i]
         out: list[AbortedTxn] = []
-        for j in range(i, len(segs)):
-            other = segs[j]
-            if j > i and segs[j - 1].max_timestamp_ms > md.max_timestamp_ms + self.txn_window_ms:
-                break  # everything from here on was written after any transaction of segs[i] had ended
+        for j in txn_window_segments(segs, i, self.txn_window_ms):
             if j not in cache:
-                cache[j] = [] if other.txn_index_empty else self._txn_index(other)
+                cache[j] = read_txn_index(self.rsm, to_rsm(segs[j]))
             out.extend(t for t in cache[j] if t.first_offset <= md.end_offset_inclusive)
         return out
-
-    def _txn_index(self, md: RemoteLogSegmentMetadata) -> list[AbortedTxn]:
-        try:
-            with self.rsm.fetch_index(to_rsm(md), IndexType.TRANSACTION) as f:
-                return parse_txn_index(f.read(), f"{md.remote_log_segment_id} transaction index")
-        except RemoteResourceNotFoundError:
-            return []
 
     def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
              max_records: int | None = None, isolation: Isolation = "read_uncommitted",
@@ -143,23 +142,13 @@ class RemoteReader:
                 aborted = self._aborted(segs, si, txn_cache) if isolation == "read_committed" else []
                 reader = self.rsm.reader(to_rsm(md))
                 want = max(from_offset, md.start_offset)
-                block = reader.ledger.block_for_offset(want)
-                if block is None:
-                    continue
                 key = reader.keys.base
-                for entry in reader.iter_entries(block.part_id):
-                    h = header_from_bytes(entry.data, entry.log_position, key)
-                    if h.last_offset < want:
-                        continue
-                    if h.base_offset > md.end_offset_inclusive:
-                        break
+                for h, entry, visible in iter_segment_batches(reader, want, md.end_offset_inclusive, aborted=aborted):
                     if max_bytes is not None and read_bytes > 0 and read_bytes + h.size_bytes > max_bytes:
                         return
                     read_bytes += h.size_bytes
                     metrics.BYTES_READ.labels(tp.topic).inc(h.size_bytes)
-                    if h.is_control:
-                        continue
-                    if aborted and h.is_transactional and _is_aborted(aborted, h.producer_id, h.base_offset):
+                    if not visible:
                         continue
                     ts_type = 1 if h.timestamp_type else 0
                     for r in iter_raw_records(h, entry.data, path=key):
@@ -178,7 +167,59 @@ class RemoteReader:
             metrics.READ_SECONDS.observe(time.monotonic() - started)
 
 
-def _is_aborted(aborted: list[AbortedTxn], producer_id: int, offset: int) -> bool:
+def iter_segment_batches(reader: SegmentReader, from_offset: int, end_offset_inclusive: int, *,
+                         aborted: Sequence[AbortedTxn] = (), first_block: int | None = None,
+                         last_block: int | None = None) -> Iterator[tuple[BatchHeader, EntryView, bool]]:
+    """The verified batches of one remote segment that hold offsets ``from_offset..end_offset_inclusive``, in
+    order: ``(header, entry, visible)``, where ``visible`` says a consumer sees the batch's records (it is not a
+    control batch and not in one of the ``aborted`` transactions: pass those only for read_committed).
+
+    Reads blocks ``first_block..last_block`` (default: from the block holding ``from_offset`` to the last) with
+    one ranged GET per data object; the caller still drops records below ``from_offset`` inside the first batch.
+    Shared by :meth:`RemoteReader.read` and the Spark executors (:mod:`rlm.spark`).
+    """
+    if first_block is None:
+        block = reader.ledger.block_for_offset(from_offset)
+        if block is None:
+            return
+        first_block = block.part_id
+    key = reader.keys.base
+    for entry in reader.iter_entries(first_block, last_block):
+        h = header_from_bytes(entry.data, entry.log_position, key)
+        if h.last_offset < from_offset:
+            continue
+        if h.base_offset > end_offset_inclusive:
+            return
+        visible = not h.is_control and not (
+            aborted and h.is_transactional and is_aborted(aborted, h.producer_id, h.base_offset))
+        yield h, entry, visible
+
+
+def txn_window_segments(segs: Sequence[RemoteLogSegmentMetadata], i: int, txn_window_ms: int) -> list[int]:
+    """Indexes ``j >= i`` of the segments whose transaction indexes may list aborted transactions covering
+    records of ``segs[i]``: its own and those written within the transaction window after it (segments whose
+    transaction index is empty are left out)."""
+    md = segs[i]
+    out: list[int] = []
+    for j in range(i, len(segs)):
+        if j > i and segs[j - 1].max_timestamp_ms > md.max_timestamp_ms + txn_window_ms:
+            break  # everything from here on was written after any transaction of segs[i] had ended
+        if not segs[j].txn_index_empty:
+            out.append(j)
+    return out
+
+
+def read_txn_index(rsm: RemoteStorageManager, md: RemoteSegmentMetadata) -> list[AbortedTxn]:
+    """The aborted transactions of a remote segment's transaction index (none when it has no index)."""
+    try:
+        with rsm.fetch_index(md, IndexType.TRANSACTION) as f:
+            return parse_txn_index(f.read(), f"{md.remote_segment_id} transaction index")
+    except RemoteResourceNotFoundError:
+        return []
+
+
+def is_aborted(aborted: Sequence[AbortedTxn], producer_id: int, offset: int) -> bool:
+    """Whether the batch of ``producer_id`` at ``offset`` belongs to one of the ``aborted`` transactions."""
     return any(t.producer_id == producer_id and t.first_offset <= offset <= t.last_offset for t in aborted)
 
 
