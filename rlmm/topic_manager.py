@@ -251,10 +251,9 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                                 self._ready.add(mp)
                         self._cond.notify_all()
                 now = time.monotonic()
-                if self._at_eof and (eofs or now - last_caught_up >= self.config.caught_up_refresh_s):
-                    if now - last_caught_up >= self.config.caught_up_refresh_s:
-                        self._mark_caught_up()
-                        last_caught_up = now
+                if self._at_eof and now - last_caught_up >= self.config.caught_up_refresh_s:
+                    self._mark_caught_up()
+                    last_caught_up = now
                 if now - last_tombstones >= self.config.tombstone_check_interval_s:
                     self._write_due_tombstones()
                     last_tombstones = now
