@@ -19,6 +19,7 @@ from rlm import metrics
 from rlm.segments import to_rsm
 from rlmm import serde
 from rlmm.api import (
+    InvalidStateTransitionError,
     RemoteLogMetadataError,
     RemoteLogMetadataManager,
     RemoteLogSegmentMetadata,
@@ -105,8 +106,8 @@ class Cleaner:
             self.rlmm.wait_ready([tp], timeout_s=30)
         current = next((m for m in self.rlmm.list_remote_log_segments(tp)
                         if m.remote_log_segment_id == queued.remote_log_segment_id), None)
-        if current is None:
-            return True  # fully deleted (and tombstoned) by someone else
+        if current is None or current.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
+            return True  # deleted by someone else (a retry of the copy task, another sidecar)
         try:
             self.rsm.delete_log_segment_data(to_rsm(current))
         except RemoteStorageError as err:
@@ -114,13 +115,19 @@ class Cleaner:
             log.warning("store still refuses the delete; will retry",
                         extra={"segment": str(current.remote_log_segment_id), "error": str(err)})
             return False
-        if current.state != RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
+        try:
+            if current.state != RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
+                self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                    current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
+                    RemoteLogSegmentState.DELETE_SEGMENT_STARTED, self.broker_id))
             self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
                 current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
-                RemoteLogSegmentState.DELETE_SEGMENT_STARTED, self.broker_id))
-        self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-            current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
-            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED, self.broker_id))
+                RemoteLogSegmentState.DELETE_SEGMENT_FINISHED, self.broker_id))
+        except InvalidStateTransitionError:
+            # The copy task's clean-up (or another sidecar) recorded the deletion meanwhile: done.
+            log.info("queued delete was finished by someone else",
+                     extra={"segment": str(current.remote_log_segment_id)})
+            return True
         metrics.SEGMENTS_DELETED.labels(tp.topic, "cleaner").inc()
         self.deleted += 1
         log.info("queued delete done", extra={"segment": str(current.remote_log_segment_id)})

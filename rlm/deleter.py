@@ -12,7 +12,9 @@ The to-be-deleted topic's records: key = the remote segment id's 16 bytes, value
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import uuid
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -21,6 +23,7 @@ from rlm import metrics
 from rlm.segments import to_rsm
 from rlmm import serde
 from rlmm.api import (
+    InvalidStateTransitionError,
     RemoteLogMetadataManager,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
@@ -68,12 +71,26 @@ class ToBeDeletedQueue:
 
 
 class SegmentDeleter:
+    """Deletes remote segments; safe to call from several tasks at once (expiration, the copy task's clean-up).
+
+    A segment already being deleted by another task of this sidecar, or deleted by it lately, is not deleted a
+    second time (a second DELETE_SEGMENT_FINISHED would be refused by the metadata, or come after its
+    tombstones). A refused delete is queued for the cleaner once; later retries that are refused again do not
+    queue it again.
+    """
+
+    RECENT = 10_000  # how many finished deletes are remembered
+
     def __init__(self, broker_id: int, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi,
                  queue: ToBeDeletedQueue | None) -> None:
         self.broker_id = broker_id
         self.rlmm = rlmm
         self.rsm = rsm
         self.queue = queue
+        self._lock = threading.Lock()
+        self._busy: set[uuid.UUID] = set()
+        self._queued: set[uuid.UUID] = set()
+        self._done: dict[uuid.UUID, None] = {}
 
     def _update(self, md: RemoteLogSegmentMetadata, state: RemoteLogSegmentState) -> None:
         self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
@@ -82,6 +99,20 @@ class SegmentDeleter:
     def delete(self, md: RemoteLogSegmentMetadata, reason: str) -> bool:
         """Delete one remote segment; True when it is gone, False when it was queued for the cleaner."""
         sid = md.remote_log_segment_id
+        with self._lock:
+            if sid.id in self._done:
+                return True
+            if sid.id in self._busy:
+                return False  # another task of ours is deleting it right now
+            self._busy.add(sid.id)
+        try:
+            return self._delete(md, reason)
+        finally:
+            with self._lock:
+                self._busy.discard(sid.id)
+
+    def _delete(self, md: RemoteLogSegmentMetadata, reason: str) -> bool:
+        sid = md.remote_log_segment_id
         if md.state != RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
             self._update(md, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
         started = time.monotonic()
@@ -89,14 +120,28 @@ class SegmentDeleter:
             self.rsm.delete_log_segment_data(to_rsm(md))
         except RemoteStorageError as err:
             metrics.ERRORS.labels("delete").inc()
-            log.warning("remote delete refused; queued for the cleaner",
-                        extra={"segment": str(sid), "reason": reason, "error": str(err)})
             if self.queue is None:
                 raise
-            self.queue.put(md)
+            with self._lock:
+                first = sid.id not in self._queued
+                self._queued.add(sid.id)
+            if first:
+                log.warning("remote delete refused; queued for the cleaner",
+                            extra={"segment": str(sid), "reason": reason, "error": str(err)})
+                self.queue.put(md)
             return False
         metrics.DELETE_SECONDS.observe(time.monotonic() - started)
-        self._update(md, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED)
+        try:
+            self._update(md, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED)
+        except InvalidStateTransitionError as err:
+            # Finished by someone else meanwhile (the cleaner, another sidecar): the objects are gone either way.
+            log.info("remote segment deleted; its deletion was already recorded",
+                     extra={"segment": str(sid), "reason": reason, "error": str(err)})
+        with self._lock:
+            self._queued.discard(sid.id)
+            self._done[sid.id] = None
+            while len(self._done) > self.RECENT:
+                self._done.pop(next(iter(self._done)))
         metrics.SEGMENTS_DELETED.labels(sid.topic_id_partition.topic, reason).inc()
         log.info("remote segment deleted", extra={
             "segment": str(sid), "reason": reason, "start_offset": md.start_offset,

@@ -11,7 +11,8 @@ from typing import Any
 from rlm.config import SidecarSettings
 from rlm.devkafka import KafkaCluster
 
-__all__ = ["make_settings", "wait_for"]
+__all__ = ["assert_contiguous", "latest_remote", "make_settings", "produce_segments", "remote_segments",
+           "settings_yaml", "store_keys", "wait_for"]
 
 
 def make_settings(kafka: KafkaCluster, tmp_path: Path, node_id: int = 1, **overrides: Any) -> SidecarSettings:
@@ -49,3 +50,62 @@ def wait_for(cond: Callable[[], Any], timeout_s: float = 60.0, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+# ------------------------------------------------------------------------------------ shared by test_sidecar_*
+def produce_segments(kafka: KafkaCluster, topic: str, rounds: int, per_round: int = 200, *,
+                     segment_ms: int = 400, value_size: int = 100, timestamp_ms: int = 0,
+                     roll: bool = True, **producer_conf: Any) -> dict[int, tuple[bytes, bytes]]:
+    """Produce ``rounds`` batches of records, one segment each (the topic's ``segment.ms`` <= ``segment_ms``);
+    with ``roll`` a last one-record append rolls the segment holding the last round. Returns offset -> (k, v)."""
+    from tests.kafka_util import produce
+
+    sent: dict[int, tuple[bytes, bytes]] = {}
+    tag = uuid.uuid4().hex[:6]
+    for r in range(rounds):
+        recs = [(f"{tag}-{r}-{i}".encode(), (f"{tag}-{r}-{i}-".encode() * value_size)[:value_size],
+                 None, timestamp_ms) for i in range(per_round)]
+        for (_p, off), rec in zip(produce(kafka, topic, recs, **producer_conf), recs, strict=True):
+            sent[off] = (rec[0], rec[1])
+        time.sleep(segment_ms / 1000 + 0.05)
+    if roll:
+        produce(kafka, topic, [(b"__roll__", b"r")])
+    return sent
+
+
+def remote_segments(sidecar: Any, tp: Any) -> list[Any]:
+    """The partition's COPY_SEGMENT_FINISHED segments, or [] while the sidecar does not serve it yet."""
+    from rlmm.api import PartitionNotServedError
+
+    try:
+        return sidecar.reader.segments(tp)
+    except PartitionNotServedError:
+        return []
+
+
+def latest_remote(sidecar: Any, tp: Any) -> int:
+    segs = remote_segments(sidecar, tp)
+    return segs[-1].end_offset_inclusive if segs else -1
+
+
+def assert_contiguous(segs: list[Any], first_offset: int | None = 0) -> None:
+    """No gap and no offset range remote twice: each segment starts right after the previous one ends."""
+    assert segs, "no remote segments"
+    if first_offset is not None:
+        assert segs[0].start_offset == first_offset, [(s.start_offset, s.end_offset_inclusive) for s in segs]
+    for a, b in zip(segs, segs[1:], strict=False):
+        assert b.start_offset == a.end_offset_inclusive + 1, [(s.start_offset, s.end_offset_inclusive)
+                                                               for s in segs]
+
+
+def store_keys(root: Path) -> set[str]:
+    """Every object key of a file-system store (relative paths under its root)."""
+    keys = (str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    return {k for k in keys if not k.startswith(".tmp/")}
+
+
+def settings_yaml(settings: SidecarSettings) -> str:
+    """The YAML an operator would write for these settings (for ``rlm serve --config``)."""
+    import yaml
+
+    return yaml.safe_dump(settings.model_dump(mode="json", exclude_none=True))
