@@ -182,7 +182,6 @@ class S3Store:
     def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         k = self._k(key)
         where = f"put s3://{self.bucket}/{k}"
-        part = bytearray()
         upload_id: str | None = None
         futures: list[Future] = []
         in_flight = threading.BoundedSemaphore(self.upload_concurrency)
@@ -199,21 +198,26 @@ class S3Store:
             futures.append(fut)
 
         try:
+            part = bytearray(self.part_size_bytes)  # preallocated: filling it never reallocates
+            fill = 0
             for chunk in iter_buffers(chunks):
                 mv = memoryview(chunk).cast("B")
                 while mv:
-                    room = self.part_size_bytes - len(part)
-                    part += mv[:room]
-                    mv = mv[room:]
-                    if len(part) == self.part_size_bytes:
+                    n = min(len(mv), self.part_size_bytes - fill)
+                    part[fill:fill + n] = mv[:n]
+                    fill += n
+                    mv = mv[n:]
+                    if fill == self.part_size_bytes:
                         if upload_id is None:
                             upload_id = self._call(where, lambda: self.client.create_multipart_upload(
                                 Bucket=self.bucket, Key=k))["UploadId"]
-                        size += len(part)
+                        size += fill
                         submit(len(futures) + 1, part)
-                        part = bytearray()
+                        part = bytearray(self.part_size_bytes)
+                        fill = 0
+            del part[fill:]
             if upload_id is None:
-                body = bytes(part)
+                body = part
                 self._call(where, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=body))
                 return len(body)
             if part:
