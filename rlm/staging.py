@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,9 @@ class Staging:
 
     def __init__(self, roots: dict[Path, Path]) -> None:
         self._roots: dict[Path, Path] = {}
+        # stage(), release() and staged() of different partitions run on different copy threads: staged() must
+        # not take a segment being staged right now for one a crash left half-done (and remove it).
+        self._lock = threading.RLock()
         for log_dir, root in roots.items():
             log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
             if root == log_dir or log_dir in root.parents:
@@ -92,6 +96,11 @@ class Staging:
 
         Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more.
         """
+        with self._lock:
+            return self._stage(topic, partition, partition_dir, base_offset, end_offset_inclusive)
+
+    def _stage(self, topic: str, partition: int, partition_dir: Path, base_offset: int,
+               end_offset_inclusive: int) -> StagedSegment:
         target = self.root_for(partition_dir) / f"{topic}-{partition}" / f"{base_offset:020d}"
         staged = StagedSegment(topic, partition, base_offset, end_offset_inclusive, target)
         if staged.log_path.exists() and (target / ".complete").exists():
@@ -123,6 +132,10 @@ class Staging:
 
     def release(self, staged: StagedSegment) -> None:
         """Drop the staged links (after a successful copy, or when the segment is known remote)."""
+        with self._lock:
+            self._release(staged)
+
+    def _release(self, staged: StagedSegment) -> None:
         shutil.rmtree(staged.directory, ignore_errors=True)
         try:
             staged.directory.parent.rmdir()  # the partition dir, if this was its last staged segment
@@ -131,6 +144,10 @@ class Staging:
 
     def staged(self) -> list[StagedSegment]:
         """Every complete staged segment (e.g. left over by a crash), oldest first per partition."""
+        with self._lock:
+            return self._staged()
+
+    def _staged(self) -> list[StagedSegment]:
         out = []
         for root in self._roots.values():
             for pdir in sorted(root.iterdir()) if root.exists() else []:

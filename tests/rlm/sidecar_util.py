@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 from rlm.config import SidecarSettings
 from rlm.devkafka import KafkaCluster
 
-__all__ = ["assert_contiguous", "latest_remote", "make_settings", "produce_segments", "remote_segments",
+__all__ = ["assert_contiguous", "latest_remote", "make_settings", "only", "produce_segments", "remote_segments",
            "settings_yaml", "store_keys", "wait_for"]
 
 
@@ -102,6 +103,11 @@ def store_keys(root: Path) -> set[str]:
     """Every object key of a file-system store (relative paths under its root)."""
     keys = (str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return {k for k in keys if not k.startswith(".tmp/")}
+
+
+def only(topic: str) -> dict[str, list[str]]:
+    """``topics`` settings tiering this one topic only (the session broker holds every test's topics)."""
+    return {"include": [re.escape(topic)]}
 
 
 def settings_yaml(settings: SidecarSettings) -> str:

@@ -14,6 +14,7 @@ from tests.rlm.sidecar_util import (
     assert_contiguous,
     latest_remote,
     make_settings,
+    only,
     produce_segments,
     remote_segments,
     wait_for,
@@ -44,7 +45,7 @@ def test_remote_retention_by_time_then_size_oldest_first(kafka: KafkaCluster, to
     old_ms = int(time.time() * 1000) - 3 * 3600 * 1000
     old = produce_segments(kafka, topic_name, 3, 100, segment_ms=300, timestamp_ms=old_ms, roll=False)
     new = produce_segments(kafka, topic_name, 4, 100, segment_ms=300)
-    settings = make_settings(kafka, tmp_path)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
     sidecar, rsm = start(settings)
     try:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(new), 60, "every offset remote")
@@ -95,7 +96,7 @@ def test_broker_log_start_offset_is_never_followed(kafka: KafkaCluster, topic_na
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     sent = produce_segments(kafka, topic_name, 5, 150, segment_ms=300)
-    sidecar, rsm = start(make_settings(kafka, tmp_path))
+    sidecar, rsm = start(make_settings(kafka, tmp_path, topics=only(topic_name)))
     try:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
         before = [s.remote_log_segment_id for s in remote_segments(sidecar, tp)]

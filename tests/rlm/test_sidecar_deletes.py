@@ -1,0 +1,209 @@
+"""Deletes the store refuses go through the to-be-deleted topic and finish once it recovers; garbage collection
+removes orphaned objects and nothing else. Real broker, real segments, a file-system store."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from rlm.devkafka import KafkaCluster
+from rlm.sidecar import Sidecar
+from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
+from rsm.api import LogSegmentData, RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.errors import RemoteStorageError
+from rsm.format.keys import SegmentKeys, partition_prefix
+from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
+from rsm.manager import RemoteStorageManager
+from rsm.store.base import Store
+from tests.kafka_util import partition_dir
+from tests.rlm.sidecar_util import (
+    assert_contiguous,
+    latest_remote,
+    make_settings,
+    only,
+    produce_segments,
+    remote_segments,
+    store_keys,
+    wait_for,
+)
+
+
+class RefusingStore:
+    """A real store whose deletes fail (as an S3 outage or a missing permission would) while ``refuse`` is set."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.refuse = threading.Event()
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _check(self, key: str) -> None:
+        if self.refuse.is_set():
+            self.refused += 1
+            raise RemoteStorageError(f"delete of {key}: access denied (test)")
+
+    def delete(self, key: str) -> None:
+        self._check(key)
+        self.inner.delete(key)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self._check(keys[0] if keys else "")
+        self.inner.delete_many(keys)
+
+
+def queued_records(kafka: KafkaCluster, topic: str, timeout_s: float = 10.0) -> list[bytes]:
+    """Keys of every record in the to-be-deleted topic."""
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"probe-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    c.subscribe([topic])
+    keys: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # _PARTITION_EOF
+                    break
+                continue
+            keys.append(msg.key())
+    finally:
+        c.close()
+    return keys
+
+
+def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, topic_name: str,
+                                                          tmp_path: Path) -> None:
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    sent = produce_segments(kafka, topic_name, 5, 150, segment_ms=300)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name), metadata={"tombstone_delay_ms": 600_000})
+    root = Path(settings.store.root_path)
+    sidecar = Sidecar(settings).start()
+    try:
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
+        segs = remote_segments(sidecar, tp)
+    finally:
+        sidecar.stop()
+    assert len(segs) >= 5
+    doomed, kept = segs[:-2], segs[-2:]
+
+    # Restarted with size retention over the two newest segments, against a store that refuses every delete.
+    # Copy runs are hourly here (one at start), so only the cleaner retries the refused deletes.
+    by_size = settings.model_copy(update={
+        "retention": [settings.retention[0].model_copy(update={
+            "retention_bytes": sum(s.segment_size_bytes for s in kept)})],
+        "tasks": settings.tasks.model_copy(update={"copy_interval_ms": 3_600_000})})
+    store = RefusingStore(settings.store.make_store())
+    store.refuse.set()
+    sidecar = Sidecar(by_size, rsm=RemoteStorageManager(settings.store, store=store)).start()
+    try:
+        def states() -> dict[uuid.UUID, RemoteLogSegmentState]:
+            try:
+                return {m.remote_log_segment_id.id: m.state for m in sidecar.rlmm.list_remote_log_segments(tp)}
+            except PartitionNotServedError:
+                return {}  # discovery has not found the partition yet
+
+        wait_for(lambda: all(states().get(s.remote_log_segment_id.id) == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+                             for s in doomed), 60, "the expired segments to be DELETE_SEGMENT_STARTED")
+        wait_for(lambda: sidecar.cleaner.retries >= 2, 30, "the cleaner to retry")
+        time.sleep(1.0)  # more expiration runs while the store refuses
+        queued = queued_records(kafka, settings.metadata.to_be_deleted_topic)
+        assert sorted(queued) == sorted(s.remote_log_segment_id.id.bytes for s in doomed)  # each once
+        keys = store_keys(root)
+        for s in doomed:  # nothing gone yet
+            assert any(str(s.remote_log_segment_id.id) in k for k in keys)
+        assert sidecar.cleaner.deleted == 0
+
+        def finished() -> set[uuid.UUID]:  # DELETE_SEGMENT_FINISHED recorded (tombstones pending: delay 10 min)
+            cache = sidecar.rlmm.cache
+            return {d.segment_id for d in cache.deleted_segments(cache.mp_of(tp))}
+
+        assert not finished()
+        store.refuse.clear()  # the store recovers
+        wait_for(lambda: {s.remote_log_segment_id.id for s in doomed} <= finished(), 60,
+                 "DELETE_SEGMENT_FINISHED for every refused delete")
+        assert not {s.remote_log_segment_id.id for s in doomed} & states().keys()
+        assert sidecar.cleaner.deleted == len(doomed)
+        keys = store_keys(root)
+        for s in doomed:
+            assert not any(str(s.remote_log_segment_id.id) in k for k in keys)
+        for s in kept:
+            assert states()[s.remote_log_segment_id.id] == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+            assert any(str(s.remote_log_segment_id.id) in k for k in keys)
+        left = remote_segments(sidecar, tp)
+        assert [s.remote_log_segment_id for s in left] == [s.remote_log_segment_id for s in kept]
+        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, kept[0].start_offset)}
+        assert {o: got[o] for o in got if o in sent} == {o: kv for o, kv in sent.items()
+                                                         if o >= kept[0].start_offset}
+    finally:
+        sidecar.stop()
+
+
+def plant_orphans(rsm: RemoteStorageManager, tp: TopicIdPartition, pdir: Path, base_offset: int,
+                  end_offset: int) -> set[str]:
+    """A complete copy whose metadata was never written (crash before COPY_SEGMENT_STARTED reached the topic)
+    and a copy that crashed half-way (a data object, no index); returns their keys."""
+    stem = pdir / f"{base_offset:020d}"
+    snapshot = pdir / f"{base_offset:020d}.snapshot"
+    md = RemoteSegmentMetadata(
+        remote_segment_id=uuid.uuid4(), topic_id=tp.topic_id, topic_name=tp.topic, partition=tp.partition,
+        start_offset=base_offset, end_offset_inclusive=end_offset, max_timestamp_ms=int(time.time() * 1000),
+        segment_size_bytes=stem.with_suffix(".log").stat().st_size, broker_id=1,
+        event_timestamp_ms=int(time.time() * 1000), segment_leader_epochs=(SegmentLeaderEpoch(0, base_offset),))
+    rsm.copy_log_segment_data(md, LogSegmentData(
+        log_path=stem.with_suffix(".log"), offset_index_path=stem.with_suffix(".index"),
+        time_index_path=stem.with_suffix(".timeindex"), transaction_index_path=None,
+        producer_snapshot_path=snapshot if snapshot.exists() else None,
+        leader_epoch_checkpoint=format_leader_epoch_checkpoint([EpochEntry(0, base_offset)])))
+    keys = {o.key for o in rsm.store.list(rsm.keys(md).prefix)}
+    assert any(k.endswith("-index") for k in keys)
+    half = SegmentKeys.for_segment(tp.topic, tp.topic_id, tp.partition, base_offset, uuid.uuid4(),
+                                   entropy=rsm.config.key_entropy)
+    rsm.store.put(half.data(0), [b"first block of a copy that crashed"])
+    return keys | {half.data(0)}
+
+
+def test_gc_removes_orphans_and_nothing_else(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    sent = produce_segments(kafka, topic_name, 4, 150, segment_ms=300)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    root = Path(settings.store.root_path)
+    sidecar = Sidecar(settings).start()
+    try:
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
+        segs = remote_segments(sidecar, tp)
+        pdir = partition_dir(kafka, topic_name)
+        orphans = plant_orphans(sidecar.rsm, tp, pdir, segs[0].start_offset, segs[0].end_offset_inclusive)
+        prefix = partition_prefix(tp.topic, tp.topic_id, tp.partition, entropy=sidecar.rsm.config.key_entropy)
+        sidecar.rsm.store.put(prefix + "README", [b"not a segment: gc leaves it alone"])
+        before = store_keys(root)
+        assert orphans <= before
+
+        listed = sidecar.collect_garbage(dry_run=True)
+        assert set(listed) == orphans
+        assert store_keys(root) == before  # a dry run deletes nothing
+
+        deleted = sidecar.collect_garbage()
+        assert set(deleted) == orphans
+        assert store_keys(root) == before - orphans
+        assert prefix + "README" in store_keys(root)
+        assert sidecar.collect_garbage(dry_run=True) == []
+        after = remote_segments(sidecar, tp)
+        assert [s.remote_log_segment_id for s in after] == [s.remote_log_segment_id for s in segs]
+        assert_contiguous(after)
+        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
+        assert got == sent
+    finally:
+        sidecar.stop()
