@@ -1,0 +1,96 @@
+"""Transactions against the real broker: nothing at or above the last stable offset is uploaded while a
+transaction is open, and read_committed remote reads return exactly the committed records."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from rlm.devkafka import KafkaCluster
+from rlm.sidecar import Sidecar
+from rlmm.api import TopicIdPartition
+from tests.kafka_util import produce
+from tests.rlm.sidecar_util import assert_contiguous, latest_remote, make_settings, only, remote_segments, wait_for
+
+
+class TxnProducer:
+    def __init__(self, kafka: KafkaCluster, topic: str) -> None:
+        self.topic = topic
+        self.p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5,
+                           "transactional.id": f"txn-{uuid.uuid4().hex}"})
+        self.p.init_transactions(30)
+
+    def send(self, tag: str, n: int) -> dict[int, tuple[bytes, bytes]]:
+        """Produce ``n`` records inside the open transaction; return offset -> (key, value) once acknowledged."""
+        out: dict[int, tuple[bytes, bytes]] = {}
+
+        def cb(err, msg) -> None:  # type: ignore[no-untyped-def]
+            assert err is None, err
+            out[msg.offset()] = (msg.key(), msg.value())
+
+        for i in range(n):
+            self.p.produce(self.topic, key=f"{tag}-{i}".encode(), value=f"{tag}-value-{i}".encode() * 5,
+                           partition=0, on_delivery=cb)
+        assert self.p.flush(30) == 0
+        assert len(out) == n
+        return out
+
+    def txn(self, tag: str, n: int, *, commit: bool) -> dict[int, tuple[bytes, bytes]]:
+        self.p.begin_transaction()
+        out = self.send(tag, n)
+        (self.p.commit_transaction if commit else self.p.abort_transaction)(30)
+        return out
+
+
+def plain(kafka: KafkaCluster, topic: str, tag: str, n: int) -> dict[int, tuple[bytes, bytes]]:
+    recs = [(f"{tag}-{i}".encode(), f"{tag}-plain-{i}".encode()) for i in range(n)]
+    return {off: kv for (_p, off), kv in zip(produce(kafka, topic, recs), recs, strict=True)}
+
+
+def test_read_committed_and_nothing_above_the_lso(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    tx = TxnProducer(kafka, topic_name)
+    committed: dict[int, tuple[bytes, bytes]] = {}
+    aborted: dict[int, tuple[bytes, bytes]] = {}
+    for round_ in range(3):
+        committed |= tx.txn(f"c{round_}", 60, commit=True)
+        aborted |= tx.txn(f"a{round_}", 40, commit=False)
+        committed |= plain(kafka, topic_name, f"p{round_}", 20)  # non-transactional records in between
+        time.sleep(0.35)
+    # A transaction left open across several rolls: the LSO stays at its first offset.
+    tx.p.begin_transaction()
+    pending = tx.send("open", 50)
+    lso = min(pending)
+    for round_ in range(3):
+        time.sleep(0.35)
+        committed |= plain(kafka, topic_name, f"q{round_}", 30)
+
+    sidecar = Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))).start()
+    try:
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(aborted), 60, "the segments below the LSO to be remote")
+        time.sleep(2.0)  # many copy runs while the transaction stays open
+        below = remote_segments(sidecar, tp)
+        assert below[-1].end_offset_inclusive < lso, (below[-1].end_offset_inclusive, lso)
+        assert_contiguous(below)
+
+        tx.p.commit_transaction(30)
+        committed |= pending
+        time.sleep(0.35)
+        committed |= plain(kafka, topic_name, "roll", 1)
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(committed) - 1, 60, "the rest to be remote")
+        segs = remote_segments(sidecar, tp)
+        assert_contiguous(segs)
+        last = segs[-1].end_offset_inclusive
+        want = {o: kv for o, kv in committed.items() if o <= last}
+
+        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0, isolation="read_committed")}
+        assert got == want
+        assert not got.keys() & aborted.keys()
+        everything = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0)}
+        assert everything == want | aborted  # read_uncommitted: aborted records too, control batches never
+    finally:
+        sidecar.stop()
