@@ -358,9 +358,15 @@ def _decode_ledger(c: _Cursor, index_entry_count: int, ledger_id: int,
             f"ledger {ledger_id}: {n_blocks} block metadata records but index_entry_count {index_entry_count}",
             key=c.key, position=c.pos - 4)
     blocks = []
+    next_entry = 0
     for i in range(n_blocks):
         obj, blen, ecount, first, last, bmax, lpos, lbytes = c.take(_BLOCK_META, "block metadata")
         entry_id, part_id, offset = block_indices[i]
+        if part_id != i or entry_id != next_entry:
+            raise CorruptRemoteObjectError(
+                f"ledger {ledger_id}: block {i} has part_id {part_id} and first entry {entry_id}, expected {i} and "
+                f"{next_entry}", key=c.key, position=c.pos - _BLOCK_META.size)
+        next_entry = entry_id + ecount
         blocks.append(BlockInfo(entry_id, part_id, obj, offset, blen, ecount, first, last, bmax, lpos, lbytes))
     meta = LedgerMetadata(uuid.UUID(bytes=seg_id), uuid.UUID(bytes=topic_id), name, partition, start, end, max_ts,
                           event_ts, broker, size, entries, epochs, objects, tuple(sections))
