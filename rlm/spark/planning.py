@@ -1,0 +1,239 @@
+"""Driver side: from the options, the cluster's topic ids and the metadata topic to input partitions.
+
+Steps, none of which reads record data:
+
+1. the partitions the options name, with their topic ids (one AdminClient ``describe_topics``);
+2. their remote segments (COPY_SEGMENT_FINISHED) from the metadata topic, through the metadata manager's cache
+   (a temporary RocksDB directory per query unless ``metadata.cacheDir`` names one to keep);
+3. per partition the offset range (starting/ending offsets, a starting timestamp, pushed-down filters), then per
+   segment that overlaps it one input partition, or one per block range when the segment is larger than
+   ``maxPartitionBytes`` or blocks can be pruned by time. Splitting and time pruning read the segment's index
+   object (one GET, no data). A starting timestamp is resolved through the same index object to the first block
+   holding a record at or after it; the executor drops the records before the first such one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from rlm.discovery import ClusterView
+from rlm.reader import DEFAULT_TXN_WINDOW_MS, txn_window_segments
+from rlm.spark.executor import SegmentRef, SegmentSlice
+from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
+from rlmm.api import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+from rsm.format.index import BlockInfo
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["Bounds", "plan_slices", "resolve_partitions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Bounds:
+    """What pushed-down filters allow (a superset of the rows Spark keeps: Spark still applies the filters)."""
+
+    topics: set[str] | None = None
+    partitions: set[int] | None = None
+    offset_min: int | None = None            # inclusive
+    offset_max: int | None = None            # inclusive
+    timestamp_min_ms: int | None = None      # rows with timestamp >= this
+
+    def narrow_topics(self, topics: Iterable[str]) -> None:
+        s = set(topics)
+        self.topics = s if self.topics is None else self.topics & s
+
+    def narrow_partitions(self, partitions: Iterable[int]) -> None:
+        s = set(partitions)
+        self.partitions = s if self.partitions is None else self.partitions & s
+
+    def raise_offset_min(self, v: int) -> None:
+        self.offset_min = v if self.offset_min is None else max(self.offset_min, v)
+
+    def lower_offset_max(self, v: int) -> None:
+        self.offset_max = v if self.offset_max is None else min(self.offset_max, v)
+
+    def raise_timestamp_min(self, v: int) -> None:
+        self.timestamp_min_ms = v if self.timestamp_min_ms is None else max(self.timestamp_min_ms, v)
+
+
+def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None) -> list[TopicIdPartition]:
+    """The (topic id, topic, partition)s the options select, narrowed by the pushed-down filters."""
+    view = ClusterView(dict(opts.client_config))
+    if opts.subscribe is not None:
+        wanted: Iterable[str] | None = opts.subscribe
+    elif opts.assign is not None:
+        wanted = opts.assign.keys()
+    else:
+        wanted = None
+    if wanted is not None and bounds is not None and bounds.topics is not None:
+        wanted = [t for t in wanted if t in bounds.topics]
+    infos = view.partitions(sorted(set(wanted)) if wanted is not None else None)
+    found_topics = {t for t, _p in infos}
+    if opts.subscribe is not None or opts.assign is not None:
+        missing = sorted(set(wanted or ()) - found_topics)
+        if missing:
+            raise SparkSourceError(f"topics not found on the cluster: {', '.join(missing)}")
+    out = []
+    for (topic, p), info in sorted(infos.items()):
+        if opts.subscribe_pattern is not None and (topic.startswith("__")
+                                                    or not re.fullmatch(opts.subscribe_pattern, topic)):
+            continue
+        if opts.assign is not None and p not in opts.assign[topic]:
+            continue
+        if bounds is not None and ((bounds.topics is not None and topic not in bounds.topics)
+                                   or (bounds.partitions is not None and p not in bounds.partitions)):
+            continue
+        out.append(TopicIdPartition(info.topic_id, topic, p))
+    if opts.assign is not None:
+        have = {(tp.topic, tp.partition) for tp in out}
+        absent = sorted((t, p) for t, ps in opts.assign.items() for p in ps
+                        if (t, p) not in have and (bounds is None or _allowed(bounds, t, p)))
+        if absent:
+            raise SparkSourceError(f"option assign: partitions not found on the cluster: {absent}")
+    return out
+
+
+def _allowed(bounds: Bounds, topic: str, p: int) -> bool:
+    return (bounds.topics is None or topic in bounds.topics) and (bounds.partitions is None or p in bounds.partitions)
+
+
+def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
+                  timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
+    """The readable remote segments of each partition, from the metadata topic (caught up before answering)."""
+    if not tps:
+        return {}
+    client = dict(opts.client_config)
+    admin = AdminClient(client)
+    md = admin.list_topics(opts.metadata_topic, timeout=30).topics.get(opts.metadata_topic)
+    if md is None or md.error is not None or not md.partitions:
+        raise SparkSourceError(f"metadata topic {opts.metadata_topic!r} not found on {client.get('bootstrap.servers')}"
+                               " (option metadata.topic)")
+    tmp = None
+    if opts.metadata_cache_dir:
+        cache_dir = Path(opts.metadata_cache_dir)
+    else:
+        tmp = cache_dir = Path(tempfile.mkdtemp(prefix="rlm-spark-metadata-"))
+    try:
+        rlmm = TopicBasedRemoteLogMetadataManager(TopicBasedRlmmConfig(
+            bootstrap_servers=str(client["bootstrap.servers"]), cache_dir=cache_dir, topic=opts.metadata_topic,
+            num_partitions=len(md.partitions), replication_factor=1,
+            producer_config={k: v for k, v in client.items() if k != "bootstrap.servers"},
+            consumer_config={k: v for k, v in client.items() if k != "bootstrap.servers"}))
+        try:
+            rlmm.on_partition_leadership_changes([], tps)
+            rlmm.wait_ready(tps, timeout_s)
+            return {tp: [m for m in rlmm.list_remote_log_segments(tp)
+                         if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED] for tp in tps}
+        finally:
+            rlmm.close()
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def plan_slices(opts: SourceOptions, bounds: Bounds | None = None, *,
+                txn_window_ms: int = DEFAULT_TXN_WINDOW_MS) -> list[SegmentSlice]:
+    """Every input partition of the query, in (topic, partition, offset) order. Reads no record data."""
+    bounds = bounds or Bounds()
+    tps = resolve_partitions(opts, bounds)
+    segments = list_segments(opts, tps)
+    rsm = RemoteStorageManager(opts.rsm_config())
+    out: list[SegmentSlice] = []
+    for tp in tps:
+        out.extend(_plan_partition(opts, bounds, rsm, segments[tp], txn_window_ms))
+    log.info("kafka-remote plan", extra={"partitions": len(tps), "slices": len(out)})
+    return out
+
+
+def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManager,
+                    segs: list[RemoteLogSegmentMetadata], txn_window_ms: int) -> list[SegmentSlice]:
+    if not segs:
+        return []
+    tp = segs[0].topic_id_partition
+    earliest = segs[0].start_offset
+    latest_excl = segs[-1].end_offset_inclusive + 1
+    start = opts.starting.for_partition(tp.topic, tp.partition)
+    start = earliest if start is None or start == EARLIEST else latest_excl if start == LATEST else start
+    end = opts.ending.for_partition(tp.topic, tp.partition)
+    end_excl = latest_excl if end is None or end == LATEST else min(end, latest_excl)
+    if start < earliest:
+        if opts.fail_on_data_loss:
+            raise SparkSourceError(f"{tp}: starting offset {start} is below the earliest remote offset {earliest} "
+                                   "(records removed by remote retention); set failOnDataLoss=false to start there")
+        start = earliest
+    if bounds.offset_min is not None:
+        start = max(start, bounds.offset_min)
+    if bounds.offset_max is not None:
+        end_excl = min(end_excl, bounds.offset_max + 1)
+    # A starting timestamp: the first block (in offset order) holding a record at or after it.
+    ts_start = opts.starting_timestamp_ms
+    if opts.starting_by_timestamp is not None:
+        ts_start = opts.starting_by_timestamp.get((tp.topic, tp.partition))
+    ts_segment = ts_block = None
+    if ts_start is not None:
+        for i, md in enumerate(segs):
+            if md.max_timestamp_ms >= ts_start and md.end_offset_inclusive >= start:
+                block = rsm.reader(SegmentRef.of(md).to_rsm()).ledger.block_for_timestamp(ts_start)
+                if block is not None:
+                    ts_segment, ts_block = i, block
+                    start = max(start, block.first_offset)
+                    break
+        else:
+            return []  # no record at or after the timestamp: this partition reads nothing
+    if start >= end_excl:
+        return []
+    ts_min = bounds.timestamp_min_ms
+    out: list[SegmentSlice] = []
+    for i, md in enumerate(segs):
+        if md.end_offset_inclusive < start or md.start_offset >= end_excl:
+            continue
+        if ts_min is not None and md.max_timestamp_ms < ts_min:
+            continue  # pruned by time: no record of this segment is that recent
+        ref = SegmentRef.of(md)
+        lo = max(start, md.start_offset)
+        hi = min(end_excl - 1, md.end_offset_inclusive)
+        txn = tuple(SegmentRef.of(segs[j]) for j in txn_window_segments(segs, i, txn_window_ms)) \
+            if opts.isolation == "read_committed" else ()
+        starts_at_ts = ts_segment == i
+
+        def make(first: int | None, last: int | None, lo_: int, hi_: int, ts: int | None,
+                 ref: SegmentRef = ref, txn: tuple[SegmentRef, ...] = txn) -> SegmentSlice:
+            return SegmentSlice(ref, lo_, hi_, first, last, ts, txn, opts.isolation == "read_committed",
+                                opts.include_headers, opts.store)
+
+        if md.segment_size_bytes <= opts.max_partition_bytes and ts_min is None and not starts_at_ts:
+            out.append(make(None, None, lo, hi, None))
+            continue
+        ledger = rsm.reader(ref.to_rsm()).ledger
+        blocks = [b for b in ledger.blocks if b.last_offset >= lo and b.first_offset <= hi
+                  and (ts_min is None or b.max_timestamp_ms >= ts_min)
+                  and (not starts_at_ts or b.part_id >= ts_block.part_id)]  # type: ignore[union-attr]
+        for group in _group_blocks(blocks, opts.max_partition_bytes):
+            first, last = group[0], group[-1]
+            ts = ts_start if starts_at_ts and first.part_id == ts_block.part_id else None  # type: ignore[union-attr]
+            out.append(make(first.part_id, last.part_id, max(lo, first.first_offset), min(hi, last.last_offset), ts))
+    return out
+
+
+def _group_blocks(blocks: list[BlockInfo], max_bytes: int) -> list[list[BlockInfo]]:
+    """Runs of consecutive blocks of up to ``max_bytes`` of ``.log`` bytes (at least one block each)."""
+    groups: list[list[BlockInfo]] = []
+    size = 0
+    for b in blocks:
+        if groups and groups[-1][-1].part_id + 1 == b.part_id and size + b.log_bytes <= max_bytes:
+            groups[-1].append(b)
+            size += b.log_bytes
+        else:
+            groups.append([b])
+            size = b.log_bytes
+    return groups

@@ -1,0 +1,182 @@
+"""Spark tests: a local SparkSession, and remote segments the real broker wrote, tiered by the real sidecar.
+
+- ``spark``: ``local[2]``, workers on this interpreter, modest memory, Python filter pushdown on, ``kafka-remote``
+  registered.
+- ``codec_data``: topic with 5 partitions, partition i produced with codec i (none, gzip, snappy, lz4, zstd):
+  keys (some null), values (random bytes, some null), headers (some with null values), explicit timestamps
+  (not monotonic); several segments per partition, tiered to S3 (moto over HTTP). What was produced is kept with
+  the offsets from the producer's delivery reports.
+- ``txn_data``: one partition with a committed, an aborted and a committed transaction, tiered to the filesystem
+  store.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from rlm.devkafka import KafkaCluster
+from rlm.sidecar import Sidecar
+from rlmm.api import PartitionNotServedError, TopicIdPartition
+from tests.kafka_util import produce
+from tests.rlm.sidecar_util import make_settings, wait_for
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+ROUNDS = 3
+PER_ROUND = 300
+SEGMENT_MS = 400
+
+
+@dataclass(frozen=True)
+class Produced:
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int
+
+
+@dataclass
+class TieredData:
+    topic: str
+    options: dict[str, str]                                   # where the remote tier is, for .options(**)
+    records: dict[int, dict[int, Produced]] = field(default_factory=dict)   # partition -> offset -> record
+    segments: dict[int, int] = field(default_factory=dict)                  # partition -> remote segments
+    aborted: set[int] = field(default_factory=set)            # offsets of the aborted transaction's records
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")   # the executors' boto3 talks to moto
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    from pyspark.sql import SparkSession
+
+    from rlm.spark import register
+
+    session = (SparkSession.builder.master("local[2]").appName("rlm-spark-tests")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.driver.memory", "1g")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
+    try:
+        latest = sidecar.reader.latest_offset(tp)
+    except PartitionNotServedError:
+        return -1
+    return -1 if latest is None else latest
+
+
+def _tier(kafka: KafkaCluster, tmp: Path, data: TieredData, topic_id: uuid.UUID, store: dict[str, Any],
+          partitions: int) -> None:
+    """Run the sidecar until every produced record but the last (the active segment's roll record) is remote."""
+    settings = make_settings(kafka, tmp, store=store)
+    data.options.update({"kafka.bootstrap.servers": kafka.bootstrap_servers,
+                         "metadata.topic": settings.metadata.topic})
+    sidecar = Sidecar(settings).start()
+    try:
+        for p in range(partitions):
+            tp = TopicIdPartition(topic_id, data.topic, p)
+            last = sorted(data.records[p])[-2]
+            wait_for(lambda tp=tp, last=last: _latest_remote(sidecar, tp) >= last, 120,
+                     f"{data.topic}-{p} to be remote up to offset {last}")
+            end = _latest_remote(sidecar, tp)
+            data.records[p] = {o: r for o, r in data.records[p].items() if o <= end}
+            data.segments[p] = len(sidecar.reader.segments(tp))
+    finally:
+        sidecar.stop()
+
+
+@pytest.fixture(scope="session")
+def codec_data(kafka: KafkaCluster, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> TieredData:
+    topic = f"spark-codecs-{uuid.uuid4().hex[:8]}"
+    n = len(CODECS)
+    topic_id = kafka.create_topic(topic, n, config={"segment.ms": str(SEGMENT_MS), "retention.ms": "-1"})
+    rnd = random.Random(405)
+    base_ts = int(time.time() * 1000) - 3_600_000
+    data = TieredData(topic, {})
+    for p in range(n):
+        data.records[p] = {}
+    for round_ in range(ROUNDS):
+        for p, codec in enumerate(CODECS):
+            recs = []
+            for i in range(PER_ROUND):
+                idx = round_ * PER_ROUND + i
+                key = None if i % 11 == 0 else f"k{p}-{idx}".encode()
+                value = None if i % 37 == 5 else rnd.randbytes(rnd.randint(0, 400))
+                headers = [] if i % 3 else [("h1", f"x{idx}".encode()), ("h2", None), ("h1", b"")]
+                ts = base_ts + idx * 10 - (25 if idx % 7 == 0 else 0)   # not monotonic
+                recs.append((key, value, headers, ts))
+            for (_p, off), (k, v, h, ts) in zip(
+                    produce(kafka, topic, recs, partition=p, **{"compression.type": codec}), recs, strict=True):
+                data.records[p][off] = Produced(k, v, tuple(h), ts)
+        time.sleep(SEGMENT_MS / 1000 + 0.2)
+    for p in range(n):  # rolls the segment holding the last round; this record stays local (active segment)
+        # the broker rolls on record time: this timestamp is segment.ms past the last round's max timestamp
+        ts = base_ts + ROUNDS * PER_ROUND * 10 + 10 * SEGMENT_MS
+        [(_p, off)] = produce(kafka, topic, [(b"__roll__", b"r", [], ts)], partition=p)
+        data.records[p][off] = Produced(b"__roll__", b"r", (), ts)
+    bucket = f"spark-{uuid.uuid4().hex[:8]}"
+    store = {"store": "s3", "bucket": bucket, "endpoint_url": s3_endpoint, "create_bucket": True,
+             "block_size_bytes": 64 * 1024}
+    data.options.update({"store": "s3", "store.bucket": bucket, "store.endpoint_url": s3_endpoint})
+    _tier(kafka, tmp_path_factory.mktemp("spark-codecs"), data, topic_id, store, n)
+    return data
+
+
+@pytest.fixture(scope="session")
+def txn_data(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> TieredData:
+    topic = f"spark-txn-{uuid.uuid4().hex[:8]}"
+    topic_id = kafka.create_topic(topic, 1, config={"segment.ms": str(SEGMENT_MS), "retention.ms": "-1"})
+    data = TieredData(topic, {}, records={0: {}})
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"tx-{topic}",
+                         "linger.ms": 5})
+    producer.init_transactions(30)
+    for n_txn, commit in enumerate((True, False, True)):
+        producer.begin_transaction()
+        batch: list[tuple[int, Produced]] = []
+
+        def cb(err, msg, rec_list=batch) -> None:  # noqa: ANN001
+            if err is not None:
+                raise RuntimeError(f"delivery failed: {err}")
+            rec_list.append((msg.offset(), Produced(msg.key(), msg.value(), (), msg.timestamp()[1])))
+
+        for i in range(100):
+            producer.produce(topic, key=f"t{n_txn}-{i}".encode(), value=f"v{n_txn}-{i}".encode() * 3,
+                             partition=0, on_delivery=cb)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+            data.aborted.update(off for off, _r in batch)
+        data.records[0].update(batch)
+    time.sleep(SEGMENT_MS / 1000 + 0.2)
+    [(_p, off)] = produce(kafka, topic, [(b"__roll__", b"r")])
+    data.records[0][off] = Produced(b"__roll__", b"r", (), 0)
+    tmp = tmp_path_factory.mktemp("spark-txn")
+    store = {"store": "fs", "root_path": str(tmp / "remote"), "block_size_bytes": 64 * 1024}
+    data.options.update({"store": "fs", "store.root_path": str(tmp / "remote")})
+    _tier(kafka, tmp, data, topic_id, store, 1)
+    return data
