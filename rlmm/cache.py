@@ -104,12 +104,17 @@ _S32_FLIP = 1 << 31
 _S64_FLIP = 1 << 63
 
 
+_pack_u32 = _U32.pack
+_pack_u64 = _U64.pack
+
+
 def _s32(v: int) -> bytes:
-    return _U32.pack((v + _S32_FLIP) & 0xFFFFFFFF)
+    """A signed int32 as order-preserving big-endian bytes (v is in range, so no mask is needed)."""
+    return _pack_u32(v + _S32_FLIP)
 
 
 def _s64(v: int) -> bytes:
-    return _U64.pack((v + _S64_FLIP) & 0xFFFFFFFFFFFFFFFF)
+    return _pack_u64(v + _S64_FLIP)
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -310,7 +315,7 @@ class MetadataCache:
                     self._apply_tombstone(batch, mp, key)
                     out.tombstones += 1
                     continue
-                api = value[1] if value[:1] == b"\x01" and value[1:2] < b"\x03" and value[2:3] == b"\x00" \
+                api = value[1] if len(value) > 3 and value[0] == 1 and value[1] < 3 and value[2] == 0 \
                     else api_key_of(value)
                 if api == _API_UPDATE:
                     apply_update(batch, mp, scan_update(value))
