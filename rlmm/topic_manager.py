@@ -72,6 +72,7 @@ class TopicBasedRlmmConfig:
     tombstone_check_interval_s: float = 1.0
     caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
     max_batch_records: int = 10_000
+    client_config: Mapping[str, object] = field(default_factory=dict)     # every client: security, sasl.*, ssl.*
     producer_config: Mapping[str, object] = field(default_factory=dict)
     consumer_config: Mapping[str, object] = field(default_factory=dict)
 
@@ -83,7 +84,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
     def __init__(self, config: TopicBasedRlmmConfig) -> None:
         self.config = config
         self.topic = config.topic
-        common = {"bootstrap.servers": config.bootstrap_servers}
+        common = {**config.client_config, "bootstrap.servers": config.bootstrap_servers}
         self._admin = AdminClient(dict(common))
         self.num_partitions, self.delete_retention_ms = self._ensure_topic()
         self.cache = MetadataCache(config.cache_dir, topic=self.topic, num_partitions=self.num_partitions)
