@@ -84,6 +84,7 @@ class PartitionCopier:
         # Segments whose newest record is older than this would be expired at once: not copied (see expiration).
         self.min_max_timestamp_ms = min_max_timestamp_ms
         self._last_known_end = -1
+        self._highest: int | None = None  # the highest remote offset as of the last run (None: no run yet)
 
     # --------------------------------------------------------------------------------------------- staging
     def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
@@ -124,6 +125,30 @@ class PartitionCopier:
             self._last_known_end = max(self._last_known_end, last)
         return keep, gaps
 
+    def stage_rolled(self) -> int:
+        """Stage the rolled local segments above the highest remote offset of the last run; return how many.
+
+        Runs on its own short interval, between copy runs, so the broker's local retention cannot delete a
+        segment before it is staged even when local retention is shorter than the copy interval. Safe to run
+        beside :meth:`run_once` (staging is locked; a segment staged again after its copy is released by the
+        next run). Gaps are counted by :meth:`run_once` only.
+        """
+        highest = self._highest
+        if highest is None:
+            return 0
+        segments = PartitionDir(self.partition_dir).segments()
+        n = 0
+        for seg, nxt in zip(segments, segments[1:], strict=False):
+            end = nxt.base_offset - 1
+            if end <= highest:
+                continue
+            try:
+                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, seg.base_offset, end)
+                n += 1
+            except SegmentGoneError:
+                continue
+        return n
+
     # ------------------------------------------------------------------------------------------- clean-up
     def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None) -> int:
         """Delete copies left COPY_SEGMENT_STARTED by a crash (ours) or abandoned (another broker's, old)."""
@@ -151,6 +176,7 @@ class PartitionCopier:
         epochs = pdir.leader_epochs()
         highest = highest_remote_offset(self.rlmm, self.tp, epochs)
         staged, result.gaps = self.stage_new(highest)
+        self._highest = highest
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(staged))
         metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(lag_bytes)
@@ -164,10 +190,10 @@ class PartitionCopier:
             md = self.copy_segment(s, start, epochs)
             if md is None:
                 self.staging.release(s)  # nothing worth copying (expired already); not a gap
-                highest = s.end_offset_inclusive
+                highest = self._highest = s.end_offset_inclusive
                 continue
             result.copied.append(md)
-            highest = md.end_offset_inclusive
+            highest = self._highest = md.end_offset_inclusive
             self.staging.release(s)
         return result
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 __all__ = ["ClusterView", "LocalPartition", "PartitionInfo", "scan_log_dirs"]
@@ -94,9 +94,14 @@ class ClusterView:
         for name, fut in futures.items():
             try:
                 desc = fut.result()
-            except Exception as err:  # noqa: BLE001 - a topic deleted meanwhile is simply absent
-                log.info("topic not described", extra={"topic": name, "error": str(err)})
-                continue
+            except KafkaException as err:
+                if err.args and isinstance(err.args[0], KafkaError) and \
+                        err.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    log.info("topic not described", extra={"topic": name, "error": str(err)})
+                    continue  # a topic deleted meanwhile is simply absent
+                # The broker is unreachable or timed out: an answer without this topic would read as "deleted"
+                # (and purge its remote data) or "not led" (and stop its copies). Fail the whole round instead.
+                raise
             tid = _to_uuid(desc.topic_id)
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1

@@ -58,9 +58,14 @@ class GarbageCollector:
     def orphans(self, tp: TopicIdPartition) -> dict[str, list[str]]:
         """Orphaned copies of ``tp``: key base (prefix + base offset + id) -> its object keys."""
         prefix = partition_prefix(tp.topic, tp.topic_id, tp.partition, entropy=self.rsm.config.key_entropy)
+        # The store is listed BEFORE the metadata is read: a copy's COPY_SEGMENT_STARTED is written before its
+        # first byte, so every object listed here is owned in the metadata read next unless it really is an
+        # orphan. (Read the other way round, a copy starting between the two reads would look orphaned, and with
+        # a short grace be deleted under the running copy.)
+        objects = list(self.rsm.store.list(prefix))
         owned = {m.remote_log_segment_id.id for m in self.rlmm.list_remote_log_segments(tp)}
         out: dict[str, list[str]] = {}
-        for obj in self.rsm.store.list(prefix):
+        for obj in objects:
             tail = obj.key[len(prefix):]
             sid = segment_id_of_key(tail)
             if sid is None:

@@ -7,6 +7,8 @@ Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1
   segments), tells the metadata manager which partitions to follow (followers keep remote state current for
   reads), and purges the remote data of topics deleted on the cluster.
 - ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``): :class:`rlm.copier.PartitionCopier`.
+- ``stage`` (the shorter of the discovery and copy intervals): hard-links newly rolled segments of led
+  partitions between copy runs, so local retention shorter than the copy interval loses nothing.
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
 - ``gc`` (``tasks.gc_interval_ms``): objects no metadata owns, after a grace period.
 - the cleaner (its own thread): retries deletes the store refused, from the to-be-deleted topic.
@@ -108,7 +110,7 @@ class Sidecar:
         self._followed: set[TopicIdPartition] = set()
         self._lock = threading.RLock()
         self._scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(s.tasks.copy_workers + 3)},
+            executors={"default": ThreadPoolExecutor(s.tasks.copy_workers + 4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         self.last_discovery_ok: float | None = None
@@ -120,6 +122,8 @@ class Sidecar:
         t = self.settings.tasks
         self._scheduler.add_job(self.discover, "interval", seconds=t.discovery_interval_ms / 1000,
                                 id="discovery", next_run_time=_now())
+        self._scheduler.add_job(self.stage, "interval", id="stage",
+                                seconds=min(t.discovery_interval_ms, t.copy_interval_ms) / 1000)
         self._scheduler.add_job(self.expire, "interval", seconds=t.expiration_interval_ms / 1000, id="expiration")
         self._scheduler.add_job(self.collect_garbage, "interval", seconds=t.gc_interval_ms / 1000, id="gc")
         self._scheduler.add_job(self._refresh_gauges, "interval", seconds=5, id="gauges")
@@ -230,7 +234,7 @@ class Sidecar:
             return
         tp = led.tp
         try:
-            self.rlmm.wait_ready([tp], timeout_s=30) if hasattr(self.rlmm, "wait_ready") else None
+            self._wait_ready([tp])
             lso = self.view.last_stable_offsets([(tp.topic, tp.partition)]).get((tp.topic, tp.partition))
             if lso is None:
                 return
@@ -243,6 +247,25 @@ class Sidecar:
             self.last_error = f"copy {tp}: {err}"
             log.exception("copy task failed", extra={"partition": str(tp)})
 
+    def _wait_ready(self, tps: list[TopicIdPartition]) -> None:
+        """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
+        if tps and hasattr(self.rlmm, "wait_ready"):
+            self.rlmm.wait_ready(tps, timeout_s=30)
+
+    # ------------------------------------------------------------------------------------------- staging
+    def stage(self) -> None:
+        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled)."""
+        with self._lock:
+            leds = list(self._led.values())
+        for led in leds:
+            if led.stop.is_set():
+                continue
+            try:
+                led.copier.stage_rolled()
+            except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
+                self.last_error = f"staging {led.tp}: {err}"
+                log.warning("staging failed", extra={"partition": str(led.tp), "error": str(err)})
+
     # ---------------------------------------------------------------------------------------- expiration
     def expire(self) -> None:
         with self._lock:
@@ -251,6 +274,9 @@ class Sidecar:
             if led.stop.is_set():
                 continue
             try:
+                # Never on a half-rebuilt metadata cache (after a restart): its oldest segments may not be the
+                # partition's oldest, and retention would delete from the middle of the remote range.
+                self._wait_ready([led.tp])
                 expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic))
             except Exception as err:  # noqa: BLE001
                 metrics.ERRORS.labels("expiration").inc()
@@ -262,6 +288,7 @@ class Sidecar:
         with self._lock:
             tps = [led.tp for led in self._led.values()]
         try:
+            self._wait_ready(tps)  # a half-rebuilt cache would make live segments look orphaned
             return self.gc.run(tps, dry_run=dry_run)
         except Exception as err:  # noqa: BLE001
             metrics.ERRORS.labels("gc").inc()
