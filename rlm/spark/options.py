@@ -50,6 +50,16 @@ DEFAULT_MAX_PARTITION_BYTES = 128 * MiB
 Isolation = Literal["read_uncommitted", "read_committed"]
 
 
+_NAMES = {n.lower(): n for n in (
+    "subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets", "startingTimestamp",
+    "startingOffsetsByTimestamp", "includeHeaders", "maxPartitionBytes", "pushFilters", "failOnDataLoss")}
+
+
+def _name(key: str) -> str:
+    """An option's name as documented (Spark hands them over lower-cased)."""
+    return _NAMES.get(key, key)
+
+
 class SparkSourceError(ValueError):
     """An option of the ``kafka-remote`` source is missing or invalid; the message names the option."""
 
@@ -99,14 +109,14 @@ def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
         return True
     if v.strip().lower() in ("false", "0", "no"):
         return False
-    raise SparkSourceError(f"option {key}: expected true or false, found {v!r}")
+    raise SparkSourceError(f"option {_name(key)}: expected true or false, found {v!r}")
 
 
 def _json(opts: Mapping[str, str], key: str) -> Any:
     try:
         return json.loads(opts[key])
     except json.JSONDecodeError as err:
-        raise SparkSourceError(f"option {key}: not valid JSON at character {err.pos}: {err.msg}") from None
+        raise SparkSourceError(f"option {_name(key)}: not valid JSON at character {err.pos}: {err.msg}") from None
 
 
 def _offsets(opts: Mapping[str, str], key: str, default: int, allowed: tuple[str, ...]) -> OffsetSpec:
@@ -118,19 +128,21 @@ def _offsets(opts: Mapping[str, str], key: str, default: int, allowed: tuple[str
         return OffsetSpec(EARLIEST if word == "earliest" else LATEST)
     value = _json(opts, key)
     if not isinstance(value, dict):
-        raise SparkSourceError(f"option {key}: expected {' or '.join(allowed)} or a JSON object "
+        raise SparkSourceError(f"option {_name(key)}: expected {' or '.join(allowed)} or a JSON object "
                                f'{{"topic": {{"partition": offset}}}}, found {raw!r}')
     out: dict[tuple[str, int], int] = {}
     for topic, parts in value.items():
         if not isinstance(parts, dict):
-            raise SparkSourceError(f"option {key}: topic {topic!r} must map partitions to offsets")
+            raise SparkSourceError(f"option {_name(key)}: topic {topic!r} must map partitions to offsets")
         for p, off in parts.items():
             try:
                 pi = int(p)
             except ValueError:
-                raise SparkSourceError(f"option {key}: topic {topic!r}: partition {p!r} is not a number") from None
+                raise SparkSourceError(f"option {_name(key)}: topic {topic!r}: partition {p!r} is not a number"
+                                       ) from None
             if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
-                raise SparkSourceError(f"option {key}: {topic}-{pi}: offset {off!r} is not an offset, -1 or -2")
+                raise SparkSourceError(f"option {_name(key)}: {topic}-{pi}: offset {off!r} is not an offset, -1 "
+                                       "or -2")
             out[(topic, pi)] = off
     return OffsetSpec(default, out)
 

@@ -4,8 +4,8 @@
   registered.
 - ``codec_data``: topic with 5 partitions, partition i produced with codec i (none, gzip, snappy, lz4, zstd):
   keys (some null), values (random bytes, some null), headers (some with null values), explicit timestamps
-  (not monotonic); several segments per partition, tiered to S3 (moto over HTTP). What was produced is kept with
-  the offsets from the producer's delivery reports.
+  (not monotonic); small producer batches; several segments per partition, of several 16 KiB blocks, tiered to S3
+  (moto over HTTP). What was produced is kept with the offsets from the producer's delivery reports.
 - ``txn_data``: one partition with a committed, an aborted and a committed transaction, tiered to the filesystem
   store.
 """
@@ -35,6 +35,7 @@ CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ROUNDS = 3
 PER_ROUND = 300
 SEGMENT_MS = 400
+ROUND_MS = 100_000  # record time between rounds: each round is a segment of its own
 
 
 @dataclass(frozen=True)
@@ -126,20 +127,21 @@ def codec_data(kafka: KafkaCluster, s3_endpoint: str, tmp_path_factory: pytest.T
                 key = None if i % 11 == 0 else f"k{p}-{idx}".encode()
                 value = None if i % 37 == 5 else rnd.randbytes(rnd.randint(0, 400))
                 headers = [] if i % 3 else [("h1", f"x{idx}".encode()), ("h2", None), ("h1", b"")]
-                ts = base_ts + idx * 10 - (25 if idx % 7 == 0 else 0)   # not monotonic
+                # a round spans < segment.ms of record time (the broker rolls on record time); not monotonic
+                ts = base_ts + round_ * ROUND_MS + i - (25 if idx % 7 == 0 else 0)
                 recs.append((key, value, headers, ts))
-            for (_p, off), (k, v, h, ts) in zip(
-                    produce(kafka, topic, recs, partition=p, **{"compression.type": codec}), recs, strict=True):
+            acks = produce(kafka, topic, recs, partition=p, **{"compression.type": codec, "batch.size": 8192})
+            for (_p, off), (k, v, h, ts) in zip(acks, recs, strict=True):
                 data.records[p][off] = Produced(k, v, tuple(h), ts)
         time.sleep(SEGMENT_MS / 1000 + 0.2)
     for p in range(n):  # rolls the segment holding the last round; this record stays local (active segment)
         # the broker rolls on record time: this timestamp is segment.ms past the last round's max timestamp
-        ts = base_ts + ROUNDS * PER_ROUND * 10 + 10 * SEGMENT_MS
+        ts = base_ts + ROUNDS * ROUND_MS
         [(_p, off)] = produce(kafka, topic, [(b"__roll__", b"r", [], ts)], partition=p)
         data.records[p][off] = Produced(b"__roll__", b"r", (), ts)
     bucket = f"spark-{uuid.uuid4().hex[:8]}"
     store = {"store": "s3", "bucket": bucket, "endpoint_url": s3_endpoint, "create_bucket": True,
-             "block_size_bytes": 64 * 1024}
+             "block_size_bytes": 16 * 1024}  # several blocks per segment: block-range splits
     data.options.update({"store": "s3", "store.bucket": bucket, "store.endpoint_url": s3_endpoint})
     _tier(kafka, tmp_path_factory.mktemp("spark-codecs"), data, topic_id, store, n)
     return data

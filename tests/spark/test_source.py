@@ -71,7 +71,8 @@ def test_starting_timestamp_starts_at_the_first_record_at_or_after_it(spark: Any
     recs = codec_data.records[0]
     offsets = sorted(recs)
     # a timestamp in the middle, just before a record that is earlier than its predecessor (not monotonic)
-    o = next(o for o in offsets[len(offsets) // 2:] if o + 1 in recs and recs[o + 1].timestamp_ms < recs[o].timestamp_ms)
+    o = next(o for o in offsets[len(offsets) // 2:]
+             if o + 1 in recs and recs[o + 1].timestamp_ms < recs[o].timestamp_ms)
     target = recs[o].timestamp_ms
     want_start = {p: min(o for o, r in sorted(codec_data.records[p].items()) if r.timestamp_ms >= target)
                   for p in codec_data.records}
@@ -117,7 +118,7 @@ def test_pushed_filters_prune_before_reading_and_rows_are_exact(spark: Any, code
 
 
 def test_large_segments_split_into_block_ranges(spark: Any, codec_data: TieredData) -> None:
-    df = load(spark, codec_data, subscribe=codec_data.topic, maxPartitionBytes=str(64 * 1024),
+    df = load(spark, codec_data, subscribe=codec_data.topic, maxPartitionBytes=str(20_000),
               includeHeaders="true")
     assert df.rdd.getNumPartitions() > sum(codec_data.segments.values())
     assert collect(df) == expected(codec_data)

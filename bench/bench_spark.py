@@ -1,0 +1,228 @@
+"""Spark over the remote tier (``kafka-remote``) vs Spark's own Kafka source reading the broker: same records,
+same cores, one run, one table.
+
+Starts one real broker, produces ``--records`` records into ``--partitions`` partitions (``--value-bytes`` random
+values, keys, one codec), lets the real sidecar tier every rolled segment to the filesystem store, then runs
+the same aggregation (``count(*)``, ``sum(length(value))``, ``sum(length(key))``, ``max(offset)``,
+``max(timestamp)``: every column of every record is materialized) over exactly the tiered offsets with
+
+- ``kafka-remote``: the driver plans from the metadata topic, executors read the store;
+- ``kafka`` (Spark's source, ``spark-sql-kafka-0-10``): executors fetch from the broker.
+
+Spark's connector is resolved with Maven from ``config/spark-kafka-pom.xml`` into ``.cache/spark-kafka/`` at the
+installed pyspark's version, or the newest Maven Central has (printed). Each source runs ``--repeat`` times; the
+best run counts. Usage::
+
+    .venv/bin/python bench/bench_spark.py [--records 2000000] [--partitions 2] [--codec lz4] [--cores 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer  # noqa: E402
+
+from rlm.devkafka import KafkaCluster  # noqa: E402
+from rlm.sidecar import Sidecar  # noqa: E402
+from rlmm.api import PartitionNotServedError, TopicIdPartition  # noqa: E402
+from tests.rlm.sidecar_util import make_settings, wait_for  # noqa: E402
+
+POM = ROOT / "config" / "spark-kafka-pom.xml"
+CACHE = ROOT / ".cache" / "spark-kafka"
+FALLBACK_VERSIONS = ("4.2.0", "4.1.3")  # newest connectors on Maven Central, tried when the installed one is absent
+MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*,!central</mirrorOf>
+<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
+"""
+
+
+def spark_kafka_jars(version: str) -> tuple[str, list[Path]]:
+    """(connector version, jars not already shipped with pyspark), resolving with Maven once per version."""
+    import pyspark
+
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    shipped = {_artifact(j.name) for j in pyspark_jars.glob("*.jar")}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    settings = CACHE / "maven-settings.xml"  # Spark's parent POM names a mirror host that may not resolve
+    settings.write_text(MAVEN_SETTINGS)
+    errors = []
+    for v in (version, *FALLBACK_VERSIONS):
+        out = CACHE / v
+        if not (out / ".resolved").exists():
+            tmp = CACHE / f"{v}.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            cmd = ["mvn", "-q", "-B", "-s", str(settings), "-f", str(POM), "dependency:copy-dependencies",
+                   "-DincludeScope=runtime", f"-Dspark.version={v}", f"-DoutputDirectory={tmp}"]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                errors.append(f"{v}: " + next((ln for ln in r.stdout.splitlines() if "ERROR" in ln), r.stdout[-300:]))
+                continue
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+            (out / ".resolved").write_text(v)
+        jars = [j for j in sorted(out.glob("*.jar")) if _artifact(j.name) not in shipped]
+        return v, jars
+    raise SystemExit("cannot resolve spark-sql-kafka-0-10:\n  " + "\n  ".join(errors))
+
+
+def _artifact(jar_name: str) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients`` (the name without its version)."""
+    parts = jar_name[:-4].split("-")
+    while parts and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def produce(kafka: KafkaCluster, topic: str, partitions: int, n: int, value_bytes: int, codec: str) -> None:
+    rnd = random.Random(7)
+    values = [rnd.randbytes(value_bytes) for _ in range(1024)]
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "batch.size": 1 << 20,
+                  "compression.type": codec, "queue.buffering.max.messages": 1_000_000, "acks": "1"})
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, value=values[i & 1023], key=b"key-%d" % i, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i & 0xFFFF == 0:
+            p.poll(0)
+    if p.flush(120) != 0:
+        raise SystemExit("producer did not flush")
+
+
+def latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
+    try:
+        v = sidecar.reader.latest_offset(tp)
+    except PartitionNotServedError:
+        return -1
+    return -1 if v is None else v
+
+
+def broker_end(kafka: KafkaCluster, topic: str, partition: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "bench"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+    finally:
+        c.close()
+
+
+AGG = ["count(*) AS n", "sum(length(value)) AS value_bytes", "sum(length(key)) AS key_bytes",
+       "max(offset) AS max_offset", "max(timestamp) AS max_ts", "count(DISTINCT partition) AS partitions"]
+
+
+def timed(df) -> tuple[float, dict]:  # noqa: ANN001
+    t0 = time.perf_counter()
+    row = df.selectExpr(*AGG).collect()[0].asDict()
+    return time.perf_counter() - t0, row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--codec", default="lz4", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--segment-bytes", type=int, default=16 << 20)
+    args = ap.parse_args()
+
+    import pyspark
+
+    connector, jars = spark_kafka_jars(pyspark.__version__)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    kafka = KafkaCluster(brokers=1)
+    kafka.start()
+    sidecar = None
+    spark = None
+    try:
+        topic = "bench-spark"
+        topic_id = kafka.create_topic(topic, args.partitions, config={
+            "segment.bytes": str(args.segment_bytes), "retention.ms": "-1"})
+        t0 = time.perf_counter()
+        produce(kafka, topic, args.partitions, args.records, args.value_bytes, args.codec)
+        print(f"produced {args.records:,} records in {time.perf_counter() - t0:.1f}s", flush=True)
+        settings = make_settings(kafka, tmp, store={"store": "fs", "root_path": str(tmp / "remote"),
+                                                    "block_size_bytes": 4 << 20})
+        sidecar = Sidecar(settings).start()
+        tps = [TopicIdPartition(topic_id, topic, p) for p in range(args.partitions)]
+        # every rolled segment tiered: the remote end is the start of the active segment - 1
+        for tp in tps:
+            logs = sorted((kafka.node(1).log_dirs[0] / f"{topic}-{tp.partition}").glob("*.log"))
+            active_base = int(logs[-1].name[:20])
+            wait_for(lambda tp=tp, b=active_base: latest_remote(sidecar, tp) >= b - 1, 600,
+                     f"{tp} to be tiered up to {active_base - 1}")
+        ends = {tp.partition: latest_remote(sidecar, tp) + 1 for tp in tps}
+        sidecar.stop()
+        sidecar = None
+        tiered = sum(ends.values())
+        print(f"tiered {tiered:,} records ({len(list((tmp / 'remote').rglob('*')))} objects); "
+              f"broker holds {sum(broker_end(kafka, topic, p) for p in ends):,}", flush=True)
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        from pyspark.sql import SparkSession
+
+        from rlm.spark import register
+
+        spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("bench-spark")
+                 .config("spark.pyspark.python", sys.executable)
+                 .config("spark.jars", ",".join(str(j) for j in jars))
+                 .config("spark.driver.memory", "2g")
+                 .config("spark.ui.enabled", "false")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        ending = json.dumps({topic: {str(p): e for p, e in ends.items()}})
+        remote = (spark.read.format("kafka-remote").option("subscribe", topic)
+                  .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+                  .option("metadata.topic", settings.metadata.topic)
+                  .option("store", "fs").option("store.root_path", str(tmp / "remote"))
+                  .option("endingOffsets", ending).load())
+        broker = (spark.read.format("kafka").option("subscribe", topic)
+                  .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+                  .option("startingOffsets", "earliest").option("endingOffsets", ending).load())
+        results = {}
+        for name, df in (("kafka-remote (store)", remote), (f"kafka {connector} (broker)", broker)):
+            best = None
+            for _ in range(args.repeat):
+                secs, row = timed(df)
+                if row["n"] != tiered:
+                    raise SystemExit(f"{name} returned {row['n']} records, expected {tiered}")
+                best = secs if best is None else min(best, secs)
+            results[name] = (best, row)
+            print(f"  {name}: best {best:.2f}s of {args.repeat}", flush=True)
+        rows = list(results.values())
+        if rows[0][1] != rows[1][1]:
+            raise SystemExit(f"the sources disagree: {rows[0][1]} vs {rows[1][1]}")
+        print()
+        print(f"{args.records:,} records x {args.value_bytes} B values, codec {args.codec}, {args.partitions} "
+              f"partitions, local[{args.cores}], pyspark {pyspark.__version__}")
+        print(f"{'source':32} {'records':>12} {'seconds':>9} {'records/s':>12} {'vs kafka':>9}")
+        base = rows[1][0]
+        for name, (secs, row) in results.items():
+            print(f"{name:32} {row['n']:>12,} {secs:>9.2f} {row['n'] / secs:>12,.0f} {base / secs:>8.2f}x")
+    finally:
+        if spark is not None:
+            spark.stop()
+        if sidecar is not None:
+            sidecar.stop()
+        kafka.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
