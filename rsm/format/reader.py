@@ -24,8 +24,7 @@ from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LEN
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
-from rsm.log._crc32c import buffer_address, crc32c_at
-from rsm.log.batch import ATTRIBUTES_OFFSET, header_from_bytes
+from rsm.log.batch import batch_crc, header_from_bytes
 from rsm.log.errors import CorruptRecordBatchError
 from rsm.store.base import Store
 
@@ -68,7 +67,7 @@ def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) 
         h = header_from_bytes(data, position, key)
     except CorruptRecordBatchError as err:
         raise CorruptRemoteObjectError(f"bad record batch: {err}", key=key, position=position) from err
-    actual = crc32c_at(data, buffer_address(data), ATTRIBUTES_OFFSET, len(data) - ATTRIBUTES_OFFSET)
+    actual = batch_crc(data)
     if actual != h.crc:
         raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{h.crc:08X}", key=key,
                                        position=position, kafka_offset=h.base_offset)

@@ -51,6 +51,7 @@ __all__ = [
     "BatchHeader",
     "Codec",
     "TimestampType",
+    "batch_crc",
     "header_from_bytes",
     "iter_batches_with_bytes",
     "scan_batches",
@@ -368,3 +369,9 @@ def header_from_bytes(data: bytes | memoryview, position: int = 0,
                                       f"{last_delta}, record count {count}")
     return _make_header(position, base, base + last_delta, len(data), epoch, magic, crc, attrs, base_ts, max_ts,
                        pid, pepoch, bseq, count)
+
+
+def batch_crc(data: bytearray) -> int:
+    """The CRC-32C a batch's header must carry: over its bytes from Attributes to the end (``data`` is the
+    whole batch, 12-byte prefix included). Compare with :attr:`BatchHeader.crc`."""
+    return crc32c_at(data, buffer_address(data), ATTRIBUTES_OFFSET, len(data) - ATTRIBUTES_OFFSET)
