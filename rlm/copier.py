@@ -92,14 +92,13 @@ class PartitionCopier:
         pdir = PartitionDir(self.partition_dir)
         segments = pdir.segments()
         gaps: list[tuple[int, int]] = []
-        for seg, nxt in zip(segments, segments[1:], strict=False):
-            end = nxt.base_offset - 1
+        for base, end in pdir.rolled_ranges():
             if end <= highest:
                 continue
             try:
-                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, seg.base_offset, end)
+                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, base, end)
             except SegmentGoneError:
-                gaps.append((seg.base_offset, end))
+                gaps.append((base, end))
         staged = sorted((s for s in self.staging.staged()
                          if s.topic == self.tp.topic and s.partition == self.tp.partition),
                         key=lambda s: s.base_offset)
@@ -136,14 +135,12 @@ class PartitionCopier:
         highest = self._highest
         if highest is None:
             return 0
-        segments = PartitionDir(self.partition_dir).segments()
         n = 0
-        for seg, nxt in zip(segments, segments[1:], strict=False):
-            end = nxt.base_offset - 1
+        for base, end in PartitionDir(self.partition_dir).rolled_ranges():
             if end <= highest:
                 continue
             try:
-                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, seg.base_offset, end)
+                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, base, end)
                 n += 1
             except SegmentGoneError:
                 continue

@@ -142,10 +142,21 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         if n != cfg.num_partitions:
             log.warning("metadata topic %s has %d partitions, configured %d: using %d", self.topic, n,
                         cfg.num_partitions, n)
+        return n, self._delete_retention_ms(time.monotonic() + 30)
+
+    def _delete_retention_ms(self, deadline: float) -> int:
+        """The topic's ``delete.retention.ms``. Right after another manager created the topic, a broker whose
+        metadata has not caught up yet answers UNKNOWN_TOPIC_OR_PART: retry until ``deadline``."""
         res = ConfigResource(ResourceType.TOPIC, self.topic)
-        entries = self._admin.describe_configs([res])[res].result(30)
-        retention = int(entries["delete.retention.ms"].value)
-        return n, retention
+        while True:
+            try:
+                entries = self._admin.describe_configs([res])[res].result(30)
+                return int(entries["delete.retention.ms"].value)
+            except KafkaException as err:
+                code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
+                if code != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                    raise MetadataWriteError(f"cannot describe metadata topic {self.topic}: {err}") from err
+                time.sleep(0.2)
 
     # ------------------------------------------------------------------------------- consumer thread side
     def _call(self, fn: Callable[[], object], timeout_s: float = 60.0) -> object:

@@ -2,7 +2,10 @@
 
 Files of a segment are named by its 20-digit zero-padded base offset: ``.log``, ``.index``, ``.timeindex``,
 ``.txnindex`` (only when it has aborted transactions), ``.snapshot`` (producer state, not for every segment).
-Files being deleted or compacted (``.deleted``, ``.cleaned``, ``.swap`` suffixes) are ignored.
+Files being deleted or compacted (``.deleted``, ``.cleaned``, ``.swap`` suffixes) are ignored by
+:meth:`PartitionDir.segments`; :meth:`PartitionDir.rolled_ranges` also counts ``.log.deleted`` files: retention
+renames a segment's files to ``*.deleted`` and removes them ``log.segment.delete.delay.ms`` later (60 s by
+default), and a hard link taken in between still saves the bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ __all__ = ["LEADER_EPOCH_CHECKPOINT", "PARTITION_METADATA", "PartitionDir", "Seg
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 _LOG_NAME = re.compile(r"^(\d{20})\.log$")
+_DELETED_LOG_NAME = re.compile(r"^(\d{20})\.log\.deleted$")
 _DIR_NAME = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 
 
@@ -86,6 +90,19 @@ class PartitionDir:
                 is_active=i == len(bases) - 1,
             ))
         return out
+
+    def rolled_ranges(self) -> list[tuple[int, int]]:
+        """``(base offset, end offset inclusive)`` of every rolled segment, oldest first, including segments
+        retention has already renamed to ``.log.deleted`` but not removed yet. The end is the next segment's base
+        offset - 1 (its last offset when no records were removed by compaction)."""
+        names = os.listdir(self.path)
+        live = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
+        if not live:
+            return []
+        active = live[-1]
+        deleted = {int(m.group(1)) for n in names if (m := _DELETED_LOG_NAME.match(n))}
+        bases = sorted({b for b in deleted if b < active} | set(live))
+        return [(b, nxt - 1) for b, nxt in zip(bases, bases[1:], strict=False)]
 
     def rolled_segments(self) -> list[Segment]:
         """The immutable segments: all but the active one."""

@@ -68,7 +68,9 @@ def broker_segments(kafka, tmp_path_factory) -> list[BrokerSegment]:
     """Rolled segments of one topic: one per codec (many batches, headers, explicit timestamps) and one
     holding a committed and an aborted transaction (so it has a ``.txnindex``)."""
     topic = f"rsm-contract-{uuid.uuid4().hex[:8]}"
-    topic_id = kafka.create_topic(topic, 1, 1, {"segment.ms": "200", "message.timestamp.type": "CreateTime"})
+    topic_id = kafka.create_topic(topic, 1, 1, {"segment.ms": "200", "message.timestamp.type": "CreateTime",
+                                                   # our timestamps are from 2023: time retention would delete them
+                                                   "retention.ms": "-1"})
     ts0 = 1_700_000_000_000
     for n, codec in enumerate(CODECS):
         records = [(b"k%d" % i, (b"%s-%05d-" % (codec.encode(), i)) * (1 + i % 40),

@@ -37,6 +37,21 @@ def test_names_suffixes_and_optional_files(tmp_path):
     assert [s.base_offset for s in pd.rolled_segments()] == [0, 100]
 
 
+def test_rolled_ranges_count_segments_retention_is_deleting(tmp_path):
+    d = tmp_path / "t-0"
+    d.mkdir()
+    # 0 and 40 renamed by retention (the old active segment 40 too: Kafka rolls it first); 90 is live and rolled;
+    # 130 is the active segment; a stray .deleted above the active one (a truncation) is not a rolled segment.
+    for name in (f"{0:020d}.log.deleted", f"{40:020d}.log.deleted", f"{90:020d}.log", f"{130:020d}.log",
+                 f"{500:020d}.log.deleted", f"{20:020d}.log.cleaned"):
+        (d / name).write_bytes(b"")
+    assert PartitionDir(d).rolled_ranges() == [(0, 39), (40, 89), (90, 129)]
+    assert [s.base_offset for s in PartitionDir(d).rolled_segments()] == [90]
+    for name in (f"{90:020d}.log", f"{130:020d}.log"):
+        (d / name).unlink()
+    assert PartitionDir(d).rolled_ranges() == []  # no live segment: nothing is known to be rolled
+
+
 def test_bad_directory_and_files(tmp_path):
     with pytest.raises(LogFormatError, match="not a partition directory"):
         PartitionDir(tmp_path / "no_partition_number")
