@@ -267,9 +267,15 @@ def main() -> None:
             n_theirs = len(ranges_theirs)
 
             def kafka_done() -> bool:
-                # LocalTieredStorage writes <segment id>-<file type> files; the leader epoch checkpoint comes last.
-                done = [p for p in kafka_remote.rglob("*leader_epoch_checkpoint") if p.is_file()]
-                return len(done) >= n_theirs
+                # LocalTieredStorage writes <offset>-<segment uuid>.<type> files; a segment is there when all its
+                # mandatory files are.
+                types: dict[str, set[str]] = {}
+                for p in kafka_remote.rglob("*"):
+                    if p.is_file():
+                        stem, _, suffix = p.name.rpartition(".")
+                        types.setdefault(stem, set()).add(suffix)
+                need = {"log", "index", "timeindex", "leader_epoch_checkpoint", "snapshot"}
+                return sum(need <= t for t in types.values()) >= n_theirs
 
             wait_until(kafka_done, 900, "Kafka's tiered storage to copy every segment")
             e2e = time.perf_counter() - t0
