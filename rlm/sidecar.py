@@ -68,8 +68,7 @@ def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False,
         serve_all=serve_all,
         write_timeout_s=md.write_timeout_ms / 1000,
         tombstone_delay_ms=md.tombstone_delay_ms,
-        producer_config=client,
-        consumer_config=client,
+        client_config=client,  # admin, producer and consumer: security settings
     ))
 
 

@@ -127,8 +127,7 @@ def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
         rlmm = TopicBasedRemoteLogMetadataManager(TopicBasedRlmmConfig(
             bootstrap_servers=str(client["bootstrap.servers"]), cache_dir=cache_dir, topic=opts.metadata_topic,
             num_partitions=len(md.partitions), replication_factor=1,
-            producer_config={k: v for k, v in client.items() if k != "bootstrap.servers"},
-            consumer_config={k: v for k, v in client.items() if k != "bootstrap.servers"}))
+            client_config={k: v for k, v in client.items() if k != "bootstrap.servers"}))
         try:
             rlmm.on_partition_leadership_changes([], tps)
             rlmm.wait_ready(tps, timeout_s)
