@@ -6,8 +6,9 @@ The sidecar answers for the remote tier what the broker answers for its local lo
   ``read_committed`` isolation dropping aborted records through the uploaded transaction indexes (control
   batches are never returned, as a Kafka consumer never surfaces them);
 - :meth:`RemoteReader.earliest_offset` / :meth:`latest_offset`: the ListOffsets answers for the remote tier;
-- :meth:`RemoteReader.offset_for_timestamp`: the first offset whose batch max timestamp is >= T, through the
-  ledger index (one index read, then one block) and its leader epoch.
+- :meth:`RemoteReader.offset_for_timestamp`: the first offset whose timestamp is >= T (the first batch whose max
+  timestamp is >= T, through the ledger index: one index read, then one block; then its records) and its leader
+  epoch.
 
 Only COPY_SEGMENT_FINISHED segments are read. A block range of one data object is one ranged GET that streams
 the following blocks too (sequential reads need no further request per block); ledger indexes are cached by the
@@ -92,14 +93,21 @@ class RemoteReader:
         return segs[-1].end_offset_inclusive if segs else None
 
     def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, leader epoch) of the first batch whose max timestamp is >= ``timestamp_ms``, or None."""
+        """(offset, leader epoch) of the first record whose timestamp is >= ``timestamp_ms``, or None: the
+        first batch whose max timestamp is >= T, then the first record in it at or after T (as Kafka's
+        ListOffsets; a LogAppendTime batch's records all carry its max timestamp)."""
         for md in self.segments(tp):
             if md.max_timestamp_ms < timestamp_ms:
                 continue
-            entry = self.rsm.reader(to_rsm(md)).find_timestamp(timestamp_ms)
+            reader = self.rsm.reader(to_rsm(md))
+            entry = reader.find_timestamp(timestamp_ms)
             if entry is None:
                 continue
             offset = max(entry.base_offset, md.start_offset)
+            h = header_from_bytes(entry.data, entry.log_position, reader.keys.base)
+            if not h.timestamp_type:  # CreateTime: the records' own timestamps
+                offset = next((r.offset for r in iter_raw_records(h, entry.data, path=reader.keys.base)
+                               if r.offset >= offset and r.timestamp >= timestamp_ms), offset)
             return offset, _epoch_of(md, offset)
         return None
 
