@@ -180,6 +180,11 @@ class PartitionCopier:
         for s in staged:
             if stop is not None and stop.is_set():
                 break
+            if s.end_offset_inclusive <= highest:
+                # Remote already, by a copy earlier in this run: the same offsets staged twice (a replica moved
+                # between log dirs leaves them staged from the old dir and from the new one).
+                self.staging.release(s)
+                continue
             if s.end_offset_inclusive >= last_stable_offset:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
