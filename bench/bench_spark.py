@@ -170,6 +170,8 @@ def main() -> None:
         sidecar.stop()
         sidecar = None
         tiered = sum(ends.values())
+        if tiered == 0:
+            raise SystemExit("no segment rolled: produce more records (--records) or lower --segment-bytes")
         print(f"tiered {tiered:,} records ({len(list((tmp / 'remote').rglob('*')))} objects); "
               f"broker holds {sum(broker_end(kafka, topic, p) for p in ends):,}", flush=True)
 
@@ -205,6 +207,22 @@ def main() -> None:
                 best = secs if best is None else min(best, secs)
             results[name] = (best, row)
             print(f"  {name}: best {best:.2f}s of {args.repeat}", flush=True)
+        # The executor's code alone, in this process, one core, no Spark: where the source's time goes.
+        from rlm.spark.executor import read_slice
+        from rlm.spark.options import parse_options
+        from rlm.spark.planning import plan_slices
+
+        opts = parse_options({"subscribe": topic, "kafka.bootstrap.servers": kafka.bootstrap_servers,
+                              "metadata.topic": settings.metadata.topic, "store": "fs",
+                              "store.root_path": str(tmp / "remote"), "endingOffsets": ending})
+        t0 = time.perf_counter()
+        slices = plan_slices(opts)
+        plan_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        n_alone = sum(b.num_rows for sl in slices for b in read_slice(sl))
+        alone_s = time.perf_counter() - t0
+        if n_alone != tiered:
+            raise SystemExit(f"read_slice returned {n_alone} records, expected {tiered}")
         rows = list(results.values())
         if rows[0][1] != rows[1][1]:
             raise SystemExit(f"the sources disagree: {rows[0][1]} vs {rows[1][1]}")
@@ -215,6 +233,8 @@ def main() -> None:
         base = rows[1][0]
         for name, (secs, row) in results.items():
             print(f"{name:32} {row['n']:>12,} {secs:>9.2f} {row['n'] / secs:>12,.0f} {base / secs:>8.2f}x")
+        print(f"{'read_slice alone, 1 core':32} {n_alone:>12,} {alone_s:>9.2f} {n_alone / alone_s:>12,.0f} "
+              f"{'':>9}  (+ {plan_s:.2f}s planning {len(slices)} slices)")
     finally:
         if spark is not None:
             spark.stop()
