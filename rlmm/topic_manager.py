@@ -238,7 +238,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         try:
             while not self._stop.is_set():
                 self._run_commands()
-                msgs = self._consumer.consume(num_messages=self.config.max_batch_records, timeout=0.05)
+                # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own
+                # record would wait the full timeout each time. Wait for the first message only, then take what
+                # is already fetched.
+                first = self._consumer.poll(0.05)
+                msgs = [] if first is None else [first, *self._consumer.consume(
+                    num_messages=max(1, self.config.max_batch_records - 1), timeout=0)]
                 records = []
                 eofs = []
                 assigned = self._assigned
