@@ -60,7 +60,12 @@ class CopyResult:
 
 def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
                           epochs: list[EpochEntry]) -> int:
-    """The highest offset copied under the partition's epoch lineage (latest epoch first), or -1."""
+    """The highest offset copied under the partition's epoch lineage (latest epoch first), or -1.
+
+    From live COPY_SEGMENT_FINISHED segments only (the metadata cache answers so, to answer the same after a rebuild
+    from the compacted topic): once remote retention has deleted every segment of an epoch, it no longer counts.
+    :class:`PartitionCopier` keeps the highest it has seen for as long as it runs.
+    """
     for entry in reversed(epochs):
         off = rlmm.highest_offset_for_epoch(tp, entry.epoch)
         if off is not None:
@@ -172,6 +177,11 @@ class PartitionCopier:
         pdir = PartitionDir(self.partition_dir)
         epochs = pdir.leader_epochs()
         highest = highest_remote_offset(self.rlmm, self.tp, epochs)
+        if self._highest is not None and self._highest > highest:
+            # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
+            # newest). Those offsets were tiered once; copying the still-local segments again would only feed
+            # retention again. (A restart forgets this; see the note on highest_remote_offset.)
+            highest = self._highest
         staged, result.gaps = self.stage_new(highest)
         self._highest = highest
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())

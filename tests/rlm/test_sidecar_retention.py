@@ -115,3 +115,39 @@ def test_broker_log_start_offset_is_never_followed(kafka: KafkaCluster, topic_na
         assert got == sent
     finally:
         sidecar.stop()
+
+
+class CountingRsm(RecordingRsm):
+    """Also remembers the start offset of every segment it copies."""
+
+    copied: list[int]
+
+    def copy_log_segment_data(self, segment_metadata, data):  # type: ignore[no-untyped-def]
+        out = super().copy_log_segment_data(segment_metadata, data)
+        self.copied.append(segment_metadata.start_offset)
+        return out
+
+
+def test_segments_retention_deleted_are_not_copied_again(kafka: KafkaCluster, topic_name: str,
+                                                          tmp_path: Path) -> None:
+    # Remote retention of 1 byte: every segment goes as soon as it is remote. The broker keeps its local copies
+    # (local retention unlimited): the copier must not tier them a second time once the metadata no longer lists
+    # them.
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "-1"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    sent = produce_segments(kafka, topic_name, 4, 100, segment_ms=300)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name),
+                             retention=[{"pattern": ".*", "retention_ms": -1, "retention_bytes": 1}])
+    rsm = CountingRsm(settings.store)
+    rsm.copied = []
+    sidecar, rsm = start(settings, rsm)
+    try:
+        wait_for(lambda: rsm.copied and max(rsm.copied) > max(sent) - 100 and len(rsm.deleted) >= len(rsm.copied)
+                 and remote_segments(sidecar, tp) == [], 60, "every segment copied and then expired")
+        copied_once = list(rsm.copied)
+        time.sleep(3.0)  # ten copy runs and six expiration runs more
+        assert rsm.copied == copied_once, "segments deleted by retention were copied again"
+        assert len(set(rsm.copied)) == len(rsm.copied) and sorted(rsm.copied) == rsm.copied
+        assert rsm.deleted == rsm.copied  # each copied once, deleted once, oldest first
+    finally:
+        sidecar.stop()
