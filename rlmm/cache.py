@@ -370,7 +370,9 @@ class MetadataCache:
         tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
         sid = v.segment_id
         skey = T_SEGMENT + tpk + sid
-        old = self._load(batch, skey)
+        # A new id is the common case: the bloom filter answers "absent" without reading a block.
+        fresh = skey not in batch.puts and skey not in batch.views and not self.db.key_may_exist(skey)
+        old = None if fresh else self._load(batch, skey)
         if old is not None:
             if old.state != _STARTED:
                 raise InvalidStateTransitionError(
