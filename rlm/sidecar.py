@@ -51,6 +51,17 @@ from rsm.manager import RemoteStorageManager
 
 __all__ = ["Sidecar", "make_rlmm"]
 
+
+class _SkippedRunFilter(logging.Filter):
+    """apscheduler warns whenever a run is skipped because the previous one still runs. For a copy task that is
+    the normal state of a backfill (the copy lag is in the metrics): not worth a warning every interval."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
+logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
+
 log = logging.getLogger(__name__)
 
 
