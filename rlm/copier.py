@@ -18,6 +18,7 @@ starting at highest + 1, so no offset range is ever remote twice.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -64,12 +65,13 @@ def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
 
     From live COPY_SEGMENT_FINISHED segments only (the metadata cache answers so, to answer the same after a rebuild
     from the compacted topic): once remote retention has deleted every segment of an epoch, it no longer counts.
-    :class:`PartitionCopier` keeps the highest it has seen for as long as it runs.
+    :class:`PartitionCopier` keeps the highest it has tiered, in its watermark file across restarts.
     """
-    for entry in reversed(epochs):
-        off = rlmm.highest_offset_for_epoch(tp, entry.epoch)
+    for i in range(len(epochs) - 1, -1, -1):
+        off = rlmm.highest_offset_for_epoch(tp, epochs[i].epoch)
         if off is not None:
-            return off
+            # As Kafka does: bounded by the epoch's end in this log (a diverged, truncated epoch ends earlier).
+            return min(off, epochs[i + 1].start_offset - 1) if i + 1 < len(epochs) else off
     return -1
 
 
@@ -78,7 +80,8 @@ class PartitionCopier:
 
     def __init__(self, *, broker_id: int, tp: TopicIdPartition, partition_dir: Path,
                  rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi, staging: Staging,
-                 deleter: SegmentDeleter, min_max_timestamp_ms: int | None = None) -> None:
+                 deleter: SegmentDeleter, min_max_timestamp_ms: int | None = None,
+                 watermark_path: Path | None = None) -> None:
         self.broker_id = broker_id
         self.tp = tp
         self.partition_dir = partition_dir
@@ -89,7 +92,11 @@ class PartitionCopier:
         # Segments whose newest record is older than this would be expired at once: not copied (see expiration).
         self.min_max_timestamp_ms = min_max_timestamp_ms
         self._last_known_end = -1
-        self._highest: int | None = None  # the highest remote offset as of the last run (None: no run yet)
+        # The highest offset tiered so far (None: no run yet). Kept in ``watermark_path`` across restarts: once
+        # remote retention has deleted every segment, the metadata no longer knows it (see highest_remote_offset).
+        self.watermark_path = watermark_path
+        self._highest: int | None = self._read_watermark()
+        self._persisted = self._highest
 
     # --------------------------------------------------------------------------------------------- staging
     def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
@@ -180,7 +187,7 @@ class PartitionCopier:
         if self._highest is not None and self._highest > highest:
             # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
             # newest). Those offsets were tiered once; copying the still-local segments again would only feed
-            # retention again. (A restart forgets this; see the note on highest_remote_offset.)
+            # retention again.
             highest = self._highest
         staged, result.gaps = self.stage_new(highest)
         self._highest = highest
@@ -207,7 +214,31 @@ class PartitionCopier:
             result.copied.append(md)
             highest = self._highest = md.end_offset_inclusive
             self.staging.release(s)
+        self._write_watermark()
         return result
+
+    # ------------------------------------------------------------------------------------------ watermark
+    def _read_watermark(self) -> int | None:
+        if self.watermark_path is None:
+            return None
+        try:
+            return int(self.watermark_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            log.warning("copy watermark unreadable: ignored", extra={
+                "partition": str(self.tp), "path": str(self.watermark_path), "error": str(err)})
+            return None
+
+    def _write_watermark(self) -> None:
+        """Persist the highest tiered offset when it moved (temp file + rename: never half written)."""
+        if self.watermark_path is None or self._highest is None or self._highest == self._persisted:
+            return
+        self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.watermark_path.with_name(self.watermark_path.name + ".tmp")
+        tmp.write_text(str(self._highest))
+        os.replace(tmp, self.watermark_path)
+        self._persisted = self._highest
 
     def _max_timestamp(self, s: StagedSegment) -> int:
         """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""

@@ -220,7 +220,9 @@ class Sidecar:
     def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
         rule = self.settings.retention_for(tp.topic)
         copier = PartitionCopier(broker_id=self.settings.broker_id, tp=tp, partition_dir=path, rlmm=self.rlmm,
-                                 rsm=self.rsm, staging=self.staging, deleter=self.deleter)
+                                 rsm=self.rsm, staging=self.staging, deleter=self.deleter,
+                                 watermark_path=self.settings.metadata.state_dir / "copied"
+                                 / f"{tp.topic_id}-{tp.partition}")
         led = _Led(tp, path, copier)
         self._led[(tp.topic, tp.partition)] = led
         self._scheduler.add_job(self._copy, "interval", args=[led], id=f"copy:{tp.topic}-{tp.partition}",

@@ -151,3 +151,13 @@ def test_segments_retention_deleted_are_not_copied_again(kafka: KafkaCluster, to
         assert rsm.deleted == rsm.copied  # each copied once, deleted once, oldest first
     finally:
         sidecar.stop()
+    # A restart does not forget it: the metadata lists no segment now, the copy watermark in the state dir does.
+    again = CountingRsm(settings.store)
+    again.copied = []
+    sidecar, again = start(settings, again)
+    try:
+        wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the restarted sidecar to lead the partition")
+        time.sleep(3.0)
+        assert again.copied == [], "a restarted sidecar copied segments retention had deleted"
+    finally:
+        sidecar.stop()
