@@ -80,7 +80,11 @@ class ClusterView:
     """The cluster's answers the sidecar needs, through one AdminClient."""
 
     def __init__(self, client_config: dict[str, object], timeout_s: float = 15.0) -> None:
-        self._admin = AdminClient(client_config)
+        # librdkafka sends DescribeTopics to the broker it last learned is "the controller" (in KRaft, any
+        # broker the cluster names) and keeps that choice until its next metadata refresh (5 min by default):
+        # a stopped broker would stall discovery that long. Refresh often, and start over after a timeout.
+        self._config = {"topic.metadata.refresh.interval.ms": 10_000, **client_config}
+        self._admin = AdminClient(self._config)
         self.timeout_s = timeout_s
 
     def partitions(self, topics: Iterable[str] | None = None) -> dict[tuple[str, int], PartitionInfo]:
@@ -100,7 +104,9 @@ class ClusterView:
                     log.info("topic not described", extra={"topic": name, "error": str(err)})
                     continue  # a topic deleted meanwhile is simply absent
                 # The broker is unreachable or timed out: an answer without this topic would read as "deleted"
-                # (and purge its remote data) or "not led" (and stop its copies). Fail the whole round instead.
+                # (and purge its remote data) or "not led" (and stop its copies). Fail the whole round instead,
+                # with a fresh client for the next one (it bootstraps from a broker that answers).
+                self._admin = AdminClient(self._config)
                 raise
             tid = _to_uuid(desc.topic_id)
             for p in desc.partitions:

@@ -23,31 +23,39 @@ from tests.rlm.sidecar_util import (
 )
 
 
-def describe(admin: AdminClient, topic: str) -> tuple[uuid.UUID | None, int, list[int]]:
-    """(topic id, leader, in-sync replicas) of partition 0; (None, -1, []) while the brokers do not know it yet
-    (a topic just created, or the broker answering is restarting)."""
-    try:
-        desc = admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
-    except (KafkaException, TimeoutError) as err:
-        print("describe:", err)
-        return None, -1, []
-    tid = desc.topic_id
-    msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
-    p = desc.partitions[0]
-    print("describe:", p.leader, p.isr)
-    return (uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1))),
-            p.leader.id if p.leader is not None else -1, sorted(r.id for r in p.isr))
+class Describer:
+    """(topic id, leader, in-sync replicas) of partition 0 of a topic; (None, -1, []) while the brokers do not know
+    it yet (just created) or the broker asked does not answer. librdkafka sends DescribeTopics to its idea of the
+    controller, possibly the broker just stopped: after a failure the next call uses a fresh client."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = {"topic.metadata.refresh.interval.ms": 2000, **config}
+        self.admin = AdminClient(self.config)
+
+    def __call__(self, topic: str) -> tuple[uuid.UUID | None, int, list[int]]:
+        try:
+            desc = self.admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
+        except (KafkaException, TimeoutError) as err:
+            print("describe:", err)
+            self.admin = AdminClient(self.config)
+            return None, -1, []
+        tid = desc.topic_id
+        msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
+        p = desc.partitions[0]
+        print("describe:", p.leader, [r.id for r in p.isr])
+        return (uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1))),
+                p.leader.id if p.leader is not None else -1, sorted(r.id for r in p.isr))
 
 
 def test_leadership_moves_without_gap_or_duplicate(kafka_cluster3: KafkaCluster, topic_name: str,
                                                    tmp_path: Path) -> None:
     kafka = kafka_cluster3
-    admin = AdminClient(kafka.admin_config())
+    describe = Describer(kafka.admin_config())
     # Node 1 is also the controller: keep it running; leadership starts on node 2 (first in the assignment).
-    admin.create_topics([NewTopic(topic_name, 1, replica_assignment=[[2, 3, 1]],
-                                  config={"segment.ms": "300"})])[topic_name].result(30)
-    wait_for(lambda: describe(admin, topic_name)[1] == 2, 30, "node 2 to lead")
-    topic_id = describe(admin, topic_name)[0]
+    describe.admin.create_topics([NewTopic(topic_name, 1, replica_assignment=[[2, 3, 1]],
+                                           config={"segment.ms": "300"})])[topic_name].result(30)
+    wait_for(lambda: describe(topic_name)[1] == 2, 30, "node 2 to lead")
+    topic_id = describe(topic_name)[0]
     tp = TopicIdPartition(topic_id, topic_name, 0)
     tag = uuid.uuid4().hex[:8]
     shared = {"topic": f"__rlm_md_{tag}", "to_be_deleted_topic": f"__rlm_tbd_{tag}", "replication_factor": 3}
@@ -62,8 +70,8 @@ def test_leadership_moves_without_gap_or_duplicate(kafka_cluster3: KafkaCluster,
 
         kafka.stop_node(2)
         try:
-            wait_for(lambda: describe(admin, topic_name)[1] in (1, 3), 60, "leadership to move off node 2")
-            second = describe(admin, topic_name)[1]
+            wait_for(lambda: describe(topic_name)[1] in (1, 3), 120, "leadership to move off node 2")
+            second = describe(topic_name)[1]
             sent |= produce_segments(kafka, topic_name, 4, 100, segment_ms=300, **acks)
             wait_for(lambda: latest_remote(sidecars[second], tp) >= max(sent), 60,
                      f"node {second}'s sidecar to copy after the move")
@@ -74,13 +82,14 @@ def test_leadership_moves_without_gap_or_duplicate(kafka_cluster3: KafkaCluster,
         def in_sync() -> bool:
             if kafka.node(2).process.poll() is not None:
                 raise AssertionError(f"node 2 exited:\n{kafka.tail_logs(40)}")
-            return 2 in describe(admin, topic_name)[2]
+            return 2 in describe(topic_name)[2]
 
         wait_for(in_sync, 120, "node 2 back in sync")
-        for fut in admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic_name, 0)]).result(30).values():
+        election = describe.admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic_name, 0)])
+        for fut in election.result(30).values():
             if fut is not None:
                 raise AssertionError(f"preferred election failed: {fut}")
-        wait_for(lambda: describe(admin, topic_name)[1] == 2, 30, "node 2 to lead again")
+        wait_for(lambda: describe(topic_name)[1] == 2, 30, "node 2 to lead again")
         sent |= produce_segments(kafka, topic_name, 4, 100, segment_ms=300, **acks)
         wait_for(lambda: latest_remote(sidecars[2], tp) >= max(sent), 60, "node 2's sidecar to copy again")
 
