@@ -273,7 +273,7 @@ def test_backfill_of_a_topic_with_history(kafka: KafkaCluster, topic_name: str, 
         got = read_remote(sidecar, tp, 0)
         assert sorted(got) == list(range(local[-1][1] + 1))  # every offset of the history, in order
         assert {o: got[o] for o in sent} == sent
-        assert sidecar.staging.staged() == []
+        wait_for(lambda: sidecar.staging.staged() == [], 30, "staging to be emptied")  # released after FINISHED
     finally:
         sidecar.stop()
 
@@ -347,7 +347,7 @@ def test_replica_moved_between_log_dirs_is_followed(topic_name: str, tmp_path: P
         # released as remote already, never made into an empty copy that fails the whole copy run.
         inverted = [r.getMessage() for r in caplog.records if r.exc_info and "bad offsets" in str(r.exc_info[1])]
         assert inverted == []
-        assert sidecar.staging.staged() == []
+        wait_for(lambda: sidecar.staging.staged() == [], 30, "staging to be emptied")  # released after FINISHED
     finally:
         if sidecar is not None:
             sidecar.rsm.gate.set()  # type: ignore[attr-defined]
