@@ -46,7 +46,7 @@ def ensure_topic(client_config: dict[str, object], name: str, partitions: int, r
     fut = admin.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})],
                               request_timeout=timeout_s)[name]
     try:
-        fut.result()
+        fut.result(timeout_s + 5)
     except Exception as err:  # noqa: BLE001 - lost a creation race with another sidecar: fine
         if "TOPIC_ALREADY_EXISTS" not in str(err):
             raise

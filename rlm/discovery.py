@@ -86,18 +86,20 @@ class ClusterView:
         self._config = {"topic.metadata.refresh.interval.ms": 10_000, **client_config}
         self._admin = AdminClient(self._config)
         self.timeout_s = timeout_s
+        self._wait_s = timeout_s + 5.0  # a future never waited on for longer than the request's own timeout + 5 s
 
     def partitions(self, topics: Iterable[str] | None = None) -> dict[tuple[str, int], PartitionInfo]:
         """Leader, replicas and topic id of every partition of ``topics`` (default: all topics)."""
-        names = sorted(topics) if topics is not None else sorted(self._admin.list_topics(
+        admin = self._admin  # held until every future is answered (a failure below replaces self._admin)
+        names = sorted(topics) if topics is not None else sorted(admin.list_topics(
             timeout=self.timeout_s).topics)
         if not names:
             return {}
-        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
         out: dict[tuple[str, int], PartitionInfo] = {}
         for name, fut in futures.items():
             try:
-                desc = fut.result()
+                desc = fut.result(self._wait_s)
             except KafkaException as err:
                 if err.args and isinstance(err.args[0], KafkaError) and \
                         err.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -108,6 +110,10 @@ class ClusterView:
                 # with a fresh client for the next one (it bootstraps from a broker that answers).
                 self._admin = AdminClient(self._config)
                 raise
+            except TimeoutError:
+                self._admin = AdminClient(self._config)
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"describe topics: no answer within "
+                                                f"{self._wait_s:.0f}s")) from None
             tid = _to_uuid(desc.topic_id)
             for p in desc.partitions:
                 leader = p.leader.id if p.leader is not None else -1
@@ -120,9 +126,10 @@ class ClusterView:
         if not resources:
             return set()
         out = set()
-        for res, fut in self._admin.describe_configs(resources, request_timeout=self.timeout_s).items():
+        admin = self._admin
+        for res, fut in admin.describe_configs(resources, request_timeout=self.timeout_s).items():
             try:
-                entries = fut.result()
+                entries = fut.result(self._wait_s)
             except Exception as err:  # noqa: BLE001
                 log.info("topic config not described", extra={"topic": res.name, "error": str(err)})
                 continue
@@ -136,12 +143,13 @@ class ClusterView:
         request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
         if not request:
             return {}
-        futures = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
-                                           request_timeout=self.timeout_s)
+        admin = self._admin
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=self.timeout_s)
         out: dict[tuple[str, int], int] = {}
         for tp, fut in futures.items():
             try:
-                out[(tp.topic, tp.partition)] = fut.result().offset
+                out[(tp.topic, tp.partition)] = fut.result(self._wait_s).offset
             except Exception as err:  # noqa: BLE001 - not leader any more, topic gone: skip this round
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})
