@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -47,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
-        sidecar.stop()
+        clean = sidecar.stop()
         ops.stop()
+    if not clean:
+        # A job thread is stuck (logged by stop()): the interpreter would wait for it at exit. Leave now.
+        logging.shutdown()
+        os._exit(1)
     return 0

@@ -143,19 +143,32 @@ class Sidecar:
                                            "log_dirs": [str(d) for d in self.settings.log_dirs]})
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop scheduling, let in-flight copies finish their current segment, close clients."""
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Stop scheduling, let in-flight copies finish their current segment, close clients.
+
+        Waits at most ``timeout_s`` for running jobs; returns False when one was still running then (it is
+        abandoned: a copy left COPY_SEGMENT_STARTED is cleaned up by the next start). ``rlm serve`` then exits
+        without waiting for that thread.
+        """
         if self._stopping.is_set():
-            return
+            return True
         with self._lock:  # after this, no job adds or removes jobs (apscheduler's shutdown would deadlock)
             self._stopping.set()
             for led in self._led.values():
                 led.stop.set()
-        self._scheduler.shutdown(wait=True)
+        # apscheduler's shutdown joins the job threads without a bound: join it with one.
+        shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
+                                    name="rlm-scheduler-shutdown")
+        shutdown.start()
+        shutdown.join(timeout_s)
+        clean = not shutdown.is_alive()
+        if not clean:
+            log.error("jobs still running at shutdown: abandoned", extra={"timeout_s": timeout_s})
         self.cleaner.stop(timeout_s)
         self.queue.close()
         self.rlmm.close()
-        log.info("sidecar stopped")
+        log.info("sidecar stopped", extra={"clean": clean})
+        return clean
 
     def health(self) -> tuple[bool, dict[str, object]]:
         ok = self.last_discovery_ok is not None and time.time() - self.last_discovery_ok < max(

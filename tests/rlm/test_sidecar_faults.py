@@ -17,6 +17,7 @@ from pathlib import Path
 from rlm.devkafka import KafkaCluster, free_port
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
+from rsm.manager import RemoteStorageManager
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import (
     assert_contiguous,
@@ -200,4 +201,33 @@ def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_pa
         got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
         assert got == sent
     finally:
+        sidecar.stop()
+
+
+class BlockingRsm(RemoteStorageManager):
+    """The real storage manager whose copies wait for ``release``: a copy job stuck in a call without a timeout."""
+
+    entered: threading.Event
+    release: threading.Event
+
+    def copy_log_segment_data(self, segment_metadata, data):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        self.release.wait(120)
+        return super().copy_log_segment_data(segment_metadata, data)
+
+
+def test_stop_does_not_wait_forever_for_a_stuck_job(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+    kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
+    produce_segments(kafka, topic_name, 2, 50, segment_ms=300)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    rsm = BlockingRsm(settings.store)
+    rsm.entered, rsm.release = threading.Event(), threading.Event()
+    sidecar = Sidecar(settings, rsm=rsm).start()
+    try:
+        assert rsm.entered.wait(60), "no copy started"
+        t0 = time.monotonic()
+        assert sidecar.stop(timeout_s=2.0) is False  # the stuck copy is abandoned, reported
+        assert time.monotonic() - t0 < 20
+    finally:
+        rsm.release.set()
         sidecar.stop()
