@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -277,14 +278,18 @@ class Sidecar:
         if tps and hasattr(self.rlmm, "wait_ready"):
             self.rlmm.wait_ready(tps, timeout_s=30)
 
-    # ------------------------------------------------------------------------------------------- staging
-    def stage(self) -> None:
-        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled)."""
+    def _each_led(self) -> Iterator[_Led]:
+        """The partitions led when called, skipping one whose copy task is stopped by the time its turn comes."""
         with self._lock:
             leds = list(self._led.values())
         for led in leds:
-            if led.stop.is_set():
-                continue
+            if not led.stop.is_set():
+                yield led
+
+    # ------------------------------------------------------------------------------------------- staging
+    def stage(self) -> None:
+        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled)."""
+        for led in self._each_led():
             try:
                 led.copier.stage_rolled()
             except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
@@ -293,11 +298,7 @@ class Sidecar:
 
     # ---------------------------------------------------------------------------------------- expiration
     def expire(self) -> None:
-        with self._lock:
-            leds = list(self._led.values())
-        for led in leds:
-            if led.stop.is_set():
-                continue
+        for led in self._each_led():
             try:
                 # Never on a half-rebuilt metadata cache (after a restart): its oldest segments may not be the
                 # partition's oldest, and retention would delete from the middle of the remote range.

@@ -28,7 +28,7 @@ from rlm.reader import iter_segment_batches, read_txn_index
 from rlmm.api import RemoteLogSegmentMetadata
 from rsm.api import RemoteSegmentMetadata, SegmentLeaderEpoch
 from rsm.log.indexes import AbortedTxn
-from rsm.log.records import iter_raw_records
+from rsm.log.records import cyclic_gc_paused, iter_raw_records
 from rsm.manager import RemoteStorageManager, RsmConfig
 
 __all__ = ["BATCH_ROWS", "SegmentRef", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
@@ -186,12 +186,8 @@ def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
     # every 700 allocations, would only walk the growing column lists again and again (it costs 2-2.5x the
     # decode). It is off while a batch is built and back on (if it was) whenever control leaves this generator.
     gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with cyclic_gc_paused():
         yield from _read_into(part, reader, key, lo, hi, start_ts, cols, schema, gc_was_enabled)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _read_into(part: SegmentSlice, reader: Any, key: str, lo: int, hi: int, start_ts: int | None, cols: _Columns,

@@ -35,6 +35,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
@@ -120,6 +121,19 @@ def _check_bytes(batch: BatchHeader, data: bytes | memoryview, path: str | os.Pa
             path, batch.position, f"these bytes are not the batch with base offset {batch.base_offset}")
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off for the block (back on after, if it was on). Decoding allocates a few objects
+    per record and none form cycles: a collection every 700 allocations would cost more than the decode."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def iter_raw_records(batch: BatchHeader, data: bytes | memoryview, *,
                      path: str | os.PathLike[str] = "<batch bytes>") -> Iterator[RecordView]:
     """Decode the records of one batch (``data``: its verbatim bytes, e.g. from ``iter_batches_with_bytes``),
@@ -128,18 +142,13 @@ def iter_raw_records(batch: BatchHeader, data: bytes | memoryview, *,
     outside the batch. The CRC is not checked here (the scan does).
     """
     _check_bytes(batch, data, path)
-    # The records form no cycles: a cyclic collection every 700 allocations would cost more than the decode.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        records = list(_DecodeBatch(data))  # the codec stops at the header's RecordCount
+        with cyclic_gc_paused():
+            records = list(_DecodeBatch(data))  # the codec stops at the header's RecordCount
     except _DECODE_ERRORS as err:
         raise CorruptRecordBatchError(
             path, batch.position, f"records of the batch at offset {batch.base_offset} do not decode "
             f"({batch.codec.name.lower()}): {type(err).__name__}: {err}") from err
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     if len(records) != batch.record_count:
         raise CorruptRecordBatchError(
             path, batch.position, f"expected {batch.record_count} records, decoded {len(records)}")
@@ -158,14 +167,9 @@ def decode_records(batch: BatchHeader, data: bytes | memoryview, *,
     """Decode every record of one batch into :class:`Record` values (see :func:`iter_raw_records`)."""
     empty = _EMPTY
     make = _make_record
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as in iter_raw_records: no cycles here
-    try:
+    with cyclic_gc_paused():
         return [make(r.offset, r.timestamp, r.key, r.value, tuple(r.headers) if r.headers else empty)
                 for r in iter_raw_records(batch, data, path=path)]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def control_type(batch: BatchHeader, data: bytes | memoryview, *,

@@ -11,9 +11,33 @@ from typing import Any
 
 from rlm.config import SidecarSettings
 from rlm.devkafka import KafkaCluster
+from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["assert_contiguous", "latest_remote", "make_settings", "only", "produce_segments", "remote_segments",
-           "settings_yaml", "store_keys", "wait_for"]
+__all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "latest_remote", "make_settings", "only",
+           "produce_segments", "remote_segments", "settings_yaml", "store_keys", "wait_for"]
+
+
+class RecordingRsm(RemoteStorageManager):
+    """The real storage manager, remembering every copy it is asked for (offset ranges, in order) and the start
+    offset of every segment it deleted (in order)."""
+
+    def __init__(self, config: RsmConfig) -> None:
+        super().__init__(config)
+        self.copies: list[tuple[int, int]] = []
+        self.deleted: list[int] = []
+
+    @property
+    def copied(self) -> list[int]:
+        """Start offsets of the copies asked for, in order."""
+        return [start for start, _end in self.copies]
+
+    def copy_log_segment_data(self, segment_metadata, segment_data):  # type: ignore[no-untyped-def]
+        self.copies.append((segment_metadata.start_offset, segment_metadata.end_offset_inclusive))
+        return super().copy_log_segment_data(segment_metadata, segment_data)
+
+    def delete_log_segment_data(self, segment_metadata) -> None:  # type: ignore[no-untyped-def]
+        super().delete_log_segment_data(segment_metadata)
+        self.deleted.append(segment_metadata.start_offset)
 
 
 def make_settings(kafka: KafkaCluster, tmp_path: Path, node_id: int = 1, **overrides: Any) -> SidecarSettings:
@@ -97,6 +121,13 @@ def assert_contiguous(segs: list[Any], first_offset: int | None = 0) -> None:
     for a, b in zip(segs, segs[1:], strict=False):
         assert b.start_offset == a.end_offset_inclusive + 1, [(s.start_offset, s.end_offset_inclusive)
                                                                for s in segs]
+
+
+def assert_readable(sidecar: Any, tp: Any, sent: dict[int, tuple[bytes, bytes]], from_offset: int = 0,
+                    what: str = "") -> None:
+    """Every offset of ``sent`` read back through the sidecar's remote reader, key and value byte-exact."""
+    got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, from_offset) if r.offset in sent}
+    assert got == sent, what
 
 
 def store_keys(root: Path) -> set[str]:

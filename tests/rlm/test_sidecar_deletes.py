@@ -24,6 +24,7 @@ from rsm.store.base import Store
 from tests.kafka_util import partition_dir
 from tests.rlm.sidecar_util import (
     assert_contiguous,
+    assert_readable,
     latest_remote,
     make_settings,
     only,
@@ -203,7 +204,6 @@ def test_gc_removes_orphans_and_nothing_else(kafka: KafkaCluster, topic_name: st
         after = remote_segments(sidecar, tp)
         assert [s.remote_log_segment_id for s in after] == [s.remote_log_segment_id for s in segs]
         assert_contiguous(after)
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-        assert got == sent
+        assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()

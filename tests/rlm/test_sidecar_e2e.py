@@ -11,7 +11,7 @@ from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
 from tests.kafka_util import partition_dir, produce
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.rlm.sidecar_util import assert_readable, make_settings, wait_for
 
 
 def set_topic_config(kafka: KafkaCluster, topic: str, **configs: str) -> None:
@@ -71,8 +71,7 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
                  "the broker to delete old local segments")
         assert not (partition_dir(kafka, topic_name) / "00000000000000000000.log").exists()
         # ... and every record is still there, remotely, byte-exact.
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-        assert got == sent
+        assert_readable(sidecar, tp, sent)
         # Staging is emptied after the copies. (Retention may also roll and delete the active segment holding
         # the rolling record: staged from its .deleted files, it is copied and released on the next runs.)
         wait_for(lambda: sidecar.staging.staged() == [], 30, "staging to be emptied by the copies")

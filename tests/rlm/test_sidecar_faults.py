@@ -21,6 +21,7 @@ from rsm.manager import RemoteStorageManager
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import (
     assert_contiguous,
+    assert_readable,
     latest_remote,
     make_settings,
     only,
@@ -87,7 +88,7 @@ def test_serve_answers_health_and_metrics(kafka: KafkaCluster, topic_name: str, 
     try:
         tp = TopicIdPartition(topic_id, topic_name, 0)
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the remote offsets")
-        assert {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent} == sent
+        assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()
 
@@ -143,8 +144,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka: KafkaCluster, topic_name
         # Retention took a prefix, by size; everything after it is remote, byte-exact.
         assert sum(s.segment_size_bytes for s in segs) <= limit
         assert sum(s.segment_size_bytes for s in segs) + 60_000 > limit  # no more than retention asked for
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, first) if r.offset in sent}
-        assert got == {o: kv for o, kv in sent.items() if o >= first}
+        assert_readable(sidecar, tp, {o: kv for o, kv in sent.items() if o >= first}, first)
 
         # One GC pass (grace 0) removes whatever the kills left behind: afterwards every object is owned.
         sidecar.gc.run([tp])
@@ -172,8 +172,7 @@ def test_local_retention_shorter_than_copy_interval(kafka: KafkaCluster, topic_n
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every produced offset to be remote")
         segs = remote_segments(sidecar, tp)
         assert_contiguous(segs)
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-        assert got == sent
+        assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()
 
@@ -198,8 +197,7 @@ def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_pa
         assert sidecar.health()[0]
         segs = remote_segments(sidecar, tp)
         assert_contiguous(segs)
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-        assert got == sent
+        assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()
 

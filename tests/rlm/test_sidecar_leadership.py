@@ -14,6 +14,7 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.sidecar_util import (
     assert_contiguous,
+    assert_readable,
     latest_remote,
     make_settings,
     only,
@@ -97,8 +98,7 @@ def test_leadership_moves_without_gap_or_duplicate(kafka_cluster3: KafkaCluster,
             wait_for(lambda s=sidecar: latest_remote(s, tp) >= max(sent), 30, f"sidecar {n} to see every segment")
             segs = remote_segments(sidecar, tp)
             assert_contiguous(segs)
-            got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-            assert got == sent, f"sidecar {n}"
+            assert_readable(sidecar, tp, sent, what=f"sidecar {n}")
         segs = remote_segments(sidecars[1], tp)
         assert {2, second} <= {s.broker_id for s in segs}  # both leaders copied
         epochs = [e for s in segs for e, _start in s.segment_leader_epochs]

@@ -9,9 +9,10 @@ from pathlib import Path
 from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from rsm.manager import RemoteStorageManager
 from tests.rlm.sidecar_util import (
+    RecordingRsm,
     assert_contiguous,
+    assert_readable,
     latest_remote,
     make_settings,
     only,
@@ -21,30 +22,13 @@ from tests.rlm.sidecar_util import (
 )
 
 
-class CountingRsm(RemoteStorageManager):
-    """The real storage manager, remembering the offset range of every copy it makes."""
-
-    copies: list[tuple[int, int]]
-
-    def copy_log_segment_data(self, segment_metadata, segment_data):  # type: ignore[no-untyped-def]
-        out = super().copy_log_segment_data(segment_metadata, segment_data)
-        self.copies.append((segment_metadata.start_offset, segment_metadata.end_offset_inclusive))
-        return out
-
-
-def counting(settings) -> CountingRsm:  # type: ignore[no-untyped-def]
-    rsm = CountingRsm(settings.store)
-    rsm.copies = []
-    return rsm
-
-
 def test_wiped_state_dir_rebuilds_and_uploads_nothing_again(kafka: KafkaCluster, topic_name: str,
                                                             tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     sent = produce_segments(kafka, topic_name, 5, 150, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name))
-    first = counting(settings)
+    first = RecordingRsm(settings.store)
     sidecar = Sidecar(settings, rsm=first).start()
     try:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
@@ -55,7 +39,7 @@ def test_wiped_state_dir_rebuilds_and_uploads_nothing_again(kafka: KafkaCluster,
     assert_contiguous(before)
 
     shutil.rmtree(settings.metadata.state_dir)  # the metadata cache, known partitions, GC sightings: all gone
-    second = counting(settings)
+    second = RecordingRsm(settings.store)
     sidecar = Sidecar(settings, rsm=second).start()
     try:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the rebuilt cache to know every segment")
@@ -71,8 +55,6 @@ def test_wiped_state_dir_rebuilds_and_uploads_nothing_again(kafka: KafkaCluster,
         assert second.copies and second.copies[0][0] == before[-1].end_offset_inclusive + 1
         assert second.copies == [(s.start_offset, s.end_offset_inclusive) for s in after[len(before):]]
         assert_contiguous(after)
-        everything = {**sent, **more}
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in everything}
-        assert got == everything
+        assert_readable(sidecar, tp, {**sent, **more})
     finally:
         sidecar.stop()

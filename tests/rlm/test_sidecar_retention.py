@@ -9,9 +9,10 @@ from pathlib import Path
 from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from rsm.manager import RemoteStorageManager
 from tests.rlm.sidecar_util import (
+    RecordingRsm,
     assert_contiguous,
+    assert_readable,
     latest_remote,
     make_settings,
     only,
@@ -20,16 +21,6 @@ from tests.rlm.sidecar_util import (
     wait_for,
 )
 from tests.rlm.test_sidecar_e2e import broker_earliest_offset, set_topic_config
-
-
-class RecordingRsm(RemoteStorageManager):
-    """The real storage manager, remembering the start offset of every segment it deletes, in order."""
-
-    deleted: list[int]
-
-    def delete_log_segment_data(self, segment_metadata) -> None:  # type: ignore[no-untyped-def]
-        super().delete_log_segment_data(segment_metadata)
-        self.deleted.append(segment_metadata.start_offset)
 
 
 def start(settings, rsm: RecordingRsm | None = None) -> tuple[Sidecar, RecordingRsm]:  # type: ignore[no-untyped-def]
@@ -111,21 +102,9 @@ def test_broker_log_start_offset_is_never_followed(kafka: KafkaCluster, topic_na
         assert [s.remote_log_segment_id for s in segs][:len(before)] == before
         assert rsm.deleted == []
         assert_contiguous(segs)
-        got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in sent}
-        assert got == sent
+        assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()
-
-
-class CountingRsm(RecordingRsm):
-    """Also remembers the start offset of every segment it copies."""
-
-    copied: list[int]
-
-    def copy_log_segment_data(self, segment_metadata, data):  # type: ignore[no-untyped-def]
-        out = super().copy_log_segment_data(segment_metadata, data)
-        self.copied.append(segment_metadata.start_offset)
-        return out
 
 
 def test_segments_retention_deleted_are_not_copied_again(kafka: KafkaCluster, topic_name: str,
@@ -138,9 +117,7 @@ def test_segments_retention_deleted_are_not_copied_again(kafka: KafkaCluster, to
     sent = produce_segments(kafka, topic_name, 4, 100, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name),
                              retention=[{"pattern": ".*", "retention_ms": -1, "retention_bytes": 1}])
-    rsm = CountingRsm(settings.store)
-    rsm.copied = []
-    sidecar, rsm = start(settings, rsm)
+    sidecar, rsm = start(settings)
     try:
         wait_for(lambda: rsm.copied and max(rsm.copied) > max(sent) - 100 and len(rsm.deleted) >= len(rsm.copied)
                  and remote_segments(sidecar, tp) == [], 60, "every segment copied and then expired")
@@ -152,9 +129,7 @@ def test_segments_retention_deleted_are_not_copied_again(kafka: KafkaCluster, to
     finally:
         sidecar.stop()
     # A restart does not forget it: the metadata lists no segment now, the copy watermark in the state dir does.
-    again = CountingRsm(settings.store)
-    again.copied = []
-    sidecar, again = start(settings, again)
+    sidecar, again = start(settings)
     try:
         wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the restarted sidecar to lead the partition")
         time.sleep(3.0)

@@ -31,6 +31,7 @@ from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
 from tests.kafka_util import partition_dir
 from tests.rlm.sidecar_util import (
+    RecordingRsm,
     assert_contiguous,
     latest_remote,
     make_settings,
@@ -77,16 +78,6 @@ def metadata_history(bootstrap: str, md_topic: str, mp: int, timeout_s: float = 
                 out.append(serde.decode(msg.value()))
     finally:
         c.close()
-
-
-class RecordingRsm(RemoteStorageManager):
-    """The real storage manager, remembering the start offset of every copy it is asked for, in order."""
-
-    copied: list[int]
-
-    def copy_log_segment_data(self, segment_metadata, segment_data):  # type: ignore[no-untyped-def]
-        self.copied.append(segment_metadata.start_offset)
-        return super().copy_log_segment_data(segment_metadata, segment_data)
 
 
 class GatedRsm(RemoteStorageManager):
@@ -258,7 +249,6 @@ def test_backfill_of_a_topic_with_history(kafka: KafkaCluster, topic_name: str, 
 
     settings = make_settings(kafka, tmp_path, topics=topics(topic_name))
     rsm = RecordingRsm(settings.store)
-    rsm.copied = []
     sidecar = Sidecar(settings, rsm=rsm).start()
     try:
         wait_for(lambda: latest_remote(sidecar, tp) >= local[-1][1], 180, "the whole history to be remote")
