@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = ["EpochEntry", "format_leader_epoch_checkpoint", "parse_leader_epoch_c
 
 CHECKPOINT_VERSION = 0
 PARTITION_METADATA_VERSION = 0
+_INT = re.compile(r"-?[0-9]+")  # what Java's Integer/Long.parseLong take, less '+': no '--5', '1_0', '٣'
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,7 @@ def _lines(path: str | os.PathLike[str], text: str) -> list[str]:
 
 
 def _int(path: str | os.PathLike[str], lineno: int, token: str, what: str) -> int:
-    if not token.isascii() or not token.lstrip("-").isdigit():
+    if _INT.fullmatch(token) is None:
         raise CorruptCheckpointError(path, None, f"line {lineno}: expected {what} (an integer), found {token!r}")
     return int(token)
 

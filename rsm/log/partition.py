@@ -3,9 +3,10 @@
 Files of a segment are named by its 20-digit zero-padded base offset: ``.log``, ``.index``, ``.timeindex``,
 ``.txnindex`` (only when it has aborted transactions), ``.snapshot`` (producer state, not for every segment).
 Files being deleted or compacted (``.deleted``, ``.cleaned``, ``.swap`` suffixes) are ignored by
-:meth:`PartitionDir.segments`; :meth:`PartitionDir.rolled_ranges` also counts ``.log.deleted`` files: retention
-renames a segment's files to ``*.deleted`` and removes them ``log.segment.delete.delay.ms`` later (60 s by
-default), and a hard link taken in between still saves the bytes.
+:meth:`PartitionDir.segments`; :meth:`PartitionDir.rolled_ranges` also counts ``.log.deleted`` files below the
+first live segment: retention renames a segment's files to ``*.deleted`` and removes them
+``log.segment.delete.delay.ms`` later (60 s by default), and a hard link taken in between still saves the bytes
+(truncation leftovers, above the first live segment, are not counted: see :meth:`PartitionDir.rolled_ranges`).
 """
 
 from __future__ import annotations
@@ -93,15 +94,36 @@ class PartitionDir:
 
     def rolled_ranges(self) -> list[tuple[int, int]]:
         """``(base offset, end offset inclusive)`` of every rolled segment, oldest first, including segments
-        retention has already renamed to ``.log.deleted`` but not removed yet. The end is the next segment's base
-        offset - 1 (its last offset when no records were removed by compaction)."""
+        retention has already renamed to ``.log.deleted`` but not removed yet.
+
+        Which ``.log.deleted`` files count follows from the two ways Kafka renames a segment to ``*.deleted``:
+
+        - **retention** (and log-start-offset moves) deletes the *oldest* segments: they lie below every live
+          segment and hold offsets of the current log. They count.
+        - **truncation** (a follower truncating to the leader's epoch end, an unclean election) deletes the
+          segments *above* the truncation point and truncates the one containing it, which then regrows, possibly
+          rolled at other offsets. Those ``.deleted`` files hold offsets of a diverged lineage, and their bases may
+          fall between live segments (``0, 100, [200.deleted], 350``: segment 100 really holds 100..349). They
+          never count.
+
+        So: the chain is the live segments plus the ``.deleted`` ones below the *first live* segment; a segment's
+        end is the next base in that chain - 1 (a live segment's end is the next *live* segment's base - 1; the
+        last counted ``.deleted`` one ends at the first live base - 1). The active (highest live) segment is not
+        rolled. A live and a ``.deleted`` file with the same base (truncated, then regrown from that base): the
+        live one is the segment. Without a live segment nothing is known to be rolled.
+
+        Not distinguishable by names alone: a truncation leftover that retention overtook within
+        ``log.segment.delete.delay.ms`` (retention deleting the regrown live segments above it in that minute).
+        The end is the next base - 1: its last offset when compaction removed nothing from the segment's tail.
+        """
         names = os.listdir(self.path)
         live = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
         if not live:
             return []
-        active = live[-1]
-        deleted = {int(m.group(1)) for n in names if (m := _DELETED_LOG_NAME.match(n))}
-        bases = sorted({b for b in deleted if b < active} | set(live))
+        first_live = live[0]
+        retained = sorted(int(m.group(1)) for n in names
+                          if (m := _DELETED_LOG_NAME.match(n)) and int(m.group(1)) < first_live)
+        bases = retained + live
         return [(b, nxt - 1) for b, nxt in zip(bases, bases[1:], strict=False)]
 
     def rolled_segments(self) -> list[Segment]:
