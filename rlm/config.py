@@ -83,6 +83,10 @@ class TaskSettings(_Frozen):
     cleaner_interval_ms: int = Field(30 * SECOND_MS, ge=100)
     gc_interval_ms: int = Field(HOUR_MS, ge=1000)
     gc_grace_ms: int = Field(DAY_MS, ge=0)
+    purge_grace_ms: int = Field(60 * SECOND_MS, ge=0, description=(
+        "a deleted topic's remote data is purged only after its deletion was proven (the name unknown, or "
+        "answering another topic id) on purge_rounds consecutive discovery rounds spanning at least this long"))
+    purge_rounds: int = Field(3, ge=1, le=1000)
     discovery_interval_ms: int = Field(10 * SECOND_MS, ge=100)
     copy_workers: int = Field(2, ge=1, le=64)
 

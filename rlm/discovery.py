@@ -8,6 +8,12 @@ Two sources, merged by the sidecar every discovery interval:
   the next scan;
 - the cluster (AdminClient): topic ids, leaders, compacted topics, last stable offsets (ListOffsets with
   read_committed isolation).
+
+Every per-topic answer the sidecar acts on destructively is asked for explicitly, by name, and an error is kept
+as an error: a topic the principal may not Describe is omitted from the all-topics listing, a lagging broker
+answers UNKNOWN_TOPIC_OR_PART for a live topic, and a failed DescribeConfigs says nothing about the topic's
+cleanup policy. :meth:`ClusterView.topic_ids` and :meth:`ClusterView.compaction` return those answers as they
+came; deciding what they prove is the caller's (:mod:`rlm.purge` for deleted topics).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-__all__ = ["ClusterView", "LocalPartition", "PartitionInfo", "scan_log_dirs"]
+__all__ = ["ClusterView", "LocalPartition", "PartitionInfo", "TopicLookup", "scan_log_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,23 @@ class PartitionInfo:
     replicas: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class TopicLookup:
+    """One topic name described explicitly: its id, or the error it was answered with (a KafkaError code:
+    ``UNKNOWN_TOPIC_OR_PART``, ``TOPIC_AUTHORIZATION_FAILED``, ``_TIMED_OUT``, ...)."""
+
+    topic: str
+    topic_id: uuid.UUID | None = None
+    error_code: int | None = None
+    error: str = ""
+
+
+def _error_code(err: BaseException) -> int | None:
+    if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
+        return err.args[0].code()
+    return None
+
+
 def _to_uuid(kafka_uuid: object) -> uuid.UUID:
     msb = kafka_uuid.get_most_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
     lsb = kafka_uuid.get_least_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
@@ -88,8 +111,14 @@ class ClusterView:
         self.timeout_s = timeout_s
         self._wait_s = timeout_s + 5.0  # a future never waited on for longer than the request's own timeout + 5 s
 
-    def partitions(self, topics: Iterable[str] | None = None) -> dict[tuple[str, int], PartitionInfo]:
-        """Leader, replicas and topic id of every partition of ``topics`` (default: all topics)."""
+    def partitions(self, topics: Iterable[str] | None = None, *,
+                   skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
+        """Leader, replicas and topic id of every partition of ``topics`` (default: all topics).
+
+        A topic that does not exist (any more) is absent from the answer. A topic the principal may not
+        Describe fails the call, unless ``skip_unauthorized``: then it is absent too (logged), so one topic's
+        revoked ACL does not stop discovery of every other topic. Absence never means "deleted".
+        """
         admin = self._admin  # held until every future is answered (a failure below replaces self._admin)
         names = sorted(topics) if topics is not None else sorted(admin.list_topics(
             timeout=self.timeout_s).topics)
@@ -101,10 +130,13 @@ class ClusterView:
             try:
                 desc = fut.result(self._wait_s)
             except KafkaException as err:
-                if err.args and isinstance(err.args[0], KafkaError) and \
-                        err.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                code = _error_code(err)
+                if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     log.info("topic not described", extra={"topic": name, "error": str(err)})
                     continue  # a topic deleted meanwhile is simply absent
+                if code == KafkaError.TOPIC_AUTHORIZATION_FAILED and skip_unauthorized:
+                    log.warning("topic not described: not authorized", extra={"topic": name, "error": str(err)})
+                    continue
                 # The broker is unreachable or timed out: an answer without this topic would read as "deleted"
                 # (and purge its remote data) or "not led" (and stop its copies). Fail the whole round instead,
                 # with a fresh client for the next one (it bootstraps from a broker that answers).
@@ -120,23 +152,63 @@ class ClusterView:
                 out[(name, p.id)] = PartitionInfo(name, tid, p.id, leader, tuple(r.id for r in p.replicas))
         return out
 
-    def compacted_topics(self, topics: Iterable[str]) -> set[str]:
-        """Topics whose ``cleanup.policy`` includes ``compact`` (never tiered)."""
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in sorted(set(topics))]
-        if not resources:
-            return set()
-        out = set()
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
+        """Describe each of ``topics`` explicitly by name; every name gets an answer: its topic id or its error.
+
+        Never raises for one topic's error; a request that could not be sent at all raises. A future left
+        unanswered is a ``_TIMED_OUT`` answer (and the next call starts with a fresh client, as
+        :meth:`partitions` does).
+        """
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        admin = self._admin
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
+        out: dict[str, TopicLookup] = {}
+        for name, fut in futures.items():
+            try:
+                out[name] = TopicLookup(name, topic_id=_to_uuid(fut.result(self._wait_s).topic_id))
+            except TimeoutError:
+                self._admin = AdminClient(self._config)
+                out[name] = TopicLookup(name, error_code=KafkaError._TIMED_OUT,
+                                        error=f"no answer within {self._wait_s:.0f}s")
+            except Exception as err:  # noqa: BLE001 - kept as this topic's answer
+                code = _error_code(err)
+                if code not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                    self._admin = AdminClient(self._config)  # unreachable / timed out: bootstrap afresh
+                out[name] = TopicLookup(name, error_code=code, error=str(err))
+        for name in names:
+            out.setdefault(name, TopicLookup(name, error_code=KafkaError._TIMED_OUT, error="not answered"))
+        return out
+
+    def compaction(self, topics: Iterable[str]) -> dict[str, bool | None]:
+        """Per topic: True when its ``cleanup.policy`` includes ``compact``, False when it does not, None when
+        unknown (its DescribeConfigs failed or went unanswered). Every topic asked for gets an entry."""
+        names = sorted(set(topics))
+        if not names:
+            return {}
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in names]
+        out: dict[str, bool | None] = dict.fromkeys(names)
         admin = self._admin
         for res, fut in admin.describe_configs(resources, request_timeout=self.timeout_s).items():
             try:
                 entries = fut.result(self._wait_s)
-            except Exception as err:  # noqa: BLE001
-                log.info("topic config not described", extra={"topic": res.name, "error": str(err)})
+            except Exception as err:  # noqa: BLE001 - unknown, not "not compacted"
+                log.warning("topic config not described: its compaction is unknown",
+                            extra={"topic": res.name, "error": str(err)})
                 continue
             policy = entries.get("cleanup.policy")
-            if policy is not None and "compact" in (policy.value or ""):
-                out.add(res.name)
+            if policy is None:
+                log.warning("topic config without cleanup.policy: its compaction is unknown",
+                            extra={"topic": res.name})
+                continue
+            out[res.name] = "compact" in (policy.value or "")
         return out
+
+    def compacted_topics(self, topics: Iterable[str]) -> set[str]:
+        """Topics that must not be tiered for their config: ``cleanup.policy`` includes ``compact``, or the
+        config could not be read (fail closed: unknown counts as compacted)."""
+        return {t for t, compacted in self.compaction(topics).items() if compacted is not False}
 
     def last_stable_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """ListOffsets(latest, read_committed) per partition: the LSO, below which no transaction is open."""

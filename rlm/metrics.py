@@ -16,6 +16,7 @@ __all__ = [
     "DELETE_SECONDS",
     "ERRORS",
     "GC_DELETED",
+    "PURGE_CHECK_UNAUTHORIZED",
     "READ_SECONDS",
     "SEGMENTS_COPIED",
     "SEGMENTS_DELETED",
@@ -38,4 +39,7 @@ DELETE_SECONDS = Histogram("rlm_delete_seconds", "Time to delete one remote segm
 ERRORS = Counter("rlm_errors", "Failed operations", ["op"])
 SEGMENT_GAPS = Counter("rlm_segment_gaps", "Rolled segments the broker deleted before they were staged",
                        ["topic", "partition"])
+PURGE_CHECK_UNAUTHORIZED = Counter(
+    "rlm_purge_check_unauthorized", "Deleted-topic checks answered TOPIC_AUTHORIZATION_FAILED (nothing purged)",
+    ["topic"])
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")

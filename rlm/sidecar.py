@@ -36,6 +36,7 @@ from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.expiration import expire_partition
 from rlm.gc import GarbageCollector
 from rlm.known import KnownPartitions
+from rlm.purge import DeletionEvidence
 from rlm.reader import RemoteReader
 from rlm.staging import Staging, default_staging_root
 from rlmm.api import (
@@ -113,6 +114,7 @@ class Sidecar:
         self.view = ClusterView(self.client_config)
         self.reader = RemoteReader(self.rlmm, self.rsm)
         self.known = KnownPartitions(s.metadata.state_dir / "known-partitions.json")
+        self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)
         self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
                                    state_path=s.metadata.state_dir / "gc-orphans.json")
         self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
@@ -186,8 +188,8 @@ class Sidecar:
             local = scan_log_dirs(s.log_dirs)
             candidates = {k: v for k, v in local.items() if s.topics.tiered(k[0])}
             names = {t for t, _ in candidates}
-            cluster = self.view.partitions(names) if names else {}
-            compacted = self.view.compacted_topics(names) if names else set()
+            cluster = self.view.partitions(names, skip_unauthorized=True) if names else {}
+            compaction = self.view.compaction(names) if names else {}
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
             log.warning("discovery failed", extra={"error": str(err)})
@@ -196,8 +198,8 @@ class Sidecar:
         followers: set[TopicIdPartition] = set()
         for key, lp in candidates.items():
             info = cluster.get(key)
-            if info is None or key[0] in compacted:
-                continue
+            if info is None or compaction.get(key[0]) is not False:
+                continue  # not described, compacted, or its config unknown this round (fail closed: not tiered)
             try:
                 local_id = PartitionDir(lp.path).topic_id
             except (FileNotFoundError, LogFormatError):
@@ -228,7 +230,7 @@ class Sidecar:
             for tp, path in leaders.items():
                 if (tp.topic, tp.partition) not in self._led:
                     self._start_leading(tp, path)
-        self._purge_deleted_topics(cluster_ids={i.topic_id for i in cluster.values()}, asked=names)
+        self._purge_deleted_topics()
         self.last_discovery_ok = time.time()
 
     def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
@@ -323,19 +325,20 @@ class Sidecar:
             return []
 
     # ---------------------------------------------------------------------------------- deleted topics
-    def _purge_deleted_topics(self, cluster_ids: set, asked: set[str]) -> None:
-        """Partitions we once served whose topic id is gone from the cluster: purge their remote data.
+    def _purge_deleted_topics(self) -> None:
+        """Partitions we once served whose topic id is proven deleted on the cluster: purge their remote data.
 
-        MARKED -> STARTED -> every segment deleted -> FINISHED (Kafka's partition-delete states).
+        Each known topic is described by name every round; :class:`rlm.purge.DeletionEvidence` decides when the
+        answers prove its id deleted (never on mere absence, never on an error). Then MARKED -> STARTED -> every
+        segment deleted -> FINISHED (Kafka's partition-delete states).
         """
+        known = self.known.all()
         try:
-            all_topics = self.view.partitions(None)
-        except Exception:  # noqa: BLE001
-            return
-        live_ids = {i.topic_id for i in all_topics.values()}
-        for tp in self.known.all():
-            if tp.topic_id in live_ids:
-                continue
+            answers = self.view.topic_ids({tp.topic for tp in known}) if known else {}
+        except Exception as err:  # noqa: BLE001 - no answers: every topic's evidence resets
+            log.warning("deleted-topic check failed", extra={"error": str(err)})
+            answers = {}
+        for tp in self.deletions.observe(known, answers):
             try:
                 self.purge_partition(tp)
                 self.known.remove([tp])

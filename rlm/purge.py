@@ -1,0 +1,117 @@
+"""When may a topic's remote data be purged? Only on positive proof that its topic id is deleted, seen over time.
+
+Absence proves nothing: Kafka's all-topics Metadata silently omits topics the principal may not Describe, and a
+broker that lags behind the controller answers UNKNOWN_TOPIC_OR_PART for a live topic. So each known topic is
+described explicitly by name every discovery round (:meth:`rlm.discovery.ClusterView.topic_ids`; confluent-kafka
+cannot describe by topic id), and the answer for a known topic id X counts as *evidence that X is deleted* only
+when it is one of:
+
+- UNKNOWN_TOPIC_OR_PART for the name (no topic of that name exists), or
+- the name answers with a topic id other than X (deleted and re-created: Kafka never reuses a topic id and
+  never renames a topic, so X is gone).
+
+X is purged once that evidence was seen on ``min_rounds`` consecutive rounds spanning at least ``grace_ms``.
+Any other answer (X itself, TOPIC_AUTHORIZATION_FAILED, a timeout, a broker error, no answer at all) resets X's
+evidence: it never purges. An authorization error is logged and counted
+(:data:`rlm.metrics.PURGE_CHECK_UNAUTHORIZED`). The evidence lives in memory: a restart starts every count over
+(fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError
+
+from rlm import metrics
+from rlm.discovery import TopicLookup
+from rlmm.api import TopicIdPartition
+
+__all__ = ["DeletionEvidence", "deletion_evidence"]
+
+log = logging.getLogger(__name__)
+
+
+def deletion_evidence(topic_id: uuid.UUID, answer: TopicLookup | None) -> str | None:
+    """Why ``answer`` proves ``topic_id`` deleted ("unknown topic", "re-created as <id>"), or None if it does not."""
+    if answer is None:
+        return None
+    if answer.topic_id is not None:
+        return None if answer.topic_id == topic_id else f"re-created as {answer.topic_id}"
+    if answer.error_code == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return "unknown topic"
+    return None
+
+
+@dataclass
+class _Seen:
+    first: float  # clock() of the first round of the current unbroken run of evidence
+    rounds: int
+    why: str
+
+
+class DeletionEvidence:
+    """The evidence per known topic id, fed one discovery round at a time (:meth:`observe`)."""
+
+    def __init__(self, grace_ms: int, min_rounds: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if grace_ms < 0 or min_rounds < 1:
+            raise ValueError("grace_ms must be >= 0 and min_rounds >= 1")
+        self.grace_s = grace_ms / 1000
+        self.min_rounds = min_rounds
+        self.clock = clock
+        self._seen: dict[uuid.UUID, _Seen] = {}
+
+    def observe(self, known: Iterable[TopicIdPartition],
+                answers: Mapping[str, TopicLookup]) -> list[TopicIdPartition]:
+        """Record one round's answers for the ``known`` partitions; return those proven deleted (to purge now).
+
+        ``answers`` maps topic name to its explicit describe; a name missing from it is "no answer" (reset).
+        A partition returned stays proven on later rounds while the evidence holds, so a purge that failed is
+        retried; forget a purged topic id by dropping it from ``known``.
+        """
+        now = self.clock()
+        known = list(known)
+        by_id: dict[uuid.UUID, str] = {tp.topic_id: tp.topic for tp in known}
+        for gone in set(self._seen) - set(by_id):
+            del self._seen[gone]
+        proven: set[uuid.UUID] = set()
+        for topic_id, name in by_id.items():
+            answer = answers.get(name)
+            why = deletion_evidence(topic_id, answer)
+            if why is None:
+                self._reset(topic_id, name, answer)
+                continue
+            seen = self._seen.get(topic_id)
+            if seen is None:
+                seen = self._seen[topic_id] = _Seen(now, 0, why)
+                log.info("topic looks deleted: purge after the grace period unless it reappears",
+                         extra={"topic": name, "topic_id": str(topic_id), "evidence": why,
+                                "grace_ms": int(self.grace_s * 1000), "rounds": self.min_rounds})
+            seen.rounds += 1
+            seen.why = why
+            if seen.rounds >= self.min_rounds and now - seen.first >= self.grace_s:
+                proven.add(topic_id)
+        return [tp for tp in known if tp.topic_id in proven]
+
+    def _reset(self, topic_id: uuid.UUID, name: str, answer: TopicLookup | None) -> None:
+        had = self._seen.pop(topic_id, None)
+        if answer is not None and answer.error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            metrics.PURGE_CHECK_UNAUTHORIZED.labels(name).inc()
+            log.warning("deleted-topic check: not authorized to describe the topic; its remote data is kept",
+                        extra={"topic": name, "topic_id": str(topic_id), "error": answer.error})
+        elif answer is None or answer.topic_id is None:
+            log.info("deleted-topic check: no usable answer; its remote data is kept",
+                     extra={"topic": name, "topic_id": str(topic_id),
+                            "error": answer.error if answer is not None else "not answered"})
+        if had is not None:
+            log.info("deleted-topic evidence reset", extra={"topic": name, "topic_id": str(topic_id),
+                                                             "rounds": had.rounds})
+
+    def pending(self) -> dict[uuid.UUID, tuple[int, float]]:
+        """Topic ids with evidence so far: (rounds, seconds since the first), for tests and logs."""
+        now = self.clock()
+        return {tid: (s.rounds, now - s.first) for tid, s in self._seen.items()}

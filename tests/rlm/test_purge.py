@@ -1,0 +1,116 @@
+"""The deleted-topic rule (rlm.purge.DeletionEvidence) on fake answers: positive proof over rounds and a grace
+period purges; absence, authorization errors, timeouts and the live id never do, and they reset the count."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import KafkaError
+
+from rlm import metrics
+from rlm.discovery import TopicLookup
+from rlm.purge import DeletionEvidence, deletion_evidence
+from rlmm.api import TopicIdPartition
+
+X, Y = uuid.uuid4(), uuid.uuid4()
+P0, P1 = TopicIdPartition(X, "orders", 0), TopicIdPartition(X, "orders", 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def live(tid: uuid.UUID = X) -> dict[str, TopicLookup]:
+    return {"orders": TopicLookup("orders", topic_id=tid)}
+
+
+def error(code: int) -> dict[str, TopicLookup]:
+    return {"orders": TopicLookup("orders", error_code=code, error=KafkaError(code).str())}
+
+
+UNKNOWN = error(KafkaError.UNKNOWN_TOPIC_OR_PART)
+DENIED = error(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+
+
+def rounds(ev: DeletionEvidence, clock: Clock, answers: list[dict[str, TopicLookup]], step_s: float = 10.0,
+           known: list[TopicIdPartition] | None = None) -> list[list[TopicIdPartition]]:
+    out = []
+    for a in answers:
+        out.append(ev.observe(known or [P0, P1], a))
+        clock.t += step_s
+    return out
+
+
+def test_evidence_kinds() -> None:
+    assert deletion_evidence(X, UNKNOWN["orders"]) == "unknown topic"
+    assert deletion_evidence(X, live(Y)["orders"]) == f"re-created as {Y}"
+    assert deletion_evidence(X, live(X)["orders"]) is None
+    assert deletion_evidence(X, None) is None
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                 KafkaError.LEADER_NOT_AVAILABLE, None):
+        assert deletion_evidence(X, TopicLookup("orders", error_code=code)) is None
+
+
+def test_purged_only_after_rounds_and_grace() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=25_000, min_rounds=3, clock=clock)
+    # t=0,10,20: three rounds but only 20 s; t=30: 30 s >= 25 s grace -> proven, both partitions.
+    got = rounds(ev, clock, [UNKNOWN] * 4)
+    assert got[:3] == [[], [], []]
+    assert got[3] == [P0, P1]
+
+
+def test_rounds_needed_even_when_grace_passed() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=1_000, min_rounds=3, clock=clock)
+    assert rounds(ev, clock, [UNKNOWN] * 3, step_s=3600) == [[], [], [P0, P1]]
+
+
+def test_recreated_topic_proves_the_old_id_only() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=0, min_rounds=2, clock=clock)
+    new = TopicIdPartition(Y, "orders", 0)
+    got = rounds(ev, clock, [live(Y)] * 2, known=[P0, new])
+    assert got == [[], [P0]]
+
+
+@pytest.mark.parametrize("interruption", [
+    DENIED, error(KafkaError._TIMED_OUT), error(KafkaError._TRANSPORT), live(X), {},
+], ids=["unauthorized", "timeout", "transport", "live-again", "not-answered"])
+def test_any_other_answer_resets_the_evidence(interruption: dict[str, TopicLookup]) -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=15_000, min_rounds=2, clock=clock)
+    got = rounds(ev, clock, [UNKNOWN, interruption, UNKNOWN, UNKNOWN])
+    # Without the interruption the 3rd round (20 s, 2 rounds) would purge; after it the count starts over.
+    assert got == [[], [], [], []]
+    assert rounds(ev, clock, [UNKNOWN]) == [[P0, P1]]  # 20 s and 3 rounds since the restart of the count
+
+
+def test_authorization_error_never_purges_and_is_counted() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=0, min_rounds=1, clock=clock)
+    before = metrics.PURGE_CHECK_UNAUTHORIZED.labels("orders")._value.get()
+    assert rounds(ev, clock, [DENIED] * 10, step_s=3600) == [[]] * 10
+    assert metrics.PURGE_CHECK_UNAUTHORIZED.labels("orders")._value.get() == before + 10
+    assert ev.pending() == {}
+
+
+def test_forgotten_ids_are_dropped_and_a_failed_purge_is_retried() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=0, min_rounds=1, clock=clock)
+    assert ev.observe([P0], UNKNOWN) == [P0]
+    assert ev.observe([P0], UNKNOWN) == [P0]  # still proven next round (the purge failed: retried)
+    assert ev.observe([], UNKNOWN) == []
+    assert ev.pending() == {}
+
+
+def test_bad_settings_refused() -> None:
+    with pytest.raises(ValueError):
+        DeletionEvidence(grace_ms=-1, min_rounds=1)
+    with pytest.raises(ValueError):
+        DeletionEvidence(grace_ms=0, min_rounds=0)
