@@ -146,3 +146,157 @@ def settings_yaml(settings: SidecarSettings) -> str:
     import yaml
 
     return yaml.safe_dump(settings.model_dump(mode="json", exclude_none=True))
+
+
+# ------------------------------------------------------------------- cluster events (issue 9: test_cluster_events,
+# test_chaos, scripts/chaos.py): a producer that remembers every acknowledged record, leadership and ISR, moves.
+def _uuid_of(tid: Any) -> uuid.UUID:
+    msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
+    return uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1)))
+
+
+class PartitionStates:
+    """Topic id, leader and ISR of a topic's partitions through DescribeTopics. After a failure (a stopped broker
+    librdkafka still takes for the controller) the next call uses a fresh AdminClient; returns None then."""
+
+    def __init__(self, kafka: KafkaCluster) -> None:
+        self.config = {**kafka.admin_config(), "topic.metadata.refresh.interval.ms": 2000}
+        self._new()
+
+    def _new(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient(self.config)
+
+    def describe(self, topic: str) -> tuple[uuid.UUID, dict[int, tuple[int, list[int], list[int]]]] | None:
+        """(topic id, {partition: (leader or -1, replicas, sorted isr)}) or None."""
+        from confluent_kafka import KafkaException, TopicCollection
+
+        try:
+            desc = self.admin.describe_topics(TopicCollection([topic]), request_timeout=10)[topic].result(15)
+        except (KafkaException, TimeoutError):
+            self._new()
+            return None
+        parts = {p.id: (p.leader.id if p.leader is not None else -1, [r.id for r in p.replicas],
+                        sorted(r.id for r in p.isr)) for p in desc.partitions}
+        return _uuid_of(desc.topic_id), parts
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        d = self.describe(topic)
+        return d[1][partition][0] if d and partition in d[1] else -1
+
+    def isr(self, topic: str, partition: int = 0) -> list[int]:
+        d = self.describe(topic)
+        return d[1][partition][2] if d and partition in d[1] else []
+
+    def topic_id(self, topic: str) -> uuid.UUID | None:
+        d = self.describe(topic)
+        return d[0] if d else None
+
+    def elect(self, topic: str, partitions: list[int], unclean: bool = False) -> dict[int, str | None]:
+        """Preferred (or unclean) leader election; partition -> error text or None."""
+        from confluent_kafka import ElectionType, KafkaException, TopicPartition
+
+        kind = ElectionType.UNCLEAN if unclean else ElectionType.PREFERRED
+        try:
+            fut = self.admin.elect_leaders(kind, [TopicPartition(topic, p) for p in partitions],
+                                           request_timeout=15)
+            res = fut.result(20)
+        except (KafkaException, TimeoutError) as err:
+            self._new()
+            return dict.fromkeys(partitions, str(err))
+        return {tp.partition: (str(err) if err is not None else None) for tp, err in res.items()}
+
+
+def reassign(kafka: KafkaCluster, assignment: dict[tuple[str, int], list[int]], work_dir: Path) -> None:
+    """Kafka's reassignment tool (``--execute``) with these replica lists (the first is the preferred leader);
+    a reordering of the same replicas completes at once."""
+    import json
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    f = work_dir / f"reassign-{uuid.uuid4().hex[:6]}.json"
+    f.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": r} for (t, p), r in assignment.items()]}))
+    proc = kafka.run_class("org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+                           ["--bootstrap-server", kafka.bootstrap_servers, "--reassignment-json-file", str(f),
+                            "--execute"], timeout=90)
+    if proc.returncode != 0:
+        raise AssertionError(f"reassignment {assignment} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+class AckedProducer:
+    """Produces unique records (key ``<tag>-<seq>``) to partitions of a topic from a thread until stopped; remembers
+    every acknowledged record (``acked[partition][offset] = (key, value)``) and every record sent, acknowledged or
+    not (``produced[key] = value``)."""
+
+    def __init__(self, kafka: KafkaCluster, topic: str, partitions: list[int], *, tag: str, value_size: int = 100,
+                 batch: int = 20, pause_s: float = 0.05, **conf: Any) -> None:
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.partitions = partitions
+        self.tag = tag
+        self.value_size = value_size
+        self.batch = batch
+        self.pause_s = pause_s
+        self.conf = {"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5, "acks": "all",
+                     "message.timeout.ms": 30000, **conf}
+        self.producer = Producer(self.conf)
+        self.acked: dict[int, dict[int, tuple[bytes, bytes]]] = {p: {} for p in partitions}
+        self.produced: dict[bytes, bytes] = {}
+        self.failed = 0
+        self.seq = 0
+        self._stop = __import__("threading").Event()
+        self._thread: Any = None
+
+    def value(self, key: bytes) -> bytes:
+        return (key + b"|" + self.tag.encode() + b"|") * (self.value_size // (len(key) + len(self.tag) + 2) + 1)
+
+    def _cb(self, key: bytes, value: bytes):
+        def cb(err, msg) -> None:
+            if err is not None:
+                self.failed += 1
+                return
+            self.acked[msg.partition()][msg.offset()] = (key, value)
+        return cb
+
+    def send(self, n: int) -> None:
+        """Send ``n`` records round-robin over the partitions (not waiting for acknowledgements)."""
+        for _ in range(n):
+            p = self.partitions[self.seq % len(self.partitions)]
+            key = f"{self.tag}-{self.seq:08d}".encode()
+            value = self.value(key)[: self.value_size]
+            self.seq += 1
+            self.produced[key] = value
+            while True:
+                try:
+                    self.producer.produce(self.topic, key=key, value=value, partition=p,
+                                          on_delivery=self._cb(key, value))
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            self.producer.poll(0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.send(self.batch)
+            self.producer.poll(self.pause_s)
+
+    def start(self) -> AckedProducer:
+        import threading
+
+        self._thread = threading.Thread(target=self._run, name=f"producer-{self.topic}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, flush_s: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        self.producer.flush(flush_s)
+
+    def last_acked(self, partition: int) -> int:
+        return max(self.acked[partition], default=-1)
+
+    def total_acked(self) -> int:
+        return sum(len(a) for a in self.acked.values())
