@@ -97,6 +97,12 @@ class RemoteStorageManagerApi(abc.ABC):
                               segment_data: LogSegmentData) -> bytes | None:
         """Copy the segment's ``.log`` and its five indexes to remote storage; return custom metadata or None.
 
+        Exactly the batches of ``[start_offset, end_offset_inclusive]`` are copied: leading batches of the
+        ``.log`` whose last offset is below ``start_offset`` are skipped (a new leader's local segment that
+        straddles the highest remote offset), and the first kept batch must start exactly at ``start_offset``;
+        otherwise :class:`~rsm.errors.RemoteStorageError` naming the file and offsets, with nothing uploaded.
+        ``rsm.format.ledger.kept_range`` gives the kept bytes beforehand (the segment's ``segment_size_bytes``).
+
         Idempotent per ``segment_metadata.remote_segment_id``; atomic (nothing readable until all is written).
         Raises :class:`~rsm.errors.RemoteStorageError` on failure, after removing what it wrote where it can;
         leftovers of a crash are unreadable (no index object) and found by garbage collection.
@@ -108,9 +114,11 @@ class RemoteStorageManagerApi(abc.ABC):
         """A stream of the original ``.log`` bytes from ``start_position`` to ``end_position_inclusive``.
 
         Positions are byte positions in the original ``.log`` file; ``None`` means to the end of the segment,
-        an end past the end is clamped. Raises :class:`~rsm.errors.RemoteResourceNotFoundError` when the
-        segment is not in remote storage, ``ValueError`` for a start beyond the segment, and (possibly while
-        reading) :class:`~rsm.errors.CorruptRemoteObjectError` naming the key and position of bad data.
+        an end past the end is clamped. A copy that skipped leading batches holds the file's bytes from its
+        first kept batch on; a start position below that batch begins at it. Raises
+        :class:`~rsm.errors.RemoteResourceNotFoundError` when the segment is not in remote storage,
+        ``ValueError`` for a start beyond the segment, and (possibly while reading)
+        :class:`~rsm.errors.CorruptRemoteObjectError` naming the key and position of bad data.
         """
 
     @abc.abstractmethod

@@ -2,6 +2,10 @@
 
 Copy (streams; memory is one block plus one S3 part, whatever the segment size):
   1. the ``.log`` is scanned batch by batch (CRC-32C checked) and packed into blocks of ``block_size_bytes``;
+     only the batches of ``[start_offset, end_offset_inclusive]`` are kept: leading batches below
+     ``start_offset`` (a segment straddling the highest remote offset after a leadership move) are skipped, and
+     the first kept one must start exactly at ``start_offset`` (checked before anything is uploaded).
+     :func:`kept_range` tells the caller the kept bytes beforehand (its ``segment_size_bytes``);
   2. blocks are streamed into data object 0, 1, ... each closed before it would pass
      ``max_data_object_bytes`` (PIP-76 offload segments: a huge segment spans several objects);
   3. Kafka's five indexes are appended verbatim to the last data object (sections, CRC-32C each);
@@ -38,14 +42,21 @@ from rsm.format.index import (
     encode_index,
 )
 from rsm.format.keys import SegmentKeys, ledger_id_for
-from rsm.format.ledger import EntryAddress, LedgerChangedError, LedgerWriter
+from rsm.format.ledger import (
+    EntryAddress,
+    KeptRange,
+    LedgerChangedError,
+    LedgerWriter,
+    SegmentRangeError,
+    kept_range,
+)
 from rsm.format.reader import SegmentReader
 from rsm.log.errors import LogFormatError
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
 
-__all__ = ["RemoteStorageManager", "RsmConfig"]
+__all__ = ["KeptRange", "RemoteStorageManager", "RsmConfig", "kept_range"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +156,9 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             ledger = self._copy(m, segment_data, keys)
         except BaseException as err:
             self._cleanup(keys)
+            if isinstance(err, SegmentRangeError):
+                raise RemoteStorageError(f"copy of {keys.base} (offsets {m.start_offset}..{m.end_offset_inclusive}): "
+                                         f"{err}; nothing uploaded") from err
             if isinstance(err, LogFormatError | LedgerChangedError):
                 raise RemoteStorageError(f"copy of {keys.base}: the local segment is unreadable: {err}") from err
             if isinstance(err, OSError):
@@ -156,7 +170,10 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     def _copy(self, m: RemoteSegmentMetadata, data: LogSegmentData, keys: SegmentKeys) -> LedgerIndex:
         ledger_id = ledger_id_for(m.remote_segment_id)
         writer = LedgerWriter(ledger_id, self.config.block_size_bytes)
-        block_iter = writer.blocks(data.log_path, verify_crc=True)
+        block_iter = writer.blocks(data.log_path, verify_crc=True, start_offset=m.start_offset,
+                                   end_offset_inclusive=m.end_offset_inclusive)
+        # The first block before any put: a .log that does not hold the range fails with nothing uploaded.
+        first_block = next(block_iter, None)
         sections_src: list[tuple[IndexType, Path | bytes]] = [
             (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
         if data.producer_snapshot_path is not None:
@@ -168,7 +185,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         blocks: list[BlockInfo] = []
         sections: list[IndexSection] = []
         object_lengths: list[int] = []
-        state = {"pending": None, "done": False}
+        state = {"pending": first_block, "done": False}
         limit = self.config.max_data_object_bytes
         throttle = self.copy_throttle
 
@@ -208,10 +225,6 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 break
             obj += 1
 
-        if writer.entry_count and (writer.first_offset < m.start_offset or writer.last_offset > m.end_offset_inclusive):
-            raise RemoteStorageError(
-                f"copy of {keys.base}: {data.log_path} holds offsets {writer.first_offset}..{writer.last_offset}, "
-                f"outside the segment metadata's {m.start_offset}..{m.end_offset_inclusive}")
         meta = LedgerMetadata(
             remote_segment_id=m.remote_segment_id, topic_id=m.topic_id, topic_name=m.topic_name,
             partition=m.partition, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,

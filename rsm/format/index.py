@@ -36,7 +36,7 @@ Layout (big-endian)::
       max_timestamp_ms => int64
       event_timestamp_ms => int64
       broker_id => int32
-      segment_size_bytes => int64       (size of the original .log)
+      segment_size_bytes => int64       (bytes of the original .log held: its kept batches)
       entry_count => int64              (record batches in the ledger)
       topic_name_len => uint16
       topic_name => utf-8 bytes
@@ -56,8 +56,23 @@ Layout (big-endian)::
       first_offset => int64             (base offset of the first batch)
       last_offset => int64              (last offset of the last batch, inclusive)
       max_timestamp_ms => int64
-      log_position => int64             (position of the first batch in the original .log)
+      log_position => int64             (position of the first batch in the original .log file)
       log_bytes => int64                (bytes of the original .log held by the block)
+
+A copy holds the batches of ``[start_offset, end_offset_inclusive]`` only. When the local segment straddled the
+highest remote offset (a new leader's replica rolled at other offsets), its leading batches below
+``start_offset`` are not stored: the first block's ``log_position`` is then above 0, ``segment_size_bytes``
+counts only the kept bytes, and every position (``log_position``, ``fetch_log_segment``'s positions) stays a
+position in the original ``.log`` file, so the held bytes are ``first log_position .. + segment_size_bytes``.
+
+Kafka's own index sections (``.index``, ``.timeindex``, ``.txnindex``, producer snapshot, leader-epoch
+checkpoint) are stored verbatim, as the broker wrote them for the whole local segment. For a copy that skipped
+leading batches this means: the ``.index`` and ``.timeindex`` relative offsets are relative to the local file's
+base offset (its name), not to ``start_offset``, and their file positions are positions in the original ``.log``
+(the same positions ``fetch_log_segment`` takes); their first entries may point into the skipped batches.
+Kafka's RemoteIndexCache reads them relative to the segment's start offset, which errs towards earlier positions
+(an entry read as a higher offset than it has), so its forward scan from the looked-up position still finds the
+right batch; a fetch from a position below the first kept batch starts at that batch.
 """
 
 from __future__ import annotations
@@ -207,6 +222,11 @@ class LedgerIndex:
     ledger_id: int
     metadata: LedgerMetadata
     blocks: tuple[BlockInfo, ...]
+
+    @property
+    def log_start_position(self) -> int:
+        """Position in the original ``.log`` of the first batch held (0 unless leading batches were skipped)."""
+        return self.blocks[0].log_position if self.blocks else 0
 
     def block_for_offset(self, offset: int) -> BlockInfo | None:
         """The block holding Kafka ``offset`` (the first block whose last offset is >= it), or None."""

@@ -3,6 +3,14 @@
 Entry ids run 0, 1, 2 ... in file order; one entry is one record batch, verbatim. A block closes when the
 next entry would take it past ``block_size_bytes`` (a batch larger than that gets a block of its own).
 
+A copy may start above the file's first batch (``start_offset``): a new leader's local segment can straddle the
+highest remote offset H, since replicas roll at different offsets. Batches whose last offset is below
+``start_offset`` are skipped while scanning (never held in memory), and the first kept batch must start exactly
+at ``start_offset`` (batches are identical across replicas, so the one after H starts at H + 1). When nothing is
+skipped, the first batch may start above ``start_offset`` (a file named below its first batch). Every batch must
+end at or before ``end_offset_inclusive``. Otherwise :class:`SegmentRangeError` is raised before the first block
+is handed out. Kept batches keep their positions in the original file (``log_position``).
+
 Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
 header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
 ``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
@@ -13,13 +21,14 @@ bytes per entry) without another copy. Memory: one block buffer, whatever the se
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LENGTH, encode_block_header
 from rsm.log.batch import BatchHeader, scan_batches
 
-__all__ = ["BlockDraft", "EntryAddress", "LedgerChangedError", "LedgerWriter"]
+__all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "LedgerWriter", "SegmentRangeError",
+           "kept_range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,80 @@ class LedgerChangedError(ValueError):
     """The ``.log`` changed between the checking pass and the copying pass (it must be immutable)."""
 
 
+class SegmentRangeError(ValueError):
+    """The ``.log`` does not hold exactly the batches of the requested offset range."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRange:
+    """The part of a ``.log`` a copy of ``[start_offset, end_offset_inclusive]`` keeps.
+
+    ``position`` is the byte position of the first kept batch in the file, ``size_bytes`` the bytes of the kept
+    batches (what a copy stores, and the segment's ``segment_size_bytes``), ``skipped_batches`` how many leading
+    batches lie below ``start_offset``.
+    """
+
+    position: int
+    size_bytes: int
+    first_offset: int | None
+    last_offset: int | None
+    batch_count: int
+    skipped_batches: int
+
+
+def _kept_headers(log_path: str | os.PathLike[str], start_offset: int | None, end_offset_inclusive: int | None, *,
+                  verify_crc: bool, on_skip: Callable[[BatchHeader], None] | None = None) -> Iterator[BatchHeader]:
+    """The headers of the batches of ``[start_offset, end_offset_inclusive]``, checked as the module says."""
+    first = True
+    skipped: BatchHeader | None = None
+    for header in scan_batches(log_path, verify_crc=verify_crc):
+        if first:
+            if start_offset is not None and header.last_offset < start_offset:
+                skipped = header
+                if on_skip is not None:
+                    on_skip(header)
+                continue
+            if start_offset is not None and header.base_offset != start_offset and (
+                    skipped is not None or header.base_offset < start_offset):
+                before = (f"; the batch before it ends at {skipped.last_offset}" if skipped is not None else "")
+                raise SegmentRangeError(
+                    f"{log_path}: the first batch at or after start offset {start_offset} holds offsets "
+                    f"{header.base_offset}..{header.last_offset} (byte {header.position}){before}: a copy must "
+                    f"start exactly at a batch boundary")
+            first = False
+        if end_offset_inclusive is not None and header.last_offset > end_offset_inclusive:
+            raise SegmentRangeError(
+                f"{log_path}: batch at byte {header.position} holds offsets {header.base_offset}.."
+                f"{header.last_offset}, past the segment's end offset {end_offset_inclusive}")
+        yield header
+    if first and skipped is not None:
+        raise SegmentRangeError(f"{log_path}: no batch at or after start offset {start_offset} (the last batch "
+                                f"ends at {skipped.last_offset})")
+
+
+def kept_range(log_path: str | os.PathLike[str], start_offset: int | None = None,
+               end_offset_inclusive: int | None = None) -> KeptRange:
+    """What a copy of ``[start_offset, end_offset_inclusive]`` of ``log_path`` keeps (headers only, no CRC
+    check; streams). The copier uses ``size_bytes`` as the segment's ``segment_size_bytes``. Raises
+    :class:`SegmentRangeError` as the copy would."""
+    skipped = 0
+
+    def count(_h: BatchHeader) -> None:
+        nonlocal skipped
+        skipped += 1
+
+    position = size = n = 0
+    first_offset = last_offset = None
+    for h in _kept_headers(log_path, start_offset, end_offset_inclusive, verify_crc=False, on_skip=count):
+        if first_offset is None:
+            first_offset = h.base_offset
+            position = h.position
+        last_offset = h.last_offset
+        size += h.size_bytes
+        n += 1
+    return KeptRange(position, size, first_offset, last_offset, n, skipped)
+
+
 class LedgerWriter:
     """Packs the record batches of one ``.log`` into blocks; iterate :meth:`blocks` once."""
 
@@ -67,15 +150,18 @@ class LedgerWriter:
         self.last_offset: int | None = None
         self.max_timestamp_ms = -1
 
-    def blocks(self, log_path: str | os.PathLike[str], *,
-               verify_crc: bool = True) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
-        """Yield ``(draft, gather list)`` per block. The buffers are valid until the next block is requested."""
+    def blocks(self, log_path: str | os.PathLike[str], *, verify_crc: bool = True, start_offset: int | None = None,
+               end_offset_inclusive: int | None = None) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
+        """Yield ``(draft, gather list)`` per block. The buffers are valid until the next block is requested.
+
+        With ``start_offset`` / ``end_offset_inclusive``, only the batches of that range (see the module
+        docstring; :class:`SegmentRangeError` when the file does not hold exactly them)."""
         self._buf = bytearray(self.block_size_bytes)
         part_id = 0
         plan: list[BatchHeader] = []
         planned = BLOCK_HEADER_LENGTH
         with open(log_path, "rb", buffering=0) as f:
-            for header in scan_batches(log_path, verify_crc=verify_crc):
+            for header in _kept_headers(log_path, start_offset, end_offset_inclusive, verify_crc=verify_crc):
                 need = ENTRY_HEADER_LENGTH + header.size_bytes
                 if plan and planned + need > self.block_size_bytes:
                     yield self._emit(f, log_path, plan, part_id)

@@ -232,12 +232,19 @@ class SegmentReader:
     # -- original bytes ----------------------------------------------------------------------------------------
 
     def open_log(self, start_position: int, end_position_inclusive: int | None = None) -> BinaryIO:
-        """The original ``.log`` bytes ``start_position..end_position_inclusive`` (clamped to the end)."""
-        size = self.ledger.metadata.segment_size_bytes
-        if start_position < 0 or start_position >= size:
+        """The original ``.log`` bytes ``start_position..end_position_inclusive`` (clamped to the end).
+
+        Positions are those of the original ``.log``. A copy that skipped leading batches (it starts above the
+        file's first batch) holds only the bytes from its first kept batch on: a start below it begins there
+        (Kafka's reader looks a position up in the uploaded offset index, whose floor entry may be a skipped
+        batch, and skips batches below its target offset anyway)."""
+        lo, size = self.ledger.log_start_position, self.ledger.metadata.segment_size_bytes
+        hi = lo + size  # exclusive
+        if start_position < 0 or start_position >= hi or size == 0:
             raise ValueError(f"start position {start_position} is outside remote segment {self.keys.base} "
-                             f"of {size} bytes")
-        end = size - 1 if end_position_inclusive is None else min(end_position_inclusive, size - 1)
+                             f"(.log bytes {lo}..{hi - 1})")
+        start_position = max(start_position, lo)
+        end = hi - 1 if end_position_inclusive is None else min(end_position_inclusive, hi - 1)
         if end < start_position:
             return io.BytesIO(b"")  # type: ignore[return-value]
         first = self.ledger.block_for_position(start_position)
