@@ -14,6 +14,16 @@ Usage::
 
 The broker's own log is ``<node dir>/broker.log``; :meth:`KafkaCluster.tail_logs` returns it for failure
 reports.
+
+An authenticated cluster: ``KafkaCluster(sasl_users={"alice": "alice-secret"})`` serves SASL_PLAINTEXT with the
+PLAIN mechanism on every listener (the controller's too) and authorizes with KRaft's ``StandardAuthorizer``
+(no ACL = denied). The user :data:`ADMIN_USER` is added as the brokers' own identity and the only super user;
+the other users start with no ACLs (grant them with ``AdminClient.create_acls`` on :meth:`KafkaCluster.admin_config`).
+Client configurations::
+
+    kc.admin_config()            # bootstrap + SASL settings of the super user (what create_topic uses)
+    kc.client_config("alice")    # bootstrap + SASL settings of alice
+    kc.security_config("alice")  # the SASL settings alone (e.g. for a sidecar's ``kafka.client``)
 """
 
 from __future__ import annotations
@@ -29,10 +39,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["KafkaCluster", "KafkaNode", "KafkaStartError", "ensure_kafka_jars", "project_root"]
+__all__ = ["ADMIN_USER", "KafkaCluster", "KafkaNode", "KafkaStartError", "ensure_kafka_jars", "project_root"]
 
 KB = 1024
 MB = 1024 * KB
+
+ADMIN_USER = "admin"  # with sasl_users: the brokers' own identity and the super user
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 class KafkaStartError(RuntimeError):
@@ -133,9 +146,16 @@ class KafkaCluster:
         heap: str = "512m",
         start_timeout_s: float = 120.0,
         keep_data: bool = False,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
+        # user -> password of an authenticated cluster (SASL_PLAINTEXT/PLAIN + StandardAuthorizer), else None
+        self.sasl_users: dict[str, str] | None = None
+        if sasl_users is not None:
+            if ADMIN_USER in sasl_users:
+                raise ValueError(f"{ADMIN_USER!r} is the cluster's own super user: choose another name")
+            self.sasl_users = {ADMIN_USER: f"{ADMIN_USER}-{uuid.uuid4().hex[:12]}", **sasl_users}
         self.libs = ensure_kafka_jars()
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="rlm-kafka-"))
@@ -204,22 +224,46 @@ class KafkaCluster:
         return subprocess.run(self.java_cmd(main_class, args), capture_output=True, text=True,
                               timeout=timeout, input=input_text)
 
+    @property
+    def _listener(self) -> str:
+        return "SASL_PLAINTEXT" if self.sasl_users is not None else "PLAINTEXT"
+
+    def _sasl_properties(self) -> dict[str, str]:
+        assert self.sasl_users is not None
+        users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+        jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{ADMIN_USER}" '
+                f'password="{self.sasl_users[ADMIN_USER]}" {users};')
+        return {
+            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+            "listener.name.controller.plain.sasl.jaas.config": jaas,
+            "authorizer.class.name": STANDARD_AUTHORIZER,
+            "super.users": f"User:{ADMIN_USER}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
     def _properties(self, node: KafkaNode) -> dict[str, str]:
+        listener = self._listener
         props = {
             "process.roles": node.roles,
             "node.id": str(node.node_id),
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": listener,
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "advertised.listeners": f"PLAINTEXT://{node.address}",
+            "advertised.listeners": f"{listener}://{node.address}",
             "log.dirs": ",".join(str(p) for p in node.log_dirs),
             "metadata.log.dir": str(node.directory / "metadata"),
         }
-        listeners = [f"PLAINTEXT://{node.address}"]
+        listeners = [f"{listener}://{node.address}"]
         if node.controller_port:
             listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
         props["listeners"] = ",".join(listeners)
+        if self.sasl_users is not None:
+            props.update(self._sasl_properties())
         props.update(self.overrides)
         props.update(node.config)
         return props
@@ -298,8 +342,7 @@ class KafkaCluster:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + (timeout or self.start_timeout_s)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
-                             "logger": _SilentLogger()})
+        admin = AdminClient({**self.admin_config(), "log_level": 0, "logger": _SilentLogger()})
         last_err: object = None
         while time.monotonic() < deadline:
             for node in self.nodes:
@@ -327,8 +370,22 @@ class KafkaCluster:
         return "\n".join(parts)
 
     # ---------------------------------------------------------------------------------------- conveniences
+    def security_config(self, user: str = ADMIN_USER) -> dict[str, object]:
+        """librdkafka's security settings for ``user`` ({} on a cluster without SASL)."""
+        if self.sasl_users is None:
+            return {}
+        if user not in self.sasl_users:
+            raise KeyError(f"no SASL user {user!r} on this cluster (users: {sorted(self.sasl_users)})")
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
+                "sasl.password": self.sasl_users[user]}
+
+    def client_config(self, user: str = ADMIN_USER) -> dict[str, object]:
+        """Bootstrap servers and ``user``'s security settings: a client configuration for confluent-kafka."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.security_config(user)}
+
     def admin_config(self) -> dict[str, object]:
-        return {"bootstrap.servers": self.bootstrap_servers}
+        """A client configuration with every right: the super user's on an authenticated cluster."""
+        return self.client_config(ADMIN_USER)
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: Mapping[str, str] | None = None, timeout: float = 30.0) -> uuid.UUID:

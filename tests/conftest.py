@@ -3,6 +3,9 @@
 - ``kafka``: one real Apache Kafka broker (KRaft) on 127.0.0.1, started once per session. If it cannot start
   the fixture raises, so every test that needs it errors: broker tests never skip (CI included).
 - ``kafka_cluster3``: a 3-broker cluster for leadership tests (started on first use).
+- ``kafka_sasl``: a 1-broker cluster with SASL_PLAINTEXT/PLAIN and KRaft's StandardAuthorizer (started on first
+  use): ``admin_config()`` is the super user's client configuration, ``client_config(SASL_PRINCIPAL)`` (and
+  ``security_config(SASL_PRINCIPAL)``) the principal's, who starts with no ACLs.
 - ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP.
 - ``topic_name``: a unique topic name per test (uuid suffix), so tests never see each other's data.
 """
@@ -40,6 +43,22 @@ def kafka_cluster3() -> Iterator[KafkaCluster]:
         cluster.start()
     except KafkaStartError as err:
         pytest.fail(f"the 3-broker Kafka cluster did not start: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+SASL_PRINCIPAL = "rlm"  # the kafka_sasl cluster's non-super user
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl() -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(brokers=1, sasl_users={SASL_PRINCIPAL: f"{SASL_PRINCIPAL}-{uuid.uuid4().hex[:12]}"})
+    try:
+        cluster.start()
+    except KafkaStartError as err:
+        pytest.fail(f"the SASL/ACL Kafka cluster did not start: {err}", pytrace=False)
     try:
         yield cluster
     finally:
