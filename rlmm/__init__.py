@@ -1,6 +1,7 @@
 """rlmm: the RemoteLogMetadataManager (KIP-405) on a compacted, Kafka-compatible metadata topic + RocksDB cache."""
 
 from rlmm.api import (
+    CopyFencedError,
     CorruptMetadataRecordError,
     InvalidStateTransitionError,
     MetadataCacheFormatError,
@@ -22,6 +23,7 @@ from rlmm.partitioner import metadata_partition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
 
 __all__ = [
+    "CopyFencedError",
     "CorruptMetadataRecordError",
     "InvalidStateTransitionError",
     "MetadataCacheFormatError",

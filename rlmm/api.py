@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 __all__ = [
+    "CopyFencedError",
     "CorruptMetadataRecordError",
     "InvalidStateTransitionError",
     "MetadataCacheFormatError",
@@ -55,6 +56,15 @@ class CorruptMetadataRecordError(RemoteLogMetadataError):
 
 class InvalidStateTransitionError(RemoteLogMetadataError):
     """A segment or partition-delete state change is not allowed by the state diagram (names both states)."""
+
+
+class CopyFencedError(InvalidStateTransitionError):
+    """A COPY_SEGMENT_FINISHED was refused because its copy started under a broker leader epoch lower than that of
+    a copy of the same partition started later in the metadata topic's order (a zombie copy of a former leader).
+
+    The message names both epochs. The segment stays COPY_SEGMENT_STARTED: never served nor counted; its writer
+    should delete the copied data (DELETE_SEGMENT_STARTED -> DELETE_SEGMENT_FINISHED).
+    """
 
 
 class RemoteResourceNotFoundError(RemoteLogMetadataError):
@@ -161,6 +171,9 @@ class RemoteLogSegmentId:
 
 
 # -------------------------------------------------------------------------------------------- value objects
+_INT32_MAX = 2**31 - 1
+
+
 def _epochs(value: Mapping[int, int] | Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     items = value.items() if isinstance(value, Mapping) else value
     return tuple((int(e), int(o)) for e, o in items)
@@ -172,7 +185,10 @@ class RemoteLogSegmentMetadata:
 
     ``segment_leader_epochs`` maps each leader epoch in the segment to its first offset, ascending by epoch
     (a dict is accepted and normalised to a tuple of pairs). ``custom_metadata`` is the RSM's opaque bytes or
-    ``None``.
+    ``None``. ``broker_leader_epoch`` is the leader epoch under which the copying broker started the copy (None
+    for records written without one, e.g. by Kafka 4.x or before fencing existed): a copy whose epoch is lower
+    than that of a copy of the same partition started later cannot finish (:class:`CopyFencedError`). Updates
+    never change it. On the topic it is written inside the record's CustomMetadata (:mod:`rlmm.envelope`).
     """
 
     remote_log_segment_id: RemoteLogSegmentId
@@ -186,6 +202,7 @@ class RemoteLogSegmentMetadata:
     custom_metadata: bytes | None = None
     state: RemoteLogSegmentState = RemoteLogSegmentState.COPY_SEGMENT_STARTED
     txn_index_empty: bool = False
+    broker_leader_epoch: int | None = None
 
     def __post_init__(self) -> None:
         epochs = _epochs(self.segment_leader_epochs)
@@ -202,6 +219,9 @@ class RemoteLogSegmentMetadata:
         if epochs[0][1] < self.start_offset or epochs[-1][1] > self.end_offset_inclusive:
             raise ValueError(f"{what}: segment_leader_epochs {epochs} outside "
                              f"[{self.start_offset}, {self.end_offset_inclusive}]")
+        ble = self.broker_leader_epoch
+        if ble is not None and (type(ble) is not int or not 0 <= ble <= _INT32_MAX):
+            raise ValueError(f"{what}: broker_leader_epoch {ble!r} is not an int32 >= 0")
 
     @property
     def topic_id_partition(self) -> TopicIdPartition:
@@ -216,7 +236,8 @@ class RemoteLogSegmentMetadata:
         return None
 
     def with_update(self, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
-        """The metadata after ``update`` (state, broker, event time and custom metadata replaced; checked)."""
+        """The metadata after ``update`` (state, broker, event time and custom metadata replaced; checked).
+        ``broker_leader_epoch`` is kept: it is the epoch the copy started under."""
         self.state.check_transition(update.state, self.remote_log_segment_id)
         return replace(self, state=update.state, broker_id=update.broker_id,
                        event_timestamp_ms=update.event_timestamp_ms, custom_metadata=update.custom_metadata)

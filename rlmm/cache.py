@@ -20,12 +20,22 @@ is numeric order; signed ints are stored with their sign bit flipped (``u = v ^ 
     0x15 MP TopicId Partition                               -> RemotePartitionDeleteMetadataRecord bytes
     0x16 MP TopicId Partition SegmentId                     -> Deleted => EventTimestampMs:i64 BrokerId:i32
                                                                (DELETE_SEGMENT_FINISHED, tombstones pending)
+    0x17 MP TopicId Partition                               -> CopyFence => MaxBrokerLeaderEpoch:i32
+                                                               (highest broker leader epoch of any applied
+                                                               COPY_SEGMENT_STARTED of the partition; never
+                                                               lowered; dropped with DELETE_PARTITION_FINISHED)
 
 A floor lookup (segment holding offset X under epoch E) is one ``seek_for_prev`` on table 0x13 plus one get;
 the highest copied offset of epoch E is one ``seek_for_prev`` to the end of E's range in 0x13. Unlike Kafka's
 in-memory cache (which remembers an epoch's highest offset after its segments are deleted) it is computed from the
 live COPY_SEGMENT_FINISHED segments, so a cache rebuilt from the compacted topic answers the same as one that
 never restarted.
+
+Copy fencing (KIP-405's leader-epoch fencing of zombie copies, decided in the metadata topic's total order, so every
+cache agrees): a COPY_SEGMENT_STARTED -> COPY_SEGMENT_FINISHED of a segment whose ``broker_leader_epoch`` is below
+the partition's CopyFence is refused (:class:`rlmm.api.CopyFencedError`, reported as a refused record with
+``fenced=True``). Segments without an epoch are never fenced. A COPY_SEGMENT_STARTED for a partition with any
+partition-delete state is refused.
 
 Durability: the topic is the source of truth, so by default writes skip RocksDB's WAL (``wal=False``) and the
 memtables are flushed on close and before each caught-up mark (written with WAL). A WriteBatch lands in the
@@ -47,6 +57,7 @@ from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdic
 
 from rlmm import serde
 from rlmm.api import (
+    CopyFencedError,
     CorruptMetadataRecordError,
     InvalidStateTransitionError,
     MetadataCacheFormatError,
@@ -60,7 +71,8 @@ from rlmm.api import (
 from rlmm.keys import KeyKind, decode_key
 from rlmm.partitioner import metadata_partition
 
-__all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", "Progress", "SkippedRecord"]
+__all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", "Progress", "SkippedRecord",
+           "copy_fenced"]
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +86,13 @@ T_EPOCH_ALL = b"\x12"
 T_EPOCH_FLOOR = b"\x13"
 T_PARTITION_DELETE = b"\x15"
 T_DELETED = b"\x16"
-STATE_TABLES = (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_PARTITION_DELETE, T_DELETED)
+T_COPY_FENCE = b"\x17"
+STATE_TABLES = (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_PARTITION_DELETE, T_DELETED, T_COPY_FENCE)
 
 _MP = struct.Struct(">H")
 _TP = struct.Struct(">H16sI")          # MP, TopicId, Partition (sign-flipped)
 _U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _PROGRESS = struct.Struct(
@@ -117,6 +131,17 @@ def _s64(v: int) -> bytes:
     return _pack_u64(v + _S64_FLIP)
 
 
+def copy_fenced(what: object, segment_epoch: int | None, fence_epoch: int | None) -> CopyFencedError | None:
+    """The error refusing COPY_SEGMENT_FINISHED of a copy started under ``segment_epoch`` when the partition's
+    highest started copy epoch is ``fence_epoch``, or None when it may finish (no epoch on either side, or not lower).
+    """
+    if segment_epoch is None or fence_epoch is None or segment_epoch >= fence_epoch:
+        return None
+    return CopyFencedError(f"{what}: copy fenced: COPY_SEGMENT_FINISHED of a copy started under broker leader epoch "
+                           f"{segment_epoch} refused, a copy of the partition was started under broker leader epoch "
+                           f"{fence_epoch}")
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key starting with ``prefix`` (prefix has a non-0xff byte)."""
     p = bytearray(prefix)
@@ -138,6 +163,7 @@ class SkippedRecord:
     offset: int
     reason: str          # "corrupt" or "refused"
     error: str
+    fenced: bool = False  # refused by copy fencing (rlmm.api.CopyFencedError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,11 +355,15 @@ class MetadataCache:
                         batch.write(self._progress_puts(next_offsets, caught_up))
                         next_offsets[mp] = offset + 1
                     self._apply_partition_delete(batch, mp, md, value)
+                    if md.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                        # and after it: later records of this call must not read the dropped state through the
+                        # overlay (or the cached views), which a range delete does not cover
+                        batch.write(self._progress_puts(next_offsets, caught_up))
                 out.applied += 1
             except CorruptMetadataRecordError as err:
                 out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
             except (InvalidStateTransitionError, RemoteResourceNotFoundError) as err:
-                out.skipped.append(SkippedRecord(mp, offset, "refused", str(err)))
+                out.skipped.append(SkippedRecord(mp, offset, "refused", str(err), isinstance(err, CopyFencedError)))
         batch.write(self._progress_puts(next_offsets, caught_up))
         self._dirty = True
         return out
@@ -369,6 +399,14 @@ class MetadataCache:
                 f" the record has {RemoteLogSegmentState(v.state).name}")
         tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
         sid = v.segment_id
+        pkey = T_PARTITION_DELETE + tpk
+        if pkey in batch.puts or self.db.key_may_exist(pkey):
+            raw = batch.get(pkey)
+            if raw is not None:
+                deleting = serde.decode(raw).state.name   # type: ignore[union-attr]
+                raise InvalidStateTransitionError(
+                    f"{self._describe(v.topic_id, v.partition, sid)}: COPY_SEGMENT_STARTED refused: the partition is "
+                    f"{deleting}")
         skey = T_SEGMENT + tpk + sid
         # A new id is the common case: the bloom filter answers "absent" without reading a block.
         fresh = skey not in batch.puts and skey not in batch.views and not self.db.key_may_exist(skey)
@@ -385,6 +423,12 @@ class MetadataCache:
         batch.views[skey] = v
         for epoch, _o in v.epochs:
             puts[T_EPOCH_ALL + tpk + _s32(epoch) + start + sid] = b""
+        copy_epoch = v.broker_leader_epoch
+        if copy_epoch is not None:
+            fkey = T_COPY_FENCE + tpk
+            raw = batch.get(fkey)
+            if raw is None or copy_epoch > _I32.unpack(raw)[0]:
+                puts[fkey] = _I32.pack(copy_epoch)
 
     def _drop_segment(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
         sid = v.segment_id
@@ -413,6 +457,12 @@ class MetadataCache:
             raise InvalidStateTransitionError(
                 f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "
                 f"{RemoteLogSegmentState(old.state).name} -> {RemoteLogSegmentState(u.state).name}")
+        if u.state == _FINISHED and old.state == _STARTED and old.broker_leader_epoch is not None:
+            raw = batch.get(T_COPY_FENCE + tpk)
+            err = copy_fenced(self._describe(u.topic_id, u.partition, sid), old.broker_leader_epoch,
+                              None if raw is None else _I32.unpack(raw)[0])
+            if err is not None:
+                raise err
         if u.state == _DELETE_FINISHED:
             self._drop_segment(batch, tpk, old)
             batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
@@ -438,7 +488,7 @@ class MetadataCache:
             old = serde.decode(raw)
             old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
         if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-            for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR):
+            for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_COPY_FENCE):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))
         batch.put(pk, bytes(value))
 
@@ -502,6 +552,11 @@ class MetadataCache:
         tpk = self._tp_key(tp)
         raw = self.db.get(T_SEGMENT + tpk + segment_id.bytes)
         return None if raw is None else serde.decode(raw)
+
+    def copy_fence_epoch(self, tp: TopicIdPartition) -> int | None:
+        """The highest broker leader epoch of any applied COPY_SEGMENT_STARTED of ``tp`` (None: none had one)."""
+        raw = self.db.get(T_COPY_FENCE + self._tp_key(tp))
+        return None if raw is None else _I32.unpack(raw)[0]
 
     def partition_delete(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
         raw = self.db.get(T_PARTITION_DELETE + self._tp_key(tp))

@@ -8,7 +8,7 @@ storage/serialization) and the JSON schemas ``storage/src/main/resources/message
 ``uvarint(length + 1)`` with 0 meaning null; every struct, nested ones and array elements included, ends with
 ``TAGS => count:uvarint (tag:uvarint size:uvarint data[size])*`` (``0x00`` when empty). Unknown tags are skipped.
 
-    Frame => FrameVersion:uvarint(=1) ApiKey:uvarint SchemaVersion:uvarint(=0) Body
+    Frame => FrameVersion:uvarint(=1) ApiKey:uvarint SchemaVersion:uvarint(=0; 1 also read for ApiKey 0) Body
 
     TopicIdPartitionEntry => Name:compact_string Id:uuid Partition:int32 TAGS
     RemoteLogSegmentIdEntry => TopicIdPartition:TopicIdPartitionEntry Id:uuid TAGS
@@ -18,7 +18,8 @@ storage/serialization) and the JSON schemas ``storage/src/main/resources/message
         StartOffset:int64 EndOffset:int64 BrokerId:int32 MaxTimestampMs:int64 EventTimestampMs:int64
         SegmentLeaderEpochs:compact_array[LeaderEpoch:int32 Offset:int64 TAGS]
         SegmentSizeInBytes:int32 CustomMetadata:compact_nullable_bytes RemoteLogSegmentState:int8
-        TAGS (tag 0 => TxnIndexEmpty:bool, written only when true)
+        TAGS (tag 0 => TxnIndexEmpty:bool, written only when true;
+              tag 1 => BrokerLeaderEpoch:int32, SchemaVersion 1 only (KIP-1266), read, never written)
 
     RemoteLogSegmentMetadataUpdateRecord (ApiKey 1) =>
         RemoteLogSegmentId:RemoteLogSegmentIdEntry BrokerId:int32 EventTimestampMs:int64
@@ -27,6 +28,11 @@ storage/serialization) and the JSON schemas ``storage/src/main/resources/message
     RemotePartitionDeleteMetadataRecord (ApiKey 2) =>
         TopicIdPartition:TopicIdPartitionEntry BrokerId:int32 EventTimestampMs:int64
         RemotePartitionDeleteState:int8 TAGS
+
+CustomMetadata of both segment records holds :mod:`rlmm.envelope`: the RSM's bytes and, in a
+RemoteLogSegmentMetadataRecord, the broker leader epoch of the copy. Kafka 4.3 reads SchemaVersion 0 only, so that
+is what we write (the epoch in the envelope); a SchemaVersion 1 record's BrokerLeaderEpoch tag wins over the
+envelope's. An update record carries no epoch: the segment keeps the one of its COPY_SEGMENT_STARTED record.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import uuid
 from enum import IntEnum
 from typing import NamedTuple
 
+from rlmm import envelope
 from rlmm.api import (
     CorruptMetadataRecordError,
     RemoteLogMetadata,
@@ -53,7 +60,9 @@ __all__ = ["FRAME_VERSION", "SCHEMA_VERSION", "MetadataApiKey", "SegmentView", "
 
 FRAME_VERSION = 1
 SCHEMA_VERSION = 0
+SEGMENT_SCHEMA_VERSION_V1 = 1              # KIP-1266: RemoteLogSegmentMetadataRecord with BrokerLeaderEpoch
 TAG_TXN_INDEX_EMPTY = 0
+TAG_BROKER_LEADER_EPOCH = 1                # in SchemaVersion 1 only
 
 
 class MetadataApiKey(IntEnum):
@@ -100,6 +109,8 @@ def _uvarint(value: int) -> bytes:
     return bytes(out)
 
 
+_wrap = envelope.wrap
+_unwrap = envelope.unwrap
 _HEADERS = {k: _uvarint(FRAME_VERSION) + _uvarint(k) + _uvarint(SCHEMA_VERSION) for k in MetadataApiKey}
 _NO_TAGS = b"\x00"
 
@@ -126,14 +137,16 @@ def encode(metadata: RemoteLogMetadata) -> bytes:
                                      md.event_timestamp_ms),
                  _uvarint(len(md.segment_leader_epochs) + 1)]
         parts.extend(_EPOCH_ENTRY.pack(e, o) + _NO_TAGS for e, o in md.segment_leader_epochs)
-        parts += [_I32.pack(md.segment_size_bytes), _nullable_bytes(md.custom_metadata), _I8.pack(md.state),
+        parts += [_I32.pack(md.segment_size_bytes), _nullable_bytes(_wrap(md.broker_leader_epoch, md.custom_metadata)),
+                  _I8.pack(md.state),
                   b"\x01\x00\x01\x01" if md.txn_index_empty else _NO_TAGS]
         return b"".join(parts)
     if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
         u = metadata
         return b"".join((_HEADERS[MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA_UPDATE],
                          _segment_id(u.remote_log_segment_id),
-                         _BROKER_EVENT.pack(u.broker_id, u.event_timestamp_ms), _nullable_bytes(u.custom_metadata),
+                         _BROKER_EVENT.pack(u.broker_id, u.event_timestamp_ms),
+                         _nullable_bytes(_wrap(None, u.custom_metadata)),
                          _I8.pack(u.state), _NO_TAGS))
     if isinstance(metadata, RemotePartitionDeleteMetadata):
         p = metadata
@@ -146,13 +159,14 @@ def encode(metadata: RemoteLogMetadata) -> bytes:
 class _Reader:
     """A cursor over one record value; every failure names the field and byte position."""
 
-    __slots__ = ("buf", "pos", "end", "api")
+    __slots__ = ("buf", "pos", "end", "api", "version")
 
     def __init__(self, buf: bytes | memoryview) -> None:
         self.buf = memoryview(buf)
         self.pos = 0
         self.end = len(self.buf)
         self.api = "RemoteLogMetadata"
+        self.version = SCHEMA_VERSION
 
     def fail(self, field: str, problem: str, pos: int | None = None) -> CorruptMetadataRecordError:
         return CorruptMetadataRecordError(
@@ -254,8 +268,10 @@ def _header(r: _Reader) -> int:
     version = r.uvarint("SchemaVersion")
     if api_key not in _DECODERS:
         raise r.fail("ApiKey", f"unknown api key {api_key} (known: {sorted(_DECODERS)})", key_pos)
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION and not (api_key == MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA
+                                          and version == SEGMENT_SCHEMA_VERSION_V1):
         raise r.fail("SchemaVersion", f"unsupported schema version {version} of api key {api_key}", key_pos + 1)
+    r.version = version
     return api_key
 
 
@@ -274,16 +290,26 @@ def _decode_segment(r: _Reader) -> RemoteLogSegmentMetadata:
         epochs.append(r.unpack(_EPOCH_ENTRY, f"SegmentLeaderEpochs[{i}]"))
         r.tags(f"SegmentLeaderEpochs[{i}]")
     (size,) = r.unpack(_I32, "SegmentSizeInBytes")
-    custom = r.nullable_bytes("CustomMetadata")
+    broker_epoch, custom = _unwrap(r.nullable_bytes("CustomMetadata"))
     state_pos = r.pos
     (state,) = r.unpack(_I8, "RemoteLogSegmentState")
-    tags = r.tags("", {TAG_TXN_INDEX_EMPTY: "TxnIndexEmpty"})
+    known = {TAG_TXN_INDEX_EMPTY: "TxnIndexEmpty"}
+    if r.version >= SEGMENT_SCHEMA_VERSION_V1:
+        known[TAG_BROKER_LEADER_EPOCH] = "BrokerLeaderEpoch"
+    tags = r.tags("", known)
     txn_empty = False
     if TAG_TXN_INDEX_EMPTY in tags:
         data = tags[TAG_TXN_INDEX_EMPTY]
         if len(data) != 1:
             raise r.fail("TxnIndexEmpty", f"expected a 1-byte bool, found {len(data)} bytes")
         txn_empty = data[0] != 0
+    if TAG_BROKER_LEADER_EPOCH in tags:
+        data = tags[TAG_BROKER_LEADER_EPOCH]
+        if len(data) != 4:
+            raise r.fail("BrokerLeaderEpoch", f"expected a 4-byte int32, found {len(data)} bytes")
+        (broker_epoch,) = _I32.unpack(data)
+        if broker_epoch < 0:     # Kafka's "no epoch" is -1
+            broker_epoch = None
     r.done()
     try:
         st = RemoteLogSegmentState(state)
@@ -291,7 +317,7 @@ def _decode_segment(r: _Reader) -> RemoteLogSegmentMetadata:
         raise r.fail("RemoteLogSegmentState", f"unknown segment state {state}", state_pos) from None
     try:
         return RemoteLogSegmentMetadata(sid, start, end, max_ts, broker, event_ts, size, tuple(epochs), custom, st,
-                                        txn_empty)
+                                        txn_empty, broker_epoch)
     except ValueError as err:
         raise r.fail("<record>", str(err), 0) from err
 
@@ -300,7 +326,7 @@ def _decode_update(r: _Reader) -> RemoteLogSegmentMetadataUpdate:
     r.api = "RemoteLogSegmentMetadataUpdateRecord"
     sid = r.segment_id()
     broker, event_ts = r.unpack(_BROKER_EVENT, "BrokerId/EventTimestampMs")
-    custom = r.nullable_bytes("CustomMetadata")
+    _epoch, custom = _unwrap(r.nullable_bytes("CustomMetadata"))
     state_pos = r.pos
     (state,) = r.unpack(_I8, "RemoteLogSegmentState")
     r.tags("")
@@ -365,6 +391,7 @@ class SegmentView(NamedTuple):
     custom_pos: int                        # CustomMetadata (compact nullable bytes), then the state byte
     state_pos: int
     state: int
+    broker_leader_epoch: int | None        # from the CustomMetadata envelope
 
 
 class UpdateView(NamedTuple):
@@ -373,11 +400,14 @@ class UpdateView(NamedTuple):
     segment_id: bytes
     broker_id: int
     event_timestamp_ms: int
-    custom_field: bytes                    # CustomMetadata as encoded (length prefix included)
+    custom_field: bytes                    # CustomMetadata as encoded (length prefix included), canonical
     state: int
+    custom_metadata: bytes | None          # the RSM's bytes (envelope removed)
 
 
 _SEG_HEAD = b"\x01\x00\x00"
+_MAGIC = envelope.MAGIC
+_parse_envelope = envelope.parse
 _UPD_HEAD = b"\x01\x01\x00"
 _TAIL_TAGS = (b"\x00", b"\x01\x00\x01\x00", b"\x01\x00\x01\x01")
 _I32_AT = _I32.unpack_from
@@ -434,13 +464,19 @@ def _scan_segment_fast(buf: bytes) -> SegmentView | None:
     c = buf[p]
     if c >= 0x80:
         return None
+    broker_epoch = None
+    if c > 4 and buf[p + 1] == 0xFF and buf[p + 1:p + 5] == _MAGIC:
+        parsed = _parse_envelope(buf[p + 1:p + c])
+        if parsed is None or not parsed[2]:
+            return None
+        broker_epoch = parsed[0]
     p += c if c else 1
     state = buf[p]
     if state > 3 or start < 0 or end < start or epochs[0][1] < start or last_o > end:
         return None
     if buf[p + 1:] not in _TAIL_TAGS:
         return None
-    return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state)
+    return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state, broker_epoch)
 
 
 def scan_segment(value: bytes) -> SegmentView:
@@ -465,14 +501,14 @@ def _scan_canonical(md: RemoteLogSegmentMetadata) -> SegmentView:
     raw = encode(md)
     tail = len(b"\x01\x00\x01\x01" if md.txn_index_empty else _NO_TAGS)
     state_pos = len(raw) - tail - 1
-    custom_len = len(_nullable_bytes(md.custom_metadata))
+    custom_len = len(_nullable_bytes(_wrap(md.broker_leader_epoch, md.custom_metadata)))
     custom_pos = state_pos - custom_len
     fixed_pos = custom_pos - 4 - sum(_EPOCH_ENTRY.size + 1 for _ in md.segment_leader_epochs) \
         - len(_uvarint(len(md.segment_leader_epochs) + 1)) - _SEGMENT_FIXED.size
     sid = md.remote_log_segment_id
     return SegmentView(raw, sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
                        md.start_offset, md.end_offset_inclusive, md.segment_leader_epochs, fixed_pos + 16,
-                       custom_pos, state_pos, int(md.state))
+                       custom_pos, state_pos, int(md.state), md.broker_leader_epoch)
 
 
 def scan_update(value: bytes) -> UpdateView:
@@ -486,8 +522,10 @@ def scan_update(value: bytes) -> UpdateView:
                 p += 12
                 c = value[p]
                 end = p + (c if c else 1)
-                if c < 0x80 and 1 <= value[end] <= 3 and value[end + 1:] == _NO_TAGS:
-                    return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end])
+                if c < 0x80 and 1 <= value[end] <= 3 and value[end + 1:] == _NO_TAGS and not (
+                        c > 4 and value[p + 1:p + 5] == _MAGIC):     # an envelope: canonicalised below
+                    return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end],
+                                      value[p + 1:end] if c else None)
     except (IndexError, struct.error, UnicodeDecodeError):
         pass
     u = decode(value)
@@ -496,7 +534,8 @@ def scan_update(value: bytes) -> UpdateView:
                                          f"{type(u).__name__}")
     sid = u.remote_log_segment_id
     return UpdateView(sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
-                      u.broker_id, u.event_timestamp_ms, _nullable_bytes(u.custom_metadata), int(u.state))
+                      u.broker_id, u.event_timestamp_ms, _nullable_bytes(_wrap(None, u.custom_metadata)), int(u.state),
+                      u.custom_metadata)
 
 
 _EVENT_TS = struct.Struct(">q")
@@ -505,10 +544,13 @@ _new_view = SegmentView._make
 
 
 def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
-    """The segment record after ``update``: BrokerId, EventTimestampMs, CustomMetadata and state replaced."""
+    """The segment record after ``update``: BrokerId, EventTimestampMs, the RSM's CustomMetadata and state replaced;
+    the broker leader epoch in the CustomMetadata envelope is kept."""
     raw = view.value
     bp, cp, sp = view.broker_pos, view.custom_pos, view.state_pos
-    custom = update.custom_field
+    broker_epoch = view.broker_leader_epoch
+    custom = update.custom_field if broker_epoch is None else _nullable_bytes(_wrap(broker_epoch,
+                                                                                    update.custom_metadata))
     if len(custom) == sp - cp:                      # the usual case: patch in place
         buf = bytearray(raw)
         _I32.pack_into(buf, bp, update.broker_id)
@@ -521,7 +563,8 @@ def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
                         _EVENT_TS.pack(update.event_timestamp_ms), raw[bp + 20:cp], custom,
                         _STATE_BYTE[update.state], raw[sp + 1:]))
         sp = cp + len(custom)
-    return _new_view((new, view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state))
+    return _new_view((new, view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state,
+                      broker_epoch))
 
 
 # Value objects from a scanned (hence already validated) record, without re-running the dataclass checks.
@@ -568,7 +611,11 @@ def segment_from_view(view: SegmentView) -> RemoteLogSegmentMetadata:
     _setattr(md, "event_timestamp_ms", event_ts)
     _setattr(md, "segment_size_bytes", size)
     _setattr(md, "segment_leader_epochs", view.epochs)
-    _setattr(md, "custom_metadata", None if c == 0 else raw[cp + 1:cp + c])
+    custom = None if c == 0 else raw[cp + 1:cp + c]
+    if c > 4 and custom[:4] == _MAGIC:       # canonical: an envelope (scan_segment checked it)
+        custom = _unwrap(custom)[1]
+    _setattr(md, "custom_metadata", custom)
     _setattr(md, "state", _SEGMENT_STATES[view.state])
     _setattr(md, "txn_index_empty", raw[view.state_pos + 1:] == _TXN_TRUE)
+    _setattr(md, "broker_leader_epoch", view.broker_leader_epoch)
     return md

@@ -28,6 +28,7 @@ from prometheus_client import Counter
 
 from rlmm import serde
 from rlmm.api import (
+    CopyFencedError,
     InvalidStateTransitionError,
     MetadataWriteError,
     PartitionNotServedError,
@@ -41,7 +42,7 @@ from rlmm.api import (
     RemoteResourceNotFoundError,
     TopicIdPartition,
 )
-from rlmm.cache import MetadataCache, Progress, SkippedRecord
+from rlmm.cache import MetadataCache, Progress, SkippedRecord, copy_fenced
 from rlmm.keys import KeyKind, encode_key, segment_keys
 
 __all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "TopicBasedRlmmConfig", "TopicBasedRemoteLogMetadataManager"]
@@ -384,8 +385,10 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 self._cond.wait(min(left, 0.5))
             skipped = self._skipped_at.get((mp, offset))
         if skipped is not None:
-            raise InvalidStateTransitionError(f"{what}: the cache refused the record at {self.topic}-{mp} offset "
-                                              f"{offset}: {skipped.error}")
+            # written, but refused by every cache (the topic's order decides): e.g. a copy fenced by a newer leader
+            # whose COPY_SEGMENT_STARTED landed between this writer's check and its record
+            error = CopyFencedError if skipped.fenced else InvalidStateTransitionError
+            raise error(f"{what}: the cache refused the record at {self.topic}-{mp} offset {offset}: {skipped.error}")
 
     def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
         sid = metadata.remote_log_segment_id
@@ -393,6 +396,10 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {metadata.state.name}")
         tp = metadata.topic_id_partition
         self._ensure_assigned(tp)
+        deleting = self.cache.partition_delete(tp)
+        if deleting is not None:
+            raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
+                                              f"{deleting.state.name}")
         existing = self.cache.segment(tp, sid.id)
         if existing is not None:
             existing.state.check_transition(metadata.state, sid)
@@ -407,6 +414,11 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         if existing is None:
             raise RemoteResourceNotFoundError(f"{sid}: no such segment (update to {update.state.name})")
         existing.state.check_transition(update.state, sid)
+        if update.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
+                existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+            fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
+            if fenced is not None:
+                raise fenced
         key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, update.state)
         self._write(tp, key, serde.encode(update), sid)
 
@@ -443,6 +455,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     def remote_log_size(self, tp: TopicIdPartition, epoch: int | None = None) -> int:
         return sum(md.segment_size_bytes for md in self.list_remote_log_segments(tp, epoch))
+
+    def copy_fence_epoch(self, tp: TopicIdPartition) -> int | None:
+        """The highest broker leader epoch under which a copy of ``tp`` was started (None: no copy had one). A copy
+        started under a lower epoch can no longer finish (:class:`rlmm.api.CopyFencedError`)."""
+        self._served_mp(tp)
+        return self.cache.copy_fence_epoch(tp)
 
     def remote_partition_delete_metadata(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
         self._served_mp(tp)

@@ -105,9 +105,11 @@ def test_partition_delete_finished_and_wipe(cache: MetadataCache) -> None:
     feed(*segs, *[update(s, S.COPY_SEGMENT_FINISHED) for s in segs])
     o = segment(other, 0, 9)
     cache.apply([(cache.mp_of(other), 0, b"k", serde.encode(o))], {})
-    feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState],
-         segment(TP, 100, 109))                                  # after FINISHED, in the same batch
-    assert [m.start_offset for m in cache.segments(TP)] == [100]
+    out = feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState],
+               segment(TP, 100, 109))                            # after FINISHED, in the same batch: refused
+    assert [(s.offset, s.reason) for s in out.skipped] == [(feed.offset - 1, "refused")]
+    assert "COPY_SEGMENT_STARTED refused: the partition is DELETE_PARTITION_FINISHED" in out.skipped[0].error
+    assert cache.segments(TP) == []
     assert cache.partition_delete(TP).state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
     assert cache.progress(feed.mp).next_offset == feed.offset
     cache.wipe([feed.mp])

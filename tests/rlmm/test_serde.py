@@ -126,7 +126,8 @@ def test_unknown_tags_in_array_elements_and_top_level() -> None:
 @pytest.mark.parametrize(("raw", "needle"), [
     ("02", "FrameVersion at byte 0"),
     ("010900", "unknown api key 9"),
-    ("010001", "unsupported schema version 1"),
+    ("010002", "unsupported schema version 2 of api key 0"),
+    ("010101", "unsupported schema version 1 of api key 1"),
     (SEG_GOLDEN[:60], "RemoteLogSegmentMetadataRecord."),
     (SEG_GOLDEN + "00", "1 trailing bytes"),
     (UPDATE_GOLDEN[:-4] + "07" + "00", "RemoteLogSegmentState"),
