@@ -153,6 +153,10 @@ class SidecarSettings(BaseSettings):
     staging_dir: Path | None = Field(
         None, description="hard-link staging area; must be on the same filesystem as the log dirs "
                           "(default: <log dir>/.rlm-staging in each log dir)")
+    staging_max_bytes: int = Field(
+        0, ge=0, description="bound of each log dir's staging area in bytes; 0: unbounded. Past it a newly rolled "
+                             "segment is not staged (what is staged is copied first; a segment the broker then "
+                             "deletes is reported as a gap). An empty area always takes one segment")
     kafka: KafkaSettings
     store: RsmConfig = Field(default_factory=lambda: RsmConfig(store="fs", root_path=Path("/var/lib/rlm/remote")))
     metadata: MetadataSettings = MetadataSettings()

@@ -4,12 +4,12 @@ gone) is found and its remote data purged even after a restart."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from rlm.staging import write_file_durably
 from rlmm.api import TopicIdPartition
 
 __all__ = ["KnownPartitions"]
@@ -25,10 +25,10 @@ class KnownPartitions:
                 self._items.add(TopicIdPartition(uuid.UUID(row[0]), row[1], int(row[2])))
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
+        """Temp file + fsync + rename + fsync of the directory: after a crash the file is the old or the new list,
+        and a list that was saved stays saved (a partition forgotten here is never purged)."""
         rows = sorted([str(t.topic_id), t.topic, t.partition] for t in self._items)
-        tmp.write_text(json.dumps(rows))
-        os.replace(tmp, self.path)
+        write_file_durably(self.path, json.dumps(rows).encode())
 
     def add(self, tps: Iterable[TopicIdPartition]) -> None:
         with self._lock:

@@ -5,8 +5,35 @@ The broker's local retention may delete a rolled segment at any moment (it renam
 hard-links the segment's files into a staging directory on the same filesystem: the broker's unlink then only
 drops its own name, the inode lives on under ours until the copy is done and :meth:`Staging.release` runs.
 
-Layout: ``<staging root>/<topic>-<partition>/<20-digit base offset>/`` holding links named as the originals
-(``00000000000000000042.log``, ``.index``, ``.timeindex``, ``.txnindex``, ``.snapshot``).
+Layout, per log dir::
+
+    <staging root>/<topic id>/<topic>-<partition>/<20-digit base offset>/
+        00000000000000000042.log  .index  .timeindex  .txnindex      links named as the originals
+        00000000000000000100.snapshot                                 producer state at end offset + 1 (below)
+        .complete                                                     the end offset (inclusive), written last
+
+Staging is keyed by **topic id** (``<topic id>`` is ``str(uuid)``, e.g. ``8c1f...-...``): a topic deleted and
+re-created under the same name has a new id, so it can never be served the old one's staged bytes. A staged dir is
+reused only if it is the **same segment**: same base offset, same end offset (its ``.complete`` marker), and, while
+the broker still has ``<base>.log`` (or ``<base>.log.deleted``), the same inode as our link. Anything else (another
+end after a truncation and regrowth, another file, a missing, empty or unreadable marker) is replaced. Directories
+of the older layout ``<staging root>/<topic>-<partition>/`` cannot be attributed to a topic id: they are removed at
+start, with a warning (their segments are staged again from the log dir if the broker still has them). A canonical
+``str(uuid)`` can never be an old-layout name: its last group has 12 digits, more than any partition number.
+
+**Producer snapshot.** Kafka's RemoteLogManager uploads ``producerStateManager.fetchSnapshot(nextSegmentBaseOffset)``:
+the snapshot named by the next segment's base offset, ``<end offset + 1>.snapshot``, which is the producer state at
+the end of the segment (``<base>.snapshot`` is the state *before* it). That file is linked, under its own name;
+:attr:`StagedSegment.producer_snapshot_path` (and ``file(".snapshot")``) finds it.
+
+**Size bound.** With ``max_bytes`` > 0, a log dir's staging area holding bytes already refuses a segment that would
+take it past ``max_bytes`` with :class:`StagingFullError` (nothing is staged; an empty area takes one segment of any
+size, so a segment larger than the bound still gets copied). What is staged is copied first; a segment the broker
+deletes meanwhile is a gap the copier reports.
+
+**Durability.** Links are made, the directory fsynced, then the ``.complete`` marker written as a temp file,
+fsynced and renamed over, and the directory fsynced again; new directories are fsynced into their parents. After a
+crash a segment dir is either complete or has no marker (and is removed and staged again).
 
 The staging root must not be inside a Kafka log dir (the broker refuses unknown directories there) and must be
 on the same filesystem as the log dir (hard links cannot cross filesystems): :func:`default_staging_root` picks a
@@ -16,17 +43,33 @@ sibling of the log dir and :class:`Staging` checks the device at start.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import shutil
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SegmentGoneError", "StagedSegment", "Staging", "StagingError", "default_staging_root"]
+from rlmm.api import TopicIdPartition
+from rsm.log.checkpoint import read_partition_metadata
+from rsm.log.errors import CorruptCheckpointError
 
-# The suffixes of a segment's files, in the order they are linked. ``.log`` first: without it nothing is staged.
-SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex", ".snapshot")
+__all__ = ["SegmentGoneError", "StagedSegment", "Staging", "StagingError", "StagingFullError",
+           "TopicIdMismatchError", "default_staging_root", "fsync_dir", "write_file_durably"]
+
+log = logging.getLogger(__name__)
+
+# The suffixes of a segment's own files, in the order they are linked. ``.log`` first: without it nothing is
+# staged. The producer snapshot is named by the next segment's base offset (see the module doc).
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
+SNAPSHOT_SUFFIX = ".snapshot"
 DELETED_SUFFIX = ".deleted"
+COMPLETE = ".complete"
+_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+_SEGMENT_DIR = re.compile(r"^\d{20}$")
+_END_OFFSET = re.compile(r"\d+")
 
 
 class StagingError(RuntimeError):
@@ -37,22 +80,53 @@ class SegmentGoneError(StagingError):
     """The broker deleted the segment's ``.log`` before it could be staged: a gap the caller must count and log."""
 
 
+class StagingFullError(StagingError):
+    """Staging the segment would take its log dir's staging area past ``max_bytes``: nothing was staged."""
+
+    def __init__(self, message: str, held_bytes: int, segment_bytes: int, max_bytes: int) -> None:
+        super().__init__(message)
+        self.held_bytes = held_bytes
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+
+
+class TopicIdMismatchError(StagingError):
+    """The partition dir's ``partition.metadata`` names another topic id: the topic was deleted and re-created."""
+
+
 @dataclass(frozen=True, slots=True)
 class StagedSegment:
-    topic: str
-    partition: int
+    tp: TopicIdPartition
     base_offset: int
     end_offset_inclusive: int  # the next segment's base offset - 1, known when it was staged (rolled)
     directory: Path
 
-    def file(self, suffix: str) -> Path | None:
-        """The staged file with this suffix (``.log``, ``.index`` ...), or None if the segment had none."""
-        p = self.directory / f"{self.base_offset:020d}{suffix}"
-        return p if p.exists() else None
+    @property
+    def topic(self) -> str:
+        return self.tp.topic
+
+    @property
+    def partition(self) -> int:
+        return self.tp.partition
 
     @property
     def log_path(self) -> Path:
         return self.directory / f"{self.base_offset:020d}.log"
+
+    @property
+    def producer_snapshot_path(self) -> Path | None:
+        """``<end offset + 1>.snapshot``: the producer state at the segment's end (what Kafka uploads), or None."""
+        p = self.directory / f"{self.end_offset_inclusive + 1:020d}{SNAPSHOT_SUFFIX}"
+        return p if p.exists() else None
+
+    def file(self, suffix: str) -> Path | None:
+        """The staged file with this suffix (``.log``, ``.index`` ...), or None if the segment had none.
+
+        ``.snapshot`` is :attr:`producer_snapshot_path` (named by the next segment's base offset)."""
+        if suffix == SNAPSHOT_SUFFIX:
+            return self.producer_snapshot_path
+        p = self.directory / f"{self.base_offset:020d}{suffix}"
+        return p if p.exists() else None
 
 
 def default_staging_root(log_dir: Path) -> Path:
@@ -61,14 +135,88 @@ def default_staging_root(log_dir: Path) -> Path:
     return log_dir.parent / ".rlm-staging" / log_dir.name
 
 
-class Staging:
-    """Staging areas, one per broker log dir."""
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names created, renamed or removed in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    def __init__(self, roots: dict[Path, Path]) -> None:
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename over, fsync of the directory. After a crash the
+    file holds the old bytes or the new ones, never a part, and once this returns the new ones stay."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _is_topic_id_dir(name: str) -> uuid.UUID | None:
+    try:
+        tid = uuid.UUID(name)
+    except ValueError:
+        return None
+    return tid if str(tid) == name else None
+
+
+def _read_marker(seg_dir: Path, base_offset: int) -> int | None:
+    """The end offset in ``.complete``, or None when missing, empty, unreadable or not an offset >= base."""
+    try:
+        text = (seg_dir / COMPLETE).read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if _END_OFFSET.fullmatch(text) is None:
+        return None
+    end = int(text)
+    return end if end >= base_offset else None
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _dir_bytes(seg_dir: Path) -> int:
+    total = 0
+    try:
+        entries = list(os.scandir(seg_dir))
+    except FileNotFoundError:
+        return 0
+    for e in entries:
+        if e.name.startswith(COMPLETE):
+            continue
+        try:
+            total += e.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+class Staging:
+    """Staging areas, one per broker log dir; ``max_bytes`` (0: unbounded) bounds each of them."""
+
+    def __init__(self, roots: dict[Path, Path], max_bytes: int = 0) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0 (0: unbounded), not {max_bytes}")
+        self.max_bytes = max_bytes
         self._roots: dict[Path, Path] = {}
         # stage(), release() and staged() of different partitions run on different copy threads: staged() must
         # not take a segment being staged right now for one a crash left half-done (and remove it).
         self._lock = threading.RLock()
+        # staging root -> complete segment dir -> bytes held (the size bound's count)
+        self._held: dict[Path, dict[Path, int]] = {}
         for log_dir, root in roots.items():
             log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
             if root == log_dir or log_dir in root.parents:
@@ -78,7 +226,12 @@ class Staging:
                 raise StagingError(f"staging dir {root} is not on the filesystem of log dir {log_dir}: "
                                    "hard links cannot cross filesystems; set staging_dir to a directory on it")
             self._roots[log_dir] = root
+            self._held[root] = {}
+            self._remove_old_layout(root)
+        with self._lock:
+            self._staged(None)  # counts what is held; removes what a crash left incomplete
 
+    # ------------------------------------------------------------------------------------------- layout
     def root_for(self, partition_dir: Path) -> Path:
         log_dir = Path(partition_dir).resolve().parent
         try:
@@ -87,91 +240,301 @@ class Staging:
             raise StagingError(f"{partition_dir} is in no configured log dir ({sorted(map(str, self._roots))})") \
                 from None
 
-    def stage(self, topic: str, partition: int, partition_dir: Path, base_offset: int,
+    @staticmethod
+    def _partition_path(root: Path, tp: TopicIdPartition) -> Path:
+        return root / str(tp.topic_id) / f"{tp.topic}-{tp.partition}"
+
+    def _remove_old_layout(self, root: Path) -> None:
+        """``<root>/<topic>-<partition>/`` of an older version: no topic id, so no proof which topic it was."""
+        for entry in sorted(root.iterdir()):
+            if not entry.is_dir() or _is_topic_id_dir(entry.name) or not _PARTITION_DIR.match(entry.name):
+                continue
+            segments = [p.name for p in entry.iterdir() if _SEGMENT_DIR.match(p.name)]
+            log.warning("staging dir of an older layout (keyed by topic name, not topic id) removed: its segments "
+                        "cannot be proven to belong to the current topic; they are staged again from the log dir "
+                        "if the broker still has them", extra={"directory": str(entry), "segments": len(segments)})
+            shutil.rmtree(entry, ignore_errors=True)
+        fsync_dir(root)
+
+    def _mkdirs(self, root: Path, path: Path) -> None:
+        """Create ``path`` (below ``root``) and the missing directories above it, each fsynced into its parent."""
+        missing = []
+        p = path
+        while p != root and not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            fsync_dir(d.parent)
+
+    # -------------------------------------------------------------------------------------------- stage
+    def stage(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int,
               end_offset_inclusive: int) -> StagedSegment:
-        """Hard-link the segment's files into staging; idempotent (an already staged segment is returned as is).
+        """Hard-link the segment's files into staging; idempotent for the same segment (returned as is).
 
         ``end_offset_inclusive`` (the next segment's base offset - 1) is kept with the links, so a staged segment
-        can be copied after the broker deleted it and its successor.
+        can be copied after the broker deleted it and its successor. A staged dir of the same base that is not
+        this segment (another end offset, another inode, incomplete) is replaced.
 
-        Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more.
+        Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more,
+        :class:`StagingFullError` when the bound refuses it, :class:`TopicIdMismatchError` when ``partition_dir``
+        belongs to another topic id than ``tp``'s.
         """
+        if end_offset_inclusive < base_offset:
+            raise ValueError(f"end offset {end_offset_inclusive} below base offset {base_offset}")
         with self._lock:
-            return self._stage(topic, partition, partition_dir, base_offset, end_offset_inclusive)
+            return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive)
 
-    def _stage(self, topic: str, partition: int, partition_dir: Path, base_offset: int,
-               end_offset_inclusive: int) -> StagedSegment:
-        target = self.root_for(partition_dir) / f"{topic}-{partition}" / f"{base_offset:020d}"
-        staged = StagedSegment(topic, partition, base_offset, end_offset_inclusive, target)
-        if staged.log_path.exists() and (target / ".complete").exists():
-            return staged
-        target.mkdir(parents=True, exist_ok=True)
-        stem = f"{base_offset:020d}"
-        for suffix in SEGMENT_SUFFIXES:
-            dest = target / f"{stem}{suffix}"
-            if dest.exists():
-                continue
-            linked = False
-            for name in (f"{stem}{suffix}", f"{stem}{suffix}{DELETED_SUFFIX}"):
-                try:
-                    os.link(partition_dir / name, dest)
-                    linked = True
-                    break
-                except FileNotFoundError:
-                    continue
-                except OSError as err:
-                    if err.errno == errno.EXDEV:
-                        raise StagingError(f"cannot hard-link {partition_dir / name} into {target}: "
-                                           "different filesystems") from err
-                    raise
-            if not linked and suffix == ".log":
-                shutil.rmtree(target, ignore_errors=True)
+    def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int) -> StagedSegment:
+        self._check_topic_id(tp, partition_dir)
+        root = self.root_for(partition_dir)
+        target = self._partition_path(root, tp) / f"{base:020d}"
+        staged = StagedSegment(tp, base, end, target)
+        stem = f"{base:020d}"
+        if target.exists():
+            mismatch = self._mismatch(staged, partition_dir)
+            if mismatch is None:
+                if self._link_files(partition_dir, target, base, end, optional_only=True):
+                    fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
+                    self._held[root][target] = _dir_bytes(target)
+                return staged
+            log.info("staged segment replaced: not the local segment of that base", extra={
+                "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
+            self._remove_segment_dir(root, target)
+
+        size = self._local_bytes(partition_dir, base, end)
+        if size is None:
+            raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
+        held = sum(self._held[root].values())
+        if self.max_bytes and held and held + size > self.max_bytes:
+            raise StagingFullError(
+                f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
+                f"staging_max_bytes={self.max_bytes}: not staged", held, size, self.max_bytes)
+
+        self._mkdirs(root, target)
+        try:
+            if not self._link_files(partition_dir, target, base, end, optional_only=False):
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
-        (target / ".complete").write_text(str(end_offset_inclusive))
+            fsync_dir(target)
+            write_file_durably(target / COMPLETE, f"{end}\n".encode())
+        except BaseException:
+            self._remove_segment_dir(root, target)
+            raise
+        self._held[root][target] = _dir_bytes(target)
         return staged
 
+    def _check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
+        try:
+            tid = read_partition_metadata(partition_dir / "partition.metadata")
+        except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
+            return  # not written yet, or the dir is gone (then the segment is, too)
+        if tid != tp.topic_id:
+            raise TopicIdMismatchError(f"{partition_dir} belongs to topic id {tid}, not {tp}: the topic was "
+                                       "deleted and re-created")
+
+    @staticmethod
+    def _sources(partition_dir: Path, name: str, prefer_deleted: bool = False) -> tuple[Path, Path]:
+        live, deleted = partition_dir / name, partition_dir / f"{name}{DELETED_SUFFIX}"
+        return (deleted, live) if prefer_deleted else (live, deleted)
+
+    def _local_bytes(self, partition_dir: Path, base: int, end: int) -> int | None:
+        """What staging the segment would take; None without a ``.log``."""
+        stem = f"{base:020d}"
+        log_st = next((st for p in self._sources(partition_dir, f"{stem}.log") if (st := _stat(p))), None)
+        if log_st is None:
+            return None
+        total = log_st.st_size
+        names = [f"{stem}{s}" for s in SEGMENT_SUFFIXES[1:]] + [f"{end + 1:020d}{SNAPSHOT_SUFFIX}"]
+        for name in names:
+            st = next((st for p in self._sources(partition_dir, name) if (st := _stat(p))), None)
+            total += st.st_size if st else 0
+        return total
+
+    def _link_files(self, partition_dir: Path, target: Path, base: int, end: int, optional_only: bool) -> bool:
+        """Link the segment's files not linked yet; return whether anything was linked (False: no ``.log``).
+
+        The index files come from the same generation as the ``.log``: when it was ``<base>.log.deleted``
+        (a segment truncated away while a new one of the same base exists), ``*.deleted`` are preferred."""
+        stem = f"{base:020d}"
+        prefer_deleted = False
+        if not optional_only:
+            for src in self._sources(partition_dir, f"{stem}.log"):
+                if self._link(src, target / f"{stem}.log"):
+                    prefer_deleted = src.name.endswith(DELETED_SUFFIX)
+                    break
+            else:
+                return False
+        else:
+            live = _stat(partition_dir / f"{stem}.log")
+            prefer_deleted = live is None or live.st_ino != os.stat(target / f"{stem}.log").st_ino
+        linked = not optional_only
+        names = [f"{stem}{s}" for s in SEGMENT_SUFFIXES[1:]] + [f"{end + 1:020d}{SNAPSHOT_SUFFIX}"]
+        for name in names:
+            dest = target / name
+            if dest.exists():
+                continue
+            prefer = prefer_deleted and not name.endswith(SNAPSHOT_SUFFIX)
+            for src in self._sources(partition_dir, name, prefer_deleted=prefer):
+                if self._link(src, dest):
+                    linked = True
+                    break
+        return linked
+
+    @staticmethod
+    def _link(src: Path, dest: Path) -> bool:
+        try:
+            os.link(src, dest)
+            return True
+        except FileNotFoundError:
+            return False
+        except FileExistsError:
+            return True
+        except OSError as err:
+            if err.errno == errno.EXDEV:
+                raise StagingError(f"cannot hard-link {src} into {dest.parent}: different filesystems") from err
+            raise
+
+    def _mismatch(self, staged: StagedSegment, partition_dir: Path) -> str | None:
+        """Why the staged dir is not this segment, or None if it is."""
+        end = _read_marker(staged.directory, staged.base_offset)
+        if end is None:
+            return "incomplete: the .complete marker is missing, empty or unreadable"
+        if end != staged.end_offset_inclusive:
+            return f"staged with end offset {end}, the segment now ends at {staged.end_offset_inclusive}"
+        ours = _stat(staged.log_path)
+        if ours is None:
+            return "the staged .log is missing"
+        for src in self._sources(partition_dir, staged.log_path.name):
+            st = _stat(src)
+            if st is None:
+                continue
+            if (st.st_dev, st.st_ino) != (ours.st_dev, ours.st_ino):
+                return f"{src.name} is another file than the staged one"
+            return None
+        return None  # the broker deleted it: ours is the only copy left
+
+    # ------------------------------------------------------------------------------------------ release
     def release(self, staged: StagedSegment) -> None:
         """Drop the staged links (after a successful copy, or when the segment is known remote)."""
         with self._lock:
-            self._release(staged)
+            root = next((r for r in self._held if r in staged.directory.parents), None)
+            if root is None:
+                shutil.rmtree(staged.directory, ignore_errors=True)
+                return
+            self._remove_segment_dir(root, staged.directory)
 
-    def _release(self, staged: StagedSegment) -> None:
-        shutil.rmtree(staged.directory, ignore_errors=True)
+    def release_partition(self, tp: TopicIdPartition) -> int:
+        """Drop everything staged for one partition (leadership lost, partition purged); return how many segments."""
+        with self._lock:
+            n = 0
+            for root in self._held:
+                pdir = self._partition_path(root, tp)
+                n += self._forget(root, pdir)
+                shutil.rmtree(pdir, ignore_errors=True)
+                self._rmdir_if_empty(pdir.parent)
+            return n
+
+    def release_topic(self, topic_id: uuid.UUID) -> int:
+        """Drop everything staged for one topic id (the topic was deleted); return how many segments."""
+        with self._lock:
+            n = 0
+            for root in self._held:
+                tdir = root / str(topic_id)
+                n += self._forget(root, tdir)
+                shutil.rmtree(tdir, ignore_errors=True)
+            return n
+
+    def topic_ids(self) -> set[uuid.UUID]:
+        """The topic ids with a staging dir (e.g. to release those of topics deleted while the sidecar was down)."""
+        with self._lock:
+            out = set()
+            for root in self._held:
+                for entry in root.iterdir():
+                    if entry.is_dir() and (tid := _is_topic_id_dir(entry.name)) is not None:
+                        out.add(tid)
+            return out
+
+    def _forget(self, root: Path, under: Path) -> int:
+        held = self._held[root]
+        gone = [d for d in held if under in d.parents]
+        for d in gone:
+            del held[d]
+        return len(gone)
+
+    def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
+        self._held[root].pop(seg_dir, None)
+        shutil.rmtree(seg_dir, ignore_errors=True)
+        self._rmdir_if_empty(seg_dir.parent)  # the partition dir, if this was its last staged segment
+        self._rmdir_if_empty(seg_dir.parent.parent)  # the topic id dir, likewise
+
+    @staticmethod
+    def _rmdir_if_empty(d: Path) -> None:
         try:
-            staged.directory.parent.rmdir()  # the partition dir, if this was its last staged segment
+            d.rmdir()
         except OSError:
             pass
 
-    def staged(self) -> list[StagedSegment]:
-        """Every complete staged segment (e.g. left over by a crash), oldest first per partition."""
-        with self._lock:
-            return self._staged()
+    # ------------------------------------------------------------------------------------------- listing
+    def staged(self, tp: TopicIdPartition | None = None) -> list[StagedSegment]:
+        """The complete staged segments of ``tp`` (of every partition if None), oldest first per partition.
 
-    def _staged(self) -> list[StagedSegment]:
-        out = []
-        for root in self._roots.values():
-            for pdir in sorted(root.iterdir()) if root.exists() else []:
-                topic, _, part = pdir.name.rpartition("-")
-                if not part.isdigit():
+        A segment dir without a valid ``.complete`` marker (a stage a crash interrupted, an empty or unreadable
+        marker) is removed here: the next :meth:`stage` of it redoes it."""
+        with self._lock:
+            return self._staged(tp)
+
+    def _staged(self, tp: TopicIdPartition | None) -> list[StagedSegment]:
+        out: list[StagedSegment] = []
+        for root in self._held:
+            if tp is not None:
+                pdirs = [(tp, self._partition_path(root, tp))]
+            else:
+                pdirs = []
+                for tdir in sorted(root.iterdir()):
+                    tid = _is_topic_id_dir(tdir.name) if tdir.is_dir() else None
+                    if tid is None:
+                        continue
+                    for pdir in sorted(tdir.iterdir()):
+                        m = _PARTITION_DIR.match(pdir.name)
+                        if m and pdir.is_dir():
+                            pdirs.append((TopicIdPartition(tid, m["topic"], int(m["partition"])), pdir))
+            for ptp, pdir in pdirs:
+                try:
+                    segs = sorted(p for p in pdir.iterdir() if _SEGMENT_DIR.match(p.name))
+                except (FileNotFoundError, NotADirectoryError):
                     continue
-                for seg in sorted(pdir.iterdir()):
-                    marker = seg / ".complete"
-                    if seg.name.isdigit() and marker.exists():
-                        end = int(marker.read_text() or -1)
-                        out.append(StagedSegment(topic, int(part), int(seg.name), end, seg))
-                    elif seg.name.isdigit():
-                        shutil.rmtree(seg, ignore_errors=True)  # a stage interrupted half-way: redo later
+                for seg in segs:
+                    base = int(seg.name)
+                    end = _read_marker(seg, base)
+                    if end is None:
+                        log.info("incomplete staged segment removed (staged again if still local)", extra={
+                            "partition": str(ptp), "base_offset": base, "directory": str(seg)})
+                        self._remove_segment_dir(root, seg)
+                        continue
+                    if seg not in self._held[root]:
+                        self._held[root][seg] = _dir_bytes(seg)
+                    out.append(StagedSegment(ptp, base, end, seg))
+        out.sort(key=lambda s: (s.tp.topic, s.tp.partition, str(s.tp.topic_id), s.base_offset))
         return out
 
     def size_bytes(self) -> int:
+        """Bytes under every staging root (markers aside), walked afresh (the metric)."""
         total = 0
         for root in self._roots.values():
             for dirpath, _, files in os.walk(root):
                 for f in files:
-                    if f == ".complete":
+                    if f.startswith(COMPLETE):
                         continue
                     try:
                         total += os.stat(os.path.join(dirpath, f)).st_size
                     except FileNotFoundError:
                         pass
         return total
+
+    def held_bytes(self) -> int:
+        """Bytes of complete staged segments, summed over the log dirs (what the bound counts, per log dir)."""
+        with self._lock:
+            return sum(sum(h.values()) for h in self._held.values())

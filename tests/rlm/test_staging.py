@@ -1,15 +1,29 @@
 from __future__ import annotations
 
+import base64
+import logging
+import os
+import uuid
 from pathlib import Path
 
 import pytest
 
-from rlm.staging import SegmentGoneError, Staging, StagingError, default_staging_root
+from rlm.config import ConfigError, load_settings
+from rlm.known import KnownPartitions
+from rlm.staging import (
+    SegmentGoneError,
+    Staging,
+    StagingError,
+    StagingFullError,
+    TopicIdMismatchError,
+    default_staging_root,
+)
+from rlmm.api import TopicIdPartition
 
 
-def make_segment(pdir: Path, base: int, with_txn: bool = False) -> dict[str, bytes]:
+def make_segment(pdir: Path, base: int, with_txn: bool = False, tag: bytes = b"L") -> dict[str, bytes]:
     pdir.mkdir(parents=True, exist_ok=True)
-    files = {".log": b"L" * 100 + base.to_bytes(8, "big"), ".index": b"I" * 16, ".timeindex": b"T" * 24}
+    files = {".log": tag * 100 + base.to_bytes(8, "big"), ".index": b"I" * 16, ".timeindex": b"T" * 24}
     if with_txn:
         files[".txnindex"] = b"X" * 34
     for suffix, data in files.items():
@@ -17,22 +31,38 @@ def make_segment(pdir: Path, base: int, with_txn: bool = False) -> dict[str, byt
     return files
 
 
+def write_topic_id(pdir: Path, tid: uuid.UUID) -> None:
+    pdir.mkdir(parents=True, exist_ok=True)
+    b64 = base64.urlsafe_b64encode(tid.bytes).decode().rstrip("=")
+    (pdir / "partition.metadata").write_text(f"version: 0\ntopic_id: {b64}\n")
+
+
+def tp_of(topic: str = "t", partition: int = 0) -> TopicIdPartition:
+    return TopicIdPartition(uuid.uuid4(), topic, partition)
+
+
 def test_stage_survives_broker_delete(tmp_path: Path) -> None:
     log_dir = tmp_path / "kafka" / "data"
     pdir = log_dir / "my.topic-x-3"
     files = make_segment(pdir, 42, with_txn=True)
+    tp = tp_of("my.topic-x", 3)
     staging = Staging({log_dir: default_staging_root(log_dir)})
-    staged = staging.stage("my.topic-x", 3, pdir, 42, 99)
-    assert staging.stage("my.topic-x", 3, pdir, 42, 99) == staged  # idempotent
+    staged = staging.stage(tp, pdir, 42, 99)
+    assert staging.stage(tp, pdir, 42, 99) == staged  # idempotent
+    assert staged.tp == tp and (staged.topic, staged.partition) == ("my.topic-x", 3)
+    # keyed by topic id: <root>/<topic id>/<topic>-<partition>/<base>
+    assert staged.directory == default_staging_root(log_dir) / str(tp.topic_id) / "my.topic-x-3" / f"{42:020d}"
     for p in pdir.iterdir():  # the broker's retention removes the segment
         p.unlink()
     for suffix, data in files.items():
         assert staged.file(suffix).read_bytes() == data
     assert staged.file(".snapshot") is None
-    assert staging.staged() == [staged] and staged.end_offset_inclusive == 99
-    assert staging.size_bytes() == sum(len(d) for d in files.values())
+    assert staging.staged(tp) == staging.staged() == [staged] and staged.end_offset_inclusive == 99
+    assert staging.stage(tp, pdir, 42, 99) == staged  # the broker deleted it: ours is the copy to keep
+    assert staging.size_bytes() == sum(len(d) for d in files.values()) == staging.held_bytes()
     staging.release(staged)
-    assert staging.staged() == [] and staging.size_bytes() == 0
+    assert staging.staged() == [] and staging.size_bytes() == 0 and staging.held_bytes() == 0
+    assert list(default_staging_root(log_dir).iterdir()) == []  # empty partition and topic id dirs go too
 
 
 def test_stage_links_renamed_deleted_files(tmp_path: Path) -> None:
@@ -41,8 +71,29 @@ def test_stage_links_renamed_deleted_files(tmp_path: Path) -> None:
     files = make_segment(pdir, 7)
     for p in list(pdir.iterdir()):
         p.rename(p.with_name(p.name + ".deleted"))  # what the broker does before unlinking
-    staged = Staging({log_dir: tmp_path / "stage"}).stage("t", 0, pdir, 7, 8)
+    staged = Staging({log_dir: tmp_path / "stage"}).stage(tp_of(), pdir, 7, 8)
     assert staged.log_path.read_bytes() == files[".log"]
+
+
+def test_producer_snapshot_is_the_next_segments(tmp_path: Path) -> None:
+    """Kafka uploads fetchSnapshot(nextSegmentBaseOffset): the producer state at the end of the segment."""
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    make_segment(pdir, 100)
+    (pdir / f"{100:020d}.snapshot").write_bytes(b"state at 100")  # before the segment: not the one to upload
+    staging = Staging({log_dir: tmp_path / "stage"})
+    tp = tp_of()
+    staged = staging.stage(tp, pdir, 100, 249)
+    assert staged.file(".snapshot") is None  # the roll's snapshot is not written yet
+    (pdir / f"{250:020d}.snapshot").write_bytes(b"state at 250")
+    staged = staging.stage(tp, pdir, 100, 249)  # seen again: the late snapshot is linked too
+    assert staged.file(".snapshot") == staged.producer_snapshot_path == staged.directory / f"{250:020d}.snapshot"
+    assert staged.file(".snapshot").read_bytes() == b"state at 250"
+    assert not (staged.directory / f"{100:020d}.snapshot").exists()
+    # retention renamed the next segment's files, its snapshot included, before we saw this segment
+    make_segment(pdir, 250)
+    (pdir / f"{400:020d}.snapshot.deleted").write_bytes(b"state at 400")
+    assert staging.stage(tp, pdir, 250, 399).file(".snapshot").read_bytes() == b"state at 400"
 
 
 def test_gone_segment_is_an_error_and_leaves_nothing(tmp_path: Path) -> None:
@@ -50,8 +101,8 @@ def test_gone_segment_is_an_error_and_leaves_nothing(tmp_path: Path) -> None:
     (log_dir / "t-0").mkdir(parents=True)
     staging = Staging({log_dir: tmp_path / "stage"})
     with pytest.raises(SegmentGoneError, match="00000000000000000009.log"):
-        staging.stage("t", 0, log_dir / "t-0", 9, 10)
-    assert staging.staged() == []
+        staging.stage(tp_of(), log_dir / "t-0", 9, 10)
+    assert staging.staged() == [] and list((tmp_path / "stage").iterdir()) == []
 
 
 def test_staging_inside_log_dir_refused(tmp_path: Path) -> None:
@@ -59,3 +110,183 @@ def test_staging_inside_log_dir_refused(tmp_path: Path) -> None:
     log_dir.mkdir()
     with pytest.raises(StagingError, match="inside log dir"):
         Staging({log_dir: log_dir / ".staging"})
+
+
+def test_recreated_topic_never_gets_the_old_topics_staged_segments(tmp_path: Path) -> None:
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    old, new = tp_of(), tp_of()
+    write_topic_id(pdir, old.topic_id)
+    old_files = make_segment(pdir, 0, tag=b"O")
+    staging = Staging({log_dir: tmp_path / "stage"})
+    staging.stage(old, pdir, 0, 4)
+    for p in pdir.iterdir():  # the topic is deleted, then re-created under the same name
+        p.unlink()
+    write_topic_id(pdir, new.topic_id)
+    new_files = make_segment(pdir, 0, tag=b"N")
+    s = staging.stage(new, pdir, 0, 4)
+    assert s.log_path.read_bytes() == new_files[".log"] and s.tp == new
+    assert [x.log_path.read_bytes() for x in staging.staged(old)] == [old_files[".log"]]
+    assert staging.staged(new) == [s]
+    with pytest.raises(TopicIdMismatchError, match=str(new.topic_id)):
+        staging.stage(old, pdir, 0, 4)  # a copier still holding the old topic id
+    assert staging.topic_ids() == {old.topic_id, new.topic_id}
+    assert staging.release_topic(old.topic_id) == 1
+    assert staging.staged() == [s] and staging.topic_ids() == {new.topic_id}
+
+
+def test_staged_dir_reused_only_for_the_same_segment(tmp_path: Path) -> None:
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    tp = tp_of()
+    make_segment(pdir, 100, tag=b"A")
+    staging = Staging({log_dir: tmp_path / "stage"})
+    first = staging.stage(tp, pdir, 100, 199)
+    ino = first.log_path.stat().st_ino
+    # truncated and regrown: the same base rolled at another offset -> restaged with the new end
+    s = staging.stage(tp, pdir, 100, 149)
+    assert s.end_offset_inclusive == 149 and [x.end_offset_inclusive for x in staging.staged(tp)] == [149]
+    # same base and end, but another file (truncated to 100 exactly, a new segment 100 of the new lineage)
+    (pdir / f"{100:020d}.log").rename(pdir / f"{100:020d}.log.deleted")
+    new_files = make_segment(pdir, 100, tag=b"B")
+    assert (pdir / f"{100:020d}.log").stat().st_ino != ino
+    s = staging.stage(tp, pdir, 100, 149)
+    assert s.log_path.read_bytes() == new_files[".log"] and s.file(".index").read_bytes() == new_files[".index"]
+    assert s.log_path.stat().st_ino == (pdir / f"{100:020d}.log").stat().st_ino
+    # the same one again: reused as is (no relink)
+    assert staging.stage(tp, pdir, 100, 149) == s
+    assert s.log_path.stat().st_ino == (pdir / f"{100:020d}.log").stat().st_ino
+
+
+def test_empty_or_unreadable_marker_is_incomplete_never_end_minus_one(tmp_path: Path) -> None:
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    make_segment(pdir, 0)
+    tp = tp_of()
+    staging = Staging({log_dir: tmp_path / "stage"})
+    for bad in (b"", b"\xff\xfe", b"-1", b"garbage", b"--5"):
+        s = staging.stage(tp, pdir, 0, 99)
+        (s.directory / ".complete").write_bytes(bad)
+        assert staging.staged() == [], bad  # removed: staged again if still local
+        assert not s.directory.exists()
+        s = staging.stage(tp, pdir, 0, 99)
+        (s.directory / ".complete").write_bytes(bad)
+        s = staging.stage(tp, pdir, 0, 99)  # stage() redoes it too
+        assert staging.staged() == [s] and s.end_offset_inclusive == 99
+        staging.release(s)
+    # after a restart as well
+    s = staging.stage(tp, pdir, 0, 99)
+    (s.directory / ".complete").write_text("")
+    assert Staging({log_dir: tmp_path / "stage"}).staged() == []
+
+
+def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_dir = tmp_path / "data"
+    make_segment(log_dir / "t-0", 0)
+    staging = Staging({log_dir: tmp_path / "stage"})
+    synced: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    replaced: list[tuple[str, str]] = []
+
+    def replace(a, b) -> None:  # noqa: ANN001
+        replaced.append((Path(a).name, Path(b).name))
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    s = staging.stage(tp_of(), log_dir / "t-0", 0, 9)
+    assert len(replaced) == 1 and replaced[0][1] == ".complete" and replaced[0][0].endswith(".tmp")
+    d = str(s.directory)
+    assert d in synced and any(p.startswith(d + "/.complete") for p in synced)  # the links, the marker
+    assert str(s.directory.parent) in synced and str(s.directory.parent.parent) in synced  # the new dirs
+    assert [p.name for p in s.directory.iterdir() if p.name.startswith(".complete")] == [".complete"]
+
+
+def test_old_layout_removed_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log_dir = tmp_path / "data"
+    log_dir.mkdir()
+    root = tmp_path / "stage"
+    old = root / "t-0" / f"{0:020d}"
+    old.mkdir(parents=True)
+    (old / f"{0:020d}.log").write_bytes(b"old topic's bytes")
+    (old / ".complete").write_text("99")
+    (root / "README").write_text("not ours")
+    with caplog.at_level(logging.WARNING, logger="rlm.staging"):
+        staging = Staging({log_dir: root})
+    assert not (root / "t-0").exists() and (root / "README").exists()
+    assert staging.staged() == [] and "older layout" in caplog.text
+
+
+def test_size_bound(tmp_path: Path) -> None:
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    seg_bytes = sum(len(d) for d in make_segment(pdir, 0).values())
+    for base in (10, 20):
+        make_segment(pdir, base)
+    tp = tp_of()
+    staging = Staging({log_dir: tmp_path / "stage"}, max_bytes=seg_bytes + seg_bytes // 2)
+    a = staging.stage(tp, pdir, 0, 9)  # an empty area takes one segment, whatever the bound
+    with pytest.raises(StagingFullError, match="staging_max_bytes") as exc:
+        staging.stage(tp, pdir, 10, 19)
+    assert (exc.value.held_bytes, exc.value.segment_bytes) == (seg_bytes, seg_bytes)
+    assert staging.staged(tp) == [a]  # not staged, nothing left behind
+    assert staging.stage(tp, pdir, 0, 9) == a  # the same segment again is no new bytes
+    staging.release(a)
+    b = staging.stage(tp, pdir, 10, 19)
+    assert staging.staged(tp) == [b]
+    # a restart counts what is held
+    with pytest.raises(StagingFullError):
+        Staging({log_dir: tmp_path / "stage"}, max_bytes=seg_bytes).stage(tp, pdir, 20, 29)
+    assert Staging({log_dir: tmp_path / "stage"}, max_bytes=0).stage(tp, pdir, 20, 29).end_offset_inclusive == 29
+
+
+def test_release_partition(tmp_path: Path) -> None:
+    log_dir = tmp_path / "data"
+    tp0 = tp_of("t", 0)
+    tp1 = TopicIdPartition(tp0.topic_id, "t", 1)
+    for base in (0, 10):
+        make_segment(log_dir / "t-0", base)
+        make_segment(log_dir / "t-1", base)
+    staging = Staging({log_dir: tmp_path / "stage"}, max_bytes=10**9)
+    for tp in (tp0, tp1):
+        for base in (0, 10):
+            staging.stage(tp, log_dir / f"t-{tp.partition}", base, base + 9)
+    assert [s.base_offset for s in staging.staged(tp0)] == [0, 10]
+    held = staging.held_bytes()
+    assert staging.release_partition(tp0) == 2
+    assert staging.staged(tp0) == [] and len(staging.staged(tp1)) == 2 and staging.held_bytes() == held // 2
+    assert staging.release_partition(tp1) == 2 and staging.topic_ids() == set()
+
+
+def test_known_partitions_saved_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "known-partitions.json"
+    tp = tp_of()
+    KnownPartitions(path).add([tp])
+    assert KnownPartitions(path).all() == [tp]
+    assert str(tmp_path) in synced and any(p.startswith(str(path)) for p in synced)  # the temp file, the dir
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_staging_max_bytes_setting(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    base = "broker_id: 1\nlog_dirs: [/x]\nkafka: {bootstrap_servers: 'a:1'}\n"
+    cfg.write_text(base)
+    assert load_settings(cfg).staging_max_bytes == 0
+    cfg.write_text(base + "staging_max_bytes: 1073741824\n")
+    assert load_settings(cfg).staging_max_bytes == 1 << 30
+    cfg.write_text(base + "staging_max_bytes: -1\n")
+    with pytest.raises(ConfigError, match="staging_max_bytes"):
+        load_settings(cfg)
