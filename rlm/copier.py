@@ -9,10 +9,16 @@ One run (:meth:`PartitionCopier.run_once`):
 3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
    transaction is ever uploaded): COPY_SEGMENT_STARTED, the store's copy, COPY_SEGMENT_FINISHED; release staging.
 
-Where to resume: the highest remote offset of the partition's leader-epoch lineage (as Kafka's
-``findHighestRemoteOffset``), so a new leader continues where the old one stopped. A local segment that starts
-below that offset but ends above it (replicas roll at different offsets) is copied whole, but recorded as
-starting at highest + 1, so no offset range is ever remote twice.
+Where to resume: the end of the remote chain of this broker's leader-epoch lineage (:mod:`rlm.chain`; as Kafka's
+``findHighestRemoteOffset``), so a new leader continues where the old one stopped, and offsets a diverged lineage
+tiered (an unclean election) are tiered again from this lineage. A local segment that starts below that offset
+but ends above it (replicas roll at different offsets) is copied from highest + 1 on (the storage manager skips
+the batches below), so no offset range is ever remote twice.
+
+Fencing, as Kafka's copy task: a copy carries the leader epoch it started under (``broker_leader_epoch``). Before
+COPY_SEGMENT_FINISHED the copier asks again; once the partition's leader epoch has moved on (or leadership is
+lost), the copy is deleted instead of finished. The metadata manager refuses a FINISHED whose epoch is below one
+a later copy started under (:class:`rlmm.api.CopyFencedError`), which closes the window between check and write.
 """
 
 from __future__ import annotations
@@ -22,14 +28,17 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlm import metrics
+from rlm.chain import Lineage, lineage_of, remote_chain
 from rlm.deleter import SegmentDeleter
 from rlm.segments import epochs_for_range, to_rsm
-from rlm.staging import SegmentGoneError, StagedSegment, Staging
+from rlm.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError
 from rlmm.api import (
+    CopyFencedError,
     RemoteLogMetadataManager,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -43,8 +52,9 @@ from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import LogFormatError
 from rsm.log.indexes import read_time_index
 from rsm.log.partition import PartitionDir
+from rsm.manager import kept_range
 
-__all__ = ["CopyResult", "PartitionCopier", "highest_remote_offset"]
+__all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +67,22 @@ class CopyResult:
     gaps: list[tuple[int, int]] = field(default_factory=list)  # (first, last) offsets lost before staging
     waiting_for_lso: int = 0  # staged segments not copied because they end at or above the LSO
     cleaned_up: int = 0
+    fenced: bool = False  # the run stopped: the partition's leader epoch moved on during a copy
 
 
 def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
-                          epochs: list[EpochEntry]) -> int:
-    """The highest offset copied under the partition's epoch lineage (latest epoch first), or -1.
+                          epochs: list[EpochEntry]) -> tuple[int, Lineage]:
+    """The end of the remote chain of this broker's leader-epoch lineage (-1 when nothing is remote), and that
+    lineage (the metadata's below the local checkpoint's first epoch, the checkpoint from there on).
 
     From live COPY_SEGMENT_FINISHED segments only (the metadata cache answers so, to answer the same after a rebuild
-    from the compacted topic): once remote retention has deleted every segment of an epoch, it no longer counts.
+    from the compacted topic): once remote retention has deleted every segment, it no longer counts.
     :class:`PartitionCopier` keeps the highest it has tiered, in its watermark file across restarts.
     """
-    for i in range(len(epochs) - 1, -1, -1):
-        off = rlmm.highest_offset_for_epoch(tp, epochs[i].epoch)
-        if off is not None:
-            # As Kafka does: bounded by the epoch's end in this log (a diverged, truncated epoch ends earlier).
-            return min(off, epochs[i + 1].start_offset - 1) if i + 1 < len(epochs) else off
-    return -1
+    segments = rlmm.list_remote_log_segments(tp)
+    lineage = lineage_of(segments).merged_with_local(epochs)
+    chain = remote_chain(segments, lineage)
+    return (chain[-1].end_offset_inclusive if chain else -1), lineage
 
 
 class PartitionCopier:
@@ -95,8 +105,9 @@ class PartitionCopier:
         # The highest offset tiered so far (None: no run yet). Kept in ``watermark_path`` across restarts: once
         # remote retention has deleted every segment, the metadata no longer knows it (see highest_remote_offset).
         self.watermark_path = watermark_path
-        self._highest: int | None = self._read_watermark()
-        self._persisted = self._highest
+        self._watermark: tuple[int, int | None] | None = self._read_watermark()  # (offset, its leader epoch)
+        self._persisted = self._watermark
+        self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
 
     # --------------------------------------------------------------------------------------------- staging
     def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
@@ -108,12 +119,15 @@ class PartitionCopier:
             if end <= highest:
                 continue
             try:
-                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, base, end)
+                self.staging.stage(self.tp, self.partition_dir, base, end)
             except SegmentGoneError:
                 gaps.append((base, end))
-        staged = sorted((s for s in self.staging.staged()
-                         if s.topic == self.tp.topic and s.partition == self.tp.partition),
-                        key=lambda s: s.base_offset)
+            except StagingFullError as err:
+                metrics.ERRORS.labels("staging-full").inc()
+                log.warning("staging full: segment not staged", extra={
+                    "partition": str(self.tp), "base_offset": base, "error": str(err)})
+                break  # what is staged is copied first; an unstaged segment the broker deletes meanwhile is a gap
+        staged = self.staging.staged(self.tp)
         # Staged leftovers that are remote already (copied by us before a crash, or by another leader).
         keep = []
         for s in staged:
@@ -152,10 +166,12 @@ class PartitionCopier:
             if end <= highest:
                 continue
             try:
-                self.staging.stage(self.tp.topic, self.tp.partition, self.partition_dir, base, end)
+                self.staging.stage(self.tp, self.partition_dir, base, end)
                 n += 1
             except SegmentGoneError:
                 continue
+            except StagingFullError:
+                break
         return n
 
     # ------------------------------------------------------------------------------------------- clean-up
@@ -178,17 +194,22 @@ class PartitionCopier:
         return n
 
     # ----------------------------------------------------------------------------------------------- copy
-    def run_once(self, last_stable_offset: int, stop: threading.Event | None = None) -> CopyResult:
+    def run_once(self, last_stable_offset: int, stop: threading.Event | None = None, *,
+                 leader_epoch: int | None = None,
+                 current_leader_epoch: Callable[[], int | None] | None = None) -> CopyResult:
+        """One copy run. ``leader_epoch``: the partition's leader epoch this broker leads under (each copy carries
+        it); ``current_leader_epoch``: asked before each COPY_SEGMENT_FINISHED, a different answer fences the copy.
+        """
         result = CopyResult()
         result.cleaned_up = self.clean_up_unfinished()
         pdir = PartitionDir(self.partition_dir)
         epochs = pdir.leader_epochs()
-        highest = highest_remote_offset(self.rlmm, self.tp, epochs)
-        if self._highest is not None and self._highest > highest:
+        highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs)
+        if self._watermark is not None:
             # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
             # newest). Those offsets were tiered once; copying the still-local segments again would only feed
-            # retention again.
-            highest = self._highest
+            # retention again. Bounded by this lineage: offsets a diverged lineage tiered are tiered again.
+            highest = max(highest, lineage.bound(*self._watermark))
         staged, result.gaps = self.stage_new(highest)
         self._highest = highest
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
@@ -206,23 +227,37 @@ class PartitionCopier:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
             start = max(s.base_offset, highest + 1)
-            md = self.copy_segment(s, start, epochs)
+            try:
+                md = self.copy_segment(s, start, epochs, leader_epoch=leader_epoch,
+                                       current_leader_epoch=current_leader_epoch)
+            except CopyFencedError as err:
+                metrics.ERRORS.labels("copy-fenced").inc()
+                log.warning("copy fenced: the partition's leader epoch moved on; copy deleted", extra={
+                    "partition": str(self.tp), "base_offset": s.base_offset, "error": str(err)})
+                result.fenced = True
+                break
             if md is None:
                 self.staging.release(s)  # nothing worth copying (expired already); not a gap
                 highest = self._highest = s.end_offset_inclusive
+                self._watermark = (highest, _last_epoch(epochs, highest))
                 continue
             result.copied.append(md)
             highest = self._highest = md.end_offset_inclusive
+            self._watermark = (highest, md.segment_leader_epochs[-1][0])
             self.staging.release(s)
         self._write_watermark()
         return result
 
     # ------------------------------------------------------------------------------------------ watermark
-    def _read_watermark(self) -> int | None:
+    def _read_watermark(self) -> tuple[int, int | None] | None:
+        """``<offset> <leader epoch>`` (an older sidecar wrote ``<offset>`` alone: its epoch is unknown)."""
         if self.watermark_path is None:
             return None
         try:
-            return int(self.watermark_path.read_text())
+            parts = self.watermark_path.read_text().split()
+            if len(parts) not in (1, 2):
+                raise ValueError(f"expected '<offset> <epoch>', found {len(parts)} fields")
+            return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as err:
@@ -231,14 +266,25 @@ class PartitionCopier:
             return None
 
     def _write_watermark(self) -> None:
-        """Persist the highest tiered offset when it moved (temp file + rename: never half written)."""
-        if self.watermark_path is None or self._highest is None or self._highest == self._persisted:
+        """Persist the highest tiered offset and its epoch when they moved (temp file, fsync, rename, fsync of
+        the directory: never half written, and durable before the next run relies on it)."""
+        if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
-        self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
+        offset, epoch = self._watermark
+        directory = self.watermark_path.parent
+        directory.mkdir(parents=True, exist_ok=True)
         tmp = self.watermark_path.with_name(self.watermark_path.name + ".tmp")
-        tmp.write_text(str(self._highest))
+        with open(tmp, "w") as f:
+            f.write(f"{offset} {epoch}" if epoch is not None else str(offset))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.watermark_path)
-        self._persisted = self._highest
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._persisted = self._watermark
 
     def _max_timestamp(self, s: StagedSegment) -> int:
         """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""
@@ -252,8 +298,12 @@ class PartitionCopier:
                 pass
         return max((b.max_timestamp for b in scan_batches(s.log_path)), default=-1)
 
-    def copy_segment(self, s: StagedSegment, start_offset: int,
-                     epochs: list[EpochEntry]) -> RemoteLogSegmentMetadata | None:
+    def copy_segment(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], *,
+                     leader_epoch: int | None = None,
+                     current_leader_epoch: Callable[[], int | None] | None = None,
+                     ) -> RemoteLogSegmentMetadata | None:
+        """Copy ``s`` from ``start_offset`` on; None when it is older than remote retention. Raises
+        :class:`CopyFencedError` (after deleting the copy) when the leader epoch moved on meanwhile."""
         seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
         if not seg_epochs:
             # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
@@ -272,10 +322,13 @@ class PartitionCopier:
             max_timestamp_ms=max_ts,
             broker_id=self.broker_id,
             event_timestamp_ms=now_ms,
-            segment_size_bytes=s.log_path.stat().st_size,
+            # A straddling segment is copied from start_offset on: the storage manager skips the batches below.
+            segment_size_bytes=kept_range(s.log_path, start_offset).size_bytes if start_offset > s.base_offset
+            else s.log_path.stat().st_size,
             segment_leader_epochs=tuple((e.epoch, e.start_offset) for e in seg_epochs),
             state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
             txn_index_empty=s.file(".txnindex") is None,
+            broker_leader_epoch=leader_epoch,
         )
         # The checkpoint as Kafka hands it to the storage manager: the epochs up to the segment's end.
         checkpoint = format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= s.end_offset_inclusive])
@@ -296,21 +349,42 @@ class PartitionCopier:
             log.error("copy failed; removing the attempt", extra={
                 "partition": str(self.tp), "base_offset": s.base_offset, "segment": str(md.remote_log_segment_id),
                 "error": str(err)})
-            try:
-                self.deleter.delete(md, "failed-copy")
-            except Exception as cleanup_err:  # noqa: BLE001 - the next run's clean-up retries it
-                log.error("clean-up of failed copy failed", extra={"error": str(cleanup_err)})
+            self._remove(md, "failed-copy")
             raise
         elapsed = time.monotonic() - started
-        self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-            md.remote_log_segment_id, int(time.time() * 1000), custom,
-            RemoteLogSegmentState.COPY_SEGMENT_FINISHED, self.broker_id))
+        copied = replace(md, custom_metadata=custom)
+        now_epoch = current_leader_epoch() if current_leader_epoch is not None else leader_epoch
+        if now_epoch != leader_epoch:
+            self._remove(copied, "fenced-copy")
+            raise CopyFencedError(f"{md.remote_log_segment_id}: started under leader epoch {leader_epoch}, the "
+                                  f"partition's leader epoch is now {now_epoch} (None: not led by this broker)")
+        try:
+            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                md.remote_log_segment_id, int(time.time() * 1000), custom,
+                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, self.broker_id))
+        except CopyFencedError:
+            self._remove(copied, "fenced-copy")
+            raise
         metrics.COPY_SECONDS.observe(elapsed)
         metrics.BYTES_COPIED.labels(self.tp.topic).inc(md.segment_size_bytes)
         metrics.SEGMENTS_COPIED.labels(self.tp.topic).inc()
         log.info("segment copied", extra={
             "partition": str(self.tp), "start_offset": md.start_offset, "end_offset": md.end_offset_inclusive,
             "bytes": md.segment_size_bytes, "seconds": round(elapsed, 3), "segment": str(md.remote_log_segment_id)})
-        from dataclasses import replace
+        return replace(copied, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
 
-        return replace(md, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED, custom_metadata=custom)
+    def _remove(self, md: RemoteLogSegmentMetadata, reason: str) -> None:
+        try:
+            self.deleter.delete(md, reason)
+        except Exception as cleanup_err:  # noqa: BLE001 - the next run's clean-up retries it
+            log.error("clean-up of a copy failed", extra={"segment": str(md.remote_log_segment_id),
+                                                          "reason": reason, "error": str(cleanup_err)})
+
+
+def _last_epoch(epochs: list[EpochEntry], offset: int) -> int | None:
+    """The leader epoch of ``offset`` in the checkpoint, or None when no entry covers it."""
+    out = None
+    for e in epochs:
+        if e.start_offset <= offset:
+            out = e.epoch
+    return out

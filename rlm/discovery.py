@@ -212,16 +212,23 @@ class ClusterView:
 
     def last_stable_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """ListOffsets(latest, read_committed) per partition: the LSO, below which no transaction is open."""
+        return {k: lso for k, (lso, _epoch) in self.stable_offsets_and_epochs(partitions).items()}
+
+    def stable_offsets_and_epochs(self, partitions: Iterable[tuple[str, int]],
+                                  ) -> dict[tuple[str, int], tuple[int, int]]:
+        """ListOffsets(latest, read_committed) per partition: (the LSO, the leader epoch of the leader that
+        answered). A partition without an answer (not led any more, topic gone) is left out."""
         request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
         if not request:
             return {}
         admin = self._admin
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
                                      request_timeout=self.timeout_s)
-        out: dict[tuple[str, int], int] = {}
+        out: dict[tuple[str, int], tuple[int, int]] = {}
         for tp, fut in futures.items():
             try:
-                out[(tp.topic, tp.partition)] = fut.result(self._wait_s).offset
+                info = fut.result(self._wait_s)
+                out[(tp.topic, tp.partition)] = (info.offset, info.leader_epoch)
             except Exception as err:  # noqa: BLE001 - not leader any more, topic gone: skip this round
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})

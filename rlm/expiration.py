@@ -3,26 +3,35 @@
 Never from the topic's ``retention.*`` (in sidecar mode they govern the broker's *local* copy) and never from the
 broker's log start offset (it moves whenever local retention deletes a segment; following it would delete from
 the remote tier exactly what tiering exists to keep).
+
+Retention counts the remote chain only (:mod:`rlm.chain`): one copy of each offset, of the current leader-epoch
+lineage. Segments outside the chain are deleted here too when they are duplicates the chain covers, or (given the
+leader's lineage) of a diverged lineage, as Kafka's expiration deletes segments outside the leader's lineage.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 
+from rlm.chain import lineage_of, remote_chain, unchained
 from rlm.config import RetentionRule
 from rlm.deleter import SegmentDeleter
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rsm.log.checkpoint import EpochEntry
 
 __all__ = ["expire_partition", "expired_segments"]
 
+log = logging.getLogger(__name__)
 
-def expired_segments(segments: list[RemoteLogSegmentMetadata], rule: RetentionRule,
+
+def expired_segments(chain: list[RemoteLogSegmentMetadata], rule: RetentionRule,
                      now_ms: int) -> list[tuple[RemoteLogSegmentMetadata, str]]:
-    """The segments to delete, oldest first, with the reason (``retention-time`` / ``retention-size``).
-
-    Only a prefix of the partition's segments expires, so the remote tier stays one contiguous range.
+    """The segments of the remote ``chain`` to delete, oldest first, with the reason (``retention-time`` /
+    ``retention-size``). Only a prefix of the chain expires, so the remote tier stays one contiguous range.
     """
-    finished = [m for m in segments if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
+    finished = [m for m in chain if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
     out: list[tuple[RemoteLogSegmentMetadata, str]] = []
     i = 0
     if rule.retention_ms >= 0:
@@ -40,11 +49,31 @@ def expired_segments(segments: list[RemoteLogSegmentMetadata], rule: RetentionRu
 
 
 def expire_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp: TopicIdPartition,
-                     rule: RetentionRule, now_ms: int | None = None) -> list[RemoteLogSegmentMetadata]:
-    """Delete the expired segments of ``tp``; return those deleted (or queued for the cleaner)."""
+                     rule: RetentionRule, now_ms: int | None = None,
+                     local_epochs: Sequence[EpochEntry] | None = None) -> list[RemoteLogSegmentMetadata]:
+    """Delete the expired segments of ``tp``, and those outside its remote chain that may go; return those deleted
+    (or queued for the cleaner).
+
+    ``local_epochs``: the leader's leader-epoch checkpoint; the chain then follows the leader's lineage
+    (:meth:`rlm.chain.Lineage.merged_with_local`) and segments of a diverged lineage are deleted. Without it the
+    chain follows the metadata's own lineage and only duplicates outside the chain are deleted, never a segment
+    on the signal that it looks diverged.
+    """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    segments = rlmm.list_remote_log_segments(tp)
+    lineage = lineage_of(segments)
+    if local_epochs:
+        lineage = lineage.merged_with_local(local_epochs)
+    chain = remote_chain(segments, lineage)
+    todo = expired_segments(chain, rule, now_ms)
+    outside, kept = unchained(segments, chain, lineage)
+    todo += [(md, reason) for md, reason in outside if local_epochs or reason == "duplicate"]
+    for md in kept:
+        log.warning("remote segment outside the remote chain kept: it holds offsets the chain lacks", extra={
+            "segment": str(md.remote_log_segment_id), "start_offset": md.start_offset,
+            "end_offset": md.end_offset_inclusive})
     done = []
-    for md, reason in expired_segments(rlmm.list_remote_log_segments(tp), rule, now_ms):
+    for md, reason in todo:
         deleter.delete(md, reason)
         done.append(md)
     return done

@@ -10,7 +10,8 @@ The sidecar answers for the remote tier what the broker answers for its local lo
   timestamp is >= T, through the ledger index: one index read, then one block; then its records) and its leader
   epoch.
 
-Only COPY_SEGMENT_FINISHED segments are read. A block range of one data object is one ranged GET that streams
+Only the remote chain is read: COPY_SEGMENT_FINISHED segments of one leader-epoch lineage, never two copies of
+one offset (:mod:`rlm.chain`). A block range of one data object is one ranged GET that streams
 the following blocks too (sequential reads need no further request per block); ledger indexes are cached by the
 storage manager (LRU), so a warm random read costs one request.
 """
@@ -20,13 +21,14 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rlm import metrics
+from rlm.chain import remote_chain
 from rlm.segments import to_rsm
-from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.api import IndexType, RemoteSegmentMetadata
 from rsm.errors import RemoteResourceNotFoundError
 from rsm.format.reader import EntryView, SegmentReader
@@ -42,15 +44,12 @@ __all__ = [
     "is_aborted",
     "iter_segment_batches",
     "read_txn_index",
-    "txn_window_segments",
+    "txn_search",
 ]
 
 log = logging.getLogger(__name__)
 
 Isolation = Literal["read_uncommitted", "read_committed"]
-# A transaction is aborted by its coordinator at the latest after transaction.max.timeout.ms (default 15 min):
-# its abort marker (and .txnindex entry) lies in a segment no later than that after the transaction's start.
-DEFAULT_TXN_WINDOW_MS = 15 * 60 * 1000
 
 
 class OffsetOutOfRangeError(LookupError):
@@ -71,17 +70,14 @@ class RemoteRecord:
 
 
 class RemoteReader:
-    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager, *,
-                 txn_window_ms: int = DEFAULT_TXN_WINDOW_MS) -> None:
+    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager) -> None:
         self.rlmm = rlmm
         self.rsm = rsm
-        self.txn_window_ms = txn_window_ms
 
     # ----------------------------------------------------------------------------------------- listings
     def segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
-        """The readable (COPY_SEGMENT_FINISHED) segments of ``tp``, by start offset."""
-        return [m for m in self.rlmm.list_remote_log_segments(tp)
-                if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
+        """The segments served for ``tp``: the remote chain (:func:`rlm.chain.remote_chain`), by start offset."""
+        return remote_chain(self.rlmm.list_remote_log_segments(tp))
 
     def earliest_offset(self, tp: TopicIdPartition) -> int | None:
         segs = self.segments(tp)
@@ -114,15 +110,15 @@ class RemoteReader:
     # -------------------------------------------------------------------------------------------- reads
     def _aborted(self, segs: list[RemoteLogSegmentMetadata], i: int,
                  cache: dict[int, list[AbortedTxn]]) -> list[AbortedTxn]:
-        """Aborted transactions that may cover records of ``segs[i]``: from its own transaction index and those
-        of the following segments written within the transaction window."""
-        md = segs[i]
-        out: list[AbortedTxn] = []
-        for j in txn_window_segments(segs, i, self.txn_window_ms):
+        """Aborted transactions that may cover records of ``segs[i]`` (see :func:`txn_search`)."""
+        def entries(j: int) -> list[AbortedTxn]:
             if j not in cache:
                 cache[j] = read_txn_index(self.rsm, to_rsm(segs[j]))
-            out.extend(t for t in cache[j] if t.first_offset <= md.end_offset_inclusive)
-        return out
+            return cache[j]
+
+        md = segs[i]
+        return [t for j in txn_search(segs, i, entries) for t in entries(j)
+                if t.first_offset <= md.end_offset_inclusive and t.last_offset >= md.start_offset]
 
     def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
              max_records: int | None = None, isolation: Isolation = "read_uncommitted",
@@ -203,17 +199,25 @@ def iter_segment_batches(reader: SegmentReader, from_offset: int, end_offset_inc
         yield h, entry, visible
 
 
-def txn_window_segments(segs: Sequence[RemoteLogSegmentMetadata], i: int, txn_window_ms: int) -> list[int]:
-    """Indexes ``j >= i`` of the segments whose transaction indexes may list aborted transactions covering
-    records of ``segs[i]``: its own and those written within the transaction window after it (segments whose
-    transaction index is empty are left out)."""
-    md = segs[i]
+def txn_search(segs: Sequence[RemoteLogSegmentMetadata], i: int,
+               entries: Callable[[int], Sequence[AbortedTxn]]) -> list[int]:
+    """Indexes ``j >= i`` of the segments whose transaction indexes may list aborted transactions covering records
+    of ``segs[i]``, searched as Kafka does: an abort is indexed in the segment of its marker, which can be any later
+    segment, so the search goes on through later segments (``entries(j)`` reads one's index; segments whose index
+    is empty are skipped unread) until an entry whose last stable offset is past ``segs[i]``'s end: every
+    transaction that began in ``segs[i]`` had ended when that marker was written, its own marker at or before it.
+
+    Bounded by offsets and producer state, never by record timestamps (producers set those). When no entry
+    completes the search, every later segment's index is read.
+    """
+    end = segs[i].end_offset_inclusive
     out: list[int] = []
     for j in range(i, len(segs)):
-        if j > i and segs[j - 1].max_timestamp_ms > md.max_timestamp_ms + txn_window_ms:
-            break  # everything from here on was written after any transaction of segs[i] had ended
-        if not segs[j].txn_index_empty:
-            out.append(j)
+        if segs[j].txn_index_empty:
+            continue
+        out.append(j)
+        if any(t.last_stable_offset > end for t in entries(j)):
+            break
     return out
 
 

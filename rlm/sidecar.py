@@ -91,6 +91,7 @@ class _Led:
     path: Path
     copier: PartitionCopier
     stop: threading.Event = field(default_factory=threading.Event)
+    running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
 
 
 class Sidecar:
@@ -254,22 +255,57 @@ class Sidecar:
             self._scheduler.remove_job(f"copy:{key[0]}-{key[1]}")
         except Exception:  # noqa: BLE001 - already gone
             pass
+        # The new leader copies from its own replica: drop what we staged (now, or when the running copy ends).
+        if led.running.acquire(blocking=False):
+            try:
+                self.staging.release_partition(led.tp)
+            finally:
+                led.running.release()
         log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
 
     # ---------------------------------------------------------------------------------------------- copy
     def _copy(self, led: _Led) -> None:
         if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
             return
+        with led.running:
+            try:
+                self._copy_run(led)
+            finally:
+                if led.stop.is_set() and not self._stopping.is_set():
+                    self.staging.release_partition(led.tp)  # leadership lost during the run
+
+    def _leader_epoch(self, led: _Led) -> tuple[int, int] | None:
+        """(LSO, leader epoch) when this broker leads ``led`` now: the cluster's leader answers with an epoch that
+        is the newest in this broker's own leader-epoch checkpoint (the broker writes it when made leader)."""
+        tp = led.tp
+        key = (tp.topic, tp.partition)
+        got = self.view.stable_offsets_and_epochs([key]).get(key)
+        if got is None or self._led.get(key) is not led:
+            return None
+        epochs = PartitionDir(led.path).leader_epochs()
+        if not epochs or epochs[-1].epoch != got[1]:
+            log.info("not leading under the cluster's leader epoch: not copying this round", extra={
+                "partition": str(tp), "leader_epoch": got[1], "local_epoch": epochs[-1].epoch if epochs else None})
+            return None
+        return got
+
+    def _copy_run(self, led: _Led) -> None:
         tp = led.tp
         try:
             self._wait_ready([tp])
-            lso = self.view.last_stable_offsets([(tp.topic, tp.partition)]).get((tp.topic, tp.partition))
-            if lso is None:
+            got = self._leader_epoch(led)
+            if got is None:
                 return
+            lso, epoch = got
+
+            def current_epoch() -> int | None:
+                now = self._leader_epoch(led)
+                return None if now is None else now[1]
+
             rule = self.settings.retention_for(tp.topic)
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
-            led.copier.run_once(lso, led.stop)
+            led.copier.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
         except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
             metrics.ERRORS.labels("copy-task").inc()
             self.last_error = f"copy {tp}: {err}"
@@ -290,8 +326,11 @@ class Sidecar:
 
     # ------------------------------------------------------------------------------------------- staging
     def stage(self) -> None:
-        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled)."""
+        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled); paused
+        topics are not staged (they are not copied either)."""
         for led in self._each_led():
+            if self.settings.topics.is_paused(led.tp.topic):
+                continue
             try:
                 led.copier.stage_rolled()
             except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
@@ -305,7 +344,8 @@ class Sidecar:
                 # Never on a half-rebuilt metadata cache (after a restart): its oldest segments may not be the
                 # partition's oldest, and retention would delete from the middle of the remote range.
                 self._wait_ready([led.tp])
-                expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic))
+                expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic),
+                                 local_epochs=PartitionDir(led.path).leader_epochs())
             except Exception as err:  # noqa: BLE001
                 metrics.ERRORS.labels("expiration").inc()
                 self.last_error = f"expiration {led.tp}: {err}"
@@ -361,6 +401,7 @@ class Sidecar:
                 pass  # another sidecar got further already
         for md in self.rlmm.list_remote_log_segments(tp):
             self.deleter.delete(md, "topic-deleted")
+        self.staging.release_partition(tp)
         self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
             tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, now(), self.settings.broker_id))
         log.info("remote data of deleted topic purged", extra={"partition": str(tp)})

@@ -3,7 +3,7 @@
 Steps, none of which reads record data:
 
 1. the partitions the options name, with their topic ids (one AdminClient ``describe_topics``);
-2. their remote segments (COPY_SEGMENT_FINISHED) from the metadata topic, through the metadata manager's cache
+2. their remote chains (:mod:`rlm.chain`) from the metadata topic, through the metadata manager's cache
    (a temporary RocksDB directory per query unless ``metadata.cacheDir`` names one to keep);
 3. per partition the offset range (starting/ending offsets, a starting timestamp, pushed-down filters), then per
    segment that overlaps it one input partition, or one per block range when the segment is larger than
@@ -24,13 +24,15 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
-from rlm.reader import DEFAULT_TXN_WINDOW_MS, txn_window_segments
+from rlm.reader import read_txn_index, txn_search
 from rlm.spark.executor import SegmentRef, SegmentSlice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
-from rlmm.api import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
 from rsm.format.index import BlockInfo
+from rsm.log.indexes import AbortedTxn
 from rsm.manager import RemoteStorageManager
 
 __all__ = ["Bounds", "plan_slices", "resolve_partitions"]
@@ -109,7 +111,7 @@ def _allowed(bounds: Bounds, topic: str, p: int) -> bool:
 
 def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
                   timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
-    """The readable remote segments of each partition, from the metadata topic (caught up before answering)."""
+    """The remote chain of each partition (:mod:`rlm.chain`), from the metadata topic (caught up before answering)."""
     if not tps:
         return {}
     client = dict(opts.client_config)
@@ -131,8 +133,7 @@ def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
         try:
             rlmm.on_partition_leadership_changes([], tps)
             rlmm.wait_ready(tps, timeout_s)
-            return {tp: [m for m in rlmm.list_remote_log_segments(tp)
-                         if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED] for tp in tps}
+            return {tp: remote_chain(rlmm.list_remote_log_segments(tp)) for tp in tps}
         finally:
             rlmm.close()
     finally:
@@ -140,8 +141,7 @@ def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def plan_slices(opts: SourceOptions, bounds: Bounds | None = None, *,
-                txn_window_ms: int = DEFAULT_TXN_WINDOW_MS) -> list[SegmentSlice]:
+def plan_slices(opts: SourceOptions, bounds: Bounds | None = None) -> list[SegmentSlice]:
     """Every input partition of the query, in (topic, partition, offset) order. Reads no record data."""
     bounds = bounds or Bounds()
     tps = resolve_partitions(opts, bounds)
@@ -149,13 +149,13 @@ def plan_slices(opts: SourceOptions, bounds: Bounds | None = None, *,
     rsm = RemoteStorageManager(opts.rsm_config())
     out: list[SegmentSlice] = []
     for tp in tps:
-        out.extend(_plan_partition(opts, bounds, rsm, segments[tp], txn_window_ms))
+        out.extend(_plan_partition(opts, bounds, rsm, segments[tp]))
     log.info("kafka-remote plan", extra={"partitions": len(tps), "slices": len(out)})
     return out
 
 
 def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManager,
-                    segs: list[RemoteLogSegmentMetadata], txn_window_ms: int) -> list[SegmentSlice]:
+                    segs: list[RemoteLogSegmentMetadata]) -> list[SegmentSlice]:
     if not segs:
         return []
     tp = segs[0].topic_id_partition
@@ -191,7 +191,20 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
             return []  # no record at or after the timestamp: this partition reads nothing
     if start >= end_excl:
         return []
+    lost = [(a, b) for a, b in chain_gaps(segs) if b >= start and a < end_excl]
+    if lost:
+        if opts.fail_on_data_loss:
+            raise SparkSourceError(f"{tp}: offsets {lost} are missing from the remote tier between {start} and "
+                                   f"{end_excl - 1} (lost before they were tiered); set failOnDataLoss=false to "
+                                   "read around them")
+        log.warning("offsets missing from the remote tier", extra={"partition": str(tp), "missing": lost})
     ts_min = bounds.timestamp_min_ms
+    txn_cache: dict[int, list[AbortedTxn]] = {}
+
+    def txn_entries(j: int) -> list[AbortedTxn]:
+        if j not in txn_cache:
+            txn_cache[j] = read_txn_index(rsm, SegmentRef.of(segs[j]).to_rsm())
+        return txn_cache[j]
     out: list[SegmentSlice] = []
     for i, md in enumerate(segs):
         if md.end_offset_inclusive < start or md.start_offset >= end_excl:
@@ -201,7 +214,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
         ref = SegmentRef.of(md)
         lo = max(start, md.start_offset)
         hi = min(end_excl - 1, md.end_offset_inclusive)
-        txn = tuple(SegmentRef.of(segs[j]) for j in txn_window_segments(segs, i, txn_window_ms)) \
+        txn = tuple(SegmentRef.of(segs[j]) for j in txn_search(segs, i, txn_entries)) \
             if opts.isolation == "read_committed" else ()
         starts_at_ts = ts_segment == i
 
