@@ -146,9 +146,10 @@ def fsync_dir(path: Path) -> None:
 
 def write_file_durably(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename over, fsync of the directory. After a crash the
-    file holds the old bytes or the new ones, never a part, and once this returns the new ones stay."""
+    file holds the old bytes or the new ones, never a part, and once this returns the new ones stay. Callers
+    serialize writes of one path (the temp file's name is fixed)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = path.with_name(f"{path.name}.tmp")  # one fixed name: a crash's leftover is overwritten by the next write
     try:
         with open(tmp, "wb") as f:
             f.write(data)
