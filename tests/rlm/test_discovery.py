@@ -3,7 +3,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import KafkaException, Producer
 
 from rlm.devkafka import KafkaCluster
 from rlm.discovery import ClusterView, scan_log_dirs
@@ -44,3 +45,68 @@ def test_cluster_view_against_broker(kafka: KafkaCluster, topic_name: str) -> No
     while view.last_stable_offsets([(topic_name, 0)])[(topic_name, 0)] != 6:  # 5 records + commit marker
         assert time.monotonic() < deadline, "LSO did not advance after commit"
         time.sleep(0.2)
+
+
+def test_topic_ids_answer_every_name_explicitly(kafka: KafkaCluster, topic_name: str) -> None:
+    """Live id, UNKNOWN_TOPIC_OR_PART for a missing name, and a new id after delete + re-create."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient
+
+    old = kafka.create_topic(topic_name)
+    view = ClusterView(kafka.admin_config())
+    missing = topic_name + "-missing"
+    got = view.topic_ids([topic_name, missing])
+    assert got[topic_name].topic_id == old and got[topic_name].error_code is None
+    assert got[missing].topic_id is None and got[missing].error_code == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+    admin = AdminClient(kafka.admin_config())  # held until its future is answered
+    admin.delete_topics([topic_name])[topic_name].result(30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            new = kafka.create_topic(topic_name)
+            break
+        except Exception:  # noqa: BLE001 - the deletion is still being completed
+            assert time.monotonic() < deadline, "topic not re-created within 30s"
+            time.sleep(0.3)
+    assert new != old
+    assert view.topic_ids([topic_name])[topic_name].topic_id == new
+
+
+def test_acl_denied_answers_are_errors_not_absence(kafka_sasl: KafkaCluster, topic_name: str) -> None:
+    """A principal without Describe: the all-topics listing silently omits the topic; asked by name it answers
+    TOPIC_AUTHORIZATION_FAILED. Without DescribeConfigs the topic's compaction is unknown (None), and
+    compacted_topics counts it as compacted (fail closed)."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from tests.conftest import SASL_PRINCIPAL
+
+    hidden, visible = f"{topic_name}-hidden", f"{topic_name}-visible"
+    kafka_sasl.create_topic(hidden)
+    visible_id = kafka_sasl.create_topic(visible, config={"cleanup.policy": "delete"})
+    admin = AdminClient(kafka_sasl.admin_config())
+    # Describe only (no DescribeConfigs) on the visible topic; nothing at all on the hidden one.
+    binding = AclBinding(ResourceType.TOPIC, visible, ResourcePatternType.LITERAL, f"User:{SASL_PRINCIPAL}", "*",
+                         AclOperation.DESCRIBE, AclPermissionType.ALLOW)
+    for fut in admin.create_acls([binding]).values():
+        fut.result(30)
+    view = ClusterView(kafka_sasl.client_config(SASL_PRINCIPAL))
+    listed = view.partitions(None)
+    assert (visible, 0) in listed and (hidden, 0) not in listed  # absent, yet alive
+    got = view.topic_ids([hidden, visible])
+    assert got[hidden].topic_id is None and got[hidden].error_code == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert got[visible].topic_id == visible_id
+    with pytest.raises(KafkaException):
+        view.partitions([hidden, visible])
+    assert set(view.partitions([hidden, visible], skip_unauthorized=True)) == {(visible, 0)}
+    assert view.compaction([visible]) == {visible: None}
+    assert view.compacted_topics([visible]) == {visible}
+    assert ClusterView(kafka_sasl.admin_config()).compaction([visible]) == {visible: False}
