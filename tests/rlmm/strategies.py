@@ -6,6 +6,7 @@ import uuid
 
 from hypothesis import strategies as st
 
+from rlmm import envelope
 from rlmm.api import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -23,7 +24,8 @@ I64 = st.integers(-(2**63), 2**63 - 1)
 uuids = st.builds(lambda i: uuid.UUID(int=i), st.integers(0, 2**128 - 1))
 topic_id_partitions = st.builds(TopicIdPartition, uuids, st.text(min_size=1, max_size=40), st.integers(0, 2**31 - 1))
 segment_ids = st.builds(RemoteLogSegmentId, topic_id_partitions, uuids)
-custom = st.none() | st.binary(max_size=300)
+custom = st.none() | st.binary(max_size=300) | st.binary(max_size=40).map(lambda b: envelope.MAGIC + b)
+broker_leader_epochs = st.none() | st.integers(0, 2**31 - 1)
 
 
 @st.composite
@@ -36,7 +38,7 @@ def segments(draw) -> RemoteLogSegmentMetadata:
     return RemoteLogSegmentMetadata(
         draw(segment_ids), start, end, draw(I64), draw(I32), draw(I64), draw(I32),
         tuple(zip(epochs, [start, *offsets], strict=True)), draw(custom),
-        RemoteLogSegmentState.COPY_SEGMENT_STARTED, draw(st.booleans()))
+        RemoteLogSegmentState.COPY_SEGMENT_STARTED, draw(st.booleans()), draw(broker_leader_epochs))
 
 
 updates = st.builds(RemoteLogSegmentMetadataUpdate, segment_ids, I64, custom,

@@ -116,3 +116,81 @@ def test_partition_delete_finished_and_wipe(cache: MetadataCache) -> None:
     assert cache.segments(TP) == [] and cache.progress(feed.mp) is None
     if cache.mp_of(other) != feed.mp:
         assert len(cache.segments(other)) == 1
+
+
+def fenced_segment(start: int, end: int, epoch: int | None):
+    return replace(segment(TP, start, end, {max(epoch or 0, 0): start}), broker_leader_epoch=epoch)
+
+
+def test_copy_fencing_by_broker_leader_epoch(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    old = fenced_segment(0, 99, 5)          # a copy started under epoch 5 ...
+    new = fenced_segment(0, 99, 6)          # ... and the same range by the next leader, epoch 6
+    same = fenced_segment(100, 199, 6)
+    legacy = fenced_segment(200, 299, None)
+    out = feed(old, new, update(old, S.COPY_SEGMENT_FINISHED), update(new, S.COPY_SEGMENT_FINISHED), same, legacy,
+               update(same, S.COPY_SEGMENT_FINISHED), update(legacy, S.COPY_SEGMENT_FINISHED))
+    assert [(s.offset, s.reason, s.fenced) for s in out.skipped] == [(2, "refused", True)]
+    err = out.skipped[0].error
+    assert str(old.remote_log_segment_id.id) in err and "epoch 5" in err and "epoch 6" in err
+    assert cache.copy_fence_epoch(TP) == 6
+    sid = lambda md: md.remote_log_segment_id.id  # noqa: E731
+    assert cache.segment(TP, sid(old)).state == S.COPY_SEGMENT_STARTED          # never served, never counted
+    assert cache.segment(TP, sid(old)).broker_leader_epoch == 5
+    assert cache.segment(TP, sid(new)).state == S.COPY_SEGMENT_FINISHED         # equal epoch finishes
+    assert cache.segment(TP, sid(legacy)).state == S.COPY_SEGMENT_FINISHED      # no epoch: never fenced
+    assert cache.segment_floor(TP, 6, 50).remote_log_segment_id == new.remote_log_segment_id
+    assert cache.segment_floor(TP, 5, 50) is None
+    # a later, higher epoch fences only copies that have not finished; the zombie may still be deleted
+    newer = fenced_segment(300, 399, 9)
+    out = feed(newer, update(old, S.COPY_SEGMENT_FINISHED), update(same, S.COPY_SEGMENT_FINISHED),
+               update(old, S.DELETE_SEGMENT_STARTED), update(old, S.DELETE_SEGMENT_FINISHED))
+    assert [(s.offset, s.fenced) for s in out.skipped] == [(feed.offset - 4, True)]
+    assert "epoch 5" in out.skipped[0].error and "epoch 9" in out.skipped[0].error
+    assert cache.segment(TP, sid(old)) is None and cache.copy_fence_epoch(TP) == 9
+    # a lower STARTED does not lower the fence
+    feed(fenced_segment(400, 499, 1))
+    assert cache.copy_fence_epoch(TP) == 9
+    other = TopicIdPartition(TP.topic_id, TP.topic, 2)
+    assert cache.copy_fence_epoch(other) is None
+
+
+def test_copy_fence_dropped_with_the_partition_and_persisted(tmp_path) -> None:
+    cache = MetadataCache(tmp_path / "db", topic="m", num_partitions=8)
+    feed = Feeder(cache)
+    feed(fenced_segment(0, 9, 4))
+    cache.close()
+    cache = MetadataCache(tmp_path / "db", topic="m", num_partitions=8)
+    try:
+        feed.cache = cache
+        assert cache.copy_fence_epoch(TP) == 4
+        assert any(k[:1] == b"\x17" for k in cache.dump())
+        feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState])
+        assert cache.copy_fence_epoch(TP) is None and cache.segments(TP) == []
+        assert not any(k[:1] == b"\x17" for k in cache.dump())
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("deleting", list(RemotePartitionDeleteState))
+def test_copy_started_refused_once_partition_delete_began(cache: MetadataCache, deleting) -> None:
+    feed = Feeder(cache)
+    a = segment(TP, 0, 9)
+    feed(a)
+    out = feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState][:deleting + 1],
+               segment(TP, 10, 19))
+    assert [s.reason for s in out.skipped] == ["refused"]
+    assert f"COPY_SEGMENT_STARTED refused: the partition is {deleting.name}" in out.skipped[0].error
+    assert [m.start_offset for m in cache.segments(TP)] == ([] if deleting == 2 else [0])
+    out = feed(segment(TP, 20, 29))                        # in a later batch too
+    assert [s.reason for s in out.skipped] == ["refused"]
+
+
+def test_updates_after_partition_delete_finished_in_the_same_batch(cache: MetadataCache) -> None:
+    feed = Feeder(cache)
+    a = segment(TP, 0, 9)
+    feed(a)
+    out = feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in RemotePartitionDeleteState],
+               update(a, S.COPY_SEGMENT_FINISHED))
+    assert [s.reason for s in out.skipped] == ["refused"] and "no such segment" in out.skipped[0].error
+    assert cache.segments(TP) == [] and cache.segment_floor(TP, 0, 5) is None

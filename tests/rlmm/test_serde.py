@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlmm import serde
+from rlmm import envelope, serde
 from rlmm.api import (
     CorruptMetadataRecordError,
     RemoteLogSegmentId,
@@ -226,3 +226,94 @@ def test_fuzz_scanners_raise_only_our_error_and_agree(md, data) -> None:
                 pass
         else:
             assert isinstance(serde.decode(raw), kind)
+
+
+# ------------------------------------------------------------- broker leader epoch: CustomMetadata envelope, v1
+# rlmm.envelope's layout spelled out: Magic, Version 0, 2 tags: tag 0 (4 bytes) epoch 7, tag 1 (2 bytes) b"cm".
+ENVELOPE_7_CM = "ff524c4d" "00" "02" "00" "04" "00000007" "01" "02" + b"cm".hex()
+SEG_EPOCH_GOLDEN = SEG_GOLDEN.replace("03" + b"cm".hex() + "00" "01000101",
+                                      f"{len(ENVELOPE_7_CM) // 2 + 1:02x}" + ENVELOPE_7_CM + "00" "01000101")
+
+
+def _v1(v0_golden: str, tags: str) -> bytes:
+    """A RemoteLogSegmentMetadataRecord of SchemaVersion 1 (KIP-1266), built from a v0 golden value by hand: the
+    same body, SchemaVersion 1, and the given top-level tagged-field section in place of v0's."""
+    assert v0_golden.startswith("010000") and v0_golden.endswith("01000101")
+    return bytes.fromhex("010001" + v0_golden[6:-8] + tags)
+
+
+def test_envelope_golden_bytes_round_trip() -> None:
+    md = replace(SEG, broker_leader_epoch=7)
+    assert SEG_EPOCH_GOLDEN != SEG_GOLDEN
+    assert serde.encode(md).hex() == SEG_EPOCH_GOLDEN
+    got = serde.decode(bytes.fromhex(SEG_EPOCH_GOLDEN))
+    assert got == md and got.custom_metadata == b"cm" and got.broker_leader_epoch == 7
+    assert envelope.unwrap(bytes.fromhex(ENVELOPE_7_CM)) == (7, b"cm")
+    # no RSM bytes: tag 1 absent (null), not empty
+    only_epoch = serde.encode(replace(SEG, custom_metadata=None, broker_leader_epoch=0))
+    assert "0d" "ff524c4d" "00" "01" "00" "04" "00000000" "00" in only_epoch.hex()    # 12 bytes, then state
+    assert serde.decode(only_epoch).custom_metadata is None and serde.decode(only_epoch).broker_leader_epoch == 0
+    assert serde.decode(serde.encode(replace(SEG, custom_metadata=b"", broker_leader_epoch=3))).custom_metadata == b""
+
+
+def test_v1_broker_leader_epoch_tag_decoded() -> None:
+    # tags: 2 fields, tag 0 TxnIndexEmpty (1 byte, true), tag 1 BrokerLeaderEpoch (4 bytes, 9)
+    raw = _v1(SEG_GOLDEN, "02" "00" "01" "01" "01" "04" "00000009")
+    md = serde.decode(raw)
+    assert md == replace(SEG, broker_leader_epoch=9)
+    assert md.custom_metadata == b"cm" and md.txn_index_empty
+    view = serde.scan_segment(raw)      # the cache stores the canonical v0 value, epoch in the envelope
+    assert view.broker_leader_epoch == 9 and view.value == serde.encode(md) and view.value[:3] == b"\x01\x00\x00"
+    # the tag wins over an envelope's epoch; without the tag, the envelope's epoch is taken
+    assert serde.decode(_v1(SEG_EPOCH_GOLDEN, "02" "00" "01" "01" "01" "04" "00000009")).broker_leader_epoch == 9
+    assert serde.decode(_v1(SEG_EPOCH_GOLDEN, "01" "00" "01" "01")).broker_leader_epoch == 7
+    assert serde.decode(_v1(SEG_GOLDEN, "01" "00" "01" "01")).broker_leader_epoch is None
+    assert serde.decode(_v1(SEG_GOLDEN, "02" "00" "01" "01" "01" "04" "ffffffff")).broker_leader_epoch is None
+    # tag 1 is not BrokerLeaderEpoch in version 0: an unknown tag there, skipped
+    v0_tag1 = bytes.fromhex(SEG_GOLDEN[:-8] + "02" "00" "01" "01" "01" "04" "00000009")
+    assert serde.decode(v0_tag1) == SEG
+    with pytest.raises(CorruptMetadataRecordError, match="BrokerLeaderEpoch .*expected a 4-byte int32"):
+        serde.decode(_v1(SEG_GOLDEN, "01" "01" "02" "0009"))
+
+
+@pytest.mark.parametrize("foreign", [b"\x01\x02\x03", b"", b"\xffRL", b"\xffRLM", b"\xffRLM\x01\x00",
+                                     b"\xffRLM\x00\x01\x00\x05\x00\x00\x00\x07", b"\xffRLM\x00\x02\x01\x00\x00\x00"])
+def test_foreign_custom_metadata_is_the_rsms_bytes_without_epoch(foreign: bytes) -> None:
+    """CustomMetadata not in our envelope (Kafka's or another RSM's; also magic-prefixed bytes that do not parse as
+    a version-0 envelope) decodes as the RSM's bytes with no epoch, and survives a round trip."""
+    raw = bytes.fromhex(SEG_GOLDEN.replace("03" + b"cm".hex(), f"{len(foreign) + 1:02x}" + foreign.hex()))
+    md = serde.decode(raw)
+    assert (md.custom_metadata, md.broker_leader_epoch) == (foreign, None)
+    assert serde.decode(serde.encode(md)) == md
+    assert serde.segment_from_view(serde.scan_segment(raw)) == md
+    u = replace(UPDATE, custom_metadata=foreign)
+    assert serde.decode(serde.encode(u)) == u and serde.scan_update(serde.encode(u)).custom_metadata == foreign
+
+
+def test_updates_keep_the_segments_epoch() -> None:
+    md = replace(SEG, broker_leader_epoch=7)
+    u = replace(UPDATE, custom_metadata=b"rsm-after-copy")
+    assert md.with_update(u).broker_leader_epoch == 7
+    patched = serde.patch_segment(serde.scan_segment(serde.encode(md)), serde.scan_update(serde.encode(u)))
+    got = serde.decode(patched.value)
+    assert (got.broker_leader_epoch, got.custom_metadata, got.state) == (7, b"rsm-after-copy", u.state)
+    assert got == md.with_update(u) and patched.broker_leader_epoch == 7
+    assert serde.scan_segment(patched.value) == patched
+    again = serde.patch_segment(patched, serde.scan_update(serde.encode(replace(u, custom_metadata=None))))
+    assert (serde.decode(again.value).broker_leader_epoch, serde.decode(again.value).custom_metadata) == (7, None)
+
+
+def test_kafka_decodes_v0_with_envelope_but_not_v1(kafka_probe) -> None:
+    """Kafka 4.3's own RemoteLogMetadataSerde reads our v0 values carrying the envelope (and writes back the same
+    bytes), but cannot read a v1 record: why the epoch travels in CustomMetadata."""
+    with_epoch = [replace(SEG, broker_leader_epoch=7),
+                  replace(SEG, custom_metadata=None, broker_leader_epoch=2**31 - 1),
+                  replace(SEG, custom_metadata=envelope.MAGIC + b"x")]
+    lines = kafka_probe.run([f"D {serde.encode(md).hex()}" for md in with_epoch]
+                            + [f"D {_v1(SEG_GOLDEN, '02' '00' '01' '01' '01' '04' '00000009').hex()}"])
+    for i, md in enumerate(with_epoch):
+        assert lines[2 * i] == f"R {serde.encode(md).hex()}", lines
+    n = len(envelope.wrap(7, b"cm"))
+    assert f"customMetadata=Optional[CustomMetadata{{{n} bytes}}]" in lines[1]
+    assert "state=COPY_SEGMENT_STARTED" in lines[1] and "segmentLeaderEpochs={0=100, 2=150}" in lines[1]
+    assert lines[-1].startswith("E ") and len(lines) == 2 * len(with_epoch) + 1, lines[-1]
