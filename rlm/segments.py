@@ -26,6 +26,7 @@ def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
         broker_id=md.broker_id,
         event_timestamp_ms=md.event_timestamp_ms,
         segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in md.segment_leader_epochs),
+        custom_metadata=md.custom_metadata,
     )
 
 

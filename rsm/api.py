@@ -56,7 +56,8 @@ class RemoteSegmentMetadata:
     """What the RemoteStorageManager needs to know about one remote segment copy.
 
     A small value object of our own: the metadata manager (``rlmm/``) has the richer model with states; the
-    sidecar adapts between the two. ``remote_segment_id`` is unique per copy attempt.
+    sidecar adapts between the two (passing ``custom_metadata`` through). ``remote_segment_id`` is unique per
+    copy attempt.
     """
 
     remote_segment_id: uuid.UUID
@@ -70,6 +71,9 @@ class RemoteSegmentMetadata:
     broker_id: int = -1
     event_timestamp_ms: int = -1
     segment_leader_epochs: tuple[SegmentLeaderEpoch, ...] = field(default_factory=tuple)
+    custom_metadata: bytes | None = None
+    """What ``copy_log_segment_data`` returned for this copy (the metadata manager keeps it with the segment):
+    the key layout it was written under. None (copies made before it existed): the current configuration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,10 @@ class RemoteStorageManagerApi(abc.ABC):
         otherwise :class:`~rsm.errors.RemoteStorageError` naming the file and offsets, with nothing uploaded.
         ``rsm.format.ledger.kept_range`` gives the kept bytes beforehand (the segment's ``segment_size_bytes``).
 
+        The custom metadata (``rsm.format.custom_metadata``, under 100 bytes) records the key layout the copy
+        was written under; the caller stores it with the segment and passes it back in
+        ``RemoteSegmentMetadata.custom_metadata`` to every later fetch and delete.
+
         Idempotent per ``segment_metadata.remote_segment_id``; atomic (nothing readable until all is written).
         Raises :class:`~rsm.errors.RemoteStorageError` on failure, after removing what it wrote where it can;
         leftovers of a crash are unreadable (no index object) and found by garbage collection.
@@ -131,4 +139,7 @@ class RemoteStorageManagerApi(abc.ABC):
 
     @abc.abstractmethod
     def delete_log_segment_data(self, segment_metadata: RemoteSegmentMetadata) -> None:
-        """Delete every object of this segment copy. Idempotent: absent or already deleted is not an error."""
+        """Delete every object of this segment copy. Idempotent: absent or already deleted is not an error.
+
+        The objects are found under the layout recorded in ``custom_metadata`` (the current one when None);
+        custom metadata this manager cannot read raises instead of deleting guessed keys."""

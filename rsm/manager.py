@@ -12,6 +12,11 @@ Copy (streams; memory is one block plus one S3 part, whatever the segment size):
   4. the index object is written last: it is the commit point (no index, nothing readable).
 A failed copy removes what it wrote (best effort; leftovers without index are garbage-collected).
 
+Key layouts: a copy returns custom metadata recording the key layout it was written under (the store's key prefix,
+the entropy flag; ``rsm.format.custom_metadata``); reads and deletes of a segment use the layout its custom
+metadata records, so changing ``key_prefix`` / ``key_entropy`` orphans nothing (segments without custom metadata
+use the current configuration).
+
 Reads: the decoded index objects are cached (LRU), so a random read costs 2 requests cold (index + one ranged
 GET of the blocks needed) and 1 warm.
 """
@@ -32,6 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from rsm.api import IndexType, LogSegmentData, RemoteSegmentMetadata, RemoteStorageManagerApi
 from rsm.errors import RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
+from rsm.format.custom_metadata import (
+    MAX_CUSTOM_METADATA_BYTES,
+    KeyLayout,
+    decode_custom_metadata,
+    encode_custom_metadata,
+)
 from rsm.format.index import (
     BlockInfo,
     IndexObject,
@@ -41,7 +52,7 @@ from rsm.format.index import (
     decode_index,
     encode_index,
 )
-from rsm.format.keys import SegmentKeys, ledger_id_for
+from rsm.format.keys import SegmentKeys, ledger_id_for, partition_prefix
 from rsm.format.ledger import (
     EntryAddress,
     KeptRange,
@@ -56,7 +67,7 @@ from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
 
-__all__ = ["KeptRange", "RemoteStorageManager", "RsmConfig", "kept_range"]
+__all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range"]
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +150,65 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         self.copy_throttle = copy_throttle or Throttle("copy", config.copy_rate_bytes_per_second)
         self.fetch_throttle = fetch_throttle or Throttle("fetch", config.fetch_rate_bytes_per_second)
         self._cache = _LruCache(config.index_cache_entries)
+        self.layout = KeyLayout(getattr(self.store, "key_prefix", "") or "", config.key_entropy)
+        """The key layout new copies are written under (what their custom metadata records)."""
+        try:
+            self._custom_metadata = encode_custom_metadata(self.layout)
+        except ValueError as err:
+            raise StoreConfigError(f"key_prefix: {err}") from err
+        assert len(self._custom_metadata) <= MAX_CUSTOM_METADATA_BYTES
+        self._stores: dict[str, Store] = {self.layout.key_prefix: self.store}
+        self._stores_lock = threading.Lock()
+
+    # -- key layouts -------------------------------------------------------------------------------------------
+
+    def layout_of(self, m: RemoteSegmentMetadata) -> KeyLayout:
+        """The key layout of a copy: the one its custom metadata records, the current one when it has none.
+
+        Raises :class:`~rsm.format.custom_metadata.CustomMetadataError` for custom metadata not ours."""
+        return self.layout if m.custom_metadata is None else decode_custom_metadata(m.custom_metadata)
+
+    def store_for(self, layout: KeyLayout) -> Store:
+        """The store addressing keys under ``layout.key_prefix`` (the configured store, or a view of it)."""
+        store = self._stores.get(layout.key_prefix)
+        if store is not None:
+            return store
+        with_prefix = getattr(self.store, "with_key_prefix", None)
+        if with_prefix is None:
+            raise RemoteStorageError(f"{self.store!r} cannot address keys under prefix {layout.key_prefix!r} "
+                                     "(recorded with a copy)")
+        with self._stores_lock:
+            return self._stores.setdefault(layout.key_prefix, with_prefix(layout.key_prefix))
+
+    def partition_prefix(self, topic_name: str, topic_id, partition: int, layout: KeyLayout | None = None) -> str:
+        """The key prefix (within ``store_for(layout)``) of every copy of one partition under ``layout``."""
+        layout = self.layout if layout is None else layout
+        return partition_prefix(topic_name, topic_id, partition, entropy=layout.entropy)
 
     def keys(self, m: RemoteSegmentMetadata) -> SegmentKeys:
+        """The keys of a copy, under its recorded layout (within ``store_for(layout_of(m))``)."""
+        return self._keys(m, self.layout_of(m))
+
+    @staticmethod
+    def _keys(m: RemoteSegmentMetadata, layout: KeyLayout) -> SegmentKeys:
         return SegmentKeys.for_segment(m.topic_name, m.topic_id, m.partition, m.start_offset, m.remote_segment_id,
-                                       entropy=self.config.key_entropy)
+                                       entropy=layout.entropy)
+
+    def _located(self, m: RemoteSegmentMetadata) -> tuple[Store, SegmentKeys, str]:
+        """(store, keys, cache key) of a copy."""
+        layout = self.layout_of(m)
+        keys = self._keys(m, layout)
+        return self.store_for(layout), keys, layout.key_prefix + keys.index
 
     # -- copy --------------------------------------------------------------------------------------------------
 
     def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
                               segment_data: LogSegmentData) -> bytes | None:
-        """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Returns None (no custom metadata: the
-        index object holds all a reader needs)."""
+        """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Always written under the current layout
+        (``self.layout``), whatever ``segment_metadata.custom_metadata`` says; returns that layout's custom
+        metadata (``rsm.format.custom_metadata``)."""
         m = segment_metadata
-        keys = self.keys(m)
+        keys = self._keys(m, self.layout)
         try:
             ledger = self._copy(m, segment_data, keys)
         except BaseException as err:
@@ -164,8 +221,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             if isinstance(err, OSError):
                 raise RemoteStorageError(f"copy of {keys.base}: {err}") from err
             raise
-        self._cache.put(keys.index, ledger)
-        return None
+        self._cache.put(self.layout.key_prefix + keys.index, ledger)
+        return self._custom_metadata
 
     def _copy(self, m: RemoteSegmentMetadata, data: LogSegmentData, keys: SegmentKeys) -> LedgerIndex:
         ledger_id = ledger_id_for(m.remote_segment_id)
@@ -246,22 +303,33 @@ class RemoteStorageManager(RemoteStorageManagerApi):
 
     # -- reads -------------------------------------------------------------------------------------------------
 
-    def load_index(self, keys: SegmentKeys) -> LedgerIndex:
-        """The segment's ledger index, from the cache or one GET."""
-        cached = self._cache.get(keys.index)
+    def load_index(self, keys: SegmentKeys, store: Store | None = None, cache_key: str | None = None) -> LedgerIndex:
+        """The segment's ledger index, from the cache or one GET (of ``store``, the configured one by default)."""
+        store = self.store if store is None else store
+        cache_key = (self.layout.key_prefix + keys.index) if cache_key is None else cache_key
+        cached = self._cache.get(cache_key)
         if cached is not None:
             return cached
-        data = self.store.get_bytes(keys.index)
+        data = store.get_bytes(keys.index)
         index = decode_index(data, key=keys.index)
         if len(index.ledgers) != 1:
             raise RemoteStorageError(f"{keys.index} holds {len(index.ledgers)} ledgers, expected 1")
         ledger = index.ledgers[0]
-        self._cache.put(keys.index, ledger)
+        self._cache.put(cache_key, ledger)
         return ledger
 
     def reader(self, segment_metadata: RemoteSegmentMetadata) -> SegmentReader:
-        keys = self.keys(segment_metadata)
-        return SegmentReader(self.store, keys, self.load_index(keys), on_bytes=self.fetch_throttle.acquire)
+        """A reader of the copy, under its recorded key layout."""
+        store, keys, cache_key = self._located(segment_metadata)
+        return SegmentReader(store, keys, self.load_index(keys, store, cache_key),
+                             on_bytes=self.fetch_throttle.acquire)
+
+    def verify(self, segment_metadata: RemoteSegmentMetadata):
+        """:func:`rsm.verify.verify_segment` of the copy, under its recorded key layout."""
+        from rsm.verify import verify_segment
+
+        store, keys, _ = self._located(segment_metadata)
+        return verify_segment(store, keys)
 
     def fetch_log_segment(self, segment_metadata: RemoteSegmentMetadata, start_position: int,
                           end_position_inclusive: int | None = None) -> BinaryIO:
@@ -281,16 +349,17 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     # -- delete ------------------------------------------------------------------------------------------------
 
     def delete_log_segment_data(self, segment_metadata: RemoteSegmentMetadata) -> None:
-        keys = self.keys(segment_metadata)
-        self._cache.drop(keys.index)
-        self._delete_keys(keys)
+        store, keys, cache_key = self._located(segment_metadata)
+        self._cache.drop(cache_key)
+        self._delete_keys(keys, store)
 
-    def _delete_keys(self, keys: SegmentKeys) -> None:
+    def _delete_keys(self, keys: SegmentKeys, store: Store | None = None) -> None:
+        store = self.store if store is None else store
         # The index first: readers stop seeing the copy before its data goes.
-        self.store.delete(keys.index)
-        rest = [o.key for o in self.store.list(keys.prefix) if o.key != keys.index]
+        store.delete(keys.index)
+        rest = [o.key for o in store.list(keys.prefix) if o.key != keys.index]
         if rest:
-            self.store.delete_many(rest)
+            store.delete_many(rest)
 
 
 def _file_chunks(src: Path | bytes) -> Iterator[bytes]:

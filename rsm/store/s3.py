@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import random
@@ -127,6 +128,7 @@ class S3Store:
         self.part_size_bytes = part_size_bytes
         self.upload_concurrency = max(1, upload_concurrency)
         self._executor: ThreadPoolExecutor | None = None
+        self._root: S3Store | None = None  # the store a with_key_prefix view was made from
         self._pool_lock = threading.Lock()
         self.retries = retries
         self.requests = RequestCounter()
@@ -152,6 +154,14 @@ class S3Store:
 
     def __repr__(self) -> str:
         return f"S3Store({self.bucket!r}, prefix={self.key_prefix!r})"
+
+    def with_key_prefix(self, key_prefix: str) -> S3Store:
+        """The same bucket under another key prefix, sharing this store's client, upload pool and request
+        counts (a copy recorded under an earlier ``key_prefix``)."""
+        view = copy.copy(self)
+        view.key_prefix = key_prefix
+        view._root = self._root if self._root is not None else self
+        return view
 
     def _count(self, event_name: str = "", **_: object) -> None:
         self.requests.add(event_name.rsplit(".", 1)[-1])
@@ -239,6 +249,8 @@ class S3Store:
             raise
 
     def _pool(self) -> ThreadPoolExecutor:
+        if self._root is not None:
+            return self._root._pool()
         with self._pool_lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="s3-upload")

@@ -9,6 +9,7 @@ import pytest
 
 from rsm.api import IndexType
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
+from rsm.format.custom_metadata import decode_custom_metadata
 from rsm.format.index import decode_index
 from rsm.format.keys import partition_prefix
 from rsm.format.ledger import EntryAddress
@@ -53,7 +54,7 @@ def test_copy_then_fetch_original_bytes(store, broker_segments):
     rsm = make_rsm(store)
     for seg in broker_segments:
         md = seg.metadata()
-        assert rsm.copy_log_segment_data(md, seg.data) is None
+        assert decode_custom_metadata(rsm.copy_log_segment_data(md, seg.data)) == rsm.layout
         local = seg.data.log_path.read_bytes()
         for start, end in positions_of(seg):
             got = read_all(rsm.fetch_log_segment(md, start, end))
