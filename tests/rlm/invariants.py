@@ -32,6 +32,7 @@ Usage::
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import uuid
@@ -288,9 +289,11 @@ class InvariantChecker:
                 report.add("unserved", f"left {md.state.name}: {_rng(md)}")
 
         # 7. staging empty
-        left = [p for root in staging_roots for p in staged_files(root, tp)]
+        left = [(root, p) for root in staging_roots for p in staged_files(root, tp)]
         if left:
-            report.add("staging", f"{len(left)} staged files left: {[str(p) for p in left[:6]]}")
+            segs_left = sorted({f"{root.name}/.../{p.parent.name}" for root, p in left})
+            report.add("staging", f"{len(left)} staged files left in {len(segs_left)} segment dirs: "
+                                  f"{segs_left[:8]}")
 
         # 8. one GC pass, then nothing orphaned
         if gc:
@@ -315,16 +318,24 @@ class InvariantChecker:
 
 
 # ------------------------------------------------------------------------------------------ file helpers
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def staged_files(root: Path, tp: TopicIdPartition) -> list[Path]:
-    """Files staged for ``tp`` under a staging root, whatever the layout keys them by (topic name or topic id):
-    every file under a directory named after the topic or its id, or holding the topic id in its path."""
+    """Files staged for ``tp`` under a staging root, whatever the layout keys them by: under a directory holding
+    its topic id (``<id>/<topic>-<partition>/...``), or named ``<topic>-<partition>`` with no topic id in the path
+    (the layout keyed by name only, which cannot tell a re-created topic from the deleted one)."""
     root = Path(root)
     if not root.exists():
         return []
     out = []
-    tags = (f"{tp.topic}-{tp.partition}", str(tp.topic_id), tp.topic_id.hex)
+    name = f"{tp.topic}-{tp.partition}"
     for p in root.rglob("*"):
-        if p.is_file() and any(t in str(p.relative_to(root)) for t in tags):
+        if not p.is_file():
+            continue
+        parts = p.relative_to(root).parts
+        ids = {m.group(0) for part in parts for m in [_UUID.fullmatch(part)] if m}
+        if (str(tp.topic_id) in ids and (name in parts or len(parts) <= 2)) or (not ids and name in parts):
             out.append(p)
     return out
 

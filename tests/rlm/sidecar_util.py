@@ -199,9 +199,8 @@ class PartitionStates:
 
         kind = ElectionType.UNCLEAN if unclean else ElectionType.PREFERRED
         try:
-            fut = self.admin.elect_leaders(kind, [TopicPartition(topic, p) for p in partitions],
-                                           request_timeout=15)
-            res = fut.result(20)
+            # (confluent-kafka 2.16 refuses request_timeout here: "more argument specifiers than keyword list")
+            res = self.admin.elect_leaders(kind, [TopicPartition(topic, p) for p in partitions]).result(20)
         except (KafkaException, TimeoutError) as err:
             self._new()
             return dict.fromkeys(partitions, str(err))
