@@ -5,6 +5,24 @@ fully deleted): a copy that crashed before its COPY_SEGMENT_STARTED record, a de
 deleted only after it has been seen orphaned for ``grace_ms`` (first sightings are kept in a small state file, so
 the grace survives restarts and does not depend on the store's clock). Copies in progress are never orphans: the
 COPY_SEGMENT_STARTED record is written before the first byte.
+
+Where it looks, per partition:
+
+- under every key layout (store key prefix, entropy) a copy of the partition was recorded with (its custom
+  metadata), the configured one, and every one seen for that partition before (remembered in the state file, so
+  a layout whose last segment is gone is still visited for leftovers);
+- partitions it visited before and that are not passed any more are visited again once the metadata proves their
+  topic purged (partition delete DELETE_PARTITION_FINISHED): their leftovers are orphans like any other. A
+  partition is forgotten when it is purged and nothing is left under any of its layouts.
+
+Fail closed: a partition whose metadata cannot be read, or holds custom metadata this storage manager cannot
+decode, is skipped for the pass; an object whose segment id any known segment has (under any layout) is never
+deleted; keys that do not parse are left alone; a partition not in ``tps`` is touched only on positive proof.
+
+Stores' own leftovers, after the same grace: temp files of killed filesystem-store writes (``<root>/.tmp``) and
+S3 multipart uploads no part was added to for the grace (a SIGKILLed copy), under each visited partition prefix.
+
+The state file is written to a temp file, fsynced, renamed over the old one, and its directory fsynced.
 """
 
 from __future__ import annotations
@@ -16,26 +34,43 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlm import metrics
-from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
-from rsm.format.keys import partition_prefix
+from rlmm.api import RemoteLogMetadataManager, RemotePartitionDeleteState, TopicIdPartition
+from rsm.errors import RemoteStorageError
+from rsm.format.custom_metadata import KeyLayout, decode_custom_metadata
 from rsm.manager import RemoteStorageManager
+from rsm.store.base import Store
 
 __all__ = ["GarbageCollector", "segment_id_of_key"]
 
 log = logging.getLogger(__name__)
 
+STATE_VERSION = 2
+
 # The part of a key after the partition prefix (rsm/format/keys.py has the layout):
 #   <20-digit base offset>-<remote segment id>[.part-NNNNN | -index]
 _KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
                        r"(?:\.part-\d{5}|-index)?$")
+_BASE_LEN = 20 + 1 + 36  # <base offset>-<segment id>
 
 
 def segment_id_of_key(key_tail: str) -> uuid.UUID | None:
     m = _KEY_TAIL.match(key_tail)
     return uuid.UUID(m["id"]) if m else None
+
+
+@dataclass
+class _Orphan:
+    store: Store
+    layout: KeyLayout
+    keys: list[str] = field(default_factory=list)
+
+
+def _tp_key(tp: TopicIdPartition) -> str:
+    return f"{tp.topic_id}:{tp.partition}"
 
 
 class GarbageCollector:
@@ -46,68 +81,203 @@ class GarbageCollector:
         self.grace_ms = grace_ms
         self.state_path = state_path
         self._lock = threading.Lock()
+        # first sightings by physical key base (store key prefix + key base)
         self._first_seen: dict[str, int] = {}
+        # partitions visited: tp key -> {"topic", "topic_id", "partition", "layouts": [[prefix, entropy], ...]}
+        self._partitions: dict[str, dict] = {}
         if state_path.exists():
-            self._first_seen = json.loads(state_path.read_text() or "{}")
+            raw = json.loads(state_path.read_text() or "{}")
+            if raw.get("version") == STATE_VERSION:
+                self._first_seen = dict(raw.get("first_seen", {}))
+                self._partitions = dict(raw.get("partitions", {}))
+            else:  # version 1: a flat map of key bases, all under the configured key prefix
+                self._first_seen = {rsm.layout.key_prefix + k: v for k, v in raw.items()}
 
     def _save(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._first_seen))
+        data = json.dumps({"version": STATE_VERSION, "first_seen": self._first_seen,
+                           "partitions": self._partitions}).encode()
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, self.state_path)
+        dfd = os.open(self.state_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- which partitions, which layouts -----------------------------------------------------------------------
+
+    def _remembered_layouts(self, tp: TopicIdPartition) -> set[KeyLayout]:
+        entry = self._partitions.get(_tp_key(tp))
+        return {KeyLayout(p, bool(e)) for p, e in entry["layouts"]} if entry else set()
+
+    def _remember(self, tp: TopicIdPartition, layouts: set[KeyLayout]) -> None:
+        self._partitions[_tp_key(tp)] = {
+            "topic": tp.topic, "topic_id": str(tp.topic_id), "partition": tp.partition,
+            "layouts": sorted([lay.key_prefix, lay.entropy] for lay in layouts)}
+
+    def _purged(self, tp: TopicIdPartition) -> bool:
+        """Positive proof that ``tp``'s topic was purged: its partition delete is FINISHED in ready metadata."""
+        read = getattr(self.rlmm, "remote_partition_delete_metadata", None)
+        if read is None:
+            return False
+        try:
+            if not self.rlmm.is_ready(tp):
+                return False
+            d = read(tp)
+        except Exception as err:  # noqa: BLE001 - not served, not readable: no proof
+            log.debug("partition delete state of %s unreadable: %s", tp, err)
+            return False
+        return d is not None and d.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
+
+    def _owned_and_layouts(self, tp: TopicIdPartition) -> tuple[set[uuid.UUID], set[KeyLayout]]:
+        segs = self.rlmm.list_remote_log_segments(tp)
+        layouts = {self.rsm.layout}
+        for md in segs:
+            if md.custom_metadata is not None:
+                layouts.add(decode_custom_metadata(md.custom_metadata))  # CustomMetadataError: skip the partition
+        return {md.remote_log_segment_id.id for md in segs}, layouts
+
+    def _visit(self, tp: TopicIdPartition) -> tuple[dict[str, _Orphan], list[tuple[Store, str, KeyLayout]], int]:
+        """(orphans by physical key base, the (store, partition prefix, layout) listed, objects listed)."""
+        owned_before, layouts = self._owned_and_layouts(tp)
+        layouts |= self._remembered_layouts(tp)
+        listed: list[tuple[Store, str, KeyLayout, list]] = []
+        for layout in sorted(layouts, key=lambda lay: (lay.key_prefix, lay.entropy)):
+            try:
+                store = self.rsm.store_for(layout)
+            except RemoteStorageError as err:
+                log.warning("key layout not addressable: not visited", extra={"partition": str(tp),
+                                                                               "layout": str(layout),
+                                                                               "error": str(err)})
+                continue
+            prefix = self.rsm.partition_prefix(tp.topic, tp.topic_id, tp.partition, layout)
+            # The store is listed BEFORE the metadata is read (again): a copy's COPY_SEGMENT_STARTED is written
+            # before its first byte, so every object listed here is owned in the metadata read next unless it
+            # really is an orphan. (Read the other way round, a copy starting between the two reads would look
+            # orphaned, and with a short grace be deleted under the running copy.)
+            listed.append((store, prefix, layout, list(store.list(prefix))))
+        owned_after, layouts_after = self._owned_and_layouts(tp)
+        owned = owned_before | owned_after
+        self._remember(tp, layouts | layouts_after)
+        out: dict[str, _Orphan] = {}
+        n = 0
+        for store, prefix, layout, objects in listed:
+            for obj in objects:
+                n += 1
+                tail = obj.key[len(prefix):]
+                sid = segment_id_of_key(tail)
+                if sid is None:
+                    log.warning("object with a foreign key under a partition prefix: left alone",
+                                extra={"key": layout.key_prefix + obj.key})
+                    continue
+                if sid not in owned:
+                    base = prefix + tail[:_BASE_LEN]
+                    out.setdefault(layout.key_prefix + base, _Orphan(store, layout)).keys.append(obj.key)
+        return out, [(s, p, lay) for s, p, lay, _ in listed], n
 
     def orphans(self, tp: TopicIdPartition) -> dict[str, list[str]]:
-        """Orphaned copies of ``tp``: key base (prefix + base offset + id) -> its object keys."""
-        prefix = partition_prefix(tp.topic, tp.topic_id, tp.partition, entropy=self.rsm.config.key_entropy)
-        # The store is listed BEFORE the metadata is read: a copy's COPY_SEGMENT_STARTED is written before its
-        # first byte, so every object listed here is owned in the metadata read next unless it really is an
-        # orphan. (Read the other way round, a copy starting between the two reads would look orphaned, and with
-        # a short grace be deleted under the running copy.)
-        objects = list(self.rsm.store.list(prefix))
-        owned = {m.remote_log_segment_id.id for m in self.rlmm.list_remote_log_segments(tp)}
-        out: dict[str, list[str]] = {}
-        for obj in objects:
-            tail = obj.key[len(prefix):]
-            sid = segment_id_of_key(tail)
-            if sid is None:
-                log.warning("object with a foreign key under a partition prefix: left alone",
-                            extra={"key": obj.key})
-                continue
-            if sid not in owned:
-                out.setdefault(prefix + tail[:57], []).append(obj.key)
-        return out
+        """Orphaned copies of ``tp`` under all its layouts: physical key base (store key prefix + partition prefix
+        + base offset + id) -> its object keys (within the layout's store)."""
+        found, _, _ = self._visit(tp)
+        return {base: o.keys for base, o in found.items()}
+
+    # -- a pass ------------------------------------------------------------------------------------------------
 
     def run(self, tps: list[TopicIdPartition], *, dry_run: bool = False,
             now_ms: int | None = None) -> list[str]:
-        """One pass over ``tps``; returns the keys deleted (with ``dry_run``: the orphan keys, none deleted)."""
+        """One pass over ``tps`` (and remembered partitions of purged topics); returns the keys deleted (with
+        ``dry_run``: the orphan keys, none deleted). Keys under another store key prefix than the configured one
+        are returned with that prefix."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cutoff_ms = now_ms - self.grace_ms
         deleted: list[str] = []
         with self._lock:
+            wanted = {_tp_key(tp): tp for tp in tps}
+            purged = []
+            for key, entry in list(self._partitions.items()):
+                if key in wanted:
+                    continue
+                tp = TopicIdPartition(uuid.UUID(entry["topic_id"]), entry["topic"], int(entry["partition"]))
+                if self._purged(tp):
+                    purged.append(tp)
             seen_now: set[str] = set()
-            for tp in tps:
-                for base, keys in self.orphans(tp).items():
+            visited: list[str] = []
+            for tp in [*wanted.values(), *purged]:
+                try:
+                    found, listed, n_objects = self._visit(tp)
+                except Exception as err:  # noqa: BLE001 - fail closed: nothing of this partition is touched
+                    metrics.ERRORS.labels("gc").inc()
+                    log.warning("partition skipped by gc", extra={"partition": str(tp), "error": str(err)})
+                    continue
+                visited.extend(lay.key_prefix + prefix for _, prefix, lay in listed)
+                for base, orphan in found.items():
                     seen_now.add(base)
+                    shown = [orphan.layout.key_prefix + k for k in sorted(orphan.keys)]
                     if dry_run:
-                        deleted.extend(sorted(keys))
+                        deleted.extend(shown)
                         continue
                     first = self._first_seen.setdefault(base, now_ms)
                     if now_ms - first < self.grace_ms:
                         continue
-                    index_keys = [k for k in keys if k.endswith("-index")]
+                    index_keys = [k for k in orphan.keys if k.endswith("-index")]
                     for k in index_keys:  # the index (commit point) first: readers stop seeing it
-                        self.rsm.store.delete(k)
-                    rest = [k for k in keys if k not in index_keys]
+                        orphan.store.delete(k)
+                    rest = [k for k in orphan.keys if k not in index_keys]
                     if rest:
-                        self.rsm.store.delete_many(rest)
-                    deleted.extend(sorted(keys))
-                    metrics.GC_DELETED.inc(len(keys))
-                    log.info("orphan deleted", extra={"key": base, "objects": len(keys),
+                        orphan.store.delete_many(rest)
+                    deleted.extend(shown)
+                    metrics.GC_DELETED.inc(len(orphan.keys))
+                    log.info("orphan deleted", extra={"key": base, "objects": len(orphan.keys),
                                                       "orphaned_for_ms": now_ms - first})
                     self._first_seen.pop(base, None)
+                if not dry_run:
+                    for store, prefix, lay in listed:
+                        deleted.extend(lay.key_prefix + k for k in self._abort_stale_uploads(store, prefix, cutoff_ms))
+                    if tp in purged and n_objects == 0:  # purged, and nothing left under any of its layouts
+                        self._partitions.pop(_tp_key(tp), None)
+                        log.info("purged partition emptied; forgotten by gc", extra={"partition": str(tp)})
             if not dry_run:
+                deleted.extend(self._remove_stale_temp_files(cutoff_ms))
                 # Forget sightings that are no longer orphans of the partitions looked at (adopted or deleted).
-                prefixes = tuple(partition_prefix(t.topic, t.topic_id, t.partition,
-                                                  entropy=self.rsm.config.key_entropy) for t in tps)
-                for base in [b for b in self._first_seen if b.startswith(prefixes) and b not in seen_now]:
+                prefixes = tuple(visited)
+                for base in [b for b in self._first_seen if prefixes and b.startswith(prefixes) and b not in seen_now]:
                     del self._first_seen[base]
                 self._save()
         return deleted
+
+    def _abort_stale_uploads(self, store: Store, prefix: str, cutoff_ms: int) -> list[str]:
+        abort = getattr(store, "abort_stale_uploads", None)
+        if abort is None:
+            return []
+        try:
+            aborted = abort(prefix, cutoff_ms)
+        except RemoteStorageError as err:
+            metrics.ERRORS.labels("gc").inc()
+            log.warning("could not abort stale multipart uploads", extra={"prefix": prefix, "error": str(err)})
+            return []
+        for k in aborted:
+            log.info("stale multipart upload aborted", extra={"key": k})
+        return aborted
+
+    def _remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
+        remove = getattr(self.rsm.store, "remove_stale_temp_files", None)
+        if remove is None:
+            return []
+        try:
+            removed = remove(cutoff_ms)
+        except RemoteStorageError as err:
+            metrics.ERRORS.labels("gc").inc()
+            log.warning("could not remove stale temp files", extra={"error": str(err)})
+            return []
+        for k in removed:
+            log.info("stale temp file removed", extra={"key": k})
+        return removed

@@ -1,7 +1,9 @@
 """A filesystem object store: one file per key under a root directory.
 
 Atomic puts: the object is written to ``<root>/.tmp/<random>``, fsynced, renamed over ``<root>/<key>`` and the
-target directory fsynced; a reader opens either the old file or the complete new one. Keys are ``/``-separated
+target directory fsynced; a reader opens either the old file or the complete new one. A write killed mid-way
+leaves its temp file; :meth:`FileSystemStore.remove_stale_temp_files` (run by garbage collection after its grace)
+removes those. Keys are ``/``-separated
 relative paths; ``..``, absolute paths and empty components are refused.
 """
 
@@ -177,6 +179,28 @@ class FileSystemStore:
                         continue
         out.sort(key=lambda o: o.key)
         return iter(out)
+
+    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
+        """Remove temp files of writes killed mid-way (``<root>/.tmp/*``) last modified before ``older_than_ms``
+        (epoch ms); return their paths relative to the root. A write in progress keeps its file's mtime fresh."""
+        out = []
+        tmp_dir = self.root / TMP_DIR
+        try:
+            entries = list(os.scandir(tmp_dir))
+        except FileNotFoundError:
+            return out
+        except OSError as err:
+            raise RemoteStorageError(f"listing {tmp_dir} failed: {err}") from err
+        for e in entries:
+            try:
+                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime * 1000 < older_than_ms:
+                    os.unlink(e.path)
+                    out.append(f"{TMP_DIR}/{e.name}")
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise RemoteStorageError(f"removing {e.path} failed: {err}") from err
+        return out
 
     def delete(self, key: str) -> None:
         self.requests.add("delete")

@@ -12,6 +12,8 @@
 - For S3-compatible endpoints: ``endpoint_url`` and ``request_checksum_calculation="when_required"`` (newer
   botocore otherwise sends CRC trailers some endpoints reject), path-style addressing on request.
 - ``requests`` counts the HTTP requests actually sent (retries included), per operation.
+- A SIGKILLed writer leaves an incomplete multipart upload (invisible, but billed):
+  :meth:`S3Store.abort_stale_uploads` (run by garbage collection after its grace) aborts those.
 """
 
 from __future__ import annotations
@@ -285,6 +287,48 @@ class S3Store:
         except RemoteStorageError as err:
             # The upload stays invisible to readers; the bucket's lifecycle rule for incomplete uploads ends it.
             log.warning("could not abort the multipart upload of %s: %s", k, err)
+
+    def abort_stale_uploads(self, prefix: str, older_than_ms: int) -> list[str]:
+        """Abort the incomplete multipart uploads of keys under ``prefix`` whose last activity (initiation, or
+        their newest part) is before ``older_than_ms`` (epoch ms): what a killed writer left. Returns the keys
+        (within this store's key prefix) whose uploads were aborted."""
+        out: list[str] = []
+        n = len(self.key_prefix)
+        kwargs: dict = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+        where = f"list multipart uploads s3://{self.bucket}/{self._k(prefix)}"
+        while True:
+            r = self._call(where, lambda kw=dict(kwargs): self.client.list_multipart_uploads(**kw))
+            for u in r.get("Uploads", []):
+                key, upload_id = u["Key"], u["UploadId"]
+                last = u["Initiated"].timestamp() * 1000
+                if last >= older_than_ms:
+                    continue
+                try:
+                    last = max(last, self._newest_part_ms(key, upload_id))
+                except RemoteStorageError as err:
+                    if isinstance(err.__cause__, bexc.ClientError) and _code(err.__cause__) == "NoSuchUpload":
+                        continue  # completed or aborted meanwhile
+                    raise
+                if last >= older_than_ms:
+                    continue
+                self._call(f"abort upload of {key}", lambda k=key, i=upload_id: self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=k, UploadId=i))
+                out.append(key[n:])
+            if not r.get("IsTruncated"):
+                return out
+            kwargs["KeyMarker"] = r.get("NextKeyMarker")
+            kwargs["UploadIdMarker"] = r.get("NextUploadIdMarker")
+
+    def _newest_part_ms(self, key: str, upload_id: str) -> float:
+        newest = 0.0
+        kwargs: dict = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id}
+        while True:
+            r = self._call(f"list parts of {key}", lambda kw=dict(kwargs): self.client.list_parts(**kw))
+            for part in r.get("Parts", []):
+                newest = max(newest, part["LastModified"].timestamp() * 1000)
+            if not r.get("IsTruncated"):
+                return newest
+            kwargs["PartNumberMarker"] = r["NextPartNumberMarker"]
 
     # -- reads -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,244 @@
+"""Garbage collection: every key layout a partition was written under, purged topics' leftovers, stores' own
+leftovers (fs temp files, S3 incomplete multipart uploads), fail-closed ownership, a durable state file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from rlm import gc as gc_module
+from rlm.gc import GarbageCollector
+from rlm.segments import to_rsm
+from rlmm.api import (
+    RemoteLogMetadataManager,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from rsm.api import LogSegmentData
+from rsm.log.batch import batch_crc
+from rsm.manager import RemoteStorageManager, RsmConfig
+from rsm.store.fs import TMP_DIR, FileSystemStore
+from rsm.store.s3 import S3Store
+
+GRACE = 60_000
+
+
+class MemRlmm(RemoteLogMetadataManager):
+    """Just enough metadata manager for GC: segments and partition-delete states, in memory."""
+
+    def __init__(self) -> None:
+        self.segments: dict[uuid.UUID, RemoteLogSegmentMetadata] = {}
+        self.deletes: dict[TopicIdPartition, RemotePartitionDeleteMetadata] = {}
+
+    def add_remote_log_segment_metadata(self, metadata):
+        self.segments[metadata.remote_log_segment_id.id] = metadata
+
+    def update_remote_log_segment_metadata(self, update):
+        self.segments[update.remote_log_segment_id.id] = self.segments[update.remote_log_segment_id.id].with_update(
+            update)
+
+    def remote_log_segment_metadata(self, tp, epoch, offset):
+        return None
+
+    def highest_offset_for_epoch(self, tp, epoch):
+        return None
+
+    def list_remote_log_segments(self, tp, epoch=None):
+        return sorted((m for m in self.segments.values() if m.topic_id_partition == tp
+                       and m.state != RemoteLogSegmentState.DELETE_SEGMENT_FINISHED), key=lambda m: m.start_offset)
+
+    def remote_log_size(self, tp, epoch=None):
+        return 0
+
+    def put_remote_partition_delete_metadata(self, metadata):
+        self.deletes[metadata.topic_id_partition] = metadata
+        if metadata.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+            for sid in [s for s, m in self.segments.items() if m.topic_id_partition == metadata.topic_id_partition]:
+                del self.segments[sid]
+
+    def remote_partition_delete_metadata(self, tp):
+        return self.deletes.get(tp)
+
+    def on_partition_leadership_changes(self, leaders, followers):
+        pass
+
+    def on_stop_partitions(self, partitions):
+        pass
+
+    def is_ready(self, tp):
+        return True
+
+    def close(self):
+        pass
+
+
+def _batch(base: int, n: int) -> bytes:
+    # records: attributes 0, timestamp delta 0, offset delta i, null key, value b"v", no headers (zigzag varints)
+    recs = b"".join(bytes([len(body) * 2]) + body for body in (bytes([0, 0, i * 2, 1, 2]) + b"v\x00"
+                                                             for i in range(n)))
+    ts = 1_700_000_000_000
+    tail = struct.pack(">hiqqqhii", 0, n - 1, ts, ts, -1, -1, -1, n)
+    after_len = struct.pack(">ibI", 0, 2, 0) + tail + recs
+    data = bytearray(struct.pack(">qi", base, len(after_len)) + after_len)
+    data[17:21] = struct.pack(">I", batch_crc(data))
+    return bytes(data)
+
+
+def _segment(tmp: Path, base: int, n: int = 5) -> LogSegmentData:
+    d = tmp / f"local-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    log = d / f"{base:020d}.log"
+    log.write_bytes(b"".join(_batch(base + i, 1) for i in range(n)))
+    (d / "x.index").write_bytes(b"")
+    (d / "x.timeindex").write_bytes(b"")
+    return LogSegmentData(log, d / "x.index", d / "x.timeindex", None, None, b"0\n0\n")
+
+
+def _copy(rlmm: MemRlmm | None, rsm: RemoteStorageManager, tp: TopicIdPartition, base: int, tmp: Path,
+          n: int = 5) -> RemoteLogSegmentMetadata:
+    """Copy a segment; with ``rlmm``, recorded COPY_SEGMENT_FINISHED with its custom metadata (else an orphan)."""
+    md = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), base, base + n - 1, 1_700_000_000_000, 1,
+                                  1, 100, ((0, base),))
+    custom = rsm.copy_log_segment_data(to_rsm(md), _segment(tmp, base, n))
+    md = dataclasses.replace(md, custom_metadata=custom, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+    if rlmm is not None:
+        rlmm.add_remote_log_segment_metadata(md)
+    return md
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and TMP_DIR not in p.parts}
+
+
+def _ids(keys) -> set[str]:
+    return {k.split("-index")[0][-36:] for k in keys}
+
+
+def test_gc_visits_every_recorded_layout_and_the_configured_one(tmp_path):
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    rlmm = MemRlmm()
+    store = FileSystemStore(tmp_path / "remote", fsync=False)
+    old = RemoteStorageManager(RsmConfig(key_entropy=False), store)
+    live_old = _copy(rlmm, old, tp, 0, tmp_path)
+    orphan_old = _copy(None, old, tp, 5, tmp_path)  # a crashed copy under the old layout
+    new = RemoteStorageManager(RsmConfig(key_entropy=True), store)  # config changed
+    live_new = _copy(rlmm, new, tp, 10, tmp_path)
+    orphan_new = _copy(None, new, tp, 15, tmp_path)
+
+    gc = GarbageCollector(rlmm, new, grace_ms=GRACE, state_path=tmp_path / "state" / "gc.json")
+    now = int(time.time() * 1000)
+    assert gc.run([tp], now_ms=now) == []
+    found = gc.run([tp], dry_run=True)
+    assert _ids(found) == {str(orphan_old.remote_log_segment_id.id), str(orphan_new.remote_log_segment_id.id)}
+    deleted = gc.run([tp], now_ms=now + GRACE)
+    assert _ids(deleted) == _ids(found)
+    # what live segments own is untouched, and still readable through their recorded layouts
+    for md in (live_old, live_new):
+        assert [e.base_offset for e in new.reader(to_rsm(md)).iter_entries()] == list(
+            range(md.start_offset, md.end_offset_inclusive + 1))
+    assert _ids(_files(tmp_path / "remote")) == {str(live_old.remote_log_segment_id.id),
+                                                  str(live_new.remote_log_segment_id.id)}
+    # the last old-layout segment goes away by a lost delete (metadata says deleted, objects stay)
+    rlmm.segments.pop(live_old.remote_log_segment_id.id)
+    gc.run([tp], now_ms=now + GRACE)
+    assert _ids(gc.run([tp], now_ms=now + 3 * GRACE)) == {str(live_old.remote_log_segment_id.id)}
+    assert _ids(_files(tmp_path / "remote")) == {str(live_new.remote_log_segment_id.id)}
+
+
+def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
+    tp, other = TopicIdPartition(uuid.uuid4(), "gone", 0), TopicIdPartition(uuid.uuid4(), "moved", 0)
+    rlmm = MemRlmm()
+    store = FileSystemStore(tmp_path / "remote", fsync=False)
+    rsm = RemoteStorageManager(RsmConfig(), store)
+    _copy(rlmm, rsm, tp, 0, tmp_path)
+    kept = _copy(rlmm, rsm, other, 0, tmp_path)
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=tmp_path / "gc.json")
+    now = int(time.time() * 1000)
+    assert gc.run([tp, other], now_ms=now) == []
+    # the topic is purged, but the segment deletes were lost: objects stay, no metadata owns them
+    for state in RemotePartitionDeleteState:
+        rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(tp, state, now, 1))
+    # `other` is no longer passed either (leadership moved) and its metadata lists nothing (say, a lagging
+    # cache): without proof of a purge it is never touched
+    rlmm.segments.pop(kept.remote_log_segment_id.id)
+    assert gc.run([], now_ms=now) == []
+    deleted = gc.run([], now_ms=now + GRACE)
+    assert deleted and all(k.startswith(rsm.partition_prefix(tp.topic, tp.topic_id, 0)) for k in deleted)
+    assert _ids(_files(tmp_path / "remote")) == {str(kept.remote_log_segment_id.id)}
+    gc.run([], now_ms=now + 2 * GRACE)
+    state = json.loads((tmp_path / "gc.json").read_text())
+    assert list(state["partitions"]) == [f"{other.topic_id}:0"]  # the emptied purged partition is forgotten
+
+    # custom metadata GC cannot read: the whole partition is skipped
+    p3 = TopicIdPartition(uuid.uuid4(), "foreign", 0)
+    md = _copy(rlmm, rsm, p3, 0, tmp_path)
+    _copy(None, rsm, p3, 5, tmp_path)
+    rlmm.segments[md.remote_log_segment_id.id] = dataclasses.replace(md, custom_metadata=b"other-rsm")
+    assert gc.run([p3], now_ms=now) == [] and gc.run([p3], now_ms=now + 10 * GRACE) == []
+    assert len(_ids(_files(tmp_path / "remote"))) == 3
+
+
+def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monkeypatch):
+    store = FileSystemStore(tmp_path / "remote")
+    rsm = RemoteStorageManager(RsmConfig(), store)
+    tmp_dir = tmp_path / "remote" / TMP_DIR
+    stale, fresh = tmp_dir / "killed-write", tmp_dir / "running-write"
+    stale.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"y")
+    now = int(time.time() * 1000)
+    os.utime(stale, (now / 1000 - 2 * GRACE / 1000,) * 2)
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(gc_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    state_path = tmp_path / "state" / "gc.json"
+    (tmp_path / "state").mkdir()
+    state_path.write_text(json.dumps({"t-x/0/old": 1}))  # a version-1 state file is read
+    gc = GarbageCollector(MemRlmm(), rsm, grace_ms=GRACE, state_path=state_path)
+    assert gc._first_seen == {"t-x/0/old": 1}
+    deleted = gc.run([], now_ms=now)
+    assert deleted == [f"{TMP_DIR}/killed-write"]
+    assert not stale.exists() and fresh.exists()
+    assert len(synced) >= 2  # the file, then its directory
+    assert json.loads(state_path.read_text())["version"] == 2
+    assert sorted(p.name for p in state_path.parent.iterdir()) == ["gc.json"]
+
+
+@pytest.mark.s3
+def test_gc_aborts_stale_s3_multipart_uploads(tmp_path, s3_endpoint):
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                          config=Config(request_checksum_calculation="when_required",
+                                        response_checksum_validation="when_required"))
+    bucket = f"gc-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    store = S3Store(bucket, endpoint_url=s3_endpoint, region_name="us-east-1", key_prefix="t1/")
+    rsm = RemoteStorageManager(RsmConfig(store="s3"), store)
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    rlmm = MemRlmm()
+    live = _copy(rlmm, rsm, tp, 0, tmp_path)
+    prefix = "t1/" + rsm.partition_prefix(tp.topic, tp.topic_id, 0)
+    killed = f"{prefix}{5:020d}-{uuid.uuid4()}"  # a copy SIGKILLed mid-upload
+    up = client.create_multipart_upload(Bucket=bucket, Key=killed)["UploadId"]
+    client.upload_part(Bucket=bucket, Key=killed, UploadId=up, PartNumber=1, Body=b"x" * (5 * 1024 * 1024))
+    elsewhere = client.create_multipart_upload(Bucket=bucket, Key="not-ours/file")["UploadId"]
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=tmp_path / "gc.json")
+    now = int(time.time() * 1000)
+    assert gc.run([tp], now_ms=now) == []  # younger than the grace: a copy may still be uploading
+    assert len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 2
+    deleted = gc.run([tp], now_ms=now + GRACE + 5_000)
+    assert deleted == [killed]
+    left = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [(u["Key"], u["UploadId"]) for u in left] == [("not-ours/file", elsewhere)]
+    assert [e.base_offset for e in rsm.reader(to_rsm(live)).iter_entries()] == [0, 1, 2, 3, 4]
