@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import re
 import uuid
+from dataclasses import replace
 
+from rlmm import envelope
 from rlmm.api import (
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
@@ -30,14 +32,19 @@ def test_console_consumer_decodes_every_value(kafka, rlmm_factory, topic_name: s
     m.on_partition_leadership_changes([tp], [])
     a = segment(tp, 1000, 1999, {2: 1000, 5: 1500}, broker_id=4, size=123456, custom=b"\x01\x02\x03")
     b = segment(tp, 2000, 2999, {5: 2000}, broker_id=4)
+    c = replace(segment(tp, 3000, 3999, {12: 3000}, broker_id=4, custom=b"\x01\x02\x03"), broker_leader_epoch=12)
     written = [a, update(a, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, broker_id=4), b,
                update(b, RemoteLogSegmentState.DELETE_SEGMENT_STARTED, broker_id=4),
                RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 77, 4)]
     m.add_remote_log_segment_metadata(written[0])
     m.update_remote_log_segment_metadata(written[1])
     m.add_remote_log_segment_metadata(written[2])
+    # a segment carrying its broker leader epoch in the CustomMetadata envelope (before the partition delete,
+    # which refuses new copies)
+    m.add_remote_log_segment_metadata(c)
     m.update_remote_log_segment_metadata(written[3])
     m.put_remote_partition_delete_metadata(written[4])
+    written.insert(3, c)
 
     proc = kafka.run_class("org.apache.kafka.tools.consumer.ConsoleConsumer", [
         "--bootstrap-server", kafka.bootstrap_servers, "--topic", topic_name, "--from-beginning",
@@ -51,9 +58,9 @@ def test_console_consumer_decodes_every_value(kafka, rlmm_factory, topic_name: s
     tp_str = f"topicIdPartition={kafka_uuid(tp.topic_id)}:{tp.topic}-{tp.partition}"
     kinds = [x[3] for x in lines]
     assert kinds == ["RemoteLogSegmentMetadata", "RemoteLogSegmentMetadataUpdate", "RemoteLogSegmentMetadata",
-                     "RemoteLogSegmentMetadataUpdate", "RemotePartitionDeleteMetadata"]
+                     "RemoteLogSegmentMetadata", "RemoteLogSegmentMetadataUpdate", "RemotePartitionDeleteMetadata"]
     body = [x[4] for x in lines]
-    for text, md in zip(body[:4], written[:4], strict=True):
+    for text, md in zip(body[:5], written[:5], strict=True):
         assert tp_str in text
         assert f"id={kafka_uuid(md.remote_log_segment_id.id)}" in text
         assert f"state={md.state.name}" in text and f"eventTimestampMs={md.event_timestamp_ms}" in text
@@ -64,5 +71,10 @@ def test_console_consumer_decodes_every_value(kafka, rlmm_factory, topic_name: s
             "state=COPY_SEGMENT_STARTED, txnIdxEmpty=false") in body[0]
     assert "customMetadata=Optional.empty" in body[1]
     assert "segmentLeaderEpochs={5=2000}" in body[2] and "startOffset=2000, endOffset=2999" in body[2]
-    assert body[4] == (f"topicPartition={kafka_uuid(tp.topic_id)}:{tp.topic}-{tp.partition}, "
+    n = len(envelope.wrap(12, b"\x01\x02\x03"))
+    assert n == 17 and (f"startOffset=3000, endOffset=3999, brokerId=4, maxTimestampMs={c.max_timestamp_ms}, "
+                        f"eventTimestampMs={c.event_timestamp_ms}, segmentLeaderEpochs={{12=3000}}, "
+                        f"segmentSizeInBytes=1000, customMetadata=Optional[CustomMetadata{{{n} bytes}}], "
+                        "state=COPY_SEGMENT_STARTED, txnIdxEmpty=false") in body[3]
+    assert body[5] == (f"topicPartition={kafka_uuid(tp.topic_id)}:{tp.topic}-{tp.partition}, "
                        "state=DELETE_PARTITION_MARKED, eventTimestampMs=77, brokerId=4")
