@@ -283,10 +283,12 @@ class Chaos:
         reports = []
         with InvariantChecker.open(settings, self.work / "checker") as checker:
             checker.follow(tps.values())
+            deadline = time.monotonic() + 60  # one bound for all partitions: tiering runs in parallel
             for p, tp in tps.items():
                 last = self.last[p]
                 try:
-                    wait_for(lambda: checker.latest(tp) >= last, 90, f"partition {p} tiered up to {last}", 1.0)
+                    wait_for(lambda: checker.latest(tp) >= last, max(1.0, deadline - time.monotonic()),
+                             f"partition {p} tiered up to {last}", 1.0)
                 except AssertionError as err:
                     problems.append(f"{err} (latest remote {checker.latest(tp)})")
             self.say("quiesce: tiering caught up; checking (one GC pass each)")
@@ -295,7 +297,7 @@ class Chaos:
                 reports.append(checker.check(tp, acked, produced=prod.produced, first_offset=0,
                                              tiered_through=self.last[p],
                                              staging_roots=[self.work / f"staging-{n}" for n in (1, 2, 3)],
-                                             gc=True, wait_s=20))
+                                             gc=True, wait_s=10))
         return reports
 
 

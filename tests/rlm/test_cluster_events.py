@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from rlm.config import SidecarSettings
 from rlm.devkafka import KafkaCluster
@@ -244,7 +244,7 @@ def test_topic_recreated_under_the_same_name(kafka_cluster3: KafkaCluster, topic
         wait_for(lambda: checker.latest(old_tp) >= 199, 60, "the first old segments to be remote")
         staged_old = [p for n in (1, 2, 3) for p in staged_files(tmp_path / f"staging-{n}", old_tp)]
         old_remote = checker.latest(old_tp)
-        AdminClient(kafka.admin_config()).delete_topics([topic_name])[topic_name].result(30)
+        states.admin.delete_topics([topic_name])[topic_name].result(30)
 
         def recreated() -> uuid.UUID | None:
             try:
