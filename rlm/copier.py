@@ -36,7 +36,7 @@ from rlm import metrics
 from rlm.chain import Lineage, lineage_of, remote_chain
 from rlm.deleter import SegmentDeleter
 from rlm.segments import epochs_for_range, to_rsm
-from rlm.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError
+from rlm.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlmm.api import (
     CopyFencedError,
     RemoteLogMetadataManager,
@@ -122,6 +122,11 @@ class PartitionCopier:
                 self.staging.stage(self.tp, self.partition_dir, base, end)
             except SegmentGoneError:
                 gaps.append((base, end))
+            except TopicIdMismatchError as err:
+                # The local partition now belongs to a re-created topic: discovery stops this copier next round.
+                log.warning("partition dir belongs to another topic id: not staged", extra={
+                    "partition": str(self.tp), "error": str(err)})
+                break
             except StagingFullError as err:
                 metrics.ERRORS.labels("staging-full").inc()
                 log.warning("staging full: segment not staged", extra={
@@ -170,7 +175,7 @@ class PartitionCopier:
                 n += 1
             except SegmentGoneError:
                 continue
-            except StagingFullError:
+            except (StagingFullError, TopicIdMismatchError):
                 break
         return n
 

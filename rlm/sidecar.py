@@ -111,7 +111,7 @@ class Sidecar:
         self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
         roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
                            default_staging_root(Path(d))) for d in s.log_dirs}
-        self.staging = Staging(roots)
+        self.staging = Staging(roots, max_bytes=s.staging_max_bytes)
         self.view = ClusterView(self.client_config)
         self.reader = RemoteReader(self.rlmm, self.rsm)
         self.known = KnownPartitions(s.metadata.state_dir / "known-partitions.json")
