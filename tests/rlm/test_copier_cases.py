@@ -1,0 +1,203 @@
+"""The copier through the cluster events of issue 9, on crafted partition dirs (no broker; the real metadata cache,
+storage manager on the filesystem, staging and reader). Each case fails on the copier before the fixes; the same
+events on real brokers are in test_cluster_events.py."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlm.chain import remote_chain
+from rlm.config import RetentionRule
+from rlm.copier import PartitionCopier
+from rlm.deleter import SegmentDeleter
+from rlm.expiration import expire_partition
+from rlm.reader import RemoteReader
+from rlm.staging import Staging
+from rlmm.api import RemoteLogSegmentState, TopicIdPartition
+from rsm.log.partition import PartitionDir
+from rsm.manager import RemoteStorageManager, RsmConfig
+from tests.rlm.crafted import BASE_TS, TXN, SyncRlmm, abort_marker, batch, one_per_batch, write_partition
+
+FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+TEN_AND_ONE = {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 1, b"v")}  # [0,9] rolled, 10 active
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.rlmm = SyncRlmm(tmp / "cache")
+        self.rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=tmp / "remote", fsync=False))
+        self.reader = RemoteReader(self.rlmm, self.rsm)
+
+    def copier(self, broker: int, tp: TopicIdPartition, *, watermark: bool = True) -> PartitionCopier:
+        logdir = self.tmp / f"logs{broker}"
+        return PartitionCopier(broker_id=broker, tp=tp, partition_dir=logdir / f"{tp.topic}-{tp.partition}",
+                               rlmm=self.rlmm, rsm=self.rsm, staging=Staging({logdir: self.tmp / f"staging{broker}"}),
+                               deleter=SegmentDeleter(broker, self.rlmm, self.rsm, None),
+                               watermark_path=self.tmp / f"wm{broker}" / f"{tp.topic_id}-{tp.partition}"
+                               if watermark else None)
+
+    def pdir(self, broker: int, tp: TopicIdPartition) -> Path:
+        return self.tmp / f"logs{broker}" / f"{tp.topic}-{tp.partition}"
+
+    def finished(self, tp: TopicIdPartition) -> list[tuple[int, int]]:
+        return [(m.start_offset, m.end_offset_inclusive) for m in self.rlmm.list_remote_log_segments(tp)
+                if m.state == FINISHED]
+
+    def values(self, tp: TopicIdPartition, offset: int = 0, **kw: object) -> list[tuple[int, bytes | None]]:
+        return [(r.offset, r.value) for r in self.reader.read(tp, offset, **kw)]  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(tmp_path)
+    yield w
+    w.rlmm.close()
+
+
+def new_tp(topic: str = "t") -> TopicIdPartition:
+    return TopicIdPartition(uuid.uuid4(), topic, 0)
+
+
+def test_straddling_segment_is_copied_from_the_tier_end_once(world: World) -> None:
+    tp = new_tp()
+    # The old leader (broker 2) tiered [0,99]; this replica rolled at 50 and 150.
+    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 100, b"v"), 100: one_per_batch(100, 1, b"v")})
+    assert world.copier(2, tp).run_once(10**9).copied
+    write_partition(world.pdir(1, tp), tp.topic_id,
+                    {0: one_per_batch(0, 50, b"v"), 50: one_per_batch(50, 100, b"v"), 150: one_per_batch(150, 5, b"v")},
+                    epochs=((0, 0), (1, 150)))
+    copier = world.copier(1, tp)
+    for _ in range(2):
+        copier.run_once(10**9)
+    assert world.finished(tp) == [(0, 99), (100, 149)]
+    assert [o for o, _v in world.values(tp)] == list(range(150))
+    assert copier.staging.staged(tp) == []
+
+
+def test_leadership_move_during_a_copy_fences_the_old_leaders_copy(world: World) -> None:
+    tp = new_tp()
+    for broker in (1, 2):
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE,
+                        epochs=((5, 0),) if broker == 1 else ((5, 0), (6, 11)))
+    old, new = world.copier(1, tp), world.copier(2, tp)
+    epoch_now = {"e": 5}
+    inner = world.rsm
+
+    class MoveDuringUpload:
+        def __getattr__(self, name: str) -> object:
+            return getattr(inner, name)
+
+        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+            epoch_now["e"] = 6  # leadership moves to broker 2 while broker 1 uploads; broker 2 copies at once
+            assert [(m.start_offset, m.end_offset_inclusive) for m in new.run_once(11, leader_epoch=6).copied] \
+                == [(0, 9)]
+            return inner.copy_log_segment_data(md, data)
+
+    old.rsm = MoveDuringUpload()  # type: ignore[assignment]
+    result = old.run_once(11, leader_epoch=5, current_leader_epoch=lambda: epoch_now["e"])
+    assert result.fenced and result.copied == []
+    assert world.finished(tp) == [(0, 9)]
+    assert [m.broker_leader_epoch for m in world.rlmm.list_remote_log_segments(tp)] == [6]
+    assert [o for o, _ in world.values(tp)] == list(range(10))
+
+
+def test_metadata_fences_a_finish_that_the_epoch_check_missed(world: World) -> None:
+    tp = new_tp()
+    for broker in (1, 2):
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE)
+    old, new = world.copier(1, tp), world.copier(2, tp)
+    inner = world.rsm
+
+    class MoveDuringUpload:
+        def __getattr__(self, name: str) -> object:
+            return getattr(inner, name)
+
+        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+            # The new leader's STARTED lands before the old leader's FINISHED; the old leader's check is stale.
+            new.copy_segment(new.staging.stage(tp, new.partition_dir, 0, 9), 0,
+                             PartitionDir(new.partition_dir).leader_epochs(), leader_epoch=8)
+            return inner.copy_log_segment_data(md, data)
+
+    old.rsm = MoveDuringUpload()  # type: ignore[assignment]
+    result = old.run_once(11, leader_epoch=7, current_leader_epoch=lambda: 7)
+    assert result.fenced
+    assert [(m.start_offset, m.broker_leader_epoch) for m in world.rlmm.list_remote_log_segments(tp)] == [(0, 8)]
+
+
+def test_truncation_after_unclean_election_tiers_the_new_lineage(world: World) -> None:
+    tp = new_tp()
+    pdir = world.pdir(1, tp)
+    # Broker 1 leads epoch 1 and tiers 0..4; offsets 3..4 were never replicated (acks=1).
+    write_partition(pdir, tp.topic_id, {0: one_per_batch(0, 3, b"old", 1), 3: one_per_batch(3, 2, b"diverged", 1),
+                                        5: one_per_batch(5, 1, b"old", 1)}, epochs=((1, 0),))
+    assert [(m.start_offset, m.end_offset_inclusive) for m in world.copier(1, tp).run_once(10**9).copied] \
+        == [(0, 2), (3, 4)]
+    # Unclean election: another replica leads from 3 (epoch 2); broker 1 truncates, refetches, leads again (3).
+    shutil.rmtree(pdir)
+    write_partition(pdir, tp.topic_id, {0: one_per_batch(0, 3, b"old", 1), 3: one_per_batch(3, 2, b"NEW", 2),
+                                        5: one_per_batch(5, 2, b"NEW", 2), 7: one_per_batch(7, 1, b"NEW", 3)},
+                    epochs=((1, 0), (2, 3), (3, 7)))
+    copier = world.copier(1, tp)  # a restart: the watermark file says 4, under epoch 1
+    assert [(m.start_offset, m.end_offset_inclusive) for m in copier.run_once(10**9).copied] == [(3, 4), (5, 6)]
+    assert [v for _o, v in world.values(tp)] == [b"old-0", b"old-1", b"old-2", b"NEW-3", b"NEW-4", b"NEW-5",
+                                                   b"NEW-6"]
+    # The diverged copy is deleted by the leader's expiration (outside its lineage), nothing else.
+    deleted = expire_partition(world.rlmm, copier.deleter, tp, RetentionRule(retention_ms=-1, retention_bytes=-1),
+                               local_epochs=PartitionDir(pdir).leader_epochs())
+    assert [(m.start_offset, m.end_offset_inclusive, m.segment_leader_epochs) for m in deleted] == [(3, 4, ((1, 3),))]
+    assert world.finished(tp) == [(0, 2), (3, 4), (5, 6)]
+
+
+def test_recreated_topic_never_gets_the_deleted_topics_staged_data(world: World) -> None:
+    old = new_tp()
+    pdir = world.pdir(1, old)
+    write_partition(pdir, old.topic_id, {0: one_per_batch(0, 5, b"OLD"), 5: one_per_batch(5, 5, b"OLD"),
+                                         10: one_per_batch(10, 1, b"OLD")})
+    c1 = world.copier(1, old)
+    assert c1.run_once(0).waiting_for_lso == 2  # staged, not copied (LSO 0)
+    shutil.rmtree(pdir)  # deleted on the cluster; re-created with the same name
+    new = TopicIdPartition(uuid.uuid4(), "t", 0)
+    write_partition(pdir, new.topic_id, {0: one_per_batch(0, 5, b"NEW"), 5: one_per_batch(5, 5, b"NEW"),
+                                         10: one_per_batch(10, 1, b"NEW")})
+    world.copier(1, new).run_once(11)
+    assert {v[:3] for _o, v in world.values(new)} == {b"NEW"}
+    assert len(world.values(new)) == 10
+
+
+def test_read_committed_drops_an_abort_past_a_future_timestamp(world: World) -> None:
+    tp = new_tp()
+    pdir = world.pdir(1, tp)
+    pid = 7
+    write_partition(pdir, tp.topic_id, {
+        0: [batch(0, [b"aborted-%d" % i for i in range(5)], attrs=TXN, producer_id=pid), batch(5, [b"ok-5"])],
+        6: [batch(6, [b"ok-6"], ts=BASE_TS + 3_600_000)],  # another producer's clock is an hour ahead
+        7: [batch(7, [b"ok-7"], ts=BASE_TS + 1), abort_marker(8, pid)],
+        9: [batch(9, [b"ok-9"])],
+    })
+    # The abort's transaction index entry: version, producer id, first, last offset, last stable offset.
+    (pdir / f"{7:020d}.txnindex").write_bytes(struct.pack(">hqqqq", 0, pid, 0, 8, 9))
+    world.copier(1, tp).run_once(10**9)
+    assert [v for _o, v in world.values(tp, isolation="read_committed")] == [b"ok-5", b"ok-6", b"ok-7"]
+
+
+def test_duplicate_copies_serve_once_and_the_extra_one_is_deleted(world: World) -> None:
+    tp = new_tp()
+    for broker in (1, 2):
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE)
+    # Two leaders without epochs (records written before fencing): both finish the same range.
+    world.copier(1, tp, watermark=False).run_once(11)
+    c2 = world.copier(2, tp, watermark=False)
+    c2.staging.stage(tp, c2.partition_dir, 0, 9)
+    c2.copy_segment(c2.staging.staged(tp)[0], 0, PartitionDir(c2.partition_dir).leader_epochs())
+    assert world.finished(tp) == [(0, 9), (0, 9)]
+    assert [o for o, _ in world.values(tp)] == list(range(10))
+    assert len(remote_chain(world.rlmm.list_remote_log_segments(tp))) == 1
+    deleted = expire_partition(world.rlmm, c2.deleter, tp, RetentionRule(retention_ms=-1, retention_bytes=-1))
+    assert len(deleted) == 1 and world.finished(tp) == [(0, 9)]
+    assert [o for o, _ in world.values(tp)] == list(range(10))
