@@ -10,7 +10,6 @@ from tqdm import tqdm
 from rlm.cli_context import add_config_arg, open_context
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentState
-from rsm.verify import verify_segment
 
 __all__ = ["register"]
 
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
                   disable=None) as bar:
             for md in segs:
-                report = verify_segment(ctx.rsm.store, ctx.rsm.keys(to_rsm(md)))
+                report = ctx.rsm.verify(to_rsm(md))  # under the key layout the copy recorded
                 if not report.ok:
                     bad += 1
                     tqdm.write(str(report), file=sys.stdout)

@@ -67,13 +67,14 @@ class SegmentRef:
     broker_id: int
     event_timestamp_ms: int
     leader_epochs: tuple[tuple[int, int], ...]
+    custom_metadata: bytes | None = None  # the storage manager's: where the copy's objects are (its key layout)
 
     @staticmethod
     def of(md: RemoteLogSegmentMetadata) -> SegmentRef:
         tp = md.topic_id_partition
         return SegmentRef(tp.topic, str(tp.topic_id), tp.partition, str(md.remote_log_segment_id.id),
                           md.start_offset, md.end_offset_inclusive, md.max_timestamp_ms, md.segment_size_bytes,
-                          md.broker_id, md.event_timestamp_ms, tuple(md.segment_leader_epochs))
+                          md.broker_id, md.event_timestamp_ms, tuple(md.segment_leader_epochs), md.custom_metadata)
 
     def to_rsm(self) -> RemoteSegmentMetadata:
         return RemoteSegmentMetadata(
@@ -81,7 +82,8 @@ class SegmentRef:
             partition=self.partition, start_offset=self.start_offset, end_offset_inclusive=self.end_offset_inclusive,
             max_timestamp_ms=self.max_timestamp_ms, segment_size_bytes=self.segment_size_bytes,
             broker_id=self.broker_id, event_timestamp_ms=self.event_timestamp_ms,
-            segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in self.leader_epochs))
+            segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in self.leader_epochs),
+            custom_metadata=self.custom_metadata)
 
 
 @dataclass(frozen=True)
