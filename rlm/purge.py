@@ -111,6 +111,12 @@ class DeletionEvidence:
             log.info("deleted-topic evidence reset", extra={"topic": name, "topic_id": str(topic_id),
                                                              "rounds": had.rounds})
 
+    def reset(self) -> None:
+        """A round without answers at all (discovery failed): every run of evidence starts over."""
+        if self._seen:
+            log.info("deleted-topic evidence reset: discovery round failed", extra={"topics": len(self._seen)})
+        self._seen.clear()
+
     def pending(self) -> dict[uuid.UUID, tuple[int, float]]:
         """Topic ids with evidence so far: (rounds, seconds since the first), for tests and logs."""
         now = self.clock()

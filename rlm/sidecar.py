@@ -194,6 +194,7 @@ class Sidecar:
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
             log.warning("discovery failed", extra={"error": str(err)})
+            self.deletions.reset()  # a failed round breaks the consecutive rounds of deletion evidence
             return
         leaders: dict[TopicIdPartition, Path] = {}
         followers: set[TopicIdPartition] = set()

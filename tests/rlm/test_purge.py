@@ -109,6 +109,30 @@ def test_forgotten_ids_are_dropped_and_a_failed_purge_is_retried() -> None:
     assert ev.pending() == {}
 
 
+def test_failed_round_resets() -> None:
+    clock = Clock()
+    ev = DeletionEvidence(grace_ms=0, min_rounds=2, clock=clock)
+    assert ev.observe([P0], UNKNOWN) == []
+    ev.reset()  # discovery failed this round
+    assert ev.observe([P0], UNKNOWN) == []
+    assert ev.observe([P0], UNKNOWN) == [P0]
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ("{purge_rounds: 0}", "tasks.purge_rounds"), ("{purge_grace_ms: -1}", "tasks.purge_grace_ms")])
+def test_purge_settings_validated(tmp_path, patch: str, field: str) -> None:  # type: ignore[no-untyped-def]
+    from rlm.config import ConfigError, load_settings
+
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text("broker_id: 1\nlog_dirs: [/d]\nkafka: {bootstrap_servers: 'h:1'}\ntasks: " + patch + "\n")
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_settings(cfg)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("broker_id: 1\nlog_dirs: [/d]\nkafka: {bootstrap_servers: 'h:1'}\n")
+    tasks = load_settings(ok).tasks
+    assert (tasks.purge_grace_ms, tasks.purge_rounds) == (60_000, 3)
+
+
 def test_bad_settings_refused() -> None:
     with pytest.raises(ValueError):
         DeletionEvidence(grace_ms=-1, min_rounds=1)
