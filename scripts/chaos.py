@@ -4,6 +4,7 @@
 
 Under continuous produce (acks=all, idempotent; every acknowledged record remembered) it runs, at random:
 
+- ``elect``: a preferred-leader election of every partition (moves leadership back after restarts and moves);
 - ``move``: a reassignment reordering the replicas (Kafka's reassignment tool), then a preferred-leader election:
   leadership moves, usually while the old leader's copy is in flight (copies are throttled by the store's
   ``copy_rate_bytes_per_second``, so one runs most of the time);
@@ -202,11 +203,11 @@ class Chaos:
         while time.monotonic() < deadline:
             rounds += 1
             self._watch_sidecars(sidecars)
-            kind = self.rng.choices(["move", "restart", "kill"], weights=[4, 1, 2])[0]
+            kind = self.rng.choices(["move", "elect", "restart", "kill"], weights=[3, 2, 1, 2])[0]
             try:
                 done = getattr(self, f"_{kind}")(kafka, states, sidecars)
             except Exception as err:  # noqa: BLE001 - an event that could not be carried out is skipped, logged
-                self.say(f"{kind}: failed: {type(err).__name__}: {err}")
+                self.say(f"{kind}: failed: {type(err).__name__}: {str(err).strip().splitlines()[:2]}")
                 done = False
             (self.events if done else self.skipped)[kind] += 1
             time.sleep(self.rng.uniform(0.5, 3.0))
@@ -232,6 +233,18 @@ class Chaos:
             ok = states.leader(self.topic, p) == new
         self.say(f"move: partition {p} {leader} -> {new} ({'done' if ok else f'not done: {res}'})")
         return ok
+
+    def _elect(self, kafka: KafkaCluster, states: PartitionStates, sidecars: dict) -> bool:
+        """A preferred-leader election of every partition (leadership goes back to the first replica, if it is in
+        sync: after a restart or a reassignment it usually is not the leader)."""
+        before = states.describe(self.topic)
+        res = states.elect(self.topic, self.partitions)
+        after = states.describe(self.topic)
+        if not before or not after:
+            return False
+        moved = {p: (before[1][p][0], after[1][p][0]) for p in self.partitions if before[1][p][0] != after[1][p][0]}
+        self.say(f"elect: preferred leaders; moved {moved or 'nothing'} ({ {p: e for p, e in res.items() if e} })")
+        return bool(moved)
 
     def _restart(self, kafka: KafkaCluster, states: PartitionStates, sidecars: dict) -> bool:
         d = states.describe(self.topic)
