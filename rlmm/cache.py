@@ -185,7 +185,7 @@ class ApplyOutcome:
 class _Batch:
     """Pending writes of one apply call, readable before they are written (read-through overlay)."""
 
-    __slots__ = ("db", "wo", "puts", "ranges", "views")
+    __slots__ = ("db", "wo", "puts", "ranges", "views", "fences", "undeleted")
 
     def __init__(self, db: Rdict, wo: WriteOptions) -> None:
         self.db = db
@@ -193,6 +193,20 @@ class _Batch:
         self.puts: dict[bytes, bytes | None] = {}
         self.ranges: list[tuple[bytes, bytes]] = []
         self.views: dict[bytes, serde.SegmentView] = {}   # scanned segment values by 0x10 key
+        self.fences: dict[bytes, int | None] = {}         # CopyFence epoch by partition key (read through)
+        self.undeleted: set[bytes] = set()                # partition keys with no partition-delete state in db
+
+    def fence(self, tpk: bytes) -> int | None:
+        try:
+            return self.fences[tpk]
+        except KeyError:
+            raw = self.get(T_COPY_FENCE + tpk)
+            epoch = self.fences[tpk] = None if raw is None else _I32.unpack(raw)[0]
+            return epoch
+
+    def set_fence(self, tpk: bytes, epoch: int) -> None:
+        self.fences[tpk] = epoch
+        self.puts[T_COPY_FENCE + tpk] = _I32.pack(epoch)
 
     def get(self, key: bytes) -> bytes | None:
         if key in self.puts:
@@ -221,6 +235,8 @@ class _Batch:
         self.puts.clear()
         self.ranges.clear()
         self.views.clear()
+        self.fences.clear()
+        self.undeleted.clear()
 
 
 class MetadataCache:
@@ -399,14 +415,16 @@ class MetadataCache:
                 f" the record has {RemoteLogSegmentState(v.state).name}")
         tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
         sid = v.segment_id
-        pkey = T_PARTITION_DELETE + tpk
-        if pkey in batch.puts or self.db.key_may_exist(pkey):
-            raw = batch.get(pkey)
+        if tpk not in batch.undeleted:
+            pkey = T_PARTITION_DELETE + tpk
+            raw = batch.get(pkey) if pkey in batch.puts or self.db.key_may_exist(pkey) else None
             if raw is not None:
                 deleting = serde.decode(raw).state.name   # type: ignore[union-attr]
                 raise InvalidStateTransitionError(
                     f"{self._describe(v.topic_id, v.partition, sid)}: COPY_SEGMENT_STARTED refused: the partition is "
                     f"{deleting}")
+            if pkey not in batch.puts:
+                batch.undeleted.add(tpk)
         skey = T_SEGMENT + tpk + sid
         # A new id is the common case: the bloom filter answers "absent" without reading a block.
         fresh = skey not in batch.puts and skey not in batch.views and not self.db.key_may_exist(skey)
@@ -425,10 +443,9 @@ class MetadataCache:
             puts[T_EPOCH_ALL + tpk + _s32(epoch) + start + sid] = b""
         copy_epoch = v.broker_leader_epoch
         if copy_epoch is not None:
-            fkey = T_COPY_FENCE + tpk
-            raw = batch.get(fkey)
-            if raw is None or copy_epoch > _I32.unpack(raw)[0]:
-                puts[fkey] = _I32.pack(copy_epoch)
+            fence = batch.fence(tpk)
+            if fence is None or copy_epoch > fence:
+                batch.set_fence(tpk, copy_epoch)
 
     def _drop_segment(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
         sid = v.segment_id
@@ -458,11 +475,10 @@ class MetadataCache:
                 f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "
                 f"{RemoteLogSegmentState(old.state).name} -> {RemoteLogSegmentState(u.state).name}")
         if u.state == _FINISHED and old.state == _STARTED and old.broker_leader_epoch is not None:
-            raw = batch.get(T_COPY_FENCE + tpk)
-            err = copy_fenced(self._describe(u.topic_id, u.partition, sid), old.broker_leader_epoch,
-                              None if raw is None else _I32.unpack(raw)[0])
-            if err is not None:
-                raise err
+            fence = batch.fence(tpk)
+            if fence is not None and old.broker_leader_epoch < fence:
+                raise copy_fenced(self._describe(u.topic_id, u.partition, sid),  # type: ignore[misc]
+                                  old.broker_leader_epoch, fence)
         if u.state == _DELETE_FINISHED:
             self._drop_segment(batch, tpk, old)
             batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
@@ -491,6 +507,7 @@ class MetadataCache:
             for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_COPY_FENCE):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))
         batch.put(pk, bytes(value))
+        batch.undeleted.discard(tpk)
 
     def _apply_tombstone(self, batch: _Batch, mp: int, key: bytes | None) -> None:
         k = decode_key(key)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["MAGIC", "VERSION", "is_canonical", "parse", "unwrap", "wrap"]
+__all__ = ["MAGIC", "VERSION", "NotCanonicalError", "canonical_epoch", "is_canonical", "parse", "unwrap", "wrap"]
 
 MAGIC = b"\xffRLM"
 VERSION = 0
@@ -33,6 +33,13 @@ _HEAD_LEN = len(_HEAD)
 TAG_BROKER_LEADER_EPOCH = 0
 TAG_RSM_CUSTOM_METADATA = 1
 _I32 = struct.Struct(">i")
+_EPOCH_ONLY = _HEAD + b"\x01\x00\x04"            # count 1, tag 0, size 4
+_EPOCH_AND_RSM = _HEAD + b"\x02\x00\x04"         # count 2, tag 0, size 4 (then tag 1)
+_I32_AT = _I32.unpack_from
+
+
+class NotCanonicalError(ValueError):
+    """Envelope bytes that :func:`wrap` would not have written (the cache re-encodes such values)."""
 
 
 def _uvarint(value: int) -> bytes:
@@ -48,6 +55,11 @@ def wrap(broker_leader_epoch: int | None, rsm: bytes | None) -> bytes | None:
     """The ``CustomMetadata`` field value (canonical form, see the module docstring)."""
     if broker_leader_epoch is None and (rsm is None or not rsm.startswith(MAGIC)):
         return rsm
+    if broker_leader_epoch is not None:        # the usual shapes, without the general loop
+        if rsm is None:
+            return _EPOCH_ONLY + _I32.pack(broker_leader_epoch)
+        if len(rsm) < 0x80:
+            return b"".join((_EPOCH_AND_RSM, _I32.pack(broker_leader_epoch), b"\x01", bytes((len(rsm),)), rsm))
     parts = [_HEAD, _uvarint((broker_leader_epoch is not None) + (rsm is not None))]
     if broker_leader_epoch is not None:
         parts.append(b"\x00\x04" + _I32.pack(broker_leader_epoch))
@@ -105,6 +117,21 @@ def parse(data: bytes) -> tuple[int | None, bytes | None, bool] | None:
     if epoch is None and (rsm is None or not rsm.startswith(MAGIC)):
         canonical = False           # wrap() would not have enveloped these bytes
     return epoch, rsm, canonical
+
+
+def canonical_epoch(buf: bytes, start: int, end: int) -> int | None:
+    """The epoch of the envelope ``buf[start:end]`` (which starts with ``MAGIC``), or None when it has none; raises
+    :class:`NotCanonicalError` unless it is exactly what :func:`wrap` writes. The cache's fast path."""
+    size = end - start
+    if size == 12 and buf[start:start + 8] == _EPOCH_ONLY or buf[start:start + 8] == _EPOCH_AND_RSM and size > 13 \
+            and buf[start + 12] == TAG_RSM_CUSTOM_METADATA and buf[start + 13] == size - 14 < 0x80:
+        (epoch,) = _I32_AT(buf, start + 8)
+        if epoch >= 0:
+            return epoch
+    parsed = parse(buf[start:end])
+    if parsed is None or not parsed[2]:
+        raise NotCanonicalError("not a canonical envelope")
+    return parsed[0]
 
 
 def unwrap(data: bytes | None) -> tuple[int | None, bytes | None]:

@@ -407,7 +407,7 @@ class UpdateView(NamedTuple):
 
 _SEG_HEAD = b"\x01\x00\x00"
 _MAGIC = envelope.MAGIC
-_parse_envelope = envelope.parse
+_canonical_epoch = envelope.canonical_epoch
 _UPD_HEAD = b"\x01\x01\x00"
 _TAIL_TAGS = (b"\x00", b"\x01\x00\x01\x00", b"\x01\x00\x01\x01")
 _I32_AT = _I32.unpack_from
@@ -466,10 +466,10 @@ def _scan_segment_fast(buf: bytes) -> SegmentView | None:
         return None
     broker_epoch = None
     if c > 4 and buf[p + 1] == 0xFF and buf[p + 1:p + 5] == _MAGIC:
-        parsed = _parse_envelope(buf[p + 1:p + c])
-        if parsed is None or not parsed[2]:
+        try:
+            broker_epoch = _canonical_epoch(buf, p + 1, p + c)
+        except envelope.NotCanonicalError:
             return None
-        broker_epoch = parsed[0]
     p += c if c else 1
     state = buf[p]
     if state > 3 or start < 0 or end < start or epochs[0][1] < start or last_o > end:
