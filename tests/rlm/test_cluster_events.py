@@ -18,7 +18,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from rlm.config import SidecarSettings
+from rlm.config import SidecarSettings, TaskSettings
 from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
@@ -237,7 +237,9 @@ def test_topic_recreated_under_the_same_name(kafka_cluster3: KafkaCluster, topic
     store = {"store": "fs", "root_path": str(tmp_path / "remote"), "block_size_bytes": 64 * 1024,
              "copy_rate_bytes_per_second": 15_000}
     root = tmp_path / "remote"
-    with sidecars(kafka, tmp_path, topic_name, store=store) as side, \
+    # The purge waits for proof of deletion over a grace period (tasks.purge_grace_ms, 60 s by default): short here.
+    tasks = {"purge_grace_ms": 3000} if "purge_grace_ms" in TaskSettings.model_fields else {}
+    with sidecars(kafka, tmp_path, topic_name, store=store, tasks=tasks) as side, \
             InvariantChecker.open(settings_of(side), tmp_path / "checker") as checker:
         checker.follow([old_tp])
         rounds(old, 10, 100, 0.35)  # bases 0, 100, 200 ... (one roll per round)
