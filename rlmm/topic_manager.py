@@ -8,6 +8,11 @@ idempotence. One consumer thread (``assign``, never ``subscribe``, no group comm
 On (re)assignment of a metadata partition the cache resumes from its stored next offset, unless it has been
 away longer than the topic's ``delete.retention.ms`` (it might have missed tombstones) or the stored offset fell
 below the log start: then that partition's state is dropped and rebuilt from the beginning.
+
+Refusals are decided by the cache in the topic's order, the same in every manager. A writer checks its own cache
+first (no record is written for a transition it already knows is refused) and then learns, through read-your-writes,
+whether the record it wrote was refused: as :class:`rlmm.api.CopyFencedError` when a copy started under a higher
+broker leader epoch landed first (leader-epoch fencing of zombie copies), else :class:`InvalidStateTransitionError`.
 """
 
 from __future__ import annotations

@@ -317,3 +317,17 @@ def test_kafka_decodes_v0_with_envelope_but_not_v1(kafka_probe) -> None:
     assert f"customMetadata=Optional[CustomMetadata{{{n} bytes}}]" in lines[1]
     assert "state=COPY_SEGMENT_STARTED" in lines[1] and "segmentLeaderEpochs={0=100, 2=150}" in lines[1]
     assert lines[-1].startswith("E ") and len(lines) == 2 * len(with_epoch) + 1, lines[-1]
+
+
+@settings(max_examples=500)
+@given(st.none() | st.integers(0, 2**31 - 1),
+       st.none() | st.binary(max_size=300) | st.binary(max_size=200).map(lambda b: envelope.MAGIC + b))
+def test_envelope_wrap_unwrap_and_fast_path_agree(epoch, rsm) -> None:
+    data = envelope.wrap(epoch, rsm)
+    assert envelope.unwrap(data) == (epoch, rsm) and envelope.is_canonical(data)
+    if data is not None and data.startswith(envelope.MAGIC):
+        framed = b"xx" + data + b"yy"
+        assert envelope.canonical_epoch(framed, 2, 2 + len(data)) == epoch
+        assert envelope.parse(data) == (epoch, rsm, True)
+    else:
+        assert data == rsm and epoch is None
