@@ -35,7 +35,10 @@ Copy fencing (KIP-405's leader-epoch fencing of zombie copies, decided in the me
 cache agrees): a COPY_SEGMENT_STARTED -> COPY_SEGMENT_FINISHED of a segment whose ``broker_leader_epoch`` is below
 the partition's CopyFence is refused (:class:`rlmm.api.CopyFencedError`, reported as a refused record with
 ``fenced=True``). Segments without an epoch are never fenced. A COPY_SEGMENT_STARTED for a partition with any
-partition-delete state is refused.
+partition-delete state is refused. The fence is rebuilt from the STARTED records still on the topic: once every
+segment started under the highest epoch is fully deleted and its tombstones compacted, a rebuilt cache has a lower
+fence, and a refused FINISHED still on the topic would then apply. So the writer of a fenced copy must delete it
+(DELETE_SEGMENT_STARTED -> DELETE_SEGMENT_FINISHED), whose tombstones remove that FINISHED record too.
 
 Durability: the topic is the source of truth, so by default writes skip RocksDB's WAL (``wal=False``) and the
 memtables are flushed on close and before each caught-up mark (written with WAL). A WriteBatch lands in the
