@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["MAGIC", "VERSION", "NotCanonicalError", "canonical_epoch", "is_canonical", "parse", "unwrap", "wrap"]
+__all__ = ["MAGIC", "VERSION", "NotCanonicalError", "canonical_epoch", "is_canonical", "parse", "unwrap", "uvarint",
+           "wrap"]
 
 MAGIC = b"\xffRLM"
 VERSION = 0
@@ -42,7 +43,10 @@ class NotCanonicalError(ValueError):
     """Envelope bytes that :func:`wrap` would not have written (the cache re-encodes such values)."""
 
 
-def _uvarint(value: int) -> bytes:
+def uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint (the tagged-field and compact-length encoding)."""
+    if value < 0x80:
+        return bytes((value,))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -60,15 +64,15 @@ def wrap(broker_leader_epoch: int | None, rsm: bytes | None) -> bytes | None:
             return _EPOCH_ONLY + _I32.pack(broker_leader_epoch)
         if len(rsm) < 0x80:
             return b"".join((_EPOCH_AND_RSM, _I32.pack(broker_leader_epoch), b"\x01", bytes((len(rsm),)), rsm))
-    parts = [_HEAD, _uvarint((broker_leader_epoch is not None) + (rsm is not None))]
+    parts = [_HEAD, uvarint((broker_leader_epoch is not None) + (rsm is not None))]
     if broker_leader_epoch is not None:
         parts.append(b"\x00\x04" + _I32.pack(broker_leader_epoch))
     if rsm is not None:
-        parts += [b"\x01", _uvarint(len(rsm)), rsm]
+        parts += [b"\x01", uvarint(len(rsm)), rsm]
     return b"".join(parts)
 
 
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def _readuvarint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         b = buf[pos]            # IndexError when truncated: the caller treats the bytes as foreign
@@ -86,14 +90,14 @@ def parse(data: bytes) -> tuple[int | None, bytes | None, bool] | None:
     if not data.startswith(_HEAD):
         return None
     try:
-        count, pos = _read_uvarint(data, _HEAD_LEN)
+        count, pos = _readuvarint(data, _HEAD_LEN)
         canonical = data[_HEAD_LEN] == count
         epoch = rsm = None
         last = -1
         for _ in range(count):
             tag_pos = pos
-            tag, pos = _read_uvarint(data, pos)
-            size, pos = _read_uvarint(data, pos)
+            tag, pos = _readuvarint(data, pos)
+            size, pos = _readuvarint(data, pos)
             end = pos + size
             if tag <= last or end > len(data):
                 return None
@@ -107,7 +111,7 @@ def parse(data: bytes) -> tuple[int | None, bytes | None, bool] | None:
                 rsm = data[pos:end]
             else:
                 canonical = False
-            canonical = canonical and pos - tag_pos == 1 + len(_uvarint(size))
+            canonical = canonical and pos - tag_pos == 1 + len(uvarint(size))
             last = tag
             pos = end
         if pos != len(data):

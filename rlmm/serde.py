@@ -98,17 +98,7 @@ UUID_SIZE = 16
 
 
 # --------------------------------------------------------------------------------------------------- encode
-def _uvarint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
+_uvarint = envelope.uvarint
 _wrap = envelope.wrap
 _unwrap = envelope.unwrap
 _HEADERS = {k: _uvarint(FRAME_VERSION) + _uvarint(k) + _uvarint(SCHEMA_VERSION) for k in MetadataApiKey}
