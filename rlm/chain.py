@@ -23,9 +23,9 @@ see the same answer, computed here once:
    reaching furthest back, then the newest leader's copy, then the earliest copied). Segments that overlap the
    chain are left out; a hole between two chain segments is a gap (:func:`chain_gaps`).
 
-Segments left out of the chain are deleted by expiration on the leader when they are diverged (inconsistent with
-the leader's lineage) or wholly covered by the chain (:func:`unchained`); any other left-out segment is kept and
-reported, never deleted on that signal alone.
+Segments left out of the chain are deleted by expiration on the leader once the chain serves every offset they
+hold (:func:`unchained`): duplicates, and diverged segments once the current lineage's copies replaced them. Any
+other left-out segment is kept and reported: a lineage judged on a stale view must never delete the only copy.
 """
 
 from __future__ import annotations
@@ -183,8 +183,9 @@ def unchained(segments: Iterable[RemoteLogSegmentMetadata], chain: Sequence[Remo
               lineage: Lineage) -> tuple[list[tuple[RemoteLogSegmentMetadata, str]], list[RemoteLogSegmentMetadata]]:
     """COPY_SEGMENT_FINISHED segments outside ``chain``: ``(to delete with reason, to keep)``.
 
-    Deleted: those ``lineage`` (the leader's) says diverged (``diverged-lineage``), and those whose every offset
-    the chain serves (``duplicate``). Kept: any other (it may hold offsets the chain lacks).
+    Deleted: those whose every offset the chain serves, as ``diverged-lineage`` when ``lineage`` (the leader's)
+    says they diverged, else as ``duplicate``. Kept: any other, diverged or not (it may hold offsets the chain
+    lacks; a diverged one is deleted once the current lineage's copies cover its offsets).
     """
     in_chain = {m.remote_log_segment_id.id for m in chain}
     starts = [m.start_offset for m in chain]
@@ -193,10 +194,8 @@ def unchained(segments: Iterable[RemoteLogSegmentMetadata], chain: Sequence[Remo
     for md in segments:
         if md.state != _FINISHED or md.remote_log_segment_id.id in in_chain:
             continue
-        if not lineage.holds(md):
-            delete.append((md, "diverged-lineage"))
-        elif _covered(md, chain, starts):
-            delete.append((md, "duplicate"))
+        if _covered(md, chain, starts):
+            delete.append((md, "duplicate" if lineage.holds(md) else "diverged-lineage"))
         else:
             keep.append(md)
     return delete, keep

@@ -5,8 +5,9 @@ broker's log start offset (it moves whenever local retention deletes a segment; 
 the remote tier exactly what tiering exists to keep).
 
 Retention counts the remote chain only (:mod:`rlm.chain`): one copy of each offset, of the current leader-epoch
-lineage. Segments outside the chain are deleted here too when they are duplicates the chain covers, or (given the
-leader's lineage) of a diverged lineage, as Kafka's expiration deletes segments outside the leader's lineage.
+lineage. Segments outside the chain are deleted here too once the chain serves all their offsets: duplicates, and
+segments of a diverged lineage (as Kafka's expiration deletes segments outside the leader's lineage) once the
+current lineage's copies have replaced them.
 """
 
 from __future__ import annotations
@@ -54,10 +55,9 @@ def expire_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp
     """Delete the expired segments of ``tp``, and those outside its remote chain that may go; return those deleted
     (or queued for the cleaner).
 
-    ``local_epochs``: the leader's leader-epoch checkpoint; the chain then follows the leader's lineage
-    (:meth:`rlm.chain.Lineage.merged_with_local`) and segments of a diverged lineage are deleted. Without it the
-    chain follows the metadata's own lineage and only duplicates outside the chain are deleted, never a segment
-    on the signal that it looks diverged.
+    ``local_epochs``: the leader's leader-epoch checkpoint (call only while leading under its newest epoch); the
+    chain then follows the leader's lineage (:meth:`rlm.chain.Lineage.merged_with_local`). Without it the chain
+    follows the metadata's own lineage.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     segments = rlmm.list_remote_log_segments(tp)
@@ -67,7 +67,7 @@ def expire_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp
     chain = remote_chain(segments, lineage)
     todo = expired_segments(chain, rule, now_ms)
     outside, kept = unchained(segments, chain, lineage)
-    todo += [(md, reason) for md, reason in outside if local_epochs or reason == "duplicate"]
+    todo += outside
     for md in kept:
         log.warning("remote segment outside the remote chain kept: it holds offsets the chain lacks", extra={
             "segment": str(md.remote_log_segment_id), "start_offset": md.start_offset,

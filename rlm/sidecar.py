@@ -345,6 +345,10 @@ class Sidecar:
                 # Never on a half-rebuilt metadata cache (after a restart): its oldest segments may not be the
                 # partition's oldest, and retention would delete from the middle of the remote range.
                 self._wait_ready([led.tp])
+                # Only while leading under the cluster's epoch: a broker that lost leadership and does not know
+                # yet would judge segments by a stale lineage.
+                if self._leader_epoch(led) is None:
+                    continue
                 expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic),
                                  local_epochs=PartitionDir(led.path).leader_epochs())
             except Exception as err:  # noqa: BLE001

@@ -63,7 +63,11 @@ def test_unclean_election_diverged_segments_are_not_served() -> None:
     assert ranges(chain) == [(0, 2999), (3000, 4027)] and chain[1] is new
     lin = lineage_of([common, diverged, new])
     assert not lin.holds(diverged) and lin.holds(new) and lin.holds(common)
-    assert unchained([common, diverged, new], chain, lin)[0] == [(diverged, "diverged-lineage")]
+    # Not deleted yet: the new lineage covers 3000..4027 only, the diverged copy claims 4028..4031 too.
+    assert unchained([common, diverged, new], chain, lin) == ([], [diverged])
+    more = seg(4028, 4100, ((2, 4028),))
+    chain = remote_chain([common, diverged, new, more])
+    assert unchained([common, diverged, new, more], chain, lin)[0] == [(diverged, "diverged-lineage")]
 
 
 def test_epoch_starting_after_a_higher_one_diverged_whole() -> None:
@@ -103,7 +107,18 @@ def test_leader_lineage_finds_the_diverged_segment_before_the_new_leader_tiers()
     assert ranges(remote_chain(segs)) == [(0, 2999), (3000, 4031)]  # the metadata alone cannot tell yet
     lin = lineage_of(segs).merged_with_local([EpochEntry(1, 0), EpochEntry(2, 3000)])
     assert ranges(remote_chain(segs, lin)) == [(0, 2999)]
-    assert unchained(segs, remote_chain(segs, lin), lin)[0] == [(segs[1], "diverged-lineage")]
+    # Not served by the leader's chain, so the copier tiers 3000.. again; deleted only once that covers it.
+    assert unchained(segs, remote_chain(segs, lin), lin) == ([], [segs[1]])
+
+
+def test_a_stale_lineage_never_deletes_the_only_copy() -> None:
+    # A broker that lost leadership (its checkpoint ends at epoch 1 from 2170) while the new leader (epoch 2 from
+    # 2425) tiered [2340,2424] under epoch 1 and [2425,3694] under epoch 2: a stale view of the lineage.
+    segs = [seg(2170, 2339, ((1, 2170),)), seg(2340, 2424, ((1, 2340),)), seg(2425, 3694, ((2, 2425),))]
+    stale = lineage_of(segs).merged_with_local([EpochEntry(0, 0), EpochEntry(1, 2100)])
+    chain = remote_chain(segs, stale)
+    delete, keep = unchained(segs, chain, stale)
+    assert delete == [] and {m.start_offset for m in keep} <= {2425}
 
 
 def test_bound_by_lineage() -> None:
