@@ -300,7 +300,7 @@ class Chaos:
             for p, tp in tps.items():
                 last = self.last[p]
                 try:
-                    wait_for(lambda: checker.latest(tp) >= last, max(1.0, deadline - time.monotonic()),
+                    wait_for(lambda tp=tp, last=last: checker.latest(tp) >= last, max(1.0, deadline - time.monotonic()),
                              f"partition {p} tiered up to {last}", 1.0)
                 except AssertionError as err:
                     problems.append(f"{err} (latest remote {checker.latest(tp)})")

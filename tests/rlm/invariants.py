@@ -217,8 +217,8 @@ class InvariantChecker:
                                      f"{first_offset}: first segment {_rng(segs[0])}")
         for a, b in zip(segs, segs[1:], strict=False):
             if b.start_offset <= a.end_offset_inclusive:
-                report.add("contiguous", f"overlap: offsets {b.start_offset}..{min(a.end_offset_inclusive, b.end_offset_inclusive)} "
-                                         f"are in {_rng(a)} and in {_rng(b)}")
+                last = min(a.end_offset_inclusive, b.end_offset_inclusive)
+                report.add("contiguous", f"overlap: offsets {b.start_offset}..{last} are in {_rng(a)} and in {_rng(b)}")
             elif b.start_offset != a.end_offset_inclusive + 1:
                 report.add("contiguous", f"gap: offsets {a.end_offset_inclusive + 1}..{b.start_offset - 1} between "
                                          f"{_rng(a)} and {_rng(b)}")
