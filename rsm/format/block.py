@@ -1,8 +1,11 @@
-"""The data block of a remote data object (Pulsar PIP-17 / PIP-76 block format, seeds/000).
+"""The data block of a remote data object (Pulsar PIP-17 / PIP-76 block format, seeds/000): writer and reader.
 
 A data object is a run of blocks, back to back. Each block is a 128-byte header and a payload of entries; an
 entry is one Kafka record batch, verbatim (its CRC-32C still checks and it can be served to a client as is).
-Blocks are not padded to a fixed size: ``block_len`` is the exact length.
+Blocks are not padded to a fixed size: ``block_len`` is the exact length. This module is the only place that
+knows how blocks and entries are framed: :class:`BlockWriter` (used by :mod:`rsm.format.ledger`) writes them,
+:func:`read_block_header` and :class:`EntryReader` (used by :mod:`rsm.format.reader`) read them back. What an
+entry holds (a Kafka record batch) is checked by the callers, through :mod:`rsm.log.batch`.
 
 Layout (big-endian)::
 
@@ -26,25 +29,28 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from rsm.errors import CorruptRemoteObjectError
 
 __all__ = [
+    "BLOCK_HEADER",
     "BLOCK_HEADER_LENGTH",
     "BLOCK_MAGIC",
     "ENTRY_HEADER",
     "ENTRY_HEADER_LENGTH",
-    "BlockBuilder",
+    "LEDGER_ID_OFFSET",
     "BlockHeader",
+    "BlockWriter",
+    "EntryReader",
     "decode_block_header",
-    "encode_block_header",
-    "iter_entries",
+    "read_block_header",
 ]
 
 BLOCK_MAGIC = 0x26A66D32
-BLOCK_HEADER_LENGTH = 128
+BLOCK_HEADER_LENGTH = 128  # header_len: the format fixes it; the fields below, then zero padding up to it
 
-_BLOCK_HEADER = struct.Struct(
+_BLOCK_HEADER_FIELDS = (
     ">"
     "I"  # magic_word
     "q"  # header_len
@@ -52,13 +58,18 @@ _BLOCK_HEADER = struct.Struct(
     "q"  # first_entry_id
     "q"  # ledger_id
 )
+BLOCK_HEADER = struct.Struct(_BLOCK_HEADER_FIELDS + f"{BLOCK_HEADER_LENGTH - struct.calcsize(_BLOCK_HEADER_FIELDS)}x")
+_HEADER_LEN_OFFSET = struct.calcsize(">I")  # 4
+_BLOCK_LEN_OFFSET = struct.calcsize(">Iq")  # 12
+LEDGER_ID_OFFSET = struct.calcsize(">Iqqq")  # 28
+
 ENTRY_HEADER = struct.Struct(
     ">"
     "i"  # entry_len
     "q"  # entry_id
 )
 ENTRY_HEADER_LENGTH = ENTRY_HEADER.size  # 12
-_PADDING = bytes(BLOCK_HEADER_LENGTH - _BLOCK_HEADER.size)
+_ENTRY_ID_OFFSET = struct.calcsize(">i")  # 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,88 +82,128 @@ class BlockHeader:
     ledger_id: int
 
 
-def encode_block_header(block_length: int, first_entry_id: int, ledger_id: int) -> bytes:
-    """The 128-byte header of a block of ``block_length`` bytes (header included)."""
-    return _BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, block_length, first_entry_id, ledger_id) + _PADDING
+# -- writing -----------------------------------------------------------------------------------------------------
 
 
-def decode_block_header(buf: bytes | memoryview, *, key: str, position: int) -> BlockHeader:
+class BlockWriter:
+    """Frames one block as a gather list, without copying the entries; the caller bounds the block (block size,
+    or one entry if that is larger). Entry ids run on from ``first_entry_id``.
+
+    The entries' buffers are referenced, not copied: they must stay unchanged until the gather list is written.
+    """
+
+    __slots__ = ("_pieces", "block_length", "entry_count", "first_entry_id", "ledger_id")
+
+    def __init__(self, ledger_id: int, first_entry_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.first_entry_id = first_entry_id
+        self.entry_count = 0
+        self.block_length = BLOCK_HEADER_LENGTH
+        self._pieces: list[bytes | memoryview] = [b""]  # [0]: the header, written by finish()
+
+    def add(self, data: bytes | memoryview) -> None:
+        """Append one entry (the next entry id)."""
+        self._pieces.append(ENTRY_HEADER.pack(len(data), self.first_entry_id + self.entry_count))
+        self._pieces.append(data)
+        self.entry_count += 1
+        self.block_length += ENTRY_HEADER_LENGTH + len(data)
+
+    def finish(self) -> list[bytes | memoryview]:
+        """The block as a gather list: the header, then entry header and entry bytes per entry."""
+        self._pieces[0] = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, self.block_length, self.first_entry_id,
+                                            self.ledger_id)
+        return self._pieces
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+
+
+def decode_block_header(buf: bytes | bytearray | memoryview, *, key: str, position: int) -> BlockHeader:
     """Decode the header at the start of ``buf``; ``key``/``position`` locate it for errors."""
     if len(buf) < BLOCK_HEADER_LENGTH:
         raise CorruptRemoteObjectError(
             f"truncated block header: expected {BLOCK_HEADER_LENGTH} bytes, found {len(buf)}", key=key,
             position=position)
-    magic, header_len, block_len, first_entry_id, ledger_id = _BLOCK_HEADER.unpack_from(buf, 0)
+    magic, header_len, block_len, first_entry_id, ledger_id = BLOCK_HEADER.unpack_from(buf, 0)
     if magic != BLOCK_MAGIC:
         raise CorruptRemoteObjectError(f"bad block magic 0x{magic:08X}, expected 0x{BLOCK_MAGIC:08X}", key=key,
                                        position=position)
     if header_len != BLOCK_HEADER_LENGTH:
         raise CorruptRemoteObjectError(f"bad block header_len {header_len}, expected {BLOCK_HEADER_LENGTH}",
-                                       key=key, position=position + 4)
+                                       key=key, position=position + _HEADER_LEN_OFFSET)
     if block_len < BLOCK_HEADER_LENGTH:
         raise CorruptRemoteObjectError(f"bad block_len {block_len} (< header length)", key=key,
-                                       position=position + 12)
+                                       position=position + _BLOCK_LEN_OFFSET)
     return BlockHeader(header_len, block_len, first_entry_id, ledger_id)
 
 
-def iter_entries(block: memoryview, header: BlockHeader, *, key: str,
-                 position: int) -> Iterator[tuple[int, int, memoryview]]:
-    """Yield ``(entry_id, position of the entry header in the object, entry bytes)`` for a whole block.
+def _read_exactly(stream: BinaryIO, n: int) -> bytearray:
+    """Up to ``n`` bytes from ``stream``: fewer only where the stream ends."""
+    buf = bytearray(n)
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = stream.readinto(mv[got:])  # type: ignore[attr-defined]
+        if not k:
+            mv.release()
+            del buf[got:]
+            break
+        got += k
+    return buf
 
-    ``block`` is the whole block, header included; ``position`` is the block's position in the object. Entry
-    ids must run on from ``first_entry_id`` and entries must fill the block exactly.
+
+def read_block_header(stream: BinaryIO, *, key: str, position: int) -> BlockHeader:
+    """Read and decode the header of the block at ``position`` (where ``stream`` stands)."""
+    return decode_block_header(_read_exactly(stream, BLOCK_HEADER_LENGTH), key=key, position=position)
+
+
+class EntryReader:
+    """The entries of one block, read from ``stream`` standing just after its header (``position`` is the block's
+    position in the object). Iterate once: ``(entry_id, position of the entry header in the object, entry bytes)``,
+    each entry in a fresh ``bytearray`` the caller owns, streamed one entry at a time.
+
+    Entry ids must run on from ``first_entry_id`` and the entries must fill the block exactly, else
+    :class:`CorruptRemoteObjectError`; it names :attr:`kafka_offset`, which the caller may keep at the Kafka offset
+    it expects next.
     """
-    if len(block) != header.block_length:
-        raise CorruptRemoteObjectError(
-            f"truncated block: expected {header.block_length} bytes, found {len(block)}", key=key,
-            position=position)
-    pos = header.header_length
-    expected_id = header.first_entry_id
-    end = header.block_length
-    while pos < end:
-        if end - pos < ENTRY_HEADER_LENGTH:
-            raise CorruptRemoteObjectError(
-                f"truncated entry header: expected {ENTRY_HEADER_LENGTH} bytes, found {end - pos}", key=key,
-                position=position + pos)
-        entry_len, entry_id = ENTRY_HEADER.unpack_from(block, pos)
-        if entry_id != expected_id:
-            raise CorruptRemoteObjectError(f"entry id {entry_id}, expected {expected_id}", key=key,
-                                           position=position + pos + 4)
-        if entry_len < 0 or pos + ENTRY_HEADER_LENGTH + entry_len > end:
-            raise CorruptRemoteObjectError(
-                f"entry length {entry_len} runs past the block end ({end - pos - ENTRY_HEADER_LENGTH} bytes left)",
-                key=key, position=position + pos)
-        data_pos = pos + ENTRY_HEADER_LENGTH
-        yield entry_id, position + pos, block[data_pos:data_pos + entry_len]
-        pos = data_pos + entry_len
-        expected_id += 1
 
+    __slots__ = ("_header", "_key", "_position", "_stream", "kafka_offset")
 
-class BlockBuilder:
-    """Builds one block in memory; the caller bounds it (block size, or one entry if that is larger)."""
+    def __init__(self, stream: BinaryIO, header: BlockHeader, *, key: str, position: int) -> None:
+        self._stream = stream
+        self._header = header
+        self._key = key
+        self._position = position
+        self.kafka_offset: int | None = None
 
-    __slots__ = ("_buf", "_first_entry_id", "_ledger_id", "entry_count")
+    def _error(self, message: str, position: int) -> CorruptRemoteObjectError:
+        return CorruptRemoteObjectError(message, key=self._key, position=position, kafka_offset=self.kafka_offset)
 
-    def __init__(self, ledger_id: int, first_entry_id: int) -> None:
-        self._ledger_id = ledger_id
-        self._first_entry_id = first_entry_id
-        self._buf = bytearray(BLOCK_HEADER_LENGTH)
-        self.entry_count = 0
+    def _read(self, n: int, at: int) -> bytearray:
+        data = _read_exactly(self._stream, n)
+        if len(data) < n:
+            raise self._error(f"truncated block: expected {self._header.block_length} bytes, found "
+                              f"{at + len(data)}", self._position + at + len(data))
+        return data
 
-    def __len__(self) -> int:
-        return len(self._buf)
+    def __iter__(self) -> Iterator[tuple[int, int, bytearray]]:
+        unpack = ENTRY_HEADER.unpack
+        position = self._position
+        pos = self._header.header_length
+        end = self._header.block_length
+        entry_id = self._header.first_entry_id
+        while pos < end:
+            if end - pos < ENTRY_HEADER_LENGTH:
+                raise self._error(f"truncated entry header: expected {ENTRY_HEADER_LENGTH} bytes, found "
+                                  f"{end - pos} before the block end", position + pos)
+            entry_len, stored_id = unpack(self._read(ENTRY_HEADER_LENGTH, pos))
+            if stored_id != entry_id:
+                raise self._error(f"entry id {stored_id}, expected {entry_id}", position + pos + _ENTRY_ID_OFFSET)
+            data_pos = pos + ENTRY_HEADER_LENGTH
+            if entry_len < 0 or data_pos + entry_len > end:
+                raise self._error(f"entry length {entry_len} runs past the block end ({end - data_pos} bytes left)",
+                                  position + pos)
+            yield entry_id, position + pos, self._read(entry_len, data_pos)
+            pos = data_pos + entry_len
+            entry_id += 1
 
-    def add(self, entry_id: int, data: bytes | memoryview) -> None:
-        """Append one entry (its id must be the next one)."""
-        self._buf += ENTRY_HEADER.pack(len(data), entry_id)
-        self._buf += data
-        self.entry_count += 1
-
-    def finish(self) -> bytearray:
-        """Write the header and hand over the block's bytes (the builder is spent)."""
-        buf = self._buf
-        _BLOCK_HEADER.pack_into(buf, 0, BLOCK_MAGIC, BLOCK_HEADER_LENGTH, len(buf), self._first_entry_id,
-                                self._ledger_id)
-        buf[_BLOCK_HEADER.size:BLOCK_HEADER_LENGTH] = _PADDING
-        self._buf = bytearray()
-        return buf

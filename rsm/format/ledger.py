@@ -14,8 +14,8 @@ is handed out. Kept batches keep their positions in the original file (``log_pos
 Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
 header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
 ``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
-bytes per entry) without another copy. Memory: one block buffer, whatever the segment size. Where blocks go
-(which data object, at which position) is the caller's business.
+bytes per entry, framed by :class:`rsm.format.block.BlockWriter`) without another copy. Memory: one block buffer,
+whatever the segment size. Where blocks go (which data object, at which position) is the caller's business.
 """
 
 from __future__ import annotations
@@ -24,11 +24,15 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LENGTH, encode_block_header
-from rsm.log.batch import BatchHeader, scan_batches
+from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, BlockWriter
+from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
 
 __all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "LedgerWriter", "SegmentRangeError",
            "kept_range"]
+
+# fields of the record batch header re-checked after the copying read (see LedgerWriter._emit)
+_BASE_OFFSET_FIELD = slice(0, BATCH_LENGTH_OFFSET)
+_CRC_FIELD = slice(CRC_OFFSET, ATTRIBUTES_OFFSET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,18 +191,16 @@ class LedgerWriter:
             if not k:
                 raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {start + got})")
             got += k
-        first_entry_id = self.entry_count
-        block_length = BLOCK_HEADER_LENGTH + len(plan) * ENTRY_HEADER_LENGTH + n
-        pieces: list[bytes | memoryview] = [encode_block_header(block_length, first_entry_id, self.ledger_id)]
+        block = BlockWriter(self.ledger_id, self.entry_count)
         max_ts = -1
-        for i, h in enumerate(plan):
+        for h in plan:
             off = h.position - start
             raw = view[off:off + h.size_bytes]
             # the bytes read now must be the batch checked by the scan (base offset and CRC fields)
-            if raw[:8] != h.base_offset.to_bytes(8, "big", signed=True) or raw[17:21] != h.crc.to_bytes(4, "big"):
+            if (int.from_bytes(raw[_BASE_OFFSET_FIELD], "big", signed=True) != h.base_offset
+                    or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
                 raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
-            pieces.append(ENTRY_HEADER.pack(h.size_bytes, first_entry_id + i))
-            pieces.append(raw)
+            block.add(raw)
             max_ts = max(max_ts, h.max_timestamp)
         self.entry_count += len(plan)
         self.log_bytes += n
@@ -206,6 +208,6 @@ class LedgerWriter:
             self.first_offset = plan[0].base_offset
         self.last_offset = plan[-1].last_offset
         self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
-        draft = BlockDraft(first_entry_id, part_id, len(plan), block_length, plan[0].base_offset,
+        draft = BlockDraft(block.first_entry_id, part_id, block.entry_count, block.block_length, plan[0].base_offset,
                            plan[-1].last_offset, max_ts, start, n)
-        return draft, pieces
+        return draft, block.finish()

@@ -20,7 +20,7 @@ import google_crc32c
 
 from rsm.api import IndexType
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER, ENTRY_HEADER_LENGTH, decode_block_header
+from rsm.format.block import ENTRY_HEADER_LENGTH, LEDGER_ID_OFFSET, EntryReader, read_block_header
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
@@ -47,19 +47,6 @@ class EntryView:
     data: memoryview
 
 
-def _read_exactly(stream: BinaryIO, n: int, *, key: str, position: int, what: str) -> bytearray:
-    buf = bytearray(n)
-    mv = memoryview(buf)
-    got = 0
-    while got < n:
-        k = stream.readinto(mv[got:])  # type: ignore[attr-defined]
-        if not k:
-            raise CorruptRemoteObjectError(f"object ends inside {what}: expected {n} bytes, found {got}", key=key,
-                                           position=position + got)
-        got += k
-    return buf
-
-
 def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) -> tuple[int, int, int]:
     """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return (base offset, last
     offset, max timestamp)."""
@@ -79,48 +66,44 @@ def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) 
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int) -> Iterator[EntryView]:
-    """Verified entries of consecutive ``blocks`` of one object; ``stream`` starts at the first block."""
+    """Verified entries of consecutive ``blocks`` of one object; ``stream`` starts at the first block.
+
+    The framing is read by :mod:`rsm.format.block`; here each block is checked against the index and each entry
+    as a Kafka record batch."""
     for block in blocks:
         pos = block.object_position
-        hdr_bytes = _read_exactly(stream, BLOCK_HEADER_LENGTH, key=key, position=pos, what="a block header")
-        hdr = decode_block_header(hdr_bytes, key=key, position=pos)
+        hdr = read_block_header(stream, key=key, position=pos)
         if hdr.block_length != block.block_length or hdr.first_entry_id != block.first_entry_id:
             raise CorruptRemoteObjectError(
                 f"block header says length {hdr.block_length}, first entry {hdr.first_entry_id}; the index says "
                 f"{block.block_length}, {block.first_entry_id}", key=key, position=pos, kafka_offset=block.first_offset)
         if hdr.ledger_id != ledger_id:
             raise CorruptRemoteObjectError(f"block of ledger {hdr.ledger_id}, expected {ledger_id}", key=key,
-                                           position=pos + 28, kafka_offset=block.first_offset)
-        p = pos + BLOCK_HEADER_LENGTH
-        end = pos + block.block_length
+                                           position=pos + LEDGER_ID_OFFSET, kafka_offset=block.first_offset)
+        entries = EntryReader(stream, hdr, key=key, position=pos)
+        entries.kafka_offset = block.first_offset
         log_pos = block.log_position
         prev_last = block.first_offset - 1
-        for i in range(block.entry_count):
-            if end - p < ENTRY_HEADER_LENGTH:
-                raise CorruptRemoteObjectError(f"block ends after {i} of {block.entry_count} entries", key=key,
-                                               position=p, kafka_offset=prev_last + 1)
-            entry_len, entry_id = ENTRY_HEADER.unpack(
-                _read_exactly(stream, ENTRY_HEADER_LENGTH, key=key, position=p, what="an entry header"))
-            if entry_id != block.first_entry_id + i:
-                raise CorruptRemoteObjectError(f"entry id {entry_id}, expected {block.first_entry_id + i}", key=key,
-                                               position=p + 4, kafka_offset=prev_last + 1)
-            if entry_len < 0 or p + ENTRY_HEADER_LENGTH + entry_len > end:
-                raise CorruptRemoteObjectError(f"entry length {entry_len} runs past the block end", key=key,
-                                               position=p, kafka_offset=prev_last + 1)
+        count = 0
+        for entry_id, p, data in entries:
             data_pos = p + ENTRY_HEADER_LENGTH
-            data = _read_exactly(stream, entry_len, key=key, position=data_pos, what="an entry")
+            if count == block.entry_count:
+                raise CorruptRemoteObjectError(f"block holds more than the index's {block.entry_count} entries",
+                                               key=key, position=p, kafka_offset=prev_last + 1)
             base, last, max_ts = _check_batch(data, block, key=key, position=data_pos)
             if base <= prev_last:
                 raise CorruptRemoteObjectError(f"batch base offset {base} not after the previous batch's {prev_last}",
                                                key=key, position=data_pos, kafka_offset=base)
             yield EntryView(block, entry_id, p, log_pos, base, last, max_ts, memoryview(data))
             prev_last = last
-            log_pos += entry_len
-            p = data_pos + entry_len
-        if p != end or log_pos != block.log_position + block.log_bytes or prev_last != block.last_offset:
+            entries.kafka_offset = last + 1
+            log_pos += len(data)
+            count += 1
+        if count != block.entry_count or log_pos != block.log_position + block.log_bytes or (
+                prev_last != block.last_offset):
             raise CorruptRemoteObjectError(
-                f"block content ({p - pos} bytes, .log bytes {log_pos - block.log_position}, last offset "
-                f"{prev_last}) does not match the index ({block.block_length}, {block.log_bytes}, "
+                f"block content ({count} entries, .log bytes {log_pos - block.log_position}, last offset "
+                f"{prev_last}) does not match the index ({block.entry_count}, {block.log_bytes}, "
                 f"{block.last_offset})", key=key, position=pos, kafka_offset=block.first_offset)
 
 

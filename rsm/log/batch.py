@@ -45,8 +45,11 @@ from rsm.log._fastinit import fast_constructor
 from rsm.log.errors import CorruptRecordBatchError
 
 __all__ = [
+    "ATTRIBUTES_OFFSET",
     "BATCH_HEADER_SIZE",
+    "BATCH_LENGTH_OFFSET",
     "CHUNK_BYTES",
+    "CRC_OFFSET",
     "BatchAttributes",
     "BatchHeader",
     "Codec",
@@ -74,6 +77,7 @@ HEADER = struct.Struct(
     "i"  # record_count: Int32
 )
 BATCH_HEADER_SIZE = HEADER.size  # 61
+BATCH_LENGTH_OFFSET = struct.calcsize(">q")  # 8: BaseOffset is the first field
 LOG_OVERHEAD = struct.calcsize(">qi")  # 12: BaseOffset + BatchLength, not counted in BatchLength
 MAGIC_OFFSET = struct.calcsize(">qii")  # 16
 CRC_OFFSET = MAGIC_OFFSET + struct.calcsize(">b")  # 17

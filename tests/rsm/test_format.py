@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import uuid
 
@@ -9,7 +10,7 @@ import pytest
 
 from rsm.api import IndexType, SegmentLeaderEpoch
 from rsm.errors import CorruptRemoteObjectError
-from rsm.format.block import BLOCK_HEADER_LENGTH, BlockBuilder, decode_block_header, iter_entries
+from rsm.format.block import BLOCK_HEADER_LENGTH, BlockWriter, EntryReader, decode_block_header
 from rsm.format.index import (
     BlockInfo,
     IndexObject,
@@ -23,11 +24,17 @@ from rsm.format.keys import SegmentKeys, encode_topic_name, ledger_id_for, parti
 from rsm.throttle import THROTTLE_SECONDS, Throttle
 
 
+def _after_header(block: bytes | bytearray) -> io.BytesIO:
+    stream = io.BytesIO(block)
+    stream.seek(BLOCK_HEADER_LENGTH)
+    return stream
+
+
 def test_block_golden_bytes_and_entries():
-    b = BlockBuilder(ledger_id=0x0102030405060708, first_entry_id=5)
-    b.add(5, b"hello")
-    b.add(6, memoryview(b"kafka!"))
-    block = b.finish()
+    b = BlockWriter(ledger_id=0x0102030405060708, first_entry_id=5)
+    b.add(b"hello")
+    b.add(memoryview(b"kafka!"))
+    block = b"".join(b.finish())
     assert len(block) == 128 + 12 + 5 + 12 + 6
     assert bytes(block[:36]) == bytes.fromhex(
         "26a66d32" "0000000000000080" "00000000000000a3" "0000000000000005" "0102030405060708")
@@ -35,25 +42,25 @@ def test_block_golden_bytes_and_entries():
     assert bytes(block[128:145]) == struct.pack(">iq", 5, 5) + b"hello"
     h = decode_block_header(block, key="k", position=0)
     assert (h.header_length, h.block_length, h.first_entry_id, h.ledger_id) == (128, 163, 5, 0x0102030405060708)
-    entries = [(i, p, bytes(d)) for i, p, d in iter_entries(memoryview(block), h, key="k", position=1000)]
+    entries = [(i, p, bytes(d)) for i, p, d in EntryReader(_after_header(block), h, key="k", position=1000)]
     assert entries == [(5, 1128, b"hello"), (6, 1145, b"kafka!")]
 
 
 def test_block_errors_name_key_and_position():
-    b = BlockBuilder(1, 0)
-    b.add(0, b"x" * 10)
-    block = b.finish()
+    b = BlockWriter(1, 0)
+    b.add(b"x" * 10)
+    block = b"".join(b.finish())
     bad = bytearray(block)
     bad[0] ^= 1
     with pytest.raises(CorruptRemoteObjectError, match=r"obj at byte 4096: bad block magic"):
         decode_block_header(bad, key="obj", position=4096)
     h = decode_block_header(block, key="obj", position=0)
     with pytest.raises(CorruptRemoteObjectError, match="truncated block: expected 150 bytes, found 149"):
-        list(iter_entries(memoryview(block)[:-1], h, key="obj", position=0))
+        list(EntryReader(_after_header(block[:-1]), h, key="obj", position=0))
     bad = bytearray(block)
     bad[BLOCK_HEADER_LENGTH + 4:BLOCK_HEADER_LENGTH + 12] = struct.pack(">q", 9)
     with pytest.raises(CorruptRemoteObjectError, match="entry id 9, expected 0") as exc:
-        list(iter_entries(memoryview(bad), h, key="obj", position=0))
+        list(EntryReader(_after_header(bad), h, key="obj", position=0))
     assert exc.value.position == BLOCK_HEADER_LENGTH + 4
 
 
