@@ -11,7 +11,7 @@ is numeric order; signed ints are stored with their sign bit flipped (``u = v ^ 
                                                                b"partitions" (u32)
     0x01 MP:u16                                             -> Progress => NextOffset:i64 CaughtUpWallMs:i64
     0x10 MP TopicId:uuid Partition:s32 SegmentId:uuid       -> segment: RemoteLogSegmentMetadataRecord bytes
-                                                               (rlmm.serde, current state)
+                                                               (rlmm.serde, current state; read by rlmm.scan)
     0x12 MP TopicId Partition Epoch:s32 StartOffset:s64 SegmentId
                                                             -> b""   (every segment holding Epoch, any state)
     0x13 MP TopicId Partition Epoch:s32 EpochStartOffset:s64
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
-from rlmm import serde
+from rlmm import scan, serde
 from rlmm.api import (
     CopyFencedError,
     CorruptMetadataRecordError,
@@ -195,7 +195,7 @@ class _Batch:
         self.wo = wo
         self.puts: dict[bytes, bytes | None] = {}
         self.ranges: list[tuple[bytes, bytes]] = []
-        self.views: dict[bytes, serde.SegmentView] = {}   # scanned segment values by 0x10 key
+        self.views: dict[bytes, scan.SegmentView] = {}   # scanned segment values by 0x10 key
         self.fences: dict[bytes, int | None] = {}         # CopyFence epoch by partition key (read through)
         self.undeleted: set[bytes] = set()                # partition keys with no partition-delete state in db
 
@@ -350,8 +350,8 @@ class MetadataCache:
         out = ApplyOutcome(skipped=[])
         batch = _Batch(self.db, self._wo)
         next_offsets: dict[int, int] = {}
-        api_key_of = serde.api_key_of
-        scan_update, scan_segment = serde.scan_update, serde.scan_segment
+        api_key_of = scan.api_key_of
+        scan_update, scan_segment = scan.scan_update, scan.scan_segment
         apply_update, apply_add = self._apply_update, self._apply_add
         for mp, offset, key, value in records:
             next_offsets[mp] = offset + 1
@@ -397,13 +397,13 @@ class MetadataCache:
             puts[T_PROGRESS + _MP.pack(mp)] = _PROGRESS.pack(nxt, wall)
         return puts
 
-    def _load(self, batch: _Batch, skey: bytes) -> serde.SegmentView | None:
+    def _load(self, batch: _Batch, skey: bytes) -> scan.SegmentView | None:
         view = batch.views.get(skey)
         if view is None:
             raw = batch.get(skey)
             if raw is None:
                 return None
-            view = serde.scan_segment(raw)
+            view = scan.scan_segment(raw)
             batch.views[skey] = view
         return view
 
@@ -411,7 +411,7 @@ class MetadataCache:
     def _describe(tid: bytes, partition: int, sid: bytes) -> str:
         return f"RemoteLogSegmentId({uuid.UUID(bytes=tid)}-{partition}, {uuid.UUID(bytes=sid)})"
 
-    def _apply_add(self, batch: _Batch, mp: int, v: serde.SegmentView) -> None:
+    def _apply_add(self, batch: _Batch, mp: int, v: scan.SegmentView) -> None:
         if v.state != _STARTED:
             raise InvalidStateTransitionError(
                 f"{self._describe(v.topic_id, v.partition, v.segment_id)}: a new segment must be COPY_SEGMENT_STARTED,"
@@ -450,7 +450,7 @@ class MetadataCache:
             if fence is None or copy_epoch > fence:
                 batch.set_fence(tpk, copy_epoch)
 
-    def _drop_segment(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
+    def _drop_segment(self, batch: _Batch, tpk: bytes, v: scan.SegmentView) -> None:
         sid = v.segment_id
         start = _s64(v.start_offset)
         batch.delete(T_SEGMENT + tpk + sid)
@@ -458,14 +458,14 @@ class MetadataCache:
             batch.delete(T_EPOCH_ALL + tpk + _s32(epoch) + start + sid)
         self._drop_floor(batch, tpk, v)
 
-    def _drop_floor(self, batch: _Batch, tpk: bytes, v: serde.SegmentView) -> None:
+    def _drop_floor(self, batch: _Batch, tpk: bytes, v: scan.SegmentView) -> None:
         for epoch, epoch_start in v.epochs:
             fk = T_EPOCH_FLOOR + tpk + _s32(epoch) + _s64(epoch_start)
             raw = batch.get(fk)
             if raw is not None and raw[:16] == v.segment_id:
                 batch.delete(fk)
 
-    def _apply_update(self, batch: _Batch, mp: int, u: serde.UpdateView) -> None:
+    def _apply_update(self, batch: _Batch, mp: int, u: scan.UpdateView) -> None:
         tpk = _TP.pack(mp, u.topic_id, (u.partition + _S32_FLIP) & 0xFFFFFFFF)
         sid = u.segment_id
         skey = T_SEGMENT + tpk + sid
@@ -486,7 +486,7 @@ class MetadataCache:
             self._drop_segment(batch, tpk, old)
             batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
             return
-        new = serde.patch_segment(old, u)
+        new = scan.patch_segment(old, u)
         batch.puts[skey] = new.value
         batch.views[skey] = new
         if u.state == _FINISHED and old.state != _FINISHED:
@@ -533,7 +533,7 @@ class MetadataCache:
         if offset > epoch_end:
             return None
         raw = self.db.get(T_SEGMENT + tpk + sid)
-        return None if raw is None else serde.decode(raw)
+        return None if raw is None else scan.decode(raw)
 
     def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
         prefix = T_EPOCH_FLOOR + self._tp_key(tp) + _s32(epoch)
@@ -556,7 +556,7 @@ class MetadataCache:
     def segments(self, tp: TopicIdPartition, epoch: int | None = None) -> list[RemoteLogSegmentMetadata]:
         tpk = self._tp_key(tp)
         if epoch is None:
-            segs = [serde.decode(v) for _k, v in self._scan(T_SEGMENT + tpk)]
+            segs = [scan.decode(v) for _k, v in self._scan(T_SEGMENT + tpk)]
             segs.sort(key=lambda md: (md.start_offset, md.remote_log_segment_id.id.bytes))
             return segs
         out = []
@@ -565,13 +565,13 @@ class MetadataCache:
         for k, _v in self._scan(prefix):
             raw = self.db.get(T_SEGMENT + tpk + k[n + 8:])
             if raw is not None:
-                out.append(serde.decode(raw))
+                out.append(scan.decode(raw))
         return out
 
     def segment(self, tp: TopicIdPartition, segment_id: uuid.UUID) -> RemoteLogSegmentMetadata | None:
         tpk = self._tp_key(tp)
         raw = self.db.get(T_SEGMENT + tpk + segment_id.bytes)
-        return None if raw is None else serde.decode(raw)
+        return None if raw is None else scan.decode(raw)
 
     def copy_fence_epoch(self, tp: TopicIdPartition) -> int | None:
         """The highest broker leader epoch of any applied COPY_SEGMENT_STARTED of ``tp`` (None: none had one)."""

@@ -33,6 +33,11 @@ CustomMetadata of both segment records holds :mod:`rlmm.envelope`: the RSM's byt
 RemoteLogSegmentMetadataRecord, the broker leader epoch of the copy. Kafka 4.3 reads SchemaVersion 0 only, so that
 is what we write (the epoch in the envelope); a SchemaVersion 1 record's BrokerLeaderEpoch tag wins over the
 envelope's. An update record carries no epoch: the segment keeps the one of its COPY_SEGMENT_STARTED record.
+
+This module is the reference codec: :func:`encode` writes the canonical form, :func:`decode` reads any valid value
+and names the field and byte position of any malformation. The fixed-size runs of the layout are the
+:class:`Fields` below (one ``struct.Struct`` each, fields named as above); :mod:`rlmm.scan`, the metadata cache's
+fast path over the canonical form, takes its offsets from them.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from __future__ import annotations
 import struct
 import uuid
 from enum import IntEnum
-from typing import NamedTuple
 
 from rlmm import envelope
 from rlmm.api import (
@@ -55,8 +59,9 @@ from rlmm.api import (
     TopicIdPartition,
 )
 
-__all__ = ["FRAME_VERSION", "SCHEMA_VERSION", "MetadataApiKey", "SegmentView", "UpdateView", "api_key_of", "decode",
-           "decode_api_key", "encode", "patch_segment", "scan_segment", "scan_update", "segment_from_view"]
+__all__ = ["BROKER_EVENT", "BROKER_EVENT_STATE", "EMPTY_TAGS", "EPOCH_ENTRY", "FRAME_VERSION", "HEADERS",
+           "SCHEMA_VERSION", "SEGMENT_FIXED", "SEGMENT_SIZE", "SEGMENT_UUID", "STATE", "TXN_INDEX_EMPTY_TAGS",
+           "UUID_PARTITION", "Fields", "MetadataApiKey", "decode", "decode_api_key", "encode", "nullable_bytes"]
 
 FRAME_VERSION = 1
 SCHEMA_VERSION = 0
@@ -71,50 +76,69 @@ class MetadataApiKey(IntEnum):
     REMOTE_PARTITION_DELETE_METADATA = 2
 
 
-_I8 = struct.Struct(">b")
-_I32 = struct.Struct(">i")
-_UUID_PARTITION = struct.Struct(">16si")   # Id:uuid Partition:int32 (after the topic name)
-_SEGMENT_FIXED = struct.Struct(
-    ">q"   # StartOffset
-    "q"    # EndOffset
-    "i"    # BrokerId
-    "q"    # MaxTimestampMs
-    "q"    # EventTimestampMs
-)
-_EPOCH_ENTRY = struct.Struct(
-    ">i"   # LeaderEpoch
-    "q"    # Offset
-)                                           # followed by the element's TAGS
-_BROKER_EVENT = struct.Struct(
-    ">i"   # BrokerId
-    "q"    # EventTimestampMs
-)
-_BROKER_EVENT_STATE = struct.Struct(
-    ">i"   # BrokerId
-    "q"    # EventTimestampMs
-    "b"    # RemotePartitionDeleteState
-)
-UUID_SIZE = 16
+class Fields(struct.Struct):
+    """A big-endian ``struct.Struct`` of named fields: ``offset[name]`` is a field's byte offset (from
+    ``struct.calcsize``), so a reader that needs one field finds it by name, never by counting bytes."""
+
+    __slots__ = ("fields", "offset")
+
+    def __init__(self, *fields: tuple[str, str]) -> None:
+        super().__init__(">" + "".join(fmt for _name, fmt in fields))
+        self.fields = fields
+        self.offset: dict[str, int] = {}
+        for i, (name, _fmt) in enumerate(fields):
+            if name in self.offset:
+                raise ValueError(f"field {name} twice in {fields}")
+            self.offset[name] = struct.calcsize(">" + "".join(fmt for _name, fmt in fields[:i]))
+
+    def __add__(self, other: Fields) -> Fields:
+        """These fields followed by ``other``'s."""
+        return Fields(*self.fields, *other.fields)
+
+    def prefixed(self, prefix: str) -> Fields:
+        """The same fields, named ``prefix + name``."""
+        return Fields(*((prefix + name, fmt) for name, fmt in self.fields))
+
+    def part(self, first: str, last: str | None = None) -> Fields:
+        """The run of fields from ``first`` to ``last`` (default: only ``first``), read at ``offset[first]``."""
+        names = [name for name, _fmt in self.fields]
+        return Fields(*self.fields[names.index(first):names.index(last or first) + 1])
+
+
+# The fixed-size runs of the layout in the module docstring, in order of appearance.
+UUID_PARTITION = Fields(("Id", "16s"), ("Partition", "i"))       # TopicIdPartitionEntry, after Name
+SEGMENT_UUID = Fields(("Id", "16s"))                               # RemoteLogSegmentIdEntry, after TopicIdPartition
+SEGMENT_FIXED = Fields(("StartOffset", "q"), ("EndOffset", "q"), ("BrokerId", "i"), ("MaxTimestampMs", "q"),
+                       ("EventTimestampMs", "q"))                  # RemoteLogSegmentMetadataRecord
+EPOCH_ENTRY = Fields(("LeaderEpoch", "i"), ("Offset", "q"))      # SegmentLeaderEpochs element, then its TAGS
+SEGMENT_SIZE = Fields(("SegmentSizeInBytes", "i"))
+STATE = Fields(("State", "b"))                                     # RemoteLogSegmentState (after CustomMetadata)
+BROKER_EVENT = Fields(("BrokerId", "i"), ("EventTimestampMs", "q"))   # RemoteLogSegmentMetadataUpdateRecord
+BROKER_EVENT_STATE = BROKER_EVENT + Fields(("RemotePartitionDeleteState", "b"))   # RemotePartitionDeleteMetadataRecord
+EMPTY_TAGS = b"\x00"                                               # TAGS with no field
+TXN_INDEX_EMPTY_TAGS = b"\x01\x00\x01\x01"                          # TAGS: 1 field, tag 0 (TxnIndexEmpty), size 1, true
+_I32 = struct.Struct(">i")                                         # BrokerLeaderEpoch tag data
 
 
 # --------------------------------------------------------------------------------------------------- encode
 _uvarint = envelope.uvarint
 _wrap = envelope.wrap
 _unwrap = envelope.unwrap
-_HEADERS = {k: _uvarint(FRAME_VERSION) + _uvarint(k) + _uvarint(SCHEMA_VERSION) for k in MetadataApiKey}
-_NO_TAGS = b"\x00"
+HEADERS = {k: _uvarint(FRAME_VERSION) + _uvarint(k) + _uvarint(SCHEMA_VERSION) for k in MetadataApiKey}
+"""FrameVersion, ApiKey and SchemaVersion as :func:`encode` writes them, by api key."""
 
 
 def _tp(tp: TopicIdPartition) -> bytes:
     name = tp.topic.encode("utf-8")
-    return _uvarint(len(name) + 1) + name + _UUID_PARTITION.pack(tp.topic_id.bytes, tp.partition) + _NO_TAGS
+    return _uvarint(len(name) + 1) + name + UUID_PARTITION.pack(tp.topic_id.bytes, tp.partition) + EMPTY_TAGS
 
 
 def _segment_id(sid: RemoteLogSegmentId) -> bytes:
-    return _tp(sid.topic_id_partition) + sid.id.bytes + _NO_TAGS
+    return _tp(sid.topic_id_partition) + SEGMENT_UUID.pack(sid.id.bytes) + EMPTY_TAGS
 
 
-def _nullable_bytes(value: bytes | None) -> bytes:
+def nullable_bytes(value: bytes | None) -> bytes:
+    """A ``compact_nullable_bytes`` field."""
     return b"\x00" if value is None else _uvarint(len(value) + 1) + bytes(value)
 
 
@@ -122,26 +146,27 @@ def encode(metadata: RemoteLogMetadata) -> bytes:
     """The record value Kafka's ``RemoteLogMetadataSerde.serialize`` writes for ``metadata``."""
     if isinstance(metadata, RemoteLogSegmentMetadata):
         md = metadata
-        parts = [_HEADERS[MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA], _segment_id(md.remote_log_segment_id),
-                 _SEGMENT_FIXED.pack(md.start_offset, md.end_offset_inclusive, md.broker_id, md.max_timestamp_ms,
-                                     md.event_timestamp_ms),
+        parts = [HEADERS[MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA], _segment_id(md.remote_log_segment_id),
+                 SEGMENT_FIXED.pack(md.start_offset, md.end_offset_inclusive, md.broker_id, md.max_timestamp_ms,
+                                    md.event_timestamp_ms),
                  _uvarint(len(md.segment_leader_epochs) + 1)]
-        parts.extend(_EPOCH_ENTRY.pack(e, o) + _NO_TAGS for e, o in md.segment_leader_epochs)
-        parts += [_I32.pack(md.segment_size_bytes), _nullable_bytes(_wrap(md.broker_leader_epoch, md.custom_metadata)),
-                  _I8.pack(md.state),
-                  b"\x01\x00\x01\x01" if md.txn_index_empty else _NO_TAGS]
+        parts.extend(EPOCH_ENTRY.pack(e, o) + EMPTY_TAGS for e, o in md.segment_leader_epochs)
+        parts += [SEGMENT_SIZE.pack(md.segment_size_bytes),
+                  nullable_bytes(_wrap(md.broker_leader_epoch, md.custom_metadata)),
+                  STATE.pack(md.state),
+                  TXN_INDEX_EMPTY_TAGS if md.txn_index_empty else EMPTY_TAGS]
         return b"".join(parts)
     if isinstance(metadata, RemoteLogSegmentMetadataUpdate):
         u = metadata
-        return b"".join((_HEADERS[MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA_UPDATE],
+        return b"".join((HEADERS[MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA_UPDATE],
                          _segment_id(u.remote_log_segment_id),
-                         _BROKER_EVENT.pack(u.broker_id, u.event_timestamp_ms),
-                         _nullable_bytes(_wrap(None, u.custom_metadata)),
-                         _I8.pack(u.state), _NO_TAGS))
+                         BROKER_EVENT.pack(u.broker_id, u.event_timestamp_ms),
+                         nullable_bytes(_wrap(None, u.custom_metadata)),
+                         STATE.pack(u.state), EMPTY_TAGS))
     if isinstance(metadata, RemotePartitionDeleteMetadata):
         p = metadata
-        return b"".join((_HEADERS[MetadataApiKey.REMOTE_PARTITION_DELETE_METADATA], _tp(p.topic_id_partition),
-                         _BROKER_EVENT_STATE.pack(p.broker_id, p.event_timestamp_ms, p.state), _NO_TAGS))
+        return b"".join((HEADERS[MetadataApiKey.REMOTE_PARTITION_DELETE_METADATA], _tp(p.topic_id_partition),
+                         BROKER_EVENT_STATE.pack(p.broker_id, p.event_timestamp_ms, p.state), EMPTY_TAGS))
     raise TypeError(f"cannot encode {type(metadata).__name__}")
 
 
@@ -228,13 +253,13 @@ class _Reader:
 
     def tp(self, field: str) -> TopicIdPartition:
         name = self.string(f"{field}.Name")
-        tid, partition = self.unpack(_UUID_PARTITION, f"{field}.Id/Partition")
+        tid, partition = self.unpack(UUID_PARTITION, f"{field}.Id/Partition")
         self.tags(field)
         return TopicIdPartition(uuid.UUID(bytes=tid), name, partition)
 
     def segment_id(self) -> RemoteLogSegmentId:
         tp = self.tp("RemoteLogSegmentId.TopicIdPartition")
-        sid = self.raw(UUID_SIZE, "RemoteLogSegmentId.Id")
+        (sid,) = self.unpack(SEGMENT_UUID, "RemoteLogSegmentId.Id")
         self.tags("RemoteLogSegmentId")
         return RemoteLogSegmentId(tp, uuid.UUID(bytes=sid))
 
@@ -268,21 +293,21 @@ def _header(r: _Reader) -> int:
 def _decode_segment(r: _Reader) -> RemoteLogSegmentMetadata:
     r.api = "RemoteLogSegmentMetadataRecord"
     sid = r.segment_id()
-    start, end, broker, max_ts, event_ts = r.unpack(_SEGMENT_FIXED, "StartOffset..EventTimestampMs")
+    start, end, broker, max_ts, event_ts = r.unpack(SEGMENT_FIXED, "StartOffset..EventTimestampMs")
     n_pos = r.pos
     n = r.uvarint("SegmentLeaderEpochs.Length") - 1
     if n < 0:
         raise r.fail("SegmentLeaderEpochs", "null array in a non-nullable field", n_pos)
-    if n * (_EPOCH_ENTRY.size + 1) > r.end - r.pos:
+    if n * (EPOCH_ENTRY.size + len(EMPTY_TAGS)) > r.end - r.pos:
         raise r.fail("SegmentLeaderEpochs", f"{n} entries do not fit in {r.end - r.pos} bytes", n_pos)
     epochs = []
     for i in range(n):
-        epochs.append(r.unpack(_EPOCH_ENTRY, f"SegmentLeaderEpochs[{i}]"))
+        epochs.append(r.unpack(EPOCH_ENTRY, f"SegmentLeaderEpochs[{i}]"))
         r.tags(f"SegmentLeaderEpochs[{i}]")
-    (size,) = r.unpack(_I32, "SegmentSizeInBytes")
+    (size,) = r.unpack(SEGMENT_SIZE, "SegmentSizeInBytes")
     broker_epoch, custom = _unwrap(r.nullable_bytes("CustomMetadata"))
     state_pos = r.pos
-    (state,) = r.unpack(_I8, "RemoteLogSegmentState")
+    (state,) = r.unpack(STATE, "RemoteLogSegmentState")
     known = {TAG_TXN_INDEX_EMPTY: "TxnIndexEmpty"}
     if r.version >= SEGMENT_SCHEMA_VERSION_V1:
         known[TAG_BROKER_LEADER_EPOCH] = "BrokerLeaderEpoch"
@@ -315,10 +340,10 @@ def _decode_segment(r: _Reader) -> RemoteLogSegmentMetadata:
 def _decode_update(r: _Reader) -> RemoteLogSegmentMetadataUpdate:
     r.api = "RemoteLogSegmentMetadataUpdateRecord"
     sid = r.segment_id()
-    broker, event_ts = r.unpack(_BROKER_EVENT, "BrokerId/EventTimestampMs")
+    broker, event_ts = r.unpack(BROKER_EVENT, "BrokerId/EventTimestampMs")
     _epoch, custom = _unwrap(r.nullable_bytes("CustomMetadata"))
     state_pos = r.pos
-    (state,) = r.unpack(_I8, "RemoteLogSegmentState")
+    (state,) = r.unpack(STATE, "RemoteLogSegmentState")
     r.tags("")
     r.done()
     try:
@@ -331,8 +356,8 @@ def _decode_update(r: _Reader) -> RemoteLogSegmentMetadataUpdate:
 def _decode_partition_delete(r: _Reader) -> RemotePartitionDeleteMetadata:
     r.api = "RemotePartitionDeleteMetadataRecord"
     tp = r.tp("TopicIdPartition")
-    state_pos = r.pos + _BROKER_EVENT.size
-    broker, event_ts, state = r.unpack(_BROKER_EVENT_STATE, "BrokerId/EventTimestampMs/RemotePartitionDeleteState")
+    state_pos = r.pos + BROKER_EVENT_STATE.offset["RemotePartitionDeleteState"]
+    broker, event_ts, state = r.unpack(BROKER_EVENT_STATE, "BrokerId/EventTimestampMs/RemotePartitionDeleteState")
     r.tags("")
     r.done()
     try:
@@ -352,260 +377,6 @@ def decode(value: bytes | memoryview | None) -> RemoteLogMetadata:
     """Decode one record value; raises only :class:`CorruptMetadataRecordError` (field and byte position)."""
     if value is None:
         raise CorruptMetadataRecordError("RemoteLogMetadata: null value (a tombstone is not a metadata record)")
-    if type(value) is bytes and value[:3] == _SEG_HEAD:
-        try:
-            view = _scan_segment_fast(value)
-        except (IndexError, struct.error, UnicodeDecodeError):
-            view = None
-        if view is not None:
-            return segment_from_view(view)
     r = _Reader(value)
     api_key = _header(r)
     return _DECODERS[api_key](r)
-
-
-# ------------------------------------------------------------------------------- scanning (the cache's hot path)
-# The cache applies records without building value objects: it needs raw ids, offsets and the byte positions of the
-# fields an update replaces. The fast scanners accept only the canonical shape ``encode`` writes (1-byte varints,
-# empty tagged sections except TxnIndexEmpty, names < 127 bytes) and check everything ``decode`` checks; anything
-# else goes through ``decode``, which raises the precise error or yields a value that is re-encoded canonically.
-class SegmentView(NamedTuple):
-    value: bytes                           # canonical record bytes (what the cache stores)
-    topic_id: bytes
-    partition: int
-    segment_id: bytes
-    start_offset: int
-    end_offset_inclusive: int
-    epochs: tuple[tuple[int, int], ...]
-    broker_pos: int                        # BrokerId, then MaxTimestampMs, EventTimestampMs
-    custom_pos: int                        # CustomMetadata (compact nullable bytes), then the state byte
-    state_pos: int
-    state: int
-    broker_leader_epoch: int | None        # from the CustomMetadata envelope
-
-
-class UpdateView(NamedTuple):
-    topic_id: bytes
-    partition: int
-    segment_id: bytes
-    broker_id: int
-    event_timestamp_ms: int
-    custom_field: bytes                    # CustomMetadata as encoded (length prefix included), canonical
-    state: int
-    custom_metadata: bytes | None          # the RSM's bytes (envelope removed)
-
-
-_SEG_HEAD = b"\x01\x00\x00"
-_MAGIC = envelope.MAGIC
-_canonical_epoch = envelope.canonical_epoch
-_UPD_HEAD = b"\x01\x01\x00"
-_TAIL_TAGS = (b"\x00", b"\x01\x00\x01\x00", b"\x01\x00\x01\x01")
-_I32_AT = _I32.unpack_from
-_FIXED_AT = _SEGMENT_FIXED.unpack_from
-_EPOCH_AT = _EPOCH_ENTRY.unpack_from
-_BROKER_EVENT_AT = _BROKER_EVENT.unpack_from
-
-
-def api_key_of(value: bytes) -> int:
-    """The api key of a record value (fast for the canonical header; checked like ``decode``)."""
-    if len(value) > 3 and value[0] == FRAME_VERSION and value[1] < 3 and value[2] == SCHEMA_VERSION:
-        return value[1]
-    return decode_api_key(value)
-
-
-def _ids(buf: bytes) -> tuple[bytes, int, bytes, int] | None:
-    """TopicId, Partition, SegmentId and the position after RemoteLogSegmentId, canonical shape only."""
-    n = buf[3]
-    if n == 0 or n >= 0x80:
-        return None
-    p = 3 + n
-    buf[4:p].decode("utf-8")
-    (part,) = _I32_AT(buf, p + 16)
-    if buf[p + 20] != 0 or buf[p + 37] != 0:
-        return None
-    return buf[p:p + 16], part, buf[p + 21:p + 37], p + 38
-
-
-def _scan_segment_fast(buf: bytes) -> SegmentView | None:
-    if buf[:3] != _SEG_HEAD:
-        return None
-    ids = _ids(buf)
-    if ids is None:
-        return None
-    tid, part, sid, p = ids
-    start, end, _broker, _max_ts, _event = _FIXED_AT(buf, p)
-    broker_pos = p + 16
-    p += 36
-    n = buf[p] - 1
-    if n < 1 or n >= 0x7F:
-        return None
-    p += 1
-    epochs = []
-    last_e = last_o = -(1 << 64)
-    for _ in range(n):
-        e, o = _EPOCH_AT(buf, p)
-        if buf[p + 12] != 0 or e <= last_e or o < last_o:
-            return None
-        epochs.append((e, o))
-        last_e, last_o = e, o
-        p += 13
-    p += 4
-    custom_pos = p
-    c = buf[p]
-    if c >= 0x80:
-        return None
-    broker_epoch = None
-    if c > 4 and buf[p + 1] == 0xFF and buf[p + 1:p + 5] == _MAGIC:
-        try:
-            broker_epoch = _canonical_epoch(buf, p + 1, p + c)
-        except envelope.NotCanonicalError:
-            return None
-    p += c if c else 1
-    state = buf[p]
-    if state > 3 or start < 0 or end < start or epochs[0][1] < start or last_o > end:
-        return None
-    if buf[p + 1:] not in _TAIL_TAGS:
-        return None
-    return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state, broker_epoch)
-
-
-def scan_segment(value: bytes) -> SegmentView:
-    """Scan a RemoteLogSegmentMetadataRecord; raises only CorruptMetadataRecordError (like :func:`decode`)."""
-    try:
-        view = _scan_segment_fast(value)
-    except (IndexError, struct.error, UnicodeDecodeError):
-        view = None
-    if view is not None:
-        return view
-    md = decode(value)
-    if not isinstance(md, RemoteLogSegmentMetadata):
-        raise CorruptMetadataRecordError(f"RemoteLogMetadata.ApiKey at byte 1: expected a segment record, found "
-                                         f"{type(md).__name__}")
-    view = _scan_segment_fast(encode(md))
-    if view is None:   # e.g. a topic name of 127+ bytes: no fast shape; positions from a careful re-encoding
-        view = _scan_canonical(md)
-    return view
-
-
-def _scan_canonical(md: RemoteLogSegmentMetadata) -> SegmentView:
-    raw = encode(md)
-    tail = len(b"\x01\x00\x01\x01" if md.txn_index_empty else _NO_TAGS)
-    state_pos = len(raw) - tail - 1
-    custom_len = len(_nullable_bytes(_wrap(md.broker_leader_epoch, md.custom_metadata)))
-    custom_pos = state_pos - custom_len
-    fixed_pos = custom_pos - 4 - sum(_EPOCH_ENTRY.size + 1 for _ in md.segment_leader_epochs) \
-        - len(_uvarint(len(md.segment_leader_epochs) + 1)) - _SEGMENT_FIXED.size
-    sid = md.remote_log_segment_id
-    return SegmentView(raw, sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
-                       md.start_offset, md.end_offset_inclusive, md.segment_leader_epochs, fixed_pos + 16,
-                       custom_pos, state_pos, int(md.state), md.broker_leader_epoch)
-
-
-def scan_update(value: bytes) -> UpdateView:
-    """Scan a RemoteLogSegmentMetadataUpdateRecord; raises only CorruptMetadataRecordError."""
-    try:
-        if value[:3] == _UPD_HEAD:
-            ids = _ids(value)
-            if ids is not None:
-                tid, part, sid, p = ids
-                broker, event_ts = _BROKER_EVENT_AT(value, p)
-                p += 12
-                c = value[p]
-                end = p + (c if c else 1)
-                if c < 0x80 and 1 <= value[end] <= 3 and value[end + 1:] == _NO_TAGS and not (
-                        c > 4 and value[p + 1:p + 5] == _MAGIC):     # an envelope: canonicalised below
-                    return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end],
-                                      value[p + 1:end] if c else None)
-    except (IndexError, struct.error, UnicodeDecodeError):
-        pass
-    u = decode(value)
-    if not isinstance(u, RemoteLogSegmentMetadataUpdate):
-        raise CorruptMetadataRecordError(f"RemoteLogMetadata.ApiKey at byte 1: expected an update record, found "
-                                         f"{type(u).__name__}")
-    sid = u.remote_log_segment_id
-    return UpdateView(sid.topic_id_partition.topic_id.bytes, sid.topic_id_partition.partition, sid.id.bytes,
-                      u.broker_id, u.event_timestamp_ms, _nullable_bytes(_wrap(None, u.custom_metadata)), int(u.state),
-                      u.custom_metadata)
-
-
-_EVENT_TS = struct.Struct(">q")
-_STATE_BYTE = [bytes((i,)) for i in range(4)]
-_new_view = SegmentView._make
-
-
-def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
-    """The segment record after ``update``: BrokerId, EventTimestampMs, the RSM's CustomMetadata and state replaced;
-    the broker leader epoch in the CustomMetadata envelope is kept."""
-    raw = view.value
-    bp, cp, sp = view.broker_pos, view.custom_pos, view.state_pos
-    broker_epoch = view.broker_leader_epoch
-    custom = update.custom_field if broker_epoch is None else _nullable_bytes(_wrap(broker_epoch,
-                                                                                    update.custom_metadata))
-    if len(custom) == sp - cp:                      # the usual case: patch in place
-        buf = bytearray(raw)
-        _I32.pack_into(buf, bp, update.broker_id)
-        _EVENT_TS.pack_into(buf, bp + 12, update.event_timestamp_ms)
-        buf[cp:sp] = custom
-        buf[sp] = update.state
-        new = bytes(buf)
-    else:
-        new = b"".join((raw[:bp], _I32.pack(update.broker_id), raw[bp + 4:bp + 12],
-                        _EVENT_TS.pack(update.event_timestamp_ms), raw[bp + 20:cp], custom,
-                        _STATE_BYTE[update.state], raw[sp + 1:]))
-        sp = cp + len(custom)
-    return _new_view((new, view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state,
-                      broker_epoch))
-
-
-# Value objects from a scanned (hence already validated) record, without re-running the dataclass checks.
-_object_new = object.__new__
-_setattr = object.__setattr__
-_SAFE_UNKNOWN = uuid.SafeUUID.unknown
-_SEGMENT_STATES = tuple(RemoteLogSegmentState)
-_BROKER_MAX_EVENT = struct.Struct(
-    ">i"   # BrokerId
-    "q"    # MaxTimestampMs
-    "q"    # EventTimestampMs
-)
-_TXN_TRUE = b"\x01\x00\x01\x01"
-
-
-def _uuid(raw: bytes) -> uuid.UUID:
-    u = _object_new(uuid.UUID)
-    _setattr(u, "int", int.from_bytes(raw, "big"))
-    _setattr(u, "is_safe", _SAFE_UNKNOWN)
-    return u
-
-
-def segment_from_view(view: SegmentView) -> RemoteLogSegmentMetadata:
-    """The value object of a scanned segment record (the fields ``scan_segment`` already checked)."""
-    raw = view.value
-    broker, max_ts, event_ts = _BROKER_MAX_EVENT.unpack_from(raw, view.broker_pos)
-    cp = view.custom_pos
-    (size,) = _I32_AT(raw, cp - 4)
-    c = raw[cp]
-    name_end = view.broker_pos - 16 - 38
-    tp = _object_new(TopicIdPartition)
-    _setattr(tp, "topic_id", _uuid(view.topic_id))
-    _setattr(tp, "topic", raw[4:name_end].decode("utf-8"))
-    _setattr(tp, "partition", view.partition)
-    sid = _object_new(RemoteLogSegmentId)
-    _setattr(sid, "topic_id_partition", tp)
-    _setattr(sid, "id", _uuid(view.segment_id))
-    md = _object_new(RemoteLogSegmentMetadata)
-    _setattr(md, "remote_log_segment_id", sid)
-    _setattr(md, "start_offset", view.start_offset)
-    _setattr(md, "end_offset_inclusive", view.end_offset_inclusive)
-    _setattr(md, "max_timestamp_ms", max_ts)
-    _setattr(md, "broker_id", broker)
-    _setattr(md, "event_timestamp_ms", event_ts)
-    _setattr(md, "segment_size_bytes", size)
-    _setattr(md, "segment_leader_epochs", view.epochs)
-    custom = None if c == 0 else raw[cp + 1:cp + c]
-    if c > 4 and custom[:4] == _MAGIC:       # canonical: an envelope (scan_segment checked it)
-        custom = _unwrap(custom)[1]
-    _setattr(md, "custom_metadata", custom)
-    _setattr(md, "state", _SEGMENT_STATES[view.state])
-    _setattr(md, "txn_index_empty", raw[view.state_pos + 1:] == _TXN_TRUE)
-    _setattr(md, "broker_leader_epoch", view.broker_leader_epoch)
-    return md

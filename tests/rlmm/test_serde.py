@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlmm import envelope, serde
+from rlmm import envelope, scan, serde
 from rlmm.api import (
     CorruptMetadataRecordError,
     RemoteLogSegmentId,
@@ -186,26 +186,43 @@ def test_fuzz_mutated_records_raise_only_our_error(md, data) -> None:
 @given(segments(), updates)
 def test_scan_and_patch_agree_with_decode(md, u) -> None:
     raw = serde.encode(md)
-    view = serde.scan_segment(raw)
+    view = scan.scan_segment(raw)
     sid = md.remote_log_segment_id
     assert view.value == raw
     assert (view.topic_id, view.partition, view.segment_id) == (sid.topic_id_partition.topic_id.bytes,
                                                                sid.topic_id_partition.partition, sid.id.bytes)
     assert (view.start_offset, view.end_offset_inclusive, view.epochs, view.state) == (
         md.start_offset, md.end_offset_inclusive, md.segment_leader_epochs, md.state)
-    uv = serde.scan_update(serde.encode(u))
+    uv = scan.scan_update(serde.encode(u))
     assert (uv.broker_id, uv.event_timestamp_ms, uv.state) == (u.broker_id, u.event_timestamp_ms, u.state)
-    patched = serde.patch_segment(view, uv)
+    patched = scan.patch_segment(view, uv)
     expected = replace(md, state=u.state, broker_id=u.broker_id, event_timestamp_ms=u.event_timestamp_ms,
                        custom_metadata=u.custom_metadata)
     assert serde.decode(patched.value) == expected
-    assert serde.scan_segment(patched.value) == patched
+    assert scan.scan_segment(patched.value) == patched
+
+
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(metadata, st.data())
+def test_scan_decode_agrees_with_decode(md, data) -> None:
+    """The cache's read path (the scanner, for canonical segment records) yields what the careful decoder does."""
+    raw = bytearray(serde.encode(md))
+    assert scan.decode(bytes(raw)) == md
+    for _ in range(data.draw(st.integers(0, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        expected = serde.decode(bytes(raw))
+    except CorruptMetadataRecordError:
+        with pytest.raises(CorruptMetadataRecordError):
+            scan.decode(bytes(raw))
+    else:
+        assert scan.decode(bytes(raw)) == expected
 
 
 def test_scan_accepts_unknown_tags_canonically() -> None:
-    view = serde.scan_segment(_with_unknown_tags(SEG_GOLDEN))
+    view = scan.scan_segment(_with_unknown_tags(SEG_GOLDEN))
     assert view.value.hex() == SEG_GOLDEN
-    assert serde.scan_update(_with_unknown_tags(UPDATE_GOLDEN)).state == S.COPY_SEGMENT_FINISHED
+    assert scan.scan_update(_with_unknown_tags(UPDATE_GOLDEN)).state == S.COPY_SEGMENT_FINISHED
 
 
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
@@ -215,10 +232,10 @@ def test_fuzz_scanners_raise_only_our_error_and_agree(md, data) -> None:
     for _ in range(data.draw(st.integers(1, 3))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
     raw = bytes(raw)
-    for scan, kind in ((serde.scan_segment, RemoteLogSegmentMetadata), (serde.scan_update,
-                                                                        RemoteLogSegmentMetadataUpdate)):
+    for scanner, kind in ((scan.scan_segment, RemoteLogSegmentMetadata), (scan.scan_update,
+                                                                          RemoteLogSegmentMetadataUpdate)):
         try:
-            scan(raw)
+            scanner(raw)
         except CorruptMetadataRecordError:
             try:
                 assert not isinstance(serde.decode(raw), kind)   # decode refuses it too (or it is another kind)
@@ -262,7 +279,7 @@ def test_v1_broker_leader_epoch_tag_decoded() -> None:
     md = serde.decode(raw)
     assert md == replace(SEG, broker_leader_epoch=9)
     assert md.custom_metadata == b"cm" and md.txn_index_empty
-    view = serde.scan_segment(raw)      # the cache stores the canonical v0 value, epoch in the envelope
+    view = scan.scan_segment(raw)      # the cache stores the canonical v0 value, epoch in the envelope
     assert view.broker_leader_epoch == 9 and view.value == serde.encode(md) and view.value[:3] == b"\x01\x00\x00"
     # the tag wins over an envelope's epoch; without the tag, the envelope's epoch is taken
     assert serde.decode(_v1(SEG_EPOCH_GOLDEN, "02" "00" "01" "01" "01" "04" "00000009")).broker_leader_epoch == 9
@@ -285,21 +302,21 @@ def test_foreign_custom_metadata_is_the_rsms_bytes_without_epoch(foreign: bytes)
     md = serde.decode(raw)
     assert (md.custom_metadata, md.broker_leader_epoch) == (foreign, None)
     assert serde.decode(serde.encode(md)) == md
-    assert serde.segment_from_view(serde.scan_segment(raw)) == md
+    assert scan.segment_from_view(scan.scan_segment(raw)) == md
     u = replace(UPDATE, custom_metadata=foreign)
-    assert serde.decode(serde.encode(u)) == u and serde.scan_update(serde.encode(u)).custom_metadata == foreign
+    assert serde.decode(serde.encode(u)) == u and scan.scan_update(serde.encode(u)).custom_metadata == foreign
 
 
 def test_updates_keep_the_segments_epoch() -> None:
     md = replace(SEG, broker_leader_epoch=7)
     u = replace(UPDATE, custom_metadata=b"rsm-after-copy")
     assert md.with_update(u).broker_leader_epoch == 7
-    patched = serde.patch_segment(serde.scan_segment(serde.encode(md)), serde.scan_update(serde.encode(u)))
+    patched = scan.patch_segment(scan.scan_segment(serde.encode(md)), scan.scan_update(serde.encode(u)))
     got = serde.decode(patched.value)
     assert (got.broker_leader_epoch, got.custom_metadata, got.state) == (7, b"rsm-after-copy", u.state)
     assert got == md.with_update(u) and patched.broker_leader_epoch == 7
-    assert serde.scan_segment(patched.value) == patched
-    again = serde.patch_segment(patched, serde.scan_update(serde.encode(replace(u, custom_metadata=None))))
+    assert scan.scan_segment(patched.value) == patched
+    again = scan.patch_segment(patched, scan.scan_update(serde.encode(replace(u, custom_metadata=None))))
     assert (serde.decode(again.value).broker_leader_epoch, serde.decode(again.value).custom_metadata) == (7, None)
 
 
