@@ -5,29 +5,29 @@ them. A record is committed only once its segment is gone from the store and DEL
 recorded (or the metadata no longer knows the segment: somebody else finished it). On a refusal the consumer
 seeks back to the same record and waits (exponential backoff, ``base_backoff_s`` doubling up to
 ``max_backoff_s``); records behind it wait too, which keeps deletes in order.
+
+The retry is the one delete path (:meth:`rlm.deleter.SegmentDeleter.retry`): DELETE_SEGMENT_STARTED (already
+recorded for a queued segment), the store's delete, DELETE_SEGMENT_FINISHED; only a refusal is handled apart
+(logged, counted as ``cleaner-delete``, never queued again).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from rlm import metrics
-from rlm.segments import to_rsm
+from rlm.deleter import DeleteOutcome, SegmentDeleter
 from rlmm import serde
 from rlmm.api import (
     InvalidStateTransitionError,
     RemoteLogMetadataError,
     RemoteLogMetadataManager,
     RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
 )
-from rsm.errors import RemoteStorageError
-from rsm.manager import RemoteStorageManager
+from rsm.api import RemoteStorageManagerApi
 
 __all__ = ["Cleaner"]
 
@@ -36,12 +36,16 @@ log = logging.getLogger(__name__)
 
 class Cleaner:
     def __init__(self, client_config: dict[str, object], topic: str, rlmm: RemoteLogMetadataManager,
-                 rsm: RemoteStorageManager, broker_id: int, *, group_id: str = "rlm-cleaner",
-                 base_backoff_s: float = 0.5, max_backoff_s: float = 60.0) -> None:
+                 rsm: RemoteStorageManagerApi, broker_id: int, *, group_id: str = "rlm-cleaner",
+                 base_backoff_s: float = 0.5, max_backoff_s: float = 60.0,
+                 deleter: SegmentDeleter | None = None) -> None:
+        """``deleter``: the delete path to retry through (by default one of its own, without a queue: a retry that
+        is refused again is never queued again)."""
         self.topic = topic
         self.rlmm = rlmm
         self.rsm = rsm
         self.broker_id = broker_id
+        self.deleter = deleter or SegmentDeleter(broker_id, rlmm, rsm, None)
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
         self._consumer_config = {**client_config, "group.id": group_id, "enable.auto.commit": False,
@@ -109,26 +113,12 @@ class Cleaner:
         if current is None or current.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
             return True  # deleted by someone else (a retry of the copy task, another sidecar)
         try:
-            self.rsm.delete_log_segment_data(to_rsm(current))
-        except RemoteStorageError as err:
-            metrics.ERRORS.labels("cleaner-delete").inc()
-            log.warning("store still refuses the delete; will retry",
-                        extra={"segment": str(current.remote_log_segment_id), "error": str(err)})
-            return False
-        try:
-            if current.state != RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
-                self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                    current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
-                    RemoteLogSegmentState.DELETE_SEGMENT_STARTED, self.broker_id))
-            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                current.remote_log_segment_id, int(time.time() * 1000), current.custom_metadata,
-                RemoteLogSegmentState.DELETE_SEGMENT_FINISHED, self.broker_id))
+            outcome = self.deleter.retry(current)
         except InvalidStateTransitionError:
             # The copy task's clean-up (or another sidecar) recorded the deletion meanwhile: done.
             log.info("queued delete was finished by someone else",
                      extra={"segment": str(current.remote_log_segment_id)})
             return True
-        metrics.SEGMENTS_DELETED.labels(tp.topic, "cleaner").inc()
-        self.deleted += 1
-        log.info("queued delete done", extra={"segment": str(current.remote_log_segment_id)})
-        return True
+        if outcome is DeleteOutcome.DELETED:
+            self.deleted += 1
+        return outcome.gone

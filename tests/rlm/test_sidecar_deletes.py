@@ -3,6 +3,7 @@ removes orphaned objects and nothing else. Real broker, real segments, a file-sy
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -12,9 +13,18 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from rlm import metrics
+from rlm.cleaner import Cleaner
 from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
-from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
+from rlmm import serde
+from rlmm.api import (
+    PartitionNotServedError,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentState,
+    TopicIdPartition,
+)
 from rsm.api import LogSegmentData, RemoteSegmentMetadata, SegmentLeaderEpoch
 from rsm.errors import RemoteStorageError
 from rsm.format.keys import SegmentKeys, partition_prefix
@@ -149,6 +159,51 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
                                                          if o >= kept[0].start_offset}
     finally:
         sidecar.stop()
+
+
+def test_cleaner_retries_through_the_delete_path() -> None:
+    """The cleaner's retry (no broker): a refusal is counted as cleaner-delete and not queued again; once the store
+    agrees the segment walks to DELETE_SEGMENT_FINISHED, counted once; a record done with is done."""
+    tp = TopicIdPartition(uuid.uuid4(), "cleaner-unit", 0)
+    queued = dataclasses.replace(
+        RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), 0, 9, 1, 1, 1, 100, ((0, 0),)),
+        state=RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
+
+    class Metadata:
+        md = queued
+
+        def on_partition_leadership_changes(self, leaders: Any, followers: Any) -> None:
+            pass
+
+        def list_remote_log_segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
+            return [] if self.md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED else [self.md]
+
+        def update_remote_log_segment_metadata(self, update: Any) -> None:
+            self.md = self.md.with_update(update)
+
+    class Storage:
+        def __init__(self) -> None:
+            self.refuse = True
+            self.deleted: list[uuid.UUID] = []
+
+        def delete_log_segment_data(self, m: RemoteSegmentMetadata) -> None:
+            if self.refuse:
+                raise RemoteStorageError("access denied (test)")
+            self.deleted.append(m.remote_segment_id)
+
+    rlmm, rsm = Metadata(), Storage()
+    cleaner = Cleaner({}, "unused", rlmm, rsm, 1)  # type: ignore[arg-type]
+    refused = metrics.ERRORS.labels("cleaner-delete")._value.get()
+    done = metrics.SEGMENTS_DELETED.labels(tp.topic, "cleaner")._value.get()
+    record = serde.encode(queued)
+    assert cleaner.handle(record) is False and cleaner.handle(record) is False
+    assert metrics.ERRORS.labels("cleaner-delete")._value.get() == refused + 2
+    assert rlmm.md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED and cleaner.deleted == 0
+    rsm.refuse = False
+    assert cleaner.handle(record) is True and cleaner.handle(record) is True
+    assert rlmm.md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+    assert cleaner.deleted == 1 and rsm.deleted == [queued.remote_log_segment_id.id]
+    assert metrics.SEGMENTS_DELETED.labels(tp.topic, "cleaner")._value.get() == done + 1
 
 
 def plant_orphans(rsm: RemoteStorageManager, tp: TopicIdPartition, pdir: Path, base_offset: int,
