@@ -1,4 +1,7 @@
-"""When may a topic's remote data be purged? Only on positive proof that its topic id is deleted, seen over time.
+"""Purging the remote data of deleted topics: when (positive proof, seen over time) and how (the partition-delete
+states around the one segment delete path).
+
+When may a topic's remote data be purged? Only on positive proof that its topic id is deleted, seen over time.
 
 Absence proves nothing: Kafka's all-topics Metadata silently omits topics the principal may not Describe, and a
 broker that lags behind the controller answers UNKNOWN_TOPIC_OR_PART for a live topic. So each known topic is
@@ -15,6 +18,12 @@ Any other answer (X itself, TOPIC_AUTHORIZATION_FAILED, a timeout, a broker erro
 evidence: it never purges. An authorization error is logged and counted
 (:data:`rlm.metrics.PURGE_CHECK_UNAUTHORIZED`). The evidence lives in memory: a restart starts every count over
 (fail closed).
+
+How: :func:`purge_partition` walks Kafka's partition-delete states, DELETE_PARTITION_MARKED ->
+DELETE_PARTITION_STARTED -> every segment deleted through :meth:`rlm.deleter.SegmentDeleter.delete` (reason
+``topic-deleted``; a refused one is queued for the cleaner like any other) -> what staging holds of it released ->
+DELETE_PARTITION_FINISHED. :func:`purge_deleted_topics` is the discovery round's check: describe every known
+topic, feed :class:`DeletionEvidence`, purge what it proves deleted and forget it.
 """
 
 from __future__ import annotations
@@ -28,10 +37,18 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError
 
 from rlm import metrics
-from rlm.discovery import TopicLookup
-from rlmm.api import TopicIdPartition
+from rlm.deleter import SegmentDeleter
+from rlm.discovery import ClusterView, TopicLookup
+from rlm.known import KnownPartitions
+from rlmm.api import (
+    InvalidStateTransitionError,
+    RemoteLogMetadataManager,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
 
-__all__ = ["DeletionEvidence", "deletion_evidence"]
+__all__ = ["DeletionEvidence", "deletion_evidence", "purge_deleted_topics", "purge_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -121,3 +138,56 @@ class DeletionEvidence:
         """Topic ids with evidence so far: (rounds, seconds since the first), for tests and logs."""
         now = self.clock()
         return {tid: (s.rounds, now - s.first) for tid, s in self._seen.items()}
+
+
+def purge_deleted_topics(known: KnownPartitions, view: ClusterView, evidence: DeletionEvidence,
+                         purge: Callable[[TopicIdPartition], None]) -> None:
+    """One round of the deleted-topic check: partitions once served (``known``) whose topic id ``evidence`` proves
+    deleted on the cluster are purged with ``purge`` and forgotten; a failed purge is logged, counted and retried
+    on the next round (its evidence holds).
+
+    Each known topic is described by name (:meth:`rlm.discovery.ClusterView.topic_ids`); :class:`DeletionEvidence`
+    decides when the answers prove its id deleted (never on mere absence, never on an error).
+    """
+    tps = known.all()
+    try:
+        answers = view.topic_ids({tp.topic for tp in tps}) if tps else {}
+    except Exception as err:  # noqa: BLE001 - no answers: every topic's evidence resets
+        log.warning("deleted-topic check failed", extra={"error": str(err)})
+        answers = {}
+    for tp in evidence.observe(tps, answers):
+        try:
+            purge(tp)
+            known.remove([tp])
+        except Exception as err:  # noqa: BLE001
+            metrics.ERRORS.labels("purge").inc()
+            log.warning("purge of deleted topic's partition failed", extra={"partition": str(tp),
+                                                                            "error": str(err)})
+
+
+def purge_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp: TopicIdPartition, broker_id: int,
+                    release_staging: Callable[[TopicIdPartition], object]) -> None:
+    """Purge the remote data of ``tp`` (its topic proven deleted): MARKED -> STARTED -> every segment deleted ->
+    ``release_staging(tp)`` -> FINISHED (Kafka's partition-delete states, written as ``broker_id``).
+
+    Idempotent: a state another sidecar already got past is skipped, segments already deleted are not listed.
+    Raises when a segment delete raises or FINISHED cannot be written (the caller retries on a later round)."""
+    rlmm.on_partition_leadership_changes([], [tp])
+    if hasattr(rlmm, "wait_ready"):
+        rlmm.wait_ready([tp], timeout_s=30)
+
+    def put(state: RemotePartitionDeleteState) -> None:
+        rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+            tp, state, int(time.time() * 1000), broker_id))
+
+    for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                  RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
+        try:
+            put(state)
+        except InvalidStateTransitionError:
+            pass  # another sidecar got further already
+    for md in rlmm.list_remote_log_segments(tp):
+        deleter.delete(md, "topic-deleted")
+    release_staging(tp)
+    put(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)
+    log.info("remote data of deleted topic purged", extra={"partition": str(tp)})

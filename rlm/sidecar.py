@@ -36,16 +36,10 @@ from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.expiration import expire_partition
 from rlm.gc import GarbageCollector
 from rlm.known import KnownPartitions
-from rlm.purge import DeletionEvidence
+from rlm.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.reader import RemoteReader
 from rlm.staging import Staging, default_staging_root
-from rlmm.api import (
-    InvalidStateTransitionError,
-    RemoteLogMetadataManager,
-    RemotePartitionDeleteMetadata,
-    RemotePartitionDeleteState,
-    TopicIdPartition,
-)
+from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
@@ -371,45 +365,13 @@ class Sidecar:
 
     # ---------------------------------------------------------------------------------- deleted topics
     def _purge_deleted_topics(self) -> None:
-        """Partitions we once served whose topic id is proven deleted on the cluster: purge their remote data.
-
-        Each known topic is described by name every round; :class:`rlm.purge.DeletionEvidence` decides when the
-        answers prove its id deleted (never on mere absence, never on an error). Then MARKED -> STARTED -> every
-        segment deleted -> FINISHED (Kafka's partition-delete states).
-        """
-        known = self.known.all()
-        try:
-            answers = self.view.topic_ids({tp.topic for tp in known}) if known else {}
-        except Exception as err:  # noqa: BLE001 - no answers: every topic's evidence resets
-            log.warning("deleted-topic check failed", extra={"error": str(err)})
-            answers = {}
-        for tp in self.deletions.observe(known, answers):
-            try:
-                self.purge_partition(tp)
-                self.known.remove([tp])
-            except Exception as err:  # noqa: BLE001
-                metrics.ERRORS.labels("purge").inc()
-                log.warning("purge of deleted topic's partition failed", extra={"partition": str(tp),
-                                                                                "error": str(err)})
+        """Partitions we once served whose topic id is proven deleted on the cluster: purged (rlm.purge)."""
+        purge_deleted_topics(self.known, self.view, self.deletions, self.purge_partition)
 
     def purge_partition(self, tp: TopicIdPartition) -> None:
-        self.rlmm.on_partition_leadership_changes([], [tp])
-        if hasattr(self.rlmm, "wait_ready"):
-            self.rlmm.wait_ready([tp], timeout_s=30)
-        now = lambda: int(time.time() * 1000)  # noqa: E731
-        for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
-                      RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
-            try:
-                self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
-                    tp, state, now(), self.settings.broker_id))
-            except InvalidStateTransitionError:
-                pass  # another sidecar got further already
-        for md in self.rlmm.list_remote_log_segments(tp):
-            self.deleter.delete(md, "topic-deleted")
-        self.staging.release_partition(tp)
-        self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
-            tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, now(), self.settings.broker_id))
-        log.info("remote data of deleted topic purged", extra={"partition": str(tp)})
+        """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it."""
+        purge_partition(self.rlmm, self.deleter, tp, self.settings.broker_id,
+                        release_staging=self.staging.release_partition)
 
     def _refresh_gauges(self) -> None:
         metrics.STAGING_BYTES.set(self.staging.size_bytes())

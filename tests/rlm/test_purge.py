@@ -1,5 +1,7 @@
 """The deleted-topic rule (rlm.purge.DeletionEvidence) on fake answers: positive proof over rounds and a grace
-period purges; absence, authorization errors, timeouts and the live id never do, and they reset the count."""
+period purges; absence, authorization errors, timeouts and the live id never do, and they reset the count. And the
+purge itself (rlm.purge.purge_partition, purge_deleted_topics) on fakes: the partition-delete states around the
+segment deletes and the staging release, in order."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from confluent_kafka import KafkaError
 
 from rlm import metrics
 from rlm.discovery import TopicLookup
-from rlm.purge import DeletionEvidence, deletion_evidence
-from rlmm.api import TopicIdPartition
+from rlm.purge import DeletionEvidence, deletion_evidence, purge_deleted_topics, purge_partition
+from rlmm.api import InvalidStateTransitionError, RemotePartitionDeleteState, TopicIdPartition
 
 X, Y = uuid.uuid4(), uuid.uuid4()
 P0, P1 = TopicIdPartition(X, "orders", 0), TopicIdPartition(X, "orders", 1)
@@ -138,3 +140,77 @@ def test_bad_settings_refused() -> None:
         DeletionEvidence(grace_ms=-1, min_rounds=1)
     with pytest.raises(ValueError):
         DeletionEvidence(grace_ms=0, min_rounds=0)
+
+
+class PurgeLog:
+    """A metadata manager, a deleter and a staging release that write what they are asked into one list."""
+
+    def __init__(self, segments: list[str], got_further: set[RemotePartitionDeleteState] = frozenset()) -> None:
+        self.calls: list[tuple] = []
+        self.segments = segments
+        self.got_further = got_further  # states another sidecar already got past: refused
+
+    def on_partition_leadership_changes(self, leaders, followers) -> None:  # type: ignore[no-untyped-def]
+        self.calls.append(("follow", tuple(leaders), tuple(followers)))
+
+    def put_remote_partition_delete_metadata(self, md) -> None:  # type: ignore[no-untyped-def]
+        if md.state in self.got_further:
+            raise InvalidStateTransitionError(f"{md.state} is behind")
+        self.calls.append(("state", md.state, md.broker_id))
+
+    def list_remote_log_segments(self, tp):  # type: ignore[no-untyped-def]
+        return list(self.segments)
+
+    def delete(self, md, reason: str) -> bool:  # type: ignore[no-untyped-def]
+        self.calls.append(("delete", md, reason))
+        return True
+
+    def release_partition(self, tp: TopicIdPartition) -> int:
+        self.calls.append(("release", tp))
+        return 0
+
+
+def test_purge_partition_walks_the_partition_delete_states() -> None:
+    S = RemotePartitionDeleteState
+    got = PurgeLog(["s0", "s1"])
+    purge_partition(got, got, P0, 7, release_staging=got.release_partition)  # type: ignore[arg-type]
+    assert got.calls == [("follow", (), (P0,)), ("state", S.DELETE_PARTITION_MARKED, 7),
+                         ("state", S.DELETE_PARTITION_STARTED, 7), ("delete", "s0", "topic-deleted"),
+                         ("delete", "s1", "topic-deleted"), ("release", P0), ("state", S.DELETE_PARTITION_FINISHED, 7)]
+    # another sidecar got past MARKED and STARTED: skipped, the rest as before
+    again = PurgeLog([], got_further={S.DELETE_PARTITION_MARKED, S.DELETE_PARTITION_STARTED})
+    purge_partition(again, again, P0, 7, release_staging=again.release_partition)  # type: ignore[arg-type]
+    assert again.calls == [("follow", (), (P0,)), ("release", P0), ("state", S.DELETE_PARTITION_FINISHED, 7)]
+
+
+def test_purge_deleted_topics_forgets_purged_and_retries_failed() -> None:
+    class Known:
+        def __init__(self) -> None:
+            self.tps = [P0, P1]
+
+        def all(self) -> list[TopicIdPartition]:
+            return list(self.tps)
+
+        def remove(self, tps) -> None:  # type: ignore[no-untyped-def]
+            self.tps = [tp for tp in self.tps if tp not in tps]
+
+    class View:
+        def topic_ids(self, names):  # type: ignore[no-untyped-def]
+            assert set(names) == {"orders"}
+            return UNKNOWN
+
+    known, purged = Known(), []
+
+    def purge(tp: TopicIdPartition) -> None:
+        if tp == P1 and not purged.count(P1):
+            purged.append(tp)
+            raise RuntimeError("store down")
+        purged.append(tp)
+
+    ev = DeletionEvidence(grace_ms=0, min_rounds=1, clock=Clock())
+    before = metrics.ERRORS.labels("purge")._value.get()
+    purge_deleted_topics(known, View(), ev, purge)  # type: ignore[arg-type]
+    assert purged == [P0, P1] and known.all() == [P1]
+    assert metrics.ERRORS.labels("purge")._value.get() == before + 1
+    purge_deleted_topics(known, View(), ev, purge)  # type: ignore[arg-type]
+    assert purged == [P0, P1, P1] and known.all() == []
