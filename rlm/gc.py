@@ -19,6 +19,10 @@ Fail closed: a partition whose metadata cannot be read, or holds custom metadata
 decode, is skipped for the pass; an object whose segment id any known segment has (under any layout) is never
 deleted; keys that do not parse are left alone; a partition not in ``tps`` is touched only on positive proof.
 
+An orphan is deleted through the storage manager's own delete (:meth:`~rsm.api.RemoteStorageManagerApi.
+delete_log_segment_data`, addressed by the key layout it was found under), the one place that knows the order
+(the index object, the commit point, first): garbage collection only decides *what* goes.
+
 Stores' own leftovers, after the same grace: temp files of killed filesystem-store writes (``<root>/.tmp``) and
 S3 multipart uploads no part was added to for the grace (a SIGKILLed copy), under each visited partition prefix.
 
@@ -39,8 +43,9 @@ from pathlib import Path
 
 from rlm import metrics
 from rlmm.api import RemoteLogMetadataManager, RemotePartitionDeleteState, TopicIdPartition
+from rsm.api import RemoteSegmentMetadata
 from rsm.errors import RemoteStorageError
-from rsm.format.custom_metadata import KeyLayout, decode_custom_metadata
+from rsm.format.custom_metadata import KeyLayout, decode_custom_metadata, encode_custom_metadata
 from rsm.manager import RemoteStorageManager
 from rsm.store.base import Store
 
@@ -57,16 +62,30 @@ _KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-
 _BASE_LEN = 20 + 1 + 36  # <base offset>-<segment id>
 
 
-def segment_id_of_key(key_tail: str) -> uuid.UUID | None:
+def _parse_key_tail(key_tail: str) -> tuple[int, uuid.UUID] | None:
+    """(base offset, remote segment id) of a key tail, None when it is not a segment's key."""
     m = _KEY_TAIL.match(key_tail)
-    return uuid.UUID(m["id"]) if m else None
+    return (int(m["base"]), uuid.UUID(m["id"])) if m else None
+
+
+def segment_id_of_key(key_tail: str) -> uuid.UUID | None:
+    parsed = _parse_key_tail(key_tail)
+    return parsed[1] if parsed else None
 
 
 @dataclass
 class _Orphan:
-    store: Store
     layout: KeyLayout
+    base_offset: int
+    segment_id: uuid.UUID
     keys: list[str] = field(default_factory=list)
+
+    def as_copy(self, tp: TopicIdPartition) -> RemoteSegmentMetadata:
+        """The storage manager's address of this copy (no metadata owns it: only what locates its objects)."""
+        return RemoteSegmentMetadata(
+            remote_segment_id=self.segment_id, topic_id=tp.topic_id, topic_name=tp.topic, partition=tp.partition,
+            start_offset=self.base_offset, end_offset_inclusive=self.base_offset,
+            custom_metadata=encode_custom_metadata(self.layout))
 
 
 def _tp_key(tp: TopicIdPartition) -> str:
@@ -170,18 +189,20 @@ class GarbageCollector:
         self._remember(tp, layouts | layouts_after)
         out: dict[str, _Orphan] = {}
         n = 0
-        for store, prefix, layout, objects in listed:
+        for _store, prefix, layout, objects in listed:
             for obj in objects:
                 n += 1
                 tail = obj.key[len(prefix):]
-                sid = segment_id_of_key(tail)
-                if sid is None:
+                parsed = _parse_key_tail(tail)
+                if parsed is None:
                     log.warning("object with a foreign key under a partition prefix: left alone",
                                 extra={"key": layout.key_prefix + obj.key})
                     continue
+                base_offset, sid = parsed
                 if sid not in owned:
                     base = prefix + tail[:_BASE_LEN]
-                    out.setdefault(layout.key_prefix + base, _Orphan(store, layout)).keys.append(obj.key)
+                    out.setdefault(layout.key_prefix + base,
+                                   _Orphan(layout, base_offset, sid)).keys.append(obj.key)
         return out, [(s, p, lay) for s, p, lay, _ in listed], n
 
     def orphans(self, tp: TopicIdPartition) -> dict[str, list[str]]:
@@ -228,12 +249,7 @@ class GarbageCollector:
                     first = self._first_seen.setdefault(base, now_ms)
                     if now_ms - first < self.grace_ms:
                         continue
-                    index_keys = [k for k in orphan.keys if k.endswith("-index")]
-                    for k in index_keys:  # the index (commit point) first: readers stop seeing it
-                        orphan.store.delete(k)
-                    rest = [k for k in orphan.keys if k not in index_keys]
-                    if rest:
-                        orphan.store.delete_many(rest)
+                    self.rsm.delete_log_segment_data(orphan.as_copy(tp))  # the index (commit point) first
                     deleted.extend(shown)
                     metrics.GC_DELETED.inc(len(orphan.keys))
                     log.info("orphan deleted", extra={"key": base, "objects": len(orphan.keys),

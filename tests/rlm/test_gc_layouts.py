@@ -191,6 +191,40 @@ def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
     assert len(_ids(_files(tmp_path / "remote"))) == 3
 
 
+def test_gc_deletes_an_orphans_index_first(tmp_path):
+    """Through the storage manager's delete: the index object (the commit point) goes before the data."""
+
+    class Recording:
+        def __init__(self, inner: FileSystemStore) -> None:
+            self.inner, self.deleted = inner, []
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def delete(self, key):
+            self.deleted.append(key)
+            self.inner.delete(key)
+
+        def delete_many(self, keys):
+            keys = list(keys)
+            self.deleted.extend(keys)
+            self.inner.delete_many(keys)
+
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    store = Recording(FileSystemStore(tmp_path / "remote", fsync=False))
+    rsm = RemoteStorageManager(RsmConfig(), store)
+    rlmm = MemRlmm()
+    live = _copy(rlmm, rsm, tp, 0, tmp_path)
+    orphan = _copy(None, rsm, tp, 5, tmp_path)
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=tmp_path / "gc.json")
+    now = int(time.time() * 1000)
+    assert gc.run([tp], now_ms=now) == []
+    deleted = gc.run([tp], now_ms=now + GRACE)
+    assert _ids(deleted) == {str(orphan.remote_log_segment_id.id)}
+    assert sorted(store.deleted) == sorted(deleted) and store.deleted[0].endswith("-index")
+    assert _ids(_files(tmp_path / "remote")) == {str(live.remote_log_segment_id.id)}
+
+
 def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monkeypatch):
     store = FileSystemStore(tmp_path / "remote")
     rsm = RemoteStorageManager(RsmConfig(), store)
