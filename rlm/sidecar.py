@@ -113,7 +113,7 @@ class Sidecar:
         self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
                                    state_path=s.metadata.state_dir / "gc-orphans.json")
         self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
-                               s.broker_id)
+                               s.broker_id, deleter=self.deleter)
         self._led: dict[tuple[str, int], _Led] = {}
         self._followed: set[TopicIdPartition] = set()
         self._lock = threading.RLock()
@@ -278,6 +278,8 @@ class Sidecar:
         if got is None or self._led.get(key) is not led:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
+        if got[1] < 0 and epochs:  # a broker that does not answer with the leader epoch: the checkpoint's
+            got = (got[0], epochs[-1].epoch)
         if not epochs or epochs[-1].epoch != got[1]:
             log.info("not leading under the cluster's leader epoch: not copying this round", extra={
                 "partition": str(tp), "leader_epoch": got[1], "local_epoch": epochs[-1].epoch if epochs else None})
