@@ -97,11 +97,24 @@ _SIZE_AT = serde.SEGMENT_SIZE.unpack_from
 _BROKER_EVENT_AT = serde.BROKER_EVENT.unpack_from
 _BROKER_TIMES_AT = _BROKER_TIMES.unpack_from
 _SCAN_ERRORS = (IndexError, struct.error, UnicodeDecodeError)
+# sizes as plain ints: the hot loops read module globals, not attributes
+_IDS_SIZE = _IDS.size
+_FIXED_SIZE = serde.SEGMENT_FIXED.size
+_EPOCH_SIZE = _EPOCH.size
+_SEGMENT_SIZE_SIZE = serde.SEGMENT_SIZE.size
+_BROKER_EVENT_SIZE = serde.BROKER_EVENT.size
+_STATE_SIZE = serde.STATE.size
+_MAGIC_SIZE = len(_MAGIC)
+_MAGIC_FIRST = _MAGIC[0]
+_N_STATES = len(RemoteLogSegmentState)
+_N_API_KEYS = len(_Key)
+_EMPTY_TAGS = serde.EMPTY_TAGS
+_TXN_INDEX_EMPTY_TAGS = serde.TXN_INDEX_EMPTY_TAGS
 
 
 def api_key_of(value: bytes) -> int:
     """The api key of a record value (fast for the canonical header; checked like ``serde.decode``)."""
-    if len(value) > _HEAD_SIZE and value[0] == serde.FRAME_VERSION and value[1] < len(_Key) \
+    if len(value) > _HEAD_SIZE and value[0] == serde.FRAME_VERSION and value[1] < _N_API_KEYS \
             and value[2] == serde.SCHEMA_VERSION:
         return value[1]
     return serde.decode_api_key(value)
@@ -117,7 +130,7 @@ def _ids(buf: bytes) -> tuple[bytes, int, bytes, int] | None:
     tid, part, tp_tags, sid, sid_tags = _IDS_AT(buf, p)
     if tp_tags or sid_tags:
         return None
-    return tid, part, sid, p + _IDS.size
+    return tid, part, sid, p + _IDS_SIZE
 
 
 def _scan_segment_fast(buf: bytes) -> SegmentView | None:
@@ -129,7 +142,7 @@ def _scan_segment_fast(buf: bytes) -> SegmentView | None:
     tid, part, sid, p = ids
     start, end, _broker, _max_ts, _event = _FIXED_AT(buf, p)
     broker_pos = p + _BROKER_AT
-    p += serde.SEGMENT_FIXED.size
+    p += _FIXED_SIZE
     n = buf[p] - 1
     if n < 1 or n >= 0x7F:
         return None
@@ -142,23 +155,23 @@ def _scan_segment_fast(buf: bytes) -> SegmentView | None:
             return None
         epochs.append((e, o))
         last_e, last_o = e, o
-        p += _EPOCH.size
-    p += serde.SEGMENT_SIZE.size
+        p += _EPOCH_SIZE
+    p += _SEGMENT_SIZE_SIZE
     custom_pos = p
     c = buf[p]
     if c >= 0x80:
         return None
     broker_epoch = None
-    if c > len(_MAGIC) and buf[p + 1] == _MAGIC[0] and buf[p + 1:p + 1 + len(_MAGIC)] == _MAGIC:
+    if c > _MAGIC_SIZE and buf[p + 1] == _MAGIC_FIRST and buf[p + 1:p + 1 + _MAGIC_SIZE] == _MAGIC:
         try:
             broker_epoch = _canonical_epoch(buf, p + 1, p + c)
         except envelope.NotCanonicalError:
             return None
     p += c if c else _UVARINT_1
     state = buf[p]
-    if state >= len(RemoteLogSegmentState) or start < 0 or end < start or epochs[0][1] < start or last_o > end:
+    if state >= _N_STATES or start < 0 or end < start or epochs[0][1] < start or last_o > end:
         return None
-    if buf[p + serde.STATE.size:] not in _TAIL_TAGS:
+    if buf[p + _STATE_SIZE:] not in _TAIL_TAGS:
         return None
     return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state, broker_epoch)
 
@@ -204,12 +217,11 @@ def scan_update(value: bytes) -> UpdateView:
             if ids is not None:
                 tid, part, sid, p = ids
                 broker, event_ts = _BROKER_EVENT_AT(value, p)
-                p += serde.BROKER_EVENT.size
+                p += _BROKER_EVENT_SIZE
                 c = value[p]
                 end = p + (c if c else _UVARINT_1)
-                if c < 0x80 and 1 <= value[end] < len(RemoteLogSegmentState) \
-                        and value[end + serde.STATE.size:] == serde.EMPTY_TAGS \
-                        and not (c > len(_MAGIC) and value[p + 1:p + 1 + len(_MAGIC)] == _MAGIC):
+                if c < 0x80 and 1 <= value[end] < _N_STATES and value[end + _STATE_SIZE:] == _EMPTY_TAGS \
+                        and not (c > _MAGIC_SIZE and value[p + 1:p + 1 + _MAGIC_SIZE] == _MAGIC):
                     # (an envelope is canonicalised below)
                     return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end],
                                       value[p + 1:end] if c else None)
@@ -268,9 +280,9 @@ def segment_from_view(view: SegmentView) -> RemoteLogSegmentMetadata:
     raw = view.value
     broker, max_ts, event_ts = _BROKER_TIMES_AT(raw, view.broker_pos)
     cp = view.custom_pos
-    (size,) = _SIZE_AT(raw, cp - serde.SEGMENT_SIZE.size)
+    (size,) = _SIZE_AT(raw, cp - _SEGMENT_SIZE_SIZE)
     c = raw[cp]
-    name_end = view.broker_pos - _BROKER_AT - _IDS.size
+    name_end = view.broker_pos - _BROKER_AT - _IDS_SIZE
     tp = _object_new(TopicIdPartition)
     _setattr(tp, "topic_id", _uuid(view.topic_id))
     _setattr(tp, "topic", raw[_HEAD_SIZE + _UVARINT_1:name_end].decode("utf-8"))
@@ -288,11 +300,11 @@ def segment_from_view(view: SegmentView) -> RemoteLogSegmentMetadata:
     _setattr(md, "segment_size_bytes", size)
     _setattr(md, "segment_leader_epochs", view.epochs)
     custom = None if c == 0 else raw[cp + 1:cp + c]
-    if c > len(_MAGIC) and custom[:len(_MAGIC)] == _MAGIC:       # canonical: an envelope (scan_segment checked it)
+    if c > _MAGIC_SIZE and custom[:_MAGIC_SIZE] == _MAGIC:       # canonical: an envelope (scan_segment checked it)
         custom = envelope.unwrap(custom)[1]
     _setattr(md, "custom_metadata", custom)
     _setattr(md, "state", _SEGMENT_STATES[view.state])
-    _setattr(md, "txn_index_empty", raw[view.state_pos + serde.STATE.size:] == serde.TXN_INDEX_EMPTY_TAGS)
+    _setattr(md, "txn_index_empty", raw[view.state_pos + _STATE_SIZE:] == _TXN_INDEX_EMPTY_TAGS)
     _setattr(md, "broker_leader_epoch", view.broker_leader_epoch)
     return md
 
