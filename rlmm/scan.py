@@ -86,6 +86,7 @@ _BROKER_TIMES = serde.SEGMENT_FIXED.part("BrokerId", "EventTimestampMs")
 _BROKER_ID = serde.SEGMENT_FIXED.part("BrokerId")
 _EVENT_TS = serde.SEGMENT_FIXED.part("EventTimestampMs")
 _EVENT_AFTER_BROKER = serde.SEGMENT_FIXED.offset["EventTimestampMs"] - _BROKER_AT
+# a segment record's own TAGS: none, TxnIndexEmpty false (read, never written), TxnIndexEmpty true
 _TAIL_TAGS = (serde.EMPTY_TAGS, serde.TXN_INDEX_EMPTY_TAGS[:-1] + b"\x00", serde.TXN_INDEX_EMPTY_TAGS)
 _MAGIC = envelope.MAGIC
 _canonical_epoch = envelope.canonical_epoch
