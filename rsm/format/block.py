@@ -3,7 +3,7 @@
 A data object is a run of blocks, back to back. Each block is a 128-byte header and a payload of entries; an
 entry is one Kafka record batch, verbatim (its CRC-32C still checks and it can be served to a client as is).
 Blocks are not padded to a fixed size: ``block_len`` is the exact length. This module is the only place that
-knows how blocks and entries are framed: :class:`BlockWriter` (used by :mod:`rsm.format.ledger`) writes them,
+knows how blocks and entries are framed: :func:`encode_block` (used by :mod:`rsm.format.ledger`) writes them,
 :func:`read_block_header` and :class:`EntryReader` (used by :mod:`rsm.format.reader`) read them back. What an
 entry holds (a Kafka record batch) is checked by the callers, through :mod:`rsm.log.batch`.
 
@@ -27,7 +27,7 @@ Layout (big-endian)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -41,9 +41,9 @@ __all__ = [
     "ENTRY_HEADER_LENGTH",
     "LEDGER_ID_OFFSET",
     "BlockHeader",
-    "BlockWriter",
     "EntryReader",
     "decode_block_header",
+    "encode_block",
     "read_block_header",
 ]
 
@@ -85,34 +85,23 @@ class BlockHeader:
 # -- writing -----------------------------------------------------------------------------------------------------
 
 
-class BlockWriter:
-    """Frames one block as a gather list, without copying the entries; the caller bounds the block (block size,
-    or one entry if that is larger). Entry ids run on from ``first_entry_id``.
-
-    The entries' buffers are referenced, not copied: they must stay unchanged until the gather list is written.
-    """
-
-    __slots__ = ("_pieces", "block_length", "entry_count", "first_entry_id", "ledger_id")
-
-    def __init__(self, ledger_id: int, first_entry_id: int) -> None:
-        self.ledger_id = ledger_id
-        self.first_entry_id = first_entry_id
-        self.entry_count = 0
-        self.block_length = BLOCK_HEADER_LENGTH
-        self._pieces: list[bytes | memoryview] = [b""]  # [0]: the header, written by finish()
-
-    def add(self, data: bytes | memoryview) -> None:
-        """Append one entry (the next entry id)."""
-        self._pieces.append(ENTRY_HEADER.pack(len(data), self.first_entry_id + self.entry_count))
-        self._pieces.append(data)
-        self.entry_count += 1
-        self.block_length += ENTRY_HEADER_LENGTH + len(data)
-
-    def finish(self) -> list[bytes | memoryview]:
-        """The block as a gather list: the header, then entry header and entry bytes per entry."""
-        self._pieces[0] = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, self.block_length, self.first_entry_id,
-                                            self.ledger_id)
-        return self._pieces
+def encode_block(ledger_id: int, first_entry_id: int,
+                 entries: Sequence[bytes | memoryview]) -> tuple[int, list[bytes | memoryview]]:
+    """One block of ``entries`` (ids from ``first_entry_id`` on) as ``(block length, gather list)``: the header,
+    then entry header and entry bytes per entry. The entries are referenced, not copied: their buffers must stay
+    unchanged until the gather list is written. The caller bounds the block (block size, or one entry if that
+    is larger)."""
+    pieces: list[bytes | memoryview] = [b""]  # [0]: the header, once the length is known
+    append = pieces.append
+    pack = ENTRY_HEADER.pack
+    length = BLOCK_HEADER_LENGTH
+    for entry_id, data in enumerate(entries, first_entry_id):
+        n = len(data)
+        append(pack(n, entry_id))
+        append(data)
+        length += ENTRY_HEADER_LENGTH + n
+    pieces[0] = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, length, first_entry_id, ledger_id)
+    return length, pieces
 
 
 # -- reading -----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ is handed out. Kept batches keep their positions in the original file (``log_pos
 Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
 header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
 ``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
-bytes per entry, framed by :class:`rsm.format.block.BlockWriter`) without another copy. Memory: one block buffer,
+bytes per entry, framed by :func:`rsm.format.block.encode_block`) without another copy. Memory: one block buffer,
 whatever the segment size. Where blocks go (which data object, at which position) is the caller's business.
 """
 
@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, BlockWriter
+from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, encode_block
 from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
 
 __all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "LedgerWriter", "SegmentRangeError",
@@ -191,7 +191,7 @@ class LedgerWriter:
             if not k:
                 raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {start + got})")
             got += k
-        block = BlockWriter(self.ledger_id, self.entry_count)
+        entries: list[memoryview] = []
         max_ts = -1
         for h in plan:
             off = h.position - start
@@ -200,14 +200,16 @@ class LedgerWriter:
             if (int.from_bytes(raw[_BASE_OFFSET_FIELD], "big", signed=True) != h.base_offset
                     or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
                 raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
-            block.add(raw)
+            entries.append(raw)
             max_ts = max(max_ts, h.max_timestamp)
+        first_entry_id = self.entry_count
+        block_length, pieces = encode_block(self.ledger_id, first_entry_id, entries)
         self.entry_count += len(plan)
         self.log_bytes += n
         if self.first_offset is None:
             self.first_offset = plan[0].base_offset
         self.last_offset = plan[-1].last_offset
         self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
-        draft = BlockDraft(block.first_entry_id, part_id, block.entry_count, block.block_length, plan[0].base_offset,
+        draft = BlockDraft(first_entry_id, part_id, len(plan), block_length, plan[0].base_offset,
                            plan[-1].last_offset, max_ts, start, n)
-        return draft, block.finish()
+        return draft, pieces

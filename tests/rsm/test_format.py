@@ -10,7 +10,7 @@ import pytest
 
 from rsm.api import IndexType, SegmentLeaderEpoch
 from rsm.errors import CorruptRemoteObjectError
-from rsm.format.block import BLOCK_HEADER_LENGTH, BlockWriter, EntryReader, decode_block_header
+from rsm.format.block import BLOCK_HEADER_LENGTH, EntryReader, decode_block_header, encode_block
 from rsm.format.index import (
     BlockInfo,
     IndexObject,
@@ -31,10 +31,10 @@ def _after_header(block: bytes | bytearray) -> io.BytesIO:
 
 
 def test_block_golden_bytes_and_entries():
-    b = BlockWriter(ledger_id=0x0102030405060708, first_entry_id=5)
-    b.add(b"hello")
-    b.add(memoryview(b"kafka!"))
-    block = b"".join(b.finish())
+    length, pieces = encode_block(ledger_id=0x0102030405060708, first_entry_id=5,
+                                  entries=[b"hello", memoryview(b"kafka!")])
+    block = b"".join(pieces)
+    assert length == len(block)
     assert len(block) == 128 + 12 + 5 + 12 + 6
     assert bytes(block[:36]) == bytes.fromhex(
         "26a66d32" "0000000000000080" "00000000000000a3" "0000000000000005" "0102030405060708")
@@ -47,9 +47,7 @@ def test_block_golden_bytes_and_entries():
 
 
 def test_block_errors_name_key_and_position():
-    b = BlockWriter(1, 0)
-    b.add(b"x" * 10)
-    block = b"".join(b.finish())
+    block = b"".join(encode_block(1, 0, [b"x" * 10])[1])
     bad = bytearray(block)
     bad[0] ^= 1
     with pytest.raises(CorruptRemoteObjectError, match=r"obj at byte 4096: bad block magic"):
