@@ -15,6 +15,13 @@ tiered (an unclean election) are tiered again from this lineage. A local segment
 but ends above it (replicas roll at different offsets) is copied from highest + 1 on (the storage manager skips
 the batches below), so no offset range is ever remote twice.
 
+The transaction index uploaded with a segment lists every aborted transaction whose records it holds, wherever its
+ABORT marker is (Kafka's local ``.txnindex`` lists the aborts whose *markers* are in the segment). A segment is
+copied only below the last stable offset, so by then every such marker is in the local log: in the segment or a
+later one, often the active one, which could be copied much later. Readers of the remote tier have no local log
+to fall back on, as Kafka's broker has; with the markers' entries uploaded with the segment they need no later
+segment to drop the aborted records.
+
 Fencing, as Kafka's copy task: a copy carries the leader epoch it started under (``broker_leader_epoch``). Before
 COPY_SEGMENT_FINISHED the copier asks again; once the partition's leader epoch has moved on (or leadership is
 lost), the copy is deleted instead of finished. The metadata manager refuses a FINISHED whose epoch is below one
@@ -50,7 +57,7 @@ from rsm.api import LogSegmentData, RemoteStorageManagerApi
 from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import LogFormatError
-from rsm.log.indexes import read_time_index
+from rsm.log.indexes import TXN_ENTRY, AbortedTxn, format_txn_index, parse_txn_index, read_time_index
 from rsm.log.partition import PartitionDir
 from rsm.manager import kept_range
 
@@ -320,6 +327,7 @@ class PartitionCopier:
                 "partition": str(self.tp), "base_offset": s.base_offset, "max_timestamp_ms": max_ts})
             return None
         now_ms = int(time.time() * 1000)
+        txn_index = self._aborted_index(s, start_offset)
         md = RemoteLogSegmentMetadata(
             remote_log_segment_id=RemoteLogSegmentId.generate(self.tp),
             start_offset=start_offset,
@@ -332,7 +340,7 @@ class PartitionCopier:
             else s.log_path.stat().st_size,
             segment_leader_epochs=tuple((e.epoch, e.start_offset) for e in seg_epochs),
             state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
-            txn_index_empty=s.file(".txnindex") is None,
+            txn_index_empty=txn_index is None,
             broker_leader_epoch=leader_epoch,
         )
         # The checkpoint as Kafka hands it to the storage manager: the epochs up to the segment's end.
@@ -341,7 +349,7 @@ class PartitionCopier:
             log_path=s.log_path,
             offset_index_path=s.directory / f"{s.base_offset:020d}.index",
             time_index_path=s.directory / f"{s.base_offset:020d}.timeindex",
-            transaction_index_path=s.file(".txnindex"),
+            transaction_index_path=txn_index,
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
@@ -377,6 +385,31 @@ class PartitionCopier:
             "partition": str(self.tp), "start_offset": md.start_offset, "end_offset": md.end_offset_inclusive,
             "bytes": md.segment_size_bytes, "seconds": round(elapsed, 3), "segment": str(md.remote_log_segment_id)})
         return replace(copied, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+
+    def _aborted_index(self, s: StagedSegment, start_offset: int) -> Path | None:
+        """The transaction index to upload with ``s`` (see the module docstring), written next to its staged
+        files; None when no aborted transaction has records in it. From the ``.txnindex`` of ``s`` and of every
+        later segment, local or staged (the active one is read up to its last whole entry)."""
+        sources = [p for p in (s.file(".txnindex"),) if p is not None]
+        sources += [seg.txn_index_path for seg in PartitionDir(self.partition_dir).segments()
+                    if seg.base_offset > s.base_offset and seg.txn_index_path is not None]
+        sources += [p for t in self.staging.staged(self.tp)
+                    if t.base_offset > s.base_offset and (p := t.file(".txnindex")) is not None]
+        found: dict[tuple[int, int, int], AbortedTxn] = {}
+        for path in sources:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue  # deleted meanwhile (it is staged then, or it was above the segment's transactions)
+            whole = len(data) - len(data) % TXN_ENTRY.size  # the broker may be appending an entry right now
+            for t in parse_txn_index(data[:whole], path):
+                if t.first_offset <= s.end_offset_inclusive and t.last_offset >= start_offset:
+                    found[(t.producer_id, t.first_offset, t.last_offset)] = t
+        if not found:
+            return None
+        out = s.directory / f"{s.base_offset:020d}.txnindex.upload"
+        out.write_bytes(format_txn_index(sorted(found.values(), key=lambda t: (t.last_offset, t.first_offset))))
+        return out
 
     def _remove(self, md: RemoteLogSegmentMetadata, reason: str) -> None:
         try:

@@ -46,7 +46,7 @@ __all__ = [
     "lookup_position",
     "read_offset_index",
     "read_time_index",
-    "parse_txn_index", "read_txn_index",
+    "format_txn_index", "parse_txn_index", "read_txn_index",
 ]
 
 OFFSET_ENTRY = struct.Struct(
@@ -167,6 +167,12 @@ def parse_txn_index(data: bytes | memoryview, path: str | os.PathLike[str] = "<t
                                     f"aborted txn entry {i}: first offset {first} > last offset {last}")
         out.append(AbortedTxn(version, pid, first, last, lso))
     return out
+
+
+def format_txn_index(entries: list[AbortedTxn]) -> bytes:
+    """The bytes of a ``.txnindex`` holding ``entries`` (the inverse of :func:`parse_txn_index`)."""
+    return b"".join(TXN_ENTRY.pack(TXN_VERSION, t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                    for t in entries)
 
 
 def lookup_position(index_entries: list[OffsetIndexEntry], target_offset: int) -> int:

@@ -94,3 +94,39 @@ def test_read_committed_and_nothing_above_the_lso(kafka: KafkaCluster, topic_nam
         assert everything == want | aborted  # read_uncommitted: aborted records too, control batches never
     finally:
         sidecar.stop()
+
+
+def test_abort_marker_found_past_a_record_with_a_future_timestamp(kafka: KafkaCluster, topic_name: str,
+                                                                   tmp_path: Path) -> None:
+    """An aborted transaction's marker lies two segments later, behind a record whose producer clock runs 30 min
+    ahead: the abort-marker search follows offsets and last stable offsets, not record timestamps (issue 9 #6)."""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300",
+                                                          "message.timestamp.after.max.ms": str(24 * 3600_000)})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    plain_p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    ahead = int(time.time() * 1000) + 30 * 60_000  # another producer's clock, 30 min ahead
+
+    def future(value: bytes, skew_ms: int) -> None:
+        plain_p.produce(topic_name, value=value, partition=0, timestamp=ahead + skew_ms)
+        assert plain_p.flush(30) == 0
+
+    tx = TxnProducer(kafka, topic_name)
+    tx.p.begin_transaction()
+    aborted = tx.send("doomed", 5)       # segment A: the transaction's records, timestamps now
+    future(b"ahead-1", 0)                # rolls (30 min after A's first timestamp): segment M
+    future(b"ahead-2", 1000)             # rolls again: segment N
+    tx.p.abort_transaction(30)           # the ABORT marker, and its transaction index entry, land in N
+    future(b"ahead-3", 2000)             # rolls N
+    future(b"ahead-4", 3000)
+    sidecar = Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))).start()
+    try:
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(aborted) + 3, 60, "the marker's segment to be remote")
+        segs = remote_segments(sidecar, tp)
+        assert len(segs) >= 3, [(m.start_offset, m.end_offset_inclusive) for m in segs]
+        got = [(r.offset, r.value) for r in sidecar.reader.read(tp, 0, isolation="read_committed")]
+        assert not {o for o, _v in got} & aborted.keys(), got
+        assert [v for _o, v in got][:2] == [b"ahead-1", b"ahead-2"], got
+        everything = {r.offset for r in sidecar.reader.read(tp, 0)}
+        assert aborted.keys() <= everything  # read_uncommitted still sees them
+    finally:
+        sidecar.stop()
