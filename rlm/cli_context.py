@@ -17,6 +17,7 @@ from rlm.discovery import ClusterView
 from rlm.reader import RemoteReader
 from rlmm.api import TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
+from rsm.api import RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
 __all__ = ["CliContext", "add_config_arg", "open_context"]
@@ -31,7 +32,7 @@ class CliContext:
     settings: SidecarSettings
     view: ClusterView
     rlmm: TopicBasedRemoteLogMetadataManager
-    rsm: RemoteStorageManager
+    rsm: RemoteStorageManagerApi
     reader: RemoteReader
 
     def partitions(self, topic: str, partition: int | None = None) -> list[TopicIdPartition]:
@@ -63,6 +64,10 @@ def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
     rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
     try:
         rsm = RemoteStorageManager(settings.store)
-        yield CliContext(settings, ClusterView(settings.kafka.client_config()), rlmm, rsm, RemoteReader(rlmm, rsm))
+        try:
+            yield CliContext(settings, ClusterView(settings.kafka.client_config()), rlmm, rsm,
+                             RemoteReader(rlmm, rsm))
+        finally:
+            rsm.close()
     finally:
         rlmm.close()

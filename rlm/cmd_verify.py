@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
                   disable=None) as bar:
             for md in segs:
-                report = ctx.rsm.verify(to_rsm(md))  # under the key layout the copy recorded
+                report = ctx.rsm.verify_copy(to_rsm(md))  # under the key layout the copy recorded
                 if not report.ok:
                     bad += 1
                     tqdm.write(str(report), file=sys.stdout)

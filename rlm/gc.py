@@ -19,9 +19,12 @@ Fail closed: a partition whose metadata cannot be read, or holds custom metadata
 decode, is skipped for the pass; an object whose segment id any known segment has (under any layout) is never
 deleted; keys that do not parse are left alone; a partition not in ``tps`` is touched only on positive proof.
 
-An orphan is deleted through the storage manager's own delete (:meth:`~rsm.api.RemoteStorageManagerApi.
-delete_log_segment_data`, addressed by the key layout it was found under), the one place that knows the order
-(the index object, the commit point, first): garbage collection only decides *what* goes.
+Everything it knows of the store comes through the storage manager's interface: what is stored under a partition
+(:meth:`~rsm.api.RemoteStorageManagerApi.list_copies`, the copies grouped by their keys there, under one key
+layout), and an orphan is deleted through the storage manager's own delete
+(:meth:`~rsm.api.RemoteStorageManagerApi.delete_log_segment_data` of the listed copy, addressed by the key layout
+it was found under), the one place that knows the order (the index object, the commit point, first): garbage
+collection only decides *what* goes.
 
 Stores' own leftovers, after the same grace: temp files of killed filesystem-store writes (``<root>/.tmp``) and
 S3 multipart uploads no part was added to for the grace (a SIGKILLed copy), under each visited partition prefix.
@@ -34,20 +37,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlm import metrics
+from rlm.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemotePartitionDeleteState, TopicIdPartition
-from rsm.api import RemoteSegmentMetadata
+from rsm.api import CopyListing, KeyLayout, RemoteStorageManagerApi, StoredCopy
 from rsm.errors import RemoteStorageError
-from rsm.format.custom_metadata import KeyLayout, decode_custom_metadata, encode_custom_metadata
-from rsm.manager import RemoteStorageManager
-from rsm.store.base import Store
+from rsm.manager import segment_id_of_key
 
 __all__ = ["GarbageCollector", "segment_id_of_key"]
 
@@ -55,45 +55,12 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 2
 
-# The part of a key after the partition prefix (rsm/format/keys.py has the layout):
-#   <20-digit base offset>-<remote segment id>[.part-NNNNN | -index]
-_KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-                       r"(?:\.part-\d{5}|-index)?$")
-_BASE_LEN = 20 + 1 + 36  # <base offset>-<segment id>
-
-
-def _parse_key_tail(key_tail: str) -> tuple[int, uuid.UUID] | None:
-    """(base offset, remote segment id) of a key tail, None when it is not a segment's key."""
-    m = _KEY_TAIL.match(key_tail)
-    return (int(m["base"]), uuid.UUID(m["id"])) if m else None
-
-
-def segment_id_of_key(key_tail: str) -> uuid.UUID | None:
-    parsed = _parse_key_tail(key_tail)
-    return parsed[1] if parsed else None
-
-
-@dataclass
-class _Orphan:
-    layout: KeyLayout
-    base_offset: int
-    segment_id: uuid.UUID
-    keys: list[str] = field(default_factory=list)
-
-    def as_copy(self, tp: TopicIdPartition) -> RemoteSegmentMetadata:
-        """The storage manager's address of this copy (no metadata owns it: only what locates its objects)."""
-        return RemoteSegmentMetadata(
-            remote_segment_id=self.segment_id, topic_id=tp.topic_id, topic_name=tp.topic, partition=tp.partition,
-            start_offset=self.base_offset, end_offset_inclusive=self.base_offset,
-            custom_metadata=encode_custom_metadata(self.layout))
-
-
 def _tp_key(tp: TopicIdPartition) -> str:
     return f"{tp.topic_id}:{tp.partition}"
 
 
 class GarbageCollector:
-    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager, *, grace_ms: int,
+    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi, *, grace_ms: int,
                  state_path: Path) -> None:
         self.rlmm = rlmm
         self.rsm = rsm
@@ -162,54 +129,43 @@ class GarbageCollector:
         layouts = {self.rsm.layout}
         for md in segs:
             if md.custom_metadata is not None:
-                layouts.add(decode_custom_metadata(md.custom_metadata))  # CustomMetadataError: skip the partition
+                layouts.add(self.rsm.layout_of(to_rsm(md)))  # CustomMetadataError: skip the partition
         return {md.remote_log_segment_id.id for md in segs}, layouts
 
-    def _visit(self, tp: TopicIdPartition) -> tuple[dict[str, _Orphan], list[tuple[Store, str, KeyLayout]], int]:
-        """(orphans by physical key base, the (store, partition prefix, layout) listed, objects listed)."""
+    def _visit(self, tp: TopicIdPartition) -> tuple[dict[str, StoredCopy], list[CopyListing], int]:
+        """(orphans by physical key base, the listings, objects listed)."""
         owned_before, layouts = self._owned_and_layouts(tp)
         layouts |= self._remembered_layouts(tp)
-        listed: list[tuple[Store, str, KeyLayout, list]] = []
+        listed: list[CopyListing] = []
         for layout in sorted(layouts, key=lambda lay: (lay.key_prefix, lay.entropy)):
-            try:
-                store = self.rsm.store_for(layout)
-            except RemoteStorageError as err:
-                log.warning("key layout not addressable: not visited", extra={"partition": str(tp),
-                                                                               "layout": str(layout),
-                                                                               "error": str(err)})
-                continue
-            prefix = self.rsm.partition_prefix(tp.topic, tp.topic_id, tp.partition, layout)
             # The store is listed BEFORE the metadata is read (again): a copy's COPY_SEGMENT_STARTED is written
             # before its first byte, so every object listed here is owned in the metadata read next unless it
             # really is an orphan. (Read the other way round, a copy starting between the two reads would look
             # orphaned, and with a short grace be deleted under the running copy.)
-            listed.append((store, prefix, layout, list(store.list(prefix))))
+            try:
+                listed.append(self.rsm.list_copies(tp.topic_id, tp.topic, tp.partition, layout))
+            except RemoteStorageError as err:
+                log.warning("key layout not addressable: not visited", extra={"partition": str(tp),
+                                                                               "layout": str(layout),
+                                                                               "error": str(err)})
         owned_after, layouts_after = self._owned_and_layouts(tp)
         owned = owned_before | owned_after
         self._remember(tp, layouts | layouts_after)
-        out: dict[str, _Orphan] = {}
-        n = 0
-        for _store, prefix, layout, objects in listed:
-            for obj in objects:
-                n += 1
-                tail = obj.key[len(prefix):]
-                parsed = _parse_key_tail(tail)
-                if parsed is None:
-                    log.warning("object with a foreign key under a partition prefix: left alone",
-                                extra={"key": layout.key_prefix + obj.key})
-                    continue
-                base_offset, sid = parsed
-                if sid not in owned:
-                    base = prefix + tail[:_BASE_LEN]
-                    out.setdefault(layout.key_prefix + base,
-                                   _Orphan(layout, base_offset, sid)).keys.append(obj.key)
-        return out, [(s, p, lay) for s, p, lay, _ in listed], n
+        out: dict[str, StoredCopy] = {}
+        for listing in listed:
+            for key in listing.foreign_keys:
+                log.warning("object with a foreign key under a partition prefix: left alone",
+                            extra={"key": listing.layout.key_prefix + key})
+            for stored in listing.copies:
+                if stored.copy.remote_segment_id not in owned:
+                    out[stored.name] = stored
+        return out, listed, sum(listing.objects for listing in listed)
 
     def orphans(self, tp: TopicIdPartition) -> dict[str, list[str]]:
         """Orphaned copies of ``tp`` under all its layouts: physical key base (store key prefix + partition prefix
         + base offset + id) -> its object keys (within the layout's store)."""
         found, _, _ = self._visit(tp)
-        return {base: o.keys for base, o in found.items()}
+        return {base: list(o.keys) for base, o in found.items()}
 
     # -- a pass ------------------------------------------------------------------------------------------------
 
@@ -239,7 +195,7 @@ class GarbageCollector:
                     metrics.ERRORS.labels("gc").inc()
                     log.warning("partition skipped by gc", extra={"partition": str(tp), "error": str(err)})
                     continue
-                visited.extend(lay.key_prefix + prefix for _, prefix, lay in listed)
+                visited.extend(listing.layout.key_prefix + listing.prefix for listing in listed)
                 for base, orphan in found.items():
                     seen_now.add(base)
                     shown = [orphan.layout.key_prefix + k for k in sorted(orphan.keys)]
@@ -249,15 +205,16 @@ class GarbageCollector:
                     first = self._first_seen.setdefault(base, now_ms)
                     if now_ms - first < self.grace_ms:
                         continue
-                    self.rsm.delete_log_segment_data(orphan.as_copy(tp))  # the index (commit point) first
+                    self.rsm.delete_log_segment_data(orphan.copy)  # the index (commit point) first
                     deleted.extend(shown)
                     metrics.GC_DELETED.inc(len(orphan.keys))
                     log.info("orphan deleted", extra={"key": base, "objects": len(orphan.keys),
                                                       "orphaned_for_ms": now_ms - first})
                     self._first_seen.pop(base, None)
                 if not dry_run:
-                    for store, prefix, lay in listed:
-                        deleted.extend(lay.key_prefix + k for k in self._abort_stale_uploads(store, prefix, cutoff_ms))
+                    for listing in listed:
+                        deleted.extend(listing.layout.key_prefix + k
+                                       for k in self._abort_stale_uploads(listing, cutoff_ms))
                     if tp in purged and n_objects == 0:  # purged, and nothing left under any of its layouts
                         self._partitions.pop(_tp_key(tp), None)
                         log.info("purged partition emptied; forgotten by gc", extra={"partition": str(tp)})
@@ -270,26 +227,21 @@ class GarbageCollector:
                 self._save()
         return deleted
 
-    def _abort_stale_uploads(self, store: Store, prefix: str, cutoff_ms: int) -> list[str]:
-        abort = getattr(store, "abort_stale_uploads", None)
-        if abort is None:
-            return []
+    def _abort_stale_uploads(self, listing: CopyListing, cutoff_ms: int) -> list[str]:
         try:
-            aborted = abort(prefix, cutoff_ms)
+            aborted = self.rsm.abort_stale_uploads(listing, cutoff_ms)
         except RemoteStorageError as err:
             metrics.ERRORS.labels("gc").inc()
-            log.warning("could not abort stale multipart uploads", extra={"prefix": prefix, "error": str(err)})
+            log.warning("could not abort stale multipart uploads", extra={"prefix": listing.prefix,
+                                                                           "error": str(err)})
             return []
         for k in aborted:
             log.info("stale multipart upload aborted", extra={"key": k})
         return aborted
 
     def _remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
-        remove = getattr(self.rsm.store, "remove_stale_temp_files", None)
-        if remove is None:
-            return []
         try:
-            removed = remove(cutoff_ms)
+            removed = self.rsm.remove_stale_temp_files(cutoff_ms)
         except RemoteStorageError as err:
             metrics.ERRORS.labels("gc").inc()
             log.warning("could not remove stale temp files", extra={"error": str(err)})

@@ -14,6 +14,12 @@ Only the remote chain is read: COPY_SEGMENT_FINISHED segments of one leader-epoc
 one offset (:mod:`rlm.chain`). A block range of one data object is one ranged GET that streams
 the following blocks too (sequential reads need no further request per block); ledger indexes are cached by the
 storage manager (LRU), so a warm random read costs one request.
+
+Every read goes through the storage manager's read interface (:meth:`rsm.api.RemoteStorageManagerApi.open_segment`,
+:class:`rsm.api.SegmentHandle`), never the object format. What a consumer sees of a segment is decided in one
+place, :func:`iter_segment_batches` (offset range, control batches, aborted transactions), and the aborted
+transactions that matter in one other, :class:`TxnIndexes` (which segments' indexes: :func:`txn_search`; which of
+their entries: :func:`aborted_covering`); the Spark source uses both.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,21 +35,19 @@ from rlm import metrics
 from rlm.chain import remote_chain
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
-from rsm.api import IndexType, RemoteSegmentMetadata
-from rsm.errors import RemoteResourceNotFoundError
-from rsm.format.reader import EntryView, SegmentReader
-from rsm.log.batch import BatchHeader, header_from_bytes
-from rsm.log.indexes import AbortedTxn, parse_txn_index
+from rsm.api import BlockRange, RemoteStorageManagerApi, SegmentHandle
+from rsm.log.batch import BatchHeader
+from rsm.log.indexes import AbortedTxn
 from rsm.log.records import iter_raw_records
-from rsm.manager import RemoteStorageManager
 
 __all__ = [
     "OffsetOutOfRangeError",
     "RemoteReader",
     "RemoteRecord",
+    "TxnIndexes",
+    "aborted_covering",
     "is_aborted",
     "iter_segment_batches",
-    "read_txn_index",
     "txn_search",
 ]
 
@@ -70,7 +74,7 @@ class RemoteRecord:
 
 
 class RemoteReader:
-    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManager) -> None:
+    def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi) -> None:
         self.rlmm = rlmm
         self.rsm = rsm
 
@@ -95,31 +99,20 @@ class RemoteReader:
         for md in self.segments(tp):
             if md.max_timestamp_ms < timestamp_ms:
                 continue
-            reader = self.rsm.reader(to_rsm(md))
-            entry = reader.find_timestamp(timestamp_ms)
-            if entry is None:
+            seg = self.rsm.open_segment(to_rsm(md))
+            block = seg.block_at_timestamp(timestamp_ms)
+            found = None if block is None else _first_batch_at(seg, block, md.end_offset_inclusive, timestamp_ms)
+            if found is None:
                 continue
-            offset = max(entry.base_offset, md.start_offset)
-            h = header_from_bytes(entry.data, entry.log_position, reader.keys.base)
+            h, data = found
+            offset = max(h.base_offset, md.start_offset)
             if not h.timestamp_type:  # CreateTime: the records' own timestamps
-                offset = next((r.offset for r in iter_raw_records(h, entry.data, path=reader.keys.base)
+                offset = next((r.offset for r in iter_raw_records(h, data, path=seg.name)
                                if r.offset >= offset and r.timestamp >= timestamp_ms), offset)
             return offset, _epoch_of(md, offset)
         return None
 
     # -------------------------------------------------------------------------------------------- reads
-    def _aborted(self, segs: list[RemoteLogSegmentMetadata], i: int,
-                 cache: dict[int, list[AbortedTxn]]) -> list[AbortedTxn]:
-        """Aborted transactions that may cover records of ``segs[i]`` (see :func:`txn_search`)."""
-        def entries(j: int) -> list[AbortedTxn]:
-            if j not in cache:
-                cache[j] = read_txn_index(self.rsm, to_rsm(segs[j]))
-            return cache[j]
-
-        md = segs[i]
-        return [t for j in txn_search(segs, i, entries) for t in entries(j)
-                if t.first_offset <= md.end_offset_inclusive and t.last_offset >= md.start_offset]
-
     def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
              max_records: int | None = None, isolation: Isolation = "read_uncommitted",
              to_offset_inclusive: int | None = None) -> Iterator[RemoteRecord]:
@@ -137,17 +130,17 @@ class RemoteReader:
         i = bisect.bisect_left([m.end_offset_inclusive for m in segs], from_offset)
         read_bytes = 0
         n_records = 0
-        txn_cache: dict[int, list[AbortedTxn]] = {}
+        txns = TxnIndexes(self.rsm, segs)
         try:
             for si in range(i, len(segs)):
                 md = segs[si]
                 if to_offset_inclusive is not None and md.start_offset > to_offset_inclusive:
                     return
-                aborted = self._aborted(segs, si, txn_cache) if isolation == "read_committed" else []
-                reader = self.rsm.reader(to_rsm(md))
+                aborted = txns.aborted(si) if isolation == "read_committed" else []
+                seg = self.rsm.open_segment(to_rsm(md))
                 want = max(from_offset, md.start_offset)
-                key = reader.keys.base
-                for h, entry, visible in iter_segment_batches(reader, want, md.end_offset_inclusive, aborted=aborted):
+                key = seg.name
+                for h, data, visible in iter_segment_batches(seg, want, md.end_offset_inclusive, aborted=aborted):
                     if max_bytes is not None and read_bytes > 0 and read_bytes + h.size_bytes > max_bytes:
                         return
                     read_bytes += h.size_bytes
@@ -155,7 +148,7 @@ class RemoteReader:
                     if not visible:
                         continue
                     ts_type = 1 if h.timestamp_type else 0
-                    for r in iter_raw_records(h, entry.data, path=key):
+                    for r in iter_raw_records(h, data, path=key):
                         off = r.offset
                         if off < want or off > md.end_offset_inclusive:
                             continue
@@ -171,32 +164,64 @@ class RemoteReader:
             metrics.READ_SECONDS.observe(time.monotonic() - started)
 
 
-def iter_segment_batches(reader: SegmentReader, from_offset: int, end_offset_inclusive: int, *,
+def iter_segment_batches(seg: SegmentHandle, from_offset: int, end_offset_inclusive: int, *,
                          aborted: Sequence[AbortedTxn] = (), first_block: int | None = None,
-                         last_block: int | None = None) -> Iterator[tuple[BatchHeader, EntryView, bool]]:
+                         last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview, bool]]:
     """The verified batches of one remote segment that hold offsets ``from_offset..end_offset_inclusive``, in
-    order: ``(header, entry, visible)``, where ``visible`` says a consumer sees the batch's records (it is not a
-    control batch and not in one of the ``aborted`` transactions: pass those only for read_committed).
+    order: ``(header, batch bytes, visible)``, where ``visible`` says a consumer sees the batch's records (it is
+    not a control batch and not in one of the ``aborted`` transactions: pass those only for read_committed).
 
     Reads blocks ``first_block..last_block`` (default: from the block holding ``from_offset`` to the last) with
-    one ranged GET per data object; the caller still drops records below ``from_offset`` inside the first batch.
-    Shared by :meth:`RemoteReader.read` and the Spark executors (:mod:`rlm.spark`).
+    one ranged GET per data object; the caller still drops records outside the range inside the edge batches.
+    The one decision of what a reader sees: :meth:`RemoteReader.read` and the Spark executors (:mod:`rlm.spark`).
     """
-    if first_block is None:
-        block = reader.ledger.block_for_offset(from_offset)
-        if block is None:
-            return
-        first_block = block.part_id
-    key = reader.keys.base
-    for entry in reader.iter_entries(first_block, last_block):
-        h = header_from_bytes(entry.data, entry.log_position, key)
-        if h.last_offset < from_offset:
-            continue
-        if h.base_offset > end_offset_inclusive:
-            return
-        visible = not h.is_control and not (
+    for h, data in seg.batches(from_offset, end_offset_inclusive, first_block=first_block, last_block=last_block):
+        yield h, data, not h.is_control and not (
             aborted and h.is_transactional and is_aborted(aborted, h.producer_id, h.base_offset))
-        yield h, entry, visible
+
+
+def _first_batch_at(seg: SegmentHandle, block: BlockRange, end_offset_inclusive: int,
+                    timestamp_ms: int) -> tuple[BatchHeader, memoryview] | None:
+    """The first batch from ``block`` on whose max timestamp is >= ``timestamp_ms``."""
+    for h, data in seg.batches(block.first_offset, end_offset_inclusive, first_block=block.first_block):
+        if h.max_timestamp >= timestamp_ms:
+            return h, data
+    return None
+
+
+class TxnIndexes:
+    """The transaction indexes of one remote chain's segments, each read at most once, through the storage
+    manager: which segments' indexes matter to a segment (:func:`txn_search`) and the aborted transactions they
+    list that cover it (:func:`aborted_covering`)."""
+
+    def __init__(self, rsm: RemoteStorageManagerApi, segs: Sequence[RemoteLogSegmentMetadata]) -> None:
+        self._rsm = rsm
+        self.segs = segs
+        self._cache: dict[int, list[AbortedTxn]] = {}
+
+    def __call__(self, j: int) -> list[AbortedTxn]:
+        """The entries of ``segs[j]``'s transaction index (none when it has none)."""
+        entries = self._cache.get(j)
+        if entries is None:
+            entries = self._cache[j] = self._rsm.open_segment(to_rsm(self.segs[j])).aborted_transactions()
+        return entries
+
+    def search(self, i: int) -> list[int]:
+        """:func:`txn_search` for ``segs[i]``."""
+        return txn_search(self.segs, i, self)
+
+    def aborted(self, i: int) -> list[AbortedTxn]:
+        """The aborted transactions that may cover records of ``segs[i]``."""
+        md = self.segs[i]
+        return aborted_covering(md.start_offset, md.end_offset_inclusive, map(self, self.search(i)))
+
+
+def aborted_covering(start_offset: int, end_offset_inclusive: int,
+                     indexes: Iterable[Sequence[AbortedTxn]]) -> list[AbortedTxn]:
+    """The entries of transaction ``indexes`` (those :func:`txn_search` chose) whose offsets overlap
+    ``start_offset..end_offset_inclusive``: what :func:`iter_segment_batches` drops for read_committed."""
+    return [t for entries in indexes for t in entries
+            if t.first_offset <= end_offset_inclusive and t.last_offset >= start_offset]
 
 
 def txn_search(segs: Sequence[RemoteLogSegmentMetadata], i: int,
@@ -219,15 +244,6 @@ def txn_search(segs: Sequence[RemoteLogSegmentMetadata], i: int,
         if any(t.last_stable_offset > end for t in entries(j)):
             break
     return out
-
-
-def read_txn_index(rsm: RemoteStorageManager, md: RemoteSegmentMetadata) -> list[AbortedTxn]:
-    """The aborted transactions of a remote segment's transaction index (none when it has no index)."""
-    try:
-        with rsm.fetch_index(md, IndexType.TRANSACTION) as f:
-            return parse_txn_index(f.read(), f"{md.remote_segment_id} transaction index")
-    except RemoteResourceNotFoundError:
-        return []
 
 
 def is_aborted(aborted: Sequence[AbortedTxn], producer_id: int, offset: int) -> bool:

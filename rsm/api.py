@@ -13,6 +13,17 @@ Contracts (each method repeats the ones that concern it):
   a transaction index answers ``fetch_index(..., IndexType.TRANSACTION)`` with that error).
 - Fetched bytes are exactly the original bytes: ``fetch_log_segment`` returns the original ``.log`` bytes
   between the given positions of the original file, each batch's CRC-32C checked before it is returned.
+
+Beyond Kafka's interface, the read side every reader of ours uses (``rlm``'s reader, the Spark source, garbage
+collection, verify) is declared here too, so none of them needs the object format or the store:
+
+- :meth:`RemoteStorageManagerApi.open_segment` gives a :class:`SegmentHandle`: verified batches between two
+  offsets (the header parsed once, the bytes a memoryview), a block plan for a byte budget, the first block at a
+  timestamp, the copy's aborted transactions;
+- :meth:`~RemoteStorageManagerApi.list_copies` / :meth:`~RemoteStorageManagerApi.delete_log_segment_data` /
+  :meth:`~RemoteStorageManagerApi.verify_copy`: what is stored under a partition (owned or not), its deletion
+  and its verification;
+- :meth:`~RemoteStorageManagerApi.close`: the manager owns resources (the S3 store's upload pool).
 """
 
 from __future__ import annotations
@@ -20,16 +31,28 @@ from __future__ import annotations
 import abc
 import enum
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from rsm.log.batch import BatchHeader
+from rsm.log.indexes import AbortedTxn
+
+if TYPE_CHECKING:
+    from rsm.verify import VerifyReport
 
 __all__ = [
+    "BlockRange",
+    "CopyListing",
     "IndexType",
+    "KeyLayout",
     "LogSegmentData",
     "RemoteSegmentMetadata",
     "RemoteStorageManagerApi",
+    "SegmentHandle",
     "SegmentLeaderEpoch",
+    "StoredCopy",
 ]
 
 
@@ -74,6 +97,95 @@ class RemoteSegmentMetadata:
     custom_metadata: bytes | None = None
     """What ``copy_log_segment_data`` returned for this copy (the metadata manager keeps it with the segment):
     the key layout it was written under. None (copies made before it existed): the current configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """Where a copy's objects are: the store's key prefix and whether keys carry the entropy prefix (recorded in
+    each copy's custom metadata, ``rsm.format.custom_metadata``)."""
+
+    key_prefix: str = ""
+    entropy: bool = False
+
+    def __str__(self) -> str:
+        return f"prefix={self.key_prefix!r} entropy={self.entropy}"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRange:
+    """Consecutive blocks ``first_block..last_block`` (inclusive ordinals) of one copy: a unit of reading.
+
+    Offsets are those of the blocks' batches (inclusive); ``log_bytes`` is their size in the original ``.log``."""
+
+    first_block: int
+    last_block: int
+    first_offset: int
+    last_offset: int
+    log_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCopy:
+    """The objects of one copy (complete, partial or orphaned) found by listing a partition's keys.
+
+    ``copy`` addresses the objects (segment id, partition, base offset as start and end, the key layout as custom
+    metadata): enough for :meth:`RemoteStorageManagerApi.delete_log_segment_data`, nothing more. ``name``: the
+    copy's physical key base (store key prefix + partition prefix + base offset + id), unique across layouts;
+    ``keys``: its object keys within the store of ``layout``, the layout it was listed under."""
+
+    copy: RemoteSegmentMetadata
+    layout: KeyLayout
+    name: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyListing:
+    """What :meth:`RemoteStorageManagerApi.list_copies` found under one partition prefix of one key layout.
+
+    ``foreign_keys``: keys under the prefix that are no copy's (left alone); ``objects``: every key listed."""
+
+    layout: KeyLayout
+    prefix: str
+    copies: tuple[StoredCopy, ...]
+    foreign_keys: tuple[str, ...]
+    objects: int
+
+
+class SegmentHandle(abc.ABC):
+    """Reads one remote segment copy (:meth:`RemoteStorageManagerApi.open_segment`). Block ordinals count from 0.
+
+    Every batch handed out has been verified (block framing, CRC-32C); bad data raises
+    :class:`~rsm.errors.CorruptRemoteObjectError` naming the key and position, never returns bad bytes."""
+
+    name: str
+    """The copy's key base: names it in error messages (``path`` of :func:`rsm.log.records.iter_raw_records`)."""
+
+    @abc.abstractmethod
+    def batches(self, from_offset: int, end_offset_inclusive: int, *, first_block: int | None = None,
+                last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """The batches holding offsets ``from_offset..end_offset_inclusive``, in order: the header (parsed once;
+        ``position`` is the batch's position in the original ``.log``) and the batch's bytes.
+
+        Streams blocks ``first_block..last_block`` (inclusive; default: from the block holding ``from_offset`` to
+        the last), one ranged GET per data object. Batches are whole: the first may start below ``from_offset``,
+        the last end past ``end_offset_inclusive``; records outside are the caller's to drop."""
+
+    @abc.abstractmethod
+    def block_plan(self, from_offset: int, end_offset_inclusive: int, max_log_bytes: int, *,
+                   min_timestamp_ms: int | None = None, from_block: int = 0) -> list[BlockRange]:
+        """Runs of consecutive blocks, each up to ``max_log_bytes`` of ``.log`` bytes (at least one block), covering
+        the blocks from ``from_block`` on that hold offsets ``from_offset..end_offset_inclusive`` and (with
+        ``min_timestamp_ms``) a batch whose max timestamp is at least it. Reads the index only."""
+
+    @abc.abstractmethod
+    def block_at_timestamp(self, timestamp_ms: int) -> BlockRange | None:
+        """The first block holding a batch whose max timestamp is >= ``timestamp_ms``, None when none does.
+        Reads the index only."""
+
+    @abc.abstractmethod
+    def aborted_transactions(self) -> list[AbortedTxn]:
+        """The aborted transactions the copy's transaction index lists (none when the copy has no index)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,4 +254,43 @@ class RemoteStorageManagerApi(abc.ABC):
         """Delete every object of this segment copy. Idempotent: absent or already deleted is not an error.
 
         The objects are found under the layout recorded in ``custom_metadata`` (the current one when None);
-        custom metadata this manager cannot read raises instead of deleting guessed keys."""
+        custom metadata this manager cannot read raises instead of deleting guessed keys. The index object (the
+        commit point) goes first. Deletes a :class:`StoredCopy` too (its ``copy``)."""
+
+    # -- beyond KIP-405: the read side of our own readers, garbage collection, verify --------------------------
+
+    layout: KeyLayout
+    """The key layout new copies are written under."""
+
+    @abc.abstractmethod
+    def layout_of(self, segment_metadata: RemoteSegmentMetadata) -> KeyLayout:
+        """The key layout a copy was written under (its custom metadata; the current layout when it has none).
+        Raises :class:`~rsm.errors.RemoteStorageError` for custom metadata this manager cannot read."""
+
+    @abc.abstractmethod
+    def open_segment(self, segment_metadata: RemoteSegmentMetadata) -> SegmentHandle:
+        """A reader of the copy, under its recorded key layout (loads its index: one GET, or the cache).
+        Raises :class:`~rsm.errors.RemoteResourceNotFoundError` when the copy is absent."""
+
+    @abc.abstractmethod
+    def verify_copy(self, segment_metadata: RemoteSegmentMetadata) -> VerifyReport:
+        """Check every object of the copy against its index (:func:`rsm.verify.verify_segment`), streaming.
+        Raises :class:`~rsm.errors.RemoteResourceNotFoundError` when its index object is absent."""
+
+    @abc.abstractmethod
+    def list_copies(self, topic_id: uuid.UUID, topic_name: str, partition: int, layout: KeyLayout) -> CopyListing:
+        """Every object stored under the partition's prefix in ``layout``, grouped by copy (owned or not, complete
+        or not). Raises :class:`~rsm.errors.RemoteStorageError` when the layout is not addressable here."""
+
+    @abc.abstractmethod
+    def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:
+        """Abort uploads left unfinished under ``listing``'s prefix since before ``older_than_ms`` (a killed
+        copy's S3 multipart uploads); their keys. Nothing for stores without such uploads."""
+
+    @abc.abstractmethod
+    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
+        """Remove the store's own temp files older than ``older_than_ms`` (a killed write's); their names."""
+
+    def close(self) -> None:  # noqa: B027 - optional: nothing to release by default
+        """Release what the manager owns (the S3 store's upload pool). Idempotent; a later copy re-creates the
+        pool on demand."""

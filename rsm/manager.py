@@ -26,23 +26,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 import google_crc32c
 from pydantic import BaseModel, ConfigDict, Field
 
-from rsm.api import IndexType, LogSegmentData, RemoteSegmentMetadata, RemoteStorageManagerApi
+from rsm.api import (
+    CopyListing,
+    IndexType,
+    KeyLayout,
+    LogSegmentData,
+    RemoteSegmentMetadata,
+    RemoteStorageManagerApi,
+    SegmentHandle,
+    StoredCopy,
+)
 from rsm.errors import RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
-from rsm.format.custom_metadata import (
-    MAX_CUSTOM_METADATA_BYTES,
-    KeyLayout,
-    decode_custom_metadata,
-    encode_custom_metadata,
-)
+from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
     BlockInfo,
     IndexObject,
@@ -52,7 +57,14 @@ from rsm.format.index import (
     decode_index,
     encode_index,
 )
-from rsm.format.keys import SegmentKeys, ledger_id_for, partition_prefix
+from rsm.format.keys import (
+    KEY_BASE_LENGTH,
+    SegmentKeys,
+    ledger_id_for,
+    parse_key_tail,
+    partition_prefix,
+    segment_id_of_key,
+)
 from rsm.format.ledger import (
     EntryAddress,
     KeptRange,
@@ -67,7 +79,10 @@ from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
 
-__all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range"]
+if TYPE_CHECKING:
+    from rsm.verify import VerifyReport
+
+__all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range", "segment_id_of_key"]
 
 log = logging.getLogger(__name__)
 
@@ -319,17 +334,62 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         return ledger
 
     def reader(self, segment_metadata: RemoteSegmentMetadata) -> SegmentReader:
-        """A reader of the copy, under its recorded key layout."""
+        """A reader of the copy, under its recorded key layout (with this package's entry-level access)."""
         store, keys, cache_key = self._located(segment_metadata)
         return SegmentReader(store, keys, self.load_index(keys, store, cache_key),
                              on_bytes=self.fetch_throttle.acquire)
 
-    def verify(self, segment_metadata: RemoteSegmentMetadata):
+    def open_segment(self, segment_metadata: RemoteSegmentMetadata) -> SegmentHandle:
+        """See :meth:`RemoteStorageManagerApi.open_segment`."""
+        return self.reader(segment_metadata)
+
+    def verify_copy(self, segment_metadata: RemoteSegmentMetadata) -> VerifyReport:
         """:func:`rsm.verify.verify_segment` of the copy, under its recorded key layout."""
         from rsm.verify import verify_segment
 
         store, keys, _ = self._located(segment_metadata)
         return verify_segment(store, keys)
+
+    # -- what is stored (garbage collection) -------------------------------------------------------------------
+
+    def list_copies(self, topic_id: uuid.UUID, topic_name: str, partition: int, layout: KeyLayout) -> CopyListing:
+        """See :meth:`RemoteStorageManagerApi.list_copies` (one listing of the store, materialized)."""
+        store = self.store_for(layout)
+        prefix = self.partition_prefix(topic_name, topic_id, partition, layout)
+        found: dict[str, tuple[int, uuid.UUID, list[str]]] = {}
+        foreign: list[str] = []
+        n = 0
+        for obj in store.list(prefix):
+            n += 1
+            tail = obj.key[len(prefix):]
+            parsed = parse_key_tail(tail)
+            if parsed is None:
+                foreign.append(obj.key)
+                continue
+            found.setdefault(prefix + tail[:KEY_BASE_LENGTH], (*parsed, []))[2].append(obj.key)
+        custom = encode_custom_metadata(layout)
+        copies = tuple(StoredCopy(RemoteSegmentMetadata(
+            remote_segment_id=sid, topic_id=topic_id, topic_name=topic_name, partition=partition,
+            start_offset=base_offset, end_offset_inclusive=base_offset, custom_metadata=custom),
+            layout, layout.key_prefix + base, tuple(keys)) for base, (base_offset, sid, keys) in found.items())
+        return CopyListing(layout, prefix, copies, tuple(foreign), n)
+
+    def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:
+        """See :meth:`RemoteStorageManagerApi.abort_stale_uploads` (S3 multipart uploads; keys in the layout's
+        store)."""
+        abort = getattr(self.store_for(listing.layout), "abort_stale_uploads", None)
+        return [] if abort is None else abort(listing.prefix, older_than_ms)
+
+    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
+        """See :meth:`RemoteStorageManagerApi.remove_stale_temp_files` (the filesystem store's ``.tmp``)."""
+        remove = getattr(self.store, "remove_stale_temp_files", None)
+        return [] if remove is None else remove(older_than_ms)
+
+    def close(self) -> None:
+        """See :meth:`RemoteStorageManagerApi.close`: closes the store (views of it share its resources)."""
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
 
     def fetch_log_segment(self, segment_metadata: RemoteSegmentMetadata, start_position: int,
                           end_position_inclusive: int | None = None) -> BinaryIO:

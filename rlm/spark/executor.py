@@ -3,8 +3,9 @@
 An input partition is small and picklable: the segment's metadata as plain values, the offsets to return, the
 block range, the segments whose transaction indexes matter (read_committed) and the store configuration as a
 dict. The executor needs only the store: it reads the blocks with ranged GETs (one per data object, streamed),
-verifies every batch (block framing, CRC-32C) and decodes records with the compiled codec. The batch / control /
-aborted-transaction logic is :func:`rlm.reader.iter_segment_batches`, shared with the sidecar's reader.
+verifies every batch (block framing, CRC-32C) and decodes records with the compiled codec. It reads through the
+storage manager's read interface (:class:`rsm.api.SegmentHandle`); the batch / control / aborted-transaction logic
+is :func:`rlm.reader.iter_segment_batches` and :func:`rlm.reader.aborted_covering`, shared with the sidecar's reader.
 
 Storage managers are cached per store configuration in the Python worker (Spark reuses workers), so the index
 objects of the segments stay cached across tasks.
@@ -24,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from rlm.reader import iter_segment_batches, read_txn_index
+from rlm.reader import aborted_covering, iter_segment_batches
 from rlmm.api import RemoteLogSegmentMetadata
-from rsm.api import RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle, SegmentLeaderEpoch
 from rsm.log.indexes import AbortedTxn
 from rsm.log.records import cyclic_gc_paused, iter_raw_records
 from rsm.manager import RemoteStorageManager, RsmConfig
@@ -122,14 +123,12 @@ def storage_manager(store: Mapping[str, Any]) -> RemoteStorageManager:
         return rsm
 
 
-def _aborted(rsm: RemoteStorageManager, part: SegmentSlice) -> list[AbortedTxn]:
+def _aborted(rsm: RemoteStorageManagerApi, part: SegmentSlice) -> list[AbortedTxn]:
     if not part.read_committed:
         return []
-    end = part.segment.end_offset_inclusive
-    out: list[AbortedTxn] = []
-    for ref in part.txn_segments:
-        out.extend(t for t in read_txn_index(rsm, ref.to_rsm()) if t.first_offset <= end)
-    return out
+    seg = part.segment
+    return aborted_covering(seg.start_offset, seg.end_offset_inclusive,
+                            (rsm.open_segment(ref.to_rsm()).aborted_transactions() for ref in part.txn_segments))
 
 
 class _Columns:
@@ -176,8 +175,7 @@ def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
     seg = part.segment
     schema = arrow_schema(part.include_headers)
     rsm = storage_manager(part.store)
-    reader = rsm.reader(seg.to_rsm())
-    key = reader.keys.base
+    handle = rsm.open_segment(seg.to_rsm())
     lo = max(part.from_offset, seg.start_offset)
     hi = min(part.to_offset_inclusive, seg.end_offset_inclusive)
     if lo > hi:
@@ -189,18 +187,19 @@ def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
     # decode). It is off while a batch is built and back on (if it was) whenever control leaves this generator.
     gc_was_enabled = gc.isenabled()
     with cyclic_gc_paused():
-        yield from _read_into(part, reader, key, lo, hi, start_ts, cols, schema, gc_was_enabled)
+        yield from _read_into(part, rsm, handle, lo, hi, start_ts, cols, schema, gc_was_enabled)
 
 
-def _read_into(part: SegmentSlice, reader: Any, key: str, lo: int, hi: int, start_ts: int | None, cols: _Columns,
-               schema: pa.Schema, gc_was_enabled: bool) -> Iterator[pa.RecordBatch]:
+def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: SegmentHandle, lo: int, hi: int,
+               start_ts: int | None, cols: _Columns, schema: pa.Schema,
+               gc_was_enabled: bool) -> Iterator[pa.RecordBatch]:
     seg = part.segment
-    rsm = storage_manager(part.store)
-    for h, entry, visible in iter_segment_batches(reader, lo, hi, aborted=_aborted(rsm, part),
-                                                  first_block=part.first_block, last_block=part.last_block):
+    key = handle.name
+    for h, data, visible in iter_segment_batches(handle, lo, hi, aborted=_aborted(rsm, part),
+                                                 first_block=part.first_block, last_block=part.last_block):
         if not visible:
             continue
-        records = list(iter_raw_records(h, entry.data, path=key))
+        records = list(iter_raw_records(h, data, path=key))
         if h.base_offset < lo or h.last_offset > hi:
             records = [r for r in records if lo <= r.offset <= hi]
         if start_ts is not None:

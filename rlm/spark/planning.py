@@ -10,6 +10,10 @@ Steps, none of which reads record data:
    ``maxPartitionBytes`` or blocks can be pruned by time. Splitting and time pruning read the segment's index
    object (one GET, no data). A starting timestamp is resolved through the same index object to the first block
    holding a record at or after it; the executor drops the records before the first such one.
+
+Segments are read through the storage manager's interface only (:meth:`rsm.api.SegmentHandle.block_plan`,
+:meth:`~rsm.api.SegmentHandle.block_at_timestamp`); which transaction indexes a slice needs is
+:class:`rlm.reader.TxnIndexes`, as for the sidecar's reader.
 """
 
 from __future__ import annotations
@@ -26,13 +30,12 @@ from confluent_kafka.admin import AdminClient
 
 from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
-from rlm.reader import read_txn_index, txn_search
+from rlm.reader import TxnIndexes
 from rlm.spark.executor import SegmentRef, SegmentSlice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
-from rsm.format.index import BlockInfo
-from rsm.log.indexes import AbortedTxn
+from rsm.api import BlockRange, RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
 __all__ = ["Bounds", "plan_slices", "resolve_partitions"]
@@ -148,13 +151,16 @@ def plan_slices(opts: SourceOptions, bounds: Bounds | None = None) -> list[Segme
     segments = list_segments(opts, tps)
     rsm = RemoteStorageManager(opts.rsm_config())
     out: list[SegmentSlice] = []
-    for tp in tps:
-        out.extend(_plan_partition(opts, bounds, rsm, segments[tp]))
+    try:
+        for tp in tps:
+            out.extend(_plan_partition(opts, bounds, rsm, segments[tp]))
+    finally:
+        rsm.close()
     log.info("kafka-remote plan", extra={"partitions": len(tps), "slices": len(out)})
     return out
 
 
-def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManager,
+def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManagerApi,
                     segs: list[RemoteLogSegmentMetadata]) -> list[SegmentSlice]:
     if not segs:
         return []
@@ -178,11 +184,12 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
     ts_start = opts.starting_timestamp_ms
     if opts.starting_by_timestamp is not None:
         ts_start = opts.starting_by_timestamp.get((tp.topic, tp.partition))
-    ts_segment = ts_block = None
+    ts_segment = None
+    ts_block: BlockRange | None = None
     if ts_start is not None:
         for i, md in enumerate(segs):
             if md.max_timestamp_ms >= ts_start and md.end_offset_inclusive >= start:
-                block = rsm.reader(SegmentRef.of(md).to_rsm()).ledger.block_for_timestamp(ts_start)
+                block = rsm.open_segment(SegmentRef.of(md).to_rsm()).block_at_timestamp(ts_start)
                 if block is not None:
                     ts_segment, ts_block = i, block
                     start = max(start, block.first_offset)
@@ -199,12 +206,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
                                    "read around them")
         log.warning("offsets missing from the remote tier", extra={"partition": str(tp), "missing": lost})
     ts_min = bounds.timestamp_min_ms
-    txn_cache: dict[int, list[AbortedTxn]] = {}
-
-    def txn_entries(j: int) -> list[AbortedTxn]:
-        if j not in txn_cache:
-            txn_cache[j] = read_txn_index(rsm, SegmentRef.of(segs[j]).to_rsm())
-        return txn_cache[j]
+    txns = TxnIndexes(rsm, segs)
     out: list[SegmentSlice] = []
     for i, md in enumerate(segs):
         if md.end_offset_inclusive < start or md.start_offset >= end_excl:
@@ -214,8 +216,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
         ref = SegmentRef.of(md)
         lo = max(start, md.start_offset)
         hi = min(end_excl - 1, md.end_offset_inclusive)
-        txn = tuple(SegmentRef.of(segs[j]) for j in txn_search(segs, i, txn_entries)) \
-            if opts.isolation == "read_committed" else ()
+        txn = tuple(SegmentRef.of(segs[j]) for j in txns.search(i)) if opts.isolation == "read_committed" else ()
         starts_at_ts = ts_segment == i
 
         def make(first: int | None, last: int | None, lo_: int, hi_: int, ts: int | None,
@@ -226,26 +227,9 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
         if md.segment_size_bytes <= opts.max_partition_bytes and ts_min is None and not starts_at_ts:
             out.append(make(None, None, lo, hi, None))
             continue
-        ledger = rsm.reader(ref.to_rsm()).ledger
-        blocks = [b for b in ledger.blocks if b.last_offset >= lo and b.first_offset <= hi
-                  and (ts_min is None or b.max_timestamp_ms >= ts_min)
-                  and (not starts_at_ts or b.part_id >= ts_block.part_id)]  # type: ignore[union-attr]
-        for group in _group_blocks(blocks, opts.max_partition_bytes):
-            first, last = group[0], group[-1]
-            ts = ts_start if starts_at_ts and first.part_id == ts_block.part_id else None  # type: ignore[union-attr]
-            out.append(make(first.part_id, last.part_id, max(lo, first.first_offset), min(hi, last.last_offset), ts))
+        from_block = ts_block.first_block if starts_at_ts and ts_block is not None else 0
+        for r in rsm.open_segment(ref.to_rsm()).block_plan(lo, hi, opts.max_partition_bytes,
+                                                            min_timestamp_ms=ts_min, from_block=from_block):
+            ts = ts_start if starts_at_ts and r.first_block == from_block else None
+            out.append(make(r.first_block, r.last_block, max(lo, r.first_offset), min(hi, r.last_offset), ts))
     return out
-
-
-def _group_blocks(blocks: list[BlockInfo], max_bytes: int) -> list[list[BlockInfo]]:
-    """Runs of consecutive blocks of up to ``max_bytes`` of ``.log`` bytes (at least one block each)."""
-    groups: list[list[BlockInfo]] = []
-    size = 0
-    for b in blocks:
-        if groups and groups[-1][-1].part_id + 1 == b.part_id and size + b.log_bytes <= max_bytes:
-            groups[-1].append(b)
-            size += b.log_bytes
-        else:
-            groups.append([b])
-            size = b.log_bytes
-    return groups

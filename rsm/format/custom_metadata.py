@@ -22,8 +22,8 @@ guesses where a copy lives (a delete on guessed keys would "succeed" and orphan 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
+from rsm.api import KeyLayout  # the value type lives with the API; encoded here
 from rsm.errors import RemoteStorageError
 
 __all__ = ["CUSTOM_METADATA_VERSION", "MAX_CUSTOM_METADATA_BYTES", "CustomMetadataError", "KeyLayout",
@@ -45,17 +45,6 @@ MAX_KEY_PREFIX_BYTES = MAX_CUSTOM_METADATA_BYTES - _HEADER.size
 
 class CustomMetadataError(RemoteStorageError):
     """Custom metadata this storage manager cannot read (another writer's, or a newer version's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeyLayout:
-    """Where a copy's objects are: the store's key prefix and whether keys carry the entropy prefix."""
-
-    key_prefix: str = ""
-    entropy: bool = False
-
-    def __str__(self) -> str:
-        return f"prefix={self.key_prefix!r} entropy={self.entropy}"
 
 
 def encode_custom_metadata(layout: KeyLayout) -> bytes:

@@ -16,10 +16,18 @@ prefix, while partitions spread over the key space (S3 request-rate partitioning
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["SegmentKeys", "encode_topic_name", "ledger_id_for", "partition_prefix"]
+__all__ = ["KEY_BASE_LENGTH", "SegmentKeys", "encode_topic_name", "ledger_id_for", "parse_key_tail",
+           "partition_prefix", "segment_id_of_key"]
+
+# The part of a key after the partition prefix: <20-digit base offset>-<remote segment id>[.part-NNNNN | -index]
+_KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+                       r"(?:\.part-\d{5}|-index)?$")
+KEY_BASE_LENGTH = 20 + 1 + 36
+"""Length of ``<base offset>-<segment id>``: a key tail cut to it is the copy's key base after the prefix."""
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -70,3 +78,15 @@ class SegmentKeys:
     def prefix(self) -> str:
         """Every object of this copy (and only of this copy) starts with it."""
         return self.base
+
+
+def parse_key_tail(key_tail: str) -> tuple[int, uuid.UUID] | None:
+    """(base offset, remote segment id) of a key after its partition prefix; None when it is no copy's key."""
+    m = _KEY_TAIL.match(key_tail)
+    return (int(m["base"]), uuid.UUID(m["id"])) if m else None
+
+
+def segment_id_of_key(key_tail: str) -> uuid.UUID | None:
+    """The remote segment id of a key after its partition prefix; None when it is no copy's key."""
+    parsed = parse_key_tail(key_tail)
+    return parsed[1] if parsed else None

@@ -18,14 +18,15 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from rsm.api import IndexType
+from rsm.api import BlockRange, IndexType, SegmentHandle
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
 from rsm.format.block import ENTRY_HEADER_LENGTH, LEDGER_ID_OFFSET, EntryReader, read_block_header
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
-from rsm.log.batch import batch_crc, header_from_bytes
+from rsm.log.batch import BatchHeader, batch_crc, header_from_bytes
 from rsm.log.errors import CorruptRecordBatchError
+from rsm.log.indexes import AbortedTxn, parse_txn_index
 from rsm.store.base import Store
 
 __all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
@@ -35,23 +36,38 @@ READ_CHUNK_BYTES = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class EntryView:
-    """One verified entry: where it is and the batch it holds (``data`` is the batch, verbatim)."""
+    """One verified entry: where it is and the batch it holds (``data`` is the batch, verbatim; ``header`` its
+    header, parsed once, ``position`` being the batch's position in the original ``.log``)."""
 
     block: BlockInfo
     entry_id: int
     object_position: int  # position of the entry header in the data object
-    log_position: int  # position of the batch in the original .log
-    base_offset: int
-    last_offset: int
-    max_timestamp_ms: int
+    header: BatchHeader
     data: memoryview
 
+    @property
+    def log_position(self) -> int:
+        """Position of the batch in the original ``.log``."""
+        return self.header.position
 
-def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) -> tuple[int, int, int]:
-    """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return (base offset, last
-    offset, max timestamp)."""
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.header.last_offset
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        return self.header.max_timestamp
+
+
+def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, log_position: int) -> BatchHeader:
+    """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return its header (the
+    batch's ``position`` being ``log_position``, where it was in the original ``.log``)."""
     try:
-        h = header_from_bytes(data, position, key)
+        h = header_from_bytes(data, log_position, key)
     except CorruptRecordBatchError as err:
         raise CorruptRemoteObjectError(f"bad record batch: {err}", key=key, position=position) from err
     actual = batch_crc(data)
@@ -62,7 +78,7 @@ def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int) 
         raise CorruptRemoteObjectError(
             f"batch offsets {h.base_offset}..{h.last_offset} outside the block's "
             f"{block.first_offset}..{block.last_offset}", key=key, position=position, kafka_offset=h.base_offset)
-    return h.base_offset, h.last_offset, h.max_timestamp
+    return h
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int) -> Iterator[EntryView]:
@@ -90,13 +106,14 @@ def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, l
             if count == block.entry_count:
                 raise CorruptRemoteObjectError(f"block holds more than the index's {block.entry_count} entries",
                                                key=key, position=p, kafka_offset=prev_last + 1)
-            base, last, max_ts = _check_batch(data, block, key=key, position=data_pos)
-            if base <= prev_last:
-                raise CorruptRemoteObjectError(f"batch base offset {base} not after the previous batch's {prev_last}",
-                                               key=key, position=data_pos, kafka_offset=base)
-            yield EntryView(block, entry_id, p, log_pos, base, last, max_ts, memoryview(data))
-            prev_last = last
-            entries.kafka_offset = last + 1
+            h = _check_batch(data, block, key=key, position=data_pos, log_position=log_pos)
+            if h.base_offset <= prev_last:
+                raise CorruptRemoteObjectError(
+                    f"batch base offset {h.base_offset} not after the previous batch's {prev_last}", key=key,
+                    position=data_pos, kafka_offset=h.base_offset)
+            yield EntryView(block, entry_id, p, h, memoryview(data))
+            prev_last = h.last_offset
+            entries.kafka_offset = prev_last + 1
             log_pos += len(data)
             count += 1
         if count != block.entry_count or log_pos != block.log_position + block.log_bytes or (
@@ -136,15 +153,66 @@ class _ChunkStream(io.RawIOBase):
         super().close()
 
 
-class SegmentReader:
-    """Reads one segment copy, given its decoded index (from a cache or one GET)."""
+class SegmentReader(SegmentHandle):
+    """Reads one segment copy, given its decoded index (from a cache or one GET): the storage manager's
+    :class:`~rsm.api.SegmentHandle`, plus entry-level access for this package (addresses, verify, ``.log`` bytes)."""
 
     def __init__(self, store: Store, keys: SegmentKeys, ledger: LedgerIndex,
                  on_bytes: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.keys = keys
         self.ledger = ledger
+        self.name = keys.base
         self._on_bytes = on_bytes
+
+    # -- the SegmentHandle -------------------------------------------------------------------------------------
+
+    def batches(self, from_offset: int, end_offset_inclusive: int, *, first_block: int | None = None,
+                last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """See :meth:`rsm.api.SegmentHandle.batches`."""
+        if first_block is None:
+            block = self.ledger.block_for_offset(from_offset)
+            if block is None:
+                return
+            first_block = block.part_id
+        for e in self.iter_entries(first_block, last_block):
+            h = e.header
+            if h.last_offset < from_offset:
+                continue
+            if h.base_offset > end_offset_inclusive:
+                return
+            yield h, e.data
+
+    def block_plan(self, from_offset: int, end_offset_inclusive: int, max_log_bytes: int, *,
+                   min_timestamp_ms: int | None = None, from_block: int = 0) -> list[BlockRange]:
+        """See :meth:`rsm.api.SegmentHandle.block_plan`."""
+        groups: list[list[BlockInfo]] = []
+        size = 0
+        for b in self.ledger.blocks[from_block:]:
+            if b.last_offset < from_offset or b.first_offset > end_offset_inclusive or (
+                    min_timestamp_ms is not None and b.max_timestamp_ms < min_timestamp_ms):
+                continue
+            if groups and groups[-1][-1].part_id + 1 == b.part_id and size + b.log_bytes <= max_log_bytes:
+                groups[-1].append(b)
+                size += b.log_bytes
+            else:
+                groups.append([b])
+                size = b.log_bytes
+        return [BlockRange(g[0].part_id, g[-1].part_id, g[0].first_offset, g[-1].last_offset,
+                           sum(b.log_bytes for b in g)) for g in groups]
+
+    def block_at_timestamp(self, timestamp_ms: int) -> BlockRange | None:
+        """See :meth:`rsm.api.SegmentHandle.block_at_timestamp`."""
+        b = self.ledger.block_for_timestamp(timestamp_ms)
+        return None if b is None else BlockRange(b.part_id, b.part_id, b.first_offset, b.last_offset, b.log_bytes)
+
+    def aborted_transactions(self) -> list[AbortedTxn]:
+        """See :meth:`rsm.api.SegmentHandle.aborted_transactions`."""
+        try:
+            with self.open_section(IndexType.TRANSACTION) as f:
+                return parse_txn_index(f.read(), f"{self.ledger.metadata.remote_segment_id} transaction index")
+        except RemoteResourceNotFoundError:
+            return []
 
     # -- entries -----------------------------------------------------------------------------------------------
 

@@ -250,6 +250,17 @@ class S3Store:
                 raise RemoteStorageError(f"{where} failed: {err}") from err
             raise
 
+    def close(self) -> None:
+        """Shut the upload pool down (views share their root's: closing a view closes the root's). Idempotent; a
+        later upload starts a new pool."""
+        if self._root is not None:
+            self._root.close()
+            return
+        with self._pool_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
     def _pool(self) -> ThreadPoolExecutor:
         if self._root is not None:
             return self._root._pool()

@@ -60,7 +60,7 @@ def test_copies_survive_a_key_layout_change(kind, tmp_path, s3_endpoint, s3_clie
         with rsm2.fetch_index(md, IndexType.OFFSET) as f:
             assert f.read() == seg.data.offset_index_path.read_bytes()
         assert [e.base_offset for e in rsm2.reader(md).iter_entries()] == [b.base_offset for b in seg.batches]
-        assert rsm2.verify(md).ok
+        assert rsm2.verify_copy(md).ok
         # without the custom metadata the new config is used, and the copy is not found there
         with pytest.raises(RemoteResourceNotFoundError):
             rsm2.reader(dataclasses.replace(md, custom_metadata=None))
