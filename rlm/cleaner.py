@@ -106,8 +106,7 @@ class Cleaner:
             return True
         tp = queued.topic_id_partition
         self.rlmm.on_partition_leadership_changes([], [tp])
-        if hasattr(self.rlmm, "wait_ready"):
-            self.rlmm.wait_ready([tp], timeout_s=30)
+        self.rlmm.wait_ready([tp], timeout_s=30)
         current = next((m for m in self.rlmm.list_remote_log_segments(tp)
                         if m.remote_log_segment_id == queued.remote_log_segment_id), None)
         if current is None or current.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:

@@ -173,8 +173,7 @@ def purge_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp:
     Idempotent: a state another sidecar already got past is skipped, segments already deleted are not listed.
     Raises when a segment delete raises or FINISHED cannot be written (the caller retries on a later round)."""
     rlmm.on_partition_leadership_changes([], [tp])
-    if hasattr(rlmm, "wait_ready"):
-        rlmm.wait_ready([tp], timeout_s=30)
+    rlmm.wait_ready([tp], timeout_s=30)
 
     def put(state: RemotePartitionDeleteState) -> None:
         rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(

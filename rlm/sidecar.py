@@ -310,8 +310,7 @@ class Sidecar:
 
     def _wait_ready(self, tps: list[TopicIdPartition]) -> None:
         """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
-        if tps and hasattr(self.rlmm, "wait_ready"):
-            self.rlmm.wait_ready(tps, timeout_s=30)
+        self.rlmm.wait_ready(tps, timeout_s=30)
 
     def _each_led(self) -> Iterator[_Led]:
         """The partitions led when called, skipping one whose copy task is stopped by the time its turn comes."""

@@ -16,8 +16,8 @@ from rlmm.api import (
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
-    RemoteResourceNotFoundError,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from rlmm.partitioner import metadata_partition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
@@ -38,9 +38,9 @@ __all__ = [
     "RemoteLogSegmentState",
     "RemotePartitionDeleteMetadata",
     "RemotePartitionDeleteState",
-    "RemoteResourceNotFoundError",
     "TopicBasedRemoteLogMetadataManager",
     "TopicBasedRlmmConfig",
     "TopicIdPartition",
+    "UnknownSegmentError",
     "metadata_partition",
 ]

@@ -37,8 +37,8 @@ __all__ = [
     "RemoteLogSegmentState",
     "RemotePartitionDeleteMetadata",
     "RemotePartitionDeleteState",
-    "RemoteResourceNotFoundError",
     "TopicIdPartition",
+    "UnknownSegmentError",
 ]
 
 
@@ -67,8 +67,13 @@ class CopyFencedError(InvalidStateTransitionError):
     """
 
 
-class RemoteResourceNotFoundError(RemoteLogMetadataError):
-    """An update names a segment the metadata does not know (never added, or already fully deleted)."""
+class UnknownSegmentError(RemoteLogMetadataError):
+    """An update names a segment the metadata does not know (never added, or already fully deleted).
+
+    Kafka's Java API raises ``RemoteResourceNotFoundException`` here, the same class as for absent remote data. This
+    package keeps its own, named for what it means: ``rlmm`` and ``rsm`` never import each other, and "no such
+    metadata record" is not "no such object in the store" (:class:`rsm.errors.RemoteResourceNotFoundError`).
+    """
 
 
 class ReadYourWritesTimeoutError(RemoteLogMetadataError):
@@ -296,7 +301,7 @@ class RemoteLogMetadataManager(abc.ABC):
 
     @abc.abstractmethod
     def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
-        """Move a known segment to a new state. Raises :class:`RemoteResourceNotFoundError` for an unknown
+        """Move a known segment to a new state. Raises :class:`UnknownSegmentError` for an unknown
         segment and :class:`InvalidStateTransitionError` for a transition the diagram refuses."""
 
     @abc.abstractmethod
@@ -334,6 +339,12 @@ class RemoteLogMetadataManager(abc.ABC):
     @abc.abstractmethod
     def is_ready(self, tp: TopicIdPartition) -> bool:
         """True once the metadata of ``tp`` has been consumed up to where it was when serving began."""
+
+    @abc.abstractmethod
+    def wait_ready(self, tps: Iterable[TopicIdPartition], timeout_s: float = 60.0) -> None:
+        """Block until :meth:`is_ready` holds for every partition of ``tps`` (each already served, see
+        :meth:`on_partition_leadership_changes`); raise :class:`ReadYourWritesTimeoutError` naming those still
+        behind when ``timeout_s`` passes first. A manager whose reads are always current returns at once."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -49,7 +49,6 @@ the older offset and re-applies them.
 from __future__ import annotations
 
 import logging
-import shutil
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
@@ -68,8 +67,8 @@ from rlmm.api import (
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
-    RemoteResourceNotFoundError,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from rlmm.keys import KeyKind, decode_key
 from rlmm.partitioner import metadata_partition
@@ -301,10 +300,6 @@ class MetadataCache:
         self.db.flush()
         self.db.close()
 
-    @staticmethod
-    def destroy(path: str | Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-
     # ------------------------------------------------------------------------------------------- progress
     def progress(self, mp: int) -> Progress | None:
         raw = self.db.get(T_PROGRESS + _MP.pack(mp))
@@ -381,7 +376,7 @@ class MetadataCache:
                 out.applied += 1
             except CorruptMetadataRecordError as err:
                 out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
-            except (InvalidStateTransitionError, RemoteResourceNotFoundError) as err:
+            except (InvalidStateTransitionError, UnknownSegmentError) as err:
                 out.skipped.append(SkippedRecord(mp, offset, "refused", str(err), isinstance(err, CopyFencedError)))
         batch.write(self._progress_puts(next_offsets, caught_up))
         self._dirty = True
@@ -471,8 +466,8 @@ class MetadataCache:
         skey = T_SEGMENT + tpk + sid
         old = self._load(batch, skey)
         if old is None:
-            raise RemoteResourceNotFoundError(f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
-                                              f"(update to {RemoteLogSegmentState(u.state).name})")
+            raise UnknownSegmentError(f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
+                                      f"(update to {RemoteLogSegmentState(u.state).name})")
         if (old.state, u.state) not in _ALLOWED:
             raise InvalidStateTransitionError(
                 f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "

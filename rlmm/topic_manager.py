@@ -44,8 +44,8 @@ from rlmm.api import (
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
-    RemoteResourceNotFoundError,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from rlmm.cache import MetadataCache, Progress, SkippedRecord, copy_fenced
 from rlmm.keys import KeyKind, encode_key, segment_keys
@@ -417,7 +417,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._ensure_assigned(tp)
         existing = self.cache.segment(tp, sid.id)
         if existing is None:
-            raise RemoteResourceNotFoundError(f"{sid}: no such segment (update to {update.state.name})")
+            raise UnknownSegmentError(f"{sid}: no such segment (update to {update.state.name})")
         existing.state.check_transition(update.state, sid)
         if update.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
                 existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:

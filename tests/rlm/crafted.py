@@ -21,8 +21,8 @@ from rlmm.api import (
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemotePartitionDeleteMetadata,
-    RemoteResourceNotFoundError,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from rlmm.cache import MetadataCache
 from rlmm.keys import KeyKind, encode_key
@@ -111,7 +111,7 @@ class SyncRlmm(RemoteLogMetadataManager):
     def update_remote_log_segment_metadata(self, u: RemoteLogSegmentMetadataUpdate) -> None:
         tp = u.topic_id_partition
         if self.cache.segment(tp, u.remote_log_segment_id.id) is None:
-            raise RemoteResourceNotFoundError(str(u.remote_log_segment_id))
+            raise UnknownSegmentError(str(u.remote_log_segment_id))
         self._write(encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, u.remote_log_segment_id.id, u.state),
                     serde.encode(u))
 
@@ -142,6 +142,9 @@ class SyncRlmm(RemoteLogMetadataManager):
 
     def is_ready(self, tp: TopicIdPartition) -> bool:
         return True
+
+    def wait_ready(self, tps, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+        pass  # every write is applied at once
 
     def close(self) -> None:
         self.cache.close()

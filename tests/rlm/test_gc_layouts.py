@@ -81,6 +81,9 @@ class MemRlmm(RemoteLogMetadataManager):
     def is_ready(self, tp):
         return True
 
+    def wait_ready(self, tps, timeout_s=60.0):
+        pass
+
     def close(self):
         pass
 

@@ -153,6 +153,9 @@ class PurgeLog:
     def on_partition_leadership_changes(self, leaders, followers) -> None:  # type: ignore[no-untyped-def]
         self.calls.append(("follow", tuple(leaders), tuple(followers)))
 
+    def wait_ready(self, tps, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+        pass
+
     def put_remote_partition_delete_metadata(self, md) -> None:  # type: ignore[no-untyped-def]
         if md.state in self.got_further:
             raise InvalidStateTransitionError(f"{md.state} is behind")

@@ -175,6 +175,9 @@ def test_cleaner_retries_through_the_delete_path() -> None:
         def on_partition_leadership_changes(self, leaders: Any, followers: Any) -> None:
             pass
 
+        def wait_ready(self, tps: Any, timeout_s: float = 60.0) -> None:
+            pass
+
         def list_remote_log_segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
             return [] if self.md.state == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED else [self.md]
 

@@ -14,8 +14,8 @@ from rlmm.api import (
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
-    RemoteResourceNotFoundError,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from tests.rlmm.helpers import eventually, segment, update
 
@@ -84,7 +84,7 @@ def test_invalid_transitions_refused_with_names(rlmm_factory, topic_name: str) -
     m.update_remote_log_segment_metadata(update(a, S.COPY_SEGMENT_FINISHED))    # a retry is fine
     with pytest.raises(InvalidStateTransitionError, match="COPY_SEGMENT_FINISHED -> COPY_SEGMENT_STARTED"):
         m.add_remote_log_segment_metadata(a)
-    with pytest.raises(RemoteResourceNotFoundError):
+    with pytest.raises(UnknownSegmentError):
         m.update_remote_log_segment_metadata(update(segment(tp, 10, 19), S.COPY_SEGMENT_FINISHED))
     with pytest.raises(ValueError, match="COPY_SEGMENT_STARTED"):
         m.add_remote_log_segment_metadata(a.with_update(update(a, S.COPY_SEGMENT_FINISHED)))
