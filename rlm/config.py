@@ -11,6 +11,7 @@ Kafka client settings (security, SASL, TLS) are passed through verbatim to confl
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from rlm.errors import RlmError
 from rsm.manager import RsmConfig
 
 __all__ = [
@@ -32,13 +34,15 @@ __all__ = [
     "load_settings",
 ]
 
+log = logging.getLogger(__name__)
+
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS
 DAY_MS = 24 * HOUR_MS
 MB = 1024 * 1024
 
 
-class ConfigError(ValueError):
+class ConfigError(RlmError, ValueError):
     """The configuration file or environment is invalid; the message names the file and each bad field."""
 
 
@@ -80,7 +84,6 @@ class MetadataSettings(_Frozen):
 class TaskSettings(_Frozen):
     copy_interval_ms: int = Field(30 * SECOND_MS, ge=100)
     expiration_interval_ms: int = Field(5 * 60 * SECOND_MS, ge=100)
-    cleaner_interval_ms: int = Field(30 * SECOND_MS, ge=100)
     gc_interval_ms: int = Field(HOUR_MS, ge=1000)
     gc_grace_ms: int = Field(DAY_MS, ge=0)
     purge_grace_ms: int = Field(60 * SECOND_MS, ge=0, description=(
@@ -89,6 +92,18 @@ class TaskSettings(_Frozen):
     purge_rounds: int = Field(3, ge=1, le=1000)
     discovery_interval_ms: int = Field(10 * SECOND_MS, ge=100)
     copy_workers: int = Field(2, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Unknown keys are refused (``extra="forbid"``), except ``cleaner_interval_ms``: once a setting here, never
+        read (the cleaner is a consumer on its own thread, with its own backoff). It is dropped with a warning, so
+        that a file or environment written for an older version still loads."""
+        if isinstance(data, dict) and "cleaner_interval_ms" in data:
+            log.warning("config: tasks.cleaner_interval_ms is no longer a setting (the cleaner runs on its own "
+                        "thread): ignored; remove it")
+            data = {k: v for k, v in data.items() if k != "cleaner_interval_ms"}
+        return data
 
 
 class RetentionRule(_Frozen):

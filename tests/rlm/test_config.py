@@ -51,6 +51,20 @@ def test_bad_field_is_named(tmp_path: Path, patch: str, field: str) -> None:
     assert field in str(exc.value) and "sidecar.yaml" in str(exc.value)
 
 
+def test_retired_cleaner_interval_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``tasks.cleaner_interval_ms`` was never read: a file that still sets it loads, with a warning naming it."""
+    s = load_settings(write(tmp_path, GOOD + "tasks: {cleaner_interval_ms: 300, copy_interval_ms: 2500}\n"))
+    assert s.tasks.copy_interval_ms == 2500 and not hasattr(s.tasks, "cleaner_interval_ms")
+    assert "tasks.cleaner_interval_ms" in caplog.text
+
+
+def test_config_error_is_an_rlm_error(tmp_path: Path) -> None:
+    from rlm.errors import RlmError
+
+    with pytest.raises(RlmError):
+        load_settings(write(tmp_path, GOOD + "unknown_key: 1\n"))
+
+
 def test_reserved_client_key_refused(tmp_path: Path) -> None:
     text = GOOD.replace("sasl.mechanism: PLAIN", "group.id: mine")
     with pytest.raises(ConfigError, match="kafka.client"):
