@@ -112,13 +112,10 @@ class GarbageCollector:
 
     def _purged(self, tp: TopicIdPartition) -> bool:
         """Positive proof that ``tp``'s topic was purged: its partition delete is FINISHED in ready metadata."""
-        read = getattr(self.rlmm, "remote_partition_delete_metadata", None)
-        if read is None:
-            return False
         try:
             if not self.rlmm.is_ready(tp):
                 return False
-            d = read(tp)
+            d = self.rlmm.remote_partition_delete_metadata(tp)
         except Exception as err:  # noqa: BLE001 - not served, not readable: no proof
             log.debug("partition delete state of %s unreadable: %s", tp, err)
             return False

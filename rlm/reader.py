@@ -33,6 +33,7 @@ from typing import Literal
 
 from rlm import metrics
 from rlm.chain import remote_chain
+from rlm.errors import RlmError
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.api import BlockRange, RemoteStorageManagerApi, SegmentHandle
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 Isolation = Literal["read_uncommitted", "read_committed"]
 
 
-class OffsetOutOfRangeError(LookupError):
+class OffsetOutOfRangeError(RlmError, LookupError):
     """The offset is not in the remote tier (below the earliest or above the latest remote offset)."""
 
 

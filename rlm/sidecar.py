@@ -97,6 +97,7 @@ class Sidecar:
         s = settings
         s.metadata.state_dir.mkdir(parents=True, exist_ok=True)
         self.client_config = s.kafka.client_config()
+        self._owns_rsm = rsm is None
         self.rsm = rsm or RemoteStorageManager(s.store)
         self.rlmm = rlmm or make_rlmm(s)
         ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
@@ -165,6 +166,8 @@ class Sidecar:
         self.cleaner.stop(timeout_s)
         self.queue.close()
         self.rlmm.close()
+        if self._owns_rsm:
+            self.rsm.close()
         log.info("sidecar stopped", extra={"clean": clean})
         return clean
 

@@ -52,6 +52,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlm.errors import RlmError
 from rlmm.api import TopicIdPartition
 from rsm.log.checkpoint import read_partition_metadata
 from rsm.log.errors import CorruptCheckpointError
@@ -72,7 +73,7 @@ _SEGMENT_DIR = re.compile(r"^\d{20}$")
 _END_OFFSET = re.compile(r"\d+")
 
 
-class StagingError(RuntimeError):
+class StagingError(RlmError, RuntimeError):
     """The staging area is unusable (wrong filesystem, permissions); the message names the directories."""
 
 

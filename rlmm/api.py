@@ -324,6 +324,10 @@ class RemoteLogMetadataManager(abc.ABC):
         """Sum of ``segment_size_bytes`` of :meth:`list_remote_log_segments` (as Kafka's ``remoteLogSize``)."""
 
     @abc.abstractmethod
+    def remote_partition_delete_metadata(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
+        """The partition-delete state of ``tp`` (MARKED, STARTED, FINISHED), or None when no delete began."""
+
+    @abc.abstractmethod
     def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> None:
         """Record a partition-delete step; DELETE_PARTITION_FINISHED drops the partition's segments."""
 

@@ -165,7 +165,7 @@ class Chaos:
                     store={"store": "fs", "root_path": str(self.work / "remote"), "block_size_bytes": 64 * 1024,
                            "copy_rate_bytes_per_second": self.copy_rate},
                     tasks={"copy_interval_ms": 300, "discovery_interval_ms": 300, "expiration_interval_ms": 1000,
-                           "gc_interval_ms": 5000, "gc_grace_ms": 5000, "cleaner_interval_ms": 500},
+                           "gc_interval_ms": 5000, "gc_grace_ms": 5000},
                     log_format="json")
                 cfg = self.work / f"sidecar-{node}.yaml"
                 cfg.write_text(settings_yaml(settings[node]))

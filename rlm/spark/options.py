@@ -38,6 +38,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from rlm.config import ConfigError, load_settings
+from rlm.errors import RlmError
 from rsm.manager import RsmConfig
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "SourceOptions", "SparkSourceError", "parse_options"]
@@ -60,7 +61,7 @@ def _name(key: str) -> str:
     return _NAMES.get(key, key)
 
 
-class SparkSourceError(ValueError):
+class SparkSourceError(RlmError, ValueError):
     """An option of the ``kafka-remote`` source is missing or invalid; the message names the option."""
 
 
