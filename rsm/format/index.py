@@ -273,12 +273,6 @@ class IndexObject:
     data_header_length: int
     ledgers: tuple[LedgerIndex, ...]
 
-    def ledger(self, ledger_id: int) -> LedgerIndex | None:
-        for ledger in self.ledgers:
-            if ledger.ledger_id == ledger_id:
-                return ledger
-        return None
-
 
 def _encode_metadata(ledger: LedgerIndex) -> bytes:
     m = ledger.metadata
