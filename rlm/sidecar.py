@@ -38,9 +38,10 @@ from rlm.gc import GarbageCollector
 from rlm.known import KnownPartitions
 from rlm.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.reader import RemoteReader
+from rlm.rlmm_config import sidecar_rlmm_config
 from rlm.staging import Staging, default_staging_root
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
-from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
@@ -63,20 +64,8 @@ log = logging.getLogger(__name__)
 
 def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False,
               cache_dir: Path | None = None) -> TopicBasedRemoteLogMetadataManager:
-    md = settings.metadata
-    client = {k: v for k, v in settings.kafka.client.items()}
-    return TopicBasedRemoteLogMetadataManager(TopicBasedRlmmConfig(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        cache_dir=cache_dir or md.state_dir / "metadata-cache",
-        broker_id=settings.broker_id,
-        topic=md.topic,
-        num_partitions=md.partitions,
-        replication_factor=md.replication_factor,
-        serve_all=serve_all,
-        write_timeout_s=md.write_timeout_ms / 1000,
-        tombstone_delay_ms=md.tombstone_delay_ms,
-        client_config=client,  # admin, producer and consumer: security settings
-    ))
+    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`)."""
+    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, serve_all=serve_all, cache_dir=cache_dir))
 
 
 @dataclass

@@ -31,10 +31,11 @@ from confluent_kafka.admin import AdminClient
 from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
 from rlm.reader import TxnIndexes
+from rlm.rlmm_config import rlmm_config
 from rlm.spark.executor import SegmentRef, SegmentSlice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
-from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import BlockRange, RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
@@ -129,10 +130,11 @@ def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
     else:
         tmp = cache_dir = Path(tempfile.mkdtemp(prefix="rlm-spark-metadata-"))
     try:
-        rlmm = TopicBasedRemoteLogMetadataManager(TopicBasedRlmmConfig(
-            bootstrap_servers=str(client["bootstrap.servers"]), cache_dir=cache_dir, topic=opts.metadata_topic,
-            num_partitions=len(md.partitions), replication_factor=1,
-            client_config={k: v for k, v in client.items() if k != "bootstrap.servers"}))
+        # The topic exists (checked above) and the driver only reads it: its partition count and replication
+        # factor are the topic's own, as the cluster reports them (the latter is only used to create a topic).
+        rlmm = TopicBasedRemoteLogMetadataManager(rlmm_config(
+            client, topic=opts.metadata_topic, num_partitions=len(md.partitions),
+            replication_factor=max(len(p.replicas) for p in md.partitions.values()), cache_dir=cache_dir))
         try:
             rlmm.on_partition_leadership_changes([], tps)
             rlmm.wait_ready(tps, timeout_s)

@@ -1,0 +1,55 @@
+"""The one place a :class:`~rlmm.topic_manager.TopicBasedRlmmConfig` is built.
+
+Two kinds of callers: the sidecar and its CLI (:func:`sidecar_rlmm_config`, from :class:`rlm.config.SidecarSettings`)
+and the Spark source's driver (:func:`rlmm_config` with what its options and the cluster say). Both hand over a whole
+confluent-kafka client configuration, ``bootstrap.servers`` included; the metadata manager takes the bootstrap apart
+and passes the rest (security, ``sasl.*``, ``ssl.*``) to its admin, producer and consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlm.config import SidecarSettings
+from rlmm.topic_manager import TopicBasedRlmmConfig
+
+__all__ = ["rlmm_config", "sidecar_rlmm_config"]
+
+
+def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, replication_factor: int,
+                cache_dir: Path, broker_id: int = -1, serve_all: bool = False, **tuning: Any) -> TopicBasedRlmmConfig:
+    """The metadata manager's config. ``client`` is a client configuration with ``bootstrap.servers``;
+    ``replication_factor`` (with ``num_partitions``) is what the topic is created with if it does not exist yet;
+    ``tuning`` sets other fields of :class:`TopicBasedRlmmConfig` (``write_timeout_s``, ``tombstone_delay_ms`` ...)."""
+    if "bootstrap.servers" not in client:
+        raise ValueError("the metadata manager's client configuration has no bootstrap.servers")
+    return TopicBasedRlmmConfig(
+        bootstrap_servers=str(client["bootstrap.servers"]),
+        cache_dir=Path(cache_dir),
+        broker_id=broker_id,
+        topic=topic,
+        num_partitions=num_partitions,
+        replication_factor=replication_factor,
+        serve_all=serve_all,
+        client_config={k: v for k, v in client.items() if k != "bootstrap.servers"},
+        **tuning,
+    )
+
+
+def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False,
+                        cache_dir: Path | None = None) -> TopicBasedRlmmConfig:
+    """From the sidecar's settings; the cache under ``metadata.state_dir`` unless ``cache_dir`` names another."""
+    md = settings.metadata
+    return rlmm_config(
+        settings.kafka.client_config(),
+        topic=md.topic,
+        num_partitions=md.partitions,
+        replication_factor=md.replication_factor,
+        cache_dir=cache_dir or md.state_dir / "metadata-cache",
+        broker_id=settings.broker_id,
+        serve_all=serve_all,
+        write_timeout_s=md.write_timeout_ms / 1000,
+        tombstone_delay_ms=md.tombstone_delay_ms,
+    )
