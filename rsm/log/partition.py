@@ -14,24 +14,49 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from rsm.log.checkpoint import EpochEntry, read_leader_epoch_checkpoint, read_partition_metadata
 from rsm.log.errors import LogFormatError
 
-__all__ = ["LEADER_EPOCH_CHECKPOINT", "PARTITION_METADATA", "PartitionDir", "Segment", "segment_file_name"]
+__all__ = ["DELETED_SUFFIX", "LEADER_EPOCH_CHECKPOINT", "PARTITION_METADATA", "SEGMENT_SUFFIXES", "SNAPSHOT_SUFFIX",
+           "PartitionDir", "Segment", "parse_partition_dir_name", "parse_segment_stem", "partition_dir_name",
+           "segment_file_name"]
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 _LOG_NAME = re.compile(r"^(\d{20})\.log$")
 _DELETED_LOG_NAME = re.compile(r"^(\d{20})\.log\.deleted$")
 _DIR_NAME = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
+_STEM = re.compile(r"^\d{20}$")
+# A segment's own files, ``.log`` first (the segment itself; the others go with it). The producer snapshot is
+# named by an offset of its own (``<base>.snapshot``: the state before the segment's first offset).
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
+SNAPSHOT_SUFFIX = ".snapshot"
+DELETED_SUFFIX = ".deleted"  # appended by the broker to the files of a segment it is about to remove
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
-    """``00000000000000000042.log`` for ``(42, ".log")``."""
+    """``00000000000000000042.log`` for ``(42, ".log")``; the bare 20-digit stem for ``(42, "")``."""
     return f"{base_offset:020d}{suffix}"
+
+
+def parse_segment_stem(name: str) -> int | None:
+    """The offset of a bare 20-digit stem (``segment_file_name(offset, "")``), or None for any other name."""
+    return int(name) if _STEM.match(name) else None
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    """``<topic>-<partition>``, the name of a partition directory."""
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int] | None:
+    """``(topic, partition)`` of a partition directory's name, or None if it is none."""
+    m = _DIR_NAME.match(name)
+    return None if m is None else (m.group("topic"), int(m.group("partition")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +69,32 @@ class Segment:
     snapshot_path: Path | None  # <base>.snapshot if present
     is_active: bool  # highest base offset: the broker still appends to it
 
+    @classmethod
+    def in_dir(cls, directory: Path, base_offset: int, *, is_active: bool = False,
+               names: Collection[str] | None = None) -> Segment:
+        """The segment of ``base_offset`` whose files are in ``directory``. ``.txnindex`` and ``<base>.snapshot`` are
+        set only if present: in ``names`` (a listing of the directory) or, without one, on disk."""
+        def f(suffix: str) -> Path:
+            return directory / segment_file_name(base_offset, suffix)
+
+        def present(suffix: str) -> Path | None:
+            p = f(suffix)
+            return p if (p.name in names if names is not None else p.exists()) else None
+
+        return cls(base_offset=base_offset, log_path=f(".log"), offset_index_path=f(".index"),
+                   time_index_path=f(".timeindex"), txn_index_path=present(".txnindex"),
+                   snapshot_path=present(SNAPSHOT_SUFFIX), is_active=is_active)
+
 
 class PartitionDir:
     """A partition directory. The listing is read on each call (the broker rolls and deletes meanwhile)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        m = _DIR_NAME.match(self.path.name)
-        if m is None:
+        parsed = parse_partition_dir_name(self.path.name)
+        if parsed is None:
             raise LogFormatError(self.path, None, "not a partition directory: expected a name '<topic>-<partition>'")
-        self.topic = m.group("topic")
-        self.partition = int(m.group("partition"))
+        self.topic, self.partition = parsed
 
     def __repr__(self) -> str:
         return f"PartitionDir({str(self.path)!r})"
@@ -76,21 +116,8 @@ class PartitionDir:
         """All segments, sorted by base offset; the last one is the active segment."""
         names = set(os.listdir(self.path))
         bases = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
-        out: list[Segment] = []
-        for i, base in enumerate(bases):
-            def f(suffix: str, _b: int = base) -> Path:
-                return self.path / segment_file_name(_b, suffix)
-
-            out.append(Segment(
-                base_offset=base,
-                log_path=f(".log"),
-                offset_index_path=f(".index"),
-                time_index_path=f(".timeindex"),
-                txn_index_path=f(".txnindex") if segment_file_name(base, ".txnindex") in names else None,
-                snapshot_path=f(".snapshot") if segment_file_name(base, ".snapshot") in names else None,
-                is_active=i == len(bases) - 1,
-            ))
-        return out
+        return [Segment.in_dir(self.path, base, is_active=i == len(bases) - 1, names=names)
+                for i, base in enumerate(bases)]
 
     def rolled_ranges(self) -> list[tuple[int, int]]:
         """``(base offset, end offset inclusive)`` of every rolled segment, oldest first, including segments
