@@ -56,20 +56,26 @@ from rlm.errors import RlmError
 from rlmm.api import TopicIdPartition
 from rsm.log.checkpoint import read_partition_metadata
 from rsm.log.errors import CorruptCheckpointError
+from rsm.log.partition import (
+    DELETED_SUFFIX,
+    SEGMENT_SUFFIXES,
+    SNAPSHOT_SUFFIX,
+    Segment,
+    parse_partition_dir_name,
+    parse_segment_stem,
+    partition_dir_name,
+    segment_file_name,
+)
 
 __all__ = ["SegmentGoneError", "StagedSegment", "Staging", "StagingError", "StagingFullError",
            "TopicIdMismatchError", "default_staging_root", "fsync_dir", "write_file_durably"]
 
 log = logging.getLogger(__name__)
 
-# The suffixes of a segment's own files, in the order they are linked. ``.log`` first: without it nothing is
-# staged. The producer snapshot is named by the next segment's base offset (see the module doc).
-SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
-SNAPSHOT_SUFFIX = ".snapshot"
-DELETED_SUFFIX = ".deleted"
+# File naming is the broker's (:mod:`rsm.log.partition`): a segment's own files are linked in the order of
+# SEGMENT_SUFFIXES, ``.log`` first (without it nothing is staged); the producer snapshot is named by the next
+# segment's base offset (see the module doc). A staged segment's dir is named by the bare 20-digit stem.
 COMPLETE = ".complete"
-_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-_SEGMENT_DIR = re.compile(r"^\d{20}$")
 _END_OFFSET = re.compile(r"\d+")
 
 
@@ -111,13 +117,19 @@ class StagedSegment:
         return self.tp.partition
 
     @property
+    def segment(self) -> Segment:
+        """The staged files as a :class:`~rsm.log.partition.Segment` (rolled; its ``snapshot_path`` is
+        ``<base>.snapshot``, which staging does not link: the producer snapshot is :attr:`producer_snapshot_path`)."""
+        return Segment.in_dir(self.directory, self.base_offset)
+
+    @property
     def log_path(self) -> Path:
-        return self.directory / f"{self.base_offset:020d}.log"
+        return self.directory / segment_file_name(self.base_offset, ".log")
 
     @property
     def producer_snapshot_path(self) -> Path | None:
         """``<end offset + 1>.snapshot``: the producer state at the segment's end (what Kafka uploads), or None."""
-        p = self.directory / f"{self.end_offset_inclusive + 1:020d}{SNAPSHOT_SUFFIX}"
+        p = self.directory / _producer_snapshot_name(self.end_offset_inclusive)
         return p if p.exists() else None
 
     def file(self, suffix: str) -> Path | None:
@@ -126,8 +138,18 @@ class StagedSegment:
         ``.snapshot`` is :attr:`producer_snapshot_path` (named by the next segment's base offset)."""
         if suffix == SNAPSHOT_SUFFIX:
             return self.producer_snapshot_path
-        p = self.directory / f"{self.base_offset:020d}{suffix}"
+        p = self.directory / segment_file_name(self.base_offset, suffix)
         return p if p.exists() else None
+
+
+def _producer_snapshot_name(end_offset_inclusive: int) -> str:
+    """The producer snapshot Kafka uploads with a segment: named by the next segment's base offset."""
+    return segment_file_name(end_offset_inclusive + 1, SNAPSHOT_SUFFIX)
+
+
+def _optional_names(base: int, end: int) -> list[str]:
+    """The names of the files staged with a segment's ``.log`` when the broker has them."""
+    return [segment_file_name(base, s) for s in SEGMENT_SUFFIXES[1:]] + [_producer_snapshot_name(end)]
 
 
 def default_staging_root(log_dir: Path) -> Path:
@@ -244,14 +266,14 @@ class Staging:
 
     @staticmethod
     def _partition_path(root: Path, tp: TopicIdPartition) -> Path:
-        return root / str(tp.topic_id) / f"{tp.topic}-{tp.partition}"
+        return root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
 
     def _remove_old_layout(self, root: Path) -> None:
         """``<root>/<topic>-<partition>/`` of an older version: no topic id, so no proof which topic it was."""
         for entry in sorted(root.iterdir()):
-            if not entry.is_dir() or _is_topic_id_dir(entry.name) or not _PARTITION_DIR.match(entry.name):
+            if not entry.is_dir() or _is_topic_id_dir(entry.name) or parse_partition_dir_name(entry.name) is None:
                 continue
-            segments = [p.name for p in entry.iterdir() if _SEGMENT_DIR.match(p.name)]
+            segments = [p.name for p in entry.iterdir() if parse_segment_stem(p.name) is not None]
             log.warning("staging dir of an older layout (keyed by topic name, not topic id) removed: its segments "
                         "cannot be proven to belong to the current topic; they are staged again from the log dir "
                         "if the broker still has them", extra={"directory": str(entry), "segments": len(segments)})
@@ -293,9 +315,9 @@ class Staging:
     def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int) -> StagedSegment:
         self._check_topic_id(tp, partition_dir)
         root = self.root_for(partition_dir)
-        target = self._partition_path(root, tp) / f"{base:020d}"
+        stem = segment_file_name(base, "")
+        target = self._partition_path(root, tp) / stem
         staged = StagedSegment(tp, base, end, target)
-        stem = f"{base:020d}"
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
             if mismatch is None:
@@ -344,13 +366,12 @@ class Staging:
 
     def _local_bytes(self, partition_dir: Path, base: int, end: int) -> int | None:
         """What staging the segment would take; None without a ``.log``."""
-        stem = f"{base:020d}"
-        log_st = next((st for p in self._sources(partition_dir, f"{stem}.log") if (st := _stat(p))), None)
+        log_name = segment_file_name(base, ".log")
+        log_st = next((st for p in self._sources(partition_dir, log_name) if (st := _stat(p))), None)
         if log_st is None:
             return None
         total = log_st.st_size
-        names = [f"{stem}{s}" for s in SEGMENT_SUFFIXES[1:]] + [f"{end + 1:020d}{SNAPSHOT_SUFFIX}"]
-        for name in names:
+        for name in _optional_names(base, end):
             st = next((st for p in self._sources(partition_dir, name) if (st := _stat(p))), None)
             total += st.st_size if st else 0
         return total
@@ -360,21 +381,20 @@ class Staging:
 
         The index files come from the same generation as the ``.log``: when it was ``<base>.log.deleted``
         (a segment truncated away while a new one of the same base exists), ``*.deleted`` are preferred."""
-        stem = f"{base:020d}"
+        log_name = segment_file_name(base, ".log")
         prefer_deleted = False
         if not optional_only:
-            for src in self._sources(partition_dir, f"{stem}.log"):
-                if self._link(src, target / f"{stem}.log"):
+            for src in self._sources(partition_dir, log_name):
+                if self._link(src, target / log_name):
                     prefer_deleted = src.name.endswith(DELETED_SUFFIX)
                     break
             else:
                 return False
         else:
-            live = _stat(partition_dir / f"{stem}.log")
-            prefer_deleted = live is None or live.st_ino != os.stat(target / f"{stem}.log").st_ino
+            live = _stat(partition_dir / log_name)
+            prefer_deleted = live is None or live.st_ino != os.stat(target / log_name).st_ino
         linked = not optional_only
-        names = [f"{stem}{s}" for s in SEGMENT_SUFFIXES[1:]] + [f"{end + 1:020d}{SNAPSHOT_SUFFIX}"]
-        for name in names:
+        for name in _optional_names(base, end):
             dest = target / name
             if dest.exists():
                 continue
@@ -500,12 +520,12 @@ class Staging:
                     if tid is None:
                         continue
                     for pdir in sorted(tdir.iterdir()):
-                        m = _PARTITION_DIR.match(pdir.name)
-                        if m and pdir.is_dir():
-                            pdirs.append((TopicIdPartition(tid, m["topic"], int(m["partition"])), pdir))
+                        parsed = parse_partition_dir_name(pdir.name)
+                        if parsed and pdir.is_dir():
+                            pdirs.append((TopicIdPartition(tid, *parsed), pdir))
             for ptp, pdir in pdirs:
                 try:
-                    segs = sorted(p for p in pdir.iterdir() if _SEGMENT_DIR.match(p.name))
+                    segs = sorted(p for p in pdir.iterdir() if parse_segment_stem(p.name) is not None)
                 except (FileNotFoundError, NotADirectoryError):
                     continue
                 for seg in segs:
