@@ -290,3 +290,17 @@ def test_staging_max_bytes_setting(tmp_path: Path) -> None:
     cfg.write_text(base + "staging_max_bytes: -1\n")
     with pytest.raises(ConfigError, match="staging_max_bytes"):
         load_settings(cfg)
+
+
+def test_staged_segment_is_a_partition_dir_segment(tmp_path: Path) -> None:
+    log_dir = tmp_path / "kafka" / "data"
+    pdir = log_dir / "t-0"
+    make_segment(pdir, 42, with_txn=True)
+    (pdir / f"{100:020d}.snapshot").write_bytes(b"state at 100")
+    staged = Staging({log_dir: default_staging_root(log_dir)}).stage(tp_of(), pdir, 42, 99)
+    seg = staged.segment
+    assert (seg.base_offset, seg.is_active) == (42, False)
+    assert (seg.log_path, seg.offset_index_path, seg.time_index_path, seg.txn_index_path) == (
+        staged.log_path, staged.file(".index"), staged.file(".timeindex"), staged.file(".txnindex"))
+    assert seg.snapshot_path is None  # <base>.snapshot: the producer snapshot staged is <end + 1>.snapshot
+    assert staged.producer_snapshot_path == staged.directory / f"{100:020d}.snapshot"

@@ -64,3 +64,12 @@ def test_bad_directory_and_files(tmp_path):
     (d / "leader-epoch-checkpoint").write_bytes(b"0\n1\n\xff 0\n")
     with pytest.raises(CorruptCheckpointError, match="not UTF-8"):
         PartitionDir(d).leader_epochs()
+
+
+def test_names_round_trip():
+    from rsm.log.partition import parse_partition_dir_name, parse_segment_stem, partition_dir_name, segment_file_name
+
+    assert parse_partition_dir_name(partition_dir_name("my.topic-with-dashes", 12)) == ("my.topic-with-dashes", 12)
+    assert parse_partition_dir_name("no_partition") is None
+    assert parse_segment_stem(segment_file_name(42, "")) == 42
+    assert parse_segment_stem(segment_file_name(42, ".log")) is None and parse_segment_stem("42") is None
