@@ -4,6 +4,7 @@ FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /opt/rlm
+# Only the packages pyproject.toml ships: devtools/ (the dev Kafka launcher), tests/ and bench/ stay out.
 COPY pyproject.toml README.md ./
 COPY rsm ./rsm
 COPY rlmm ./rlmm

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlmm import serde
 from rlmm.api import (
     RemoteLogSegmentId,

@@ -47,7 +47,7 @@ def broker_batches(workdir: Path) -> list[bytes]:
     """Record batches a real broker wrote (about 3 MiB, 64 KiB producer batches)."""
     from confluent_kafka import Producer
 
-    from rlm.devkafka import KafkaCluster
+    from devtools.devkafka import KafkaCluster
     from rsm.log.batch import iter_batches_with_bytes
     from rsm.log.partition import PartitionDir
 

@@ -153,7 +153,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from confluent_kafka import Consumer, TopicPartition
 
-    from rlm.devkafka import KafkaCluster
+    from devtools.devkafka import KafkaCluster
     from rlm.reader import RemoteReader
     from rlm.sidecar import Sidecar
     from rlmm.api import TopicIdPartition

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from rlm.devkafka import KafkaCluster  # noqa: E402
+from devtools.devkafka import KafkaCluster  # noqa: E402
 from rlm.sidecar import Sidecar  # noqa: E402
 from rlmm.api import PartitionNotServedError, TopicIdPartition  # noqa: E402
 from tests.rlm.sidecar_util import make_settings, wait_for  # noqa: E402

@@ -4,6 +4,11 @@ Starts a local Kafka broker (KRaft, from the Maven jars), creates a topic with s
 retention, starts the sidecar (filesystem store under ``demo-data/``), produces data, waits until the broker's own
 retention has deleted the oldest segments, and then shows with ``rlm ls`` and ``rlm cat`` that those offsets,
 gone from the broker, are still served from the remote tier.
+
+The broker comes from the dev Kafka launcher, ``devtools/devkafka.py``, which lives in the source checkout and is
+not part of the installed package: ``./dev demo`` puts the checkout on ``PYTHONPATH``; ``rlm demo`` from an
+editable install finds the checkout next to the ``rlm`` package; from an installed wheel it stops with a message
+saying to run ``./dev demo`` from a source checkout.
 """
 
 from __future__ import annotations
@@ -12,12 +17,24 @@ import argparse
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import yaml
 
-__all__ = ["register", "run"]
+__all__ = ["DemoUnavailableError", "register", "run"]
+
+# Where a source checkout would be if this package is imported from one (an editable install): ``<checkout>/rlm``.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+NOT_IN_CHECKOUT = ("rlm demo needs the dev Kafka launcher (devtools/devkafka.py), which is not part of the installed "
+                   "package: run `./dev demo` from a source checkout of rlm-sidecar")
+
+
+class DemoUnavailableError(RuntimeError):
+    """``rlm demo`` runs outside a source checkout: the dev Kafka launcher is not installed."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,12 +60,36 @@ def _broker_earliest(bootstrap: str, topic: str) -> int:
         c.close()
 
 
+def dev_kafka(checkout: Path | None = None) -> ModuleType:
+    """``devtools.devkafka``: from ``sys.path`` (``./dev`` exports the checkout), else from ``checkout`` if it is one.
+
+    Raises :class:`DemoUnavailableError` (message: run ``./dev demo`` from a source checkout) otherwise.
+    """
+    checkout = checkout or CHECKOUT
+    try:
+        from devtools import devkafka
+    except ImportError:
+        if not ((checkout / "devtools" / "devkafka.py").is_file() and (checkout / "pyproject.toml").is_file()):
+            raise DemoUnavailableError(NOT_IN_CHECKOUT) from None
+        sys.path.insert(0, str(checkout))
+        try:
+            from devtools import devkafka
+        except ImportError as err:
+            raise DemoUnavailableError(f"{NOT_IN_CHECKOUT} ({err})") from err
+    return devkafka
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        devkafka = dev_kafka()
+    except DemoUnavailableError as err:
+        print(f"rlm: error: {err}", file=sys.stderr)
+        return 2
+
     from confluent_kafka import Producer
 
     from rlm.cli import main as rlm_main
     from rlm.config import load_settings
-    from rlm.devkafka import KafkaCluster
     from rlm.http import OpsServer
     from rlm.logs import setup_logging
     from rlm.sidecar import Sidecar
@@ -63,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().handlers[:] = [handler]  # the console is for the demo's own lines
 
     _say("starting a local Kafka broker (KRaft) on 127.0.0.1 ...")
-    with KafkaCluster(brokers=1, base_dir=base / "kafka") as kc:
+    with devkafka.KafkaCluster(brokers=1, base_dir=base / "kafka") as kc:
         _say(f"broker up at {kc.bootstrap_servers}, log dir {kc.log_dir()}")
         local_retention_ms = 8000
         topic_id = kc.create_topic(args.topic, 1, config={

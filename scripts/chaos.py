@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 
 from confluent_kafka.admin import NewTopic  # noqa: E402
 
-from rlm.devkafka import KafkaCluster  # noqa: E402
+from devtools.devkafka import KafkaCluster  # noqa: E402
 from rlmm.api import TopicIdPartition  # noqa: E402
 from tests.rlm.invariants import InvariantChecker, Report  # noqa: E402
 from tests.rlm.sidecar_util import (  # noqa: E402

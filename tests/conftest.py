@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlm.devkafka import KafkaCluster, KafkaStartError
+from devtools.devkafka import KafkaCluster, KafkaStartError
 
 
 @pytest.fixture(scope="session")

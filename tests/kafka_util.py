@@ -8,7 +8,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 
 __all__ = ["partition_dir", "produce", "roll_and_wait", "rolled_logs"]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings
-from rlm.devkafka import KafkaCluster
 from rsm.manager import RemoteStorageManager, RsmConfig
 
 __all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "latest_remote", "make_settings", "only",

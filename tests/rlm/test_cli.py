@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.kafka_util import partition_dir, produce

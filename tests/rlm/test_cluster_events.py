@@ -18,8 +18,8 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
+from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings, TaskSettings
-from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.invariants import InvariantChecker, boundaries_differ, local_bases, staged_files, store_keys_of_topic_id

@@ -90,7 +90,7 @@ def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_example_config_loads() -> None:
-    from rlm.devkafka import project_root
+    from devtools.devkafka import project_root
 
     s = load_settings(project_root() / "config" / "sidecar.example.yaml")
     assert s.store.store == "fs" and s.metadata.topic == "__remote_log_metadata"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.discovery import ClusterView, scan_log_dirs
 
 

@@ -20,9 +20,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from devtools.devkafka import KafkaCluster
 from rlm import metrics
 from rlm.config import KafkaSettings, SidecarSettings
-from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemotePartitionDeleteState, TopicIdPartition
 from tests.conftest import SASL_PRINCIPAL

@@ -13,9 +13,9 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from devtools.devkafka import KafkaCluster
 from rlm import metrics
 from rlm.cleaner import Cleaner
-from rlm.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm import serde
 from rlmm.api import (

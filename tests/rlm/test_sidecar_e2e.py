@@ -7,7 +7,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
 from tests.kafka_util import partition_dir, produce

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rlm.devkafka import KafkaCluster, free_port
+from devtools.devkafka import KafkaCluster, free_port
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.manager import RemoteStorageManager

@@ -9,7 +9,7 @@ from pathlib import Path
 from confluent_kafka import ElectionType, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.sidecar_util import (

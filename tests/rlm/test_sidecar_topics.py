@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm import serde
 from rlmm.api import (

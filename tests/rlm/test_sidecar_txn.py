@@ -9,7 +9,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.kafka_util import produce

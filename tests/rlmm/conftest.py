@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlm.devkafka import ensure_kafka_jars
+from devtools.devkafka import ensure_kafka_jars
 
 PROBE_SRC = Path(__file__).with_name("KafkaRlmmProbe.java")
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from rlm.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, TopicIdPartition
 from tests.kafka_util import produce

@@ -5,6 +5,9 @@ The jars come from Maven Central through ``config/kafka-pom.xml`` and are cached
 Every node gets free ports, its own ``log.dirs`` under a temp directory and small segment/roll settings so
 tests see rolled segments quickly.
 
+This module lives in the source checkout (``devtools/``), not in the installed ``rlm`` package: the tests import
+it from the repository root, ``./dev`` puts the checkout on ``PYTHONPATH`` for the demo and the benchmarks.
+
 Usage::
 
     with KafkaCluster(brokers=1) as kc:
@@ -53,7 +56,7 @@ class KafkaStartError(RuntimeError):
 
 
 def project_root() -> Path:
-    """The checkout this module lives in (``config/`` and ``.cache/`` are resolved against it)."""
+    """The checkout this module lives in, ``devtools/..`` (``config/`` and ``.cache/`` are resolved against it)."""
     return Path(os.environ.get("RLM_PROJECT_ROOT", Path(__file__).resolve().parents[1]))
 
 
