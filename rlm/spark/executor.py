@@ -1,11 +1,13 @@
 """Executor side: one input partition (a remote segment, or a block range of one) -> Arrow record batches.
 
-An input partition is small and picklable: the segment's metadata as plain values, the offsets to return, the
-block range, the segments whose transaction indexes matter (read_committed) and the store configuration as a
-dict. The executor needs only the store: it reads the blocks with ranged GETs (one per data object, streamed),
-verifies every batch (block framing, CRC-32C) and decodes records with the compiled codec. It reads through the
-storage manager's read interface (:class:`rsm.api.SegmentHandle`); the batch / control / aborted-transaction logic
-is :func:`rlm.reader.iter_segment_batches` and :func:`rlm.reader.aborted_covering`, shared with the sidecar's reader.
+An input partition is small and picklable: the segment's metadata itself (:class:`rsm.api.RemoteSegmentMetadata`,
+a frozen dataclass of plain values, built from the metadata manager's model by :func:`rlm.segments.to_rsm`), the
+offsets to return, the block range, the segments whose transaction indexes matter (read_committed) and the store
+configuration as a dict. The executor needs only the store: it reads the blocks with ranged GETs (one per data
+object, streamed), verifies every batch (block framing, CRC-32C) and decodes records with the compiled codec. It
+reads through the storage manager's read interface (:class:`rsm.api.SegmentHandle`); the batch / control /
+aborted-transaction logic is :func:`rlm.reader.iter_segment_batches` and :func:`rlm.reader.aborted_covering`,
+shared with the sidecar's reader.
 
 Storage managers are cached per store configuration in the Python worker (Spark reuses workers), so the index
 objects of the segments stay cached across tasks.
@@ -16,9 +18,8 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -26,8 +27,9 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rlm.reader import aborted_covering, iter_segment_batches
+from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata
-from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle, SegmentLeaderEpoch
+from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
 from rsm.log.indexes import AbortedTxn
 from rsm.log.records import cyclic_gc_paused, iter_raw_records
 from rsm.manager import RemoteStorageManager, RsmConfig
@@ -54,37 +56,18 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 
 @dataclass(frozen=True, slots=True)
-class SegmentRef:
-    """A remote segment's metadata as plain values (small to pickle; rebuilt into the storage manager's model)."""
-
-    topic: str
-    topic_id: str
-    partition: int
-    segment_id: str
-    start_offset: int
-    end_offset_inclusive: int
-    max_timestamp_ms: int
-    segment_size_bytes: int
-    broker_id: int
-    event_timestamp_ms: int
-    leader_epochs: tuple[tuple[int, int], ...]
-    custom_metadata: bytes | None = None  # the storage manager's: where the copy's objects are (its key layout)
+class SegmentRef(RemoteSegmentMetadata):
+    """Transitional spelling kept for :mod:`rlm.spark.planning` until it calls :func:`rlm.segments.to_rsm`:
+    ``SegmentRef.of(md)`` is ``to_rsm(md)`` and ``.to_rsm()`` is the value itself. Adds no field; goes once no
+    caller names it."""
 
     @staticmethod
     def of(md: RemoteLogSegmentMetadata) -> SegmentRef:
-        tp = md.topic_id_partition
-        return SegmentRef(tp.topic, str(tp.topic_id), tp.partition, str(md.remote_log_segment_id.id),
-                          md.start_offset, md.end_offset_inclusive, md.max_timestamp_ms, md.segment_size_bytes,
-                          md.broker_id, md.event_timestamp_ms, tuple(md.segment_leader_epochs), md.custom_metadata)
+        v = to_rsm(md)
+        return SegmentRef(**{f.name: getattr(v, f.name) for f in fields(RemoteSegmentMetadata)})
 
     def to_rsm(self) -> RemoteSegmentMetadata:
-        return RemoteSegmentMetadata(
-            remote_segment_id=uuid.UUID(self.segment_id), topic_id=uuid.UUID(self.topic_id), topic_name=self.topic,
-            partition=self.partition, start_offset=self.start_offset, end_offset_inclusive=self.end_offset_inclusive,
-            max_timestamp_ms=self.max_timestamp_ms, segment_size_bytes=self.segment_size_bytes,
-            broker_id=self.broker_id, event_timestamp_ms=self.event_timestamp_ms,
-            segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in self.leader_epochs),
-            custom_metadata=self.custom_metadata)
+        return self
 
 
 @dataclass(frozen=True)
@@ -97,13 +80,13 @@ class SegmentSlice(InputPartition):
     list the aborted transactions to drop (read_committed only; empty otherwise).
     """
 
-    segment: SegmentRef
+    segment: RemoteSegmentMetadata
     from_offset: int
     to_offset_inclusive: int
     first_block: int | None
     last_block: int | None
     start_timestamp_ms: int | None
-    txn_segments: tuple[SegmentRef, ...]
+    txn_segments: tuple[RemoteSegmentMetadata, ...]
     read_committed: bool
     include_headers: bool
     store: Mapping[str, Any]
@@ -128,7 +111,7 @@ def _aborted(rsm: RemoteStorageManagerApi, part: SegmentSlice) -> list[AbortedTx
         return []
     seg = part.segment
     return aborted_covering(seg.start_offset, seg.end_offset_inclusive,
-                            (rsm.open_segment(ref.to_rsm()).aborted_transactions() for ref in part.txn_segments))
+                            (rsm.open_segment(md).aborted_transactions() for md in part.txn_segments))
 
 
 class _Columns:
@@ -175,7 +158,7 @@ def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
     seg = part.segment
     schema = arrow_schema(part.include_headers)
     rsm = storage_manager(part.store)
-    handle = rsm.open_segment(seg.to_rsm())
+    handle = rsm.open_segment(seg)
     lo = max(part.from_offset, seg.start_offset)
     hi = min(part.to_offset_inclusive, seg.end_offset_inclusive)
     if lo > hi:
@@ -212,14 +195,14 @@ def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: Segment
                 continue
         cols.add(records, 1 if h.timestamp_type else 0, part.include_headers)
         if len(cols.offsets) >= BATCH_ROWS:
-            batch = cols.to_batch(schema, seg.topic, seg.partition)
+            batch = cols.to_batch(schema, seg.topic_name, seg.partition)
             cols = _Columns()
             if gc_was_enabled:
                 gc.enable()
             yield batch
             gc.disable()
     if cols.offsets:
-        batch = cols.to_batch(schema, seg.topic, seg.partition)
+        batch = cols.to_batch(schema, seg.topic_name, seg.partition)
         if gc_was_enabled:
             gc.enable()
         yield batch
