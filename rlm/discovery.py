@@ -217,7 +217,8 @@ class ClusterView:
     def stable_offsets_and_epochs(self, partitions: Iterable[tuple[str, int]],
                                   ) -> dict[tuple[str, int], tuple[int, int]]:
         """ListOffsets(latest, read_committed) per partition: (the LSO, the leader epoch of the leader that
-        answered). A partition without an answer (not led any more, topic gone) is left out."""
+        answered, -1 when the answer carries none). A partition without an answer (not led any more, topic gone)
+        is left out."""
         request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
         if not request:
             return {}
@@ -228,7 +229,8 @@ class ClusterView:
         for tp, fut in futures.items():
             try:
                 info = fut.result(self._wait_s)
-                out[(tp.topic, tp.partition)] = (info.offset, info.leader_epoch)
+                epoch = info.leader_epoch  # None (or -1) when the answer carries none
+                out[(tp.topic, tp.partition)] = (info.offset, -1 if epoch is None else epoch)
             except Exception as err:  # noqa: BLE001 - not leader any more, topic gone: skip this round
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})

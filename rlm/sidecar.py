@@ -270,7 +270,9 @@ class Sidecar:
         if got is None or self._led.get(key) is not led:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
-        if got[1] < 0 and epochs:  # a broker that does not answer with the leader epoch: the checkpoint's
+        if (got[1] is None or got[1] < 0) and epochs:
+            # An answer without the leader epoch (it happens around elections): the checkpoint's newest. The
+            # metadata's copy fence still refuses a copy a newer leader's copy has overtaken.
             got = (got[0], epochs[-1].epoch)
         if not epochs or epochs[-1].epoch != got[1]:
             log.info("not leading under the cluster's leader epoch: not copying this round", extra={
