@@ -263,17 +263,15 @@ class Sidecar:
 
     def _leader_epoch(self, led: _Led) -> tuple[int, int] | None:
         """(LSO, leader epoch) when this broker leads ``led`` now: the cluster's leader answers with an epoch that
-        is the newest in this broker's own leader-epoch checkpoint (the broker writes it when made leader)."""
+        is the newest in this broker's own leader-epoch checkpoint (the broker writes it when made leader). An
+        answer without an epoch (seen around elections) is no proof: None (no copy this round; a copy waiting to
+        finish is deleted and done again later)."""
         tp = led.tp
         key = (tp.topic, tp.partition)
         got = self.view.stable_offsets_and_epochs([key]).get(key)
         if got is None or self._led.get(key) is not led:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
-        if (got[1] is None or got[1] < 0) and epochs:
-            # An answer without the leader epoch (it happens around elections): the checkpoint's newest. The
-            # metadata's copy fence still refuses a copy a newer leader's copy has overtaken.
-            got = (got[0], epochs[-1].epoch)
         if not epochs or epochs[-1].epoch != got[1]:
             log.info("not leading under the cluster's leader epoch: not copying this round", extra={
                 "partition": str(tp), "leader_epoch": got[1], "local_epoch": epochs[-1].epoch if epochs else None})
