@@ -42,7 +42,7 @@ from pathlib import Path
 from rlm import metrics
 from rlm.chain import Lineage, lineage_of, remote_chain
 from rlm.deleter import SegmentDeleter
-from rlm.segments import epochs_for_range, to_rsm
+from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
 from rlm.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlmm.api import (
     CopyFencedError,
@@ -338,7 +338,7 @@ class PartitionCopier:
             # A straddling segment is copied from start_offset on: the storage manager skips the batches below.
             segment_size_bytes=kept_range(s.log_path, start_offset).size_bytes if start_offset > s.base_offset
             else s.log_path.stat().st_size,
-            segment_leader_epochs=tuple((e.epoch, e.start_offset) for e in seg_epochs),
+            segment_leader_epochs=epoch_pairs(seg_epochs),
             state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
             txn_index_empty=txn_index is None,
             broker_leader_epoch=leader_epoch,

@@ -1,14 +1,22 @@
-"""Small pieces the sidecar's tasks share: adapting metadata models and slicing leader epochs."""
+"""The one adapter between the metadata manager's model (``rlmm``) and the storage manager's (``rsm``), and the
+slicing of leader epochs, which the sidecar's tasks and the Spark source share.
+
+Leader epochs: ``rsm`` has :class:`rsm.log.checkpoint.EpochEntry` (the local checkpoint's entries) and
+:class:`rsm.api.SegmentLeaderEpoch` (a segment's epochs in :class:`rsm.api.RemoteSegmentMetadata` and in the index
+object; to become the one ``EpochEntry``); ``rlmm`` keeps Kafka's ``segmentLeaderEpochs`` as ``(epoch,
+start_offset)`` pairs (what its codec writes and its cache stores; it cannot import ``rsm``). Only :func:`to_rsm`
+and :func:`epoch_pairs` cross between the two.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rlmm.api import RemoteLogSegmentMetadata
 from rsm.api import RemoteSegmentMetadata, SegmentLeaderEpoch
 from rsm.log.checkpoint import EpochEntry
 
-__all__ = ["epochs_for_range", "to_rsm"]
+__all__ = ["epoch_pairs", "epochs_for_range", "to_rsm"]
 
 
 def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
@@ -28,6 +36,11 @@ def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
         segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in md.segment_leader_epochs),
         custom_metadata=md.custom_metadata,
     )
+
+
+def epoch_pairs(entries: Iterable[EpochEntry]) -> tuple[tuple[int, int], ...]:
+    """The metadata manager's form of leader epochs: ``(epoch, start_offset)`` pairs, in the given order."""
+    return tuple((e.epoch, e.start_offset) for e in entries)
 
 
 def epochs_for_range(entries: Sequence[EpochEntry], start_offset: int,
