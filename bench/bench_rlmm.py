@@ -6,7 +6,7 @@ What runs (one process, side by side, one table at the end):
    applied straight into :class:`rlmm.cache.MetadataCache` (no Kafka), vs. decoding the same records with
    ``rlmm.serde.decode`` into a Python dict (what Kafka's own in-memory cache does).
 2. through Kafka: ``--segments`` segments (2 events each) produced to a compacted topic on a local broker
-   (``rlm.devkafka.KafkaCluster``); a fresh ``TopicBasedRemoteLogMetadataManager`` bootstraps from it (consumer +
+   (``devtools.devkafka.KafkaCluster``); a fresh ``TopicBasedRemoteLogMetadataManager`` bootstraps from it (consumer +
    apply + RocksDB), vs. a plain consumer replaying the topic into a dict.
 3. warm restart of that manager (same cache dir): time to ready and records consumed, vs. the dict baseline, which
    must replay everything again on every start.
@@ -27,6 +27,7 @@ import gc
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -34,7 +35,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from devtools.devkafka import KafkaCluster
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ lives in the checkout, not the package
+
+from devtools.devkafka import KafkaCluster  # noqa: E402
 from rlmm import serde
 from rlmm.api import (
     RemoteLogSegmentId,
