@@ -187,8 +187,10 @@ class PartitionCopier:
         return n
 
     # ------------------------------------------------------------------------------------------- clean-up
-    def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None) -> int:
-        """Delete copies left COPY_SEGMENT_STARTED by a crash (ours) or abandoned (another broker's, old)."""
+    def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None, leader_epoch: int | None = None) -> int:
+        """Delete copies left COPY_SEGMENT_STARTED by a crash (ours), abandoned (another broker's, old), or fenced:
+        started under a leader epoch below ``leader_epoch`` (ours), so the metadata would refuse their
+        COPY_SEGMENT_FINISHED once we start a copy (objects a zombie still writes after this are GC's)."""
         now_ms = int(time.time() * 1000)
         n = 0
         for md in self.rlmm.list_remote_log_segments(self.tp):
@@ -199,7 +201,9 @@ class PartitionCopier:
                 continue
             if in_flight and md.remote_log_segment_id.id in in_flight:
                 continue
-            if md.broker_id != self.broker_id and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
+            fenced = leader_epoch is not None and md.broker_leader_epoch is not None \
+                and md.broker_leader_epoch < leader_epoch
+            if md.broker_id != self.broker_id and not fenced and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
                 continue
             self.deleter.delete(md, "unfinished-copy")
             n += 1
@@ -213,7 +217,7 @@ class PartitionCopier:
         it); ``current_leader_epoch``: asked before each COPY_SEGMENT_FINISHED, a different answer fences the copy.
         """
         result = CopyResult()
-        result.cleaned_up = self.clean_up_unfinished()
+        result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
         pdir = PartitionDir(self.partition_dir)
         epochs = pdir.leader_epochs()
         highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs)
@@ -366,17 +370,17 @@ class PartitionCopier:
             raise
         elapsed = time.monotonic() - started
         copied = replace(md, custom_metadata=custom)
-        now_epoch = current_leader_epoch() if current_leader_epoch is not None else leader_epoch
-        if now_epoch != leader_epoch:
-            self._remove(copied, "fenced-copy")
-            raise CopyFencedError(f"{md.remote_log_segment_id}: started under leader epoch {leader_epoch}, the "
-                                  f"partition's leader epoch is now {now_epoch} (None: not led by this broker)")
         try:
+            now_epoch = current_leader_epoch() if current_leader_epoch is not None else leader_epoch
+            if now_epoch != leader_epoch:
+                raise CopyFencedError(f"{md.remote_log_segment_id}: started under leader epoch {leader_epoch}, the "
+                                      f"partition's leader epoch is now {now_epoch} (None: not led by this broker)")
             self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
                 md.remote_log_segment_id, int(time.time() * 1000), custom,
                 RemoteLogSegmentState.COPY_SEGMENT_FINISHED, self.broker_id))
-        except CopyFencedError:
-            self._remove(copied, "fenced-copy")
+        except Exception as err:
+            # Never leave a copy COPY_SEGMENT_STARTED behind us: another leader would take it for one in flight.
+            self._remove(copied, "fenced-copy" if isinstance(err, CopyFencedError) else "failed-copy")
             raise
         metrics.COPY_SECONDS.observe(elapsed)
         metrics.BYTES_COPIED.labels(self.tp.topic).inc(md.segment_size_bytes)

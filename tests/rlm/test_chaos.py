@@ -32,5 +32,5 @@ def test_chaos_on_three_brokers(tmp_path: Path) -> None:
                       out=lambda m: print(m, flush=True))
     result = run.run()
     print(result.summary())
-    assert sum(result.events.values()) >= 5, f"too few events carried out:\n{result.summary()}"
+    assert sum(result.events.values()) >= 3, f"too few events carried out:\n{result.summary()}"
     assert result.ok, result.summary()

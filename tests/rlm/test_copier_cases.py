@@ -201,3 +201,48 @@ def test_duplicate_copies_serve_once_and_the_extra_one_is_deleted(world: World) 
     deleted = expire_partition(world.rlmm, c2.deleter, tp, RetentionRule(retention_ms=-1, retention_bytes=-1))
     assert len(deleted) == 1 and world.finished(tp) == [(0, 9)]
     assert [o for o, _ in world.values(tp)] == list(range(10))
+
+
+def test_a_lower_epoch_copy_left_started_is_cleaned_up_at_once(world: World) -> None:
+    tp = new_tp()
+    write_partition(world.pdir(2, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0), (6, 11)))
+    # Broker 1, leader under epoch 5, was killed mid-copy: its STARTED copy is young (not abandoned by age).
+    zombie = world.copier(1, tp)
+    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0),))
+    staged = zombie.staging.stage(tp, zombie.partition_dir, 0, 9)
+
+    class Killed(Exception):
+        pass
+
+    class KilledDuringUpload:
+        def __getattr__(self, name: str) -> object:
+            return getattr(world.rsm, name)
+
+        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+            world.rsm.copy_log_segment_data(md, data)
+            raise Killed
+
+    zombie.rsm = KilledDuringUpload()  # type: ignore[assignment]
+    zombie.deleter.delete = lambda md, reason: (_ for _ in ()).throw(Killed())  # type: ignore[method-assign]
+    # (the kill takes the copier's own clean-up with it)
+    with pytest.raises(Killed):
+        zombie.copy_segment(staged, 0, PartitionDir(zombie.partition_dir).leader_epochs(), leader_epoch=5)
+    assert [m.state for m in world.rlmm.list_remote_log_segments(tp)] == [RemoteLogSegmentState.COPY_SEGMENT_STARTED]
+    # The new leader (epoch 6) deletes it at once: it can never finish (the metadata fences epoch 5 now).
+    result = world.copier(2, tp).run_once(11, leader_epoch=6)
+    assert result.cleaned_up == 1
+    assert [(m.broker_leader_epoch, m.state) for m in world.rlmm.list_remote_log_segments(tp)] == [(6, FINISHED)]
+    assert [o for o, _ in world.values(tp)] == list(range(10))
+
+
+def test_a_failure_after_the_upload_leaves_no_started_copy(world: World) -> None:
+    tp = new_tp()
+    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
+
+    def broken() -> int:
+        raise RuntimeError("the broker did not answer")
+
+    with pytest.raises(RuntimeError):
+        world.copier(1, tp).run_once(11, leader_epoch=0, current_leader_epoch=broken)
+    assert world.rlmm.list_remote_log_segments(tp) == []
+    assert not [p for p in (world.tmp / "remote").rglob("*") if p.is_file() and ".tmp" not in p.parts]
