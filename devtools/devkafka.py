@@ -279,7 +279,7 @@ class KafkaCluster:
 
     def _format(self, node: KafkaNode, props: Path) -> None:
         proc = subprocess.run(
-            self.java_cmd("kafka.tools.StorageTool", ["format", "-t", self.cluster_id, "-c", str(props),
+            self.java_cmd("kafka.tools.StorageTool", ["format", f"--cluster-id={self.cluster_id}", "-c", str(props),
                                                        "--ignore-formatted"], log_dir=node.directory),
             capture_output=True, text=True, timeout=120,
         )
