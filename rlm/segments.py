@@ -1,11 +1,10 @@
 """The one adapter between the metadata manager's model (``rlmm``) and the storage manager's (``rsm``), and the
 slicing of leader epochs, which the sidecar's tasks and the Spark source share.
 
-Leader epochs: ``rsm`` has :class:`rsm.log.checkpoint.EpochEntry` (the local checkpoint's entries) and
-:class:`rsm.api.SegmentLeaderEpoch` (a segment's epochs in :class:`rsm.api.RemoteSegmentMetadata` and in the index
-object; to become the one ``EpochEntry``); ``rlmm`` keeps Kafka's ``segmentLeaderEpochs`` as ``(epoch,
-start_offset)`` pairs (what its codec writes and its cache stores; it cannot import ``rsm``). Only :func:`to_rsm`
-and :func:`epoch_pairs` cross between the two.
+Leader epochs: ``rsm`` has one type, :class:`rsm.api.EpochEntry` (the local checkpoint's entries, a segment's
+epochs in :class:`rsm.api.RemoteSegmentMetadata` and in the index object); ``rlmm`` keeps Kafka's
+``segmentLeaderEpochs`` as ``(epoch, start_offset)`` pairs (what its codec writes and its cache stores; it cannot
+import ``rsm``). Only :func:`to_rsm` and :func:`epoch_pairs` cross between the two.
 """
 
 from __future__ import annotations
@@ -13,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from rlmm.api import RemoteLogSegmentMetadata
-from rsm.api import RemoteSegmentMetadata, SegmentLeaderEpoch
-from rsm.log.checkpoint import EpochEntry
+from rsm.api import EpochEntry, RemoteSegmentMetadata
 
 __all__ = ["epoch_pairs", "epochs_for_range", "to_rsm"]
 
@@ -33,7 +31,7 @@ def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
         segment_size_bytes=md.segment_size_bytes,
         broker_id=md.broker_id,
         event_timestamp_ms=md.event_timestamp_ms,
-        segment_leader_epochs=tuple(SegmentLeaderEpoch(e, o) for e, o in md.segment_leader_epochs),
+        segment_leader_epochs=tuple(EpochEntry(e, o) for e, o in md.segment_leader_epochs),
         custom_metadata=md.custom_metadata,
     )
 

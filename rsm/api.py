@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from rsm.log.batch import BatchHeader
+from rsm.log.checkpoint import EpochEntry
 from rsm.log.indexes import AbortedTxn
 
 if TYPE_CHECKING:
@@ -45,13 +46,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BlockRange",
     "CopyListing",
+    "EpochEntry",
     "IndexType",
     "KeyLayout",
     "LogSegmentData",
     "RemoteSegmentMetadata",
     "RemoteStorageManagerApi",
     "SegmentHandle",
-    "SegmentLeaderEpoch",
     "StoredCopy",
 ]
 
@@ -64,14 +65,6 @@ class IndexType(enum.IntEnum):
     PRODUCER_SNAPSHOT = 2
     TRANSACTION = 3
     LEADER_EPOCH = 4
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentLeaderEpoch:
-    """One leader epoch of a segment and the first offset written under it."""
-
-    leader_epoch: int
-    start_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +86,7 @@ class RemoteSegmentMetadata:
     segment_size_bytes: int = -1
     broker_id: int = -1
     event_timestamp_ms: int = -1
-    segment_leader_epochs: tuple[SegmentLeaderEpoch, ...] = field(default_factory=tuple)
+    segment_leader_epochs: tuple[EpochEntry, ...] = field(default_factory=tuple)
     custom_metadata: bytes | None = None
     """What ``copy_log_segment_data`` returned for this copy (the metadata manager keeps it with the segment):
     the key layout it was written under. None (copies made before it existed): the current configuration."""

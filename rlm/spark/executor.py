@@ -19,7 +19,7 @@ import gc
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -27,14 +27,12 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rlm.reader import aborted_covering, iter_segment_batches
-from rlm.segments import to_rsm
-from rlmm.api import RemoteLogSegmentMetadata
 from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
 from rsm.log.indexes import AbortedTxn
 from rsm.log.records import cyclic_gc_paused, iter_raw_records
 from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["BATCH_ROWS", "SegmentRef", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
+__all__ = ["BATCH_ROWS", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
 
 BATCH_ROWS = 65_536  # rows per Arrow record batch handed to Spark
 
@@ -53,21 +51,6 @@ _FIELDS = [
 def arrow_schema(include_headers: bool) -> pa.Schema:
     """The Arrow form of the source's Spark schema (what Spark checks each batch against)."""
     return pa.schema(_FIELDS + ([pa.field("headers", _HEADER_TYPE)] if include_headers else []))
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentRef(RemoteSegmentMetadata):
-    """Transitional spelling kept for :mod:`rlm.spark.planning` until it calls :func:`rlm.segments.to_rsm`:
-    ``SegmentRef.of(md)`` is ``to_rsm(md)`` and ``.to_rsm()`` is the value itself. Adds no field; goes once no
-    caller names it."""
-
-    @staticmethod
-    def of(md: RemoteLogSegmentMetadata) -> SegmentRef:
-        v = to_rsm(md)
-        return SegmentRef(**{f.name: getattr(v, f.name) for f in fields(RemoteSegmentMetadata)})
-
-    def to_rsm(self) -> RemoteSegmentMetadata:
-        return self
 
 
 @dataclass(frozen=True)

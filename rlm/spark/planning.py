@@ -32,11 +32,12 @@ from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
 from rlm.reader import TxnIndexes
 from rlm.rlmm_config import rlmm_config
-from rlm.spark.executor import SegmentRef, SegmentSlice
+from rlm.segments import to_rsm
+from rlm.spark.executor import SegmentSlice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
-from rsm.api import BlockRange, RemoteStorageManagerApi
+from rsm.api import BlockRange, RemoteSegmentMetadata, RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
 __all__ = ["Bounds", "plan_slices", "resolve_partitions"]
@@ -191,7 +192,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
     if ts_start is not None:
         for i, md in enumerate(segs):
             if md.max_timestamp_ms >= ts_start and md.end_offset_inclusive >= start:
-                block = rsm.open_segment(SegmentRef.of(md).to_rsm()).block_at_timestamp(ts_start)
+                block = rsm.open_segment(to_rsm(md)).block_at_timestamp(ts_start)
                 if block is not None:
                     ts_segment, ts_block = i, block
                     start = max(start, block.first_offset)
@@ -215,14 +216,14 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
             continue
         if ts_min is not None and md.max_timestamp_ms < ts_min:
             continue  # pruned by time: no record of this segment is that recent
-        ref = SegmentRef.of(md)
+        ref = to_rsm(md)
         lo = max(start, md.start_offset)
         hi = min(end_excl - 1, md.end_offset_inclusive)
-        txn = tuple(SegmentRef.of(segs[j]) for j in txns.search(i)) if opts.isolation == "read_committed" else ()
+        txn = tuple(to_rsm(segs[j]) for j in txns.search(i)) if opts.isolation == "read_committed" else ()
         starts_at_ts = ts_segment == i
 
         def make(first: int | None, last: int | None, lo_: int, hi_: int, ts: int | None,
-                 ref: SegmentRef = ref, txn: tuple[SegmentRef, ...] = txn) -> SegmentSlice:
+                 ref: RemoteSegmentMetadata = ref, txn: tuple[RemoteSegmentMetadata, ...] = txn) -> SegmentSlice:
             return SegmentSlice(ref, lo_, hi_, first, last, ts, txn, opts.isolation == "read_committed",
                                 opts.include_headers, opts.store)
 
@@ -230,7 +231,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
             out.append(make(None, None, lo, hi, None))
             continue
         from_block = ts_block.first_block if starts_at_ts and ts_block is not None else 0
-        for r in rsm.open_segment(ref.to_rsm()).block_plan(lo, hi, opts.max_partition_bytes,
+        for r in rsm.open_segment(ref).block_plan(lo, hi, opts.max_partition_bytes,
                                                             min_timestamp_ms=ts_min, from_block=from_block):
             ts = ts_start if starts_at_ts and r.first_block == from_block else None
             out.append(make(r.first_block, r.last_block, max(lo, r.first_offset), min(hi, r.last_offset), ts))

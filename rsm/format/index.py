@@ -85,7 +85,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from rsm.api import IndexType, SegmentLeaderEpoch
+from rsm.api import EpochEntry, IndexType
 from rsm.errors import CorruptRemoteObjectError
 
 __all__ = [
@@ -210,7 +210,7 @@ class LedgerMetadata:
     broker_id: int
     segment_size_bytes: int
     entry_count: int
-    leader_epochs: tuple[SegmentLeaderEpoch, ...]
+    leader_epochs: tuple[EpochEntry, ...]
     data_object_lengths: tuple[int, ...]
     sections: tuple[IndexSection, ...]
 
@@ -283,7 +283,7 @@ def _encode_metadata(ledger: LedgerIndex) -> bytes:
                          m.broker_id, m.segment_size_bytes, m.entry_count, len(name)),
         name,
         _COUNT.pack(len(m.leader_epochs)),
-        *(_EPOCH.pack(e.leader_epoch, e.start_offset) for e in m.leader_epochs),
+        *(_EPOCH.pack(e.epoch, e.start_offset) for e in m.leader_epochs),
         _COUNT.pack(len(m.data_object_lengths)),
         *(_OBJECT_LENGTH.pack(n) for n in m.data_object_lengths),
         _COUNT.pack(len(m.sections)),
@@ -355,7 +355,7 @@ def _decode_ledger(c: _Cursor, index_entry_count: int, ledger_id: int,
         name = c.raw(name_len, "topic name").decode("utf-8")
     except UnicodeDecodeError as err:
         raise CorruptRemoteObjectError(f"topic name is not utf-8: {err}", key=c.key, position=c.pos) from err
-    epochs = tuple(SegmentLeaderEpoch(*c.take(_EPOCH, "leader epoch")) for _ in range(c.count("leader epoch")))
+    epochs = tuple(EpochEntry(*c.take(_EPOCH, "leader epoch")) for _ in range(c.count("leader epoch")))
     objects = tuple(c.take(_OBJECT_LENGTH, "data object length")[0] for _ in range(c.count("data object")))
     sections = []
     for _ in range(c.count("section")):

@@ -13,7 +13,7 @@ import pytest
 from botocore.config import Config
 from confluent_kafka import Producer
 
-from rsm.api import LogSegmentData, RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
 from rsm.log.batch import BatchHeader, scan_batches
 from rsm.log.partition import PartitionDir
 from rsm.store.fs import FileSystemStore
@@ -42,7 +42,7 @@ class BrokerSegment:
             max_timestamp_ms=max(b.max_timestamp for b in self.batches),
             segment_size_bytes=self.data.log_path.stat().st_size,
             broker_id=1, event_timestamp_ms=1_700_000_000_000,
-            segment_leader_epochs=tuple(SegmentLeaderEpoch(e, self.base_offset) for e in epochs))
+            segment_leader_epochs=tuple(EpochEntry(e, self.base_offset) for e in epochs))
 
 
 def _produce_transactions(kafka, topic: str) -> None:

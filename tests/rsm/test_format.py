@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from rsm.api import IndexType, SegmentLeaderEpoch
+from rsm.api import EpochEntry, IndexType
 from rsm.errors import CorruptRemoteObjectError
 from rsm.format.block import BLOCK_HEADER_LENGTH, EntryReader, decode_block_header, encode_block
 from rsm.format.index import (
@@ -66,8 +66,7 @@ def _index() -> IndexObject:
     meta = LedgerMetadata(
         remote_segment_id=uuid.UUID(int=1), topic_id=uuid.UUID(int=2), topic_name="tópic/ü", partition=3,
         start_offset=100, end_offset_inclusive=199, max_timestamp_ms=1_700_000_000_000, event_timestamp_ms=5,
-        broker_id=1, segment_size_bytes=9999, entry_count=4, leader_epochs=(SegmentLeaderEpoch(0, 100),
-                                                                             SegmentLeaderEpoch(2, 150)),
+        broker_id=1, segment_size_bytes=9999, entry_count=4, leader_epochs=(EpochEntry(0, 100), EpochEntry(2, 150)),
         data_object_lengths=(5000, 6000),
         sections=(IndexSection(IndexType.OFFSET, 1, 4000, 80, 0xDEADBEEF),
                   IndexSection(IndexType.LEADER_EPOCH, 1, 4080, 12, 7)))
