@@ -25,7 +25,7 @@ from rlmm.api import (
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from rsm.api import LogSegmentData, RemoteSegmentMetadata, SegmentLeaderEpoch
+from rsm.api import LogSegmentData, RemoteSegmentMetadata
 from rsm.errors import RemoteStorageError
 from rsm.format.keys import SegmentKeys, partition_prefix
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
@@ -219,7 +219,7 @@ def plant_orphans(rsm: RemoteStorageManager, tp: TopicIdPartition, pdir: Path, b
         remote_segment_id=uuid.uuid4(), topic_id=tp.topic_id, topic_name=tp.topic, partition=tp.partition,
         start_offset=base_offset, end_offset_inclusive=end_offset, max_timestamp_ms=int(time.time() * 1000),
         segment_size_bytes=stem.with_suffix(".log").stat().st_size, broker_id=1,
-        event_timestamp_ms=int(time.time() * 1000), segment_leader_epochs=(SegmentLeaderEpoch(0, base_offset),))
+        event_timestamp_ms=int(time.time() * 1000), segment_leader_epochs=(EpochEntry(0, base_offset),))
     rsm.copy_log_segment_data(md, LogSegmentData(
         log_path=stem.with_suffix(".log"), offset_index_path=stem.with_suffix(".index"),
         time_index_path=stem.with_suffix(".timeindex"), transaction_index_path=None,
