@@ -218,6 +218,7 @@ class Sidecar:
             for tp, path in leaders.items():
                 if (tp.topic, tp.partition) not in self._led:
                     self._start_leading(tp, path)
+            self.release_unled_staging(set(leaders))
         self._purge_deleted_topics()
         self.last_discovery_ok = time.time()
 
@@ -234,6 +235,18 @@ class Sidecar:
                                 replace_existing=True)
         log.info("leading partition: copy task started", extra={"partition": str(tp), "path": str(path),
                                                                 "retention_ms": rule.retention_ms})
+
+    def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
+        """Drop what is staged for partitions this broker does not lead (the leader copies from its own replica):
+        left by a sidecar killed while it led, or staged by a stage run that raced the loss of leadership.
+        Returns how many segments were released."""
+        n = 0
+        for tp in {s.tp for s in self.staging.staged()} - leaders:
+            released = self.staging.release_partition(tp)
+            n += released
+            log.info("staged segments of a partition not led released", extra={"partition": str(tp),
+                                                                                "segments": released})
+        return n
 
     def _stop_leading(self, key: tuple[str, int]) -> None:
         led = self._led.pop(key)

@@ -246,3 +246,18 @@ def test_a_failure_after_the_upload_leaves_no_started_copy(world: World) -> None
         world.copier(1, tp).run_once(11, leader_epoch=0, current_leader_epoch=broken)
     assert world.rlmm.list_remote_log_segments(tp) == []
     assert not [p for p in (world.tmp / "remote").rglob("*") if p.is_file() and ".tmp" not in p.parts]
+
+
+def test_staging_of_partitions_not_led_is_released(world: World) -> None:
+    from rlm.sidecar import Sidecar
+
+    led, other = new_tp(), new_tp("u")
+    for tp in (led, other):
+        write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
+    staging = world.copier(1, led).staging
+    for tp in (led, other):
+        staging.stage(tp, world.pdir(1, tp), 0, 9)
+    sidecar = Sidecar.__new__(Sidecar)  # only its staging: a sidecar killed while leading ``other`` left this
+    sidecar.staging = staging
+    assert sidecar.release_unled_staging({led}) == 1
+    assert [s.tp for s in staging.staged()] == [led]
