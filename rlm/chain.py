@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlmm.api import RemoteLogSegmentMetadata, RemoteLogSegmentState
 from rsm.log.checkpoint import EpochEntry
@@ -53,19 +53,22 @@ class Lineage:
 
     entries: tuple[tuple[int, int], ...]
     known_from_epoch: int | None = None
+    # epoch -> (start offset, end offset inclusive): every segment of every read is checked against it
+    _ranges: dict[int, tuple[int, int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ents = self.entries
+        object.__setattr__(self, "_ranges", {
+            e: (s, ents[i + 1][1] - 1 if i + 1 < len(ents) else _UNBOUNDED) for i, (e, s) in enumerate(ents)})
 
     def end_of(self, epoch: int) -> int | None:
         """The last offset (inclusive) of ``epoch`` in this lineage; None when the epoch is not in it."""
-        for i, (e, _s) in enumerate(self.entries):
-            if e == epoch:
-                return self.entries[i + 1][1] - 1 if i + 1 < len(self.entries) else _UNBOUNDED
-        return None
+        r = self._ranges.get(epoch)
+        return None if r is None else r[1]
 
     def start_of(self, epoch: int) -> int | None:
-        for e, s in self.entries:
-            if e == epoch:
-                return s
-        return None
+        r = self._ranges.get(epoch)
+        return None if r is None else r[0]
 
     def bound(self, offset: int, epoch: int | None) -> int:
         """``offset``, known to hold ``epoch`` in some lineage, bounded by where that epoch ends in this one (as
