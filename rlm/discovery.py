@@ -13,7 +13,7 @@ Every per-topic answer the sidecar acts on destructively is asked for explicitly
 as an error: a topic the principal may not Describe is omitted from the all-topics listing, a lagging broker
 answers UNKNOWN_TOPIC_OR_PART for a live topic, and a failed DescribeConfigs says nothing about the topic's
 cleanup policy. :meth:`ClusterView.topic_ids` and :meth:`ClusterView.compaction` return those answers as they
-came; deciding what they prove is the caller's (:mod:`rlm.purge` for deleted topics).
+came; deciding what they prove is the caller's (:mod:`rlm.tasks.purge` for deleted topics).
 """
 
 from __future__ import annotations

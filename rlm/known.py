@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlm.staging import write_file_durably
+from rlm.tasks.staging import write_file_durably
 from rlmm.api import TopicIdPartition
 
 __all__ = ["KnownPartitions"]

@@ -6,7 +6,8 @@ Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1
   copy job for each partition this broker leads, stops the ones it no longer leads (the running copy stops between
   segments), tells the metadata manager which partitions to follow (followers keep remote state current for
   reads), and purges the remote data of topics deleted on the cluster.
-- ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``): :class:`rlm.copier.PartitionCopier`.
+- ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``):
+  :class:`rlm.tasks.copier.PartitionCopier`.
 - ``stage`` (the shorter of the discovery and copy intervals): hard-links newly rolled segments of led
   partitions between copy runs, so local retention shorter than the copy interval loses nothing.
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
@@ -28,18 +29,18 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from rlm import metrics
-from rlm.cleaner import Cleaner
 from rlm.config import SidecarSettings
-from rlm.copier import PartitionCopier
-from rlm.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
 from rlm.discovery import ClusterView, scan_log_dirs
-from rlm.expiration import expire_partition
-from rlm.gc import GarbageCollector
 from rlm.known import KnownPartitions
-from rlm.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.reader import RemoteReader
 from rlm.rlmm_config import sidecar_rlmm_config
-from rlm.staging import Staging, default_staging_root
+from rlm.tasks.cleaner import Cleaner
+from rlm.tasks.copier import PartitionCopier
+from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
+from rlm.tasks.expiration import expire_partition
+from rlm.tasks.gc import GarbageCollector
+from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
+from rlm.tasks.staging import Staging, default_staging_root
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.log.errors import LogFormatError
@@ -371,7 +372,7 @@ class Sidecar:
 
     # ---------------------------------------------------------------------------------- deleted topics
     def _purge_deleted_topics(self) -> None:
-        """Partitions we once served whose topic id is proven deleted on the cluster: purged (rlm.purge)."""
+        """Partitions we once served whose topic id is proven deleted on the cluster: purged (rlm.tasks.purge)."""
         purge_deleted_topics(self.known, self.view, self.deletions, self.purge_partition)
 
     def purge_partition(self, tp: TopicIdPartition) -> None:

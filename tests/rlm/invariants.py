@@ -6,7 +6,7 @@ any reader (``rlm cat``, Spark) would see, independent of the sidecars' own cach
 
 - :meth:`rlm.reader.RemoteReader.segments` and :meth:`rlm.reader.RemoteReader.read` (the chain a reader serves);
 - ``list_remote_log_segments`` of the metadata manager (every segment in any state);
-- the store's listing under the partition's key prefix, and the project's :class:`rlm.gc.GarbageCollector`.
+- the store's listing under the partition's key prefix, and the project's :class:`rlm.tasks.gc.GarbageCollector`.
 
 Per partition (:meth:`InvariantChecker.check`; every violation is collected, then reported together):
 
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from rlm.config import SidecarSettings
-from rlm.gc import GarbageCollector, segment_id_of_key
 from rlm.reader import RemoteReader
+from rlm.tasks.gc import GarbageCollector, segment_id_of_key
 from rlmm.api import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.format.keys import partition_prefix
 from rsm.manager import RemoteStorageManager

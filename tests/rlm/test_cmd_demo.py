@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from setuptools import find_packages
 
-from rlm import cli, cmd_demo
+from rlm import cli
+from rlm.cli import demo as cmd_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ def test_only_the_demo_imports_devtools() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             if any(n == "devtools" or n.startswith("devtools.") for n in names):
                 users.add(path.relative_to(ROOT).as_posix())
-    assert users == {"rlm/cmd_demo.py"}
+    assert users == {"rlm/cli/demo.py"}
 
 
 def test_dev_kafka_comes_from_the_checkout() -> None:

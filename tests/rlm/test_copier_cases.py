@@ -13,11 +13,11 @@ import pytest
 
 from rlm.chain import remote_chain
 from rlm.config import RetentionRule
-from rlm.copier import PartitionCopier
-from rlm.deleter import SegmentDeleter
-from rlm.expiration import expire_partition
 from rlm.reader import RemoteReader
-from rlm.staging import Staging
+from rlm.tasks.copier import PartitionCopier
+from rlm.tasks.deleter import SegmentDeleter
+from rlm.tasks.expiration import expire_partition
+from rlm.tasks.staging import Staging
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager, RsmConfig

@@ -1,6 +1,6 @@
-"""The deleted-topic rule (rlm.purge.DeletionEvidence) on fake answers: positive proof over rounds and a grace
+"""The deleted-topic rule (rlm.tasks.purge.DeletionEvidence) on fake answers: positive proof over rounds and a grace
 period purges; absence, authorization errors, timeouts and the live id never do, and they reset the count. And the
-purge itself (rlm.purge.purge_partition, purge_deleted_topics) on fakes: the partition-delete states around the
+purge itself (rlm.tasks.purge.purge_partition, purge_deleted_topics) on fakes: the partition-delete states around the
 segment deletes and the staging release, in order."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from rlm import metrics
 from rlm.discovery import TopicLookup
-from rlm.purge import DeletionEvidence, deletion_evidence, purge_deleted_topics, purge_partition
+from rlm.tasks.purge import DeletionEvidence, deletion_evidence, purge_deleted_topics, purge_partition
 from rlmm.api import InvalidStateTransitionError, RemotePartitionDeleteState, TopicIdPartition
 
 X, Y = uuid.uuid4(), uuid.uuid4()

@@ -15,8 +15,8 @@ from confluent_kafka import Consumer
 
 from devtools.devkafka import KafkaCluster
 from rlm import metrics
-from rlm.cleaner import Cleaner
 from rlm.sidecar import Sidecar
+from rlm.tasks.cleaner import Cleaner
 from rlmm import serde
 from rlmm.api import (
     PartitionNotServedError,

@@ -10,7 +10,7 @@ import pytest
 
 from rlm.config import ConfigError, load_settings
 from rlm.known import KnownPartitions
-from rlm.staging import (
+from rlm.tasks.staging import (
     SegmentGoneError,
     Staging,
     StagingError,
@@ -216,7 +216,7 @@ def test_old_layout_removed_at_start(tmp_path: Path, caplog: pytest.LogCaptureFi
     (old / f"{0:020d}.log").write_bytes(b"old topic's bytes")
     (old / ".complete").write_text("99")
     (root / "README").write_text("not ours")
-    with caplog.at_level(logging.WARNING, logger="rlm.staging"):
+    with caplog.at_level(logging.WARNING, logger="rlm.tasks.staging"):
         staging = Staging({log_dir: root})
     assert not (root / "t-0").exists() and (root / "README").exists()
     assert staging.staged() == [] and "older layout" in caplog.text

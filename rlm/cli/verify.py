@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from rlm.cli_context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, open_context
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentState
 

@@ -20,7 +20,7 @@ evidence: it never purges. An authorization error is logged and counted
 (fail closed).
 
 How: :func:`purge_partition` walks Kafka's partition-delete states, DELETE_PARTITION_MARKED ->
-DELETE_PARTITION_STARTED -> every segment deleted through :meth:`rlm.deleter.SegmentDeleter.delete` (reason
+DELETE_PARTITION_STARTED -> every segment deleted through :meth:`rlm.tasks.deleter.SegmentDeleter.delete` (reason
 ``topic-deleted``; a refused one is queued for the cleaner like any other) -> what staging holds of it released ->
 DELETE_PARTITION_FINISHED. :func:`purge_deleted_topics` is the discovery round's check: describe every known
 topic, feed :class:`DeletionEvidence`, purge what it proves deleted and forget it.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError
 
 from rlm import metrics
-from rlm.deleter import SegmentDeleter
 from rlm.discovery import ClusterView, TopicLookup
 from rlm.known import KnownPartitions
+from rlm.tasks.deleter import SegmentDeleter
 from rlmm.api import (
     InvalidStateTransitionError,
     RemoteLogMetadataManager,

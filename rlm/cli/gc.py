@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rlm.cli_context import add_config_arg, open_context
-from rlm.gc import GarbageCollector
+from rlm.cli.context import add_config_arg, open_context
+from rlm.tasks.gc import GarbageCollector
 
 __all__ = ["register"]
 

@@ -1,13 +1,14 @@
 """Deleting remote segments: the one delete path, and the to-be-deleted topic for deletes the store refused.
 
 Every deletion of a segment the metadata knows goes through :class:`SegmentDeleter`: remote retention
-(:mod:`rlm.expiration`), the copy task's clean-ups (:mod:`rlm.copier`), the topic purge (:mod:`rlm.purge`) with
-:meth:`SegmentDeleter.delete`, and the cleaner's retries (:mod:`rlm.cleaner`) with :meth:`SegmentDeleter.retry`.
+(:mod:`rlm.tasks.expiration`), the copy task's clean-ups (:mod:`rlm.tasks.copier`), the topic purge
+(:mod:`rlm.tasks.purge`) with
+:meth:`SegmentDeleter.delete`, and the cleaner's retries (:mod:`rlm.tasks.cleaner`) with :meth:`SegmentDeleter.retry`.
 The walk is the same for all: DELETE_SEGMENT_STARTED, the store's delete
 (:meth:`~rsm.api.RemoteStorageManagerApi.delete_log_segment_data`, which removes the index object first),
 DELETE_SEGMENT_FINISHED. When the store refuses, the segment stays DELETE_SEGMENT_STARTED and its full metadata
-record goes to the to-be-deleted topic (once); :class:`rlm.cleaner.Cleaner` consumes that topic and retries until
-the store agrees. Objects no metadata owns are not segments: garbage collection (:mod:`rlm.gc`) deletes them
+record goes to the to-be-deleted topic (once); :class:`rlm.tasks.cleaner.Cleaner` consumes that topic and retries until
+the store agrees. Objects no metadata owns are not segments: garbage collection (:mod:`rlm.tasks.gc`) deletes them
 through the same storage-manager call.
 
 The to-be-deleted topic's records: key = the remote segment id's 16 bytes, value = the segment's metadata in

@@ -6,7 +6,7 @@ recorded (or the metadata no longer knows the segment: somebody else finished it
 seeks back to the same record and waits (exponential backoff, ``base_backoff_s`` doubling up to
 ``max_backoff_s``); records behind it wait too, which keeps deletes in order.
 
-The retry is the one delete path (:meth:`rlm.deleter.SegmentDeleter.retry`): DELETE_SEGMENT_STARTED (already
+The retry is the one delete path (:meth:`rlm.tasks.deleter.SegmentDeleter.retry`): DELETE_SEGMENT_STARTED (already
 recorded for a queued segment), the store's delete, DELETE_SEGMENT_FINISHED; only a refusal is handled apart
 (logged, counted as ``cleaner-delete``, never queued again).
 """
@@ -18,7 +18,7 @@ import threading
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from rlm.deleter import DeleteOutcome, SegmentDeleter
+from rlm.tasks.deleter import DeleteOutcome, SegmentDeleter
 from rlmm import serde
 from rlmm.api import (
     InvalidStateTransitionError,

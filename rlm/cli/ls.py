@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlm.cli_context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, open_context
 
 __all__ = ["register"]
 

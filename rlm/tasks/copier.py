@@ -2,7 +2,7 @@
 
 One run (:meth:`PartitionCopier.run_once`):
 
-1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.staging`), so the broker's local
+1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.tasks.staging`), so the broker's local
    retention cannot take it away before it is copied. A segment the broker deleted before it could be staged is
    a *gap*: counted (``rlm_segment_gaps``) and logged with its offsets, never silent.
 2. Clean up copies that were left COPY_SEGMENT_STARTED (a crashed or abandoned attempt): delete them.
@@ -41,9 +41,9 @@ from pathlib import Path
 
 from rlm import metrics
 from rlm.chain import Lineage, lineage_of, remote_chain
-from rlm.deleter import SegmentDeleter
 from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
-from rlm.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
+from rlm.tasks.deleter import SegmentDeleter
+from rlm.tasks.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlmm.api import (
     CopyFencedError,
     RemoteLogMetadataManager,

@@ -7,7 +7,7 @@ import base64
 import json
 import sys
 
-from rlm.cli_context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, open_context
 from rlm.reader import OffsetOutOfRangeError
 
 __all__ = ["register"]

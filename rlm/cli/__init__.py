@@ -11,14 +11,14 @@ __all__ = ["main"]
 
 # Modules that add subcommands, in the order ``rlm --help`` lists them.
 COMMAND_MODULES = [
-    "rlm.cmd_demo",
-    "rlm.cmd_dump_segment",
-    "rlm.cmd_serve",
-    "rlm.cmd_ls",
-    "rlm.cmd_cat",
-    "rlm.cmd_offsets",
-    "rlm.cmd_verify",
-    "rlm.cmd_gc",
+    "rlm.cli.demo",
+    "rlm.cli.dump_segment",
+    "rlm.cli.serve",
+    "rlm.cli.ls",
+    "rlm.cli.cat",
+    "rlm.cli.offsets",
+    "rlm.cli.verify",
+    "rlm.cli.gc",
 ]
 
 
@@ -45,5 +45,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

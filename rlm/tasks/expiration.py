@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from rlm.chain import lineage_of, remote_chain, unchained
 from rlm.config import RetentionRule
-from rlm.deleter import SegmentDeleter
+from rlm.tasks.deleter import SegmentDeleter
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.log.checkpoint import EpochEntry
 

@@ -27,7 +27,7 @@ import yaml
 __all__ = ["DemoUnavailableError", "register", "run"]
 
 # Where a source checkout would be if this package is imported from one (an editable install): ``<checkout>/rlm``.
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 NOT_IN_CHECKOUT = ("rlm demo needs the dev Kafka launcher (devtools/devkafka.py), which is not part of the installed "
                    "package: run `./dev demo` from a source checkout of rlm-sidecar")
