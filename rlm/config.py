@@ -25,6 +25,7 @@ from rsm.manager import RsmConfig
 
 __all__ = [
     "ConfigError",
+    "HistoryListenerSettings",
     "KafkaSettings",
     "MetadataSettings",
     "RetentionRule",
@@ -158,6 +159,26 @@ class ListenSettings(_Frozen):
     port: int = Field(9464, ge=0, le=65535)
 
 
+class HistoryListenerSettings(_Frozen):
+    """The Kafka-protocol history endpoint (:mod:`rlm.history`): any Kafka client reads the remote tier here."""
+
+    host: str = Field("127.0.0.1", description="address to bind; 127.0.0.1 unless clients elsewhere need it")
+    port: int = Field(9095, ge=0, le=65535, description="0: any free port (tests)")
+    advertised_host: str | None = Field(None, description="host clients are told to connect to (default: host)")
+    workers: int = Field(8, ge=1, le=256, description="threads reading the store for requests")
+    fetch_poll_ms: int = Field(200, ge=10, description="how often a waiting Fetch looks for newly tiered data")
+
+    @model_validator(mode="after")
+    def _advertised(self) -> HistoryListenerSettings:
+        if self.advertised_host is None and self.host in ("0.0.0.0", "::", ""):
+            raise ValueError("advertised_host must be set when host binds every address")
+        return self
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.host
+
+
 class SidecarSettings(BaseSettings):
     """The whole sidecar configuration (see ``config/sidecar.example.yaml``)."""
 
@@ -179,6 +200,8 @@ class SidecarSettings(BaseSettings):
     topics: TopicSelection = TopicSelection()
     retention: list[RetentionRule] = Field(default_factory=lambda: [RetentionRule()])
     listen: ListenSettings = ListenSettings()
+    history_listener: HistoryListenerSettings | None = Field(
+        None, description="serve the remote tier over the Kafka protocol (off unless set)")
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

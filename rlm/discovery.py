@@ -181,6 +181,10 @@ class ClusterView:
             out.setdefault(name, TopicLookup(name, error_code=KafkaError._TIMED_OUT, error="not answered"))
         return out
 
+    def cluster_id(self) -> str:
+        """The cluster's id (DescribeCluster)."""
+        return str(self._admin.describe_cluster(request_timeout=self.timeout_s).result(self._wait_s).cluster_id)
+
     def compaction(self, topics: Iterable[str]) -> dict[str, bool | None]:
         """Per topic: True when its ``cleanup.policy`` includes ``compact``, False when it does not, None when
         unknown (its DescribeConfigs failed or went unanswered). Every topic asked for gets an entry."""

@@ -94,8 +94,14 @@ class RemoteReader:
         return segs[-1].end_offset_inclusive if segs else None
 
     def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, leader epoch) of the first record whose timestamp is >= ``timestamp_ms``, or None: the
-        first batch whose max timestamp is >= T, then the first record in it at or after T (as Kafka's
+        """(offset, leader epoch) of the first record whose timestamp is >= ``timestamp_ms``, or None
+        (:meth:`find_timestamp`)."""
+        hit = self.find_timestamp(tp, timestamp_ms)
+        return None if hit is None else (hit[0], hit[1])
+
+    def find_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> tuple[int, int, int] | None:
+        """(offset, leader epoch, timestamp) of the first record whose timestamp is >= ``timestamp_ms``, or None:
+        the first batch whose max timestamp is >= T, then the first record in it at or after T (as Kafka's
         ListOffsets; a LogAppendTime batch's records all carry its max timestamp)."""
         for md in self.segments(tp):
             if md.max_timestamp_ms < timestamp_ms:
@@ -106,11 +112,11 @@ class RemoteReader:
             if found is None:
                 continue
             h, data = found
-            offset = max(h.base_offset, md.start_offset)
+            offset, ts = max(h.base_offset, md.start_offset), h.max_timestamp
             if not h.timestamp_type:  # CreateTime: the records' own timestamps
-                offset = next((r.offset for r in iter_raw_records(h, data, path=seg.name)
-                               if r.offset >= offset and r.timestamp >= timestamp_ms), offset)
-            return offset, _epoch_of(md, offset)
+                offset, ts = next(((r.offset, r.timestamp) for r in iter_raw_records(h, data, path=seg.name)
+                                   if r.offset >= offset and r.timestamp >= timestamp_ms), (offset, ts))
+            return offset, _epoch_of(md, offset), ts
         return None
 
     # -------------------------------------------------------------------------------------------- reads

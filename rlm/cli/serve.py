@@ -1,4 +1,5 @@
-"""``rlm serve --config FILE``: run the sidecar until SIGTERM/SIGINT, with /metrics and /health."""
+"""``rlm serve --config FILE``: run the sidecar until SIGTERM/SIGINT, with /metrics and /health, and the history
+endpoint (:mod:`rlm.history`) when ``history_listener`` is configured."""
 
 from __future__ import annotations
 
@@ -45,9 +46,16 @@ def run(args: argparse.Namespace) -> int:
     ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health).start()
     log.info("listening", extra={"host": settings.listen.host, "port": ops.port})
     sidecar.start()
+    history = None
     try:
+        if settings.history_listener is not None:
+            from rlm.history import start_history
+
+            history = start_history(settings, sidecar.rsm)
         stop.wait()
     finally:
+        if history is not None:
+            history.stop()
         clean = sidecar.stop()
         ops.stop()
     if not clean:

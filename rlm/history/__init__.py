@@ -1,0 +1,78 @@
+"""The history endpoint: the remote tier served over the Kafka protocol, so any Kafka client reads history.
+
+Point ``bootstrap.servers`` at the endpoint and ``assign()`` partitions: ApiVersions, Metadata (the tiered topics,
+this endpoint leading every partition), DescribeCluster, ListOffsets (earliest / latest / by timestamp / max
+timestamp, from the remote tier) and Fetch (record batches as stored, read_committed with the aborted
+transactions of the uploaded transaction indexes, long polls at the tier's end) are served. Consumer groups are
+not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
+
+Modules: :mod:`~rlm.history.wire` (framing and codecs, by kio), :mod:`~rlm.history.handlers` (one method per API),
+:mod:`~rlm.history.tier` (a partition's remote chain, bounds and fetches, through :mod:`rlm.reader`),
+:mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server).
+:func:`start_history` puts them together for ``rlm serve``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rlm.config import SidecarSettings
+from rlm.discovery import ClusterView
+from rlm.history.catalog import Catalog
+from rlm.history.handlers import Handlers, NodeInfo
+from rlm.history.server import HistoryServer
+from rlm.history.tier import TierView
+from rlm.reader import RemoteReader
+from rlmm.api import RemoteLogMetadataManager
+from rsm.api import RemoteStorageManagerApi
+
+__all__ = ["History", "start_history"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class History:
+    server: HistoryServer
+    catalog: Catalog
+    rlmm: RemoteLogMetadataManager
+    owns_rlmm: bool
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.catalog.stop()
+        if self.owns_rlmm:
+            self.rlmm.close()
+
+
+def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
+                  rlmm: RemoteLogMetadataManager | None = None) -> History:
+    """Start the endpoint of ``settings.history_listener``. It follows the metadata of every tiered topic with a
+    metadata manager of its own (its cache in ``<state_dir>/history-metadata-cache``) unless one is passed."""
+    from rlm.sidecar import make_rlmm
+
+    cfg = settings.history_listener
+    if cfg is None:
+        raise ValueError("history_listener is not configured")
+    owns = rlmm is None
+    if rlmm is None:
+        settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
+        rlmm = make_rlmm(settings, serve_all=True, cache_dir=settings.metadata.state_dir / "history-metadata-cache")
+    view = ClusterView(settings.kafka.client_config())
+    catalog = Catalog(view, rlmm, settings.topics.tiered,
+                      interval_s=settings.tasks.discovery_interval_ms / 1000).start()
+    tier = TierView(RemoteReader(rlmm, rsm))
+    handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()))
+    server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000)
+    server.start()
+    if cfg.port == 0:  # tell clients the port actually bound
+        handlers.node = NodeInfo(handlers.node.node_id, handlers.node.host, server.port, handlers.node.cluster_id)
+    log.info("history endpoint listening", extra={"host": cfg.host, "port": server.port,
+                                                  "advertised": f"{cfg.advertised}:{server.port}",
+                                                  "topics": len(catalog.topics())})
+    return History(server, catalog, rlmm, owns)

@@ -1,0 +1,97 @@
+"""Which topics the history endpoint serves: the cluster's tiered topics, refreshed in the background.
+
+A topic is served when the sidecar's topic selection tiers it (``topics.include``/``exclude``) and it is not
+compacted (compacted topics are never tiered). Its partitions and topic id are the cluster's. The metadata manager
+of the endpoint follows every served partition. A failed refresh keeps the last answer (a broker that is down does
+not make history disappear) and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlm.discovery import ClusterView
+from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
+
+__all__ = ["Catalog", "ServedTopic"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTopic:
+    name: str
+    topic_id: uuid.UUID
+    partitions: tuple[int, ...]
+
+    def tp(self, partition: int) -> TopicIdPartition:
+        return TopicIdPartition(self.topic_id, self.name, partition)
+
+
+class Catalog:
+    def __init__(self, view: ClusterView, rlmm: RemoteLogMetadataManager, tiered: Callable[[str], bool], *,
+                 interval_s: float = 10.0) -> None:
+        self.view = view
+        self.rlmm = rlmm
+        self.tiered = tiered
+        self.interval_s = interval_s
+        self._topics: dict[str, ServedTopic] = {}
+        self._by_id: dict[uuid.UUID, ServedTopic] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlm-history-catalog", daemon=True)
+        self.refreshed = threading.Event()
+
+    def start(self) -> Catalog:
+        self.refresh()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def topics(self) -> dict[str, ServedTopic]:
+        return self._topics
+
+    def by_name(self, name: str) -> ServedTopic | None:
+        return self._topics.get(name)
+
+    def by_id(self, topic_id: uuid.UUID) -> ServedTopic | None:
+        return self._by_id.get(topic_id)
+
+    def refresh(self) -> bool:
+        """Describe the cluster's topics once; returns whether it succeeded."""
+        try:
+            infos = self.view.partitions(None, skip_unauthorized=True)
+            names = sorted({name for name, _ in infos if self.tiered(name)})
+            compaction = self.view.compaction(names) if names else {}
+        except Exception as err:  # noqa: BLE001 - keep the last answer
+            log.warning("history endpoint: topic refresh failed", extra={"error": str(err)})
+            return False
+        parts: dict[str, list[int]] = {}
+        ids: dict[str, uuid.UUID] = {}
+        for (name, partition), info in infos.items():
+            if name in names and compaction.get(name) is False:
+                parts.setdefault(name, []).append(partition)
+                ids[name] = info.topic_id
+        topics = {n: ServedTopic(n, ids[n], tuple(sorted(p))) for n, p in parts.items()}
+        new = [t.tp(p) for t in topics.values() for p in t.partitions]
+        old = {t.tp(p) for t in self._topics.values() for p in t.partitions}
+        if set(new) - old:
+            self.rlmm.on_partition_leadership_changes([], new)
+        gone = old - set(new)
+        if gone:
+            self.rlmm.on_stop_partitions(list(gone))
+        self._topics = topics
+        self._by_id = {t.topic_id: t for t in topics.values()}
+        self.refreshed.set()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.refresh()

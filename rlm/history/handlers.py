@@ -1,0 +1,200 @@
+"""The answers of the history endpoint, one method per Kafka API, as version-independent values.
+
+Each handler takes the decoded request (a kio entity of whatever version the client sent) and returns a dict named
+as the response schema's fields; :func:`rlm.history.wire.build` keeps what the version has (topic names before
+Fetch v13, topic ids from it, and so on). Handlers block (they read the store): the server runs them on its
+worker threads.
+
+The endpoint is one node (``node_id``, the advertised address) that leads every served partition. Partition leader
+epochs are the tier's: Metadata names the epoch of the newest tiered offset, ListOffsets the epoch of the offset it
+answers (as a broker does). OffsetForLeaderEpoch is not offered, so clients skip position validation.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rlm.history.catalog import Catalog, ServedTopic
+from rlm.history.tier import READ_COMMITTED, FetchResult, TierView
+from rlm.history.wire import API_KEYS, SASL_API_KEYS, ErrorCode
+
+__all__ = ["Handlers", "NodeInfo"]
+
+INT32_MIN = -(2**31)
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: int
+    host: str
+    port: int
+    cluster_id: str
+
+
+class Handlers:
+    def __init__(self, catalog: Catalog, tier: TierView, node: NodeInfo, *, sasl: bool = False) -> None:
+        self.catalog = catalog
+        self.tier = tier
+        self.node = node
+        self.sasl = sasl
+
+    # -------------------------------------------------------------------------------------- cluster
+    def api_versions(self, error: ErrorCode = ErrorCode.none) -> dict[str, Any]:
+        keys = {**API_KEYS, **(SASL_API_KEYS if self.sasl else {})}
+        return {"error_code": error, "throttle_time": 0, "finalized_features_epoch": -1,
+                "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(
+                    keys.items())]}
+
+    def _brokers(self) -> list[dict[str, Any]]:
+        n = self.node
+        return [{"node_id": n.node_id, "broker_id": n.node_id, "host": n.host, "port": n.port, "rack": None}]
+
+    def describe_cluster(self, _req: Any) -> dict[str, Any]:
+        n = self.node
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "endpoint_type": 1,
+                "cluster_id": n.cluster_id, "controller_id": n.node_id, "brokers": self._brokers(),
+                "cluster_authorized_operations": INT32_MIN}
+
+    def metadata(self, req: Any) -> dict[str, Any]:
+        topics: list[dict[str, Any]] = []
+        wanted = getattr(req, "topics", None)
+        if wanted is None:
+            served: list[tuple[ServedTopic | None, str | None, uuid.UUID | None]] = [
+                (t, t.name, t.topic_id) for t in sorted(self.catalog.topics().values(), key=lambda t: t.name)]
+        else:
+            served = []
+            for w in wanted:
+                name, tid = getattr(w, "name", None), getattr(w, "topic_id", None)
+                if name:
+                    served.append((self.catalog.by_name(name), name, None))
+                elif tid is not None and tid != uuid.UUID(int=0):
+                    served.append((self.catalog.by_id(tid), None, tid))
+                else:
+                    served.append((None, name, tid))
+        for topic, name, tid in served:
+            if topic is None:
+                code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+                topics.append({"error_code": code, "name": name, "topic_id": tid or uuid.UUID(int=0),
+                               "is_internal": False, "partitions": [],
+                               "topic_authorized_operations": INT32_MIN})
+                continue
+            parts = []
+            for p in topic.partitions:
+                t = self.tier.partition(topic.tp(p))
+                parts.append({"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node.node_id,
+                              "leader_epoch": t.latest_epoch if t is not None else -1,
+                              "replica_nodes": [self.node.node_id], "isr_nodes": [self.node.node_id],
+                              "offline_replicas": []})
+            topics.append({"error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.topic_id,
+                           "is_internal": False, "partitions": parts, "topic_authorized_operations": INT32_MIN})
+        return {"throttle_time": 0, "brokers": self._brokers(), "cluster_id": self.node.cluster_id,
+                "controller_id": self.node.node_id, "topics": topics, "cluster_authorized_operations": INT32_MIN}
+
+    def find_coordinator(self, req: Any) -> dict[str, Any]:
+        """No consumer groups here: COORDINATOR_NOT_AVAILABLE (consumers use ``assign()``)."""
+        msg = "the history endpoint has no group coordinator: assign partitions (no subscribe)"
+        keys = getattr(req, "coordinator_keys", None) or [getattr(req, "key", "")]
+        return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "error_message": msg,
+                "node_id": -1, "host": "", "port": -1,
+                "coordinators": [{"key": k, "node_id": -1, "host": "", "port": -1,
+                                  "error_code": ErrorCode.coordinator_not_available, "error_message": msg}
+                                 for k in keys]}
+
+    def produce(self, req: Any) -> dict[str, Any] | None:
+        """Refused: the endpoint is read-only (POLICY_VIOLATION per partition; no answer for acks=0)."""
+        if req.acks == 0:
+            return None
+        msg = "the history endpoint is read-only: produce to the cluster"
+        return {"throttle_time": 0, "responses": [
+            {"name": t.name, "partition_responses": [
+                {"index": p.index, "error_code": ErrorCode.policy_violation, "base_offset": -1,
+                 "log_append_time": -1, "log_start_offset": -1, "error_message": msg} for p in t.partition_data]}
+            for t in req.topic_data]}
+
+    # -------------------------------------------------------------------------------------- offsets
+    def list_offsets(self, req: Any) -> dict[str, Any]:
+        committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        out = []
+        for t in req.topics:
+            topic = self.catalog.by_name(t.name)
+            parts = []
+            for p in t.partitions:
+                answer = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1,
+                          "offset": -1, "leader_epoch": -1}
+                if topic is None or p.partition_index not in topic.partitions:
+                    answer["error_code"] = ErrorCode.unknown_topic_or_partition
+                else:
+                    answer.update(self._offset(topic, p.partition_index, p.timestamp, committed))
+                parts.append(answer)
+            out.append({"name": t.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": out}
+
+    def _offset(self, topic: ServedTopic, partition: int, ts: int, committed: bool) -> dict[str, Any]:
+        tp = topic.tp(partition)
+        tier = self.tier.partition(tp)
+        if tier is None:
+            return {"error_code": ErrorCode.offset_not_available}
+        if ts == LATEST:
+            off = tier.last_stable_offset if committed else tier.high_watermark
+            return {"offset": off, "leader_epoch": tier.latest_epoch}
+        if ts in (EARLIEST, EARLIEST_LOCAL):
+            return {"offset": tier.log_start_offset, "leader_epoch": tier.epoch_of(tier.log_start_offset)}
+        if ts == LATEST_TIERED:
+            off = tier.high_watermark - 1
+            return {"offset": off, "leader_epoch": tier.epoch_of(off)}
+        if ts == MAX_TIMESTAMP:
+            hit = self.tier.max_timestamp(tp)
+        elif ts >= 0:
+            hit = self.tier.offset_for_timestamp(tp, ts)
+        else:
+            return {"error_code": ErrorCode.invalid_request}
+        if hit is None:
+            return {}
+        return {"offset": hit.offset, "timestamp": hit.timestamp, "leader_epoch": hit.leader_epoch}
+
+    # ---------------------------------------------------------------------------------------- fetch
+    def fetch(self, req: Any) -> tuple[dict[str, Any], int]:
+        """The Fetch response and the record bytes it carries (for ``min_bytes``)."""
+        committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        left = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
+        total = 0
+        responses = []
+        for t in req.topics:
+            name, tid = getattr(t, "topic", None), getattr(t, "topic_id", None)
+            topic = self.catalog.by_name(name) if name is not None else self.catalog.by_id(tid)
+            parts = []
+            for p in t.partitions:
+                if topic is None:
+                    code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+                    parts.append(_partition(p.partition, FetchResult(), code))
+                    continue
+                if p.partition not in topic.partitions:
+                    parts.append(_partition(p.partition, FetchResult(), ErrorCode.unknown_topic_or_partition))
+                    continue
+                budget = min(p.partition_max_bytes, left)
+                if budget <= 0 and total:
+                    res = self.tier.fetch(topic.tp(p.partition), p.fetch_offset, 0, at_least_one=False,
+                                          isolation=int(committed))
+                else:
+                    res = self.tier.fetch(topic.tp(p.partition), p.fetch_offset, max(budget, 0),
+                                          at_least_one=total == 0, isolation=int(committed))
+                total += res.size
+                left -= res.size
+                code = {None: ErrorCode.none, "offset_out_of_range": ErrorCode.offset_out_of_range,
+                        "offset_not_available": ErrorCode.none}[res.error]
+                parts.append(_partition(p.partition, res, code))
+            responses.append({"topic": name if name is not None else (topic.name if topic else None),
+                              "topic_id": tid if tid is not None else (topic.topic_id if topic else None),
+                              "partitions": parts})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}, total
+
+
+def _partition(index: int, res: FetchResult, code: ErrorCode) -> dict[str, Any]:
+    return {"partition_index": index, "error_code": code, "high_watermark": res.high_watermark,
+            "last_stable_offset": res.last_stable_offset, "log_start_offset": res.log_start_offset,
+            "aborted_transactions": None if res.aborted is None else [
+                {"producer_id": pid, "first_offset": first} for pid, first in res.aborted],
+            "preferred_read_replica": -1, "records": b"".join(res.batches)}

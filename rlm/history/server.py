@@ -1,0 +1,274 @@
+"""The history endpoint's socket server: asyncio on its own thread, handlers on a worker pool.
+
+Each connection is served in order, as a broker does (a client may pipeline requests; responses go back in the
+order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes.
+A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` for newly tiered data, re-reading the
+tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer meanwhile).
+
+Bad input never takes the server down: a request whose header can be read gets an error response
+(UNSUPPORTED_VERSION for an API or version not offered, INVALID_REQUEST for a body that does not decode) and the
+connection stays open; a frame that cannot be a Kafka request (a size below the header's or above
+``MAX_FRAME_BYTES``: garbage, TLS or HTTP on the plaintext port) closes that connection only, as a broker does,
+since the stream can no longer be framed. Both are logged and counted (``rlm_history_bad_requests``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from rlm.history.handlers import Handlers
+from rlm.history.wire import (
+    API_KEYS,
+    MAX_FRAME_BYTES,
+    SASL_API_KEYS,
+    SIZE,
+    ApiKey,
+    BadRequestError,
+    ErrorCode,
+    RequestHeader,
+    build,
+    decode_request,
+    encode_response,
+    error_body,
+    read_header,
+    response_type,
+)
+
+__all__ = ["HistoryServer"]
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("rlm_history_requests", "Requests answered by the history endpoint", ["api", "error"])
+BYTES_SENT = Counter("rlm_history_bytes_sent", "Response bytes sent by the history endpoint", ["api"])
+RECORD_BYTES = Counter("rlm_history_record_bytes", "Record-batch bytes served by Fetch", ["topic"])
+LATENCY = Histogram("rlm_history_request_seconds", "Time to answer one request (Fetch waits included)", ["api"],
+                    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+BAD = Counter("rlm_history_bad_requests", "Requests or frames that could not be read", ["reason"])
+CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the history endpoint")
+
+NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
+
+API_NAMES = {ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch",
+             ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.METADATA: "metadata",
+             ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
+             ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
+             ApiKey.SASL_AUTHENTICATE: "sasl_authenticate"}
+
+
+class HistoryServer:
+    """``start()`` binds and serves on a thread of its own; ``stop()`` closes every connection."""
+
+    def __init__(self, handlers: Handlers, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                 workers: int = 8, poll_s: float = 0.2,
+                 session_factory: Callable[[], Any] | None = None) -> None:
+        self.handlers = handlers
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.poll_s = poll_s
+        self.session_factory = session_factory
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rlm-history")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    # --------------------------------------------------------------------------------------- life
+    def start(self) -> HistoryServer:
+        self._thread = threading.Thread(target=self._run, name="rlm-history-loop", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            self._server = loop.run_until_complete(asyncio.start_server(
+                self._serve, self.host, self.port, ssl=self.ssl_context, limit=1 << 20))
+            self.port = self._server.sockets[0].getsockname()[1]
+        except BaseException as err:  # noqa: BLE001 - reported by start()
+            self._error = err
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def _close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in list(self._writers):
+                w.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            loop.stop()
+
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(_close(), loop)
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --------------------------------------------------------------------------------- connections
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        CONNECTIONS.inc()
+        self._writers.add(writer)
+        peer = writer.get_extra_info("peername")
+        session = self.session_factory() if self.session_factory is not None else None
+        try:
+            while True:
+                try:
+                    size_bytes = await reader.readexactly(SIZE.size)
+                except asyncio.IncompleteReadError:
+                    return  # the client closed
+                (size,) = SIZE.unpack(size_bytes)
+                if size < 10 or size > MAX_FRAME_BYTES:
+                    BAD.labels("frame_size").inc()
+                    log.warning("history endpoint: not a Kafka request frame, connection closed",
+                                extra={"peer": str(peer), "size": size})
+                    return
+                try:
+                    frame = await reader.readexactly(size)
+                except asyncio.IncompleteReadError:
+                    BAD.labels("truncated_frame").inc()
+                    return
+                response = await self._answer(frame, session)
+                if response is None:
+                    return  # the session says close (e.g. failed authentication)
+                if response is NO_RESPONSE:
+                    continue  # Produce with acks=0
+                writer.write(response)
+                BYTES_SENT.labels(API_NAMES.get(int.from_bytes(frame[:2], "big", signed=True), "other")).inc(
+                    len(response))
+                await writer.drain()
+        except asyncio.CancelledError:
+            return  # stop(): the task ends normally (asyncio's stream callback logs a cancelled task as an error)
+        except (ConnectionError, ssl.SSLError) as err:
+            log.info("history endpoint: connection lost", extra={"peer": str(peer), "error": str(err)})
+        except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
+            log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _answer(self, frame: bytes, session: Any) -> bytes | None:
+        started = time.monotonic()
+        try:
+            header = read_header(frame)
+        except BadRequestError as err:
+            BAD.labels("header").inc()
+            log.warning("history endpoint: unreadable request header", extra={"error": str(err)})
+            if err.header is None:
+                return None
+            header = err.header
+        api = API_NAMES.get(header.api_key, str(header.api_key))
+        offered = {**API_KEYS, **(SASL_API_KEYS if self.handlers.sasl else {})}
+        lo_hi = offered.get(header.api_key)
+        error = "none"
+        try:
+            if header.api_key == ApiKey.API_VERSIONS and (lo_hi is None or not lo_hi[0] <= header.api_version
+                                                          <= lo_hi[1]):
+                # Answer at v0 so that any client can read which versions are offered (Kafka's rule).
+                from kio.schema.api_versions.v0.response import ApiVersionsResponse
+                error = "unsupported_version"
+                body = build(ApiVersionsResponse, self.handlers.api_versions(ErrorCode.unsupported_version))
+                return encode_response(header._replace(flexible=False), body)
+            if lo_hi is None or not lo_hi[0] <= header.api_version <= lo_hi[1]:
+                error = "unsupported_version"
+                BAD.labels("unsupported_version").inc()
+                return self._error_response(header, ErrorCode.unsupported_version)
+            if session is not None:
+                gate = await session.gate(self, header, frame)
+                if gate is not None:
+                    return gate if gate else None
+            try:
+                req = decode_request(frame, header)
+            except BadRequestError as err:
+                error = "invalid_request"
+                BAD.labels("body").inc()
+                log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
+                return self._error_response(header, ErrorCode.invalid_request)
+            body = await self._dispatch(header, req)
+            return body if body is NO_RESPONSE else encode_response(header, body)
+        finally:
+            REQUESTS.labels(api, error).inc()
+            LATENCY.labels(api).observe(time.monotonic() - started)
+
+    def _error_response(self, header: RequestHeader, code: ErrorCode) -> bytes:
+        rtype = response_type(header)
+        if rtype is None:
+            return encode_response(header, None, raw_error=code.value)
+        return encode_response(header, error_body(rtype, code))
+
+    async def _dispatch(self, header: RequestHeader, req: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        rtype = response_type(header)
+        h = self.handlers
+        key = header.api_key
+        if key == ApiKey.API_VERSIONS:
+            return build(rtype, h.api_versions())
+        if key == ApiKey.FETCH:
+            return await self._fetch(rtype, req)
+        if key == ApiKey.PRODUCE:
+            values = h.produce(req)
+            return NO_RESPONSE if values is None else build(rtype, values)
+        call = {ApiKey.LIST_OFFSETS: h.list_offsets, ApiKey.METADATA: h.metadata,
+                ApiKey.DESCRIBE_CLUSTER: h.describe_cluster, ApiKey.FIND_COORDINATOR: h.find_coordinator}[key]
+        values = await loop.run_in_executor(self._pool, call, req)
+        return build(rtype, values)
+
+    async def _fetch(self, rtype: type, req: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        max_wait_s = max(_millis(req.max_wait), 0) / 1000
+        deadline = time.monotonic() + max_wait_s
+        while True:
+            values, size = await loop.run_in_executor(self._pool, self.handlers.fetch, req)
+            left = deadline - time.monotonic()
+            if size >= max(req.min_bytes, 1) or left <= 0 or _has_error(values):
+                break
+            await asyncio.sleep(min(self.poll_s, left))
+            self.handlers.tier.refresh(self._fetched(req))
+        for t in values["responses"]:
+            n = sum(len(p["records"]) for p in t["partitions"])
+            if n:
+                RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
+        return build(rtype, values)
+
+    def _fetched(self, req: Any) -> list[Any]:
+        out = []
+        for t in req.topics:
+            name, tid = getattr(t, "topic", None), getattr(t, "topic_id", None)
+            topic = self.handlers.catalog.by_name(name) if name is not None else self.handlers.catalog.by_id(tid)
+            if topic is not None:
+                out.extend(topic.tp(p.partition) for p in t.partitions if p.partition in topic.partitions)
+        return out
+
+
+def _has_error(values: dict[str, Any]) -> bool:
+    return any(p["error_code"] != ErrorCode.none for t in values["responses"] for p in t["partitions"])
+
+
+def _millis(value: Any) -> float:
+    return value.total_seconds() * 1000 if hasattr(value, "total_seconds") else float(value)

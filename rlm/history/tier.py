@@ -1,0 +1,242 @@
+"""What the history endpoint serves of one partition: the remote chain, its bounds, and fetches of its batches.
+
+A broker answers a consumer from its log; the endpoint answers from the remote tier, with the same meanings:
+
+- **log start offset**: the first offset of the remote chain (:func:`rlm.chain.remote_chain`);
+- **high watermark**: the latest tiered offset + 1 (everything tiered was below the broker's high watermark);
+- **last stable offset**: the first offset of a transaction still undecided at the end of the tier, else the high
+  watermark. A read_committed consumer is served only below it. The tier knows which transactions were still open
+  at its end from the producer snapshot uploaded with its last segment (the producer state at that segment's end:
+  ``CurrentTxnFirstOffset`` of each producer with a transaction under way). A transaction decided after that
+  segment was copied keeps the bound until the segment holding its marker is tiered: late, never wrong. Without a
+  snapshot the open transactions are found by walking the tier's batch headers from the newest segment that has
+  one (or from the tier's start): transactional batches open a producer's transaction, its control batch ends it.
+
+A fetch returns whole batches as stored, control and aborted batches included, as a broker does; the consumer
+drops them. For read_committed the aborted transactions overlapping the batches returned come with them, from the
+uploaded transaction indexes (:class:`rlm.reader.TxnIndexes`, Kafka's search rule). Which batches are read is
+decided by :func:`rlm.reader.iter_segment_batches`, as for every other reader.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterable
+from contextlib import closing
+from dataclasses import dataclass, field
+
+from rlm.reader import RemoteReader, TxnIndexes, iter_segment_batches
+from rlm.segments import to_rsm
+from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
+from rsm.log.records import iter_raw_records
+
+__all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit"]
+
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionTier:
+    """One partition's remote chain and its bounds at one moment."""
+
+    tp: TopicIdPartition
+    segments: tuple[RemoteLogSegmentMetadata, ...]
+    log_start_offset: int
+    high_watermark: int
+    last_stable_offset: int
+
+    @property
+    def latest_epoch(self) -> int:
+        """The leader epoch of the tier's newest offset."""
+        return self.segments[-1].segment_leader_epochs[-1][0]
+
+    def epoch_of(self, offset: int) -> int:
+        """The leader epoch of ``offset`` (the newest epoch for offsets past the tier)."""
+        i = min(bisect.bisect_left([m.end_offset_inclusive for m in self.segments], offset), len(self.segments) - 1)
+        epoch = self.segments[i].segment_leader_epochs[0][0]
+        for e, start in self.segments[i].segment_leader_epochs:
+            if start <= offset:
+                epoch = e
+        return epoch
+
+    def index_of(self, offset: int) -> int:
+        """The index of the segment holding ``offset`` (which must be in the tier)."""
+        return bisect.bisect_left([m.end_offset_inclusive for m in self.segments], offset)
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """What one partition contributes to a Fetch response."""
+
+    error: str | None = None  # None, "offset_out_of_range", "offset_not_available"
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    batches: list[bytes] = field(default_factory=list)
+    size: int = 0
+    aborted: list[tuple[int, int]] | None = None  # (producer id, first offset), for read_committed
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampHit:
+    offset: int
+    timestamp: int
+    leader_epoch: int
+
+
+class TierView:
+    """The remote tier as the endpoint serves it. Thread-safe; a partition's chain is computed at most once per
+    ``ttl_s`` (so a stream of fetches costs no metadata scan each), and again at once by :meth:`refresh`."""
+
+    def __init__(self, reader: RemoteReader, *, ttl_s: float = 0.5) -> None:
+        self.reader = reader
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._cache: dict[TopicIdPartition, tuple[float, PartitionTier | None]] = {}
+        # (tp, newest segment id) -> {producer id: first offset of its open transaction} at the tier's end
+        self._open_txns: dict[tuple[TopicIdPartition, object], dict[int, int]] = {}
+
+    def refresh(self, tps: Iterable[TopicIdPartition]) -> None:
+        with self._lock:
+            for tp in tps:
+                self._cache.pop(tp, None)
+
+    def partition(self, tp: TopicIdPartition) -> PartitionTier | None:
+        """The partition's tier now, or None when nothing of it is remote."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(tp)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        segs = tuple(self.reader.segments(tp))
+        tier = None
+        if segs:
+            hwm = segs[-1].end_offset_inclusive + 1
+            open_txns = self._open_transactions(tp, segs)
+            lso = min([hwm, *open_txns.values()])
+            tier = PartitionTier(tp, segs, segs[0].start_offset, hwm, lso)
+        with self._lock:
+            self._cache[tp] = (now, tier)
+        return tier
+
+    # --------------------------------------------------------------------------------------------- fetch
+    def fetch(self, tp: TopicIdPartition, offset: int, max_bytes: int, *, isolation: int = READ_UNCOMMITTED,
+              at_least_one: bool = True) -> FetchResult:
+        """Whole batches from the one holding ``offset`` on, up to ``max_bytes`` (the first batch even past it when
+        ``at_least_one``: Kafka's rule for the first partition of a response with data), below the high watermark
+        (read_uncommitted) or the last stable offset (read_committed)."""
+        tier = self.partition(tp)
+        if tier is None:
+            return FetchResult(error="offset_not_available")
+        out = FetchResult(high_watermark=tier.high_watermark, last_stable_offset=tier.last_stable_offset,
+                          log_start_offset=tier.log_start_offset)
+        if offset < tier.log_start_offset or offset > tier.high_watermark:
+            out.error = "offset_out_of_range"
+            return out
+        bound = tier.last_stable_offset if isolation == READ_COMMITTED else tier.high_watermark
+        if isolation == READ_COMMITTED:
+            out.aborted = []
+        if offset >= bound:
+            return out
+        segs = tier.segments
+        txns = TxnIndexes(self.reader.rsm, segs) if isolation == READ_COMMITTED else None
+        last_offset = offset - 1
+        full = False
+        for si in range(tier.index_of(offset), len(segs)):
+            md = segs[si]
+            if md.start_offset >= bound or full:
+                break
+            seg = self.reader.rsm.open_segment(to_rsm(md))
+            want = max(offset, md.start_offset)
+            end = min(md.end_offset_inclusive, bound - 1)
+            budget = max(max_bytes - out.size, 1)
+            plan = seg.block_plan(want, end, budget)
+            if not plan:
+                continue
+            batches = iter_segment_batches(seg, want, end, first_block=plan[0].first_block,
+                                           last_block=plan[0].last_block)
+            with closing(batches):
+                for h, data, _visible in batches:
+                    if h.last_offset < want:
+                        continue
+                    if h.base_offset >= bound:
+                        full = True
+                        break
+                    if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
+                        full = True
+                        break
+                    out.batches.append(bytes(data))
+                    out.size += h.size_bytes
+                    last_offset = h.last_offset
+            if txns is not None and last_offset >= md.start_offset:
+                seen = set(out.aborted or ())
+                for t in txns.aborted(si):
+                    if t.first_offset <= last_offset and t.last_offset >= offset:
+                        key = (t.producer_id, t.first_offset)
+                        if key not in seen:
+                            seen.add(key)
+                            out.aborted.append(key)  # type: ignore[union-attr]
+            if last_offset < end and not full:
+                full = True  # the plan's byte budget ended inside this segment
+        return out
+
+    # ----------------------------------------------------------------------------------------- offsets
+    def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> TimestampHit | None:
+        """The first record whose timestamp is >= ``timestamp_ms`` (Kafka's ListOffsets by timestamp)."""
+        hit = self.reader.find_timestamp(tp, timestamp_ms)
+        return None if hit is None else TimestampHit(hit[0], hit[2], hit[1])
+
+    def max_timestamp(self, tp: TopicIdPartition) -> TimestampHit | None:
+        """The record with the largest timestamp (the first of several), as ListOffsets' MAX_TIMESTAMP (-3)."""
+        tier = self.partition(tp)
+        if tier is None:
+            return None
+        md = max(tier.segments, key=lambda m: m.max_timestamp_ms)  # first of equals: max() keeps the first
+        seg = self.reader.rsm.open_segment(to_rsm(md))
+        with closing(iter_segment_batches(seg, md.start_offset, md.end_offset_inclusive)) as batches:
+            for h, data, _visible in batches:
+                if h.max_timestamp != md.max_timestamp_ms:
+                    continue
+                offset = max(h.base_offset, md.start_offset)
+                if not h.timestamp_type:  # CreateTime: the record that carries it
+                    offset = next((r.offset for r in iter_raw_records(h, data, path=seg.name)
+                                   if r.offset >= md.start_offset and r.timestamp == h.max_timestamp), offset)
+                return TimestampHit(offset, h.max_timestamp, tier.epoch_of(offset))
+        return None
+
+    # ---------------------------------------------------------------------------------- transactions
+    def _open_transactions(self, tp: TopicIdPartition,
+                           segs: tuple[RemoteLogSegmentMetadata, ...]) -> dict[int, int]:
+        """Producer id -> first offset of its transaction still open at the tier's end (cached per newest
+        segment: the answer changes only when the tier grows or shrinks at its end)."""
+        key = (tp, segs[-1].remote_log_segment_id.id)
+        with self._lock:
+            known = self._open_txns.get(key)
+        if known is not None:
+            return known
+        rsm = self.reader.rsm
+        open_txns: dict[int, int] = {}
+        start = 0
+        for i in range(len(segs) - 1, -1, -1):
+            entries = rsm.open_segment(to_rsm(segs[i])).producer_snapshot()
+            if entries is not None:
+                open_txns = {e.producer_id: e.current_txn_first_offset for e in entries
+                             if e.current_txn_first_offset >= 0}
+                start = i + 1
+                break
+        for md in segs[start:]:  # no snapshot from here on: follow the batch headers
+            seg = rsm.open_segment(to_rsm(md))
+            with closing(seg.batches(md.start_offset, md.end_offset_inclusive)) as batches:
+                for h, _data in batches:
+                    if h.last_offset < md.start_offset or not h.is_transactional:
+                        continue
+                    if h.is_control:
+                        open_txns.pop(h.producer_id, None)
+                    else:
+                        open_txns.setdefault(h.producer_id, max(h.base_offset, md.start_offset))
+        with self._lock:
+            self._open_txns = {k: v for k, v in self._open_txns.items() if k[0] != tp}
+            self._open_txns[key] = open_txns
+        return open_txns
