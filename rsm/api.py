@@ -19,7 +19,7 @@ collection, verify) is declared here too, so none of them needs the object forma
 
 - :meth:`RemoteStorageManagerApi.open_segment` gives a :class:`SegmentHandle`: verified batches between two
   offsets (the header parsed once, the bytes a memoryview), a block plan for a byte budget, the first block at a
-  timestamp, the copy's aborted transactions;
+  timestamp, the copy's aborted transactions, the producer snapshot it was uploaded with;
 - :meth:`~RemoteStorageManagerApi.list_copies` / :meth:`~RemoteStorageManagerApi.delete_log_segment_data` /
   :meth:`~RemoteStorageManagerApi.verify_copy`: what is stored under a partition (owned or not), its deletion
   and its verification;
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from rsm.log.batch import BatchHeader
 from rsm.log.checkpoint import EpochEntry
 from rsm.log.indexes import AbortedTxn
+from rsm.log.producer_snapshot import ProducerStateEntry
 
 if TYPE_CHECKING:
     from rsm.verify import VerifyReport
@@ -50,6 +51,7 @@ __all__ = [
     "IndexType",
     "KeyLayout",
     "LogSegmentData",
+    "ProducerStateEntry",
     "RemoteSegmentMetadata",
     "RemoteStorageManagerApi",
     "SegmentHandle",
@@ -179,6 +181,16 @@ class SegmentHandle(abc.ABC):
     @abc.abstractmethod
     def aborted_transactions(self) -> list[AbortedTxn]:
         """The aborted transactions the copy's transaction index lists (none when the copy has no index)."""
+
+    @abc.abstractmethod
+    def producer_snapshot(self) -> list[ProducerStateEntry] | None:
+        """The producer snapshot the copy was uploaded with, parsed: the partition's producer state after the
+        segment's last offset (Kafka uploads ``<end_offset_inclusive + 1>.snapshot``), one entry per producer id
+        in no particular order (``rsm.log.producer_snapshot``). Reads that section only (one ranged GET).
+
+        None when the copy has no producer snapshot (it was copied without one): "not found", not an error. An
+        empty list is a snapshot with no producer state. A snapshot that does not parse (bad version, truncated,
+        CRC-32C mismatch) raises :class:`~rsm.errors.CorruptRemoteObjectError` naming the key and position."""
 
 
 @dataclass(frozen=True, slots=True)

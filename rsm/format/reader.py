@@ -25,8 +25,9 @@ from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
 from rsm.log.batch import BatchHeader, batch_crc, header_from_bytes
-from rsm.log.errors import CorruptRecordBatchError
+from rsm.log.errors import CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
+from rsm.log.producer_snapshot import ProducerStateEntry, parse_producer_snapshot
 from rsm.store.base import Store
 
 __all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
@@ -213,6 +214,20 @@ class SegmentReader(SegmentHandle):
                 return parse_txn_index(f.read(), f"{self.ledger.metadata.remote_segment_id} transaction index")
         except RemoteResourceNotFoundError:
             return []
+
+    def producer_snapshot(self) -> list[ProducerStateEntry] | None:
+        """See :meth:`rsm.api.SegmentHandle.producer_snapshot`."""
+        s = self.ledger.section(IndexType.PRODUCER_SNAPSHOT)
+        if s is None:  # copied without one (open_section would say not found)
+            return None
+        with self.open_section(IndexType.PRODUCER_SNAPSHOT) as f:
+            data = f.read()
+        try:
+            return parse_producer_snapshot(data, path=f"{self.name} producer snapshot")
+        except CorruptProducerSnapshotError as err:
+            raise CorruptRemoteObjectError(
+                f"producer snapshot section ({s.length} bytes), at its byte {err.position}: {err.detail}",
+                key=self.keys.data(s.object_number), position=s.position + (err.position or 0)) from err
 
     # -- entries -----------------------------------------------------------------------------------------------
 

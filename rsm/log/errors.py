@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from os import PathLike
 
-__all__ = ["CorruptCheckpointError", "CorruptIndexError", "CorruptRecordBatchError", "LogFormatError"]
+__all__ = ["CorruptCheckpointError", "CorruptIndexError", "CorruptProducerSnapshotError", "CorruptRecordBatchError",
+           "LogFormatError"]
 
 
 class LogFormatError(Exception):
@@ -17,11 +18,13 @@ class LogFormatError(Exception):
 
     ``path`` is the file, ``position`` the byte offset in it where the problem was found (``None`` when the
     problem is not tied to one position, e.g. a text file's line: then the line number is in the message).
+    ``detail`` is the message without the file and position (for callers that name the file their own way).
     """
 
     def __init__(self, path: str | PathLike[str], position: int | None, message: str) -> None:
         self.path = str(path)
         self.position = position
+        self.detail = message
         where = f"{self.path}" if position is None else f"{self.path} at byte {position}"
         super().__init__(f"{where}: {message}")
 
@@ -39,3 +42,9 @@ class CorruptIndexError(LogFormatError):
 class CorruptCheckpointError(LogFormatError):
     """A ``leader-epoch-checkpoint`` or ``partition.metadata`` text file is malformed; the message names the
     line and what was expected there."""
+
+
+class CorruptProducerSnapshotError(LogFormatError):
+    """A producer-state ``.snapshot`` file is malformed: unknown version, truncated (the message names the entry
+    and field the file ends in), bytes after the last entry, or a CRC-32C mismatch. Kafka itself deletes such a
+    snapshot and rebuilds the producer state from an older snapshot and the log; do not upload it."""
