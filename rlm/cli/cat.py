@@ -7,7 +7,7 @@ import base64
 import json
 import sys
 
-from rlm.cli.context import add_config_arg, open_context
+from rlm.cli.context import EXIT_NOTHING_REMOTE, EXIT_OUT_OF_RANGE, add_config_arg, open_context
 from rlm.reader import OffsetOutOfRangeError
 
 __all__ = ["register"]
@@ -18,7 +18,12 @@ def _b64(v: bytes | None) -> str | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cat", help="read records of a partition from the remote tier")
+    p = sub.add_parser(
+        "cat", help="read records of a partition from the remote tier",
+        description="Records of a partition from the remote tier, one JSON object per line: offset, timestamp, key, "
+                    "value (base64, or UTF-8 text with --text), headers as [name, base64 value], leader_epoch.",
+        epilog=f"exit codes: 0 read; 2 bad arguments/config or no such topic partition; {EXIT_NOTHING_REMOTE} "
+               f"nothing of the partition is remote yet; {EXIT_OUT_OF_RANGE} --from-offset is not in the remote tier")
     add_config_arg(p)
     p.add_argument("topic")
     p.add_argument("partition", type=int)
@@ -37,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         start = args.from_offset if args.from_offset is not None else ctx.reader.earliest_offset(tp)
         if start is None:
             print(f"rlm: {tp.topic}-{tp.partition}: nothing remote yet", file=sys.stderr)
-            return 1
+            return EXIT_NOTHING_REMOTE
         try:
             for r in ctx.reader.read(tp, start, max_bytes=args.max_bytes, max_records=args.max_records,
                                      isolation=args.isolation):
@@ -46,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
                                   "leader_epoch": r.leader_epoch}))
         except OffsetOutOfRangeError as err:
             print(f"rlm: {err}", file=sys.stderr)
-            return 1
+            return EXIT_OUT_OF_RANGE
     return 0

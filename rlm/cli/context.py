@@ -20,7 +20,12 @@ from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["CliContext", "add_config_arg", "open_context"]
+__all__ = ["EXIT_NOTHING_REMOTE", "EXIT_OUT_OF_RANGE", "EXIT_USAGE", "CliContext", "add_config_arg", "open_context"]
+
+# Exit codes of the commands (README, "Command line"): 0 success, 1 a check failed (verify), and:
+EXIT_USAGE = 2  # bad arguments or config, or no such topic partition on the cluster
+EXIT_NOTHING_REMOTE = 3  # the partition exists but nothing of it is remote yet
+EXIT_OUT_OF_RANGE = 4  # the offset asked for is not in the remote tier
 
 
 def add_config_arg(p: argparse.ArgumentParser) -> None:
@@ -45,7 +50,7 @@ class CliContext:
         if not tps:
             what = f"{topic}-{partition}" if partition is not None else topic
             print(f"rlm: {what}: no such topic partition on the cluster", file=sys.stderr)
-            raise SystemExit(2)
+            raise SystemExit(EXIT_USAGE)
         self.rlmm.on_partition_leadership_changes([], tps)
         self.rlmm.wait_ready(tps, timeout_s=60)
         return tps

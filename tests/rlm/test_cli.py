@@ -310,8 +310,20 @@ def test_cat_text_and_out_of_range(tiered: Tiered) -> None:
         (o, t.p1[o][0].decode(), t.p1[o][1].decode()) for o in sorted(t.p1)[:5]]
     beyond = t.last_remote[(t.main, 0)] + 1  # the roll record: on the broker, not remote
     proc = rlm("cat", t.main, "0", "--from-offset", str(beyond), config=t.config)
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 4 and proc.stdout == ""  # EXIT_OUT_OF_RANGE
     assert f"offset {beyond} is not remote (remote offsets: 0..{beyond - 1})" in proc.stderr, proc.stderr
+
+
+def test_cat_exit_codes_tell_nothing_remote_from_out_of_range(kafka: KafkaCluster, tiered: Tiered) -> None:
+    """A partition with nothing remote (a topic the sidecar does not tier) exits 3, not 4 nor 1."""
+    name = f"untiered-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(name, 1)
+    proc = rlm("cat", name, "0", config=tiered.config)
+    assert proc.returncode == 3 and proc.stdout == "", (proc.returncode, proc.stderr)
+    assert f"{name}-0: nothing remote yet" in proc.stderr
+    proc = rlm("cat", name, "0", "--from-offset", "5", config=tiered.config)
+    assert proc.returncode == 4 and "offset 5 is not remote (remote offsets: None..None)" in proc.stderr, \
+        (proc.returncode, proc.stderr)
 
 
 def test_cat_read_committed_leaves_out_aborted_records(tiered: Tiered) -> None:
