@@ -31,6 +31,7 @@ Client configurations::
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -64,13 +65,22 @@ def ensure_kafka_jars(root: Path | None = None) -> Path:
     """Resolve the Kafka jars with Maven once; return the directory that holds them.
 
     A marker file records the POM it was resolved from, so editing ``config/kafka-pom.xml`` re-resolves.
+    ``RLM_KAFKA_VERSION`` overrides the POM's ``kafka.version`` (the suite against another Kafka:
+    ``RLM_KAFKA_VERSION=4.3.1 ./dev test``), ``RLM_KAFKA_TOOLS_VERSION`` its ``kafka.tools.version`` (console tools
+    and LocalTieredStorage); each combination has a cache of its own.
     """
     root = root or project_root()
     pom = root / "config" / "kafka-pom.xml"
-    cache = Path(os.environ.get("RLM_KAFKA_CACHE", root / ".cache" / "kafka"))
+    version = os.environ.get("RLM_KAFKA_VERSION", "").strip()
+    tools = os.environ.get("RLM_KAFKA_TOOLS_VERSION", "").strip()
+    tag = "-".join(v for v in (version, tools and f"tools{tools}") if v)
+    default_cache = root / ".cache" / (f"kafka-{tag}" if tag else "kafka")
+    cache = Path(os.environ.get("RLM_KAFKA_CACHE", default_cache))
     libs = cache / "libs"
     marker = cache / "resolved-from.pom"
-    pom_text = pom.read_text()
+    overrides = [*([f"-Dkafka.version={version}"] if version else []),
+                 *([f"-Dkafka.tools.version={tools}"] if tools else [])]
+    pom_text = pom.read_text() + (f"\n<!-- {' '.join(overrides)} -->\n" if overrides else "")
     if libs.is_dir() and marker.exists() and marker.read_text() == pom_text:
         return libs
     if shutil.which("mvn") is None:
@@ -78,7 +88,8 @@ def ensure_kafka_jars(root: Path | None = None) -> Path:
     tmp = cache / "libs.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"]
+    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={tmp}",
+           *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise KafkaStartError(f"maven could not resolve {pom}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -396,7 +407,7 @@ class KafkaCluster:
         from confluent_kafka import TopicCollection
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient(self.admin_config())
+        admin = AdminClient({**self.admin_config(), "logger": logging.getLogger("devkafka.librdkafka")})
         fut = admin.create_topics([NewTopic(name, partitions, replication_factor, config=dict(config or {}))])
         fut[name].result(timeout)
         deadline = time.monotonic() + timeout

@@ -111,6 +111,20 @@ class ClusterView:
         self.timeout_s = timeout_s
         self._wait_s = timeout_s + 5.0  # a future never waited on for longer than the request's own timeout + 5 s
 
+    def _drained(self) -> AdminClient:
+        """The admin client, its queued log lines handed to our logging first (they queue until a poll)."""
+        admin = self._admin
+        if admin is None:
+            raise RuntimeError("ClusterView is closed")
+        admin.poll(0)
+        return admin
+
+    def close(self) -> None:
+        """Let go of the admin client (librdkafka destroys it: no reconnect attempts to a stopped cluster)."""
+        if self._admin is not None:
+            self._admin.poll(0)
+        self._admin = None  # type: ignore[assignment]
+
     def partitions(self, topics: Iterable[str] | None = None, *,
                    skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
         """Leader, replicas and topic id of every partition of ``topics`` (default: all topics).
@@ -119,7 +133,7 @@ class ClusterView:
         Describe fails the call, unless ``skip_unauthorized``: then it is absent too (logged), so one topic's
         revoked ACL does not stop discovery of every other topic. Absence never means "deleted".
         """
-        admin = self._admin  # held until every future is answered (a failure below replaces self._admin)
+        admin = self._drained()  # held until every future is answered (a failure below replaces self._admin)
         names = sorted(topics) if topics is not None else sorted(admin.list_topics(
             timeout=self.timeout_s).topics)
         if not names:
@@ -162,7 +176,7 @@ class ClusterView:
         names = sorted(set(topics))
         if not names:
             return {}
-        admin = self._admin
+        admin = self._drained()
         futures = admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
         out: dict[str, TopicLookup] = {}
         for name, fut in futures.items():
@@ -183,7 +197,7 @@ class ClusterView:
 
     def cluster_id(self) -> str:
         """The cluster's id (DescribeCluster)."""
-        return str(self._admin.describe_cluster(request_timeout=self.timeout_s).result(self._wait_s).cluster_id)
+        return str(self._drained().describe_cluster(request_timeout=self.timeout_s).result(self._wait_s).cluster_id)
 
     def compaction(self, topics: Iterable[str]) -> dict[str, bool | None]:
         """Per topic: True when its ``cleanup.policy`` includes ``compact``, False when it does not, None when
@@ -193,7 +207,7 @@ class ClusterView:
             return {}
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in names]
         out: dict[str, bool | None] = dict.fromkeys(names)
-        admin = self._admin
+        admin = self._drained()
         for res, fut in admin.describe_configs(resources, request_timeout=self.timeout_s).items():
             try:
                 entries = fut.result(self._wait_s)
@@ -226,7 +240,7 @@ class ClusterView:
         request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
         if not request:
             return {}
-        admin = self._admin
+        admin = self._drained()
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
                                      request_timeout=self.timeout_s)
         out: dict[tuple[str, int], tuple[int, int]] = {}

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-__all__ = ["JsonFormatter", "setup_logging"]
+__all__ = ["JsonFormatter", "kafka_logger", "setup_logging"]
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime", "taskName"}
 
@@ -39,3 +39,26 @@ def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
     root.setLevel(level)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "apscheduler"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class _CappedAtWarning(logging.Filter):
+    """librdkafka logs what its clients retry on their own (a broker that is down or restarting, a coordinator
+    still loading) at error level; failures that matter reach us through the client's API (exceptions, error
+    events). Its lines are capped at WARNING, so an ERROR in our logs is ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_KAFKA_LOGGER = logging.getLogger("rlm.librdkafka")
+_KAFKA_LOGGER.addFilter(_CappedAtWarning())
+
+
+def kafka_logger() -> logging.Logger:
+    """The logger librdkafka's clients write to (confluent-kafka's ``logger`` property) instead of stderr.
+
+    confluent-kafka hands a client's log lines over when the client is polled, so a client that is not polled
+    otherwise (an AdminClient) is polled after use (:class:`rlm.discovery.ClusterView`)."""
+    return _KAFKA_LOGGER

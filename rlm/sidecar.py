@@ -156,6 +156,8 @@ class Sidecar:
         self.cleaner.stop(timeout_s)
         self.queue.close()
         self.rlmm.close()
+        if clean:
+            self.view.close()  # no admin client left retrying a cluster that may be stopping too
         if self._owns_rsm:
             self.rsm.close()
         log.info("sidecar stopped", extra={"clean": clean})

@@ -69,10 +69,11 @@ def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
     rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
     try:
         rsm = RemoteStorageManager(settings.store)
+        view = ClusterView(settings.kafka.client_config())
         try:
-            yield CliContext(settings, ClusterView(settings.kafka.client_config()), rlmm, rsm,
-                             RemoteReader(rlmm, rsm))
+            yield CliContext(settings, view, rlmm, rsm, RemoteReader(rlmm, rsm))
         finally:
+            view.close()
             rsm.close()
     finally:
         rlmm.close()

@@ -24,6 +24,8 @@ from types import ModuleType
 
 import yaml
 
+from rlm.logs import kafka_logger, setup_logging
+
 __all__ = ["DemoUnavailableError", "register", "run"]
 
 # Where a source checkout would be if this package is imported from one (an editable install): ``<checkout>/rlm``.
@@ -53,7 +55,7 @@ def _say(msg: str) -> None:
 def _broker_earliest(bootstrap: str, topic: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rlm-demo-probe"})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rlm-demo-probe", "logger": kafka_logger()})
     try:
         return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
     finally:
@@ -91,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
     from rlm.cli import main as rlm_main
     from rlm.config import load_settings
     from rlm.http import OpsServer
-    from rlm.logs import setup_logging
     from rlm.sidecar import Sidecar
     from rlmm.api import TopicIdPartition
 
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
              f"logs {base / 'sidecar.log'}")
         try:
             producer = Producer({"bootstrap.servers": kc.bootstrap_servers, "compression.type": "zstd",
-                                 "linger.ms": 20})
+                                 "linger.ms": 20, "logger": kafka_logger()})
             t0 = time.monotonic()
             for i in range(args.records):
                 while True:
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(1.1)
             producer.produce(args.topic, key=b"demo", value=b"roll")  # rolls the last data segment
             producer.flush()
+            producer.close()  # before the broker stops: no client left retrying it
             tp = TopicIdPartition(topic_id, args.topic, 0)
             _say("waiting for the sidecar to tier every rolled segment and the broker to delete old ones ...")
             deadline = time.monotonic() + 180

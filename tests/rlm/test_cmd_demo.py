@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,3 +73,20 @@ def test_demo_from_an_installed_copy_without_the_checkout(tmp_path: Path) -> Non
     assert "rlm: error: rlm demo needs the dev Kafka launcher" in proc.stderr
     assert "run `./dev demo` from a source checkout" in proc.stderr
     assert not (tmp_path / "demo-data").exists()
+
+
+def test_demo_runs_quietly(tmp_path: Path) -> None:
+    """The demo's quick form, as a user runs it: it shows offset 0 served remotely, and its whole output has no
+    ERROR line and no librdkafka line (``%3|`` errors, ``%4|`` warnings): clients close before the broker stops,
+    and librdkafka logs go to our logging (the sidecar log file), capped at WARNING."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RLM_")}, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "rlm.cli", "demo", "--records", "3000", "--dir",
+                           str(tmp_path / "demo")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "offset 0 is served from the remote tier" in out, out[-4000:]
+    noisy = [line for line in out.splitlines() if "ERROR" in line or re.match(r"%\d\|", line)]
+    assert noisy == [], noisy
+    log = (tmp_path / "demo" / "sidecar.log").read_text()
+    assert '"level": "ERROR"' not in log, [line for line in log.splitlines() if '"level": "ERROR"' in line][:5]
