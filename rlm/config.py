@@ -11,13 +11,14 @@ Kafka client settings (security, SASL, TLS) are passed through verbatim to confl
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from rlm.errors import RlmError
@@ -26,12 +27,15 @@ from rsm.manager import RsmConfig
 __all__ = [
     "ConfigError",
     "HistoryListenerSettings",
+    "HistorySaslSettings",
+    "HistoryTlsSettings",
     "KafkaSettings",
     "MetadataSettings",
     "RetentionRule",
     "SidecarSettings",
     "TaskSettings",
     "TopicSelection",
+    "is_loopback",
     "load_settings",
 ]
 
@@ -159,20 +163,109 @@ class ListenSettings(_Frozen):
     port: int = Field(9464, ge=0, le=65535)
 
 
+class HistoryTlsSettings(_Frozen):
+    """TLS of the history endpoint (the ``SSL`` / ``SASL_SSL`` security protocols for its clients). The files are
+    read when the endpoint starts; a file that cannot be loaded fails the start naming its field."""
+
+    certfile: Path = Field(description="the endpoint's certificate chain (PEM), leaf first")
+    keyfile: Path | None = Field(None, description="its private key (PEM); default: inside certfile")
+    keyfile_password: SecretStr | None = Field(None, description="password of an encrypted keyfile")
+    cafile: Path | None = Field(None, description=(
+        "CA certificates (PEM) that client certificates must chain to; set, every client must present one "
+        "(mutual TLS, which counts as authentication); unset, clients are not asked for one"))
+    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    ciphers: str | None = Field(None, description="OpenSSL cipher list for TLS 1.2 (default: OpenSSL's)")
+
+    @property
+    def client_auth(self) -> bool:
+        return self.cafile is not None
+
+
+class HistorySaslSettings(_Frozen):
+    """SASL of the history endpoint (``SASL_PLAINTEXT``, or ``SASL_SSL`` with ``tls``), users from the config.
+
+    Passwords are :class:`~pydantic.SecretStr` (never shown by repr, str or logs); they may come from the
+    environment, e.g. ``RLM_HISTORY_LISTENER__SASL__USERS__alice=...`` (names from environment variables are
+    lower-cased) or ``RLM_HISTORY_LISTENER__SASL__USERS='{"Alice": "..."}'``. The endpoint keeps only SCRAM
+    credentials derived from them (salted, ``scram_iterations`` rounds), for both mechanisms."""
+
+    mechanisms: list[Literal["PLAIN", "SCRAM-SHA-512"]] = Field(
+        default_factory=lambda: ["SCRAM-SHA-512"], min_length=1,
+        description="mechanisms offered: PLAIN sends the password itself, use it with TLS only")
+    users: dict[str, SecretStr] = Field(min_length=1, description="user name -> password")
+    scram_iterations: int = Field(4096, ge=4096, le=16384, description=(
+        "PBKDF2 rounds of the SCRAM credentials (Kafka's clients refuse fewer than 4096; brokers allow 16384)"))
+
+    @field_validator("mechanisms")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a mechanism is listed twice")
+        return v
+
+    @field_validator("users")
+    @classmethod
+    def _users(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, password in v.items():
+            if not name or "\0" in name:
+                raise ValueError(f"user name {name!r} is empty or holds a NUL character")
+            if not password.get_secret_value():
+                raise ValueError(f"user {name!r} has an empty password")
+        return v
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` names this machine only (localhost, 127.0.0.0/8, ::1): nothing else can connect to it."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class HistoryListenerSettings(_Frozen):
-    """The Kafka-protocol history endpoint (:mod:`rlm.history`): any Kafka client reads the remote tier here."""
+    """The Kafka-protocol history endpoint (:mod:`rlm.history`): any Kafka client reads the remote tier here.
+
+    Security: it binds 127.0.0.1 unless told otherwise. A listener any other host can reach must authenticate its
+    clients, by ``sasl`` or by client certificates (``tls.cafile``), or it refuses to start unless
+    ``allow_unauthenticated: true`` says that anyone who reaches it may read every tiered topic. TLS without client
+    certificates encrypts but does not authenticate."""
 
     host: str = Field("127.0.0.1", description="address to bind; 127.0.0.1 unless clients elsewhere need it")
     port: int = Field(9095, ge=0, le=65535, description="0: any free port (tests)")
     advertised_host: str | None = Field(None, description="host clients are told to connect to (default: host)")
     workers: int = Field(8, ge=1, le=256, description="threads reading the store for requests")
     fetch_poll_ms: int = Field(200, ge=10, description="how often a waiting Fetch looks for newly tiered data")
+    tls: HistoryTlsSettings | None = Field(None, description="serve over TLS (SSL / SASL_SSL)")
+    sasl: HistorySaslSettings | None = Field(None, description="require SASL authentication")
+    allow_unauthenticated: bool = Field(False, description=(
+        "let a listener on a non-loopback host start without SASL or client certificates"))
 
     @model_validator(mode="after")
     def _advertised(self) -> HistoryListenerSettings:
         if self.advertised_host is None and self.host in ("0.0.0.0", "::", ""):
             raise ValueError("advertised_host must be set when host binds every address")
         return self
+
+    @model_validator(mode="after")
+    def _authenticated(self) -> HistoryListenerSettings:
+        if is_loopback(self.host) or self.authenticated or self.allow_unauthenticated:
+            return self
+        raise ValueError(
+            f"history_listener.host {self.host!r} is reachable from other hosts but clients are not authenticated: "
+            "configure history_listener.sasl (or history_listener.tls.cafile for client certificates), or set "
+            "history_listener.allow_unauthenticated: true to serve every tiered topic to anyone who connects")
+
+    @property
+    def authenticated(self) -> bool:
+        """Clients prove who they are: SASL, or TLS client certificates."""
+        return self.sasl is not None or (self.tls is not None and self.tls.client_auth)
+
+    @property
+    def security_protocol(self) -> str:
+        """Kafka's name for what the listener speaks (what clients set as ``security.protocol``)."""
+        return ("SASL_" if self.sasl is not None else "") + ("SSL" if self.tls is not None else "PLAINTEXT")
 
     @property
     def advertised(self) -> str:

@@ -8,7 +8,8 @@ not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
 
 Modules: :mod:`~rlm.history.wire` (framing and codecs, by kio), :mod:`~rlm.history.handlers` (one method per API),
 :mod:`~rlm.history.tier` (a partition's remote chain, bounds and fetches, through :mod:`rlm.reader`),
-:mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server).
+:mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server),
+:mod:`~rlm.history.security` (TLS, and SASL PLAIN / SCRAM-SHA-512 with users from the config).
 :func:`start_history` puts them together for ``rlm serve``.
 """
 
@@ -17,10 +18,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from rlm.config import SidecarSettings
+from rlm.config import SidecarSettings, is_loopback
 from rlm.discovery import ClusterView
 from rlm.history.catalog import Catalog
 from rlm.history.handlers import Handlers, NodeInfo
+from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
 from rlm.history.server import HistoryServer
 from rlm.history.tier import TierView
 from rlm.reader import RemoteReader
@@ -53,12 +55,20 @@ class History:
 def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                   rlmm: RemoteLogMetadataManager | None = None) -> History:
     """Start the endpoint of ``settings.history_listener``. It follows the metadata of every tiered topic with a
-    metadata manager of its own (its cache in ``<state_dir>/history-metadata-cache``) unless one is passed."""
+    metadata manager of its own (its cache in ``<state_dir>/history-metadata-cache``) unless one is passed.
+
+    TLS (``history_listener.tls``) and SASL (``history_listener.sasl``) are set up first: a certificate that cannot
+    be loaded or a password SCRAM cannot use raises :class:`~rlm.config.ConfigError` before anything starts."""
     from rlm.sidecar import make_rlmm
 
     cfg = settings.history_listener
     if cfg is None:
         raise ValueError("history_listener is not configured")
+    ssl_context = server_ssl_context(cfg.tls) if cfg.tls is not None else None
+    sasl = SaslAuthenticator(cfg.sasl) if cfg.sasl is not None else None
+    if sasl is not None and PLAIN in sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
+        log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network: "
+                    "configure history_listener.tls, or offer SCRAM-SHA-512 only", extra={"host": cfg.host})
     owns = rlmm is None
     if rlmm is None:
         settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
@@ -67,12 +77,23 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     catalog = Catalog(view, rlmm, settings.topics.tiered,
                       interval_s=settings.tasks.discovery_interval_ms / 1000).start()
     tier = TierView(RemoteReader(rlmm, rsm))
-    handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()))
-    server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000)
-    server.start()
+    handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
+                        sasl=sasl is not None)
+    server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
+                           ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None)
+    try:
+        server.start()
+    except BaseException:
+        catalog.stop()
+        if owns:
+            rlmm.close()
+        raise
     if cfg.port == 0:  # tell clients the port actually bound
         handlers.node = NodeInfo(handlers.node.node_id, handlers.node.host, server.port, handlers.node.cluster_id)
     log.info("history endpoint listening", extra={"host": cfg.host, "port": server.port,
                                                   "advertised": f"{cfg.advertised}:{server.port}",
+                                                  "security_protocol": cfg.security_protocol,
+                                                  "sasl_mechanisms": list(sasl.mechanisms) if sasl else [],
+                                                  "client_certificates": bool(cfg.tls and cfg.tls.client_auth),
                                                   "topics": len(catalog.topics())})
     return History(server, catalog, rlmm, owns)

@@ -69,7 +69,7 @@ class HistoryServer:
 
     def __init__(self, handlers: Handlers, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                  workers: int = 8, poll_s: float = 0.2,
-                 session_factory: Callable[[], Any] | None = None) -> None:
+                 session_factory: Callable[[Any], Any] | None = None) -> None:
         self.handlers = handlers
         self.host = host
         self.port = port
@@ -136,7 +136,9 @@ class HistoryServer:
         CONNECTIONS.inc()
         self._writers.add(writer)
         peer = writer.get_extra_info("peername")
-        session = self.session_factory() if self.session_factory is not None else None
+        # A session (rlm.history.security.SaslSession) is asked before each request is served (see _answer); before
+        # authentication it also bounds the frames read (max_frame_bytes).
+        session = self.session_factory(peer) if self.session_factory is not None else None
         try:
             while True:
                 try:
@@ -144,7 +146,8 @@ class HistoryServer:
                 except asyncio.IncompleteReadError:
                     return  # the client closed
                 (size,) = SIZE.unpack(size_bytes)
-                if size < 10 or size > MAX_FRAME_BYTES:
+                limit = getattr(session, "max_frame_bytes", None) or MAX_FRAME_BYTES
+                if size < 10 or size > limit:
                     BAD.labels("frame_size").inc()
                     log.warning("history endpoint: not a Kafka request frame, connection closed",
                                 extra={"peer": str(peer), "size": size})
@@ -163,6 +166,8 @@ class HistoryServer:
                 BYTES_SENT.labels(API_NAMES.get(int.from_bytes(frame[:2], "big", signed=True), "other")).inc(
                     len(response))
                 await writer.drain()
+                if session is not None and session.close_after_response:
+                    return  # e.g. SASL_AUTHENTICATION_FAILED sent: close, as Kafka does
         except asyncio.CancelledError:
             return  # stop(): the task ends normally (asyncio's stream callback logs a cancelled task as an error)
         except (ConnectionError, ssl.SSLError) as err:
@@ -195,14 +200,15 @@ class HistoryServer:
                 error = "unsupported_version"
                 body = build(ApiVersionsResponse, self.handlers.api_versions(ErrorCode.unsupported_version))
                 return encode_response(header._replace(flexible=False), body)
+            if session is not None:
+                # SASL: None serves the request; bytes are the answer instead; b"" closes without one.
+                gate = await session.gate(self, header, frame)
+                if gate is not None:
+                    return gate if gate else None
             if lo_hi is None or not lo_hi[0] <= header.api_version <= lo_hi[1]:
                 error = "unsupported_version"
                 BAD.labels("unsupported_version").inc()
                 return self._error_response(header, ErrorCode.unsupported_version)
-            if session is not None:
-                gate = await session.gate(self, header, frame)
-                if gate is not None:
-                    return gate if gate else None
             try:
                 req = decode_request(frame, header)
             except BadRequestError as err:
