@@ -26,6 +26,7 @@ from rsm.manager import RsmConfig
 
 __all__ = [
     "ConfigError",
+    "HealthSettings",
     "HistoryListenerSettings",
     "HistorySaslSettings",
     "HistoryTlsSettings",
@@ -72,14 +73,19 @@ class KafkaSettings(_Frozen):
         return v
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
-        """The confluent-kafka configuration for one client: bootstrap + pass-through + ``extra``."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client, **extra}
+        """The confluent-kafka configuration for one client: bootstrap + pass-through + ``extra``, its log lines
+        going to our logging (:func:`rlm.logs.kafka_logger`), not to stderr."""
+        from rlm.logs import kafka_logger
+
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger(), **self.client, **extra}
 
 
 class MetadataSettings(_Frozen):
     topic: str = "__remote_log_metadata"
     partitions: int = Field(50, ge=1)
-    replication_factor: int = Field(1, ge=1)
+    replication_factor: int = Field(3, ge=1, description=(
+        "replication factor the metadata and to-be-deleted topics are created with when absent (Kafka's default "
+        "for its metadata topic is 3 as well; a single-broker dev cluster needs 1)"))
     state_dir: Path = Field(Path("/var/lib/rlm/state"), description="RocksDB cache of the metadata topic")
     tombstone_delay_ms: int = Field(DAY_MS, ge=0)
     write_timeout_ms: int = Field(30 * SECOND_MS, ge=100)
@@ -156,6 +162,18 @@ class TopicSelection(_Frozen):
 
     def is_paused(self, topic: str) -> bool:
         return any(re.fullmatch(p, topic) for p in self.paused)
+
+
+class HealthSettings(_Frozen):
+    """When ``/health`` says not ready (see :mod:`rlm.health`)."""
+
+    min_retention_margin_ms: int = Field(60 * SECOND_MS, ge=0, description=(
+        "not ready when the broker's local retention will reach a led partition's oldest segment that is neither "
+        "tiered nor staged within this long"))
+    store_failures: int = Field(3, ge=1, description="not ready after this many failed store requests in a row")
+    broker_stale_ms: int = Field(60 * SECOND_MS, ge=100, description=(
+        "not ready when no discovery round succeeded for this long (and at least 6 discovery intervals): the "
+        "broker or the cluster is unreachable"))
 
 
 class ListenSettings(_Frozen):
@@ -280,8 +298,8 @@ class SidecarSettings(BaseSettings):
     broker_id: int = Field(ge=0)
     log_dirs: list[Path] = Field(min_length=1, description="the broker's log.dirs")
     staging_dir: Path | None = Field(
-        None, description="hard-link staging area; must be on the same filesystem as the log dirs "
-                          "(default: <log dir>/.rlm-staging in each log dir)")
+        None, description="hard-link staging area; must be on the same filesystem as the log dirs, outside them "
+                          "(default: beside each log dir, <its parent>/.rlm-staging/<its name>)")
     staging_max_bytes: int = Field(
         0, ge=0, description="bound of each log dir's staging area in bytes; 0: unbounded. Past it a newly rolled "
                              "segment is not staged (what is staged is copied first; a segment the broker then "
@@ -293,6 +311,7 @@ class SidecarSettings(BaseSettings):
     topics: TopicSelection = TopicSelection()
     retention: list[RetentionRule] = Field(default_factory=lambda: [RetentionRule()])
     listen: ListenSettings = ListenSettings()
+    health: HealthSettings = HealthSettings()
     history_listener: HistoryListenerSettings | None = Field(
         None, description="serve the remote tier over the Kafka protocol (off unless set)")
     log_format: Literal["json", "text"] = "json"

@@ -199,28 +199,36 @@ class ClusterView:
         """The cluster's id (DescribeCluster)."""
         return str(self._drained().describe_cluster(request_timeout=self.timeout_s).result(self._wait_s).cluster_id)
 
-    def compaction(self, topics: Iterable[str]) -> dict[str, bool | None]:
-        """Per topic: True when its ``cleanup.policy`` includes ``compact``, False when it does not, None when
-        unknown (its DescribeConfigs failed or went unanswered). Every topic asked for gets an entry."""
+    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str | None] | None]:
+        """Per topic: its config (DescribeConfigs: name -> value), None when unknown (the call failed or went
+        unanswered). Every topic asked for gets an entry."""
         names = sorted(set(topics))
         if not names:
             return {}
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in names]
-        out: dict[str, bool | None] = dict.fromkeys(names)
+        out: dict[str, dict[str, str | None] | None] = dict.fromkeys(names)
         admin = self._drained()
         for res, fut in admin.describe_configs(resources, request_timeout=self.timeout_s).items():
             try:
                 entries = fut.result(self._wait_s)
-            except Exception as err:  # noqa: BLE001 - unknown, not "not compacted"
-                log.warning("topic config not described: its compaction is unknown",
-                            extra={"topic": res.name, "error": str(err)})
+            except Exception as err:  # noqa: BLE001 - unknown
+                log.warning("topic config not described", extra={"topic": res.name, "error": str(err)})
                 continue
-            policy = entries.get("cleanup.policy")
-            if policy is None:
-                log.warning("topic config without cleanup.policy: its compaction is unknown",
-                            extra={"topic": res.name})
-                continue
-            out[res.name] = "compact" in (policy.value or "")
+            out[res.name] = {k: e.value for k, e in entries.items()}
+        return out
+
+    def compaction(self, topics: Iterable[str],
+                   configs: dict[str, dict[str, str | None] | None] | None = None) -> dict[str, bool | None]:
+        """Per topic: True when its ``cleanup.policy`` includes ``compact``, False when it does not, None when
+        unknown (its DescribeConfigs failed or went unanswered). Every topic asked for gets an entry. ``configs``:
+        what :meth:`topic_configs` answered already."""
+        configs = self.topic_configs(topics) if configs is None else configs
+        out: dict[str, bool | None] = {}
+        for name, entries in configs.items():
+            policy = None if entries is None else entries.get("cleanup.policy")
+            if entries is not None and policy is None:
+                log.warning("topic config without cleanup.policy: its compaction is unknown", extra={"topic": name})
+            out[name] = None if policy is None else "compact" in policy
         return out
 
     def compacted_topics(self, topics: Iterable[str]) -> set[str]:

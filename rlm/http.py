@@ -1,4 +1,7 @@
-"""``/metrics`` (Prometheus text format) and ``/health`` (JSON) on the configured listen address."""
+"""``/metrics`` (Prometheus text format) and the health endpoints (JSON) on the configured listen address.
+
+``/health`` and ``/health/ready``: readiness (200 or 503, the checks of :mod:`rlm.health`); ``/health/live``:
+liveness (200 or 503), for Kubernetes-style probes."""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ HealthCheck = Callable[[], tuple[bool, dict[str, object]]]
 class OpsServer:
     """A small threaded HTTP server; ``health`` returns (healthy, details) and maps to 200 or 503."""
 
-    def __init__(self, host: str, port: int, health: HealthCheck) -> None:
-        handler = _make_handler(health)
+    def __init__(self, host: str, port: int, health: HealthCheck, live: HealthCheck | None = None) -> None:
+        handler = _make_handler(health, live or health)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="rlm-http", daemon=True)
@@ -36,13 +39,13 @@ class OpsServer:
         self._server.server_close()
 
 
-def _make_handler(health: HealthCheck) -> type[BaseHTTPRequestHandler]:
+def _make_handler(health: HealthCheck, live: HealthCheck) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if self.path.startswith("/metrics"):
                 body, status, ctype = generate_latest(REGISTRY), 200, CONTENT_TYPE_LATEST
             elif self.path.startswith("/health"):
-                ok, details = health()
+                ok, details = live() if self.path.startswith("/health/live") else health()
                 body = json.dumps({"status": "ok" if ok else "unhealthy", **details}, default=str).encode()
                 status, ctype = (200 if ok else 503), "application/json"
             else:

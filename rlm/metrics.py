@@ -16,8 +16,11 @@ __all__ = [
     "DELETE_SECONDS",
     "ERRORS",
     "GC_DELETED",
+    "LOG_DIR_OK",
     "PURGE_CHECK_UNAUTHORIZED",
     "READ_SECONDS",
+    "RETENTION_MARGIN_BYTES",
+    "RETENTION_MARGIN_SECONDS",
     "SEGMENTS_COPIED",
     "SEGMENTS_DELETED",
     "SEGMENT_GAPS",
@@ -43,3 +46,10 @@ PURGE_CHECK_UNAUTHORIZED = Counter(
     "rlm_purge_check_unauthorized", "Deleted-topic checks answered TOPIC_AUTHORIZATION_FAILED (nothing purged)",
     ["topic"])
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
+LOG_DIR_OK = Gauge("rlm_log_dir_ok", "1 when the configured log dir exists and is readable, else 0", ["log_dir"])
+RETENTION_MARGIN_SECONDS = Gauge(
+    "rlm_retention_margin_seconds", "Time until the broker's local retention reaches the oldest segment neither "
+    "tiered nor staged (+Inf: nothing at risk)", ["topic", "partition"])
+RETENTION_MARGIN_BYTES = Gauge(
+    "rlm_retention_margin_bytes", "Bytes the partition may still grow before its local retention.bytes reaches the "
+    "oldest segment neither tiered nor staged (+Inf: nothing at risk)", ["topic", "partition"])

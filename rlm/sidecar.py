@@ -31,6 +31,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from rlm import metrics
 from rlm.config import SidecarSettings
 from rlm.discovery import ClusterView, scan_log_dirs
+from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
 from rlm.known import KnownPartitions
 from rlm.reader import RemoteReader
 from rlm.rlmm_config import sidecar_rlmm_config
@@ -43,6 +44,7 @@ from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partit
 from rlm.tasks.staging import Staging, default_staging_root
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
+from rsm.errors import RemoteStorageError
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
@@ -113,8 +115,16 @@ class Sidecar:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         self.last_discovery_ok: float | None = None
+        self.last_discovery_attempt: float | None = None
         self.last_error: str | None = None
         self._stopping = threading.Event()
+        # Health (rlm.health): store requests failing in a row (probes; copies), local retention per topic
+        # (retention.ms, retention.bytes from the cluster), each led partition's retention margin.
+        self.store_probes = StoreHealth()
+        self.store_copies = StoreHealth()
+        self._local_retention: dict[str, tuple[int | None, int | None]] = {}
+        self.margins: dict[TopicIdPartition, Margin] = {}
+        self.log_dir_problems: dict[str, str] = log_dir_problems(s.log_dirs)
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def start(self) -> Sidecar:
@@ -164,22 +174,59 @@ class Sidecar:
         return clean
 
     def health(self) -> tuple[bool, dict[str, object]]:
-        ok = self.last_discovery_ok is not None and time.time() - self.last_discovery_ok < max(
-            60.0, 6 * self.settings.tasks.discovery_interval_ms / 1000)
-        return ok, {"last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
+        """Readiness (``/health``): every check of :mod:`rlm.health`, each ``{"ok": bool, ...reason}``."""
+        h = self.settings.health
+        now = time.time()
+        window = max(h.broker_stale_ms, 6 * self.settings.tasks.discovery_interval_ms) / 1000
+        broker_ok = self.last_discovery_ok is not None and now - self.last_discovery_ok < window
+        with self._lock:
+            served = [led.tp for led in self._led.values()] + list(self._followed)
+        behind = [str(tp) for tp in served if not self.rlmm.is_ready(tp)]
+        failures = max(self.store_probes.consecutive_failures, self.store_copies.consecutive_failures)
+        low = {str(tp): {"seconds": m.seconds, "bytes": m.bytes, "segment": m.segment}
+               for tp, m in list(self.margins.items()) if m.seconds * 1000 < h.min_retention_margin_ms}
+        checks: dict[str, dict[str, object]] = {
+            "broker": {"ok": broker_ok, "last_discovery_ok": self.last_discovery_ok,
+                       **({} if broker_ok else {"reason": self.last_error or "no discovery round succeeded yet"})},
+            "log_dirs": {"ok": not self.log_dir_problems, "problems": self.log_dir_problems},
+            "metadata": {"ok": not behind, "not_caught_up": behind},
+            "store": {"ok": failures < h.store_failures, "failures_in_a_row": failures,
+                      "last_error": self.store_copies.last_error if self.store_copies.consecutive_failures
+                      else self.store_probes.last_error},
+            "retention_margin": {"ok": not low, "below_min": low, "min_ms": h.min_retention_margin_ms},
+        }
+        ok = all(c["ok"] for c in checks.values())
+        return ok, {"checks": checks, "last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
                     "leading": len(self._led), "following": len(self._followed)}
+
+    def liveness(self) -> tuple[bool, dict[str, object]]:
+        """Liveness (``/health/live``): the scheduler runs and attempted a discovery round lately."""
+        window = max(120.0, 12 * self.settings.tasks.discovery_interval_ms / 1000)
+        attempted = self.last_discovery_attempt
+        ok = self._scheduler.running and attempted is not None and time.time() - attempted < window
+        return ok, {"last_discovery_attempt": attempted, "scheduler_running": self._scheduler.running}
 
     # ----------------------------------------------------------------------------------------- discovery
     def discover(self) -> None:
         if self._stopping.is_set():
             return
         s = self.settings
+        self.last_discovery_attempt = time.time()
+        self.log_dir_problems = log_dir_problems(s.log_dirs)
+        self._probe_store()
         try:
             local = scan_log_dirs(s.log_dirs)
             candidates = {k: v for k, v in local.items() if s.topics.tiered(k[0])}
             names = {t for t, _ in candidates}
-            cluster = self.view.partitions(names, skip_unauthorized=True) if names else {}
-            compaction = self.view.compaction(names) if names else {}
+            if names:
+                cluster = self.view.partitions(names, skip_unauthorized=True)
+            else:
+                self.view.cluster_id()  # nothing to describe: still prove the cluster answers (health: broker)
+                cluster = {}
+            configs = self.view.topic_configs(names) if names else {}
+            compaction = self.view.compaction(names, configs)
+            self._local_retention = {t: (_int(c.get("retention.ms")), _int(c.get("retention.bytes")))
+                                     for t, c in configs.items() if c is not None}
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
             log.warning("discovery failed", extra={"error": str(err)})
@@ -311,7 +358,10 @@ class Sidecar:
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
             led.copier.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
+            self.store_copies.ok()
         except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
+            if isinstance(err, RemoteStorageError) or isinstance(err.__cause__, RemoteStorageError):
+                self.store_copies.failed(err)
             metrics.ERRORS.labels("copy-task").inc()
             self.last_error = f"copy {tp}: {err}"
             log.exception("copy task failed", extra={"partition": str(tp)})
@@ -384,6 +434,49 @@ class Sidecar:
 
     def _refresh_gauges(self) -> None:
         metrics.STAGING_BYTES.set(self.staging.size_bytes())
+        for d in self.settings.log_dirs:
+            metrics.LOG_DIR_OK.labels(str(d)).set(0 if str(d) in self.log_dir_problems else 1)
+        self._refresh_margins()
+
+    def _refresh_margins(self) -> None:
+        """Each led partition's retention margin (:func:`rlm.health.retention_margin`), as gauges."""
+        margins: dict[TopicIdPartition, Margin] = {}
+        for led in self._each_led():
+            tp = led.tp
+            retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
+            try:
+                m = retention_margin(led.path, led.copier.tiered_offset,
+                                     [x.base_offset for x in self.staging.staged(tp)],
+                                     retention_ms=retention_ms, retention_bytes=retention_bytes)
+            except (FileNotFoundError, LogFormatError):
+                continue  # the partition dir went away (moved, deleted): the next discovery round says
+            margins[tp] = m
+            metrics.RETENTION_MARGIN_SECONDS.labels(tp.topic, str(tp.partition)).set(m.seconds)
+            metrics.RETENTION_MARGIN_BYTES.labels(tp.topic, str(tp.partition)).set(m.bytes)
+        for tp in set(self.margins) - set(margins):
+            for gauge in (metrics.RETENTION_MARGIN_SECONDS, metrics.RETENTION_MARGIN_BYTES):
+                try:
+                    gauge.remove(tp.topic, str(tp.partition))
+                except KeyError:
+                    pass
+        self.margins = margins
+
+    def _probe_store(self) -> None:
+        try:
+            self.rsm.probe()
+        except Exception as err:  # noqa: BLE001 - any failure to answer counts
+            self.store_probes.failed(err)
+            log.warning("store probe failed", extra={"error": str(err),
+                                                     "in_a_row": self.store_probes.consecutive_failures})
+        else:
+            self.store_probes.ok()
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 def _now():

@@ -296,6 +296,10 @@ class RemoteStorageManagerApi(abc.ABC):
     def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
         """Remove the store's own temp files older than ``older_than_ms`` (a killed write's); their names."""
 
+    def probe(self) -> None:  # noqa: B027 - optional: a store-less manager has nothing to probe
+        """One cheap request to the store (a HEAD of a key no copy uses); raises
+        :class:`~rsm.errors.RemoteStorageError` when the store does not answer it. For health checks."""
+
     def close(self) -> None:  # noqa: B027 - optional: nothing to release by default
         """Release what the manager owns (the S3 store's upload pool). Idempotent; a later copy re-creates the
         pool on demand."""

@@ -195,6 +195,16 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         with self._stores_lock:
             return self._stores.setdefault(layout.key_prefix, with_prefix(layout.key_prefix))
 
+    PROBE_KEY = ".rlm-probe"
+    """Asked for by :meth:`probe`: no copy's key (keys start with a topic name, never with a dot)."""
+
+    def probe(self) -> None:
+        probe = getattr(self.store, "probe", None)
+        if probe is not None:
+            probe()
+        else:
+            self.store.head(self.PROBE_KEY)
+
     def partition_prefix(self, topic_name: str, topic_id, partition: int, layout: KeyLayout | None = None) -> str:
         """The key prefix (within ``store_for(layout)``) of every copy of one partition under ``layout``."""
         layout = self.layout if layout is None else layout

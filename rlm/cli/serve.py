@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     sidecar = Sidecar(settings)
-    ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health).start()
+    ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health, sidecar.liveness).start()
     log.info("listening", extra={"host": settings.listen.host, "port": ops.port})
     sidecar.start()
     history = None

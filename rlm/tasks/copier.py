@@ -117,6 +117,11 @@ class PartitionCopier:
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
 
     # --------------------------------------------------------------------------------------------- staging
+    @property
+    def tiered_offset(self) -> int:
+        """The highest offset tiered so far by this copier (its watermark; -1 when none)."""
+        return self._watermark[0] if self._watermark is not None else -1
+
     def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
         """Stage the rolled local segments above ``highest``; return all staged segments and new gaps."""
         pdir = PartitionDir(self.partition_dir)

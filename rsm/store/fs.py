@@ -150,6 +150,12 @@ class FileSystemStore:
         with self.get(key, start, end_inclusive) as r:
             return r.read()
 
+    def probe(self) -> None:
+        """The root is a directory this process may write (a HEAD of a missing key would not notice it gone)."""
+        self.requests.add("head")
+        if not self.root.is_dir() or not os.access(self.root, os.W_OK | os.X_OK):
+            raise RemoteStorageError(f"store root {self.root} is not a writable directory")
+
     def head(self, key: str) -> int | None:
         self.requests.add("head")
         try:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from rlm.config import ConfigError, load_settings
+from rlm.logs import kafka_logger
 
 GOOD = """
 broker_id: 1
@@ -29,7 +30,7 @@ def test_good_config_and_rules(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path, GOOD))
     assert s.kafka.client_config(**{"group.id": "g"}) == {
         "bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-        "group.id": "g"}
+        "group.id": "g", "logger": kafka_logger()}  # librdkafka's log lines go to our logging
     assert s.retention_for("orders.eu").retention_bytes == 5000
     assert s.retention_for("clicks").retention_ms == -1
     assert s.topics.tiered("orders.eu") and not s.topics.tiered("tmp-1") and not s.topics.tiered("__consumer_offsets")

@@ -1,0 +1,128 @@
+"""What ``/health`` answers: the sidecar's readiness, check by check, and the retention margin.
+
+Readiness (``/health``, ``/health/ready``: 200 when every check passes, else 503 with the failing checks' reasons):
+
+- ``broker``: a discovery round (DescribeTopics on the cluster) succeeded within ``max(health.broker_stale_ms,
+  6 rounds)``;
+- ``log_dirs``: every configured log dir exists and is readable (``rlm_log_dir_ok{log_dir}``). The sidecar starts
+  even when none exists yet (a broker creates them at its first start, and may start after the sidecar): it is not
+  ready until they appear;
+- ``metadata``: the metadata cache has caught up with the metadata partitions of every partition served;
+- ``store``: fewer than ``health.store_failures`` store requests failed in a row (a probe each discovery round,
+  one HEAD of a key no copy uses, and every copy);
+- ``retention_margin``: no led partition's margin is below ``health.min_retention_margin_ms``.
+
+Liveness (``/health/live``): 200 while the scheduler runs and a discovery round has been attempted within
+``max(120 s, 12 rounds)``; a sidecar stuck that long is better restarted.
+
+**Retention margin.** In sidecar mode the broker deletes local segments by the topic's ``retention.ms`` /
+``retention.bytes`` whether they are tiered or not. The margin of a partition is how long (and how many more
+bytes appended) until the broker's retention reaches its oldest segment that is neither tiered nor staged (a
+staged segment is hard-linked: safe). Kafka's rules: a segment is deleted by time once its largest timestamp is
+``retention.ms`` old, by size once the log without it and every older segment is still at least
+``retention.bytes``. Unlimited retention, or nothing at risk, is an infinite margin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rsm.log.indexes import read_time_index
+from rsm.log.partition import PartitionDir, Segment
+
+__all__ = ["Margin", "StoreHealth", "log_dir_problems", "retention_margin"]
+
+
+@dataclass(frozen=True, slots=True)
+class Margin:
+    seconds: float  # math.inf: nothing at risk or no time retention
+    bytes: float  # math.inf likewise
+    segment: int | None  # base offset of the oldest segment at risk
+
+
+def retention_margin(partition_dir: Path, tiered_offset: int, staged_bases: Iterable[int], *,
+                     retention_ms: int | None, retention_bytes: int | None, now_ms: float | None = None) -> Margin:
+    """The margin of one partition (see the module doc). ``tiered_offset``: the highest offset tiered (-1: none)."""
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    segments = PartitionDir(partition_dir).segments()
+    staged = set(staged_bases)
+    sizes = [_size(s.log_path) for s in segments]
+    total = sum(sizes)
+    cum = 0
+    for i, seg in enumerate(segments):
+        cum += sizes[i]
+        end = segments[i + 1].base_offset - 1 if i + 1 < len(segments) else None
+        if (end is not None and end <= tiered_offset) or seg.base_offset in staged:
+            continue
+        if end is None and not sizes[i]:
+            break  # an empty active segment: nothing at risk
+        ms = math.inf if retention_ms is None or retention_ms < 0 else (
+            _largest_timestamp(seg) + retention_ms - now_ms)
+        by = math.inf if retention_bytes is None or retention_bytes < 0 else retention_bytes + cum - total
+        return Margin(ms / 1000, by, seg.base_offset)
+    return Margin(math.inf, math.inf, None)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _largest_timestamp(seg: Segment) -> float:
+    """Kafka's ``LogSegment.largestTimestamp``: the time index's largest timestamp, else the file's mtime (the
+    active segment's index is preallocated: its mtime is used, as good as its newest append)."""
+    try:
+        if not seg.is_active:
+            entries = read_time_index(seg.time_index_path, seg.base_offset)
+            if entries:
+                return float(max(e.timestamp for e in entries))
+        return seg.log_path.stat().st_mtime * 1000
+    except (FileNotFoundError, ValueError):
+        return time.time() * 1000
+
+
+def log_dir_problems(log_dirs: Iterable[Path]) -> dict[str, str]:
+    """Each configured log dir that is missing or unreadable, with the reason."""
+    out = {}
+    for d in log_dirs:
+        p = Path(d)
+        if not p.exists():
+            out[str(p)] = "missing"
+        elif not p.is_dir():
+            out[str(p)] = "not a directory"
+        elif not os.access(p, os.R_OK | os.X_OK):
+            out[str(p)] = "not readable"
+        else:
+            try:
+                next(iter(os.scandir(p)), None)
+            except OSError as err:
+                out[str(p)] = f"not readable: {err.strerror}"
+    return out
+
+
+class StoreHealth:
+    """Consecutive failed store requests (probes and copies), thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self.last_ok: float | None = None
+
+    def ok(self) -> None:
+        with self._lock:
+            self.consecutive_failures = 0
+            self.last_ok = time.time()
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            self.consecutive_failures += 1
+            self.last_error = f"{type(err).__name__}: {err}"
