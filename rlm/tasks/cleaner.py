@@ -48,8 +48,11 @@ class Cleaner:
         self.deleter = deleter or SegmentDeleter(broker_id, rlmm, rsm, None)
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
-        self._consumer_config = {**client_config, "group.id": group_id, "enable.auto.commit": False,
-                                 "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+        # A static member (KIP-345), one per broker: closing sends no LeaveGroup, so a sidecar's shutdown never
+        # waits on a group leave, and its restart takes its partition back without a rebalance.
+        self._consumer_config = {**client_config, "group.id": group_id, "group.instance.id": f"{group_id}-{broker_id}",
+                                 "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                 "isolation.level": "read_committed"}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlm-cleaner", daemon=True)
         self.deleted = 0

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from devtools.devkafka import KafkaCluster
 from rlm import metrics
@@ -265,3 +265,35 @@ def test_gc_removes_orphans_and_nothing_else(kafka: KafkaCluster, topic_name: st
         assert_readable(sidecar, tp, sent)
     finally:
         sidecar.stop()
+
+
+def test_cleaner_is_a_static_member_so_shutdown_sends_no_group_leave(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """The cleaner joins its group as a static member (``group.instance.id``): stopping the sidecar sends no
+    LeaveGroup (whose wait once slowed every restart), so the broker still lists the member after the stop; a
+    restarted sidecar takes the same member's place."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    group = f"rlm-cleaner-{uuid.uuid4().hex[:6]}"
+    settings = make_settings(kafka, tmp_path, topics={"include": ["none-of-these"]})
+    admin = AdminClient(kafka.admin_config())
+
+    def members() -> list[tuple[str | None, str]]:
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(30)
+        except KafkaException:  # NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS before the group exists
+            return []
+        return [(m.group_instance_id, desc.state.name) for m in desc.members]
+
+    sidecar = Sidecar(settings)
+    sidecar.cleaner.stop()  # replaced by one in its own group, so that no other test's cleaner shares it
+    sidecar.cleaner = Cleaner(sidecar.client_config, settings.metadata.to_be_deleted_topic, sidecar.rlmm,
+                              sidecar.rsm, settings.broker_id, group_id=group, deleter=sidecar.deleter)
+    sidecar.start()
+    try:
+        wait_for(lambda: members() == [(f"{group}-1", "STABLE")], 60, "the cleaner to join its group")
+    finally:
+        sidecar.stop()
+    desc = admin.describe_consumer_groups([group])[group].result(30)
+    assert [m.group_instance_id for m in desc.members] == [f"{group}-1"]  # no LeaveGroup: still a member
+    assert desc.state != ConsumerGroupState.EMPTY
