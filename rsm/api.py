@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlockRange",
+    "CommittedCopy",
     "CopyListing",
     "EpochEntry",
     "IndexType",
@@ -56,6 +57,7 @@ __all__ = [
     "RemoteStorageManagerApi",
     "SegmentHandle",
     "StoredCopy",
+    "StoredPartition",
 ]
 
 
@@ -97,13 +99,27 @@ class RemoteSegmentMetadata:
 @dataclass(frozen=True, slots=True)
 class KeyLayout:
     """Where a copy's objects are: the store's key prefix and whether keys carry the entropy prefix (recorded in
-    each copy's custom metadata, ``rsm.format.custom_metadata``)."""
+    each copy's custom metadata, ``rsm.format.custom_metadata``).
+
+    ``root_topic_id`` / ``root_topic_name``: the topic identity the copy's keys were written under, when it is not
+    the segment's own: a copy whose metadata was recovered (``rlm recover``) onto a topic with another id (a
+    re-created topic, another cluster) or another name keeps its keys. None: the segment's own id / name."""
 
     key_prefix: str = ""
     entropy: bool = False
+    root_topic_id: uuid.UUID | None = None
+    root_topic_name: str | None = None
+
+    def root(self, topic_id: uuid.UUID, topic_name: str) -> tuple[uuid.UUID, str]:
+        """(topic id, topic name) the keys of a copy of ``topic_id`` / ``topic_name`` start with under this layout."""
+        return (self.root_topic_id if self.root_topic_id is not None else topic_id,
+                self.root_topic_name if self.root_topic_name is not None else topic_name)
 
     def __str__(self) -> str:
-        return f"prefix={self.key_prefix!r} entropy={self.entropy}"
+        root = ""
+        if self.root_topic_id is not None or self.root_topic_name is not None:
+            root = f" root={self.root_topic_name or '<own name>'}-{self.root_topic_id or '<own id>'}"
+        return f"prefix={self.key_prefix!r} entropy={self.entropy}{root}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +161,38 @@ class CopyListing:
     copies: tuple[StoredCopy, ...]
     foreign_keys: tuple[str, ...]
     objects: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPartition:
+    """A partition found by listing the whole store (:meth:`RemoteStorageManagerApi.list_partitions`): the topic
+    identity its keys carry (name and id of the topic the copies were made of, possibly since deleted or on another
+    cluster) and its partition number, under ``layout``."""
+
+    topic_id: uuid.UUID
+    topic_name: str
+    partition: int
+    layout: KeyLayout
+
+    def __str__(self) -> str:
+        return f"{self.topic_name}-{self.partition}({self.topic_id})"
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedCopy:
+    """What a committed copy's index object (its commit point) says of it
+    (:meth:`RemoteStorageManagerApi.read_committed_copy`): everything a metadata record holds but the copy's
+    state and the leader epoch its copier started under (the index object does not record it).
+
+    ``metadata``: the copy as it was made (its own topic id and name; ``custom_metadata`` records the layout it was
+    found under); ``txn_index_empty``: no transaction index was uploaded with it; ``entry_count``: record batches;
+    ``data_bytes``: the bytes of its data objects; ``name``: its physical key base (as :attr:`StoredCopy.name`)."""
+
+    metadata: RemoteSegmentMetadata
+    txn_index_empty: bool
+    entry_count: int
+    data_bytes: int
+    name: str
 
 
 class SegmentHandle(abc.ABC):
@@ -286,6 +334,29 @@ class RemoteStorageManagerApi(abc.ABC):
     def list_copies(self, topic_id: uuid.UUID, topic_name: str, partition: int, layout: KeyLayout) -> CopyListing:
         """Every object stored under the partition's prefix in ``layout``, grouped by copy (owned or not, complete
         or not). Raises :class:`~rsm.errors.RemoteStorageError` when the layout is not addressable here."""
+
+    @abc.abstractmethod
+    def list_partitions(self, layout: KeyLayout | None = None) -> list[StoredPartition]:
+        """Every partition with objects in the store under ``layout`` (default: the current one), by the topic
+        identity their keys carry, sorted by topic name, topic id and partition. Lists the whole store (one
+        listing, materialized: one entry per partition). Keys that are no copy's are skipped. For recovery."""
+
+    @abc.abstractmethod
+    def read_committed_copy(self, stored: StoredCopy) -> CommittedCopy:
+        """The copy's metadata from its index object (one GET): the commit point of a copy, written last.
+
+        Raises :class:`~rsm.errors.RemoteResourceNotFoundError` when it has none (a crashed or half-deleted copy:
+        no copy), :class:`~rsm.errors.CorruptRemoteObjectError` when it does not decode or names another copy
+        (its segment id, partition or base offset disagree with its key)."""
+
+    @abc.abstractmethod
+    def relocated(self, segment_metadata: RemoteSegmentMetadata, topic_id: uuid.UUID,
+                  topic_name: str) -> RemoteSegmentMetadata:
+        """The same copy as a segment of topic ``topic_id`` / ``topic_name``: its custom metadata records the layout
+        it was written under and, when they differ from the new ones, the topic identity its keys carry (the key
+        root), so reads, deletes and garbage collection keep finding its objects. Idempotent (relocating back to
+        the key root records none). Raises :class:`~rsm.errors.RemoteStorageError` when the key root does not fit
+        the custom metadata's size limit (a renamed topic with a long old name)."""
 
     @abc.abstractmethod
     def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:

@@ -29,6 +29,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal
 
@@ -36,6 +37,7 @@ import google_crc32c
 from pydantic import BaseModel, ConfigDict, Field
 
 from rsm.api import (
+    CommittedCopy,
     CopyListing,
     IndexType,
     KeyLayout,
@@ -44,8 +46,9 @@ from rsm.api import (
     RemoteStorageManagerApi,
     SegmentHandle,
     StoredCopy,
+    StoredPartition,
 )
-from rsm.errors import RemoteStorageError, StoreConfigError
+from rsm.errors import CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
 from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
@@ -62,6 +65,7 @@ from rsm.format.keys import (
     SegmentKeys,
     ledger_id_for,
     parse_key_tail,
+    parse_partition_key,
     partition_prefix,
     segment_id_of_key,
 )
@@ -208,7 +212,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     def partition_prefix(self, topic_name: str, topic_id, partition: int, layout: KeyLayout | None = None) -> str:
         """The key prefix (within ``store_for(layout)``) of every copy of one partition under ``layout``."""
         layout = self.layout if layout is None else layout
-        return partition_prefix(topic_name, topic_id, partition, entropy=layout.entropy)
+        root_id, root_name = layout.root(topic_id, topic_name)
+        return partition_prefix(root_name, root_id, partition, entropy=layout.entropy)
 
     def keys(self, m: RemoteSegmentMetadata) -> SegmentKeys:
         """The keys of a copy, under its recorded layout (within ``store_for(layout_of(m))``)."""
@@ -216,7 +221,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
 
     @staticmethod
     def _keys(m: RemoteSegmentMetadata, layout: KeyLayout) -> SegmentKeys:
-        return SegmentKeys.for_segment(m.topic_name, m.topic_id, m.partition, m.start_offset, m.remote_segment_id,
+        root_id, root_name = layout.root(m.topic_id, m.topic_name)
+        return SegmentKeys.for_segment(root_name, root_id, m.partition, m.start_offset, m.remote_segment_id,
                                        entropy=layout.entropy)
 
     def _located(self, m: RemoteSegmentMetadata) -> tuple[Store, SegmentKeys, str]:
@@ -383,6 +389,70 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             start_offset=base_offset, end_offset_inclusive=base_offset, custom_metadata=custom),
             layout, layout.key_prefix + base, tuple(keys)) for base, (base_offset, sid, keys) in found.items())
         return CopyListing(layout, prefix, copies, tuple(foreign), n)
+
+    # -- recovery: the store alone -----------------------------------------------------------------------------
+
+    def list_partitions(self, layout: KeyLayout | None = None) -> list[StoredPartition]:
+        """See :meth:`RemoteStorageManagerApi.list_partitions` (one listing of the whole store under ``layout``)."""
+        layout = self.layout if layout is None else layout
+        store = self.store_for(layout)
+        found: set[tuple[str, uuid.UUID, int]] = set()
+        last = None
+        for obj in store.list(""):
+            if last is not None and obj.key.startswith(last):
+                continue  # keys come in key order: the rest of a partition already seen
+            parsed = parse_partition_key(obj.key, entropy=layout.entropy)
+            if parsed is None:
+                continue
+            name, topic_id, partition, last = parsed
+            found.add((name, topic_id, partition))
+        return [StoredPartition(topic_id, name, partition, layout) for name, topic_id, partition in sorted(found)]
+
+    def read_committed_copy(self, stored: StoredCopy) -> CommittedCopy:
+        """See :meth:`RemoteStorageManagerApi.read_committed_copy`."""
+        m = stored.copy
+        layout = self.layout_of(m)
+        store, keys, _ = self._located(m)
+        # From the store itself, never the cache: the store is the truth recovery rebuilds from.
+        index = decode_index(store.get_bytes(keys.index), key=keys.index)
+        if len(index.ledgers) != 1:
+            raise CorruptRemoteObjectError(f"{len(index.ledgers)} ledgers in one copy's index object, expected 1",
+                                           key=keys.index, position=0)
+        ledger = index.ledgers[0]
+        meta = ledger.metadata
+        root_id, _ = layout.root(m.topic_id, m.topic_name)
+        if (meta.remote_segment_id != m.remote_segment_id or meta.topic_id != root_id
+                or meta.partition != m.partition or meta.start_offset != m.start_offset):
+            raise CorruptRemoteObjectError(
+                f"the index object names segment {meta.remote_segment_id} of {meta.topic_name}-{meta.partition}"
+                f"({meta.topic_id}) from offset {meta.start_offset}, its key another copy", key=keys.index,
+                position=0)
+        md = RemoteSegmentMetadata(
+            remote_segment_id=meta.remote_segment_id, topic_id=m.topic_id, topic_name=m.topic_name,
+            partition=meta.partition, start_offset=meta.start_offset, end_offset_inclusive=meta.end_offset_inclusive,
+            max_timestamp_ms=meta.max_timestamp_ms, segment_size_bytes=meta.segment_size_bytes,
+            broker_id=meta.broker_id, event_timestamp_ms=meta.event_timestamp_ms,
+            segment_leader_epochs=tuple(meta.leader_epochs), custom_metadata=encode_custom_metadata(layout))
+        return CommittedCopy(md, ledger.section(IndexType.TRANSACTION) is None, meta.entry_count,
+                             sum(meta.data_object_lengths), stored.name)
+
+    def relocated(self, segment_metadata: RemoteSegmentMetadata, topic_id: uuid.UUID,
+                  topic_name: str) -> RemoteSegmentMetadata:
+        """See :meth:`RemoteStorageManagerApi.relocated`."""
+        m = segment_metadata
+        layout = self.layout_of(m)
+        root_id, root_name = layout.root(m.topic_id, m.topic_name)
+        if (root_id, root_name) == (topic_id, topic_name):
+            moved = KeyLayout(layout.key_prefix, layout.entropy)
+        else:
+            moved = KeyLayout(layout.key_prefix, layout.entropy, root_id,
+                              None if root_name == topic_name else root_name)
+        try:
+            custom = encode_custom_metadata(moved)
+        except ValueError as err:
+            raise RemoteStorageError(f"segment {m.remote_segment_id} of {m.topic_name}-{m.partition} cannot be "
+                                     f"relocated to {topic_name} ({topic_id}): {err}") from err
+        return replace(m, topic_id=topic_id, topic_name=topic_name, custom_metadata=custom)
 
     def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:
         """See :meth:`RemoteStorageManagerApi.abort_stale_uploads` (S3 multipart uploads; keys in the layout's

@@ -11,9 +11,17 @@ Layout (big-endian), at most :data:`MAX_CUSTOM_METADATA_BYTES` (Kafka's default
     CustomMetadata =>
       magic => 2 bytes                  ("RK")
       version => uint8                  (1)
-      flags => uint8                    (bit 0: key entropy prefix; other bits 0)
+      flags => uint8                    (bit 0: key entropy prefix; bit 1: key root follows; other bits 0)
       key_prefix_len => uint8           (bytes of key_prefix)
       key_prefix => utf-8 bytes         (the store's key prefix, "" when none)
+      KeyRoot =>                        (only with flag bit 1)
+        topic_id => 16 bytes            (the topic id the copy's keys carry)
+        topic_name_len => uint8         (0: the keys carry the segment's own topic name)
+        topic_name => utf-8 bytes       (the topic name the copy's keys carry)
+
+The key root is written by ``rlm recover`` only, for a copy whose metadata it recovered onto a topic with another id
+(re-created, or on another cluster) or another name: the copy's keys keep the identity they were written under
+(``KeyLayout.root_topic_id`` / ``root_topic_name``). A reader that knows only flag bit 0 refuses such metadata.
 
 Unknown magic, version or flags, or trailing bytes, raise :class:`CustomMetadataError`: a reader or deleter never
 guesses where a copy lives (a delete on guessed keys would "succeed" and orphan the objects).
@@ -22,6 +30,7 @@ guesses where a copy lives (a delete on guessed keys would "succeed" and orphan 
 from __future__ import annotations
 
 import struct
+import uuid
 
 from rsm.api import KeyLayout  # the value type lives with the API; encoded here
 from rsm.errors import RemoteStorageError
@@ -33,12 +42,19 @@ MAGIC = b"RK"
 CUSTOM_METADATA_VERSION = 1
 MAX_CUSTOM_METADATA_BYTES = 100
 _FLAG_ENTROPY = 0x01
+_FLAG_KEY_ROOT = 0x02
+_KNOWN_FLAGS = _FLAG_ENTROPY | _FLAG_KEY_ROOT
 _HEADER = struct.Struct(
     ">"
     "2s"  # magic
     "B"   # version
     "B"   # flags
     "B"   # key_prefix_len
+)
+_ROOT = struct.Struct(
+    ">"
+    "16s"  # topic_id
+    "B"    # topic_name_len
 )
 MAX_KEY_PREFIX_BYTES = MAX_CUSTOM_METADATA_BYTES - _HEADER.size
 
@@ -53,7 +69,21 @@ def encode_custom_metadata(layout: KeyLayout) -> bytes:
     if len(prefix) > MAX_KEY_PREFIX_BYTES:
         raise ValueError(f"key prefix of {len(prefix)} bytes: at most {MAX_KEY_PREFIX_BYTES} fit in the "
                          f"{MAX_CUSTOM_METADATA_BYTES}-byte custom metadata")
-    return _HEADER.pack(MAGIC, CUSTOM_METADATA_VERSION, _FLAG_ENTROPY if layout.entropy else 0, len(prefix)) + prefix
+    flags = _FLAG_ENTROPY if layout.entropy else 0
+    root = b""
+    if layout.root_topic_id is not None:
+        name = (layout.root_topic_name or "").encode("utf-8")
+        if len(name) > 255:
+            raise ValueError(f"key root topic name of {len(name)} bytes: at most 255")
+        flags |= _FLAG_KEY_ROOT
+        root = _ROOT.pack(layout.root_topic_id.bytes, len(name)) + name
+    elif layout.root_topic_name is not None:
+        raise ValueError("a key root names its topic id (root_topic_name without root_topic_id)")
+    out = _HEADER.pack(MAGIC, CUSTOM_METADATA_VERSION, flags, len(prefix)) + prefix + root
+    if len(out) > MAX_CUSTOM_METADATA_BYTES:
+        raise ValueError(f"custom metadata of {len(out)} bytes (key prefix and key root): at most "
+                         f"{MAX_CUSTOM_METADATA_BYTES}")
+    return out
 
 
 def decode_custom_metadata(data: bytes) -> KeyLayout:
@@ -66,13 +96,28 @@ def decode_custom_metadata(data: bytes) -> KeyLayout:
     if version != CUSTOM_METADATA_VERSION:
         raise CustomMetadataError(f"custom metadata version {version} is unknown (this reader knows "
                                   f"{CUSTOM_METADATA_VERSION})")
-    if flags & ~_FLAG_ENTROPY:
+    if flags & ~_KNOWN_FLAGS:
         raise CustomMetadataError(f"custom metadata has unknown flags 0x{flags:02X}")
-    if len(data) != _HEADER.size + n:
-        raise CustomMetadataError(f"custom metadata of {len(data)} bytes, its key prefix length says "
-                                  f"{_HEADER.size + n}")
+    end = _HEADER.size + n
+    root_id: uuid.UUID | None = None
+    root_name: str | None = None
+    if flags & _FLAG_KEY_ROOT:
+        if len(data) < end + _ROOT.size:
+            raise CustomMetadataError(f"custom metadata of {len(data)} bytes, its key root needs at least "
+                                      f"{end + _ROOT.size}")
+        raw_id, name_len = _ROOT.unpack_from(data, end)
+        root_id = uuid.UUID(bytes=bytes(raw_id))
+        name_at = end + _ROOT.size
+        end = name_at + name_len
+        if name_len and len(data) >= end:
+            try:
+                root_name = bytes(data[name_at:end]).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise CustomMetadataError(f"custom metadata key root topic name is not utf-8: {err}") from err
+    if len(data) != end:
+        raise CustomMetadataError(f"custom metadata of {len(data)} bytes, its lengths say {end}")
     try:
-        prefix = bytes(data[_HEADER.size:]).decode("utf-8")
+        prefix = bytes(data[_HEADER.size:_HEADER.size + n]).decode("utf-8")
     except UnicodeDecodeError as err:
         raise CustomMetadataError(f"custom metadata key prefix is not utf-8: {err}") from err
-    return KeyLayout(prefix, bool(flags & _FLAG_ENTROPY))
+    return KeyLayout(prefix, bool(flags & _FLAG_ENTROPY), root_id, root_name)

@@ -20,14 +20,19 @@ import re
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["KEY_BASE_LENGTH", "SegmentKeys", "encode_topic_name", "ledger_id_for", "parse_key_tail",
-           "partition_prefix", "segment_id_of_key"]
+__all__ = ["KEY_BASE_LENGTH", "SegmentKeys", "decode_topic_name", "encode_topic_name", "ledger_id_for",
+           "parse_key_tail", "parse_partition_key", "partition_prefix", "segment_id_of_key"]
 
 # The part of a key after the partition prefix: <20-digit base offset>-<remote segment id>[.part-NNNNN | -index]
 _KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
                        r"(?:\.part-\d{5}|-index)?$")
 KEY_BASE_LENGTH = 20 + 1 + 36
 """Length of ``<base offset>-<segment id>``: a key tail cut to it is the copy's key base after the prefix."""
+
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# A key from its start: [<entropy>/]<encoded topic name>-<topic id>/<partition>/<rest>
+_PARTITION_KEY = re.compile(r"^(?P<name>[^/]+)-(?P<id>" + _UUID + r")/(?P<partition>0|[1-9]\d{0,9})/(?P<rest>.)")
+_PERCENT = re.compile(r"%([0-9A-F]{2})")
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -38,6 +43,36 @@ def encode_topic_name(name: str) -> str:
     if raw.strip(b".") == b"":
         return "".join(f"%{b:02X}" for b in raw) or "%00"
     return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
+
+
+def decode_topic_name(encoded: str) -> str | None:
+    """The topic name :func:`encode_topic_name` encoded as ``encoded``; None when ``encoded`` is not its output."""
+    try:
+        raw = bytes(ord(c) for c in _PERCENT.sub(lambda m: chr(int(m[1], 16)), encoded))
+        name = raw.decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return name if encode_topic_name(name) == encoded else None
+
+
+def parse_partition_key(key: str, *, entropy: bool = False) -> tuple[str, uuid.UUID, int, str] | None:
+    """(topic name, topic id, partition, partition prefix) of an object key (within a store, its key prefix
+    stripped) laid out by :func:`partition_prefix`; None when the key is not laid out so (the entropy prefix
+    must be the partition's own)."""
+    rest = key
+    if entropy:
+        if len(key) < 5 or key[4] != "/":
+            return None
+        rest = key[5:]
+    m = _PARTITION_KEY.match(rest)
+    if m is None:
+        return None
+    name = decode_topic_name(m["name"])
+    if name is None:
+        return None
+    topic_id, partition = uuid.UUID(m["id"]), int(m["partition"])
+    prefix = partition_prefix(name, topic_id, partition, entropy=entropy)
+    return (name, topic_id, partition, prefix) if key.startswith(prefix) else None
 
 
 def partition_prefix(topic_name: str, topic_id: uuid.UUID, partition: int, *, entropy: bool = False) -> str:
