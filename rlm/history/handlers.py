@@ -144,6 +144,8 @@ class Handlers:
             return {"offset": tier.log_start_offset, "leader_epoch": tier.epoch_of(tier.log_start_offset)}
         if ts == LATEST_TIERED:
             off = tier.high_watermark - 1
+            if off >= (tier.last_stable_offset if committed else tier.high_watermark):
+                return {}
             return {"offset": off, "leader_epoch": tier.epoch_of(off)}
         if ts == MAX_TIMESTAMP:
             hit = self.tier.max_timestamp(tp)
@@ -151,7 +153,9 @@ class Handlers:
             hit = self.tier.offset_for_timestamp(tp, ts)
         else:
             return {"error_code": ErrorCode.invalid_request}
-        if hit is None:
+        # As Kafka's Partition.fetchOffsetForTimestamp: an answer at or past what the client may fetch (the last
+        # stable offset for read_committed) is no answer (-1).
+        if hit is None or hit.offset >= (tier.last_stable_offset if committed else tier.high_watermark):
             return {}
         return {"offset": hit.offset, "timestamp": hit.timestamp, "leader_epoch": hit.leader_epoch}
 

@@ -249,10 +249,13 @@ class HistoryServer:
         loop = asyncio.get_running_loop()
         max_wait_s = max(_millis(req.max_wait), 0) / 1000
         deadline = time.monotonic() + max_wait_s
+        partitions = sum(len(t.partitions) for t in req.topics)
         while True:
             values, size = await loop.run_in_executor(self._pool, self.handlers.fetch, req)
             left = deadline - time.monotonic()
-            if size >= max(req.min_bytes, 1) or left <= 0 or _has_error(values):
+            # Kafka's DelayedFetch answers at once when min_bytes is reached (min_bytes 0: always), when nothing
+            # is asked for, or on an error.
+            if size >= req.min_bytes or not partitions or left <= 0 or _has_error(values):
                 break
             await asyncio.sleep(min(self.poll_s, left))
             self.handlers.tier.refresh(self._fetched(req))

@@ -5,12 +5,13 @@ A broker answers a consumer from its log; the endpoint answers from the remote t
 - **log start offset**: the first offset of the remote chain (:func:`rlm.chain.remote_chain`);
 - **high watermark**: the latest tiered offset + 1 (everything tiered was below the broker's high watermark);
 - **last stable offset**: the first offset of a transaction still undecided at the end of the tier, else the high
-  watermark. A read_committed consumer is served only below it. The tier knows which transactions were still open
-  at its end from the producer snapshot uploaded with its last segment (the producer state at that segment's end:
-  ``CurrentTxnFirstOffset`` of each producer with a transaction under way). A transaction decided after that
-  segment was copied keeps the bound until the segment holding its marker is tiered: late, never wrong. Without a
-  snapshot the open transactions are found by walking the tier's batch headers from the newest segment that has
-  one (or from the tier's start): transactional batches open a producer's transaction, its control batch ends it.
+  watermark, never below the log start offset (as Kafka's). A read_committed consumer is served only below it. The
+  tier knows which transactions were still open at its end from the producer snapshot uploaded with its last
+  segment (the producer state at that segment's end: ``CurrentTxnFirstOffset`` of each producer with a transaction
+  under way). A transaction decided after that segment was copied keeps the bound until the segment holding its
+  marker is tiered: late, never wrong. Without a snapshot the open transactions are found by walking the tier's
+  batch headers from the newest segment that has one (or from the tier's start): transactional batches open a
+  producer's transaction, its control batch ends it.
 
 A fetch returns whole batches as stored, control and aborted batches included, as a broker does; the consumer
 drops them. For read_committed the aborted transactions overlapping the batches returned come with them, from the
@@ -115,7 +116,9 @@ class TierView:
         if segs:
             hwm = segs[-1].end_offset_inclusive + 1
             open_txns = self._open_transactions(tp, segs)
-            lso = min([hwm, *open_txns.values()])
+            # Never below the log start offset (Kafka's UnifiedLog.updateFirstUnstableOffset does the same): a
+            # transaction whose first records remote retention expired would otherwise hide the whole tier.
+            lso = max(min([hwm, *open_txns.values()]), segs[0].start_offset)
             tier = PartitionTier(tp, segs, segs[0].start_offset, hwm, lso)
         with self._lock:
             self._cache[tp] = (now, tier)
