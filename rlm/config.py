@@ -314,6 +314,10 @@ class SidecarSettings(BaseSettings):
     health: HealthSettings = HealthSettings()
     history_listener: HistoryListenerSettings | None = Field(
         None, description="serve the remote tier over the Kafka protocol (off unless set)")
+    mode: Literal["normal", "read_only"] = Field(
+        "normal", description="read_only: serve reads of a store and metadata topic this sidecar does not own (e.g. "
+                              "another cluster's tier): it never copies, expires, deletes, collects garbage, purges "
+                              "or writes metadata")
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

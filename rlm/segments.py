@@ -4,17 +4,17 @@ slicing of leader epochs, which the sidecar's tasks and the Spark source share.
 Leader epochs: ``rsm`` has one type, :class:`rsm.api.EpochEntry` (the local checkpoint's entries, a segment's
 epochs in :class:`rsm.api.RemoteSegmentMetadata` and in the index object); ``rlmm`` keeps Kafka's
 ``segmentLeaderEpochs`` as ``(epoch, start_offset)`` pairs (what its codec writes and its cache stores; it cannot
-import ``rsm``). Only :func:`to_rsm` and :func:`epoch_pairs` cross between the two.
+import ``rsm``). Only :func:`to_rsm`, :func:`from_rsm` and :func:`epoch_pairs` cross between the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rlmm.api import RemoteLogSegmentMetadata
+from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.api import EpochEntry, RemoteSegmentMetadata
 
-__all__ = ["epoch_pairs", "epochs_for_range", "to_rsm"]
+__all__ = ["epoch_pairs", "epochs_for_range", "from_rsm", "to_rsm"]
 
 
 def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
@@ -33,6 +33,28 @@ def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
         event_timestamp_ms=md.event_timestamp_ms,
         segment_leader_epochs=tuple(EpochEntry(e, o) for e, o in md.segment_leader_epochs),
         custom_metadata=md.custom_metadata,
+    )
+
+
+def from_rsm(m: RemoteSegmentMetadata, *, state: RemoteLogSegmentState = RemoteLogSegmentState.COPY_SEGMENT_STARTED,
+             txn_index_empty: bool = False, broker_leader_epoch: int | None = None) -> RemoteLogSegmentMetadata:
+    """The metadata manager's view of a storage manager's segment (the reverse of :func:`to_rsm`): what a copy's
+    index object holds (:meth:`rsm.api.RemoteStorageManagerApi.read_committed_copy`) as a metadata record.
+    ``state``, ``txn_index_empty`` and ``broker_leader_epoch`` are not part of the storage manager's model."""
+    tp = TopicIdPartition(m.topic_id, m.topic_name, m.partition)
+    return RemoteLogSegmentMetadata(
+        remote_log_segment_id=RemoteLogSegmentId(tp, m.remote_segment_id),
+        start_offset=m.start_offset,
+        end_offset_inclusive=m.end_offset_inclusive,
+        max_timestamp_ms=m.max_timestamp_ms,
+        broker_id=m.broker_id,
+        event_timestamp_ms=m.event_timestamp_ms,
+        segment_size_bytes=m.segment_size_bytes,
+        segment_leader_epochs=epoch_pairs(m.segment_leader_epochs),
+        custom_metadata=m.custom_metadata,
+        state=state,
+        txn_index_empty=txn_index_empty,
+        broker_leader_epoch=broker_leader_epoch,
     )
 
 

@@ -92,8 +92,11 @@ class Sidecar:
         self._owns_rsm = rsm is None
         self.rsm = rsm or RemoteStorageManager(s.store)
         self.rlmm = rlmm or make_rlmm(s)
-        ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
-                     replication_factor=s.metadata.replication_factor)
+        self.read_only = s.mode == "read_only"
+        """Reads only (``mode: read_only``): no copy, expiration, delete, gc, purge, cleaner or metadata write."""
+        if not self.read_only:
+            ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
+                         replication_factor=s.metadata.replication_factor)
         self.queue = ToBeDeletedQueue(self.client_config, s.metadata.to_be_deleted_topic)
         self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
         roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
@@ -131,15 +134,21 @@ class Sidecar:
         t = self.settings.tasks
         self._scheduler.add_job(self.discover, "interval", seconds=t.discovery_interval_ms / 1000,
                                 id="discovery", next_run_time=_now())
-        self._scheduler.add_job(self.stage, "interval", id="stage",
-                                seconds=min(t.discovery_interval_ms, t.copy_interval_ms) / 1000)
-        self._scheduler.add_job(self.expire, "interval", seconds=t.expiration_interval_ms / 1000, id="expiration")
-        self._scheduler.add_job(self.collect_garbage, "interval", seconds=t.gc_interval_ms / 1000, id="gc")
+        if not self.read_only:
+            self._scheduler.add_job(self.stage, "interval", id="stage",
+                                    seconds=min(t.discovery_interval_ms, t.copy_interval_ms) / 1000)
+            self._scheduler.add_job(self.expire, "interval", seconds=t.expiration_interval_ms / 1000,
+                                    id="expiration")
+            self._scheduler.add_job(self.collect_garbage, "interval", seconds=t.gc_interval_ms / 1000, id="gc")
         self._scheduler.add_job(self._refresh_gauges, "interval", seconds=5, id="gauges")
         self._scheduler.start()
-        self.cleaner.start()
-        log.info("sidecar started", extra={"broker_id": self.settings.broker_id,
+        if not self.read_only:
+            self.cleaner.start()
+        log.info("sidecar started", extra={"broker_id": self.settings.broker_id, "mode": self.settings.mode,
                                            "log_dirs": [str(d) for d in self.settings.log_dirs]})
+        if self.read_only:
+            log.warning("read-only mode: serving reads only; nothing is copied, expired, deleted, garbage-collected, "
+                        "purged or written to the metadata topic")
         return self
 
     def stop(self, timeout_s: float = 60.0) -> bool:
@@ -249,6 +258,9 @@ class Sidecar:
                 leaders[tp] = lp.path
             else:
                 followers.add(tp)
+        if self.read_only:  # reads only: every served partition is followed, none copied
+            followers |= set(leaders)
+            leaders = {}
         self.known.add(list(leaders) + list(followers))
         with self._lock:
             if self._stopping.is_set():
@@ -268,8 +280,10 @@ class Sidecar:
             for tp, path in leaders.items():
                 if (tp.topic, tp.partition) not in self._led:
                     self._start_leading(tp, path)
-            self.release_unled_staging(set(leaders))
-        self._purge_deleted_topics()
+            if not self.read_only:
+                self.release_unled_staging(set(leaders))
+        if not self.read_only:
+            self._purge_deleted_topics()
         self.last_discovery_ok = time.time()
 
     def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
@@ -411,6 +425,8 @@ class Sidecar:
 
     # ------------------------------------------------------------------------------------------------ gc
     def collect_garbage(self, dry_run: bool = False) -> list[str]:
+        if self.read_only:
+            return []
         with self._lock:
             tps = [led.tp for led in self._led.values()]
         try:
@@ -429,6 +445,8 @@ class Sidecar:
 
     def purge_partition(self, tp: TopicIdPartition) -> None:
         """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it."""
+        if self.read_only:
+            return
         purge_partition(self.rlmm, self.deleter, tp, self.settings.broker_id,
                         release_staging=self.staging.release_partition)
 

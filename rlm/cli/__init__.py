@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "rlm.cli.offsets",
     "rlm.cli.verify",
     "rlm.cli.gc",
+    "rlm.cli.recover",
 ]
 
 

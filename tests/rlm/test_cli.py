@@ -540,7 +540,8 @@ def readme_synopsis() -> dict[str, tuple[set[str], set[str]]]:
 
 def test_every_subcommand_has_help_and_the_readme_matches_it() -> None:
     cmds = subcommands()
-    assert set(cmds) == {"demo", "dump-segment", "serve", "ls", "cat", "offsets", "verify", "gc"}
+    assert set(cmds) == {"demo", "dump-segment", "serve", "ls", "cat", "offsets", "verify", "gc",
+                         "recover"}
     top = rlm("--help", timeout=120)
     assert top.returncode == 0 and all(c in top.stdout for c in cmds), top.stdout
     readme = readme_synopsis()
