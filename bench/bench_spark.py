@@ -9,9 +9,9 @@ the same aggregation (``count(*)``, ``sum(length(value))``, ``sum(length(key))``
 - ``kafka-remote``: the driver plans from the metadata topic, executors read the store;
 - ``kafka`` (Spark's source, ``spark-sql-kafka-0-10``): executors fetch from the broker.
 
-Spark's connector is resolved with Maven from ``config/spark-kafka-pom.xml`` into ``.cache/spark-kafka/`` at the
-installed pyspark's version, or the newest Maven Central has (printed). Each source runs ``--repeat`` times; the
-best run counts. Usage::
+Spark's connector is resolved with Maven (``devtools/spark_kafka.py``) from ``config/spark-kafka-pom.xml`` into
+``.cache/spark-kafka/`` at the installed pyspark's version, or the newest Maven Central has (printed). Each source
+runs ``--repeat`` times; the best run counts. Usage::
 
     .venv/bin/python bench/bench_spark.py [--records 2000000] [--partitions 2] [--codec lz4] [--cores 2]
 """
@@ -23,7 +23,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,53 +34,10 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 
 from devtools.devkafka import KafkaCluster  # noqa: E402
+from devtools.spark_kafka import spark_kafka_jars  # noqa: E402
 from rlm.sidecar import Sidecar  # noqa: E402
 from rlmm.api import PartitionNotServedError, TopicIdPartition  # noqa: E402
 from tests.rlm.sidecar_util import make_settings, wait_for  # noqa: E402
-
-POM = ROOT / "config" / "spark-kafka-pom.xml"
-CACHE = ROOT / ".cache" / "spark-kafka"
-FALLBACK_VERSIONS = ("4.2.0", "4.1.3")  # newest connectors on Maven Central, tried when the installed one is absent
-MAVEN_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*,!central</mirrorOf>
-<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>
-"""
-
-
-def spark_kafka_jars(version: str) -> tuple[str, list[Path]]:
-    """(connector version, jars not already shipped with pyspark), resolving with Maven once per version."""
-    import pyspark
-
-    pyspark_jars = Path(pyspark.__file__).parent / "jars"
-    shipped = {_artifact(j.name) for j in pyspark_jars.glob("*.jar")}
-    CACHE.mkdir(parents=True, exist_ok=True)
-    settings = CACHE / "maven-settings.xml"  # Spark's parent POM names a mirror host that may not resolve
-    settings.write_text(MAVEN_SETTINGS)
-    errors = []
-    for v in (version, *FALLBACK_VERSIONS):
-        out = CACHE / v
-        if not (out / ".resolved").exists():
-            tmp = CACHE / f"{v}.partial"
-            shutil.rmtree(tmp, ignore_errors=True)
-            cmd = ["mvn", "-q", "-B", "-s", str(settings), "-f", str(POM), "dependency:copy-dependencies",
-                   "-DincludeScope=runtime", f"-Dspark.version={v}", f"-DoutputDirectory={tmp}"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                errors.append(f"{v}: " + next((ln for ln in r.stdout.splitlines() if "ERROR" in ln), r.stdout[-300:]))
-                continue
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
-            (out / ".resolved").write_text(v)
-        jars = [j for j in sorted(out.glob("*.jar")) if _artifact(j.name) not in shipped]
-        return v, jars
-    raise SystemExit("cannot resolve spark-sql-kafka-0-10:\n  " + "\n  ".join(errors))
-
-
-def _artifact(jar_name: str) -> str:
-    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients`` (the name without its version)."""
-    parts = jar_name[:-4].split("-")
-    while parts and parts[-1][:1].isdigit():
-        parts.pop()
-    return "-".join(parts)
 
 
 def produce(kafka: KafkaCluster, topic: str, partitions: int, n: int, value_bytes: int, codec: str) -> None:
@@ -194,7 +150,10 @@ def main() -> None:
 
     import pyspark
 
-    connector, jars = spark_kafka_jars(pyspark.__version__)
+    try:
+        connector, jars = spark_kafka_jars(pyspark.__version__)
+    except RuntimeError as err:
+        raise SystemExit(str(err)) from None
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     kafka = KafkaCluster(brokers=1)
     kafka.start()
