@@ -249,3 +249,33 @@ def test_recover_onto_a_recreated_topic_by_name_and_by_map(tiered: Tiered) -> No
     assert {o: kv for o, kv in got.items() if o in t.sent[1]} == t.sent[1]
     rows = json_lines(ok(rlm("ls", renamed, "--json", config=config2)))
     assert [{**r, "topic": t.topic} for r in rows] == t.ls
+
+
+def test_topic_mapping_rules() -> None:
+    """map_partitions: by name to the cluster's id; --map first; ambiguity and absence are skipped, never guessed."""
+    from rlm.recovery import ClusterTopic, map_partitions
+    from rsm.api import KeyLayout, StoredPartition
+
+    old, older, cur, other = (uuid.uuid4() for _ in range(4))
+    sp = lambda tid, name, p=0: StoredPartition(tid, name, p, KeyLayout())  # noqa: E731
+    cluster = {"a": ClusterTopic("a", cur, frozenset({0, 1})), "b": ClusterTopic("b", other, frozenset({0}))}
+
+    # the same cluster: the stored id is the cluster's; a former "a" beside it is not merged in
+    mapped, skipped = map_partitions([sp(cur, "a"), sp(old, "a")], cluster)
+    assert mapped == {sp(cur, "a"): TopicIdPartition(cur, "a", 0)}
+    assert [s for s, _ in skipped] == [sp(old, "a")] and "--map" in skipped[0][1]
+    # a new cluster: the one stored id of a name maps to the cluster's id; a missing partition is skipped
+    mapped, skipped = map_partitions([sp(old, "a", 1), sp(old, "a", 5)], cluster)
+    assert mapped == {sp(old, "a", 1): TopicIdPartition(cur, "a", 1)}
+    assert "no partition 5" in skipped[0][1]
+    # two stored ids, neither the cluster's: ambiguous until --map chooses
+    mapped, skipped = map_partitions([sp(old, "a"), sp(older, "a")], cluster)
+    assert mapped == {} and len(skipped) == 2 and all("--map" in r for _, r in skipped)
+    mapped, skipped = map_partitions([sp(old, "a"), sp(older, "a")], cluster, explicit={older: "a"})
+    assert mapped == {sp(older, "a"): TopicIdPartition(cur, "a", 0)} and [s for s, _ in skipped] == [sp(old, "a")]
+    # renamed by --map; a topic absent from the cluster is skipped; --topic filters by target name
+    mapped, skipped = map_partitions([sp(old, "x"), sp(older, "gone")], cluster, explicit={old: "b"})
+    assert mapped == {sp(old, "x"): TopicIdPartition(other, "b", 0)}
+    assert "no topic gone on the cluster" in skipped[0][1]
+    assert map_partitions([sp(old, "x"), sp(cur, "a")], cluster, explicit={old: "b"}, topics=["a"])[0] == {
+        sp(cur, "a"): TopicIdPartition(cur, "a", 0)}
