@@ -8,9 +8,10 @@ COPY_SEGMENT_STARTED record is written before the first byte.
 
 Where it looks, per partition:
 
-- under every key layout (store key prefix, entropy) a copy of the partition was recorded with (its custom
-  metadata), the configured one, and every one seen for that partition before (remembered in the state file, so
-  a layout whose last segment is gone is still visited for leftovers);
+- under every key layout (store key prefix, entropy, and the key root: the topic id / name a recovered copy's
+  keys carry) a copy of the partition was recorded with (its custom metadata), the configured one, and every one
+  seen for that partition before (remembered whole in the state file, key root included, so a layout whose last
+  segment is gone, e.g. the old topic id of a recovered partition, is still visited for leftovers);
 - partitions it visited before and that are not passed any more are visited again once the metadata proves their
   topic purged (partition delete DELETE_PARTITION_FINISHED): their leftovers are orphans like any other. A
   partition is forgotten when it is purged and nothing is left under any of its layouts.
@@ -53,10 +54,28 @@ __all__ = ["GarbageCollector", "segment_id_of_key"]
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: remembered layouts carry their key root; 2 is read (layouts without one)
 
 def _tp_key(tp: TopicIdPartition) -> str:
     return f"{tp.topic_id}:{tp.partition}"
+
+
+def _layout_to_state(layout: KeyLayout) -> list:
+    """A key layout as the state file keeps it: ``[prefix, entropy, root topic id | None, root name | None]``."""
+    root_id = None if layout.root_topic_id is None else str(layout.root_topic_id)
+    return [layout.key_prefix, layout.entropy, root_id, layout.root_topic_name]
+
+
+def _layout_from_state(raw: list) -> KeyLayout:
+    """The inverse of :func:`_layout_to_state`; a version-2 entry is ``[prefix, entropy]`` (no key root)."""
+    prefix, entropy = raw[0], bool(raw[1])
+    root_id = raw[2] if len(raw) > 2 else None
+    root_name = raw[3] if len(raw) > 3 else None
+    return KeyLayout(prefix, entropy, None if root_id is None else uuid.UUID(root_id), root_name)
+
+
+def _layout_sort_key(raw: list) -> tuple:
+    return (raw[0], bool(raw[1]), raw[2] or "", raw[3] or "")
 
 
 class GarbageCollector:
@@ -69,11 +88,12 @@ class GarbageCollector:
         self._lock = threading.Lock()
         # first sightings by physical key base (store key prefix + key base)
         self._first_seen: dict[str, int] = {}
-        # partitions visited: tp key -> {"topic", "topic_id", "partition", "layouts": [[prefix, entropy], ...]}
+        # partitions visited: tp key -> {"topic", "topic_id", "partition",
+        #                                "layouts": [[prefix, entropy, root topic id | None, root name | None], ...]}
         self._partitions: dict[str, dict] = {}
         if state_path.exists():
             raw = json.loads(state_path.read_text() or "{}")
-            if raw.get("version") == STATE_VERSION:
+            if raw.get("version") in (2, STATE_VERSION):
                 self._first_seen = dict(raw.get("first_seen", {}))
                 self._partitions = dict(raw.get("partitions", {}))
             else:  # version 1: a flat map of key bases, all under the configured key prefix
@@ -103,12 +123,12 @@ class GarbageCollector:
 
     def _remembered_layouts(self, tp: TopicIdPartition) -> set[KeyLayout]:
         entry = self._partitions.get(_tp_key(tp))
-        return {KeyLayout(p, bool(e)) for p, e in entry["layouts"]} if entry else set()
+        return {_layout_from_state(raw) for raw in entry["layouts"]} if entry else set()
 
     def _remember(self, tp: TopicIdPartition, layouts: set[KeyLayout]) -> None:
         self._partitions[_tp_key(tp)] = {
             "topic": tp.topic, "topic_id": str(tp.topic_id), "partition": tp.partition,
-            "layouts": sorted([lay.key_prefix, lay.entropy] for lay in layouts)}
+            "layouts": sorted((_layout_to_state(lay) for lay in layouts), key=_layout_sort_key)}
 
     def _purged(self, tp: TopicIdPartition) -> bool:
         """Positive proof that ``tp``'s topic was purged: its partition delete is FINISHED in ready metadata."""
@@ -134,7 +154,7 @@ class GarbageCollector:
         owned_before, layouts = self._owned_and_layouts(tp)
         layouts |= self._remembered_layouts(tp)
         listed: list[CopyListing] = []
-        for layout in sorted(layouts, key=lambda lay: (lay.key_prefix, lay.entropy)):
+        for layout in sorted(layouts, key=lambda lay: _layout_sort_key(_layout_to_state(lay))):
             # The store is listed BEFORE the metadata is read (again): a copy's COPY_SEGMENT_STARTED is written
             # before its first byte, so every object listed here is owned in the metadata read next unless it
             # really is an orphan. (Read the other way round, a copy starting between the two reads would look

@@ -161,6 +161,61 @@ def test_gc_visits_every_recorded_layout_and_the_configured_one(tmp_path):
     assert _ids(_files(tmp_path / "remote")) == {str(live_new.remote_log_segment_id.id)}
 
 
+def test_gc_remembers_a_recovered_copys_key_root(tmp_path):
+    """A partition recovered onto a new topic id (``rlm recover``) keeps its keys under the old id, recorded as the
+    key root in each copy's custom metadata. GC remembers that root with the layout, across restarts, so old-id
+    leftovers are still found once no segment records the root any more."""
+    old_tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    new_tp = TopicIdPartition(uuid.uuid4(), "orders", 0)  # the topic re-created, or on another cluster
+    rlmm = MemRlmm()
+    rsm = RemoteStorageManager(RsmConfig(), FileSystemStore(tmp_path / "remote", fsync=False))
+    written = [_copy(None, rsm, old_tp, base, tmp_path) for base in (0, 5)]
+    crashed = _copy(None, rsm, old_tp, 10, tmp_path)  # never committed: an orphan under the old id
+    recovered = []
+    for md in written:  # what rlm recover records: the copy as a segment of the new id, keys under the old one
+        moved = rsm.relocated(to_rsm(md), new_tp.topic_id, new_tp.topic)
+        rec = dataclasses.replace(md, remote_log_segment_id=RemoteLogSegmentId(new_tp, md.remote_log_segment_id.id),
+                                  custom_metadata=moved.custom_metadata)
+        rlmm.add_remote_log_segment_metadata(rec)
+        recovered.append(rec)
+    assert rsm.layout_of(to_rsm(recovered[0])).root_topic_id == old_tp.topic_id
+
+    state = tmp_path / "state" / "gc.json"
+    now = int(time.time() * 1000)
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=state)
+    assert gc.run([new_tp], now_ms=now) == []
+    assert _ids(gc.run([new_tp], now_ms=now + GRACE)) == {str(crashed.remote_log_segment_id.id)}
+    # recovered segments still readable under their key root
+    assert [e.base_offset for e in rsm.reader(to_rsm(recovered[1])).iter_entries()] == [5, 6, 7, 8, 9]
+
+    # every recovered segment goes away by lost deletes: metadata says deleted, the old-id objects stay. No
+    # segment records the key root any more; a restarted GC still visits it, from its state file.
+    for md in recovered:
+        rlmm.segments.pop(md.remote_log_segment_id.id)
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=state)
+    assert _ids(gc.run([new_tp], dry_run=True)) == {str(md.remote_log_segment_id.id) for md in recovered}
+    gc.run([new_tp], now_ms=now + 2 * GRACE)
+    deleted = gc.run([new_tp], now_ms=now + 3 * GRACE)
+    assert _ids(deleted) == {str(md.remote_log_segment_id.id) for md in recovered}
+    assert all(k.startswith(rsm.partition_prefix(old_tp.topic, old_tp.topic_id, 0)) for k in deleted)
+    assert _files(tmp_path / "remote") == set()
+    remembered = json.loads(state.read_text())["partitions"][f"{new_tp.topic_id}:0"]["layouts"]
+    assert ["", False, str(old_tp.topic_id), None] in remembered
+
+
+def test_gc_reads_a_version_2_state_file(tmp_path):
+    """Layouts a version-2 state file remembered (prefix and entropy, no key root) are still visited."""
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    store = FileSystemStore(tmp_path / "remote", fsync=False)
+    old = RemoteStorageManager(RsmConfig(key_prefix="old/"), store)
+    leftover = _copy(None, old, tp, 0, tmp_path)
+    state = tmp_path / "gc.json"
+    state.write_text(json.dumps({"version": 2, "first_seen": {}, "partitions": {f"{tp.topic_id}:0": {
+        "topic": tp.topic, "topic_id": str(tp.topic_id), "partition": 0, "layouts": [["old/", False]]}}}))
+    gc = GarbageCollector(MemRlmm(), RemoteStorageManager(RsmConfig(), store), grace_ms=GRACE, state_path=state)
+    assert _ids(gc.run([tp], dry_run=True)) == {str(leftover.remote_log_segment_id.id)}
+
+
 def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
     tp, other = TopicIdPartition(uuid.uuid4(), "gone", 0), TopicIdPartition(uuid.uuid4(), "moved", 0)
     rlmm = MemRlmm()
@@ -249,7 +304,7 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
     assert deleted == [f"{TMP_DIR}/killed-write"]
     assert not stale.exists() and fresh.exists()
     assert len(synced) >= 2  # the file, then its directory
-    assert json.loads(state_path.read_text())["version"] == 2
+    assert json.loads(state_path.read_text())["version"] == 3
     assert sorted(p.name for p in state_path.parent.iterdir()) == ["gc.json"]
 
 
