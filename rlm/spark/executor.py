@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,12 +28,16 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rlm.reader import aborted_covering, iter_segment_batches
+from rlm.spark.options import SparkSourceError
 from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
+from rsm.errors import RemoteResourceNotFoundError
 from rsm.log.indexes import AbortedTxn
 from rsm.log.records import cyclic_gc_paused, iter_raw_records
 from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["BATCH_ROWS", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
+__all__ = ["BATCH_ROWS", "DataLossError", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
+
+log = logging.getLogger(__name__)
 
 BATCH_ROWS = 65_536  # rows per Arrow record batch handed to Spark
 
@@ -60,7 +65,9 @@ class SegmentSlice(InputPartition):
     ``first_block``/``last_block`` (inclusive) bound the blocks read (None: from the block holding
     ``from_offset`` to the segment's last). ``start_timestamp_ms``: drop records until the first whose timestamp is
     >= it (a ``startingTimestamp`` resolved to this slice). ``txn_segments``: segments whose transaction indexes
-    list the aborted transactions to drop (read_committed only; empty otherwise).
+    list the aborted transactions to drop (read_committed only; empty otherwise). ``fail_on_data_loss``: a segment
+    removed by remote retention between planning and reading fails the task (:class:`DataLossError`), or is
+    skipped with a warning.
     """
 
     segment: RemoteSegmentMetadata
@@ -73,6 +80,12 @@ class SegmentSlice(InputPartition):
     read_committed: bool
     include_headers: bool
     store: Mapping[str, Any]
+    fail_on_data_loss: bool = True
+
+
+class DataLossError(SparkSourceError):
+    """Offsets the query was to read were removed by remote retention first (``failOnDataLoss=true``); the message
+    names the topic, partition and offsets."""
 
 
 _managers: dict[str, RemoteStorageManager] = {}
@@ -137,7 +150,21 @@ class _Columns:
 
 
 def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
-    """The records of one input partition as Arrow record batches of up to :data:`BATCH_ROWS` rows."""
+    """The records of one input partition as Arrow record batches of up to :data:`BATCH_ROWS` rows (see
+    :attr:`SegmentSlice.fail_on_data_loss` for a segment removed before it is read)."""
+    try:
+        yield from _read_slice(part)
+    except RemoteResourceNotFoundError as err:
+        seg = part.segment
+        where = (f"{seg.topic_name}-{seg.partition}: offsets {part.from_offset} to {part.to_offset_inclusive} "
+                 f"(remote segment {seg.start_offset}-{seg.end_offset_inclusive})")
+        if part.fail_on_data_loss:
+            raise DataLossError(f"{where} were removed by remote retention before they were read ({err}); set "
+                                "failOnDataLoss=false to skip them") from err
+        log.warning("remote segment removed by remote retention before it was read, skipped: %s", where)
+
+
+def _read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
     seg = part.segment
     schema = arrow_schema(part.include_headers)
     rsm = storage_manager(part.store)

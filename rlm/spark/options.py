@@ -14,6 +14,10 @@ Spark passes options as strings, case-insensitively (keys are compared lower-cas
 - ``failOnDataLoss``: ``true`` (default) fails a query whose starting offset is below the earliest remote offset
   (removed by remote retention); ``false`` starts at the earliest remote offset instead;
 - ``maxPartitionBytes``: segments larger than this are split into block ranges (default 128 MiB);
+- streaming only (``readStream``, :mod:`rlm.spark.stream`): ``maxOffsetsPerTrigger`` (offsets per micro-batch,
+  spread over the partitions by their backlog, as Spark's Kafka source), ``minOffsetsPerTrigger`` (a micro-batch
+  waits until that many offsets are tiered...) and ``maxTriggerDelay`` (...or that long has passed since the last
+  one: ``15m`` by default, a number with ``ms``, ``s``, ``m`` or ``h``). ``endingOffsets`` is refused;
 - ``pushFilters``: ``true`` to push filters on topic, partition, offset and timestamp into planning; needs
   ``spark.sql.python.filterPushdown.enabled=true`` as well (Spark refuses a reader with pushdown otherwise).
 
@@ -47,13 +51,16 @@ EARLIEST = -2
 LATEST = -1
 MiB = 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * MiB
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 
 Isolation = Literal["read_uncommitted", "read_committed"]
 
 
 _NAMES = {n.lower(): n for n in (
     "subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets", "startingTimestamp",
-    "startingOffsetsByTimestamp", "includeHeaders", "maxPartitionBytes", "pushFilters", "failOnDataLoss")}
+    "startingOffsetsByTimestamp", "includeHeaders", "maxPartitionBytes", "pushFilters", "failOnDataLoss",
+    "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")}
 
 
 def _name(key: str) -> str:
@@ -97,6 +104,10 @@ class SourceOptions:
     metadata_topic: str
     metadata_cache_dir: str | None
     store: Mapping[str, Any]  # RsmConfig as JSON-able values: what executors rebuild their storage manager from
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    ending_given: bool = False
 
     def rsm_config(self) -> RsmConfig:
         return RsmConfig(**self.store)
@@ -118,6 +129,29 @@ def _json(opts: Mapping[str, str], key: str) -> Any:
         return json.loads(opts[key])
     except json.JSONDecodeError as err:
         raise SparkSourceError(f"option {_name(key)}: not valid JSON at character {err.pos}: {err.msg}") from None
+
+
+def _positive(opts: Mapping[str, str], key: str) -> int | None:
+    if key not in opts:
+        return None
+    try:
+        v = int(opts[key])
+    except ValueError:
+        raise SparkSourceError(f"option {_name(key)}: not a number: {opts[key]!r}") from None
+    if v < 1:
+        raise SparkSourceError(f"option {_name(key)}: must be positive, found {v}")
+    return v
+
+
+def _duration_ms(opts: Mapping[str, str], key: str, default: int) -> int:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    if m is None or (m.group(2) and m.group(2) not in _DURATION_MS):
+        raise SparkSourceError(f"option {_name(key)}: expected a duration such as 500ms, 30s, 15m or 1h, found "
+                               f"{raw!r}")
+    return int(m.group(1)) * _DURATION_MS[m.group(2) or "ms"]
 
 
 def _offsets(opts: Mapping[str, str], key: str, default: int, allowed: tuple[str, ...]) -> OffsetSpec:
@@ -209,6 +243,10 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         push_filters=_bool(opts, "pushfilters", False), fail_on_data_loss=_bool(opts, "failondataloss", True),
         client_config=client, metadata_topic=md_topic,
         metadata_cache_dir=opts.get("metadata.cachedir"), store=store,
+        max_offsets_per_trigger=_positive(opts, "maxoffsetspertrigger"),
+        min_offsets_per_trigger=_positive(opts, "minoffsetspertrigger"),
+        max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
+        ending_given="endingoffsets" in opts,
     )
 
 

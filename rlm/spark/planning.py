@@ -40,7 +40,7 @@ from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import BlockRange, RemoteSegmentMetadata, RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["Bounds", "plan_slices", "resolve_partitions"]
+__all__ = ["Bounds", "MetadataReader", "list_segments", "plan_range", "plan_slices", "resolve_partitions"]
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,10 @@ class Bounds:
         self.timestamp_min_ms = v if self.timestamp_min_ms is None else max(self.timestamp_min_ms, v)
 
 
-def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None) -> list[TopicIdPartition]:
-    """The (topic id, topic, partition)s the options select, narrowed by the pushed-down filters."""
+def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None, *,
+                       strict: bool = True) -> list[TopicIdPartition]:
+    """The (topic id, topic, partition)s the options select, narrowed by the pushed-down filters. ``strict``: a
+    named topic or assigned partition absent from the cluster fails (a stream, not strict, lets it end)."""
     view = ClusterView(dict(opts.client_config))
     if opts.subscribe is not None:
         wanted: Iterable[str] | None = opts.subscribe
@@ -86,7 +88,7 @@ def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None) -> lis
         wanted = [t for t in wanted if t in bounds.topics]
     infos = view.partitions(sorted(set(wanted)) if wanted is not None else None)
     found_topics = {t for t, _p in infos}
-    if opts.subscribe is not None or opts.assign is not None:
+    if strict and (opts.subscribe is not None or opts.assign is not None):
         missing = sorted(set(wanted or ()) - found_topics)
         if missing:
             raise SparkSourceError(f"topics not found on the cluster: {', '.join(missing)}")
@@ -101,7 +103,7 @@ def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None) -> lis
                                    or (bounds.partitions is not None and p not in bounds.partitions)):
             continue
         out.append(TopicIdPartition(info.topic_id, topic, p))
-    if opts.assign is not None:
+    if strict and opts.assign is not None:
         have = {(tp.topic, tp.partition) for tp in out}
         absent = sorted((t, p) for t, ps in opts.assign.items() for p in ps
                         if (t, p) not in have and (bounds is None or _allowed(bounds, t, p)))
@@ -114,37 +116,66 @@ def _allowed(bounds: Bounds, topic: str, p: int) -> bool:
     return (bounds.topics is None or topic in bounds.topics) and (bounds.partitions is None or p in bounds.partitions)
 
 
+class MetadataReader:
+    """The remote chains of partitions, from the metadata topic through the metadata manager's cache (a temporary
+    RocksDB directory unless ``metadata.cacheDir`` names one to keep). It keeps consuming the metadata partitions
+    it was asked for until :meth:`close`: a stream asks again each micro-batch without reading the topic again."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        client = dict(opts.client_config)
+        admin = AdminClient(client)
+        md = admin.list_topics(opts.metadata_topic, timeout=30).topics.get(opts.metadata_topic)
+        if md is None or md.error is not None or not md.partitions:
+            raise SparkSourceError(f"metadata topic {opts.metadata_topic!r} not found on "
+                                   f"{client.get('bootstrap.servers')} (option metadata.topic)")
+        self._tmp = None
+        if opts.metadata_cache_dir:
+            cache_dir = Path(opts.metadata_cache_dir)
+        else:
+            self._tmp = cache_dir = Path(tempfile.mkdtemp(prefix="rlm-spark-metadata-"))
+        self._followed: set[TopicIdPartition] = set()
+        try:
+            # The topic exists (checked above) and the driver only reads it: its partition count and replication
+            # factor are the topic's own, as the cluster reports them (the latter is only used to create a topic).
+            self._rlmm = TopicBasedRemoteLogMetadataManager(rlmm_config(
+                client, topic=opts.metadata_topic, num_partitions=len(md.partitions),
+                replication_factor=max(len(p.replicas) for p in md.partitions.values()), cache_dir=cache_dir))
+        except BaseException:
+            self._remove_tmp()
+            raise
+
+    def chains(self, tps: Iterable[TopicIdPartition],
+               timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
+        """The remote chain (:mod:`rlm.chain`) of each partition; partitions not followed yet are caught up first."""
+        tps = list(tps)
+        new = [tp for tp in tps if tp not in self._followed]
+        if new:
+            self._rlmm.on_partition_leadership_changes([], new)
+            self._rlmm.wait_ready(new, timeout_s)
+            self._followed.update(new)
+        return {tp: remote_chain(self._rlmm.list_remote_log_segments(tp)) for tp in tps}
+
+    def close(self) -> None:
+        try:
+            self._rlmm.close()
+        finally:
+            self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
 def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
                   timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
     """The remote chain of each partition (:mod:`rlm.chain`), from the metadata topic (caught up before answering)."""
     if not tps:
         return {}
-    client = dict(opts.client_config)
-    admin = AdminClient(client)
-    md = admin.list_topics(opts.metadata_topic, timeout=30).topics.get(opts.metadata_topic)
-    if md is None or md.error is not None or not md.partitions:
-        raise SparkSourceError(f"metadata topic {opts.metadata_topic!r} not found on {client.get('bootstrap.servers')}"
-                               " (option metadata.topic)")
-    tmp = None
-    if opts.metadata_cache_dir:
-        cache_dir = Path(opts.metadata_cache_dir)
-    else:
-        tmp = cache_dir = Path(tempfile.mkdtemp(prefix="rlm-spark-metadata-"))
+    reader = MetadataReader(opts)
     try:
-        # The topic exists (checked above) and the driver only reads it: its partition count and replication
-        # factor are the topic's own, as the cluster reports them (the latter is only used to create a topic).
-        rlmm = TopicBasedRemoteLogMetadataManager(rlmm_config(
-            client, topic=opts.metadata_topic, num_partitions=len(md.partitions),
-            replication_factor=max(len(p.replicas) for p in md.partitions.values()), cache_dir=cache_dir))
-        try:
-            rlmm.on_partition_leadership_changes([], tps)
-            rlmm.wait_ready(tps, timeout_s)
-            return {tp: remote_chain(rlmm.list_remote_log_segments(tp)) for tp in tps}
-        finally:
-            rlmm.close()
+        return reader.chains(tps, timeout_s)
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        reader.close()
 
 
 def plan_slices(opts: SourceOptions, bounds: Bounds | None = None) -> list[SegmentSlice]:
@@ -199,8 +230,22 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
                     break
         else:
             return []  # no record at or after the timestamp: this partition reads nothing
-    if start >= end_excl:
+    return plan_range(opts, rsm, segs, start, end_excl, ts_min=bounds.timestamp_min_ms, ts_start=ts_start,
+                      ts_segment=ts_segment, ts_block=ts_block)
+
+
+def plan_range(opts: SourceOptions, rsm: RemoteStorageManagerApi, segs: list[RemoteLogSegmentMetadata], start: int,
+               end_excl: int, *, ts_min: int | None = None, ts_start: int | None = None, ts_segment: int | None = None,
+               ts_block: BlockRange | None = None) -> list[SegmentSlice]:
+    """The input partitions reading offsets ``start`` (inclusive) to ``end_excl`` (exclusive) of one partition's
+    chain ``segs``: one per segment, or per block range of a segment larger than ``maxPartitionBytes`` or pruned by
+    ``ts_min``. ``ts_start`` / ``ts_segment`` / ``ts_block``: a starting timestamp resolved to segment
+    ``segs[ts_segment]``, block ``ts_block``. Offsets missing from the chain inside the range (lost before they
+    were tiered) fail under ``failOnDataLoss`` and are logged otherwise. The batch and the streaming source both
+    plan through this."""
+    if start >= end_excl or not segs:
         return []
+    tp = segs[0].topic_id_partition
     lost = [(a, b) for a, b in chain_gaps(segs) if b >= start and a < end_excl]
     if lost:
         if opts.fail_on_data_loss:
@@ -208,7 +253,6 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
                                    f"{end_excl - 1} (lost before they were tiered); set failOnDataLoss=false to "
                                    "read around them")
         log.warning("offsets missing from the remote tier", extra={"partition": str(tp), "missing": lost})
-    ts_min = bounds.timestamp_min_ms
     txns = TxnIndexes(rsm, segs)
     out: list[SegmentSlice] = []
     for i, md in enumerate(segs):
@@ -225,7 +269,7 @@ def _plan_partition(opts: SourceOptions, bounds: Bounds, rsm: RemoteStorageManag
         def make(first: int | None, last: int | None, lo_: int, hi_: int, ts: int | None,
                  ref: RemoteSegmentMetadata = ref, txn: tuple[RemoteSegmentMetadata, ...] = txn) -> SegmentSlice:
             return SegmentSlice(ref, lo_, hi_, first, last, ts, txn, opts.isolation == "read_committed",
-                                opts.include_headers, opts.store)
+                                opts.include_headers, opts.store, opts.fail_on_data_loss)
 
         if md.segment_size_bytes <= opts.max_partition_bytes and ts_min is None and not starts_at_ts:
             out.append(make(None, None, lo, hi, None))

@@ -4,7 +4,8 @@
 Kafka source (``key``, ``value``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``, and
 ``headers`` with ``includeHeaders=true``), read from the remote tier: planning in the driver from the metadata
 topic (:mod:`rlm.spark.planning`), reading in the executors from the store (:mod:`rlm.spark.executor`), Arrow
-batches all the way. Options: :mod:`rlm.spark.options`.
+batches all the way. Options: :mod:`rlm.spark.options`. ``spark.readStream.format("kafka-remote")`` is the
+streaming source of :mod:`rlm.spark.stream`, planned and read the same way.
 
 Filter pushdown (``pushFilters=true`` and ``spark.sql.python.filterPushdown.enabled=true``): comparisons of
 ``topic`` and ``partition`` (=, IN), ``offset`` (=, <, <=, >, >=, IN) and ``timestamp`` (=, >, >=) prune
@@ -24,6 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     EqualTo,
     Filter,
     GreaterThan,
@@ -64,6 +66,12 @@ class KafkaRemoteDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_options(self.options)
         return KafkaRemotePushdownReader(opts) if opts.push_filters else KafkaRemoteReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
+        """``readStream``: :class:`rlm.spark.stream.KafkaRemoteStreamReader`."""
+        from rlm.spark.stream import KafkaRemoteStreamReader
+
+        return KafkaRemoteStreamReader(parse_options(self.options))
 
 
 class KafkaRemoteReader(DataSourceReader):

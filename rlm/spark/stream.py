@@ -1,0 +1,233 @@
+"""``spark.readStream.format("kafka-remote")``: a Structured Streaming source over the remote tier.
+
+The stream reader (``pyspark.sql.datasource.DataSourceStreamReader``, Spark 4.2+ admission control) lives in one
+Python process on the driver for the query's life; it follows the metadata partitions of the partitions it reads
+(:class:`rlm.spark.planning.MetadataReader`) and plans each micro-batch with the batch source's planner
+(:func:`rlm.spark.planning.plan_range`); executors read the slices with :func:`rlm.spark.executor.read_slice`,
+exactly as in batch.
+
+**Offsets** Spark checkpoints: ``{"topic": {"partition": next offset}}`` (JSON, partitions as strings, sorted),
+the next offset of each partition to read. A micro-batch reads ``start`` (inclusive) to ``end`` (exclusive) per
+partition; the latest offset of a partition is its latest tiered offset + 1 (the tier's high watermark).
+
+- ``startingOffsets`` (a new query only; a restarted one resumes from its checkpoint): ``earliest`` (default),
+  ``latest`` or JSON per partition (-2 earliest, -1 latest; partitions it does not name start at earliest).
+- A partition with nothing tiered yet, or added to a topic (or a topic matching ``subscribePattern``) while the
+  query runs, enters the offsets at its earliest remote offset in the first micro-batch that sees it (reading
+  nothing of it in that batch): its start is checkpointed before anything of it is read, so a restart neither
+  repeats nor skips any of it. A partition whose topic is deleted leaves the offsets: its stream ends.
+- Read limits: ``maxOffsetsPerTrigger`` (``ReadMaxRows``) spreads that many offsets over the partitions by their
+  backlog, as Spark's Kafka source (offsets, not records: transaction markers count); ``minOffsetsPerTrigger``
+  holds a micro-batch back until that many offsets are tiered or ``maxTriggerDelay`` has passed since the last
+  one. Both together: at least min (or the delay), at most max.
+- ``Trigger.AvailableNow``: the tier's latest offsets when the query starts are the target; the query reads up to
+  them (in several micro-batches under ``maxOffsetsPerTrigger``) and stops. ``minOffsetsPerTrigger`` is ignored.
+- **Data loss**: offsets between a batch's start and the tier's earliest offset were removed by remote retention
+  before they were read. ``failOnDataLoss=true`` (default) fails the query naming the topic, partition and
+  offsets; ``false`` logs them, counts them (:attr:`KafkaRemoteStreamReader.lost_offsets`) and reads on from the
+  earliest remote offset. A segment deleted between planning and reading fails the task, or (``false``) is
+  skipped with a warning on the executor. Offsets missing inside the tier (never tiered) are treated as in batch.
+- ``read_committed``: the transaction indexes of the tier decide, as in batch. ``endingOffsets`` is not a
+  streaming option and is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
+from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
+from rlm.spark.planning import MetadataReader, plan_range, resolve_partitions
+from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["KafkaRemoteStreamReader", "Offsets"]
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, dict[str, int]]  # topic -> partition (as a string) -> next offset to read
+
+
+def _key(tp: TopicIdPartition) -> tuple[str, str]:
+    return tp.topic, str(tp.partition)
+
+
+def _offsets(positions: dict[tuple[str, int], int]) -> Offsets:
+    """The canonical JSON form: topics sorted, partitions sorted by number (Spark compares offsets as JSON)."""
+    out: Offsets = {}
+    for (topic, p), off in sorted(positions.items()):
+        out.setdefault(topic, {})[str(p)] = off
+    return out
+
+
+def _positions(offsets: dict[str, Any] | None) -> dict[tuple[str, int], int]:
+    return {(t, int(p)): int(o) for t, parts in (offsets or {}).items() for p, o in parts.items()}
+
+
+class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """See the module docstring."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        if opts.ending_given:
+            raise SparkSourceError("option endingOffsets is not supported by readStream (a stream has no end)")
+        if opts.starting_timestamp_ms is not None or opts.starting_by_timestamp is not None:
+            raise SparkSourceError("options startingTimestamp / startingOffsetsByTimestamp are not supported by "
+                                   "readStream yet; use startingOffsets")
+        self.opts = opts
+        self.lost_offsets = 0
+        self._metadata: MetadataReader | None = None
+        self._rsm: RemoteStorageManager | None = None
+        self._target: dict[tuple[str, int], int] | None = None  # Trigger.AvailableNow
+        self._last_trigger = time.monotonic()
+
+    # ------------------------------------------------------------------------------------------- the tier
+    def _tier(self) -> dict[tuple[str, int], list[RemoteLogSegmentMetadata]]:
+        """(topic, partition) -> remote chain of every partition the options select now (on the cluster)."""
+        if self._metadata is None:
+            self._metadata = MetadataReader(self.opts)
+        tps = resolve_partitions(self.opts, strict=False)
+        return {(tp.topic, tp.partition): segs for tp, segs in self._metadata.chains(tps).items()}
+
+    @staticmethod
+    def _bounds(segs: list[RemoteLogSegmentMetadata]) -> tuple[int, int] | None:
+        """(earliest remote offset, latest tiered offset + 1), or None when nothing is remote."""
+        return (segs[0].start_offset, segs[-1].end_offset_inclusive + 1) if segs else None
+
+    def _latest(self, tier: dict[tuple[str, int], list[RemoteLogSegmentMetadata]]) -> dict[tuple[str, int], int]:
+        out = {}
+        for k, segs in tier.items():
+            b = self._bounds(segs)
+            if b is not None:
+                out[k] = b[1]
+        return out
+
+    # --------------------------------------------------------------------------------------- Spark's API
+    def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
+        tier = self._tier()
+        out: dict[tuple[str, int], int] = {}
+        for (topic, p), segs in tier.items():
+            b = self._bounds(segs)
+            if b is None:
+                continue  # enters the offsets once something of it is tiered
+            spec = self.opts.starting.for_partition(topic, p)
+            out[(topic, p)] = b[0] if spec is None or spec == EARLIEST else b[1] if spec == LATEST else spec
+        log.info("kafka-remote stream: initial offsets", extra={"offsets": _offsets(out)})
+        return _offsets(out)
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
+        if self.opts.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        if self.opts.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.opts.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
+        self._target = self._latest(self._tier())
+        log.info("kafka-remote stream: Trigger.AvailableNow target", extra={"offsets": _offsets(self._target)})
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 - Spark's name
+        begin = _positions(start)
+        tier = self._tier()
+        latest = self._latest(tier)
+        end: dict[tuple[str, int], int] = {}
+        for k, segs in tier.items():
+            b = self._bounds(segs)
+            if k in begin:
+                end[k] = begin[k]
+            elif b is not None and (self._target is None or k in self._target):
+                end[k] = b[0]  # a new partition: checkpointed at its earliest offset before any of it is read
+        # partitions in `begin` that are no longer on the cluster (topic deleted) leave the offsets: they end
+        avail = {}
+        for k in end:
+            if k not in begin or k not in latest:
+                continue
+            top = latest[k] if self._target is None else min(latest[k], self._target.get(k, begin[k]))
+            avail[k] = max(0, top - begin[k])
+        total = sum(avail.values())
+        if not isinstance(limit, ReadAllAvailable) and self._target is None:
+            min_rows = self.opts.min_offsets_per_trigger
+            if isinstance(limit, ReadMinRows):
+                min_rows = limit.min_rows
+            waited_ms = (time.monotonic() - self._last_trigger) * 1000
+            if min_rows is not None and total < min_rows and waited_ms < self.opts.max_trigger_delay_ms:
+                avail = {}  # not enough yet: hold the batch back (new partitions still enter)
+                total = 0
+        max_rows = None
+        if isinstance(limit, ReadMaxRows):
+            max_rows = limit.max_rows
+        elif not isinstance(limit, ReadAllAvailable):
+            max_rows = self.opts.max_offsets_per_trigger
+        for k, n in avail.items():
+            if max_rows is not None and total > max_rows:
+                share = max_rows * (n / total)  # Spark's KafkaMicroBatchStream.rateLimit
+                n = min(n, int(share) if share >= 1 else -(-share // 1))
+            end[k] = begin[k] + int(n)
+        if total > 0:
+            self._last_trigger = time.monotonic()
+        return _offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's name
+        latest = self._latest(self._tier()) if self._metadata is not None else {}
+        return _offsets(latest) if latest else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = _positions(start)
+        stop = _positions(end)
+        todo = {k: (begin[k], e) for k, e in stop.items() if k in begin and begin[k] < e}
+        if not todo:
+            return []
+        tier = self._tier()
+        if self._rsm is None:
+            self._rsm = RemoteStorageManager(self.opts.rsm_config())
+        out: list[InputPartition] = []
+        for (topic, p), (s, e) in sorted(todo.items()):
+            segs = tier.get((topic, p), [])
+            b = self._bounds(segs)
+            earliest = b[0] if b is not None else e
+            if s < earliest:
+                lost_to = min(earliest, e) - 1
+                if self.opts.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{topic}-{p}: offsets {s} to {lost_to} were removed by remote retention before this query "
+                        f"read them (the earliest remote offset is now {earliest if b is not None else 'none'}); "
+                        "set failOnDataLoss=false to skip to the earliest remote offset")
+                self.lost_offsets += lost_to - s + 1
+                log.warning("kafka-remote stream: offsets removed by remote retention before they were read",
+                            extra={"topic": topic, "partition": p, "from_offset": s, "to_offset": lost_to,
+                                   "lost_offsets_total": self.lost_offsets})
+                s = earliest
+            out.extend(plan_range(self.opts, self._rsm, segs, s, e))
+        log.info("kafka-remote stream: micro-batch planned", extra={"slices": len(out)})
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SegmentSlice):
+            return iter(())
+        return read_slice(partition)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        try:
+            if self._metadata is not None:
+                self._metadata.close()
+        finally:
+            self._metadata = None
+            if self._rsm is not None:
+                self._rsm.close()
+                self._rsm = None
+

@@ -1,0 +1,218 @@
+"""``readStream.format("kafka-remote")`` against the real broker and an in-process sidecar tiering while the query
+runs: every record exactly once (byte-exact, lz4 and zstd), segments tiered while the query runs, a restart from the
+checkpoint, a partition added mid-stream, ``maxOffsetsPerTrigger`` per micro-batch with ``Trigger.AvailableNow``,
+and ``failOnDataLoss`` both ways after remote retention deleted segments the query had not read."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from devtools.devkafka import KafkaCluster
+from rlm.sidecar import Sidecar
+from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
+from rlmm.api import TopicIdPartition
+from tests.kafka_util import produce
+from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
+
+SEGMENT_MS = 400
+PER_ROUND = 200
+CODECS = ("lz4", "zstd", "none")  # partition i is produced with codec i
+
+Record = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
+
+
+class Env:
+    def __init__(self, kafka: KafkaCluster, sidecar: Sidecar, tag: str, options: dict[str, str]) -> None:
+        self.kafka = kafka
+        self.sidecar = sidecar
+        self.tag = tag
+        self.options = options
+        self.topic_ids: dict[str, uuid.UUID] = {}
+        self.sent: dict[str, dict[tuple[int, int], Record]] = {}
+        self.rnd = random.Random(14)
+
+    def create(self, topic: str, partitions: int) -> None:
+        self.topic_ids[topic] = self.kafka.create_topic(topic, partitions, config={"segment.ms": str(SEGMENT_MS),
+                                                                                   "retention.ms": "-1"})
+        self.sent[topic] = {}
+
+    def round(self, topic: str, partitions: int, per_round: int = PER_ROUND) -> None:
+        """One segment per partition, then tiered: every record of it is remote once this returns (a one-record
+        append rolls it; that record, in the active segment, is remote after the next round)."""
+        for p in range(partitions):
+            recs = []
+            for i in range(per_round):
+                key = None if i % 13 == 0 else f"k{p}-{i}-{self.rnd.random()}".encode()
+                value = None if i % 41 == 7 else self.rnd.randbytes(self.rnd.randint(0, 300))
+                headers = [] if i % 4 else [("h", f"x{i}".encode()), ("n", None)]
+                recs.append((key, value, headers))
+            acks = produce(self.kafka, topic, recs, partition=p, **{"compression.type": CODECS[p % len(CODECS)],
+                                                                     "batch.size": 8192})
+            for (_p, off), (k, v, h) in zip(acks, recs, strict=True):
+                self.sent[topic][(p, off)] = (k, v, tuple(h))
+        time.sleep(SEGMENT_MS / 1000 + 0.1)
+        for p in range(partitions):
+            [(_p, off)] = produce(self.kafka, topic, [(b"__roll__", b"r", [])], partition=p)
+            self.sent[topic][(p, off)] = (b"__roll__", b"r", ())
+        for p in range(partitions):
+            last = max(o for q, o in self.sent[topic] if q == p) - 1
+            tp = TopicIdPartition(self.topic_ids[topic], topic, p)
+            wait_for(lambda tp=tp, last=last: latest_remote(self.sidecar, tp) >= last, 90,
+                     f"{topic}-{p} remote up to {last}")
+
+    def tiered(self, topic: str) -> dict[tuple[int, int], Record]:
+        """What was sent and is remote now (from the earliest remote offset to the latest tiered one)."""
+        out = {}
+        for (p, o), r in self.sent[topic].items():
+            segs = remote_segments(self.sidecar, TopicIdPartition(self.topic_ids[topic], topic, p))
+            if segs and segs[0].start_offset <= o <= segs[-1].end_offset_inclusive:
+                out[(p, o)] = r
+        return out
+
+
+@pytest.fixture(scope="module")
+def env(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tag = uuid.uuid4().hex[:8]
+    tmp = tmp_path_factory.mktemp("spark-stream")
+    # the loss topic keeps ~2 segments remote (a segment is ~30 KB): older ones are deleted by remote retention
+    settings = make_settings(kafka, tmp, topics={"include": [f"stream-{tag}-.*"]},
+                             retention=[{"pattern": f"stream-{tag}-loss", "retention_ms": -1,
+                                         "retention_bytes": 70_000},
+                                        {"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}])
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "metadata.topic": settings.metadata.topic,
+               "store": "fs", "store.root_path": str(tmp / "remote")}
+    sidecar = Sidecar(settings).start()
+    try:
+        yield Env(kafka, sidecar, tag, options)
+    finally:
+        sidecar.stop()
+
+
+def stream(spark: Any, env: Env, topic: str, **options: str) -> Any:
+    return (spark.readStream.format("kafka-remote").options(**env.options)
+            .option("subscribe", topic).option("includeHeaders", "true").options(**options).load())
+
+
+def start(df: Any, out: Path, checkpoint: Path, **trigger: Any) -> Any:
+    w = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+    return (w.trigger(**trigger) if trigger else w.trigger(processingTime="500 milliseconds")).start()
+
+
+def sink(spark: Any, out: Path) -> dict[tuple[int, int], Record]:
+    """(partition, offset) -> record of the file sink (its committed files only); fails on an offset twice."""
+    if not (out / "_spark_metadata").exists():
+        return {}
+    rows = spark.read.schema(f"{KAFKA_SCHEMA_DDL}, {HEADERS_DDL}").parquet(str(out)).collect()
+    got: dict[tuple[int, int], Record] = {}
+    for r in rows:
+        k = (r["partition"], r["offset"])
+        assert k not in got, f"offset {k} delivered twice"
+        hdrs = tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in r["headers"])
+        got[k] = (None if r["key"] is None else bytes(r["key"]), None if r["value"] is None else bytes(r["value"]),
+                  hdrs)
+    return got
+
+
+def wait_sink(spark: Any, out: Path, query: Any, want: dict[tuple[int, int], Record], what: str) -> None:
+    def done() -> bool:
+        if query.exception() is not None:
+            raise AssertionError(f"query failed: {query.exception()}")
+        return len(sink(spark, out)) >= len(want)
+
+    wait_for(done, 90, what, interval_s=1.0)
+    assert sink(spark, out) == want
+
+
+def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any, env: Env, tmp_path: Path) -> None:
+    topic = f"stream-{env.tag}-main"
+    env.create(topic, 2)
+    env.round(topic, 2)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = start(stream(spark, env, topic), out, ckpt)
+    try:
+        wait_sink(spark, out, q, env.tiered(topic), "the first segments in the sink")
+        assert len(env.tiered(topic)) >= 2 * PER_ROUND
+        env.round(topic, 2)  # tiered while the query runs: the next micro-batches deliver it
+        wait_sink(spark, out, q, env.tiered(topic), "segments tiered while the query runs")
+    finally:
+        q.stop()
+    # while stopped: more data, and a partition added to the topic
+    admin = AdminClient({"bootstrap.servers": env.kafka.bootstrap_servers})
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    time.sleep(1.0)
+    env.round(topic, 3)
+    q = start(stream(spark, env, topic), out, ckpt)
+    try:
+        wait_sink(spark, out, q, env.tiered(topic), "the restarted query to catch up")
+        env.round(topic, 3)
+        wait_sink(spark, out, q, env.tiered(topic), "the next segments, the new partition's too")
+    finally:
+        q.stop()
+    got = sink(spark, out)
+    assert {p for p, _o in got} == {0, 1, 2}
+    assert got == env.tiered(topic)  # every tiered record once, byte-exact: no duplicate, no gap
+
+
+def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: Any, env: Env,
+                                                                        tmp_path: Path) -> None:
+    topic = f"stream-{env.tag}-limit"
+    env.create(topic, 2)
+    env.round(topic, 2)
+    env.round(topic, 2)
+    want = env.tiered(topic)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = start(stream(spark, env, topic, maxOffsetsPerTrigger="300"), out, ckpt, availableNow=True)
+    assert q.awaitTermination(120), "Trigger.AvailableNow did not stop"
+    assert q.exception() is None
+    assert sink(spark, out) == want
+    spans = []
+    for prog in q.recentProgress:
+        if not prog.sources or prog.sources[0].endOffset is None:
+            continue
+        s = (json.loads(prog.sources[0].startOffset) if prog.sources[0].startOffset else None) or {}
+        e = json.loads(prog.sources[0].endOffset)
+        span = sum(o - s.get(topic, {}).get(p, o) for p, o in e.get(topic, {}).items())
+        if prog.numInputRows:
+            spans.append(span)
+            assert prog.numInputRows <= 300
+    assert spans and all(s <= 300 for s in spans), spans
+    assert len(spans) >= len(want) // 300
+
+
+def test_fail_on_data_loss_after_retention_deleted_unread_segments(spark: Any, env: Env, tmp_path: Path) -> None:
+    topic = f"stream-{env.tag}-loss"
+    env.create(topic, 1)
+    env.round(topic, 1)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = start(stream(spark, env, topic), out, ckpt, availableNow=True)
+    assert q.awaitTermination(120)
+    first = sink(spark, out)
+    assert first and first == env.tiered(topic)
+    read_to = max(o for _p, o in first)
+    # the query is stopped; more is tiered and remote retention deletes the segments it has not read
+    tp = TopicIdPartition(env.topic_ids[topic], topic, 0)
+    for _ in range(4):
+        env.round(topic, 1)
+    wait_for(lambda: remote_segments(env.sidecar, tp)[0].start_offset > read_to + 1, 60,
+             "remote retention to delete unread segments")
+    earliest = remote_segments(env.sidecar, tp)[0].start_offset
+    q = start(stream(spark, env, topic), out, ckpt, availableNow=True)
+    with pytest.raises(Exception, match=rf"{topic}-0: offsets {read_to + 1} to {earliest - 1} were removed by "
+                                        "remote retention"):
+        q.awaitTermination(120)
+    assert sink(spark, out) == first
+    q = start(stream(spark, env, topic, failOnDataLoss="false"), out, ckpt, availableNow=True)
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    got = sink(spark, out)
+    assert got == {**first, **env.tiered(topic)}  # skipped to the earliest remote offset; nothing twice
+    assert not any(read_to < o < earliest for _p, o in got)
