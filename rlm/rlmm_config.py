@@ -38,10 +38,15 @@ def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, r
     )
 
 
-def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False,
-                        cache_dir: Path | None = None) -> TopicBasedRlmmConfig:
-    """From the sidecar's settings; the cache under ``metadata.state_dir`` unless ``cache_dir`` names another."""
+def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
+                        create_topic: bool | None = None) -> TopicBasedRlmmConfig:
+    """From the sidecar's settings; the cache under ``metadata.state_dir`` unless ``cache_dir`` names another.
+
+    ``create_topic``: whether a missing metadata topic is created; by default not in ``mode: read_only`` (the
+    metadata is someone else's: a missing topic fails fast, :class:`~rlmm.api.MetadataTopicMissingError`)."""
     md = settings.metadata
+    if create_topic is None:
+        create_topic = settings.mode != "read_only"
     return rlmm_config(
         settings.kafka.client_config(),
         topic=md.topic,
@@ -52,4 +57,5 @@ def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False,
         serve_all=serve_all,
         write_timeout_s=md.write_timeout_ms / 1000,
         tombstone_delay_ms=md.tombstone_delay_ms,
+        create_topic=create_topic,
     )

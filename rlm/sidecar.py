@@ -65,10 +65,12 @@ logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
 log = logging.getLogger(__name__)
 
 
-def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False,
-              cache_dir: Path | None = None) -> TopicBasedRemoteLogMetadataManager:
-    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`)."""
-    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, serve_all=serve_all, cache_dir=cache_dir))
+def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
+              create_topic: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
+    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`: in ``mode: read_only``
+    a missing metadata topic raises :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``)."""
+    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, serve_all=serve_all, cache_dir=cache_dir,
+                                                                  create_topic=create_topic))
 
 
 @dataclass

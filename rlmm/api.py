@@ -25,6 +25,7 @@ __all__ = [
     "CorruptMetadataRecordError",
     "InvalidStateTransitionError",
     "MetadataCacheFormatError",
+    "MetadataTopicMissingError",
     "MetadataWriteError",
     "PartitionNotServedError",
     "ReadYourWritesTimeoutError",
@@ -87,6 +88,14 @@ class MetadataWriteError(RemoteLogMetadataError):
     """Kafka did not accept a metadata record (topic missing, not enough replicas, timeout); nothing changed.
 
     The message carries the broker's error; retry once the metadata topic is healthy.
+    """
+
+
+class MetadataTopicMissingError(RemoteLogMetadataError):
+    """The metadata topic does not exist and this manager was configured not to create it (a reader of metadata it
+    does not own: ``create_topic=False``). Nothing was created.
+
+    Check the topic name and the cluster; create the topic, or rebuild it from the store, before starting again.
     """
 
 

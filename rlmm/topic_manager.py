@@ -35,6 +35,7 @@ from rlmm import serde
 from rlmm.api import (
     CopyFencedError,
     InvalidStateTransitionError,
+    MetadataTopicMissingError,
     MetadataWriteError,
     PartitionNotServedError,
     ReadYourWritesTimeoutError,
@@ -72,6 +73,7 @@ class TopicBasedRlmmConfig:
     num_partitions: int = 50
     replication_factor: int = 3
     topic_config: Mapping[str, str] = field(default_factory=dict)   # extra configs when the topic is created
+    create_topic: bool = True                                       # False: a missing topic is an error
     serve_all: bool = False                                         # consume every metadata partition
     write_timeout_s: float = 30.0                                   # produce + read-your-writes
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
@@ -127,6 +129,13 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         cfg = self.config
         topic_conf = {"cleanup.policy": "compact", **cfg.topic_config}
         md = self._admin.list_topics(self.topic, timeout=30).topics.get(self.topic)
+        if (md is None or md.error is not None) and not cfg.create_topic:
+            why = "does not exist" if md is None or md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART \
+                else f"cannot be described ({md.error})"
+            raise MetadataTopicMissingError(
+                f"metadata topic {self.topic} {why} on {cfg.bootstrap_servers}, and this manager does not create it "
+                "(it reads metadata it does not own): check the topic name and the cluster, or create the topic "
+                "(rebuild it from the store) first")
         if md is None or md.error is not None:
             fut = self._admin.create_topics([NewTopic(self.topic, cfg.num_partitions, cfg.replication_factor,
                                                       config=dict(topic_conf))])[self.topic]

@@ -59,6 +59,7 @@ class CliContext:
 @contextmanager
 def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
     from rlm.sidecar import make_rlmm
+    from rlmm.api import MetadataTopicMissingError
 
     try:
         settings = load_settings(args.config)
@@ -66,7 +67,11 @@ def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
         print(f"rlm: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
-    rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
+    try:
+        rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
+    except MetadataTopicMissingError as err:  # read-only: the metadata is someone else's, never created here
+        print(f"rlm: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         rsm = RemoteStorageManager(settings.store)
         view = ClusterView(settings.kafka.client_config())

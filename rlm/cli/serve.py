@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from rlm.http import OpsServer
     from rlm.logs import setup_logging
     from rlm.sidecar import Sidecar
+    from rlmm.api import MetadataTopicMissingError
 
     try:
         settings = load_settings(args.config)
@@ -42,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sidecar = Sidecar(settings)
+    try:
+        sidecar = Sidecar(settings)
+    except MetadataTopicMissingError as err:  # read-only: the metadata is someone else's, never created here
+        print(f"rlm: {err}", file=sys.stderr)
+        return 2
     ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health, sidecar.liveness).start()
     log.info("listening", extra={"host": settings.listen.host, "port": ops.port})
     sidecar.start()

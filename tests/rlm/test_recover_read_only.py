@@ -1,0 +1,148 @@
+"""Read-only against another cluster (issue 13): a second Kafka cluster, where the topic was re-created with a new
+id, gets metadata of the first cluster's store (``rlm recover`` into a metadata topic of its own) and serves it in
+``mode: read_only`` through ``rlm cat`` and the history endpoint, producing no record to any topic of either cluster
+and leaving the store as it was (listing and mtimes). Before recovery, read-only fails fast on the missing metadata
+topic instead of creating it.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from devtools.devkafka import KafkaCluster
+from rlm.config import SidecarSettings
+from rlm.history import start_history
+from rlm.sidecar import Sidecar
+from rlmm.api import MetadataTopicMissingError, TopicIdPartition
+from tests.kafka_util import produce
+from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
+from tests.rlm.test_cli import json_lines, ok, rlm
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
+
+Sent = dict[int, tuple[bytes, bytes]]
+
+
+def end_offsets(kafka: KafkaCluster) -> dict[tuple[str, int], int]:
+    """The high watermark of every partition of every topic of the cluster (internal ones included)."""
+    admin = AdminClient(kafka.admin_config())
+    topics = admin.list_topics(timeout=30).topics
+    c = Consumer({**kafka.admin_config(), "group.id": f"wm-{uuid.uuid4()}", "enable.auto.commit": False})
+    try:
+        return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=30)[1]
+                for t, md in topics.items() for p in md.partitions}
+    finally:
+        c.close()
+
+
+def mtimes(root: Path) -> dict[str, int]:
+    return {k: (root / k).stat().st_mtime_ns for k in store_keys(root)}
+
+
+def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path: Path) -> None:
+    # -- cluster 1 tiers a topic of two partitions into the store ---------------------------------------------
+    topic = f"ro-{uuid.uuid4().hex[:8]}"
+    first_id = kafka.create_topic(topic, 2, config={"segment.ms": "400"})
+    sent: dict[int, Sent] = {}
+    for p in (0, 1):
+        sent[p] = produce_segments(kafka, topic, 3, 100, segment_ms=400, roll=False, partition=p)
+        produce(kafka, topic, [(b"__roll__", b"r")], partition=p)  # rolls the last segment; stays local
+    settings1 = make_settings(kafka, tmp_path, topics={"include": [re.escape(topic)]})
+    sidecar = Sidecar(settings1).start()
+    try:
+        for p in (0, 1):
+            tp = TopicIdPartition(first_id, topic, p)
+            wait_for(lambda tp=tp, p=p: latest_remote(sidecar, tp) >= max(sent[p]), 90, f"{tp} to be tiered")
+    finally:
+        sidecar.stop()
+    root = settings1.store.root_path
+
+    # -- cluster 2: the topic re-created there (a new id), read-only settings over cluster 1's store -----------
+    with KafkaCluster(base_dir=tmp_path / "kafka2") as kafka2:
+        second_id = kafka2.create_topic(topic, 2)
+        assert second_id != first_id
+        other = f"ro-other-{uuid.uuid4().hex[:8]}"  # cluster 2's own topic, rolled segments: never to be tiered
+        other_id = kafka2.create_topic(other, 1, config={"segment.ms": "300"})
+        produce_segments(kafka2, other, 3, 50, segment_ms=300)
+        tag = uuid.uuid4().hex[:8]
+        raw: dict[str, Any] = make_settings(kafka2, tmp_path, topics={"include": [re.escape(topic), re.escape(other)]},
+                                            store=settings1.store.model_dump(mode="json", exclude_none=True)
+                                            ).model_dump(mode="json", exclude_none=True)
+        raw |= {"mode": "read_only",
+                "metadata": {**raw["metadata"], "topic": f"__rlm_md_ro_{tag}", "state_dir": str(tmp_path / "state-ro"),
+                             "to_be_deleted_topic": f"__rlm_tbd_ro_{tag}"},
+                # a sidecar that would expire everything at once and collect garbage with no grace, were it not
+                # read-only
+                "retention": [{"pattern": ".*", "retention_ms": 1, "retention_bytes": 1}],
+                "tasks": {**raw["tasks"], "gc_interval_ms": 1000, "gc_grace_ms": 0, "expiration_interval_ms": 300},
+                "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100}}
+        settings2 = SidecarSettings(**raw)
+        config2 = tmp_path / "read-only.yaml"
+        config2.write_text(settings_yaml(settings2))
+        md_topic = settings2.metadata.topic
+
+        # no metadata topic yet: read-only fails fast and creates nothing
+        proc = rlm("cat", topic, "0", config=config2)
+        assert proc.returncode == 2 and f"metadata topic {md_topic} does not exist" in proc.stderr, proc.stderr
+        with pytest.raises(MetadataTopicMissingError, match="does not create it"):
+            Sidecar(settings2)
+        assert md_topic not in AdminClient(kafka2.admin_config()).list_topics(timeout=30).topics
+
+        # recovery (a deliberate write of cluster 2's metadata topic only) maps the stored id to the new one
+        out = ok(rlm("recover", config=config2, timeout=180))
+        assert f"-> {topic}-0({second_id})" in out and "0 conflicts" in out, out
+        n = int(re.search(r"wrote (\d+) segments", out)[1])
+        assert n >= 6, out
+
+        ends = (end_offsets(kafka), end_offsets(kafka2))
+        before = mtimes(root)
+        ro = Sidecar(settings2).start()
+        history = start_history(settings2, ro.rsm)
+        consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{history.port}", "group.id": f"unused-{tag}",
+                             "enable.auto.commit": False, "check.crcs": True, "fetch.wait.max.ms": 100})
+        try:
+            assert ro.read_only
+            for p in (0, 1):
+                tp = TopicIdPartition(second_id, topic, p)
+                wait_for(lambda tp=tp, p=p: latest_remote(ro, tp) >= max(sent[p]), 60, f"read-only {tp}")
+                rows = json_lines(ok(rlm("cat", topic, str(p), config=config2)))
+                assert {r["offset"]: (base64.b64decode(r["key"]), base64.b64decode(r["value"])) for r in rows} \
+                    == sent[p], f"rlm cat {topic}-{p}"
+            tier = history.server.handlers.tier
+
+            def served() -> bool:
+                tps = [TopicIdPartition(second_id, topic, p) for p in (0, 1)]
+                tier.refresh(tps)
+                return all((t := tier.partition(tp)) is not None and t.high_watermark == max(sent[tp.partition]) + 1
+                           for tp in tps)
+            wait_for(served, 60, "the history endpoint to serve the recovered tier")
+            consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+            got: dict[int, Sent] = {0: {}, 1: {}}
+            deadline = time.monotonic() + 60
+            while any(len(got[p]) < len(sent[p]) for p in (0, 1)):
+                assert time.monotonic() < deadline, {p: len(v) for p, v in got.items()}
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                assert msg.error() is None, msg.error()
+                got[msg.partition()][msg.offset()] = (msg.key(), msg.value())
+            assert got == sent, "history endpoint"
+            time.sleep(2.0)  # several discovery, copy, expiration and gc intervals
+            assert latest_remote(ro, TopicIdPartition(other_id, other, 0)) == -1
+        finally:
+            consumer.close()
+            history.stop()
+            ro.stop()
+        assert mtimes(root) == before, "the store's listing and mtimes are unchanged"
+        assert (end_offsets(kafka), end_offsets(kafka2)) == ends, "no record produced to any topic"
+        assert settings2.metadata.to_be_deleted_topic not in AdminClient(
+            kafka2.admin_config()).list_topics(timeout=30).topics
