@@ -179,13 +179,14 @@ class Recoverer:
     metadata topic exists (a dry run then reads what it holds)."""
 
     def __init__(self, rsm: RemoteStorageManagerApi, rlmm: Callable[[], RemoteLogMetadataManager], *,
-                 metadata_exists: bool, read_threads: int = 16,
+                 metadata_exists: bool, read_threads: int = 16, batch_size: int = 10_000,
                  progress: Callable[[int, str], Callable[[int], None]] | None = None) -> None:
         self.rsm = rsm
         self._rlmm_factory = rlmm
         self._rlmm: RemoteLogMetadataManager | None = None
         self.metadata_exists = metadata_exists
         self.read_threads = read_threads
+        self.batch_size = batch_size  # records per write batch; 1: one round trip per record (no batching)
         self._progress = progress
 
     def _bar(self, total: int, what: str) -> Callable[[int], None]:
@@ -302,20 +303,40 @@ class Recoverer:
 
     def _write(self, todo: Sequence[tuple[PartitionRecovery, RemoteLogSegmentMetadata]],
                resumed: set[uuid.UUID]) -> None:
+        """COPY_SEGMENT_STARTED for every segment (but resumed ones) in one batch, then COPY_SEGMENT_FINISHED for
+        those accepted in another (:meth:`~rlmm.api.RemoteLogMetadataManager.write_segment_metadata_many`: with the
+        topic-based manager one flush and one read-your-writes wait per metadata partition and batch, not two
+        round trips per segment). ``batch_size`` bounds a batch."""
         bar = self._bar(len(todo), "segments written")
-        for pr, md in todo:
-            try:
-                if md.remote_log_segment_id.id not in resumed:
-                    self.rlmm.add_remote_log_segment_metadata(replace(md, state=_STARTED))
-                self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                    md.remote_log_segment_id, md.event_timestamp_ms, md.custom_metadata, _FINISHED, md.broker_id))
-            except RemoteLogMetadataError as err:
-                pr.conflicts.append(f"{md.remote_log_segment_id}: the metadata refused it: {err}")
-                log.warning("recovered segment refused", extra={"segment": str(md.remote_log_segment_id),
-                                                                 "error": str(err)})
-            else:
-                pr.written.append(md)
-            bar(1)
+        for at in range(0, len(todo), self.batch_size):
+            chunk = todo[at:at + self.batch_size]
+            refused: dict[int, RemoteLogMetadataError] = {}
+            starts = [(k, replace(md, state=_STARTED)) for k, (_pr, md) in enumerate(chunk)
+                      if md.remote_log_segment_id.id not in resumed]
+            for (k, _), err in zip(starts, self._write_many([m for _, m in starts]), strict=True):
+                if err is not None:
+                    refused[k] = err
+            finishes = [(k, RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, md.event_timestamp_ms,
+                                                           md.custom_metadata, _FINISHED, md.broker_id))
+                        for k, (_pr, md) in enumerate(chunk) if k not in refused]
+            for (k, _), err in zip(finishes, self._write_many([u for _, u in finishes]), strict=True):
+                if err is not None:
+                    refused[k] = err
+            for k, (pr, md) in enumerate(chunk):
+                err = refused.get(k)
+                if err is not None:
+                    pr.conflicts.append(f"{md.remote_log_segment_id}: the metadata refused it: {err}")
+                    log.warning("recovered segment refused", extra={"segment": str(md.remote_log_segment_id),
+                                                                     "error": str(err)})
+                else:
+                    pr.written.append(md)
+            bar(len(chunk))
+
+    def _write_many(self, records: Sequence[RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate],
+                    ) -> list[RemoteLogMetadataError | None]:
+        if self.batch_size > 1:
+            return self.rlmm.write_segment_metadata_many(records)
+        return RemoteLogMetadataManager.write_segment_metadata_many(self.rlmm, records)  # one at a time
 
     def close(self) -> None:
         if self._rlmm is not None:

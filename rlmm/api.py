@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
@@ -312,6 +312,28 @@ class RemoteLogMetadataManager(abc.ABC):
     def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
         """Move a known segment to a new state. Raises :class:`UnknownSegmentError` for an unknown
         segment and :class:`InvalidStateTransitionError` for a transition the diagram refuses."""
+
+    def write_segment_metadata_many(
+            self, records: Sequence[RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate],
+    ) -> list[RemoteLogMetadataError | None]:
+        """Write many records at once: each a new copy (as :meth:`add_remote_log_segment_metadata`) or an update
+        (as :meth:`update_remote_log_segment_metadata`), each checked against the metadata as it was before the
+        call (so a segment's COPY_SEGMENT_STARTED and its COPY_SEGMENT_FINISHED go in two calls). Returns, per
+        record in order, None when written (and applied: read-your-writes) or the error that refused it; one
+        refused record does not stop the others. For bulk writers (``rlm recover``): an implementation may send
+        them all before waiting once; this default writes them one by one."""
+        out: list[RemoteLogMetadataError | None] = []
+        for rec in records:
+            try:
+                if isinstance(rec, RemoteLogSegmentMetadataUpdate):
+                    self.update_remote_log_segment_metadata(rec)
+                else:
+                    self.add_remote_log_segment_metadata(rec)
+            except RemoteLogMetadataError as err:
+                out.append(err)
+            else:
+                out.append(None)
+        return out
 
     @abc.abstractmethod
     def remote_log_segment_metadata(self, tp: TopicIdPartition, epoch: int,

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -435,6 +435,114 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 raise fenced
         key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, update.state)
         self._write(tp, key, serde.encode(update), sid)
+
+    def write_segment_metadata_many(
+            self, records: Sequence[RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate],
+    ) -> list[RemoteLogMetadataError | None]:
+        """See :meth:`RemoteLogMetadataManager.write_segment_metadata_many`: every record checked against the cache,
+        all produced, one flush, then one read-your-writes wait per metadata partition (for its highest offset)
+        instead of two round trips per record. Each record's wait allows ``write_timeout_s`` of no progress."""
+        out: list[RemoteLogMetadataError | None] = [None] * len(records)
+        items: list[tuple[int, TopicIdPartition, bytes, bytes, object]] = []
+        for i, rec in enumerate(records):
+            sid = rec.remote_log_segment_id
+            tp = sid.topic_id_partition
+            try:
+                self._ensure_assigned(tp)
+                existing = self.cache.segment(tp, sid.id)
+                if isinstance(rec, RemoteLogSegmentMetadataUpdate):
+                    if existing is None:
+                        raise UnknownSegmentError(f"{sid}: no such segment (update to {rec.state.name})")
+                    existing.state.check_transition(rec.state, sid)
+                    if rec.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
+                            existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                        fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
+                        if fenced is not None:
+                            raise fenced
+                else:
+                    if rec.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                        raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {rec.state.name}")
+                    deleting = self.cache.partition_delete(tp)
+                    if deleting is not None:
+                        raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
+                                                          f"{deleting.state.name}")
+                    if existing is not None:
+                        existing.state.check_transition(rec.state, sid)
+            except RemoteLogMetadataError as err:
+                out[i] = err
+                continue
+            key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, rec.state)
+            items.append((i, tp, key, serde.encode(rec), sid))
+        for i, err in zip((it[0] for it in items), self._write_many(items), strict=True):
+            out[i] = err
+        return out
+
+    def _write_many(self, items: list[tuple[int, TopicIdPartition, bytes, bytes, object]],
+                    ) -> list[RemoteLogMetadataError | None]:
+        """Produce every item, flush once, wait once per metadata partition; per item None or its error."""
+        self._check_open()
+        n = len(items)
+        errors: list[RemoteLogMetadataError | None] = [None] * n
+        written: list[tuple[int, int] | None] = [None] * n     # (metadata partition, offset)
+        delivered = [0]
+
+        def on_delivery(j: int, mp: int, what: object):
+            def cb(err, msg) -> None:
+                delivered[0] += 1
+                if err is not None:
+                    errors[j] = MetadataWriteError(f"{what}: {self.topic}-{mp} refused the record: {err}")
+                else:
+                    written[j] = (mp, msg.offset())
+            return cb
+
+        timeout = self.config.write_timeout_s
+        for j, (_i, tp, key, value, what) in enumerate(items):
+            mp = self.cache.mp_of(tp)
+            while True:
+                try:
+                    self._producer.produce(self.topic, key=key, value=value, partition=mp,
+                                           on_delivery=on_delivery(j, mp, what))
+                    break
+                except BufferError:  # the producer's queue is full: let deliveries drain it
+                    self._producer.poll(0.1)
+        progress_at, seen = time.monotonic(), -1
+        while delivered[0] < n:
+            if delivered[0] != seen:
+                progress_at, seen = time.monotonic(), delivered[0]
+            elif time.monotonic() - progress_at > timeout:
+                break
+            self._producer.flush(1.0)
+        for j in range(n):
+            if written[j] is None and errors[j] is None:
+                errors[j] = MetadataWriteError(f"{items[j][4]}: not acknowledged by {self.topic} within {timeout}s")
+        highest: dict[int, int] = {}
+        for w in written:
+            if w is not None:
+                highest[w[0]] = max(highest.get(w[0], -1), w[1])
+        with self._cond:
+            for mp, offset in highest.items():
+                progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
+                while self._applied.get(mp, -1) <= offset:
+                    if self._thread_error is not None:
+                        raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
+                    if self._applied.get(mp, -1) != seen:
+                        progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
+                    left = progress_at + timeout - time.monotonic()
+                    if left <= 0:
+                        for j, w in enumerate(written):
+                            if w is not None and w[0] == mp and w[1] >= self._applied.get(mp, -1):
+                                errors[j] = ReadYourWritesTimeoutError(
+                                    f"{items[j][4]}: written at {self.topic}-{mp} offset {w[1]} but the local cache "
+                                    f"applied only up to {self._applied.get(mp, -1) - 1} within {timeout}s")
+                        break
+                    self._cond.wait(min(left, 0.5))
+            for j, w in enumerate(written):
+                skipped = self._skipped_at.get(w) if w is not None and errors[j] is None else None
+                if skipped is not None:
+                    error = CopyFencedError if skipped.fenced else InvalidStateTransitionError
+                    errors[j] = error(f"{items[j][4]}: the cache refused the record at {self.topic}-{w[0]} offset "
+                                      f"{w[1]}: {skipped.error}")
+        return errors
 
     def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> None:
         tp = metadata.topic_id_partition
