@@ -201,4 +201,4 @@ def _partition(index: int, res: FetchResult, code: ErrorCode) -> dict[str, Any]:
             "last_stable_offset": res.last_stable_offset, "log_start_offset": res.log_start_offset,
             "aborted_transactions": None if res.aborted is None else [
                 {"producer_id": pid, "first_offset": first} for pid, first in res.aborted],
-            "preferred_read_replica": -1, "records": b"".join(res.batches)}
+            "preferred_read_replica": -1, "records": res.records}

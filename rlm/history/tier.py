@@ -75,7 +75,7 @@ class FetchResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    batches: list[bytes] = field(default_factory=list)
+    records: bytearray = field(default_factory=bytearray)  # the whole batches, as stored, one after the other
     size: int = 0
     aborted: list[tuple[int, int]] | None = None  # (producer id, first offset), for read_committed
 
@@ -170,7 +170,7 @@ class TierView:
                     if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
                         full = True
                         break
-                    out.batches.append(bytes(data))
+                    out.records += data  # the one copy: out of the block buffer the reader reuses
                     out.size += h.size_bytes
                     last_offset = h.last_offset
             if txns is not None and last_offset >= md.start_offset:

@@ -26,6 +26,7 @@ into the kio entity of the version asked for, keeping the fields that version ha
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import struct
 import types
@@ -185,12 +186,18 @@ def build(entity_type: type, values: Mapping[str, Any]) -> Any:
     """``entity_type`` (a kio dataclass) from ``values``: fields it lacks are ignored, fields missing from
     ``values`` take their default (or the empty/zero value for a required one)."""
     kwargs: dict[str, Any] = {}
-    for f in fields(entity_type):
+    for f, required in _fields(entity_type):
         if f.name in values:
             kwargs[f.name] = _convert(f, f.type, values[f.name])
-        elif f.default is MISSING and f.default_factory is MISSING:
+        elif required:
             kwargs[f.name] = _empty(f, f.type)
     return entity_type(**kwargs)
+
+
+@functools.cache
+def _fields(entity_type: type) -> tuple[tuple[Field, bool], ...]:
+    """The entity's fields, each with whether it is required (no default): looked up once per type."""
+    return tuple((f, f.default is MISSING and f.default_factory is MISSING) for f in fields(entity_type))
 
 
 def error_body(entity_type: type, code: ErrorCode) -> Any:
@@ -199,6 +206,7 @@ def error_body(entity_type: type, code: ErrorCode) -> Any:
     return build(entity_type, values)
 
 
+@functools.cache
 def _inner(tp: Any) -> tuple[Any, bool]:
     """(type without ``| None``, nullable)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
