@@ -155,6 +155,11 @@ class MetadataReader:
             self._followed.update(new)
         return {tp: remote_chain(self._rlmm.list_remote_log_segments(tp)) for tp in tps}
 
+    @property
+    def rlmm(self) -> TopicBasedRemoteLogMetadataManager:
+        """The metadata manager (following the partitions :meth:`chains` was asked for)."""
+        return self._rlmm
+
     def close(self) -> None:
         try:
             self._rlmm.close()

@@ -27,8 +27,10 @@ partition; the latest offset of a partition is its latest tiered offset + 1 (the
   offsets; ``false`` logs them, counts them (:attr:`KafkaRemoteStreamReader.lost_offsets`) and reads on from the
   earliest remote offset. A segment deleted between planning and reading fails the task, or (``false``) is
   skipped with a warning on the executor. Offsets missing inside the tier (never tiered) are treated as in batch.
-- ``read_committed``: the transaction indexes of the tier decide, as in batch. ``endingOffsets`` is not a
-  streaming option and is refused.
+- ``read_committed``: the transaction indexes of the tier decide, as in batch, and a micro-batch ends at the
+  tier's last stable offset (:class:`rlm.history.tier.TierView`, as the history endpoint serves it): a transaction
+  still open at the tier's end, its marker not tiered yet, is held back until it is. ``endingOffsets``,
+  ``startingTimestamp`` and ``startingOffsetsByTimestamp`` are refused.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._rsm: RemoteStorageManager | None = None
         self._target: dict[tuple[str, int], int] | None = None  # Trigger.AvailableNow
         self._last_trigger = time.monotonic()
+        self._tps: dict[tuple[str, int], TopicIdPartition] = {}
+        self._txn_view: Any = None  # rlm.history.tier.TierView, read_committed only
 
     # ------------------------------------------------------------------------------------------- the tier
     def _tier(self) -> dict[tuple[str, int], list[RemoteLogSegmentMetadata]]:
@@ -99,7 +103,26 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if self._metadata is None:
             self._metadata = MetadataReader(self.opts)
         tps = resolve_partitions(self.opts, strict=False)
+        self._tps = {(tp.topic, tp.partition): tp for tp in tps}
         return {(tp.topic, tp.partition): segs for tp, segs in self._metadata.chains(tps).items()}
+
+    def _storage(self) -> RemoteStorageManager:
+        if self._rsm is None:
+            self._rsm = RemoteStorageManager(self.opts.rsm_config())
+        return self._rsm
+
+    def _stable_end(self, k: tuple[str, int], hwm: int) -> int:
+        """read_committed: the tier's last stable offset (a transaction open at the tier's end, its marker not
+        tiered yet, is held back until it is), as the history endpoint serves it; else the high watermark."""
+        if self.opts.isolation != "read_committed" or self._metadata is None:
+            return hwm
+        if self._txn_view is None:
+            from rlm.history.tier import TierView  # the one computation of a tier's last stable offset
+            from rlm.reader import RemoteReader
+
+            self._txn_view = TierView(RemoteReader(self._metadata.rlmm, self._storage()), ttl_s=0.0)
+        tier = self._txn_view.partition(self._tps[k])
+        return hwm if tier is None else min(hwm, tier.last_stable_offset)
 
     @staticmethod
     def _bounds(segs: list[RemoteLogSegmentMetadata]) -> tuple[int, int] | None:
@@ -111,7 +134,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         for k, segs in tier.items():
             b = self._bounds(segs)
             if b is not None:
-                out[k] = b[1]
+                out[k] = self._stable_end(k, b[1])
         return out
 
     # --------------------------------------------------------------------------------------- Spark's API
@@ -123,7 +146,8 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             if b is None:
                 continue  # enters the offsets once something of it is tiered
             spec = self.opts.starting.for_partition(topic, p)
-            out[(topic, p)] = b[0] if spec is None or spec == EARLIEST else b[1] if spec == LATEST else spec
+            latest = self._stable_end((topic, p), b[1])
+            out[(topic, p)] = b[0] if spec is None or spec == EARLIEST else latest if spec == LATEST else spec
         log.info("kafka-remote stream: initial offsets", extra={"offsets": _offsets(out)})
         return _offsets(out)
 
@@ -190,8 +214,6 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if not todo:
             return []
         tier = self._tier()
-        if self._rsm is None:
-            self._rsm = RemoteStorageManager(self.opts.rsm_config())
         out: list[InputPartition] = []
         for (topic, p), (s, e) in sorted(todo.items()):
             segs = tier.get((topic, p), [])
@@ -209,7 +231,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                             extra={"topic": topic, "partition": p, "from_offset": s, "to_offset": lost_to,
                                    "lost_offsets_total": self.lost_offsets})
                 s = earliest
-            out.extend(plan_range(self.opts, self._rsm, segs, s, e))
+            out.extend(plan_range(self.opts, self._storage(), segs, s, e))
         log.info("kafka-remote stream: micro-batch planned", extra={"slices": len(out)})
         return out
 

@@ -1,7 +1,7 @@
 """``readStream.format("kafka-remote")`` against the real broker and an in-process sidecar tiering while the query
 runs: every record exactly once (byte-exact, lz4 and zstd), segments tiered while the query runs, a restart from the
 checkpoint, a partition added mid-stream, ``maxOffsetsPerTrigger`` per micro-batch with ``Trigger.AvailableNow``,
-and ``failOnDataLoss`` both ways after remote retention deleted segments the query had not read."""
+``failOnDataLoss`` both ways after remote retention deleted segments the query had not read, and read_committed."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
 from rlmm.api import TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
+from tests.spark.conftest import TieredData
 
 SEGMENT_MS = 400
 PER_ROUND = 200
@@ -220,3 +221,16 @@ def test_fail_on_data_loss_after_retention_deleted_unread_segments(spark: Any, e
     assert resumed_at > lost_to
     latest = latest_remote(env.sidecar, tp)
     assert after == {k: r for k, r in env.sent[topic].items() if resumed_at <= k[1] <= latest}  # nothing twice
+
+
+def test_read_committed_stream_drops_the_aborted_transaction(spark: Any, txn_data: TieredData,
+                                                             tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    df = (spark.readStream.format("kafka-remote").options(**txn_data.options).option("subscribe", txn_data.topic)
+          .option("includeHeaders", "true").option("isolation.level", "read_committed").load())
+    q = start(df, out, ckpt, availableNow=True)
+    assert q.awaitTermination(120)
+    assert q.exception() is None
+    got = {k: (key, value) for k, (key, value, _h) in sink(spark, out).items()}
+    assert len(txn_data.aborted) == 100
+    assert got == {(0, o): (r.key, r.value) for o, r in txn_data.records[0].items() if o not in txn_data.aborted}
