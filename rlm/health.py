@@ -83,7 +83,7 @@ def _largest_timestamp(seg: Segment) -> float:
         if not seg.is_active:
             entries = read_time_index(seg.time_index_path, seg.base_offset)
             if entries:
-                return float(max(e.timestamp for e in entries))
+                return float(max(e.timestamp_ms for e in entries))
         return seg.log_path.stat().st_mtime * 1000
     except (FileNotFoundError, ValueError):
         return time.time() * 1000
