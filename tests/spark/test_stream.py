@@ -234,3 +234,70 @@ def test_read_committed_stream_drops_the_aborted_transaction(spark: Any, txn_dat
     got = {k: (key, value) for k, (key, value, _h) in sink(spark, out).items()}
     assert len(txn_data.aborted) == 100
     assert got == {(0, o): (r.key, r.value) for o, r in txn_data.records[0].items() if o not in txn_data.aborted}
+
+
+# ---------------------------------------------------------------- offsets and limits, over a given tier (no Spark)
+def _seg(topic: str, p: int, start_: int, end: int) -> Any:
+    from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState
+
+    tp = TopicIdPartition(uuid.UUID(int=7), topic, p)
+    return RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), start_, end, 1, 1, 1, 100,
+                                    ((0, start_),), state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+
+
+def _reader(tier: dict[tuple[str, int], list[Any]], **options: str) -> Any:
+    from rlm.spark.options import parse_options
+    from rlm.spark.stream import KafkaRemoteStreamReader
+
+    class Fixed(KafkaRemoteStreamReader):
+        def _tier(self) -> dict[tuple[str, int], list[Any]]:
+            return tier
+
+        def _storage(self) -> Any:
+            return None  # small segments of read_uncommitted: planning reads nothing
+
+    return Fixed(parse_options({"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:1", "store": "fs",
+                                "store.root_path": "/nonexistent", **options}))
+
+
+def test_offsets_limits_and_partitions_coming_and_going() -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+    tier = {("t", 0): [_seg("t", 0, 100, 999)], ("t", 1): [_seg("t", 1, 0, 99)]}
+    r = _reader(tier, maxOffsetsPerTrigger="100", startingOffsets='{"t": {"0": 500}}')
+    assert r.getDefaultReadLimit() == ReadMaxRows(100)
+    start_ = r.initialOffset()
+    assert start_ == {"t": {"0": 500, "1": 0}}  # partitions the JSON does not name start at earliest
+    # the limit is spread over the partitions by their backlog (500 and 100 offsets)
+    assert r.latestOffset(start_, ReadMaxRows(60)) == {"t": {"0": 550, "1": 10}}
+    assert r.latestOffset(start_, ReadAllAvailable()) == {"t": {"0": 1000, "1": 100}}
+    # a new partition enters at its earliest offset, read from the next micro-batch on; a deleted one leaves
+    tier[("t", 2)] = [_seg("t", 2, 40, 59)]
+    del tier[("t", 1)]
+    end = r.latestOffset({"t": {"0": 1000, "1": 100}}, ReadAllAvailable())
+    assert end == {"t": {"0": 1000, "2": 40}}
+    assert r.partitions({"t": {"0": 1000, "1": 100}}, end) == []
+    assert r.latestOffset(end, ReadAllAvailable()) == {"t": {"0": 1000, "2": 60}}
+    # minOffsetsPerTrigger holds a micro-batch back until enough is tiered
+    m = _reader({("t", 0): [_seg("t", 0, 0, 9)]}, minOffsetsPerTrigger="50")
+    assert m.getDefaultReadLimit() == ReadMinRows(50)
+    assert m.latestOffset({"t": {"0": 0}}, ReadMinRows(50)) == {"t": {"0": 0}}
+    assert m.latestOffset({"t": {"0": 0}}, ReadMinRows(5)) == {"t": {"0": 10}}
+    # Trigger.AvailableNow: what is tiered later is not read
+    tier2 = {("t", 0): [_seg("t", 0, 0, 9)]}
+    a = _reader(tier2)
+    a.prepareForTriggerAvailableNow()
+    tier2[("t", 0)].append(_seg("t", 0, 10, 19))
+    assert a.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 10}}
+
+
+def test_offsets_removed_by_retention_fail_or_are_skipped_and_counted() -> None:
+    from rlm.spark.executor import DataLossError
+
+    tier = {("t", 0): [_seg("t", 0, 300, 399)]}
+    with pytest.raises(DataLossError, match=r"t-0: offsets 200 to 299 were removed by remote retention"):
+        _reader(tier).partitions({"t": {"0": 200}}, {"t": {"0": 400}})
+    r = _reader(tier, failOnDataLoss="false")
+    slices = r.partitions({"t": {"0": 200}}, {"t": {"0": 400}})
+    assert [(s.from_offset, s.to_offset_inclusive) for s in slices] == [(300, 399)]
+    assert r.lost_offsets == 100
