@@ -249,6 +249,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 self._metadata.close()
         finally:
             self._metadata = None
+            self._txn_view = None
             if self._rsm is not None:
                 self._rsm.close()
                 self._rsm = None

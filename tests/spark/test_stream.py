@@ -1,5 +1,5 @@
 """``readStream.format("kafka-remote")`` against the real broker and an in-process sidecar tiering while the query
-runs: every record exactly once (byte-exact, lz4 and zstd), segments tiered while the query runs, a restart from the
+runs: every record exactly once (byte-exact, every codec), segments tiered while the query runs, a restart from the
 checkpoint, a partition added mid-stream, ``maxOffsetsPerTrigger`` per micro-batch with ``Trigger.AvailableNow``,
 ``failOnDataLoss`` both ways after remote retention deleted segments the query had not read, and read_committed."""
 
@@ -26,7 +26,7 @@ from tests.spark.conftest import TieredData
 
 SEGMENT_MS = 400
 PER_ROUND = 200
-CODECS = ("lz4", "zstd", "none")  # partition i is produced with codec i
+CODECS = ("lz4", "zstd", "gzip", "snappy", "none")  # partition i of a topic is produced with codec i + codec_base
 
 Record = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 
@@ -46,7 +46,7 @@ class Env:
                                                                                    "retention.ms": "-1"})
         self.sent[topic] = {}
 
-    def round(self, topic: str, partitions: int, per_round: int = PER_ROUND) -> None:
+    def round(self, topic: str, partitions: int, per_round: int = PER_ROUND, codec_base: int = 0) -> None:
         """One segment per partition, then tiered: every record of it is remote once this returns (a one-record
         append rolls it; that record, in the active segment, is remote after the next round)."""
         for p in range(partitions):
@@ -56,8 +56,8 @@ class Env:
                 value = None if i % 41 == 7 else self.rnd.randbytes(self.rnd.randint(0, 300))
                 headers = [] if i % 4 else [("h", f"x{i}".encode()), ("n", None)]
                 recs.append((key, value, headers))
-            acks = produce(self.kafka, topic, recs, partition=p, **{"compression.type": CODECS[p % len(CODECS)],
-                                                                     "batch.size": 8192})
+            codec = CODECS[(p + codec_base) % len(CODECS)]
+            acks = produce(self.kafka, topic, recs, partition=p, **{"compression.type": codec, "batch.size": 8192})
             for (_p, off), (k, v, h) in zip(acks, recs, strict=True):
                 self.sent[topic][(p, off)] = (k, v, tuple(h))
         time.sleep(SEGMENT_MS / 1000 + 0.1)
@@ -167,8 +167,8 @@ def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: An
                                                                         tmp_path: Path) -> None:
     topic = f"stream-{env.tag}-limit"
     env.create(topic, 2)
-    env.round(topic, 2)
-    env.round(topic, 2)
+    env.round(topic, 2, codec_base=3)
+    env.round(topic, 2, codec_base=3)
     want = env.tiered(topic)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     q = start(stream(spark, env, topic, maxOffsetsPerTrigger="300"), out, ckpt, availableNow=True)
