@@ -146,14 +146,13 @@ def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any
         wait_sink(spark, out, q, env.tiered(topic), "segments tiered while the query runs")
     finally:
         q.stop()
-    # while stopped: more data, and a partition added to the topic
-    admin = AdminClient({"bootstrap.servers": env.kafka.bootstrap_servers})
-    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
-    time.sleep(1.0)
-    env.round(topic, 3)
+    env.round(topic, 2)  # tiered while the query is stopped
     q = start(stream(spark, env, topic), out, ckpt)
     try:
         wait_sink(spark, out, q, env.tiered(topic), "the restarted query to catch up")
+        # a partition added while the query runs: picked up from its earliest offset
+        admin = AdminClient({"bootstrap.servers": env.kafka.bootstrap_servers})
+        admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
         env.round(topic, 3)
         wait_sink(spark, out, q, env.tiered(topic), "the next segments, the new partition's too")
     finally:
@@ -301,3 +300,15 @@ def test_offsets_removed_by_retention_fail_or_are_skipped_and_counted() -> None:
     slices = r.partitions({"t": {"0": 200}}, {"t": {"0": 400}})
     assert [(s.from_offset, s.to_offset_inclusive) for s in slices] == [(300, 399)]
     assert r.lost_offsets == 100
+
+
+def test_a_segment_removed_between_planning_and_reading_fails_the_task_or_is_skipped(tmp_path: Path) -> None:
+    from rlm.segments import to_rsm
+    from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
+    from rsm.manager import RsmConfig
+
+    store = RsmConfig(store="fs", root_path=str(tmp_path)).model_dump(mode="json")  # the segment is not in it
+    md = to_rsm(_seg("t", 0, 0, 99))
+    with pytest.raises(DataLossError, match=r"t-0: offsets 0 to 99 .* were removed by remote retention"):
+        list(read_slice(SegmentSlice(md, 0, 99, None, None, None, (), False, False, store, True)))
+    assert list(read_slice(SegmentSlice(md, 0, 99, None, None, None, (), False, False, store, False))) == []
