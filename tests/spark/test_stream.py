@@ -124,13 +124,17 @@ def sink(spark: Any, out: Path) -> dict[tuple[int, int], Record]:
 
 
 def wait_sink(spark: Any, out: Path, query: Any, want: dict[tuple[int, int], Record], what: str) -> None:
-    def done() -> bool:
-        if query.exception() is not None:
-            raise AssertionError(f"query failed: {query.exception()}")
-        return len(sink(spark, out)) >= len(want)
-
-    wait_for(done, 90, what, interval_s=1.0)
-    assert sink(spark, out) == want
+    """Until the sink holds as many records as ``want`` (the query's metadata consumer may be a moment behind the
+    sidecar's), then exactly them."""
+    deadline = time.monotonic() + 90
+    while True:
+        query.processAllAvailable()
+        got = sink(spark, out)
+        if len(got) >= len(want):
+            break
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {len(got)} of {len(want)} records"
+        time.sleep(0.5)
+    assert got == want
 
 
 def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any, env: Env, tmp_path: Path) -> None:
