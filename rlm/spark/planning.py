@@ -73,11 +73,12 @@ class Bounds:
         self.timestamp_min_ms = v if self.timestamp_min_ms is None else max(self.timestamp_min_ms, v)
 
 
-def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None, *,
-                       strict: bool = True) -> list[TopicIdPartition]:
+def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None, *, strict: bool = True,
+                       view: ClusterView | None = None) -> list[TopicIdPartition]:
     """The (topic id, topic, partition)s the options select, narrowed by the pushed-down filters. ``strict``: a
-    named topic or assigned partition absent from the cluster fails (a stream, not strict, lets it end)."""
-    view = ClusterView(dict(opts.client_config))
+    named topic or assigned partition absent from the cluster fails (a stream, not strict, lets it end). ``view``:
+    a cluster view to ask (a stream keeps one), else a new one."""
+    view = view if view is not None else ClusterView(dict(opts.client_config))
     if opts.subscribe is not None:
         wanted: Iterable[str] | None = opts.subscribe
     elif opts.assign is not None:

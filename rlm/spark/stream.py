@@ -50,6 +50,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from rlm.discovery import ClusterView
 from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
 from rlm.spark.planning import MetadataReader, plan_range, resolve_partitions
@@ -96,13 +97,16 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._last_trigger = time.monotonic()
         self._tps: dict[tuple[str, int], TopicIdPartition] = {}
         self._txn_view: Any = None  # rlm.history.tier.TierView, read_committed only
+        self._view: ClusterView | None = None
+        self._reported: dict[tuple[str, int], int] = {}  # the tier's latest offsets at the last latestOffset
 
     # ------------------------------------------------------------------------------------------- the tier
     def _tier(self) -> dict[tuple[str, int], list[RemoteLogSegmentMetadata]]:
         """(topic, partition) -> remote chain of every partition the options select now (on the cluster)."""
         if self._metadata is None:
             self._metadata = MetadataReader(self.opts)
-        tps = resolve_partitions(self.opts, strict=False)
+            self._view = ClusterView(dict(self.opts.client_config))
+        tps = resolve_partitions(self.opts, strict=False, view=self._view)
         self._tps = {(tp.topic, tp.partition): tp for tp in tps}
         return {(tp.topic, tp.partition): segs for tp, segs in self._metadata.chains(tps).items()}
 
@@ -165,7 +169,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 - Spark's name
         begin = _positions(start)
         tier = self._tier()
-        latest = self._latest(tier)
+        latest = self._reported = self._latest(tier)
         end: dict[tuple[str, int], int] = {}
         for k, segs in tier.items():
             b = self._bounds(segs)
@@ -204,8 +208,8 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return _offsets(end)
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's name
-        latest = self._latest(self._tier()) if self._metadata is not None else {}
-        return _offsets(latest) if latest else None
+        """The tier's latest offsets as :meth:`latestOffset` saw them (Spark asks right after it)."""
+        return _offsets(self._reported) if self._reported else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = _positions(start)
@@ -245,11 +249,14 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def stop(self) -> None:
         try:
+            if self._view is not None:
+                self._view.close()
             if self._metadata is not None:
                 self._metadata.close()
         finally:
             self._metadata = None
             self._txn_view = None
+            self._view = None
             if self._rsm is not None:
                 self._rsm.close()
                 self._rsm = None

@@ -274,6 +274,7 @@ def test_offsets_limits_and_partitions_coming_and_going() -> None:
     # the limit is spread over the partitions by their backlog (500 and 100 offsets)
     assert r.latestOffset(start_, ReadMaxRows(60)) == {"t": {"0": 550, "1": 10}}
     assert r.latestOffset(start_, ReadAllAvailable()) == {"t": {"0": 1000, "1": 100}}
+    assert r.reportLatestOffset() == {"t": {"0": 1000, "1": 100}}  # what that call saw
     # a new partition enters at its earliest offset, read from the next micro-batch on; a deleted one leaves
     tier[("t", 2)] = [_seg("t", 2, 40, 59)]
     del tier[("t", 1)]
