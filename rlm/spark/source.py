@@ -38,7 +38,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from rlm.spark.executor import SegmentSlice, read_slice
-from rlm.spark.options import SourceOptions, parse_options
+from rlm.spark.options import SourceOptions, SparkSourceError, parse_options
 from rlm.spark.planning import Bounds, plan_slices
 
 __all__ = ["KAFKA_SCHEMA_DDL", "KafkaRemoteDataSource", "register"]
@@ -68,9 +68,11 @@ class KafkaRemoteDataSource(DataSource):
         return KafkaRemotePushdownReader(opts) if opts.push_filters else KafkaRemoteReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
-        """``readStream``: :class:`rlm.spark.stream.KafkaRemoteStreamReader`."""
-        from rlm.spark.stream import KafkaRemoteStreamReader
-
+        """``readStream``: :class:`rlm.spark.stream.KafkaRemoteStreamReader` (pyspark 4.2+: admission control)."""
+        try:
+            from rlm.spark.stream import KafkaRemoteStreamReader
+        except ImportError as err:  # pragma: no cover - pyspark 4.1 has no pyspark.sql.streaming.datasource
+            raise SparkSourceError(f"readStream.format('kafka-remote') needs pyspark 4.2 or later ({err})") from err
         return KafkaRemoteStreamReader(parse_options(self.options))
 
 
