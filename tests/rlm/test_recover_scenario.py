@@ -163,8 +163,8 @@ def test_recover_after_losing_metadata_and_state(kafka_cluster3: KafkaCluster, t
     # the recovered chains are the original ones; the expired segments stay gone
     for topic in (a, b):
         assert _ls(topic, config) == before[topic]
-    expired_keys = [k for k in keys_before if f"{a}-{ids[a]}/0/" in k and int(k.rsplit("/", 1)[1][:20]) < first_kept]
-    assert expired_keys == [], "remote retention's deletes are done: nothing of the expired range is stored"
+    a0_bases = {int(k.rsplit("/", 1)[1][:20]) for k in keys_before if f"{a}-{ids[a]}/0/" in k}
+    assert a0_bases and min(a0_bases) == first_kept, "remote retention's deletes are done: nothing expired is stored"
 
     # rlm cat, its own process: every tiered record byte-exact, nothing of the expired range
     for topic, p in tps:
