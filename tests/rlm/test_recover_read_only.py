@@ -1,8 +1,8 @@
 """Read-only against another cluster (issue 13): a second Kafka cluster, where the topic was re-created with a new
 id, gets metadata of the first cluster's store (``rlm recover`` into a metadata topic of its own) and serves it in
-``mode: read_only`` through ``rlm cat`` and the history endpoint, producing no record to any topic of either cluster
-and leaving the store as it was (listing and mtimes). Before recovery, read-only fails fast on the missing metadata
-topic instead of creating it.
+``mode: read_only`` through ``rlm cat``, the history endpoint and Spark's ``kafka-remote`` source, producing no
+record to any topic of either cluster and leaving the store as it was (listing and mtimes). Before recovery,
+read-only fails fast on the missing metadata topic instead of creating it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from rlmm.api import MetadataTopicMissingError, TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
 from tests.rlm.test_cli import json_lines, ok, rlm
+from tests.spark.conftest import spark  # noqa: F401 - the session's SparkSession fixture
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
 
@@ -48,7 +49,8 @@ def mtimes(root: Path) -> dict[str, int]:
     return {k: (root / k).stat().st_mtime_ns for k in store_keys(root)}
 
 
-def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path: Path) -> None:
+def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path: Path,
+                                                  spark: Any) -> None:  # noqa: F811 - the imported fixture
     # -- cluster 1 tiers a topic of two partitions into the store ---------------------------------------------
     topic = f"ro-{uuid.uuid4().hex[:8]}"
     first_id = kafka.create_topic(topic, 2, config={"segment.ms": "400"})
@@ -139,6 +141,15 @@ def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path:
                 assert msg.error() is None, msg.error()
                 got[msg.partition()][msg.offset()] = (msg.key(), msg.value())
             assert got == sent, "history endpoint"
+            # Spark's kafka-remote source over cluster 2's metadata topic and cluster 1's store
+            rows = (spark.read.format("kafka-remote")
+                    .options(**{"kafka.bootstrap.servers": kafka2.bootstrap_servers, "metadata.topic": md_topic,
+                                "store": "fs", "store.root_path": str(root), "subscribe": topic})
+                    .load().select("partition", "offset", "key", "value").collect())
+            by_spark: dict[int, Sent] = {0: {}, 1: {}}
+            for r in rows:
+                by_spark[r["partition"]][r["offset"]] = (bytes(r["key"]), bytes(r["value"]))
+            assert len(rows) == sum(len(v) for v in sent.values()) and by_spark == sent, "Spark"
             time.sleep(2.0)  # several discovery, copy, expiration and gc intervals
             assert latest_remote(ro, TopicIdPartition(other_id, other, 0)) == -1
         finally:
