@@ -236,7 +236,13 @@ def test_read_committed_stream_drops_the_aborted_transaction(spark: Any, txn_dat
     assert q.exception() is None
     got = {k: (key, value) for k, (key, value, _h) in sink(spark, out).items()}
     assert len(txn_data.aborted) == 100
-    assert got == {(0, o): (r.key, r.value) for o, r in txn_data.records[0].items() if o not in txn_data.aborted}
+    want = {(0, o): (r.key, r.value) for o, r in txn_data.records[0].items() if o not in txn_data.aborted}
+    # Up to the tier's last stable offset: the last transaction's records only when its COMMIT marker is tiered
+    # too (the broker may roll between its records and the marker: then it is still open at the tier's end).
+    assert len(got) >= 100 and not any(o in txn_data.aborted for _p, o in got)
+    end = max(o for _p, o in got)
+    assert got == {k: v for k, v in want.items() if k[1] <= end}
+    assert len(got) in (len(want), len(want) - 100)  # the first transaction, or the first and the last
 
 
 # ---------------------------------------------------------------- offsets and limits, over a given tier (no Spark)
