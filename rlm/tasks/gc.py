@@ -78,6 +78,10 @@ def _layout_sort_key(raw: list) -> tuple:
     return (raw[0], bool(raw[1]), raw[2] or "", raw[3] or "")
 
 
+TEMP_FILE_MIN_AGE_MS = 15 * 60 * 1000
+"""A store temp file (a write in progress, or a killed one) younger than this is never removed."""
+
+
 class GarbageCollector:
     def __init__(self, rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi, *, grace_ms: int,
                  state_path: Path) -> None:
@@ -236,7 +240,10 @@ class GarbageCollector:
                         self._partitions.pop(_tp_key(tp), None)
                         log.info("purged partition emptied; forgotten by gc", extra={"partition": str(tp)})
             if not dry_run:
-                deleted.extend(self._remove_stale_temp_files(cutoff_ms))
+                # A temp file is a write in flight until it is TEMP_FILE_MIN_AGE_MS old, whatever the grace: a
+                # throttled copy (or a long fsync) leaves its file untouched for longer than a short gc_grace_ms,
+                # and another sidecar's GC sharing the store removed it mid-copy (the chaos run's livelock).
+                deleted.extend(self._remove_stale_temp_files(min(cutoff_ms, now_ms - TEMP_FILE_MIN_AGE_MS)))
                 # Forget sightings that are no longer orphans of the partitions looked at (adopted or deleted).
                 prefixes = tuple(visited)
                 for base in [b for b in self._first_seen if prefixes and b.startswith(prefixes) and b not in seen_now]:

@@ -291,7 +291,10 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
     stale.write_bytes(b"x" * 100)
     fresh.write_bytes(b"y")
     now = int(time.time() * 1000)
-    os.utime(stale, (now / 1000 - 2 * GRACE / 1000,) * 2)
+    os.utime(stale, (now / 1000 - 2 * gc_module.TEMP_FILE_MIN_AGE_MS / 1000,) * 2)
+    paused = tmp_dir / "throttled-write"  # older than the grace, younger than TEMP_FILE_MIN_AGE_MS: in flight
+    paused.write_bytes(b"z")
+    os.utime(paused, (now / 1000 - 2 * GRACE / 1000,) * 2)
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(gc_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
@@ -302,7 +305,7 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
     assert gc._first_seen == {"t-x/0/old": 1}
     deleted = gc.run([], now_ms=now)
     assert deleted == [f"{TMP_DIR}/killed-write"]
-    assert not stale.exists() and fresh.exists()
+    assert not stale.exists() and fresh.exists() and paused.exists()
     assert len(synced) >= 2  # the file, then its directory
     assert json.loads(state_path.read_text())["version"] == 3
     assert sorted(p.name for p in state_path.parent.iterdir()) == ["gc.json"]
