@@ -162,9 +162,10 @@ class HistoryServer:
                     return  # the session says close (e.g. failed authentication)
                 if response is NO_RESPONSE:
                     continue  # Produce with acks=0
-                writer.write(response)
+                # counted before the write: a client may read the response before the next line would run
                 BYTES_SENT.labels(API_NAMES.get(int.from_bytes(frame[:2], "big", signed=True), "other")).inc(
                     len(response))
+                writer.write(response)
                 await writer.drain()
                 if session is not None and session.close_after_response:
                     return  # e.g. SASL_AUTHENTICATION_FAILED sent: close, as Kafka does
