@@ -405,36 +405,44 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise error(f"{what}: the cache refused the record at {self.topic}-{mp} offset {offset}: {skipped.error}")
 
     def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
-        sid = metadata.remote_log_segment_id
-        if metadata.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-            raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {metadata.state.name}")
-        tp = metadata.topic_id_partition
-        self._ensure_assigned(tp)
-        deleting = self.cache.partition_delete(tp)
-        if deleting is not None:
-            raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
-                                              f"{deleting.state.name}")
-        existing = self.cache.segment(tp, sid.id)
-        if existing is not None:
-            existing.state.check_transition(metadata.state, sid)
-        key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, metadata.state)
-        self._write(tp, key, serde.encode(metadata), sid)
+        tp, key, value, sid = self._checked(metadata)
+        self._write(tp, key, value, sid)
 
     def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
-        sid = update.remote_log_segment_id
-        tp = update.topic_id_partition
-        self._ensure_assigned(tp)
-        existing = self.cache.segment(tp, sid.id)
-        if existing is None:
-            raise UnknownSegmentError(f"{sid}: no such segment (update to {update.state.name})")
-        existing.state.check_transition(update.state, sid)
-        if update.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
-                existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-            fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
-            if fenced is not None:
-                raise fenced
-        key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, update.state)
-        self._write(tp, key, serde.encode(update), sid)
+        tp, key, value, sid = self._checked(update)
+        self._write(tp, key, value, sid)
+
+    def _checked(self, rec: RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate,
+                 ) -> tuple[TopicIdPartition, bytes, bytes, object]:
+        """A segment record checked against the cache (the state machine, the partition's delete state, copy
+        fencing), as (partition, record key, record value, segment id), ready to write. An add must be
+        COPY_SEGMENT_STARTED (ValueError); refusals raise the metadata manager's errors."""
+        sid = rec.remote_log_segment_id
+        tp = sid.topic_id_partition
+        if isinstance(rec, RemoteLogSegmentMetadataUpdate):
+            self._ensure_assigned(tp)
+            existing = self.cache.segment(tp, sid.id)
+            if existing is None:
+                raise UnknownSegmentError(f"{sid}: no such segment (update to {rec.state.name})")
+            existing.state.check_transition(rec.state, sid)
+            if rec.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
+                    existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
+                if fenced is not None:
+                    raise fenced
+        else:
+            if rec.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {rec.state.name}")
+            self._ensure_assigned(tp)
+            deleting = self.cache.partition_delete(tp)
+            if deleting is not None:
+                raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
+                                                  f"{deleting.state.name}")
+            existing = self.cache.segment(tp, sid.id)
+            if existing is not None:
+                existing.state.check_transition(rec.state, sid)
+        key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, rec.state)
+        return tp, key, serde.encode(rec), sid
 
     def write_segment_metadata_many(
             self, records: Sequence[RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate],
@@ -445,34 +453,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         out: list[RemoteLogMetadataError | None] = [None] * len(records)
         items: list[tuple[int, TopicIdPartition, bytes, bytes, object]] = []
         for i, rec in enumerate(records):
-            sid = rec.remote_log_segment_id
-            tp = sid.topic_id_partition
             try:
-                self._ensure_assigned(tp)
-                existing = self.cache.segment(tp, sid.id)
-                if isinstance(rec, RemoteLogSegmentMetadataUpdate):
-                    if existing is None:
-                        raise UnknownSegmentError(f"{sid}: no such segment (update to {rec.state.name})")
-                    existing.state.check_transition(rec.state, sid)
-                    if rec.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
-                            existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-                        fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
-                        if fenced is not None:
-                            raise fenced
-                else:
-                    if rec.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-                        raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {rec.state.name}")
-                    deleting = self.cache.partition_delete(tp)
-                    if deleting is not None:
-                        raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
-                                                          f"{deleting.state.name}")
-                    if existing is not None:
-                        existing.state.check_transition(rec.state, sid)
+                tp, key, value, sid = self._checked(rec)
             except RemoteLogMetadataError as err:
                 out[i] = err
                 continue
-            key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, rec.state)
-            items.append((i, tp, key, serde.encode(rec), sid))
+            items.append((i, tp, key, value, sid))
         for i, err in zip((it[0] for it in items), self._write_many(items), strict=True):
             out[i] = err
         return out
