@@ -5,16 +5,20 @@
 1. A real broker writes a few MiB of record batches; a large segment is built from them by repeating the
    batches with rewritten base offsets (the CRC-32C does not cover the base offset, so every batch stays
    valid), plus sparse offset/time indexes as Kafka writes them (an entry per ~4 KiB).
-2. Copy to the filesystem store vs ``cp`` of the same files; copy to S3 (moto server) vs boto3
-   ``upload_file`` of the same files. Each copy runs in a fresh subprocess that reports its wall time and
+2. Copy to the filesystem store vs ``cp`` of the same files; copy to S3 vs boto3 ``upload_file`` of the same
+   files, on two S3 servers over HTTP: moto (a mock) and s3proxy (a real S3 server over a directory,
+   ``devtools/s3proxy.py``). Each copy runs in a fresh subprocess that reports its wall time and
    its peak RSS above idle (``VmHWM`` - ``VmRSS`` before the copy, from ``/proc/self/status``).
 3. Random-offset reads (one whole batch at a random position), cold (new manager: empty index cache) and
    warm: store requests per read and latency.
+4. Encryption at rest on vs off (``store.encryption``, AES-256-GCM per block): copy to the filesystem store (with
+   and without fsync), a whole-segment sequential read and random reads (``--encryption-only`` runs just this).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -124,13 +128,15 @@ def worker(args: dict) -> dict:
     client = None
     if kind in ("s3-rsm", "upload_file"):
         client = boto3.client("s3", endpoint_url=args["endpoint"], region_name="us-east-1",
-                              config=Config(request_checksum_calculation="when_required",
+                              config=Config(s3={"addressing_style": "path"},
+                                            request_checksum_calculation="when_required",
                                             response_checksum_validation="when_required"))
     md = RemoteSegmentMetadata(uuid.UUID(args["segment_id"]), uuid.UUID(int=7), "bench-rsm", 0, 0,
                                args["last_offset"])
     data = LogSegmentData(files[0], files[1], files[2], None, None, b"0\n1\n0 0\n")
     idle_kib = _proc_status_kib("VmRSS")
     t0 = time.perf_counter()
+    c0 = time.process_time()
     if kind == "cp":
         subprocess.run(["cp", *map(str, files), args["dest"]], check=True)
     elif kind == "cp+fsync":
@@ -142,6 +148,13 @@ def worker(args: dict) -> dict:
     elif kind in ("fs-rsm", "fs-rsm-nofsync"):
         store = FileSystemStore(args["dest"], fsync=kind == "fs-rsm")
         RemoteStorageManager(RsmConfig(), store).copy_log_segment_data(md, data)
+    elif kind in ("fs-rsm-enc", "fs-rsm-enc-nofsync"):
+        store = FileSystemStore(args["dest"], fsync=kind == "fs-rsm-enc")
+        RemoteStorageManager(_encrypted_config(args["key_file"]), store).copy_log_segment_data(md, data)
+    elif kind in ("s3-enc-off", "s3-enc-on"):
+        store = S3Store(args["bucket"], endpoint_url=args["endpoint"], region_name="us-east-1")
+        cfg = _encrypted_config(args["key_file"]) if kind == "s3-enc-on" else RsmConfig()
+        RemoteStorageManager(cfg, store).copy_log_segment_data(md, data)
     elif kind == "upload_file":
         for f in files:
             client.upload_file(str(f), args["bucket"], f"plain/{args['segment_id']}/{f.name}",
@@ -150,7 +163,8 @@ def worker(args: dict) -> dict:
         store = S3Store(args["bucket"], client=client, part_size_bytes=8 * MiB)
         RemoteStorageManager(RsmConfig(store="s3", bucket=args["bucket"]), store).copy_log_segment_data(md, data)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "peak_above_idle_mib": (_proc_status_kib("VmHWM") - idle_kib) / 1024}
+    return {"seconds": seconds, "cpu_seconds": time.process_time() - c0,
+            "peak_above_idle_mib": (_proc_status_kib("VmHWM") - idle_kib) / 1024}
 
 
 def run_worker(args: dict) -> dict:
@@ -161,19 +175,19 @@ def run_worker(args: dict) -> dict:
 
 # --------------------------------------------------------------------------------------------------- reading
 
-def random_reads(store, md, positions: list[tuple[int, int]], n: int) -> dict:
+def random_reads(store, md, positions: list[tuple[int, int]], n: int, config=None) -> dict:
     from rsm.manager import RemoteStorageManager, RsmConfig
 
     rng = random.Random(5)
     picks = [positions[rng.randrange(len(positions))] for _ in range(n)]
     out = {}
     for mode in ("cold", "warm"):
-        warm = RemoteStorageManager(RsmConfig(), store)
+        warm = RemoteStorageManager(config or RsmConfig(), store)
         if mode == "warm":
             warm.reader(md)  # load the index once
         reqs, lat = [], []
         for start, end in picks:
-            rsm = RemoteStorageManager(RsmConfig(), store) if mode == "cold" else warm
+            rsm = RemoteStorageManager(config or RsmConfig(), store) if mode == "cold" else warm
             before = store.requests.total()
             t0 = time.perf_counter()
             with rsm.fetch_log_segment(md, start, end) as f:
@@ -185,6 +199,113 @@ def random_reads(store, md, positions: list[tuple[int, int]], n: int) -> dict:
         out[mode] = {"requests_max": max(reqs), "requests_mean": statistics.mean(reqs),
                      "p50_ms": statistics.median(lat) * 1000, "max_ms": max(lat) * 1000}
     return out
+
+
+# ------------------------------------------------------------------------------------------- encryption at rest
+
+def _encrypted_config(key_file: str):
+    from rsm.manager import RsmConfig
+
+    return RsmConfig(encryption={"enabled": True, "active_key_id": "bench", "key_file": key_file})
+
+
+def encryption_overhead(work: Path, seg: dict, rounds: int, reads: int, s3_endpoint: str | None = None) -> None:
+    """Encryption on vs off, interleaved round by round (the box is shared: best of ``rounds`` for each): copy to
+    the fs store with and without fsync (each in a fresh process), a sequential read of the whole segment and
+    random reads; with ``s3_endpoint`` (moto) a copy and a sequential read over S3 too (best of 3); wall and CPU
+    seconds (this process's user + system), and the overhead (target < 15%)."""
+    import base64
+
+    from rsm.api import LogSegmentData, RemoteSegmentMetadata
+    from rsm.log.batch import scan_batches
+    from rsm.manager import RemoteStorageManager, RsmConfig
+    from rsm.store.fs import FileSystemStore
+    from rsm.store.s3 import S3Store
+
+    key_file = work / "bench-keys.json"
+    key_file.write_text(json.dumps({"bench": base64.b64encode(os.urandom(32)).decode()}))
+    size = sum(Path(seg[k]).stat().st_size for k in ("log", "index", "timeindex"))
+    log_bytes = Path(seg["log"]).stat().st_size
+    configs = {"plain": RsmConfig(), "encrypted": _encrypted_config(str(key_file))}
+    md = RemoteSegmentMetadata(uuid.uuid4(), uuid.UUID(int=7), "bench-rsm", 0, 0, seg["last_offset"])
+    data = LogSegmentData(Path(seg["log"]), Path(seg["index"]), Path(seg["timeindex"]), None, None, b"0\n0\n")
+    stores = {}
+    for name, cfg in configs.items():
+        stores[name] = FileSystemStore(work / f"enc-reads-{name}", fsync=False)
+        RemoteStorageManager(cfg, stores[name]).copy_log_segment_data(md, data)
+    best: dict[str, tuple[float, float]] = {}
+
+    def keep(label: str, wall: float, cpu: float) -> None:
+        w, c = best.get(label, (float("inf"), float("inf")))
+        best[label] = (min(w, wall), min(c, cpu))
+
+    for _ in range(rounds):
+        for kind in ("fs-rsm-nofsync", "fs-rsm-enc-nofsync", "fs-rsm", "fs-rsm-enc"):
+            dest = work / f"enc-dest-{uuid.uuid4().hex[:6]}"
+            dest.mkdir()
+            r = run_worker({"kind": kind, "log": str(seg["log"]), "index": str(seg["index"]),
+                            "timeindex": str(seg["timeindex"]), "last_offset": seg["last_offset"],
+                            "dest": str(dest), "segment_id": str(uuid.uuid4()), "key_file": str(key_file)})
+            shutil.rmtree(dest, ignore_errors=True)
+            keep(kind, r["seconds"], r["cpu_seconds"])
+        for name, cfg in configs.items():
+            rsm = RemoteStorageManager(cfg, stores[name])
+            t0, c0 = time.perf_counter(), time.process_time()
+            n = 0
+            with rsm.fetch_log_segment(md, 0) as f:
+                while chunk := f.read(8 * MiB):
+                    n += len(chunk)
+            keep(f"read {name}", time.perf_counter() - t0, time.process_time() - c0)
+            if n != log_bytes:
+                raise RuntimeError(f"sequential read of {name}: {n} bytes, expected {log_bytes}")
+    rows = [("copy, no fsync", "fs-rsm-nofsync", "fs-rsm-enc-nofsync", size),
+            ("copy, fsync", "fs-rsm", "fs-rsm-enc", size),
+            ("sequential read", "read plain", "read encrypted", log_bytes)]
+    if s3_endpoint is not None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="bench-enc")
+        s3 = S3Store("bench-enc", endpoint_url=s3_endpoint, region_name="us-east-1")
+        for _ in range(min(rounds, 3)):
+            for kind, name in (("s3-enc-off", "plain"), ("s3-enc-on", "encrypted")):
+                sid = uuid.uuid4()
+                r = run_worker({"kind": kind, "log": str(seg["log"]), "index": str(seg["index"]),
+                                "timeindex": str(seg["timeindex"]), "last_offset": seg["last_offset"],
+                                "segment_id": str(sid), "key_file": str(key_file), "endpoint": s3_endpoint,
+                                "bucket": "bench-enc"})
+                keep(kind, r["seconds"], r["cpu_seconds"])
+                m = RemoteSegmentMetadata(sid, uuid.UUID(int=7), "bench-rsm", 0, 0, seg["last_offset"])
+                rsm = RemoteStorageManager(configs[name], s3)
+                t0, c0 = time.perf_counter(), time.process_time()
+                with rsm.fetch_log_segment(m, 0) as f:
+                    while f.read(8 * MiB):
+                        pass
+                keep(f"s3 read {name}", time.perf_counter() - t0, time.process_time() - c0)
+                rsm.delete_log_segment_data(m)
+        rows += [("copy to S3 (moto)", "s3-enc-off", "s3-enc-on", size),
+                 ("sequential read, S3 (moto)", "s3 read plain", "s3 read encrypted", log_bytes)]
+    positions = [(h.position, h.end_position - 1) for h in scan_batches(seg["log"], verify_crc=False)]
+    randoms = {name: random_reads(stores[name], md, positions, reads, cfg) for name, cfg in configs.items()}
+    for name in configs:
+        shutil.rmtree(work / f"enc-reads-{name}", ignore_errors=True)
+
+    def pct(plain: float, enc: float) -> str:
+        return f"{(enc - plain) / plain * 100:+.0f}%"
+
+    print(f"\nencryption at rest, {size / MiB:.0f} MiB segment, fs store, best of {rounds} interleaved "
+          f"(target: overhead < 15%)")
+    print(f"{'measure':<28}{'plain MiB/s':>12}{'encrypted':>10}{'wall':>7}{'plain CPU s':>13}{'encrypted':>10}"
+          f"{'CPU':>7}")
+    for label, plain, enc, n in rows:
+        (pw, pc), (ew, ec) = best[plain], best[enc]
+        print(f"{label:<28}{n / MiB / pw:>12.0f}{n / MiB / ew:>10.0f}{pct(pw, ew):>7}{pc:>13.2f}{ec:>10.2f}"
+              f"{pct(pc, ec):>7}")
+    print(f"{'random read':<14}{'mode':<6}{'req max':>9}{'p50 ms plain':>14}{'encrypted':>11}")
+    for mode in ("cold", "warm"):
+        rp, re_ = randoms["plain"][mode], randoms["encrypted"][mode]
+        print(f"{'':<14}{mode:<6}{re_['requests_max']:>9}{rp['p50_ms']:>14.2f}{re_['p50_ms']:>11.2f}")
+    print("(random read: one batch; encrypted, the whole 4 MiB block is read and authenticated, plain stops after"
+          " the batch)")
 
 
 def throttle_accuracy(rate: float, seconds: float, threads: int = 4) -> list[tuple[str, float, float]]:
@@ -228,11 +349,12 @@ def throttle_accuracy(rate: float, seconds: float, threads: int = 4) -> list[tup
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=2048, help="the large segment (filesystem, memory)")
-    ap.add_argument("--s3-size-mib", type=int, default=512, help="the segment copied to S3 (moto)")
+    ap.add_argument("--s3-size-mib", type=int, default=512, help="the segment copied to S3 (moto, s3proxy)")
     ap.add_argument("--reads", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2, help="best of N for each copy")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--throttle-seconds", type=float, default=30.0, help="length of the throttle accuracy run")
+    ap.add_argument("--encryption-only", action="store_true", help="only the encryption on/off rows")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -243,6 +365,7 @@ def main() -> None:
     from botocore.config import Config
     from moto.server import ThreadedMotoServer
 
+    from devtools.s3proxy import S3ProxyServer
     from rsm.api import RemoteSegmentMetadata
     from rsm.log.batch import scan_batches
     from rsm.store.fs import FileSystemStore
@@ -257,6 +380,21 @@ def main() -> None:
     mid = build_segment(batches, a.s3_size_mib * MiB, work / "mid")
     big_bytes = sum(Path(big[k]).stat().st_size for k in ("log", "index", "timeindex"))
     mid_bytes = sum(Path(mid[k]).stat().st_size for k in ("log", "index", "timeindex"))
+    if a.encryption_only:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        moto.start()
+        host, port = moto.get_host_and_port()
+        encryption_overhead(work, mid, a.rounds, a.reads, f"http://{host}:{port}")
+        moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        return
 
     import logging
 
@@ -266,10 +404,17 @@ def main() -> None:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          config=Config(request_checksum_calculation="when_required"))
-    client.create_bucket(Bucket="bench")
+    s3proxy = S3ProxyServer(identity=os.environ["AWS_ACCESS_KEY_ID"], credential=os.environ["AWS_SECRET_ACCESS_KEY"])
+    s3proxy.start()
+    atexit.register(s3proxy.stop)  # the java process goes with this one, even when a step fails
+    endpoints = {"moto": f"http://{host}:{port}", "s3proxy": s3proxy.endpoint_url}
+    clients = {name: boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                                  config=Config(s3={"addressing_style": "path"},
+                                                request_checksum_calculation="when_required",
+                                                response_checksum_validation="when_required"))
+               for name, url in endpoints.items()}
+    for c in clients.values():
+        c.create_bucket(Bucket="bench")
 
     rows = []
 
@@ -280,29 +425,35 @@ def main() -> None:
             dest.mkdir()
             args = {"kind": kind, "log": str(seg["log"]), "index": str(seg["index"]),
                     "timeindex": str(seg["timeindex"]), "last_offset": seg["last_offset"], "dest": str(dest),
-                    "segment_id": str(uuid.uuid4()), "endpoint": endpoint, "bucket": "bench", **extra}
+                    "segment_id": str(uuid.uuid4()), "bucket": "bench", **extra}
             results.append(run_worker(args))
             shutil.rmtree(dest, ignore_errors=True)
         return min(results, key=lambda r: r["seconds"])
 
     print("copying ...", flush=True)
     fs = {k: best(k, big, {}) for k in ("cp", "cp+fsync", "fs-rsm", "fs-rsm-nofsync")}
-    s3 = {k: best(k, mid, {}) for k in ("upload_file", "s3-rsm")}
+    s3 = {f"{name} {k}": best(k, mid, {"endpoint": url}) for name, url in endpoints.items()
+          for k in ("upload_file", "s3-rsm")}
     for k, r in fs.items():
         rows.append((k, big_bytes, r))
     for k, r in s3.items():
         rows.append((k, mid_bytes, r))
 
-    print(f"\n{'copy':<16}{'bytes':>12}{'seconds':>10}{'MiB/s':>10}{'peak RSS above idle MiB':>26}")
+    print(f"\n{'copy':<22}{'bytes':>12}{'seconds':>10}{'MiB/s':>10}{'peak RSS above idle MiB':>26}")
     for k, n, r in rows:
-        print(f"{k:<16}{n:>12}{r['seconds']:>10.2f}{n / MiB / r['seconds']:>10.0f}{r['peak_above_idle_mib']:>26.1f}")
+        print(f"{k:<22}{n:>12}{r['seconds']:>10.2f}{n / MiB / r['seconds']:>10.0f}{r['peak_above_idle_mib']:>26.1f}")
     print(f"\nfs store vs cp (throughput ratio, target >= 0.9): with fsync "
           f"{fs['cp']['seconds'] / fs['fs-rsm']['seconds']:.2f}x of cp, "
           f"{fs['cp+fsync']['seconds'] / fs['fs-rsm']['seconds']:.2f}x of cp+fsync; without fsync "
           f"{fs['cp']['seconds'] / fs['fs-rsm-nofsync']['seconds']:.2f}x of cp")
-    print(f"S3 vs upload_file (target >= 0.8): {s3['upload_file']['seconds'] / s3['s3-rsm']['seconds']:.2f}x")
+    for name in endpoints:
+        print(f"S3 vs upload_file on {name} (target >= 0.8): "
+              f"{s3[f'{name} upload_file']['seconds'] / s3[f'{name} s3-rsm']['seconds']:.2f}x")
     print(f"copy memory, {a.size_mib} MiB segment to fs: {fs['fs-rsm']['peak_above_idle_mib']:.1f} MiB above idle "
-          f"(target < 64); {a.s3_size_mib} MiB to S3: {s3['s3-rsm']['peak_above_idle_mib']:.1f} MiB")
+          f"(target < 64); {a.s3_size_mib} MiB to S3: "
+          + ", ".join(f"{s3[f'{name} s3-rsm']['peak_above_idle_mib']:.1f} MiB ({name})" for name in endpoints))
+
+    encryption_overhead(work, mid, a.rounds, a.reads)
 
     # random reads over the segment copied to each store
     positions = [(h.position, h.end_position - 1) for h in scan_batches(mid["log"], verify_crc=False)]
@@ -312,7 +463,7 @@ def main() -> None:
 
     data = LogSegmentData(Path(mid["log"]), Path(mid["index"]), Path(mid["timeindex"]), None, None, b"0\n0\n")
     stores = {"fs": FileSystemStore(work / "reads-fs"),
-              "s3": S3Store("bench", client=client)}
+              **{f"s3 {name}": S3Store("bench", client=c) for name, c in clients.items()}}
     print(f"\n{'random read':<14}{'mode':<6}{'req max':>9}{'req mean':>10}{'p50 ms':>9}{'max ms':>9}")
     for name, store in stores.items():
         RemoteStorageManager(RsmConfig(), store).copy_log_segment_data(md, data)
@@ -321,21 +472,24 @@ def main() -> None:
             print(f"{name:<14}{mode:<6}{r['requests_max']:>9}{r['requests_mean']:>10.2f}{r['p50_ms']:>9.2f}"
                   f"{r['max_ms']:>9.2f}")
     # context: what the endpoint itself costs for one 4 MiB ranged GET (the size of one block)
-    data_key = RemoteStorageManager(RsmConfig(), stores["s3"]).keys(md).data(0)
-    size = stores["s3"].head(data_key)
-    lat = []
-    rng = random.Random(9)
-    for _ in range(min(a.reads, 20)):
-        start = rng.randrange(0, size - 4 * MiB)
-        t0 = time.perf_counter()
-        rng_header = f"bytes={start}-{start + 4 * MiB - 1}"
-        body = client.get_object(Bucket="bench", Key=data_key, Range=rng_header)["Body"].read()
-        lat.append(time.perf_counter() - t0)
-        assert len(body) == 4 * MiB
-    print(f"{'s3 raw GET':<14}{'4MiB':<6}{1:>9}{1:>10.2f}{statistics.median(lat) * 1000:>9.2f}{max(lat) * 1000:>9.2f}")
+    for name, client in clients.items():
+        data_key = RemoteStorageManager(RsmConfig(), stores[f"s3 {name}"]).keys(md).data(0)
+        size = stores[f"s3 {name}"].head(data_key)
+        lat = []
+        rng = random.Random(9)
+        for _ in range(min(a.reads, 20)):
+            start = rng.randrange(0, size - 4 * MiB)
+            t0 = time.perf_counter()
+            rng_header = f"bytes={start}-{start + 4 * MiB - 1}"
+            body = client.get_object(Bucket="bench", Key=data_key, Range=rng_header)["Body"].read()
+            lat.append(time.perf_counter() - t0)
+            assert len(body) == 4 * MiB
+        label = f"{name} raw"
+        print(f"{label:<14}{'GET':<6}{1:>9}{1:>10.2f}{statistics.median(lat) * 1000:>9.2f}{max(lat) * 1000:>9.2f}")
     print("(targets: cold <= 2 requests, warm 1; one read = one whole batch at a random position, 4 MiB blocks;"
-          " 's3 raw GET' is boto3 get_object of one 4 MiB range, for scale)")
+          " 'raw GET' is boto3 get_object of one 4 MiB range, for scale)")
     server.stop()
+    s3proxy.stop()
     shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nthrottle: 4 threads, 64 KiB acquires, {a.throttle_seconds:.0f} s (target: within 5%)")

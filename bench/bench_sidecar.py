@@ -37,24 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
+
 MiB = 1024 * 1024
 VALUE_BYTES = 1024
-
-
-def kafka_tiered_storage_config(remote_dir: Path) -> dict[str, str]:
-    return {
-        "remote.log.storage.system.enable": "true",
-        "remote.log.storage.manager.class.name": "org.apache.kafka.server.log.remote.storage.LocalTieredStorage",
-        "remote.log.storage.manager.class.path": "",
-        "remote.log.storage.manager.impl.prefix": "rsm.config.",
-        "rsm.config.dir": str(remote_dir),
-        "remote.log.metadata.manager.impl.prefix": "rlmm.config.",
-        "rlmm.config.remote.log.metadata.topic.replication.factor": "1",
-        "rlmm.config.remote.log.metadata.topic.num.partitions": "5",
-        "remote.log.metadata.manager.listener.name": "PLAINTEXT",
-        "remote.log.manager.task.interval.ms": "500",
-        "log.flush.interval.messages": "1000000",
-    }
 
 
 def produce(bootstrap: str, topic: str, total_bytes: int) -> int:
@@ -78,16 +64,6 @@ def produce(bootstrap: str, topic: str, total_bytes: int) -> int:
     if p.flush(120):
         raise RuntimeError(f"producing to {topic}: messages left undelivered")
     return n
-
-
-def set_topic_config(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
-    for fut in admin.incremental_alter_configs([res]).values():
-        fut.result(30)
 
 
 def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.05):  # noqa: ANN001, ANN201
@@ -272,18 +248,8 @@ def main() -> None:
             set_topic_config(kc.bootstrap_servers, theirs, {"remote.storage.enable": "true"})
             n_theirs = len(ranges_theirs)
 
-            def kafka_done() -> bool:
-                # LocalTieredStorage writes <offset>-<segment uuid>.<type> files; a segment is there when all its
-                # mandatory files are.
-                types: dict[str, set[str]] = {}
-                for p in kafka_remote.rglob("*"):
-                    if p.is_file():
-                        stem, _, suffix = p.name.rpartition(".")
-                        types.setdefault(stem, set()).add(suffix)
-                need = {"log", "index", "timeindex", "leader_epoch_checkpoint", "snapshot"}
-                return sum(need <= t for t in types.values()) >= n_theirs
-
-            wait_until(kafka_done, 900, "Kafka's tiered storage to copy every segment")
+            wait_until(lambda: kafka_remote_segments(kafka_remote) >= n_theirs, 900,
+                       "Kafka's tiered storage to copy every segment")
             e2e = time.perf_counter() - t0
             objs = [p for p in kafka_remote.rglob("*") if p.is_file()]
             window = copy_window_s(objs, n_theirs)

@@ -27,6 +27,14 @@ Client configurations::
     kc.admin_config()            # bootstrap + SASL settings of the super user (what create_topic uses)
     kc.client_config("alice")    # bootstrap + SASL settings of alice
     kc.security_config("alice")  # the SASL settings alone (e.g. for a sidecar's ``kafka.client``)
+
+SASL_SSL with SCRAM: ``KafkaCluster(sasl_users={...}, sasl_mechanism="SCRAM-SHA-512", tls=True)``. A CA and a
+broker certificate (``127.0.0.1``/``localhost``) are generated at start (:mod:`devtools.certs`, under
+``<base dir>/tls``); every listener (the controller's too) speaks TLS. The client listener authenticates with
+SCRAM-SHA-512, whose credentials (every user's, the admin's included) are written into the metadata log when the
+storage is formatted (``kafka-storage format --add-scram``); the controller listener keeps PLAIN (over TLS).
+``security_config(user)`` then holds ``security.protocol=SASL_SSL``, the mechanism and ``ssl.ca.location``
+(:attr:`KafkaCluster.ca_file`).
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from devtools.maven import resolve_jars
+
+if TYPE_CHECKING:
+    from devtools.certs import TlsFiles
 
 __all__ = ["ADMIN_USER", "KafkaCluster", "KafkaNode", "KafkaStartError", "ensure_kafka_jars", "project_root"]
 
@@ -49,6 +63,7 @@ KB = 1024
 MB = 1024 * KB
 
 ADMIN_USER = "admin"  # with sasl_users: the brokers' own identity and the super user
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-512")
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
@@ -76,27 +91,9 @@ def ensure_kafka_jars(root: Path | None = None) -> Path:
     tag = "-".join(v for v in (version, tools and f"tools{tools}") if v)
     default_cache = root / ".cache" / (f"kafka-{tag}" if tag else "kafka")
     cache = Path(os.environ.get("RLM_KAFKA_CACHE", default_cache))
-    libs = cache / "libs"
-    marker = cache / "resolved-from.pom"
     overrides = [*([f"-Dkafka.version={version}"] if version else []),
                  *([f"-Dkafka.tools.version={tools}"] if tools else [])]
-    pom_text = pom.read_text() + (f"\n<!-- {' '.join(overrides)} -->\n" if overrides else "")
-    if libs.is_dir() and marker.exists() and marker.read_text() == pom_text:
-        return libs
-    if shutil.which("mvn") is None:
-        raise KafkaStartError("mvn not found on PATH: Maven is needed to fetch the Kafka jars")
-    tmp = cache / "libs.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={tmp}",
-           *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise KafkaStartError(f"maven could not resolve {pom}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    shutil.rmtree(libs, ignore_errors=True)
-    tmp.rename(libs)
-    marker.write_text(pom_text)
-    return libs
+    return resolve_jars(pom, cache, overrides=overrides, error=KafkaStartError, what="the Kafka jars")
 
 
 def free_port() -> int:
@@ -161,9 +158,17 @@ class KafkaCluster:
         start_timeout_s: float = 120.0,
         keep_data: bool = False,
         sasl_users: Mapping[str, str] | None = None,
+        sasl_mechanism: str = "PLAIN",
+        tls: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
+        if sasl_mechanism not in SASL_MECHANISMS:
+            raise ValueError(f"sasl_mechanism {sasl_mechanism!r}: one of {', '.join(SASL_MECHANISMS)}")
+        if tls and sasl_users is None:
+            raise ValueError("tls=True needs sasl_users (the dev cluster serves SASL_SSL, not SSL alone)")
+        self.sasl_mechanism = sasl_mechanism
+        self.tls = tls
         # user -> password of an authenticated cluster (SASL_PLAINTEXT/PLAIN + StandardAuthorizer), else None
         self.sasl_users: dict[str, str] | None = None
         if sasl_users is not None:
@@ -193,6 +198,7 @@ class KafkaCluster:
             dirs = [d / f"data-{j}" for j in range(log_dirs_per_broker)]
             self.nodes.append(KafkaNode(i, free_port(), controller_port if i == 1 else None, d, dirs))
         self.controller_port = controller_port
+        self.tls_files: TlsFiles | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> KafkaCluster:
@@ -240,24 +246,58 @@ class KafkaCluster:
 
     @property
     def _listener(self) -> str:
-        return "SASL_PLAINTEXT" if self.sasl_users is not None else "PLAINTEXT"
+        if self.sasl_users is None:
+            return "PLAINTEXT"
+        return "SASL_SSL" if self.tls else "SASL_PLAINTEXT"
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate (PEM) clients trust on a TLS cluster (after :meth:`start`), else None."""
+        return self.tls_files.ca_pem if self.tls_files is not None else None
+
+    def _ensure_tls_files(self) -> TlsFiles:
+        if self.tls_files is None:
+            from devtools.certs import make_tls_files
+
+            self.tls_files = make_tls_files(self.base_dir / "tls", f"ks-{uuid.uuid4().hex}")
+        return self.tls_files
 
     def _sasl_properties(self) -> dict[str, str]:
         assert self.sasl_users is not None
+        listener = self._listener
         users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
-        jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{ADMIN_USER}" '
-                f'password="{self.sasl_users[ADMIN_USER]}" {users};')
-        return {
-            "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
-            "sasl.enabled.mechanisms": "PLAIN",
-            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        plain_jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{ADMIN_USER}" '
+                      f'password="{self.sasl_users[ADMIN_USER]}" {users};')
+        mech = self.sasl_mechanism
+        props = {
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:{listener}",
+            f"listener.name.{listener.lower()}.sasl.enabled.mechanisms": mech,
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": mech,
             "sasl.mechanism.controller.protocol": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
-            "listener.name.controller.plain.sasl.jaas.config": jaas,
+            "listener.name.controller.plain.sasl.jaas.config": plain_jaas,
             "authorizer.class.name": STANDARD_AUTHORIZER,
             "super.users": f"User:{ADMIN_USER}",
             "allow.everyone.if.no.acl.found": "false",
         }
+        if mech == "PLAIN":
+            props[f"listener.name.{listener.lower()}.plain.sasl.jaas.config"] = plain_jaas
+        else:  # SCRAM: the credentials live in the metadata log (format --add-scram); this is the broker's own
+            props[f"listener.name.{listener.lower()}.{mech.lower()}.sasl.jaas.config"] = (
+                f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN_USER}" '
+                f'password="{self.sasl_users[ADMIN_USER]}";')
+        if self.tls:
+            tls = self._ensure_tls_files()
+            props.update({
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(tls.keystore_p12),
+                "ssl.keystore.password": tls.keystore_password,
+                "ssl.key.password": tls.keystore_password,
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(tls.ca_pem),
+                "ssl.endpoint.identification.algorithm": "https",
+            })
+        return props
 
     def _properties(self, node: KafkaNode) -> dict[str, str]:
         listener = self._listener
@@ -289,9 +329,13 @@ class KafkaCluster:
         return path
 
     def _format(self, node: KafkaNode, props: Path) -> None:
+        scram = []
+        if self.sasl_users is not None and self.sasl_mechanism.startswith("SCRAM-"):
+            for user, pw in self.sasl_users.items():
+                scram += ["--add-scram", f'{self.sasl_mechanism}=[name="{user}",password="{pw}"]']
         proc = subprocess.run(
             self.java_cmd("kafka.tools.StorageTool", ["format", f"--cluster-id={self.cluster_id}", "-c", str(props),
-                                                       "--ignore-formatted"], log_dir=node.directory),
+                                                       "--ignore-formatted", *scram], log_dir=node.directory),
             capture_output=True, text=True, timeout=120,
         )
         if proc.returncode != 0:
@@ -390,8 +434,30 @@ class KafkaCluster:
             return {}
         if user not in self.sasl_users:
             raise KeyError(f"no SASL user {user!r} on this cluster (users: {sorted(self.sasl_users)})")
-        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
-                "sasl.password": self.sasl_users[user]}
+        conf: dict[str, object] = {"security.protocol": self._listener, "sasl.mechanism": self.sasl_mechanism,
+                                   "sasl.username": user, "sasl.password": self.sasl_users[user]}
+        if self.tls:
+            conf["ssl.ca.location"] = str(self._ensure_tls_files().ca_pem)
+        return conf
+
+    def add_scram_user(self, user: str, password: str, iterations: int = 4096) -> None:
+        """Create (or change) a SCRAM user on the running cluster through the admin API (AlterUserScramCredentials,
+        as the super user); :meth:`security_config` knows it afterwards. SCRAM clusters only."""
+        from confluent_kafka.admin import (
+            AdminClient,
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        if self.sasl_users is None or not self.sasl_mechanism.startswith("SCRAM-"):
+            raise ValueError("add_scram_user needs a cluster started with sasl_mechanism='SCRAM-SHA-512'")
+        mech = ScramMechanism.SCRAM_SHA_512 if self.sasl_mechanism == "SCRAM-SHA-512" else ScramMechanism.SCRAM_SHA_256
+        admin = AdminClient({**self.admin_config(), "logger": logging.getLogger("devkafka.librdkafka")})
+        upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(mech, iterations), password.encode())
+        for fut in admin.alter_user_scram_credentials([upsert]).values():
+            fut.result(30)
+        self.sasl_users[user] = password
 
     def client_config(self, user: str = ADMIN_USER) -> dict[str, object]:
         """Bootstrap servers and ``user``'s security settings: a client configuration for confluent-kafka."""

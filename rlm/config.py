@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from rlm.errors import RlmError
+from rlm.kafka_secrets import RedactedConfig, is_secret_client_property, reveal_client_config
 from rsm.manager import RsmConfig
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "HistoryTlsSettings",
     "KafkaSettings",
     "MetadataSettings",
+    "OffloadRule",
     "RetentionRule",
     "SidecarSettings",
     "TaskSettings",
@@ -58,9 +60,10 @@ class _Frozen(BaseModel):
 
 class KafkaSettings(_Frozen):
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port] of the cluster")
-    client: dict[str, str | int | bool] = Field(
+    client: dict[str, str | int | bool | SecretStr] = Field(
         default_factory=dict,
-        description="extra librdkafka properties for every client (security.protocol, sasl.*, ssl.*)",
+        description="extra librdkafka properties for every client (security.protocol, sasl.*, ssl.*); the values "
+                    "of secret ones (sasl.password, ssl.key.password, ...) are never shown",
     )
 
     @field_validator("client")
@@ -70,14 +73,17 @@ class KafkaSettings(_Frozen):
         bad = sorted(owned & v.keys())
         if bad:
             raise ValueError(f"{', '.join(bad)} are set by the sidecar, not under kafka.client")
-        return v
+        return {k: SecretStr(str(x)) if is_secret_client_property(k) and not isinstance(x, SecretStr) else x
+                for k, x in v.items()}
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
-        """The confluent-kafka configuration for one client: bootstrap + pass-through + ``extra``, its log lines
-        going to our logging (:func:`rlm.logs.kafka_logger`), not to stderr."""
+        """The confluent-kafka configuration for one client: bootstrap + pass-through (secrets unwrapped for the
+        client; its repr masks them) + ``extra``, its log lines going to our logging (:func:`rlm.logs.kafka_logger`),
+        not to stderr."""
         from rlm.logs import kafka_logger
 
-        return {"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger(), **self.client, **extra}
+        return RedactedConfig({"bootstrap.servers": self.bootstrap_servers, "logger": kafka_logger(),
+                               **reveal_client_config(self.client), **extra})
 
 
 class MetadataSettings(_Frozen):
@@ -117,6 +123,14 @@ class TaskSettings(_Frozen):
         return data
 
 
+def _regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as err:
+        raise ValueError(f"not a regular expression: {err}") from err
+    return v
+
+
 class RetentionRule(_Frozen):
     """Remote retention for the topics whose name fully matches ``pattern`` (first matching rule wins).
 
@@ -131,11 +145,35 @@ class RetentionRule(_Frozen):
     @field_validator("pattern")
     @classmethod
     def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as err:
-            raise ValueError(f"not a regular expression: {err}") from err
-        return v
+        return _regex(v)
+
+
+class OffloadRule(_Frozen):
+    """How the topics whose name fully matches ``pattern`` are tiered (first matching rule wins; no rule matches:
+    ``segment``). See :mod:`rlm.tasks.offload`.
+
+    ``segment``: whole local segments once the broker rolls them (remote lag is ``segment.ms`` / ``segment.bytes``).
+    ``streaming`` (PIP-76): committed data is cut into offload segments of at most ``offload_max_bytes``, each
+    remote at most ``offload_max_ms`` after its first batch was committed (plus ``poll_interval_ms`` and the copy),
+    whatever the broker's rolls. Switching a topic between modes (a restart with another rule) leaves no gap and no
+    overlap.
+    """
+
+    pattern: str = ".*"
+    mode: Literal["segment", "streaming"] = "segment"
+    offload_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024, description=(
+        "bytes of record batches per offload segment (PIP-76 maxSizePerOffloadSegmentMbytes; at most 1 GiB: Kafka's "
+        "segment size is an int32)"))
+    offload_max_ms: int = Field(60 * SECOND_MS, ge=100, description=(
+        "an offload segment is copied this long after its first batch was seen committed "
+        "(PIP-76 maxOffloadSegmentRolloverTimeMinutes)"))
+    poll_interval_ms: int = Field(SECOND_MS, ge=50, le=60 * SECOND_MS, description=(
+        "how often the leader's sidecar looks for newly committed data (streaming mode)"))
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        return _regex(v)
 
 
 class TopicSelection(_Frozen):
@@ -310,6 +348,8 @@ class SidecarSettings(BaseSettings):
     tasks: TaskSettings = TaskSettings()
     topics: TopicSelection = TopicSelection()
     retention: list[RetentionRule] = Field(default_factory=lambda: [RetentionRule()])
+    offload: list[OffloadRule] = Field(default_factory=list, description=(
+        "per-topic tiering mode (first matching rule wins; none: segment mode)"))
     listen: ListenSettings = ListenSettings()
     health: HealthSettings = HealthSettings()
     history_listener: HistoryListenerSettings | None = Field(
@@ -326,6 +366,12 @@ class SidecarSettings(BaseSettings):
         if len(set(self.log_dirs)) != len(self.log_dirs):
             raise ValueError("log_dirs lists a directory twice")
         return self
+
+    def offload_for(self, topic: str) -> OffloadRule:
+        for rule in self.offload:
+            if re.fullmatch(rule.pattern, topic):
+                return rule
+        return OffloadRule(pattern=re.escape(topic))
 
     def retention_for(self, topic: str) -> RetentionRule:
         for rule in self.retention:

@@ -13,6 +13,8 @@ __all__ = [
     "COPY_LAG_BYTES",
     "COPY_LAG_SEGMENTS",
     "COPY_SECONDS",
+    "OFFLOAD_OPEN_SECONDS",
+    "OFFLOAD_SEGMENT_SECONDS",
     "DELETE_SECONDS",
     "ERRORS",
     "GC_DELETED",
@@ -37,6 +39,11 @@ BYTES_READ = Counter("rlm_bytes_read", "Bytes served from the remote store by re
 SEGMENTS_DELETED = Counter("rlm_segments_deleted", "Remote segments deleted", ["topic", "reason"])
 GC_DELETED = Counter("rlm_gc_deleted_objects", "Orphan objects deleted by garbage collection")
 COPY_SECONDS = Histogram("rlm_copy_seconds", "Time to copy one segment", buckets=_LATENCY_BUCKETS)
+OFFLOAD_SEGMENT_SECONDS = Histogram(
+    "rlm_offload_segment_seconds", "Streaming offload: from an offload segment's first committed batch seen to the "
+    "segment remote (its first batch's remote lag, less the poll interval)", buckets=_LATENCY_BUCKETS)
+OFFLOAD_OPEN_SECONDS = Gauge("rlm_offload_open_seconds", "Streaming offload: age of the offload segment being cut "
+                             "(0: none open)", ["topic", "partition"])
 READ_SECONDS = Histogram("rlm_read_seconds", "Time to serve one remote read", buckets=_LATENCY_BUCKETS)
 DELETE_SECONDS = Histogram("rlm_delete_seconds", "Time to delete one remote segment", buckets=_LATENCY_BUCKETS)
 ERRORS = Counter("rlm_errors", "Failed operations", ["op"])

@@ -3,7 +3,8 @@
 Two kinds of callers: the sidecar and its CLI (:func:`sidecar_rlmm_config`, from :class:`rlm.config.SidecarSettings`)
 and the Spark source's driver (:func:`rlmm_config` with what its options and the cluster say). Both hand over a whole
 confluent-kafka client configuration, ``bootstrap.servers`` included; the metadata manager takes the bootstrap apart
-and passes the rest (security, ``sasl.*``, ``ssl.*``) to its admin, producer and consumer.
+and passes the rest (security, ``sasl.*``, ``ssl.*``) to its admin, producer and consumer: as a
+:class:`~rlm.kafka_secrets.RedactedConfig`, so the config's repr (in a log line or a traceback) masks the secrets.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlm.config import SidecarSettings
+from rlm.kafka_secrets import RedactedConfig
 from rlmm.topic_manager import TopicBasedRlmmConfig
 
 __all__ = ["rlmm_config", "sidecar_rlmm_config"]
@@ -33,20 +35,24 @@ def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, r
         num_partitions=num_partitions,
         replication_factor=replication_factor,
         serve_all=serve_all,
-        client_config={k: v for k, v in client.items() if k != "bootstrap.servers"},
+        client_config=RedactedConfig({k: v for k, v in client.items() if k != "bootstrap.servers"}),
         **tuning,
     )
 
 
 def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
-                        create_topic: bool | None = None) -> TopicBasedRlmmConfig:
+                        create_topic: bool | None = None, read_only: bool | None = None) -> TopicBasedRlmmConfig:
     """From the sidecar's settings; the cache under ``metadata.state_dir`` unless ``cache_dir`` names another.
 
     ``create_topic``: whether a missing metadata topic is created; by default not in ``mode: read_only`` (the
-    metadata is someone else's: a missing topic fails fast, :class:`~rlmm.api.MetadataTopicMissingError`)."""
+    metadata is someone else's: a missing topic fails fast, :class:`~rlmm.api.MetadataTopicMissingError`).
+    ``read_only``: a manager that never writes (no producer: a principal that only reads needs no WRITE right);
+    by default in ``mode: read_only``. The operator commands that read, the history endpoint and Spark ask for one."""
     md = settings.metadata
     if create_topic is None:
         create_topic = settings.mode != "read_only"
+    if read_only is None:
+        read_only = settings.mode == "read_only"
     return rlmm_config(
         settings.kafka.client_config(),
         topic=md.topic,
@@ -58,4 +64,5 @@ def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, c
         write_timeout_s=md.write_timeout_ms / 1000,
         tombstone_delay_ms=md.tombstone_delay_ms,
         create_topic=create_topic,
+        read_only=read_only,
     )

@@ -7,7 +7,8 @@ Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1
   segments), tells the metadata manager which partitions to follow (followers keep remote state current for
   reads), and purges the remote data of topics deleted on the cluster.
 - ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``):
-  :class:`rlm.tasks.copier.PartitionCopier`.
+  :class:`rlm.tasks.copier.PartitionCopier`; for a topic in streaming mode (``offload`` rules) every
+  ``poll_interval_ms``: :class:`rlm.tasks.offload.StreamingOffloader`.
 - ``stage`` (the shorter of the discovery and copy intervals): hard-links newly rolled segments of led
   partitions between copy runs, so local retention shorter than the copy interval loses nothing.
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
@@ -40,6 +41,7 @@ from rlm.tasks.copier import PartitionCopier
 from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
 from rlm.tasks.expiration import expire_partition
 from rlm.tasks.gc import GarbageCollector
+from rlm.tasks.offload import StreamingOffloader
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
@@ -66,11 +68,12 @@ log = logging.getLogger(__name__)
 
 
 def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
-              create_topic: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
+              create_topic: bool | None = None, read_only: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
     """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`: in ``mode: read_only``
-    a missing metadata topic raises :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``)."""
+    a missing metadata topic raises :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``, and the
+    manager never writes unless ``read_only=False``)."""
     return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, serve_all=serve_all, cache_dir=cache_dir,
-                                                                  create_topic=create_topic))
+                                                                  create_topic=create_topic, read_only=read_only))
 
 
 @dataclass
@@ -78,6 +81,7 @@ class _Led:
     tp: TopicIdPartition
     path: Path
     copier: PartitionCopier
+    offloader: StreamingOffloader | None  # streaming mode (rlm.tasks.offload); None: segment mode
     stop: threading.Event = field(default_factory=threading.Event)
     running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
 
@@ -294,13 +298,19 @@ class Sidecar:
                                  rsm=self.rsm, staging=self.staging, deleter=self.deleter,
                                  watermark_path=self.settings.metadata.state_dir / "copied"
                                  / f"{tp.topic_id}-{tp.partition}")
-        led = _Led(tp, path, copier)
+        offload = self.settings.offload_for(tp.topic)
+        offloader = None
+        interval_ms = self.settings.tasks.copy_interval_ms
+        if offload.mode == "streaming":
+            offloader = StreamingOffloader(copier, max_bytes=offload.offload_max_bytes, max_ms=offload.offload_max_ms)
+            interval_ms = offload.poll_interval_ms
+        led = _Led(tp, path, copier, offloader)
         self._led[(tp.topic, tp.partition)] = led
         self._scheduler.add_job(self._copy, "interval", args=[led], id=f"copy:{tp.topic}-{tp.partition}",
-                                seconds=self.settings.tasks.copy_interval_ms / 1000, next_run_time=_now(),
-                                replace_existing=True)
+                                seconds=interval_ms / 1000, next_run_time=_now(), replace_existing=True)
         log.info("leading partition: copy task started", extra={"partition": str(tp), "path": str(path),
-                                                                "retention_ms": rule.retention_ms})
+                                                                "retention_ms": rule.retention_ms,
+                                                                "mode": offload.mode})
 
     def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
         """Drop what is staged for partitions this broker does not lead (the leader copies from its own replica):
@@ -373,7 +383,8 @@ class Sidecar:
             rule = self.settings.retention_for(tp.topic)
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
-            led.copier.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
+            task = led.offloader if led.offloader is not None else led.copier
+            task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
             self.store_copies.ok()
         except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
             if isinstance(err, RemoteStorageError) or isinstance(err.__cause__, RemoteStorageError):

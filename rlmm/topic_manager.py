@@ -3,7 +3,9 @@
 Writes go to the metadata partition of the user partition (:mod:`rlmm.partitioner`), keyed by
 :mod:`rlmm.keys`, valued as Kafka's ``RemoteLogMetadataSerde`` (:mod:`rlmm.serde`), with ``acks=all`` and
 idempotence. One consumer thread (``assign``, never ``subscribe``, no group commits) applies records into
-:class:`rlmm.cache.MetadataCache`; a write returns once that thread has applied the produced offset.
+:class:`rlmm.cache.MetadataCache`; a write returns once that thread has applied the produced offset. A manager
+configured ``read_only`` (readers: the operator commands, Spark, the history endpoint, ``mode: read_only``) has no
+producer at all: it writes nothing (not even due tombstones), and its principal needs no WRITE right.
 
 On (re)assignment of a metadata partition the cache resumes from its stored next offset, unless it has been
 away longer than the topic's ``delete.retention.ms`` (it might have missed tombstones) or the stored offset fell
@@ -74,6 +76,7 @@ class TopicBasedRlmmConfig:
     replication_factor: int = 3
     topic_config: Mapping[str, str] = field(default_factory=dict)   # extra configs when the topic is created
     create_topic: bool = True                                       # False: a missing topic is an error
+    read_only: bool = False                                         # True: no producer, no write (readers)
     serve_all: bool = False                                         # consume every metadata partition
     write_timeout_s: float = 30.0                                   # produce + read-your-writes
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
@@ -96,8 +99,10 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._admin = AdminClient(dict(common))
         self.num_partitions, self.delete_retention_ms = self._ensure_topic()
         self.cache = MetadataCache(config.cache_dir, topic=self.topic, num_partitions=self.num_partitions)
-        self._producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 1,
-                                   **config.producer_config})
+        # A reader has no producer: an idempotent producer asks for a producer id at once, which needs WRITE on the
+        # topic or IDEMPOTENT_WRITE on the cluster, rights a principal that only reads should not need.
+        self._producer = None if config.read_only else Producer(
+            {**common, "acks": "all", "enable.idempotence": True, "linger.ms": 1, **config.producer_config})
         self._consumer = Consumer({**common, "group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
                                    "enable.partition.eof": True, "auto.offset.reset": "earliest",
                                    "fetch.wait.max.ms": 50, **config.consumer_config})
@@ -286,10 +291,11 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 if self._at_eof and now - last_caught_up >= self.config.caught_up_refresh_s:
                     self._mark_caught_up()
                     last_caught_up = now
-                if now - last_tombstones >= self.config.tombstone_check_interval_s:
+                if self._producer is not None and now - last_tombstones >= self.config.tombstone_check_interval_s:
                     self._write_due_tombstones()
                     last_tombstones = now
-                self._producer.poll(0)
+                if self._producer is not None:
+                    self._producer.poll(0)
             self._mark_caught_up()
         except BaseException as err:  # noqa: BLE001 - reported to every waiter, then re-raised
             log.exception("metadata consumer thread died")
@@ -354,6 +360,13 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 self._tombstoned.add(ident)
 
     # ------------------------------------------------------------------------------------------ write side
+    def _writer(self) -> Producer:
+        """The producer of the write side; a read-only manager refuses every write."""
+        self._check_open()
+        if self._producer is None:
+            raise RemoteLogMetadataError(f"this metadata manager of {self.topic} is read-only: nothing is written")
+        return self._producer
+
     def _check_open(self) -> None:
         if self._closed:
             raise RemoteLogMetadataError("the metadata manager is closed")
@@ -370,7 +383,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         return mp
 
     def _write(self, tp: TopicIdPartition, key: bytes, value: bytes, what: object) -> None:
-        self._check_open()
+        producer = self._writer()
         mp = self._ensure_assigned(tp)
         result: list = []
 
@@ -378,9 +391,9 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             result.append((err, msg.offset() if err is None else None))
 
         deadline = time.monotonic() + self.config.write_timeout_s
-        self._producer.produce(self.topic, key=key, value=value, partition=mp, on_delivery=on_delivery)
+        producer.produce(self.topic, key=key, value=value, partition=mp, on_delivery=on_delivery)
         while not result and time.monotonic() < deadline:
-            self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         if not result:
             raise MetadataWriteError(f"{what}: not acknowledged by {self.topic}-{mp} within "
                                      f"{self.config.write_timeout_s}s")
@@ -466,7 +479,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
     def _write_many(self, items: list[tuple[int, TopicIdPartition, bytes, bytes, object]],
                     ) -> list[RemoteLogMetadataError | None]:
         """Produce every item, flush once, wait once per metadata partition; per item None or its error."""
-        self._check_open()
+        producer = self._writer()
         n = len(items)
         errors: list[RemoteLogMetadataError | None] = [None] * n
         written: list[tuple[int, int] | None] = [None] * n     # (metadata partition, offset)
@@ -486,18 +499,18 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             mp = self.cache.mp_of(tp)
             while True:
                 try:
-                    self._producer.produce(self.topic, key=key, value=value, partition=mp,
-                                           on_delivery=on_delivery(j, mp, what))
+                    producer.produce(self.topic, key=key, value=value, partition=mp,
+                                     on_delivery=on_delivery(j, mp, what))
                     break
                 except BufferError:  # the producer's queue is full: let deliveries drain it
-                    self._producer.poll(0.1)
+                    producer.poll(0.1)
         progress_at, seen = time.monotonic(), -1
         while delivered[0] < n:
             if delivered[0] != seen:
                 progress_at, seen = time.monotonic(), delivered[0]
             elif time.monotonic() - progress_at > timeout:
                 break
-            self._producer.flush(1.0)
+            producer.flush(1.0)
         for j in range(n):
             if written[j] is None and errors[j] is None:
                 errors[j] = MetadataWriteError(f"{items[j][4]}: not acknowledged by {self.topic} within {timeout}s")
@@ -614,7 +627,8 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._stop.set()
         self._thread.join(60)
         try:
-            self._producer.flush(10)
+            if self._producer is not None:
+                self._producer.flush(10)
             self._consumer.close()
         finally:
             self.cache.close()

@@ -51,6 +51,8 @@ __all__ = [
     "EpochEntry",
     "IndexType",
     "KeyLayout",
+    "LogPiece",
+    "LogRangeData",
     "LogSegmentData",
     "ProducerStateEntry",
     "RemoteSegmentMetadata",
@@ -258,6 +260,34 @@ class LogSegmentData:
     leader_epoch_checkpoint: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class LogPiece:
+    """``[start_position, end_position)`` of a local ``.log`` file: whole record batches, at batch boundaries.
+
+    The file may be the partition's *active* segment, still growing: only the bytes below ``end_position`` are
+    read (they must not change while being read; a change fails the copy)."""
+
+    log_path: Path
+    start_position: int
+    end_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogRangeData:
+    """A run of committed batches cut from the local log at any batch boundaries (a PIP-76 *offload segment*):
+    the tail of one local segment and the head of the next, or a part of one huge or still active segment.
+
+    ``pieces`` in offset order, contiguous in offsets. The storage manager writes the offset and time indexes
+    Kafka would have written for a segment holding exactly these batches (positions in the offload segment:
+    the pieces' bytes one after the other, from 0). ``transaction_index`` holds the aborted transactions with
+    records in the range (``None`` when none). There is no producer snapshot: fetching it answers not found.
+    """
+
+    pieces: tuple[LogPiece, ...]
+    transaction_index: bytes | None
+    leader_epoch_checkpoint: bytes
+
+
 class RemoteStorageManagerApi(abc.ABC):
     """KIP-405's RemoteStorageManager. Implementations are thread-safe."""
 
@@ -280,6 +310,18 @@ class RemoteStorageManagerApi(abc.ABC):
         Raises :class:`~rsm.errors.RemoteStorageError` on failure, after removing what it wrote where it can;
         leftovers of a crash are unreadable (no index object) and found by garbage collection.
         """
+
+    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData) -> bytes | None:
+        """Copy an offload segment (:class:`LogRangeData`) as one remote segment; as
+        :meth:`copy_log_segment_data` otherwise (custom metadata, idempotence, atomicity, errors).
+
+        The pieces must hold exactly the batches of ``[start_offset, end_offset_inclusive]``, every one CRC-checked:
+        the first starts at ``start_offset``, each next one right after the one before, the last ends at
+        ``end_offset_inclusive``; otherwise :class:`~rsm.errors.RemoteStorageError` with nothing uploaded.
+        Positions (``fetch_log_segment``, the offset index) are positions in the offload segment: its batches one
+        after the other from 0.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot copy offload segments")
 
     @abc.abstractmethod
     def fetch_log_segment(self, segment_metadata: RemoteSegmentMetadata, start_position: int,

@@ -19,6 +19,11 @@ use the current configuration).
 
 Reads: the decoded index objects are cached (LRU), so a random read costs 2 requests cold (index + one ranged
 GET of the blocks needed) and 1 warm.
+
+Encryption at rest (``encryption`` in the config; :mod:`rsm.encryption`, formats in :mod:`rsm.format.crypto`):
+when enabled, each copy gets a fresh data key, wrapped by the active key id; its blocks, sections and index object
+are sealed with AES-256-GCM as they are written. Reads open whatever a copy is (plain or sealed) with the
+configured keys; the opened data key travels with the cached index, so request costs stay the same.
 """
 
 from __future__ import annotations
@@ -28,19 +33,20 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal
 
 import google_crc32c
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rsm.api import (
     CommittedCopy,
     CopyListing,
     IndexType,
     KeyLayout,
+    LogRangeData,
     LogSegmentData,
     RemoteSegmentMetadata,
     RemoteStorageManagerApi,
@@ -48,8 +54,10 @@ from rsm.api import (
     StoredCopy,
     StoredPartition,
 )
+from rsm.encryption import EncryptionConfig
 from rsm.errors import CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
+from rsm.format.crypto import SEALED_OVERHEAD, CopyCipher, decode_copy_index, new_copy_cipher
 from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
     BlockInfo,
@@ -57,7 +65,6 @@ from rsm.format.index import (
     IndexSection,
     LedgerIndex,
     LedgerMetadata,
-    decode_index,
     encode_index,
 )
 from rsm.format.keys import (
@@ -70,6 +77,7 @@ from rsm.format.keys import (
     segment_id_of_key,
 )
 from rsm.format.ledger import (
+    BlockDraft,
     EntryAddress,
     KeptRange,
     LedgerChangedError,
@@ -79,6 +87,7 @@ from rsm.format.ledger import (
 )
 from rsm.format.reader import SegmentReader
 from rsm.log.errors import LogFormatError
+from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
@@ -92,6 +101,9 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 FILE_CHUNK_BYTES = 1 * MiB
+
+# What an index section is written from: a local file, bytes, or a function giving the bytes once the blocks are out.
+_SectionSource = Path | bytes | Callable[[], bytes]
 
 
 class RsmConfig(BaseModel):
@@ -116,6 +128,21 @@ class RsmConfig(BaseModel):
     index_cache_entries: int = Field(1024, ge=0)
     fsync: bool = True
     create_bucket: bool = False
+    encryption: EncryptionConfig = Field(default_factory=EncryptionConfig,
+                                         description="encryption at rest (rsm.encryption); off by default")
+
+    @field_validator("encryption", mode="before")
+    @classmethod
+    def _encryption_json(cls, v: object) -> object:
+        # Spark passes options as strings: store.encryption may be the section as JSON
+        if isinstance(v, str):
+            import json
+
+            try:
+                return json.loads(v)
+            except ValueError:
+                raise ValueError("expected the encryption section, or it as a JSON object") from None
+        return v
 
     def make_store(self) -> Store:
         if self.store == "fs":
@@ -178,6 +205,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         assert len(self._custom_metadata) <= MAX_CUSTOM_METADATA_BYTES
         self._stores: dict[str, Store] = {self.layout.key_prefix: self.store}
         self._stores_lock = threading.Lock()
+        self.key_provider = config.encryption.key_provider()
+        """The encryption keys (:mod:`rsm.encryption`), read from the key file / environment; None without."""
 
     # -- key layouts -------------------------------------------------------------------------------------------
 
@@ -239,9 +268,41 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         (``self.layout``), whatever ``segment_metadata.custom_metadata`` says; returns that layout's custom
         metadata (``rsm.format.custom_metadata``)."""
         m = segment_metadata
+        data = segment_data
+        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
+        sections: list[tuple[IndexType, _SectionSource]] = [
+            (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
+        if data.producer_snapshot_path is not None:
+            sections.append((IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot_path))
+        if data.transaction_index_path is not None:
+            sections.append((IndexType.TRANSACTION, data.transaction_index_path))
+        sections.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
+        return self._copy_guarded(m, writer, lambda: writer.blocks(
+            data.log_path, verify_crc=True, start_offset=m.start_offset,
+            end_offset_inclusive=m.end_offset_inclusive), sections)
+
+    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData) -> bytes | None:
+        """See :meth:`RemoteStorageManagerApi.copy_log_range`: the offset and time indexes are written here
+        (:class:`~rsm.log.indexes.KafkaIndexBuilder`) as the blocks are, and appended after them as sections."""
+        m = segment_metadata
+        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
+        indexes = KafkaIndexBuilder(m.start_offset)
+        sections: list[tuple[IndexType, _SectionSource]] = [
+            (IndexType.OFFSET, indexes.offset_index), (IndexType.TIMESTAMP, indexes.time_index)]
+        if range_data.transaction_index is not None:
+            sections.append((IndexType.TRANSACTION, range_data.transaction_index))
+        sections.append((IndexType.LEADER_EPOCH, range_data.leader_epoch_checkpoint))
+        return self._copy_guarded(m, writer, lambda: writer.piece_blocks(
+            range_data.pieces, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,
+            on_batch=indexes.add), sections)
+
+    def _copy_guarded(self, m: RemoteSegmentMetadata, writer: LedgerWriter,
+                      blocks: Callable[[], Iterator[tuple[BlockDraft, list[bytes | memoryview]]]],
+                      sections: list[tuple[IndexType, _SectionSource]]) -> bytes | None:
+        """Copy under the current layout; on any failure remove what was written and raise as the API says."""
         keys = self._keys(m, self.layout)
         try:
-            ledger = self._copy(m, segment_data, keys)
+            ledger = self._copy(m, keys, writer, blocks(), sections)
         except BaseException as err:
             self._cleanup(keys)
             if isinstance(err, SegmentRangeError):
@@ -255,20 +316,13 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         self._cache.put(self.layout.key_prefix + keys.index, ledger)
         return self._custom_metadata
 
-    def _copy(self, m: RemoteSegmentMetadata, data: LogSegmentData, keys: SegmentKeys) -> LedgerIndex:
-        ledger_id = ledger_id_for(m.remote_segment_id)
-        writer = LedgerWriter(ledger_id, self.config.block_size_bytes)
-        block_iter = writer.blocks(data.log_path, verify_crc=True, start_offset=m.start_offset,
-                                   end_offset_inclusive=m.end_offset_inclusive)
+    def _copy(self, m: RemoteSegmentMetadata, keys: SegmentKeys, writer: LedgerWriter,
+              block_iter: Iterator[tuple[BlockDraft, list[bytes | memoryview]]],
+              sections_src: list[tuple[IndexType, _SectionSource]]) -> LedgerIndex:
+        ledger_id = writer.ledger_id
         # The first block before any put: a .log that does not hold the range fails with nothing uploaded.
         first_block = next(block_iter, None)
-        sections_src: list[tuple[IndexType, Path | bytes]] = [
-            (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
-        if data.producer_snapshot_path is not None:
-            sections_src.append((IndexType.PRODUCER_SNAPSHOT, data.producer_snapshot_path))
-        if data.transaction_index_path is not None:
-            sections_src.append((IndexType.TRANSACTION, data.transaction_index_path))
-        sections_src.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
+        cipher = self._new_cipher(keys)  # None: a plain copy
 
         blocks: list[BlockInfo] = []
         sections: list[IndexSection] = []
@@ -285,24 +339,28 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 if item is None:
                     break
                 draft, block = item
-                if pos > 0 and pos + draft.block_length > limit:
+                stored = draft.block_length if cipher is None else draft.block_length + SEALED_OVERHEAD
+                if pos > 0 and pos + stored > limit:
                     state["pending"] = item
                     return
-                blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, draft.block_length,
+                blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, stored,
                                         draft.entry_count, draft.first_offset, draft.last_offset,
                                         draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
-                throttle.acquire(draft.block_length)
-                yield block
-                pos += draft.block_length
+                throttle.acquire(stored)
+                yield block if cipher is None else cipher.seal_block(block, ledger_id=ledger_id, object_number=obj,
+                                                                     position=pos)
+                pos += stored
             for kind, src in sections_src:
-                crc = 0
+                crc = [0]  # of the plain section
+                chunks = _crc_tracked(_file_chunks(src), crc)
+                if cipher is not None:
+                    chunks = cipher.seal_section(chunks, ledger_id=ledger_id, object_number=obj, position=pos)
                 length = 0
-                for chunk in _file_chunks(src):
-                    crc = google_crc32c.extend(crc, chunk)
+                for chunk in chunks:
                     length += len(chunk)
                     throttle.acquire(len(chunk))
                     yield chunk
-                sections.append(IndexSection(kind, obj, pos, length, crc))
+                sections.append(IndexSection(kind, obj, pos, length, crc[0]))
                 pos += length
             state["done"] = True
 
@@ -321,10 +379,20 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             broker_id=m.broker_id, segment_size_bytes=writer.log_bytes, entry_count=writer.entry_count,
             leader_epochs=tuple(m.segment_leader_epochs), data_object_lengths=tuple(object_lengths),
             sections=tuple(sections))
-        ledger = LedgerIndex(ledger_id, meta, tuple(blocks))
+        ledger = LedgerIndex(ledger_id, meta, tuple(blocks), cipher=cipher)
         index = IndexObject(sum(object_lengths), BLOCK_HEADER_LENGTH, (ledger,))
-        self.store.put(keys.index, [encode_index(index)])
+        raw = encode_index(index)
+        self.store.put(keys.index, [raw if cipher is None else cipher.seal_index(raw, key_base=keys.base)])
         return ledger
+
+    def _new_cipher(self, keys: SegmentKeys) -> CopyCipher | None:
+        """A new copy's data key, wrapped by the active key id; None when encryption is off."""
+        enc = self.config.encryption
+        if not enc.enabled:
+            return None
+        if self.key_provider is None or enc.active_key_id is None:  # the config validators rule this out
+            raise StoreConfigError("encryption is enabled without an active key id and keys")
+        return new_copy_cipher(self.key_provider, enc.active_key_id, key_base=keys.base)
 
     def _cleanup(self, keys: SegmentKeys) -> None:
         try:
@@ -342,7 +410,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         if cached is not None:
             return cached
         data = store.get_bytes(keys.index)
-        index = decode_index(data, key=keys.index)
+        index = decode_copy_index(data, key=keys.index, key_base=keys.base, provider=self.key_provider,
+                                  require_sealed=self.config.encryption.require_encrypted)
         if len(index.ledgers) != 1:
             raise RemoteStorageError(f"{keys.index} holds {len(index.ledgers)} ledgers, expected 1")
         ledger = index.ledgers[0]
@@ -364,7 +433,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         from rsm.verify import verify_segment
 
         store, keys, _ = self._located(segment_metadata)
-        return verify_segment(store, keys)
+        return verify_segment(store, keys, key_provider=self.key_provider,
+                              require_sealed=self.config.encryption.require_encrypted)
 
     # -- what is stored (garbage collection) -------------------------------------------------------------------
 
@@ -414,7 +484,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         layout = self.layout_of(m)
         store, keys, _ = self._located(m)
         # From the store itself, never the cache: the store is the truth recovery rebuilds from.
-        index = decode_index(store.get_bytes(keys.index), key=keys.index)
+        index = decode_copy_index(store.get_bytes(keys.index), key=keys.index, key_base=keys.base,
+                                  provider=self.key_provider, require_sealed=self.config.encryption.require_encrypted)
         if len(index.ledgers) != 1:
             raise CorruptRemoteObjectError(f"{len(index.ledgers)} ledgers in one copy's index object, expected 1",
                                            key=keys.index, position=0)
@@ -502,7 +573,16 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             store.delete_many(rest)
 
 
-def _file_chunks(src: Path | bytes) -> Iterator[bytes]:
+def _crc_tracked(chunks: Iterator[bytes], crc: list[int]) -> Iterator[bytes]:
+    """``chunks`` passed through, their CRC-32C accumulated in ``crc[0]``."""
+    for chunk in chunks:
+        crc[0] = google_crc32c.extend(crc[0], chunk)
+        yield chunk
+
+
+def _file_chunks(src: _SectionSource) -> Iterator[bytes]:
+    if callable(src):
+        src = src()  # bytes known only once the blocks are written (indexes built while copying)
     if isinstance(src, bytes | bytearray):
         if src:
             yield bytes(src)

@@ -6,7 +6,11 @@
 - ``kafka_sasl``: a 1-broker cluster with SASL_PLAINTEXT/PLAIN and KRaft's StandardAuthorizer (started on first
   use): ``admin_config()`` is the super user's client configuration, ``client_config(SASL_PRINCIPAL)`` (and
   ``security_config(SASL_PRINCIPAL)``) the principal's, who starts with no ACLs.
-- ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP.
+- ``kafka_sasl_ssl``: the same over SASL_SSL (SCRAM-SHA-512, TLS with a CA generated at start; started on first
+  use): ``client_config(SCRAM_PRINCIPAL)`` carries ``ssl.ca.location`` as well.
+- ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP (fault injection uses it).
+- ``s3proxy_endpoint``: s3proxy, a real S3 server over a directory, on 127.0.0.1 (jars via Maven, cached in
+  ``.cache/s3proxy/``); like the broker it never skips. ``s3_server`` runs a test once per server (moto, s3proxy).
 - ``topic_name``: a unique topic name per test (uuid suffix), so tests never see each other's data.
 """
 
@@ -65,6 +69,24 @@ def kafka_sasl() -> Iterator[KafkaCluster]:
         cluster.stop()
 
 
+SCRAM_PRINCIPAL = "rlm"  # the kafka_sasl_ssl cluster's non-super user
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl_ssl() -> Iterator[KafkaCluster]:
+    """Opt-in: SASL_SSL (SCRAM-SHA-512 over TLS, a CA made at start), StandardAuthorizer; see devtools.devkafka."""
+    cluster = KafkaCluster(brokers=1, sasl_users={SCRAM_PRINCIPAL: f"scram-{uuid.uuid4().hex}"},
+                           sasl_mechanism="SCRAM-SHA-512", tls=True)
+    try:
+        cluster.start()
+    except KafkaStartError as err:
+        pytest.fail(f"the SASL_SSL Kafka cluster did not start: {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def topic_name(request: pytest.FixtureRequest) -> str:
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
@@ -86,3 +108,30 @@ def s3_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3proxy_endpoint() -> Iterator[str]:
+    """s3proxy, a real S3 API server over a directory (devtools/s3proxy.py), on 127.0.0.1; yields its URL. It
+    checks request signatures against the default credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+    the dummies moto gets too). If it cannot start, every test that needs it fails: never skipped (CI included)."""
+    from devtools.s3proxy import S3ProxyServer, S3ProxyStartError
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = S3ProxyServer(identity=os.environ["AWS_ACCESS_KEY_ID"], credential=os.environ["AWS_SECRET_ACCESS_KEY"])
+    try:
+        server.start()
+    except S3ProxyStartError as err:
+        pytest.fail(f"s3proxy did not start (tests never skip it): {err}", pytrace=False)
+    try:
+        yield server.endpoint_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["moto", "s3proxy"])
+def s3_server(request: pytest.FixtureRequest) -> str:
+    """Each S3 server in turn (the test runs once per server): moto's mock, then s3proxy; yields the URL."""
+    return request.getfixturevalue("s3_endpoint" if request.param == "moto" else "s3proxy_endpoint")

@@ -44,5 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         sys.stderr.close()
         return 0
+    except Exception as err:
+        # A request the broker refused deep inside a client (after the commands' up-front ACL check): one line
+        # naming the refusal instead of a traceback (README, "Authenticated clusters").
+        from rlm.authz import NotAuthorizedError, authorization_error
+        from rlm.cli.context import EXIT_NOT_AUTHORIZED
+
+        message = str(err) if isinstance(err, NotAuthorizedError) else authorization_error(err)
+        if message is None:
+            raise
+        print(f"rlm: {message}", file=sys.stderr)
+        return EXIT_NOT_AUTHORIZED
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from rlm.authz import NotAuthorizedError, authorization_error, check, principal_of, reader_needs
 from rlm.config import ConfigError, SidecarSettings, load_settings
 from rlm.discovery import ClusterView
 from rlm.reader import RemoteReader
@@ -20,12 +21,20 @@ from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["EXIT_NOTHING_REMOTE", "EXIT_OUT_OF_RANGE", "EXIT_USAGE", "CliContext", "add_config_arg", "open_context"]
+__all__ = ["EXIT_NOTHING_REMOTE", "EXIT_NOT_AUTHORIZED", "EXIT_OUT_OF_RANGE", "EXIT_USAGE", "CliContext",
+           "add_config_arg", "not_authorized", "open_context"]
 
 # Exit codes of the commands (README, "Command line"): 0 success, 1 a check failed (verify), and:
 EXIT_USAGE = 2  # bad arguments or config, or no such topic partition on the cluster
 EXIT_NOTHING_REMOTE = 3  # the partition exists but nothing of it is remote yet
 EXIT_OUT_OF_RANGE = 4  # the offset asked for is not in the remote tier
+EXIT_NOT_AUTHORIZED = 5  # the principal lacks an ACL (the message names the operation, resource and principal)
+
+
+def not_authorized(err: NotAuthorizedError | str) -> SystemExit:
+    """Print ``rlm: not authorized: ...`` and return the SystemExit to raise (exit code 5)."""
+    print(f"rlm: {err}", file=sys.stderr)
+    return SystemExit(EXIT_NOT_AUTHORIZED)
 
 
 def add_config_arg(p: argparse.ArgumentParser) -> None:
@@ -41,8 +50,18 @@ class CliContext:
     reader: RemoteReader
 
     def partitions(self, topic: str, partition: int | None = None) -> list[TopicIdPartition]:
-        """The partitions of ``topic`` (or just ``partition``), served and caught up; exits 2 if unknown."""
-        infos = self.view.partitions([topic])
+        """The partitions of ``topic`` (or just ``partition``), served and caught up; exits 2 if unknown, 5 if the
+        principal may not describe it."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        try:
+            infos = self.view.partitions([topic])
+        except KafkaException as err:
+            if err.args and getattr(err.args[0], "code", lambda: None)() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise not_authorized(NotAuthorizedError(
+                    "DESCRIBE", "topic", topic, principal_of(self.settings.kafka.client),
+                    why="the command looks up its partitions")) from None
+            raise
         tps = sorted((TopicIdPartition(i.topic_id, i.topic, i.partition) for i in infos.values()),
                      key=lambda t: t.partition)
         if partition is not None:
@@ -67,11 +86,20 @@ def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
         print(f"rlm: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
+    try:  # before any client thread can die of a refusal: one clear error naming the missing ACL
+        check(settings.kafka.client_config(), reader_needs(settings.metadata.topic))
+    except NotAuthorizedError as err:
+        raise not_authorized(err) from None
     try:
-        rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache")
+        rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache", read_only=True)
     except MetadataTopicMissingError as err:  # read-only: the metadata is someone else's, never created here
         print(f"rlm: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as err:
+        message = authorization_error(err, settings.kafka.client)
+        if message is None:
+            raise
+        raise not_authorized(message) from None
     try:
         rsm = RemoteStorageManager(settings.store)
         view = ClusterView(settings.kafka.client_config())

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         metadata_exists = bool(view.partitions([settings.metadata.topic], skip_unauthorized=True))
         # Recovery writes the metadata topic on purpose (creating it if absent), in read-only mode too: it is how a
         # read-only cluster gets metadata of a store it does not own. It never writes to the store.
-        recoverer = Recoverer(rsm, lambda: make_rlmm(settings, cache_dir=cache_dir, create_topic=True),
+        recoverer = Recoverer(rsm, lambda: make_rlmm(settings, cache_dir=cache_dir, create_topic=True, read_only=False),
                               metadata_exists=metadata_exists, progress=_bar)
         stored = recoverer.stored_partitions()
         unknown = set(explicit) - {sp.topic_id for sp in stored}

@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 
+from rlm.authz import NotAuthorizedError, authorization_error, check, serve_needs
+from rlm.cli.context import EXIT_NOT_AUTHORIZED
 from rlm.config import ConfigError, load_settings
 
 __all__ = ["register", "run"]
@@ -35,6 +37,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlm: {err}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format)
+    try:  # the ACLs the sidecar needs, named up front (a refusal inside a client thread would hang or kill it)
+        check(settings.kafka.client_config(), serve_needs(settings.metadata.topic,
+                                                          settings.metadata.to_be_deleted_topic,
+                                                          read_only=settings.mode == "read_only"))
+    except NotAuthorizedError as err:
+        log.error("cannot start: %s", err)
+        return EXIT_NOT_AUTHORIZED
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -48,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
     except MetadataTopicMissingError as err:  # read-only: the metadata is someone else's, never created here
         print(f"rlm: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        message = authorization_error(err, settings.kafka.client)  # e.g. creating its topics was refused
+        if message is None:
+            raise
+        log.error("cannot start: %s", message)
+        return EXIT_NOT_AUTHORIZED
     ops = OpsServer(settings.listen.host, settings.listen.port, sidecar.health, sidecar.liveness).start()
     log.info("listening", extra={"host": settings.listen.host, "port": ops.port})
     sidecar.start()

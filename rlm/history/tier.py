@@ -213,22 +213,30 @@ class TierView:
     def _open_transactions(self, tp: TopicIdPartition,
                            segs: tuple[RemoteLogSegmentMetadata, ...]) -> dict[int, int]:
         """Producer id -> first offset of its transaction still open at the tier's end (cached per newest
-        segment: the answer changes only when the tier grows or shrinks at its end)."""
+        segment: the answer changes only when the tier grows or shrinks at its end). When the tier grew, the walk
+        goes on from the previous answer (offload segments of streaming mode have no producer snapshot: without
+        this every new one would walk the whole tier)."""
         key = (tp, segs[-1].remote_log_segment_id.id)
         with self._lock:
             known = self._open_txns.get(key)
+            previous = next(((k[1], v) for k, v in self._open_txns.items() if k[0] == tp), None)
         if known is not None:
             return known
         rsm = self.reader.rsm
         open_txns: dict[int, int] = {}
         start = 0
-        for i in range(len(segs) - 1, -1, -1):
-            entries = rsm.open_segment(to_rsm(segs[i])).producer_snapshot()
-            if entries is not None:
-                open_txns = {e.producer_id: e.current_txn_first_offset for e in entries
-                             if e.current_txn_first_offset >= 0}
-                start = i + 1
-                break
+        ids = [md.remote_log_segment_id.id for md in segs]
+        if previous is not None and previous[0] in ids:
+            start = ids.index(previous[0]) + 1
+            open_txns = dict(previous[1])
+        else:
+            for i in range(len(segs) - 1, -1, -1):
+                entries = rsm.open_segment(to_rsm(segs[i])).producer_snapshot()
+                if entries is not None:
+                    open_txns = {e.producer_id: e.current_txn_first_offset for e in entries
+                                 if e.current_txn_first_offset >= 0}
+                    start = i + 1
+                    break
         for md in segs[start:]:  # no snapshot from here on: follow the batch headers
             seg = rsm.open_segment(to_rsm(md))
             with closing(seg.batches(md.start_offset, md.end_offset_inclusive)) as batches:

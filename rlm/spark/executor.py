@@ -4,7 +4,9 @@ An input partition is small and picklable: the segment's metadata itself (:class
 a frozen dataclass of plain values, built from the metadata manager's model by :func:`rlm.segments.to_rsm`), the
 offsets to return, the block range, the segments whose transaction indexes matter (read_committed) and the store
 configuration as a dict. The executor needs only the store: it reads the blocks with ranged GETs (one per data
-object, streamed), verifies every batch (block framing, CRC-32C) and decodes records with the compiled codec. It
+object, streamed), verifies every batch (block framing, CRC-32C) and decodes its records straight into columns
+(:mod:`rlm.spark.columns`: no Python object per record; a batch whose records carry headers is decoded record by
+record with the compiled codec). Each Arrow record batch concatenates the columns of whole record batches. It
 reads through the storage manager's read interface (:class:`rsm.api.SegmentHandle`); the batch / control /
 aborted-transaction logic is :func:`rlm.reader.iter_segment_batches` and :func:`rlm.reader.aborted_covering`,
 shared with the sidecar's reader.
@@ -23,11 +25,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rlm.reader import aborted_covering, iter_segment_batches
+from rlm.spark.columns import BatchColumns, decode_columns
 from rlm.spark.options import SparkSourceError
 from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
 from rsm.errors import RemoteResourceNotFoundError
@@ -110,43 +113,72 @@ def _aborted(rsm: RemoteStorageManagerApi, part: SegmentSlice) -> list[AbortedTx
                             (rsm.open_segment(md).aborted_transactions() for md in part.txn_segments))
 
 
-class _Columns:
-    """Column buffers of the batch being built."""
+def _record_columns(records: list[Any], include_headers: bool) -> tuple[BatchColumns, pa.Array | None]:
+    """Columns of records decoded one by one (a batch whose records carry headers)."""
+    cols = BatchColumns(np.array([r.offset for r in records], np.int64),
+                        np.array([r.timestamp for r in records], np.int64),
+                        pa.array([r.key for r in records], pa.binary()),
+                        pa.array([r.value for r in records], pa.binary()))
+    return cols, (pa.array([r.headers for r in records], _HEADER_TYPE) if include_headers else None)
 
-    __slots__ = ("headers", "keys", "offsets", "timestamps", "ts_types", "values")
+
+def _no_headers(n: int) -> pa.Array:
+    """``n`` empty header lists."""
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), _NO_HEADER_VALUES, type=_HEADER_TYPE)
+
+
+_NO_HEADER_VALUES = pa.array([], _HEADER_TYPE.value_type)
+
+
+class _Columns:
+    """The pieces (one per record batch) of the Arrow record batch being built."""
+
+    __slots__ = ("headers", "pieces", "rows", "ts_types")
 
     def __init__(self) -> None:
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
+        self.pieces: list[BatchColumns] = []
         self.ts_types: list[int] = []
-        self.headers: list[list[tuple[str, bytes | None]]] = []
+        self.headers: list[pa.Array] = []
+        self.rows = 0
 
-    def add(self, records: list[Any], ts_type: int, include_headers: bool) -> None:
-        self.keys += [r.key for r in records]
-        self.values += [r.value for r in records]
-        self.offsets += [r.offset for r in records]
-        self.timestamps += [r.timestamp for r in records]
-        self.ts_types += [ts_type] * len(records)
-        if include_headers:
-            self.headers += [r.headers for r in records]
+    def add(self, cols: BatchColumns, ts_type: int, headers: pa.Array | None) -> None:
+        self.pieces.append(cols)
+        self.ts_types.append(ts_type)
+        if headers is not None:
+            self.headers.append(headers)
+        self.rows += len(cols)
 
     def to_batch(self, schema: pa.Schema, topic: str, partition: int) -> pa.RecordBatch:
-        n = len(self.offsets)
-        ts = pa.array(self.timestamps, pa.int64())
+        n = self.rows
+        pieces = self.pieces
+        ts = np.concatenate([p.timestamps for p in pieces]) * 1000
+        if len(set(self.ts_types)) == 1:
+            ts_types = np.full(n, self.ts_types[0], np.int32)
+        else:
+            ts_types = np.repeat(np.array(self.ts_types, np.int32), [len(p) for p in pieces])
         arrays = [
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.values, pa.binary()),
+            _concat([p.keys for p in pieces]),
+            _concat([p.values for p in pieces]),
             pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
-            pa.array(self.offsets, pa.int64()),
-            pc.multiply(ts, 1000).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(self.ts_types, pa.int32()),
+            pa.array(np.concatenate([p.offsets for p in pieces]), pa.int64()),
+            pa.array(ts, pa.timestamp("us", tz="UTC")),
+            pa.array(ts_types, pa.int32()),
         ]
         if len(schema) > len(arrays):
-            arrays.append(pa.array(self.headers, _HEADER_TYPE))
+            arrays.append(_concat(self.headers))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _filtered(cols: BatchColumns, headers: pa.Array | None,
+              keep: np.ndarray) -> tuple[BatchColumns, pa.Array | None]:
+    mask = pa.array(keep)
+    return (BatchColumns(cols.offsets[keep], cols.timestamps[keep], cols.keys.filter(mask), cols.values.filter(mask)),
+            None if headers is None else headers.filter(mask))
 
 
 def read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
@@ -175,8 +207,8 @@ def _read_slice(part: SegmentSlice) -> Iterator[pa.RecordBatch]:
         return
     start_ts = part.start_timestamp_ms
     cols = _Columns()
-    # Decoding allocates a few objects per record and none of them form cycles: the cyclic collector, triggered
-    # every 700 allocations, would only walk the growing column lists again and again (it costs 2-2.5x the
+    # Decoding a batch with headers allocates a few objects per record and none of them form cycles: the cyclic
+    # collector, triggered every 700 allocations, would only walk them again and again (it costs 2-2.5x the
     # decode). It is off while a batch is built and back on (if it was) whenever control leaves this generator.
     gc_was_enabled = gc.isenabled()
     with cyclic_gc_paused():
@@ -188,30 +220,40 @@ def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: Segment
                gc_was_enabled: bool) -> Iterator[pa.RecordBatch]:
     seg = part.segment
     key = handle.name
+    include_headers = part.include_headers
     for h, data, visible in iter_segment_batches(handle, lo, hi, aborted=_aborted(rsm, part),
                                                  first_block=part.first_block, last_block=part.last_block):
         if not visible:
             continue
-        records = list(iter_raw_records(h, data, path=key))
+        batch_cols = decode_columns(h, data, path=key)
+        if batch_cols is not None:
+            headers = _no_headers(len(batch_cols)) if include_headers else None
+        else:
+            batch_cols, headers = _record_columns(list(iter_raw_records(h, data, path=key)), include_headers)
         if h.base_offset < lo or h.last_offset > hi:
-            records = [r for r in records if lo <= r.offset <= hi]
+            offsets = batch_cols.offsets
+            keep = (offsets >= lo) & (offsets <= hi)
+            if not keep.all():
+                batch_cols, headers = _filtered(batch_cols, headers, keep)
         if start_ts is not None:
-            for i, r in enumerate(records):
-                if r.timestamp >= start_ts:
-                    records = records[i:]
-                    start_ts = None  # from the first such record on, every record is returned
-                    break
-            else:
+            at = np.flatnonzero(batch_cols.timestamps >= start_ts)
+            if not len(at):
                 continue
-        cols.add(records, 1 if h.timestamp_type else 0, part.include_headers)
-        if len(cols.offsets) >= BATCH_ROWS:
+            i = int(at[0])
+            batch_cols = batch_cols.slice(i, len(batch_cols))
+            headers = None if headers is None else headers.slice(i)
+            start_ts = None  # from the first such record on, every record is returned
+        if not len(batch_cols):
+            continue
+        cols.add(batch_cols, 1 if h.timestamp_type else 0, headers)
+        if cols.rows >= BATCH_ROWS:
             batch = cols.to_batch(schema, seg.topic_name, seg.partition)
             cols = _Columns()
             if gc_was_enabled:
                 gc.enable()
             yield batch
             gc.disable()
-    if cols.offsets:
+    if cols.rows:
         batch = cols.to_batch(schema, seg.topic_name, seg.partition)
         if gc_was_enabled:
             gc.enable()

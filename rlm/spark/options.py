@@ -28,6 +28,11 @@ sections are used), or ``kafka.bootstrap.servers`` (+ any ``kafka.<librdkafka pr
 ``store.bucket``, ``store.endpoint_url``, ``store.region``, ``store.key_prefix`` ...). Optionally
 ``metadata.cacheDir``: a directory kept between queries for the driver's metadata cache (default: a temporary
 one per query).
+
+Secrets (``kafka.sasl.password``, ``kafka.ssl.key.password`` ...): Spark does not print a Python data source's
+options in its plans (``df.explain()``, ``queryExecution``: ``BatchScan kafka-remote``), and the parsed options'
+repr masks them (:class:`rlm.kafka_secrets.RedactedConfig`). With ``config`` (a sidecar YAML) the password stays
+in that file, or in the environment (``RLM_KAFKA__CLIENT``) of the driver.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +48,7 @@ from pydantic import ValidationError
 
 from rlm.config import ConfigError, load_settings
 from rlm.errors import RlmError
+from rlm.kafka_secrets import RedactedConfig
 from rsm.manager import RsmConfig
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "SourceOptions", "SparkSourceError", "parse_options"]
@@ -100,7 +106,7 @@ class SourceOptions:
     max_partition_bytes: int
     push_filters: bool
     fail_on_data_loss: bool
-    client_config: Mapping[str, Any]
+    client_config: Mapping[str, Any]  # a RedactedConfig: its repr masks sasl.password and the like
     metadata_topic: str
     metadata_cache_dir: str | None
     store: Mapping[str, Any]  # RsmConfig as JSON-able values: what executors rebuild their storage manager from
@@ -111,6 +117,12 @@ class SourceOptions:
 
     def rsm_config(self) -> RsmConfig:
         return RsmConfig(**self.store)
+
+    def for_executors(self) -> SourceOptions:
+        """These options without the Kafka client configuration (SASL passwords, TLS key passwords ...): what a
+        reader pickled to the executors keeps. Executors read the store only (each input partition carries the
+        store's config); they never talk to Kafka."""
+        return replace(self, client_config={})
 
 
 def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
@@ -266,8 +278,8 @@ def _location(opts: Mapping[str, str]) -> tuple[dict[str, Any], str, dict[str, A
         if "kafka.bootstrap.servers" not in opts:
             raise SparkSourceError("option kafka.bootstrap.servers (or config, a sidecar YAML) is needed to read "
                                    "the metadata topic")
-        client = {k[len("kafka."):]: v for k, v in opts.items()
-                  if k.startswith("kafka.") and k not in _OWN_KAFKA_KEYS}
+        client = RedactedConfig({k[len("kafka."):]: v for k, v in opts.items()
+                                 if k.startswith("kafka.") and k not in _OWN_KAFKA_KEYS})
         md_topic = opts.get("metadata.topic", "__remote_log_metadata")
         fields = {k[len("store."):]: v for k, v in opts.items() if k.startswith("store.")}
         if "store" in opts:

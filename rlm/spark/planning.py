@@ -28,6 +28,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from rlm.authz import check, reader_needs
 from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
 from rlm.reader import TxnIndexes
@@ -124,6 +125,7 @@ class MetadataReader:
 
     def __init__(self, opts: SourceOptions) -> None:
         client = dict(opts.client_config)
+        check(client, reader_needs(opts.metadata_topic))  # a missing ACL named (rlm.authz), not a 120 s wait
         admin = AdminClient(client)
         md = admin.list_topics(opts.metadata_topic, timeout=30).topics.get(opts.metadata_topic)
         if md is None or md.error is not None or not md.partitions:
@@ -140,7 +142,8 @@ class MetadataReader:
             # factor are the topic's own, as the cluster reports them (the latter is only used to create a topic).
             self._rlmm = TopicBasedRemoteLogMetadataManager(rlmm_config(
                 client, topic=opts.metadata_topic, num_partitions=len(md.partitions),
-                replication_factor=max(len(p.replicas) for p in md.partitions.values()), cache_dir=cache_dir))
+                replication_factor=max(len(p.replicas) for p in md.partitions.values()), cache_dir=cache_dir,
+                read_only=True))
         except BaseException:
             self._remove_tmp()
             raise

@@ -37,6 +37,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from rlm.kafka_secrets import is_secret_client_property
 from rlm.spark.executor import SegmentSlice, read_slice
 from rlm.spark.options import SourceOptions, SparkSourceError, parse_options
 from rlm.spark.planning import Bounds, plan_slices
@@ -65,7 +66,14 @@ class KafkaRemoteDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_options(self.options)
+        self._forget_secrets()
         return KafkaRemotePushdownReader(opts) if opts.push_filters else KafkaRemoteReader(opts)
+
+    def _forget_secrets(self) -> None:
+        """Drop the secret ``kafka.*`` options (``kafka.sasl.password`` ...) once the reader has parsed them: pyspark
+        pickles this data source with the reader's read function to every executor, which never talks to Kafka."""
+        self.options = {k: v for k, v in self.options.items()
+                        if not (k.lower().startswith("kafka.") and is_secret_client_property(k[len("kafka."):]))}
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 - Spark's name
         """``readStream``: :class:`rlm.spark.stream.KafkaRemoteStreamReader` (pyspark 4.2+: admission control)."""
@@ -73,7 +81,9 @@ class KafkaRemoteDataSource(DataSource):
             from rlm.spark.stream import KafkaRemoteStreamReader
         except ImportError as err:  # pragma: no cover - pyspark 4.1 has no pyspark.sql.streaming.datasource
             raise SparkSourceError(f"readStream.format('kafka-remote') needs pyspark 4.2 or later ({err})") from err
-        return KafkaRemoteStreamReader(parse_options(self.options))
+        opts = parse_options(self.options)
+        self._forget_secrets()
+        return KafkaRemoteStreamReader(opts)
 
 
 class KafkaRemoteReader(DataSourceReader):
@@ -91,6 +101,13 @@ class KafkaRemoteReader(DataSourceReader):
         if not isinstance(partition, SegmentSlice):
             return iter(())
         return read_slice(partition)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Spark pickles the reader to the executors for :meth:`read`: without the Kafka credentials."""
+        return {"opts": self.opts.for_executors(), "bounds": self.bounds}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
 
 class KafkaRemotePushdownReader(KafkaRemoteReader):

@@ -27,10 +27,16 @@ partition; the latest offset of a partition is its latest tiered offset + 1 (the
   offsets; ``false`` logs them, counts them (:attr:`KafkaRemoteStreamReader.lost_offsets`) and reads on from the
   earliest remote offset. A segment deleted between planning and reading fails the task, or (``false``) is
   skipped with a warning on the executor. Offsets missing inside the tier (never tiered) are treated as in batch.
+  A tier that now ends *below* what the query has read (an unclean election replaced the lineage) is data loss
+  too, as in Spark's Kafka source: the query fails, or (``false``) it counts and logs it and goes back to the
+  tier's end.
 - ``read_committed``: the transaction indexes of the tier decide, as in batch, and a micro-batch ends at the
   tier's last stable offset (:class:`rlm.history.tier.TierView`, as the history endpoint serves it): a transaction
-  still open at the tier's end, its marker not tiered yet, is held back until it is. ``endingOffsets``,
-  ``startingTimestamp`` and ``startingOffsetsByTimestamp`` are refused.
+  still open at the tier's end, its marker not tiered yet, is held back until it is. ``endingOffsets`` is refused.
+- ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (a new query only, before ``startingOffsets``): each
+  partition starts at the first offset whose record's timestamp is at or after it (Kafka's ListOffsets by
+  timestamp, over the remote tier), or at the tier's end when no record is that recent. Partitions
+  ``startingOffsetsByTimestamp`` does not name follow ``startingOffsets``.
 """
 
 from __future__ import annotations
@@ -86,9 +92,6 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def __init__(self, opts: SourceOptions) -> None:
         if opts.ending_given:
             raise SparkSourceError("option endingOffsets is not supported by readStream (a stream has no end)")
-        if opts.starting_timestamp_ms is not None or opts.starting_by_timestamp is not None:
-            raise SparkSourceError("options startingTimestamp / startingOffsetsByTimestamp are not supported by "
-                                   "readStream yet; use startingOffsets")
         self.opts = opts
         self.lost_offsets = 0
         self._metadata: MetadataReader | None = None
@@ -151,9 +154,26 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 continue  # enters the offsets once something of it is tiered
             spec = self.opts.starting.for_partition(topic, p)
             latest = self._stable_end((topic, p), b[1])
+            ts = self.opts.starting_timestamp_ms
+            if self.opts.starting_by_timestamp is not None:
+                ts = self.opts.starting_by_timestamp.get((topic, p))
+            if ts is not None:
+                out[(topic, p)] = self._offset_at(topic, p, ts, latest)
+                continue
             out[(topic, p)] = b[0] if spec is None or spec == EARLIEST else latest if spec == LATEST else spec
         log.info("kafka-remote stream: initial offsets", extra={"offsets": _offsets(out)})
         return _offsets(out)
+
+    def _offset_at(self, topic: str, p: int, timestamp_ms: int, latest: int) -> int:
+        """The first offset whose record's timestamp is >= ``timestamp_ms`` (Kafka's ListOffsets by timestamp,
+        through the remote reader); the tier's end when no record is that recent (the partition reads only what
+        is tiered from now on, as the batch source reads nothing of it)."""
+        from rlm.reader import RemoteReader
+
+        assert self._metadata is not None
+        hit = RemoteReader(self._metadata.rlmm, self._storage()).offset_for_timestamp(self._tps[(topic, p)],
+                                                                                    timestamp_ms)
+        return latest if hit is None else min(hit[0], latest)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
         if self.opts.max_offsets_per_trigger is not None:
@@ -182,6 +202,9 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         for k in end:
             if k not in begin or k not in latest:
                 continue
+            if latest[k] < begin[k]:
+                end[k] = self._tier_end_moved_back(k, begin[k], latest[k])
+                continue
             top = latest[k] if self._target is None else min(latest[k], self._target.get(k, begin[k]))
             avail[k] = max(0, top - begin[k])
         total = sum(avail.values())
@@ -206,6 +229,24 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if total > 0:
             self._last_trigger = time.monotonic()
         return _offsets(end)
+
+    def _tier_end_moved_back(self, k: tuple[str, int], begin: int, latest: int) -> int:
+        """The tier now ends below offsets this query has read: the remote chain was replaced (an unclean election
+        truncated the lineage those offsets were tiered from, or the remote data was deleted and tiered again).
+        Spark's Kafka source reports this as data loss: fail, or (``failOnDataLoss=false``) count it, log it and go
+        back to the tier's end, reading what is tiered there from now on."""
+        topic, p = k
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(
+                f"{topic}-{p}: the remote tier now ends at offset {latest - 1}, below offset {begin} this query has "
+                f"already read up to: offsets {latest} to {begin - 1} were replaced (an unclean leader election, or "
+                "the partition's remote data deleted and tiered again); set failOnDataLoss=false to go on from the "
+                "tier's end")
+        self.lost_offsets += begin - latest
+        log.warning("kafka-remote stream: the remote tier now ends below offsets already read", extra={
+            "topic": topic, "partition": p, "read_up_to": begin, "tier_end": latest,
+            "lost_offsets_total": self.lost_offsets})
+        return latest
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's name
         """The tier's latest offsets as :meth:`latestOffset` saw them (Spark asks right after it)."""
@@ -243,6 +284,14 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if not isinstance(partition, SegmentSlice):
             return iter(())
         return read_slice(partition)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Spark pickles a fresh reader to the executors for :meth:`read`: its options without the Kafka
+        credentials, none of the driver's clients or caches."""
+        return {"opts": self.opts.for_executors()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
 
     def commit(self, end: dict) -> None:
         pass

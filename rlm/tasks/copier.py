@@ -123,7 +123,9 @@ class PartitionCopier:
         return self._watermark[0] if self._watermark is not None else -1
 
     def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
-        """Stage the rolled local segments above ``highest``; return all staged segments and new gaps."""
+        """Stage the rolled local segments above ``highest``; return all staged segments and new gaps.
+        ``highest`` is remembered: :meth:`stage_rolled` stages above it between runs."""
+        self._highest = highest
         pdir = PartitionDir(self.partition_dir)
         segments = pdir.segments()
         gaps: list[tuple[int, int]] = []
@@ -223,14 +225,8 @@ class PartitionCopier:
         """
         result = CopyResult()
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
-        pdir = PartitionDir(self.partition_dir)
-        epochs = pdir.leader_epochs()
-        highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs)
-        if self._watermark is not None:
-            # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
-            # newest). Those offsets were tiered once; copying the still-local segments again would only feed
-            # retention again. Bounded by this lineage: offsets a diverged lineage tiered are tiered again.
-            highest = max(highest, lineage.bound(*self._watermark))
+        epochs = PartitionDir(self.partition_dir).leader_epochs()
+        highest = self.resume_point(epochs)
         staged, result.gaps = self.stage_new(highest)
         self._highest = highest
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
@@ -259,15 +255,31 @@ class PartitionCopier:
                 break
             if md is None:
                 self.staging.release(s)  # nothing worth copying (expired already); not a gap
-                highest = self._highest = s.end_offset_inclusive
-                self._watermark = (highest, _last_epoch(epochs, highest))
+                highest = s.end_offset_inclusive
+                self.tiered(highest, _last_epoch(epochs, highest))
                 continue
             result.copied.append(md)
-            highest = self._highest = md.end_offset_inclusive
-            self._watermark = (highest, md.segment_leader_epochs[-1][0])
+            highest = md.end_offset_inclusive
+            self.tiered(highest, md.segment_leader_epochs[-1][0])
             self.staging.release(s)
-        self._write_watermark()
+        self.write_watermark()
         return result
+
+    def resume_point(self, epochs: list[EpochEntry]) -> int:
+        """The highest offset tiered along this broker's lineage (-1: none): copying resumes right after it."""
+        highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs)
+        if self._watermark is not None:
+            # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
+            # newest). Those offsets were tiered once; copying the still-local segments again would only feed
+            # retention again. Bounded by this lineage: offsets a diverged lineage tiered are tiered again.
+            highest = max(highest, lineage.bound(*self._watermark))
+        return highest
+
+    def tiered(self, end_offset_inclusive: int, epoch: int | None) -> None:
+        """Record that offsets up to ``end_offset_inclusive`` (last leader epoch ``epoch``) are tiered; persisted
+        by :meth:`write_watermark`."""
+        self._highest = end_offset_inclusive
+        self._watermark = (end_offset_inclusive, epoch)
 
     # ------------------------------------------------------------------------------------------ watermark
     def _read_watermark(self) -> tuple[int, int | None] | None:
@@ -286,7 +298,7 @@ class PartitionCopier:
                 "partition": str(self.tp), "path": str(self.watermark_path), "error": str(err)})
             return None
 
-    def _write_watermark(self) -> None:
+    def write_watermark(self) -> None:
         """Persist the highest tiered offset and its epoch when they moved (temp file, fsync, rename, fsync of
         the directory: never half written, and durable before the next run relies on it)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
@@ -362,14 +374,23 @@ class PartitionCopier:
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
+        return self.commit_copy(md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data),
+                                leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
+
+    def commit_copy(self, md: RemoteLogSegmentMetadata, copy: Callable[[], bytes | None], *,
+                    leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None,
+                    ) -> RemoteLogSegmentMetadata:
+        """COPY_SEGMENT_STARTED, ``copy()`` (the store's copy; returns custom metadata), the fencing check,
+        COPY_SEGMENT_FINISHED. Anything failing removes the copy (never left STARTED behind us) and raises;
+        :class:`CopyFencedError` when the leader epoch moved on. Returns the FINISHED metadata."""
         self.rlmm.add_remote_log_segment_metadata(md)
         started = time.monotonic()
         try:
-            custom = self.rsm.copy_log_segment_data(to_rsm(md), data)
+            custom = copy()
         except Exception as err:
             metrics.ERRORS.labels("copy").inc()
             log.error("copy failed; removing the attempt", extra={
-                "partition": str(self.tp), "base_offset": s.base_offset, "segment": str(md.remote_log_segment_id),
+                "partition": str(self.tp), "start_offset": md.start_offset, "segment": str(md.remote_log_segment_id),
                 "error": str(err)})
             self._remove(md, "failed-copy")
             raise
@@ -397,13 +418,25 @@ class PartitionCopier:
 
     def _aborted_index(self, s: StagedSegment, start_offset: int) -> Path | None:
         """The transaction index to upload with ``s`` (see the module docstring), written next to its staged
-        files; None when no aborted transaction has records in it. From the ``.txnindex`` of ``s`` and of every
-        later segment, local or staged (the active one is read up to its last whole entry)."""
-        sources = [p for p in (s.file(".txnindex"),) if p is not None]
+        files; None when no aborted transaction has records in it."""
+        found = self.aborted_txns(s.base_offset, start_offset, s.end_offset_inclusive, own=s.file(".txnindex"))
+        if not found:
+            return None
+        out = s.directory / f"{s.base_offset:020d}.txnindex.upload"
+        out.write_bytes(format_txn_index(found))
+        return out
+
+    def aborted_txns(self, base_offset: int, start_offset: int, end_offset_inclusive: int, *,
+                     own: Path | None = None) -> list[AbortedTxn]:
+        """The aborted transactions with records in ``[start_offset, end_offset_inclusive]``, by marker offset:
+        from ``own`` (the ``.txnindex`` of the segment of ``base_offset``) and the ``.txnindex`` of every later
+        segment, local or staged (the active one is read up to its last whole entry). Every marker is there once
+        the range is below the last stable offset."""
+        sources = [own] if own is not None else []
         sources += [seg.txn_index_path for seg in PartitionDir(self.partition_dir).segments()
-                    if seg.base_offset > s.base_offset and seg.txn_index_path is not None]
+                    if seg.base_offset > base_offset and seg.txn_index_path is not None]
         sources += [p for t in self.staging.staged(self.tp)
-                    if t.base_offset > s.base_offset and (p := t.file(".txnindex")) is not None]
+                    if t.base_offset > base_offset and (p := t.file(".txnindex")) is not None]
         found: dict[tuple[int, int, int], AbortedTxn] = {}
         for path in sources:
             try:
@@ -412,13 +445,9 @@ class PartitionCopier:
                 continue  # deleted meanwhile (it is staged then, or it was above the segment's transactions)
             whole = len(data) - len(data) % TXN_ENTRY.size  # the broker may be appending an entry right now
             for t in parse_txn_index(data[:whole], path):
-                if t.first_offset <= s.end_offset_inclusive and t.last_offset >= start_offset:
+                if t.first_offset <= end_offset_inclusive and t.last_offset >= start_offset:
                     found[(t.producer_id, t.first_offset, t.last_offset)] = t
-        if not found:
-            return None
-        out = s.directory / f"{s.base_offset:020d}.txnindex.upload"
-        out.write_bytes(format_txn_index(sorted(found.values(), key=lambda t: (t.last_offset, t.first_offset))))
-        return out
+        return sorted(found.values(), key=lambda t: (t.last_offset, t.first_offset))
 
     def _remove(self, md: RemoteLogSegmentMetadata, reason: str) -> None:
         try:

@@ -2,6 +2,7 @@
 
 A data object is a run of blocks, back to back. Each block is a 128-byte header and a payload of entries; an
 entry is one Kafka record batch, verbatim (its CRC-32C still checks and it can be served to a client as is).
+In an encrypted copy each block is stored sealed (:mod:`rsm.format.crypto`); opened, it is this format.
 Blocks are not padded to a fixed size: ``block_len`` is the exact length. This module is the only place that
 knows how blocks and entries are framed: :func:`encode_block` (used by :mod:`rsm.format.ledger`) writes them,
 :func:`read_block_header` and :class:`EntryReader` (used by :mod:`rsm.format.reader`) read them back. What an

@@ -73,6 +73,10 @@ base offset (its name), not to ``start_offset``, and their file positions are po
 Kafka's RemoteIndexCache reads them relative to the segment's start offset, which errs towards earlier positions
 (an entry read as a higher offset than it has), so its forward scan from the looked-up position still finds the
 right batch; a fetch from a position below the first kept batch starts at that batch.
+
+An encrypted copy (:mod:`rsm.format.crypto`) stores this object sealed, and its blocks and sections sealed: the
+lengths and positions here (``block_length``, ``offset``, section ``position``/``length``, data object lengths)
+are then those of the sealed parts as stored, while a section's ``crc32c`` stays that of its plain bytes.
 """
 
 from __future__ import annotations
@@ -81,12 +85,16 @@ import bisect
 import struct
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import google_crc32c
 
 from rsm.api import EpochEntry, IndexType
 from rsm.errors import CorruptRemoteObjectError
+
+if TYPE_CHECKING:
+    from rsm.format.crypto import CopyCipher
 
 __all__ = [
     "INDEX_KEY_SUFFIX",
@@ -217,11 +225,16 @@ class LedgerMetadata:
 
 @dataclass(frozen=True, slots=True)
 class LedgerIndex:
-    """One ledger (one segment copy): its metadata and its blocks in order."""
+    """One ledger (one segment copy): its metadata and its blocks in order.
+
+    ``cipher``: an encrypted copy's data key (:mod:`rsm.format.crypto`), set when its sealed index object was
+    opened; None for a plain copy. Not encoded here (the sealed index object carries it, wrapped), not compared,
+    not in ``repr``."""
 
     ledger_id: int
     metadata: LedgerMetadata
     blocks: tuple[BlockInfo, ...]
+    cipher: CopyCipher | None = field(default=None, repr=False, compare=False)
 
     @property
     def log_start_position(self) -> int:

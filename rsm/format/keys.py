@@ -8,9 +8,14 @@
         the index object (written last: the commit point)
 
 The topic name keeps ``[A-Za-z0-9._-]`` and percent-encodes every other byte of its UTF-8 form (and a name of
-only dots), so any name makes a safe, single path component. The optional entropy prefix is 4 hex digits of
-SHA-256 over the partition part, so all of a partition's objects share it and listing a partition stays one
-prefix, while partitions spread over the key space (S3 request-rate partitioning).
+only dots), so any name makes a safe, single path component (``<encoded name>-<topic id>`` may be longer than a
+file name: 249 + 37 bytes for Kafka's longest names; the filesystem store lays such a component out itself). The
+encoded name is at most :data:`MAX_ENCODED_TOPIC_NAME` characters (every Kafka topic name fits; keys stay under
+S3's 1024 bytes); an empty or longer name is refused.
+
+The optional entropy prefix is 4 hex digits of SHA-256 over the partition part, so all of a partition's objects
+share it and listing a partition stays one prefix, while partitions spread over the key space (S3 request-rate
+partitioning).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["KEY_BASE_LENGTH", "SegmentKeys", "decode_topic_name", "encode_topic_name", "ledger_id_for",
-           "parse_key_tail", "parse_partition_key", "partition_prefix", "segment_id_of_key"]
+__all__ = ["KEY_BASE_LENGTH", "MAX_ENCODED_TOPIC_NAME", "SegmentKeys", "decode_topic_name", "encode_topic_name",
+           "ledger_id_for", "parse_key_tail", "parse_partition_key", "partition_prefix", "segment_id_of_key"]
 
 # The part of a key after the partition prefix: <20-digit base offset>-<remote segment id>[.part-NNNNN | -index]
 _KEY_TAIL = re.compile(r"^(?P<base>\d{20})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
@@ -32,6 +37,9 @@ KEY_BASE_LENGTH = 20 + 1 + 36
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # A key from its start: [<entropy>/]<encoded topic name>-<topic id>/<partition>/<rest>
 _PARTITION_KEY = re.compile(r"^(?P<name>[^/]+)-(?P<id>" + _UUID + r")/(?P<partition>0|[1-9]\d{0,9})/(?P<rest>.)")
+
+MAX_ENCODED_TOPIC_NAME = 3 * 249
+"""The longest percent-encoded topic name a key holds: Kafka's longest name (249) with every byte encoded."""
 _PERCENT = re.compile(r"%([0-9A-F]{2})")
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
@@ -68,16 +76,34 @@ def parse_partition_key(key: str, *, entropy: bool = False) -> tuple[str, uuid.U
     if m is None:
         return None
     name = decode_topic_name(m["name"])
-    if name is None:
+    if not name:
         return None
     topic_id, partition = uuid.UUID(m["id"]), int(m["partition"])
-    prefix = partition_prefix(name, topic_id, partition, entropy=entropy)
+    try:
+        prefix = partition_prefix(name, topic_id, partition, entropy=entropy)
+    except ValueError:
+        return None  # no key of ours holds that name
     return (name, topic_id, partition, prefix) if key.startswith(prefix) else None
 
 
+def _topic_part(topic_name: str, topic_id: uuid.UUID) -> str:
+    """``<encoded name>-<topic id>``; ValueError naming a name no key holds."""
+    if not topic_name:
+        raise ValueError("empty topic name: no object key is made for it")
+    try:
+        encoded = encode_topic_name(topic_name)
+    except UnicodeEncodeError:
+        raise ValueError(f"topic name {topic_name!r} is not valid unicode (lone surrogates)") from None
+    if len(encoded) > MAX_ENCODED_TOPIC_NAME:
+        raise ValueError(f"topic name {topic_name!r} is too long for an object key: {len(encoded)} characters "
+                         f"percent-encoded, at most {MAX_ENCODED_TOPIC_NAME}")
+    return f"{encoded}-{topic_id}"
+
+
 def partition_prefix(topic_name: str, topic_id: uuid.UUID, partition: int, *, entropy: bool = False) -> str:
-    """The key prefix of all copies of one partition (ends with ``/``)."""
-    base = f"{encode_topic_name(topic_name)}-{topic_id}/{partition}/"
+    """The key prefix of all copies of one partition (ends with ``/``); ValueError naming a topic name that no
+    key can hold (empty, or longer than :data:`MAX_ENCODED_TOPIC_NAME` percent-encoded)."""
+    base = f"{_topic_part(topic_name, topic_id)}/{partition}/"
     if entropy:
         return hashlib.sha256(base.encode()).hexdigest()[:4] + "/" + base
     return base

@@ -11,6 +11,11 @@ skipped, the first batch may start above ``start_offset`` (a file named below it
 end at or before ``end_offset_inclusive``. Otherwise :class:`SegmentRangeError` is raised before the first block
 is handed out. Kept batches keep their positions in the original file (``log_position``).
 
+An *offload segment* (PIP-76 streaming offload, :meth:`LedgerWriter.piece_blocks`) is one ledger cut from the log at
+any batch boundaries: pieces ``[start_position, end_position)`` of one or more ``.log`` files (the active one too),
+one after the other. A block never spans two pieces. Its ``log_position`` values are positions in the offload
+segment (its batches one after the other from 0), the positions Kafka's indexes of such a segment hold.
+
 Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
 header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
 ``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
@@ -21,11 +26,20 @@ whatever the segment size. Where blocks go (which data object, at which position
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, encode_block
 from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
+
+
+class Piece(Protocol):
+    """``[start_position, end_position)`` of a ``.log`` (``rsm.api.LogPiece``)."""
+
+    log_path: os.PathLike[str] | str
+    start_position: int
+    end_position: int
 
 __all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "LedgerWriter", "SegmentRangeError",
            "kept_range"]
@@ -177,8 +191,52 @@ class LedgerWriter:
             if plan:
                 yield self._emit(f, log_path, plan, part_id)
 
+    def piece_blocks(self, pieces: Sequence[Piece], *, start_offset: int, end_offset_inclusive: int,
+                     on_batch: Callable[[BatchHeader, int], None] | None = None,
+                     ) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
+        """Yield ``(draft, gather list)`` per block of an offload segment (see the module docstring); every batch
+        CRC-checked. ``on_batch(header, position)`` is called for each batch with its position in the offload
+        segment. Raises :class:`SegmentRangeError` when the pieces do not hold exactly whole batches of
+        ``[start_offset, end_offset_inclusive]`` in increasing offsets, the last one ending at
+        ``end_offset_inclusive`` (checked before the last block is handed out)."""
+        if not pieces:
+            raise SegmentRangeError(f"offsets {start_offset}..{end_offset_inclusive}: no log piece to copy")
+        self._buf = bytearray(self.block_size_bytes)
+        part_id = 0
+        prev_last = start_offset - 1
+        out_position = 0
+        for i, piece in enumerate(pieces):
+            plan: list[BatchHeader] = []
+            planned = BLOCK_HEADER_LENGTH
+            block_position = out_position
+            where = f"{piece.log_path} bytes {piece.start_position}..{piece.end_position}"
+            with open(piece.log_path, "rb", buffering=0) as f:
+                for header in _piece_headers(piece):
+                    if header.base_offset <= prev_last or header.last_offset > end_offset_inclusive:
+                        raise SegmentRangeError(
+                            f"{where}: batch at byte {header.position} holds offsets {header.base_offset}.."
+                            f"{header.last_offset}, not within {prev_last + 1}..{end_offset_inclusive}")
+                    need = ENTRY_HEADER_LENGTH + header.size_bytes
+                    if plan and planned + need > self.block_size_bytes:
+                        yield self._emit(f, piece.log_path, plan, part_id, block_position)
+                        part_id += 1
+                        plan = []
+                        planned = BLOCK_HEADER_LENGTH
+                        block_position = out_position
+                    if on_batch is not None:
+                        on_batch(header, out_position)
+                    plan.append(header)
+                    planned += need
+                    out_position += header.size_bytes
+                    prev_last = header.last_offset
+                if i == len(pieces) - 1 and prev_last != end_offset_inclusive:
+                    raise SegmentRangeError(f"offsets {start_offset}..{end_offset_inclusive}: the pieces end at "
+                                            f"offset {prev_last}")
+                yield self._emit(f, piece.log_path, plan, part_id, block_position)
+                part_id += 1
+
     def _emit(self, f, log_path: str | os.PathLike[str], plan: list[BatchHeader],
-              part_id: int) -> tuple[BlockDraft, list[bytes | memoryview]]:
+              part_id: int, log_position: int | None = None) -> tuple[BlockDraft, list[bytes | memoryview]]:
         start = plan[0].position
         n = plan[-1].end_position - start
         if len(self._buf) < n:
@@ -211,5 +269,20 @@ class LedgerWriter:
         self.last_offset = plan[-1].last_offset
         self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
         draft = BlockDraft(first_entry_id, part_id, len(plan), block_length, plan[0].base_offset,
-                           plan[-1].last_offset, max_ts, start, n)
+                           plan[-1].last_offset, max_ts, start if log_position is None else log_position, n)
         return draft, pieces
+
+
+def _piece_headers(piece: Piece) -> Iterator[BatchHeader]:
+    """The CRC-checked headers of the batches of ``piece``, which must end exactly at its end position. The scan
+    stops there: bytes past it (a batch the broker is appending to an active segment) are never looked at."""
+    if piece.end_position <= piece.start_position:
+        raise SegmentRangeError(f"{piece.log_path}: empty piece {piece.start_position}..{piece.end_position}")
+    for header in scan_batches(piece.log_path, start_position=piece.start_position, verify_crc=True):
+        if header.end_position > piece.end_position:
+            raise SegmentRangeError(f"{piece.log_path}: batch at byte {header.position} ends at byte "
+                                    f"{header.end_position}, past the piece's end {piece.end_position}")
+        yield header
+        if header.end_position == piece.end_position:
+            return
+    raise SegmentRangeError(f"{piece.log_path}: the file ends before the piece's end {piece.end_position}")

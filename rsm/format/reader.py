@@ -7,6 +7,10 @@ the byte position in the object and the Kafka offset when known; bad bytes are n
 
 Request costs: the index object is one GET (cache it: :class:`SegmentReader` is built from a decoded index),
 then one ranged GET per data object touched (a range inside one object is one GET, streamed).
+
+Encrypted copies (:mod:`rsm.format.crypto`): the ledger carries the copy's data key (``LedgerIndex.cipher``, set
+when the sealed index was opened); each block is read whole, authenticated and opened before any entry is parsed,
+each section likewise; request costs are the same.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 
@@ -29,6 +33,9 @@ from rsm.log.errors import CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
 from rsm.log.producer_snapshot import ProducerStateEntry, parse_producer_snapshot
 from rsm.store.base import Store
+
+if TYPE_CHECKING:
+    from rsm.format.crypto import CopyCipher
 
 __all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
 
@@ -82,22 +89,76 @@ def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, 
     return h
 
 
-def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int) -> Iterator[EntryView]:
+class _ViewStream:
+    """``readinto`` over a buffer (an opened block), without copying it first as ``io.BytesIO`` would."""
+
+    __slots__ = ("_pos", "_view")
+
+    def __init__(self, view: memoryview | bytes) -> None:
+        self._view = memoryview(view)
+        self._pos = 0
+
+    def readinto(self, b) -> int:  # noqa: ANN001
+        n = min(len(b), len(self._view) - self._pos)
+        b[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+class _Opener:
+    """Reads an encrypted copy's blocks whole (their sealed length), authenticates and opens them, into two
+    buffers reused from block to block (entries are copied out of the opened block before the next is read)."""
+
+    __slots__ = ("_cipher", "_plain", "_sealed")
+
+    def __init__(self, cipher: CopyCipher) -> None:
+        self._cipher = cipher
+        self._sealed = bytearray()
+        self._plain = bytearray()
+
+    def open(self, stream: BinaryIO, block: BlockInfo, *, key: str, ledger_id: int) -> tuple[_ViewStream, int]:
+        """(plain block stream, plain block length) of ``block``, ``stream`` standing at it."""
+        n = block.block_length
+        if len(self._sealed) < n:
+            self._sealed = bytearray(n)
+            self._plain = bytearray(n)
+        view = memoryview(self._sealed)[:n]
+        got = 0
+        while got < n:
+            k = stream.readinto(view[got:])  # type: ignore[attr-defined]
+            if not k:
+                raise CorruptRemoteObjectError(
+                    f"truncated encrypted block {block.part_id}: expected {n} bytes, found {got}", key=key,
+                    position=block.object_position + got, kafka_offset=block.first_offset)
+            got += k
+        plain = self._cipher.open_block(view, key=key, ledger_id=ledger_id, object_number=block.object_number,
+                                        position=block.object_position, part_id=block.part_id,
+                                        kafka_offset=block.first_offset, into=self._plain)
+        return _ViewStream(plain), len(plain)
+
+
+def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
+                       cipher: CopyCipher | None = None) -> Iterator[EntryView]:
     """Verified entries of consecutive ``blocks`` of one object; ``stream`` starts at the first block.
 
     The framing is read by :mod:`rsm.format.block`; here each block is checked against the index and each entry
-    as a Kafka record batch."""
+    as a Kafka record batch. With ``cipher`` (an encrypted copy) each block is first read whole and opened
+    (:mod:`rsm.format.crypto`); positions in errors are then the block's position plus the position inside the
+    opened block."""
+    opener = None if cipher is None else _Opener(cipher)
     for block in blocks:
         pos = block.object_position
-        hdr = read_block_header(stream, key=key, position=pos)
-        if hdr.block_length != block.block_length or hdr.first_entry_id != block.first_entry_id:
+        src, block_length = (stream, block.block_length) if opener is None else opener.open(
+            stream, block, key=key, ledger_id=ledger_id)
+        hdr = read_block_header(src, key=key, position=pos)
+        if hdr.block_length != block_length or hdr.first_entry_id != block.first_entry_id:
             raise CorruptRemoteObjectError(
                 f"block header says length {hdr.block_length}, first entry {hdr.first_entry_id}; the index says "
-                f"{block.block_length}, {block.first_entry_id}", key=key, position=pos, kafka_offset=block.first_offset)
+                f"{block_length}, {block.first_entry_id}", key=key, position=pos, kafka_offset=block.first_offset)
         if hdr.ledger_id != ledger_id:
             raise CorruptRemoteObjectError(f"block of ledger {hdr.ledger_id}, expected {ledger_id}", key=key,
                                            position=pos + LEDGER_ID_OFFSET, kafka_offset=block.first_offset)
-        entries = EntryReader(stream, hdr, key=key, position=pos)
+        entries = EntryReader(src, hdr, key=key, position=pos)
         entries.kafka_offset = block.first_offset
         log_pos = block.log_position
         prev_last = block.first_offset - 1
@@ -245,7 +306,8 @@ class SegmentReader(SegmentHandle):
             start = blocks[i].object_position
             end = blocks[j].object_position + blocks[j].block_length - 1
             with self.store.get(key, start, end) as stream:
-                yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id)
+                yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
+                                              cipher=self.ledger.cipher)
             i = j + 1
 
     def _block_ordinal(self, block: BlockInfo) -> int:
@@ -348,6 +410,10 @@ class SegmentReader(SegmentHandle):
         if len(data) != s.length:
             raise CorruptRemoteObjectError(f"{index_type.name} index: expected {s.length} bytes, found {len(data)}",
                                            key=key, position=s.position + len(data))
+        if self.ledger.cipher is not None:
+            data = self.ledger.cipher.open_section(data, key=key, ledger_id=self.ledger.ledger_id,
+                                                   object_number=s.object_number, position=s.position,
+                                                   what=f"{index_type.name} index section")
         crc = google_crc32c.value(data)
         if crc != s.crc32c:
             raise CorruptRemoteObjectError(

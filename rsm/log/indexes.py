@@ -19,6 +19,9 @@ All integers big-endian; offsets in the offset and time indexes are relative to 
       LastOffset => Int64              the abort marker's offset (inclusive)
       LastStableOffset => Int64
 
+:class:`KafkaIndexBuilder` writes the ``.index`` and ``.timeindex`` of a run of batches as Kafka's ``LogSegment.append``
+would have (for a remote segment cut from the log at other offsets than the broker's: streaming offload).
+
 An active segment's ``.index`` and ``.timeindex`` are preallocated and zero-filled at the tail (trimmed when it
 rolls): entries end at the first all-zero entry after the first entry (the first may legitimately be zero).
 Index files are small (``segment.index.bytes``, 10 MiB by default) and are read whole.
@@ -40,6 +43,7 @@ __all__ = [
     "TIME_ENTRY",
     "TXN_ENTRY",
     "AbortedTxn",
+    "KafkaIndexBuilder",
     "OffsetIndexEntry",
     "TimeIndexEntry",
     "find_batch",
@@ -194,3 +198,56 @@ def find_batch(log_path: str | os.PathLike[str], index_path: str | os.PathLike[s
         if header.last_offset >= target_offset:
             return header if (or_next or header.base_offset <= target_offset) else None
     return None
+
+
+DEFAULT_INDEX_INTERVAL_BYTES = 4096  # Kafka's log.index.interval.bytes
+
+
+class KafkaIndexBuilder:
+    """The ``.index`` and ``.timeindex`` Kafka would write for a segment of ``base_offset`` holding the batches
+    passed to :meth:`add`, in file order, at the given positions of that segment.
+
+    As ``LogSegment.append`` (Kafka 4.x): before a batch, when more than ``index_interval_bytes`` were appended since
+    the last entry, the offset index gets (the batch's last offset, its position) and the time index gets (the
+    largest timestamp so far, the last offset of the batch holding it) if that timestamp is larger than its last
+    entry's. :meth:`time_index` adds the entry Kafka appends when a segment rolls (the largest timestamp of all).
+    """
+
+    def __init__(self, base_offset: int, index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> None:
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self._offsets = bytearray()
+        self._times = bytearray()
+        self._since_last = 0
+        self._max_ts = -1
+        self._max_ts_offset = -1
+        self._last_time_entry = -1  # the timestamp of the time index's last entry
+
+    def _relative(self, offset: int) -> int:
+        rel = offset - self.base_offset
+        if not 0 <= rel <= 0x7FFFFFFF:
+            raise ValueError(f"offset {offset} is not within a segment of base offset {self.base_offset}")
+        return rel
+
+    def add(self, header: BatchHeader, position: int) -> None:
+        """One batch at ``position`` of the segment (``header.position`` is ignored: it is the source file's)."""
+        if header.max_timestamp > self._max_ts:
+            self._max_ts, self._max_ts_offset = header.max_timestamp, header.last_offset
+        if self._since_last > self.index_interval_bytes:
+            self._offsets += OFFSET_ENTRY.pack(self._relative(header.last_offset), position)
+            self._append_time()
+            self._since_last = 0
+        self._since_last += header.size_bytes
+
+    def _append_time(self) -> None:
+        if self._max_ts > self._last_time_entry:
+            self._times += TIME_ENTRY.pack(self._max_ts, self._relative(self._max_ts_offset))
+            self._last_time_entry = self._max_ts
+
+    def offset_index(self) -> bytes:
+        return bytes(self._offsets)
+
+    def time_index(self) -> bytes:
+        """The time index as a rolled segment has it (with the entry of the roll)."""
+        self._append_time()
+        return bytes(self._times)

@@ -3,8 +3,15 @@
 Atomic puts: the object is written to ``<root>/.tmp/<random>``, fsynced, renamed over ``<root>/<key>`` and the
 target directory fsynced; a reader opens either the old file or the complete new one. A write killed mid-way
 leaves its temp file; :meth:`FileSystemStore.remove_stale_temp_files` (run by garbage collection after its grace)
-removes those. Keys are ``/``-separated
-relative paths; ``..``, absolute paths and empty components are refused.
+removes those. Keys are ``/``-separated relative paths; ``..``, ``.``, absolute paths, empty components, a first
+component ``.tmp``, NUL, strings that are not valid unicode and components ending with ``%+`` are refused
+(ValueError naming the key), so every object is a file under the root. A listing's prefix may not climb out of
+the root either.
+
+A key component longer than a file name may be (255 bytes; a Kafka topic name of 249 characters makes a
+286-byte ``<name>-<topic id>``) is laid out on disk as directories of at most 200 bytes each ending with ``%+``,
+then the rest: ``<first 200 bytes>%+/<next 200 bytes>%+/<rest>``. Listing joins them back, so keys are the same
+on every store. (Percent-encoded topic names never hold ``%+``: ``%`` is always followed by two hex digits.)
 """
 
 from __future__ import annotations
@@ -22,6 +29,53 @@ from rsm.store.base import Chunk, ObjectInfo, RequestCounter
 __all__ = ["FileSystemStore"]
 
 TMP_DIR = ".tmp"
+NAME_MAX_BYTES = 255  # one path component (file name) on ext4, xfs, tmpfs
+CONTINUED = "%+"  # ends each on-disk directory of a key component cut for being longer than a file name
+_PIECE_BYTES = 200
+
+
+def _cut(component: str) -> list[str]:
+    """``component`` in pieces of at most ``_PIECE_BYTES`` UTF-8 bytes, cut between characters; the last piece is
+    never ``.`` or ``..``."""
+    pieces: list[str] = []
+    start = size = 0
+    for i, ch in enumerate(component):
+        n = len(ch.encode("utf-8"))
+        if size + n > _PIECE_BYTES:
+            pieces.append(component[start:i])
+            start, size = i, 0
+        size += n
+    pieces.append(component[start:])
+    if pieces[-1] in (".", "..") and len(pieces) > 1:  # one more character of the piece before, into the last
+        pieces[-1] = pieces[-2][-1] + pieces[-1]
+        pieces[-2] = pieces[-2][:-1]
+    return pieces
+
+
+def _disk_parts(parts: list[str]) -> list[str]:
+    """A key's components as path components on disk (long ones cut, see the module doc)."""
+    out: list[str] = []
+    for p in parts:
+        if len(p.encode("utf-8")) <= NAME_MAX_BYTES:
+            out.append(p)
+        else:
+            *dirs, last = _cut(p)
+            out.extend(d + CONTINUED for d in dirs)
+            out.append(last)
+    return out
+
+
+def _key_of(disk_parts: list[str]) -> str | None:
+    """The key of a file at ``disk_parts`` under the root (long components joined back); None if it is none."""
+    parts: list[str] = []
+    pending = ""
+    for p in disk_parts:
+        if p.endswith(CONTINUED):
+            pending += p[:-len(CONTINUED)]
+        else:
+            parts.append(pending + p)
+            pending = ""
+    return None if pending else "/".join(parts)
 
 
 class _RangeReader(io.RawIOBase):
@@ -92,7 +146,16 @@ class FileSystemStore:
         parts = key.split("/")
         if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] == TMP_DIR:
             raise ValueError(f"invalid object key {key!r}")
-        return self.root.joinpath(*parts)
+        if "\x00" in key:
+            raise ValueError(f"invalid object key {key!r}: it holds NUL")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"invalid object key {key!r}: not valid unicode") from None
+        if any(p.endswith(CONTINUED) for p in parts):
+            raise ValueError(f"invalid object key {key!r}: a component ends with {CONTINUED!r} (the store's mark of "
+                             f"a long component cut on disk)")
+        return self.root.joinpath(*_disk_parts(parts))
 
     def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         """Errors of ``chunks`` itself propagate unchanged; the store's own become RemoteStorageError."""
@@ -168,7 +231,11 @@ class FileSystemStore:
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         self.requests.add("list")
         d = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        top = self.root / d if d else self.root
+        if prefix.startswith("/") or any(p in (".", "..") for p in d.split("/")):
+            raise ValueError(f"invalid key prefix {prefix!r}: it would list outside the store root")
+        if d.split("/")[0] == TMP_DIR:
+            return iter([])  # temp files are no objects
+        top = self.root.joinpath(*_disk_parts(d.split("/"))) if d else self.root
         out = []
         for dirpath, dirnames, filenames in os.walk(top):
             rel = os.path.relpath(dirpath, self.root)
@@ -176,9 +243,8 @@ class FileSystemStore:
                 dirnames[:] = [n for n in dirnames if n != TMP_DIR]
                 rel = ""
             for name in filenames:
-                key = f"{rel}/{name}" if rel else name
-                key = key.replace(os.sep, "/")
-                if key.startswith(prefix):
+                key = _key_of([*(rel.split(os.sep) if rel else []), name])
+                if key is not None and key.startswith(prefix):
                     try:
                         out.append(ObjectInfo(key, os.stat(os.path.join(dirpath, name)).st_size))
                     except FileNotFoundError:

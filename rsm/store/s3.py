@@ -10,7 +10,9 @@
 - Retries: botocore's ``standard`` retry mode (throttling, 5xx, connection errors) plus our own, with
   exponential backoff and jitter, around each request and each resumed stream.
 - For S3-compatible endpoints: ``endpoint_url`` and ``request_checksum_calculation="when_required"`` (newer
-  botocore otherwise sends CRC trailers some endpoints reject), path-style addressing on request.
+  botocore otherwise sends CRC trailers some endpoints reject; in that mode DeleteObjects carries ``Content-MD5``,
+  not ``x-amz-checksum-crc32``, which s3proxy refuses), path-style addressing on request. Tested against moto and
+  s3proxy (a real S3 server over a directory).
 - ``requests`` counts the HTTP requests actually sent (retries included), per operation.
 - A SIGKILLed writer leaves an incomplete multipart upload (invisible, but billed):
   :meth:`S3Store.abort_stale_uploads` (run by garbage collection after its grace) aborts those.
@@ -18,7 +20,9 @@
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import io
 import logging
 import random
@@ -60,8 +64,24 @@ def _transient(err: BaseException) -> bool:
     if isinstance(err, _TRANSIENT):
         return True
     if isinstance(err, bexc.ClientError):
+        if _status(err) == 501 or _code(err) == "NotImplemented":
+            return False  # the endpoint lacks the feature: asking again cannot help
         return _status(err) >= 500 or _code(err) in ("SlowDown", "RequestTimeout", "InternalError")
     return False
+
+
+def _content_md5_instead_of_crc(params: dict, **_: object) -> None:
+    """DeleteObjects must carry a body checksum: send ``Content-MD5`` (what S3 has always taken) rather than
+    newer botocore's ``x-amz-checksum-crc32``, which some S3-compatible servers refuse (s3proxy 2.6 answers
+    501 NotImplemented to the unknown header). A ``before-call`` hook: the checksum context is resolved then,
+    the header not yet computed."""
+    checksum = params.get("context", {}).get("checksum", {})
+    checksum.pop("request_algorithm", None)
+    checksum.pop("request_algorithm_header", None)
+    body = params.get("body") or b""
+    if isinstance(body, str):
+        body = body.encode()
+    params.setdefault("headers", {})["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
 
 
 class _ResumableBody(io.RawIOBase):
@@ -147,6 +167,8 @@ class S3Store:
                                                     config=config)
         self.client = client
         self.client.meta.events.register("before-send.s3.*", self._count)
+        if checksum_when_required:
+            self.client.meta.events.register("before-call.s3.DeleteObjects", _content_md5_instead_of_crc)
         if create_bucket:
             try:
                 self.client.create_bucket(Bucket=bucket)
@@ -302,7 +324,12 @@ class S3Store:
     def abort_stale_uploads(self, prefix: str, older_than_ms: int) -> list[str]:
         """Abort the incomplete multipart uploads of keys under ``prefix`` whose last activity (initiation, or
         their newest part) is before ``older_than_ms`` (epoch ms): what a killed writer left. Returns the keys
-        (within this store's key prefix) whose uploads were aborted."""
+        (within this store's key prefix) whose uploads were aborted.
+
+        An upload whose ``Initiated`` is not before the cutoff is judged by its parts: parts never predate their
+        upload, so parts all older than the cutoff prove that ``Initiated`` is not the upload's (s3proxy answers
+        the time of the listing there) and the upload is aborted. Such an upload without any part is left alone
+        (its age is unknown): the bucket's lifecycle rule for incomplete uploads ends it."""
         out: list[str] = []
         n = len(self.key_prefix)
         kwargs: dict = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
@@ -311,15 +338,19 @@ class S3Store:
             r = self._call(where, lambda kw=dict(kwargs): self.client.list_multipart_uploads(**kw))
             for u in r.get("Uploads", []):
                 key, upload_id = u["Key"], u["UploadId"]
-                last = u["Initiated"].timestamp() * 1000
-                if last >= older_than_ms:
-                    continue
+                initiated = u["Initiated"].timestamp() * 1000
                 try:
-                    last = max(last, self._newest_part_ms(key, upload_id))
+                    newest_part = self._newest_part_ms(key, upload_id)
                 except RemoteStorageError as err:
                     if isinstance(err.__cause__, bexc.ClientError) and _code(err.__cause__) == "NoSuchUpload":
                         continue  # completed or aborted meanwhile
                     raise
+                if initiated < older_than_ms:
+                    last = max(initiated, newest_part)
+                elif newest_part:
+                    last = newest_part  # Initiated is later than the parts: not the upload's own time
+                else:
+                    continue
                 if last >= older_than_ms:
                     continue
                 self._call(f"abort upload of {key}", lambda k=key, i=upload_id: self.client.abort_multipart_upload(

@@ -90,3 +90,24 @@ def test_without_a_snapshot_the_batch_headers_after_the_newest_one_decide() -> N
 
 def test_nothing_remote() -> None:
     assert view([]).partition(TP) is None
+
+
+def test_a_growing_tier_without_snapshots_walks_only_the_new_segments() -> None:
+    """Offload segments (streaming mode) have no producer snapshot: the open transactions at the tier's end follow
+    the batch headers, from the previous answer on when the tier grew, with the same answer as a full walk."""
+    segs = [Seg(0, 9, None, [batch(7, 0, 4), batch(7, 5, 5, control=True), batch(8, 6, 9)]),
+            Seg(10, 19, None, [batch(8, 10, 12), batch(9, 13, 19)])]
+    opened: list[int] = []
+    reader = SimpleNamespace(segments=lambda _tp: segs,
+                             rsm=SimpleNamespace(open_segment=lambda md: opened.append(md.start_offset) or md))
+    tv = TierView(reader, ttl_s=0)  # type: ignore[arg-type]
+    assert tv.partition(TP).last_stable_offset == 6  # pid 8 open since 6
+    assert sorted(set(opened)) == [0, 10]
+    opened.clear()
+    segs.append(Seg(20, 29, None, [batch(8, 20, 20, control=True), batch(9, 21, 21, control=True)]))
+    assert tv.partition(TP).last_stable_offset == 30  # both closed: the high watermark
+    assert sorted(set(opened)) == [20]  # only the new segment was read
+    assert bounds(list(segs)) == (0, 30, 30)  # a fresh view's full walk agrees
+    segs.append(Seg(30, 39, None, [batch(10, 35, 39)]))
+    assert tv.partition(TP).last_stable_offset == 35
+    assert bounds(list(segs)) == (0, 40, 35)

@@ -1,17 +1,19 @@
 """End to end against the real broker: the sidecar tiers rolled segments, local retention removes them, and every
-record produced is still readable from the remote tier."""
+record produced is still readable from the remote tier. Once per store: the file system, moto, s3proxy."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
 from tests.kafka_util import partition_dir, produce
-from tests.rlm.sidecar_util import assert_readable, make_settings, wait_for
+from tests.rlm.sidecar_util import assert_readable, make_settings, only, wait_for
 
 
 def set_topic_config(kafka: KafkaCluster, topic: str, **configs: str) -> None:
@@ -41,7 +43,18 @@ def latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
     return -1 if latest is None else latest
 
 
-def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+@pytest.fixture(params=["fs", "moto", "s3proxy"])
+def remote_store(request: pytest.FixtureRequest, tmp_path: Path) -> dict:
+    """The sidecar's store section: the file system, or S3 over HTTP (moto's mock, s3proxy: a real S3 server)."""
+    if request.param == "fs":
+        return {"store": "fs", "root_path": str(tmp_path / "remote"), "block_size_bytes": 64 * 1024}
+    endpoint = request.getfixturevalue("s3_endpoint" if request.param == "moto" else "s3proxy_endpoint")
+    return {"store": "s3", "bucket": f"rlm-e2e-{uuid.uuid4().hex[:10]}", "endpoint_url": endpoint,
+            "region": "us-east-1", "create_bucket": True, "block_size_bytes": 64 * 1024}
+
+
+def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name: str, tmp_path: Path,
+                                                remote_store: dict) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "400"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     sent: dict[int, tuple[bytes, bytes]] = {}
@@ -54,7 +67,8 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
 
         time.sleep(0.5)
     produce(kafka, topic_name, [(b"last", b"roll")])  # rolls the segment holding the last round
-    settings = make_settings(kafka, tmp_path)
+    # Only this topic: the session broker holds every earlier test's topics, which would be tiered into the bucket too.
+    settings = make_settings(kafka, tmp_path, store=remote_store, topics=only(topic_name))
     sidecar = Sidecar(settings).start()
     try:
         last_sent = max(sent)
@@ -64,6 +78,13 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
         for a, b in zip(segs, segs[1:], strict=False):  # contiguous, no range remote twice
             assert b.start_offset == a.end_offset_inclusive + 1
         assert segs[0].start_offset == 0
+        store = sidecar.rsm.store  # the copies are where the test says: in the bucket, on this server
+        assert getattr(store, "bucket", None) == remote_store.get("bucket")
+        if remote_store["store"] == "s3":
+            assert store.client.meta.endpoint_url == remote_store["endpoint_url"]
+            prefix = sidecar.rsm.partition_prefix(topic_name, topic_id, 0)
+            objects = store.client.list_objects_v2(Bucket=remote_store["bucket"], Prefix=prefix).get("Contents", [])
+            assert sum(o["Key"].endswith("-index") for o in objects) == len(segs)
 
         # Local retention takes the segments away from the broker...
         set_topic_config(kafka, topic_name, retention_ms="1000")

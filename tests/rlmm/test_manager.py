@@ -155,3 +155,30 @@ def test_read_your_writes_timeout_is_clear(rlmm_factory, topic_name: str) -> Non
     with pytest.raises(ReadYourWritesTimeoutError, match=r"written at .* offset 0 but the local cache applied only"):
         m.add_remote_log_segment_metadata(md)
     eventually(lambda: m.list_remote_log_segments(tp))            # the write itself is durable and arrives
+
+
+def test_a_read_only_manager_reads_and_never_writes(rlmm_factory, topic_name: str) -> None:
+    """A reader's manager has no producer (a principal that only reads needs no WRITE or IDEMPOTENT_WRITE): it
+    follows what a writer writes and refuses every write, naming the topic."""
+    from rlmm.api import RemoteLogMetadataError
+
+    tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
+    writer = rlmm_factory(topic_name, "writer", broker_id=1, tombstone_delay_ms=0)
+    reader = rlmm_factory(topic_name, "reader", broker_id=1, read_only=True, tombstone_delay_ms=0)
+    assert reader._producer is None
+    writer.on_partition_leadership_changes([tp], [])
+    reader.on_partition_leadership_changes([], [tp])
+    a = segment(tp, 0, 99, {0: 0})
+    writer.add_remote_log_segment_metadata(a)
+    writer.update_remote_log_segment_metadata(update(a, S.COPY_SEGMENT_FINISHED))
+    assert eventually(lambda: reader.remote_log_segment_metadata(tp, 0, 50)).remote_log_segment_id == \
+        a.remote_log_segment_id
+    b = segment(tp, 100, 199, {0: 100})
+    with pytest.raises(RemoteLogMetadataError, match=f"metadata manager of {topic_name} is read-only"):
+        reader.add_remote_log_segment_metadata(b)
+    with pytest.raises(RemoteLogMetadataError, match="read-only"):
+        reader.write_segment_metadata_many([b])
+    with pytest.raises(RemoteLogMetadataError, match="read-only"):
+        reader.put_remote_partition_delete_metadata(
+            RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 0, 1))
+    assert [m.start_offset for m in writer.list_remote_log_segments(tp)] == [0]  # nothing of b was written

@@ -108,11 +108,17 @@ def broker_segments(kafka, tmp_path_factory) -> list[BrokerSegment]:
     return result
 
 
+def s3_client_for(endpoint: str):
+    """A boto3 client of ``endpoint`` with the default credentials, checksums only when required, path-style."""
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
+                                      response_checksum_validation="when_required"))
+
+
 @pytest.fixture(scope="session")
 def s3_client(s3_endpoint):
-    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                        config=Config(request_checksum_calculation="when_required",
-                                      response_checksum_validation="when_required"))
+    """A client of moto's server."""
+    return s3_client_for(s3_endpoint)
 
 
 def new_bucket(s3_client) -> str:
@@ -121,21 +127,27 @@ def new_bucket(s3_client) -> str:
     return name
 
 
-@pytest.fixture(params=["fs", "s3"])
+@pytest.fixture(params=["fs", "moto", "s3proxy"])
 def store_kind(request) -> str:
+    """The stores of the contract: the file system, moto's S3 mock, s3proxy (a real S3 server)."""
     return request.param
 
 
 @pytest.fixture
-def store(store_kind, tmp_path: Path, s3_endpoint, s3_client) -> Iterator[FileSystemStore | S3Store]:
+def store(store_kind, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[FileSystemStore | S3Store]:
     if store_kind == "fs":
         yield FileSystemStore(tmp_path / "remote")
-    else:
-        yield S3Store(new_bucket(s3_client), endpoint_url=s3_endpoint, region_name="us-east-1",
-                      part_size_bytes=5 * 1024 * 1024)
+        return
+    endpoint = request.getfixturevalue("s3_endpoint" if store_kind == "moto" else "s3proxy_endpoint")
+    s3 = S3Store(new_bucket(s3_client_for(endpoint)), endpoint_url=endpoint, region_name="us-east-1",
+                 part_size_bytes=5 * 1024 * 1024)
+    try:
+        yield s3
+    finally:
+        s3.close()
 
 
-def corrupt_byte(store, s3_client, key: str, position: int) -> None:
+def corrupt_byte(store, key: str, position: int) -> None:
     """Flip one byte of a stored object behind the store's back (bit rot)."""
     if isinstance(store, FileSystemStore):
         path = store.root / key
@@ -144,6 +156,6 @@ def corrupt_byte(store, s3_client, key: str, position: int) -> None:
         path.write_bytes(bytes(data))
     else:
         k = store.key_prefix + key
-        data = bytearray(s3_client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
+        data = bytearray(store.client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
         data[position] ^= 0xFF
-        s3_client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))
+        store.client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))

@@ -20,7 +20,7 @@ from rsm.format.custom_metadata import (
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket
+from tests.rsm.conftest import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.s3]
 
@@ -29,19 +29,21 @@ def _all_keys(store) -> list[str]:
     return [o.key for o in store.list("")]
 
 
-def _stores(kind: str, tmp_path, s3_endpoint, s3_client):
+def _stores(kind: str, tmp_path, s3_endpoint):
     """(store before, store after) the key_prefix change, over the same root / bucket."""
     if kind == "fs":
         return FileSystemStore(tmp_path / "remote"), FileSystemStore(tmp_path / "remote")
-    bucket = new_bucket(s3_client)
+    bucket = new_bucket(s3_client_for(s3_endpoint))
     mk = lambda prefix: S3Store(bucket, endpoint_url=s3_endpoint, region_name="us-east-1",  # noqa: E731
                                 key_prefix=prefix, part_size_bytes=5 * 1024 * 1024)
     return mk("tenant-a/"), mk("")
 
 
-@pytest.mark.parametrize("kind", ["fs", "s3"])
-def test_copies_survive_a_key_layout_change(kind, tmp_path, s3_endpoint, s3_client, broker_segments):
-    before, after = _stores(kind, tmp_path, s3_endpoint, s3_client)
+@pytest.mark.parametrize("kind", ["fs", "s3", "s3proxy"])
+def test_copies_survive_a_key_layout_change(kind, tmp_path, request, broker_segments):
+    s3_endpoint = None if kind == "fs" else request.getfixturevalue("s3proxy_endpoint" if kind == "s3proxy"
+                                                                    else "s3_endpoint")
+    before, after = _stores(kind, tmp_path, s3_endpoint)
     rsm1 = RemoteStorageManager(RsmConfig(key_entropy=False), before)
     segs = broker_segments[:2]
     mds = []
@@ -49,7 +51,7 @@ def test_copies_survive_a_key_layout_change(kind, tmp_path, s3_endpoint, s3_clie
         md = seg.metadata()
         custom = rsm1.copy_log_segment_data(md, seg.data)
         assert custom is not None and len(custom) < MAX_CUSTOM_METADATA_BYTES
-        assert decode_custom_metadata(custom) == KeyLayout(before.key_prefix if kind == "s3" else "", False)
+        assert decode_custom_metadata(custom) == KeyLayout(before.key_prefix if kind != "fs" else "", False)
         mds.append(dataclasses.replace(md, custom_metadata=custom))
 
     rsm2 = RemoteStorageManager(RsmConfig(key_entropy=True), after)  # a fresh process with the new config
@@ -69,8 +71,8 @@ def test_copies_survive_a_key_layout_change(kind, tmp_path, s3_endpoint, s3_clie
     new_md = broker_segments[2].metadata()
     new_md = dataclasses.replace(new_md, custom_metadata=rsm2.copy_log_segment_data(new_md, broker_segments[2].data))
     assert decode_custom_metadata(new_md.custom_metadata) == rsm2.layout
-    raw = S3Store(after.bucket, endpoint_url=s3_endpoint, region_name="us-east-1") if kind == "s3" else after
-    assert any(k.startswith("tenant-a/") for k in _all_keys(raw)) == (kind == "s3")
+    raw = S3Store(after.bucket, endpoint_url=s3_endpoint, region_name="us-east-1") if kind != "fs" else after
+    assert any(k.startswith("tenant-a/") for k in _all_keys(raw)) == (kind != "fs")
     for md in [*mds, new_md]:
         rsm2.delete_log_segment_data(md)
         rsm2.delete_log_segment_data(md)  # idempotent

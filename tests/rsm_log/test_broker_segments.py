@@ -271,7 +271,10 @@ def test_cli_dump_matches_library(broker_topics):
     records = [x for x in lines if x["type"] == "record"]
     headers = list(scan_batches(seg.log_path))
     assert [(b["base_offset"], b["last_offset"], b["position"], b["size"], b["codec"], b["crc_ok"]) for b in batches] \
-        == [(h.base_offset, h.last_offset, h.position, h.size_bytes, "snappy", True) for h in headers]
+        == [(h.base_offset, h.last_offset, h.position, h.size_bytes, h.codec.name.lower(), True) for h in headers]
+    # the codec is the header's: librdkafka sends a batch uncompressed when snappy would not make it smaller (a
+    # lone random value), so a snappy topic's segment can hold 'none' batches (test_every_record_reads_back_byte_exact
+    # checks that snappy batches are there and decode)
     assert len(records) == sum(h.record_count for h in headers)
     import base64
 

@@ -3,7 +3,8 @@
 - ``spark``: ``local[2]``, workers on this interpreter, modest memory, Python filter pushdown on, ``kafka-remote``
   registered.
 - ``codec_data``: topic with 5 partitions, partition i produced with codec i (none, gzip, snappy, lz4, zstd):
-  keys (some null), values (random bytes, some null), headers (some with null values), explicit timestamps
+  keys (some null), values (random bytes, some null, a few of 9000 bytes), headers (some with null values; none
+  in the second round), explicit timestamps
   (not monotonic); small producer batches; several segments per partition, of several 16 KiB blocks, tiered to S3
   (moto over HTTP). What was produced is kept with the offsets from the producer's delivery reports.
 - ``txn_data``: one partition with a committed, an aborted and a committed transaction, tiered to the filesystem
@@ -125,8 +126,10 @@ def codec_data(kafka: KafkaCluster, s3_endpoint: str, tmp_path_factory: pytest.T
             for i in range(PER_ROUND):
                 idx = round_ * PER_ROUND + i
                 key = None if i % 11 == 0 else f"k{p}-{idx}".encode()
-                value = None if i % 37 == 5 else rnd.randbytes(rnd.randint(0, 400))
-                headers = [] if i % 3 else [("h1", f"x{idx}".encode()), ("h2", None), ("h1", b"")]
+                value = None if i % 37 == 5 else rnd.randbytes(9000 if i % 97 == 50 else rnd.randint(0, 400))
+                # round 1 has no headers: its batches take the executors' columnar decode (rlm.spark.columns),
+                # the others' the record-by-record one
+                headers = [] if i % 3 or round_ == 1 else [("h1", f"x{idx}".encode()), ("h2", None), ("h1", b"")]
                 # a round spans < segment.ms of record time (the broker rolls on record time); not monotonic
                 ts = base_ts + round_ * ROUND_MS + i - (25 if idx % 7 == 0 else 0)
                 recs.append((key, value, headers, ts))

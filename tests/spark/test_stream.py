@@ -166,6 +166,50 @@ def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any
     assert got == env.tiered(topic)  # every tiered record once, byte-exact: no duplicate, no gap
 
 
+def test_subscribe_pattern_picks_up_a_topic_created_while_the_query_runs(spark: Any, env: Env,
+                                                                         tmp_path: Path) -> None:
+    first, second = f"stream-{env.tag}-pat-a", f"stream-{env.tag}-pat-b"
+    env.create(first, 1)
+    env.round(first, 1)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    df = (spark.readStream.format("kafka-remote").options(**env.options)
+          .option("subscribePattern", f"stream-{env.tag}-pat-.*").option("includeHeaders", "true").load())
+    q = start(df, out, ckpt)
+    try:
+        wait_sink_topics(spark, out, q, {first: env.tiered(first)}, "the first topic")
+        env.create(second, 2)  # created, then tiered, while the query runs
+        env.round(second, 2)
+        env.round(first, 1)
+        wait_sink_topics(spark, out, q, {first: env.tiered(first), second: env.tiered(second)},
+                         "the new topic's records")
+    finally:
+        q.stop()
+
+
+def wait_sink_topics(spark: Any, out: Path, query: Any, want: dict[str, dict[tuple[int, int], Record]],
+                     what: str) -> None:
+    """Until the sink holds as many records as ``want`` (topic -> (partition, offset) -> record), then exactly
+    them, each once."""
+    deadline = time.monotonic() + 90
+    n = sum(len(w) for w in want.values())
+    while True:
+        query.processAllAvailable()
+        rows = (spark.read.schema(f"{KAFKA_SCHEMA_DDL}, {HEADERS_DDL}").parquet(str(out)).collect()
+                if (out / "_spark_metadata").exists() else [])
+        if len(rows) >= n:
+            break
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {len(rows)} of {n} records"
+        time.sleep(0.5)
+    got: dict[str, dict[tuple[int, int], Record]] = {}
+    for r in rows:
+        k = (r["partition"], r["offset"])
+        assert k not in got.get(r["topic"], {}), f"{r['topic']} offset {k} delivered twice"
+        hdrs = tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in r["headers"])
+        got.setdefault(r["topic"], {})[k] = (None if r["key"] is None else bytes(r["key"]),
+                                             None if r["value"] is None else bytes(r["value"]), hdrs)
+    assert got == want
+
+
 def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: Any, env: Env,
                                                                         tmp_path: Path) -> None:
     topic = f"stream-{env.tag}-limit"
@@ -190,6 +234,26 @@ def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: An
             assert prog.numInputRows <= 300
     assert spans and all(s <= 300 for s in spans), spans
     assert len(spans) >= len(want) // 300
+
+
+def test_starting_timestamp_starts_each_partition_at_its_first_record_at_or_after_it(spark: Any, env: Env,
+                                                                                     tmp_path: Path) -> None:
+    topic = f"stream-{env.tag}-ts"
+    env.create(topic, 2)
+    env.round(topic, 2)
+    time.sleep(0.05)
+    cut_ms = int(time.time() * 1000)  # every record produced from here on is at or after it (CreateTime: now)
+    before = set(env.sent[topic])
+    time.sleep(0.05)
+    env.round(topic, 2)
+    env.round(topic, 2)
+    want = {k: r for k, r in env.tiered(topic).items() if k not in before}
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    q = start(stream(spark, env, topic, startingTimestamp=str(cut_ms)), out, ckpt, availableNow=True)
+    assert q.awaitTermination(120), "Trigger.AvailableNow did not stop"
+    assert q.exception() is None
+    got = sink(spark, out)
+    assert got == want and {p for p, _o in got} == {0, 1}
 
 
 def test_fail_on_data_loss_after_retention_deleted_unread_segments(spark: Any, env: Env, tmp_path: Path) -> None:
@@ -311,6 +375,24 @@ def test_offsets_removed_by_retention_fail_or_are_skipped_and_counted() -> None:
     slices = r.partitions({"t": {"0": 200}}, {"t": {"0": 400}})
     assert [(s.from_offset, s.to_offset_inclusive) for s in slices] == [(300, 399)]
     assert r.lost_offsets == 100
+
+
+def test_a_tier_ending_below_what_was_read_fails_or_goes_back_counted() -> None:
+    """An unclean election replaced the tier's end [500, 999] by a shorter lineage ending at 599: the query read up
+    to 1000 already. Before, the partition stalled silently until the tier grew past 1000 again."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from rlm.spark.executor import DataLossError
+
+    tier = {("t", 0): [_seg("t", 0, 0, 499), _seg("t", 0, 500, 599)]}
+    with pytest.raises(DataLossError, match=r"t-0: the remote tier now ends at offset 599, below offset 1000"):
+        _reader(tier).latestOffset({"t": {"0": 1000}}, ReadAllAvailable())
+    r = _reader(tier, failOnDataLoss="false")
+    assert r.latestOffset({"t": {"0": 1000}}, ReadAllAvailable()) == {"t": {"0": 600}}
+    assert r.lost_offsets == 400
+    assert r.partitions({"t": {"0": 1000}}, {"t": {"0": 600}}) == []
+    tier[("t", 0)].append(_seg("t", 0, 600, 649))  # the new lineage grows: read from the tier's end on
+    assert r.latestOffset({"t": {"0": 600}}, ReadAllAvailable()) == {"t": {"0": 650}}
 
 
 def test_a_segment_removed_between_planning_and_reading_fails_the_task_or_is_skipped(tmp_path: Path) -> None:
