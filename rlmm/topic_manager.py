@@ -82,6 +82,7 @@ class TopicBasedRlmmConfig:
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
     tombstone_check_interval_s: float = 1.0
     caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
+    close_drain_s: float = 2.0                                     # on close, consume up to this long to the end
     max_batch_records: int = 10_000
     client_config: Mapping[str, object] = field(default_factory=dict)     # every client: security, sasl.*, ssl.*
     producer_config: Mapping[str, object] = field(default_factory=dict)
@@ -258,35 +259,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         try:
             while not self._stop.is_set():
                 self._run_commands()
-                # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own
-                # record would wait the full timeout each time. Wait for the first message only, then take what
-                # is already fetched.
-                first = self._consumer.poll(0.05)
-                msgs = [] if first is None else [first, *self._consumer.consume(
-                    num_messages=max(1, self.config.max_batch_records - 1), timeout=0)]
-                records = []
-                eofs = []
-                assigned = self._assigned
-                for m in msgs:
-                    if m.error() is not None:
-                        err = m.error()
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            eofs.append((m.partition(), m.offset()))
-                        else:
-                            log.warning("metadata consumer error: %s", err)
-                        continue
-                    mp = m.partition()
-                    if mp in assigned:
-                        records.append((mp, m.offset(), m.key(), m.value()))
-                if records:
-                    self._apply(records)
-                if eofs:
-                    with self._cond:
-                        for mp, _off in eofs:
-                            if mp in self._assigned:
-                                self._at_eof.add(mp)
-                                self._ready.add(mp)
-                        self._cond.notify_all()
+                self._consume_once()
                 now = time.monotonic()
                 if self._at_eof and now - last_caught_up >= self.config.caught_up_refresh_s:
                     self._mark_caught_up()
@@ -296,6 +269,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                     last_tombstones = now
                 if self._producer is not None:
                     self._producer.poll(0)
+            self._drain_to_eof(self.config.close_drain_s)
             self._mark_caught_up()
         except BaseException as err:  # noqa: BLE001 - reported to every waiter, then re-raised
             log.exception("metadata consumer thread died")
@@ -303,6 +277,46 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             with self._cond:
                 self._cond.notify_all()
             raise
+
+    def _consume_once(self) -> None:
+        """One poll: apply the records fetched, note the partitions that reached their end."""
+        # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own record would
+        # wait the full timeout each time. Wait for the first message only, then take what is already fetched.
+        first = self._consumer.poll(0.05)
+        msgs = [] if first is None else [first, *self._consumer.consume(
+            num_messages=max(1, self.config.max_batch_records - 1), timeout=0)]
+        records = []
+        eofs = []
+        assigned = self._assigned
+        for m in msgs:
+            if m.error() is not None:
+                err = m.error()
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eofs.append((m.partition(), m.offset()))
+                else:
+                    log.warning("metadata consumer error: %s", err)
+                continue
+            mp = m.partition()
+            if mp in assigned:
+                records.append((mp, m.offset(), m.key(), m.value()))
+        if records:
+            self._apply(records)
+        if eofs:
+            with self._cond:
+                for mp, _off in eofs:
+                    if mp in self._assigned:
+                        self._at_eof.add(mp)
+                        self._ready.add(mp)
+                self._cond.notify_all()
+
+    def _drain_to_eof(self, timeout_s: float) -> None:
+        """On close: consume until every assigned partition is at its end again (or ``timeout_s``), so the last
+        caught-up mark covers them all. A partition whose last records were applied but whose end-of-partition
+        event had not come yet would otherwise keep its old mark (none, on a young cache) and be rebuilt from the
+        beginning on the next start."""
+        deadline = time.monotonic() + timeout_s
+        while self._assigned - self._at_eof and time.monotonic() < deadline:
+            self._consume_once()
 
     def _run_commands(self) -> None:
         while True:

@@ -140,6 +140,23 @@ def test_restart_consumes_no_old_records(rlmm_factory, topic_name: str) -> None:
     assert again.records_consumed == 1
 
 
+def test_close_right_after_a_write_still_resumes(rlmm_factory, topic_name: str) -> None:
+    """A manager closed right after its last write (before the consumer saw the end of the partitions again, and
+    long before its periodic caught-up mark) still leaves every partition resumable: the restart consumes nothing.
+    It used to rebuild the partitions whose end-of-partition event had not come in yet."""
+    tps = [TopicIdPartition(uuid.uuid4(), "quick", p) for p in range(4)]
+    for round_ in range(3):
+        m = rlmm_factory(topic_name, "c", serve_all=True, caught_up_refresh_s=3600)
+        m.wait_ready(tps)
+        assert m.records_consumed == 0, f"round {round_}"
+        assert m.rebuilt_partitions == ([] if round_ else list(range(5)))
+        for tp in tps:
+            md = segment(tp, round_ * 100, round_ * 100 + 99)
+            m.add_remote_log_segment_metadata(md)
+            m.update_remote_log_segment_metadata(update(md, S.COPY_SEGMENT_FINISHED))
+        m.close()
+
+
 def test_read_your_writes_timeout_is_clear(rlmm_factory, topic_name: str) -> None:
     tp = TopicIdPartition(uuid.uuid4(), "slow", 0)
     m = rlmm_factory(topic_name, "c", write_timeout_s=1.0)
