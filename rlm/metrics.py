@@ -31,8 +31,12 @@ __all__ = [
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-COPY_LAG_BYTES = Gauge("rlm_copy_lag_bytes", "Bytes of rolled segments not yet remote", ["topic", "partition"])
-COPY_LAG_SEGMENTS = Gauge("rlm_copy_lag_segments", "Rolled segments not yet remote", ["topic", "partition"])
+COPY_LAG_BYTES = Gauge("rlm_copy_lag_bytes", "Bytes of the local log not yet remote (segment mode: rolled segments; "
+                       "streaming mode: from the open offload segment's start, the active segment included)",
+                       ["topic", "partition"])
+COPY_LAG_SEGMENTS = Gauge("rlm_copy_lag_segments", "Local segments not yet remote (segment mode: rolled ones; "
+                          "streaming mode: those holding offsets not yet remote, the active one included)",
+                          ["topic", "partition"])
 BYTES_COPIED = Counter("rlm_bytes_copied", "Segment bytes copied to the remote store", ["topic"])
 SEGMENTS_COPIED = Counter("rlm_segments_copied", "Segments copied to the remote store", ["topic"])
 BYTES_READ = Counter("rlm_bytes_read", "Bytes served from the remote store by remote reads", ["topic"])

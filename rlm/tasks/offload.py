@@ -120,6 +120,14 @@ class StreamingOffloader:
     def run_once(self, last_stable_offset: int, stop: threading.Event | None = None, *,
                  leader_epoch: int | None = None,
                  current_leader_epoch: Callable[[], int | None] | None = None) -> CopyResult:
+        try:
+            return self._run_once(last_stable_offset, stop, leader_epoch, current_leader_epoch)
+        finally:
+            if self.cut is not None:
+                self._report_lag(self.cut, self._local_files())
+
+    def _run_once(self, last_stable_offset: int, stop: threading.Event | None, leader_epoch: int | None,
+                  current_leader_epoch: Callable[[], int | None] | None) -> CopyResult:
         result = CopyResult()
         copier = self.copier
         epochs = PartitionDir(copier.partition_dir).leader_epochs()
@@ -130,7 +138,7 @@ class StreamingOffloader:
         cut = self.cut
         _staged, result.gaps = copier.stage_new(cut.start_offset - 1)
         try:
-            self._extend(cut, last_stable_offset)
+            self._extend(cut, last_stable_offset, self._local_files())
         except LogFormatError as err:
             # A batch below the LSO that does not parse: never skipped (the copy would CRC-check it anyway).
             metrics.ERRORS.labels("offload-scan").inc()
@@ -175,9 +183,28 @@ class StreamingOffloader:
                                               s.directory / segment_file_name(s.base_offset, ".index"), True)
         return [files[b] for b in sorted(files)]
 
-    def _extend(self, cut: OffloadCut, last_stable_offset: int) -> None:
+    def _report_lag(self, cut: OffloadCut, files: list[_LocalFile]) -> None:
+        """``rlm_copy_lag_*`` in streaming mode: the local segments (the active one included) holding offsets from
+        the cut's start on, and their bytes from where the cut starts (committed or not: what is local only)."""
+        first = max((k for k, f in enumerate(files) if f.base_offset <= cut.start_offset), default=0)
+        start = cut.pieces[0] if cut.pieces else None
+        lag_bytes = 0
+        for k, f in enumerate(files[first:]):
+            try:
+                size = f.log_path.stat().st_size
+            except FileNotFoundError:
+                continue  # deleted by the broker's retention since the listing
+            if k == 0 and start is not None and start.log_path == f.log_path:
+                size -= start.start_position
+            elif k == 0 and not cut.pieces and cut.resume_at is not None and cut.resume_at.log_path == f.log_path:
+                size -= cut.resume_at.end_position
+            lag_bytes += max(size, 0)
+        labels = (self.tp.topic, str(self.tp.partition))
+        metrics.COPY_LAG_SEGMENTS.labels(*labels).set(len(files) - first if lag_bytes else 0)
+        metrics.COPY_LAG_BYTES.labels(*labels).set(lag_bytes)
+
+    def _extend(self, cut: OffloadCut, last_stable_offset: int, files: list[_LocalFile]) -> None:
         """Add the committed batches after the cut's last one, up to its byte bound."""
-        files = self._local_files()
         i = max((k for k, f in enumerate(files) if f.base_offset <= cut.next_offset), default=None)
         if i is None:
             if files and not cut.pieces and cut.start_offset >= 0 and files[0].rolled:

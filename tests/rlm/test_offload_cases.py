@@ -148,3 +148,36 @@ def test_failed_copy_is_redone_with_a_new_copy_id(world: World, monkeypatch) -> 
     off.run_once(BIG)
     assert world.finished(tp) == [(0, 3)] and len(set(ids)) == 2
     assert [m.state.name for m in world.rlmm.list_remote_log_segments(tp)] == ["COPY_SEGMENT_FINISHED"]
+
+
+def test_copy_lag_gauges_in_streaming_mode(world: World) -> None:  # noqa: F811
+    """rlm_copy_lag_bytes / _segments follow what is local only: the open offload segment and what comes after it,
+    the active segment included; after everything is remote they are 0."""
+    from prometheus_client import REGISTRY
+
+    tp = new_tp()
+    segs = {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 15, b"v"), 25: one_per_batch(25, 5, b"v")}
+    size = {b: sum(len(x) for x in batches) for b, batches in segs.items()}
+    one = {o: len(b) for o, b in enumerate(one_per_batch(0, 30, b"v"))}
+    write_partition(world.pdir(1, tp), tp.topic_id, segs)
+    clock = Clock()
+    off = offloader(world, tp, clock, max_bytes=7 * one[10])
+
+    def lag() -> tuple[float | None, float | None]:
+        labels = {"topic": tp.topic, "partition": str(tp.partition)}
+        return (REGISTRY.get_sample_value("rlm_copy_lag_bytes", labels),
+                REGISTRY.get_sample_value("rlm_copy_lag_segments", labels))
+
+    off.run_once(BIG)  # 0..6 copied (the bound reached); 7.. not cut yet: from offset 7's position on
+    assert world.finished(tp) == [(0, 6)]
+    assert lag() == (sum(size.values()) - sum(one[o] for o in range(7)), 3)
+    off.run_once(BIG)  # 7..13 copied: the first local segment is remote
+    assert world.finished(tp) == [(0, 6), (7, 13)]
+    assert lag() == (sum(size.values()) - sum(one[o] for o in range(14)), 2)
+    for _ in range(4):
+        off.run_once(BIG)
+    clock.now += 6
+    off.run_once(BIG)
+    off.run_once(BIG)
+    assert world.finished(tp)[-1] == (28, 29)
+    assert lag() == (0, 0)
