@@ -30,6 +30,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from rlm import metrics
+from rlm.coalesce import Coalescer
 from rlm.config import SidecarSettings
 from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
@@ -109,6 +110,9 @@ class Sidecar:
                            default_staging_root(Path(d))) for d in s.log_dirs}
         self.staging = Staging(roots, max_bytes=s.staging_max_bytes)
         self.view = ClusterView(self.client_config)
+        # copy jobs running at once share one ListOffsets (rlm.coalesce): streaming partitions ask every poll
+        self._stable_offsets: Coalescer[tuple[str, int], tuple[int, int]] = Coalescer(
+            self.view.stable_offsets_and_epochs)
         self.reader = RemoteReader(self.rlmm, self.rsm)
         self.known = KnownPartitions(s.metadata.state_dir / "known-partitions.json")
         self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)
@@ -357,7 +361,7 @@ class Sidecar:
         finish is deleted and done again later)."""
         tp = led.tp
         key = (tp.topic, tp.partition)
-        got = self.view.stable_offsets_and_epochs([key]).get(key)
+        got = self._stable_offsets.get([key]).get(key)
         if got is None or self._led.get(key) is not led:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
