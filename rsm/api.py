@@ -230,7 +230,8 @@ class SegmentHandle(abc.ABC):
 
     @abc.abstractmethod
     def aborted_transactions(self) -> list[AbortedTxn]:
-        """The aborted transactions the copy's transaction index lists (none when the copy has no index)."""
+        """The aborted transactions the copy's transaction index lists (none when the copy has no index). An index
+        that does not parse raises :class:`~rsm.errors.CorruptRemoteObjectError` naming the key and position."""
 
     @abc.abstractmethod
     def producer_snapshot(self) -> list[ProducerStateEntry] | None:

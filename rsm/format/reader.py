@@ -29,7 +29,7 @@ from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
 from rsm.log.batch import BatchHeader, batch_crc, header_from_bytes
-from rsm.log.errors import CorruptProducerSnapshotError, CorruptRecordBatchError
+from rsm.log.errors import CorruptIndexError, CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
 from rsm.log.producer_snapshot import ProducerStateEntry, parse_producer_snapshot
 from rsm.store.base import Store
@@ -272,9 +272,16 @@ class SegmentReader(SegmentHandle):
         """See :meth:`rsm.api.SegmentHandle.aborted_transactions`."""
         try:
             with self.open_section(IndexType.TRANSACTION) as f:
-                return parse_txn_index(f.read(), f"{self.ledger.metadata.remote_segment_id} transaction index")
+                data = f.read()
         except RemoteResourceNotFoundError:
             return []
+        try:
+            return parse_txn_index(data, f"{self.name} transaction index")
+        except CorruptIndexError as err:  # bad when uploaded (its section CRC matches): as producer_snapshot does
+            s = self.ledger.section(IndexType.TRANSACTION)
+            raise CorruptRemoteObjectError(
+                f"transaction index section ({s.length} bytes), at its byte {err.position}: {err.detail}",
+                key=self.keys.data(s.object_number), position=s.position + (err.position or 0)) from err
 
     def producer_snapshot(self) -> list[ProducerStateEntry] | None:
         """See :meth:`rsm.api.SegmentHandle.producer_snapshot`."""

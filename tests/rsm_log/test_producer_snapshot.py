@@ -19,8 +19,8 @@ from confluent_kafka import Producer
 from rsm.api import EpochEntry, LogSegmentData, ProducerStateEntry, RemoteSegmentMetadata
 from rsm.errors import CorruptRemoteObjectError
 from rsm.log.batch import BatchHeader, scan_batches
-from rsm.log.errors import CorruptProducerSnapshotError, LogFormatError
-from rsm.log.partition import LEADER_EPOCH_CHECKPOINT, PartitionDir
+from rsm.log.errors import CorruptIndexError, CorruptProducerSnapshotError, LogFormatError
+from rsm.log.partition import LEADER_EPOCH_CHECKPOINT, PartitionDir, segment_file_name
 from rsm.log.producer_snapshot import (
     ENTRY,
     PREFIX,
@@ -317,5 +317,29 @@ def test_corrupt_snapshot_in_a_copy_is_a_corrupt_remote_object(broker_snapshots,
             rsm.open_segment(md).producer_snapshot()
         assert ei.value.key == rsm.keys(md).data(0)  # the data object holding the section
         assert isinstance(ei.value.__cause__, CorruptProducerSnapshotError)
+    finally:
+        rsm.close()
+
+
+@pytest.mark.kafka
+def test_corrupt_transaction_index_in_a_copy_is_a_corrupt_remote_object(broker_snapshots, tmp_path):
+    """A transaction index already bad when uploaded: like the producer snapshot, CorruptRemoteObjectError naming
+    the data object and the byte (it raised the local-file CorruptIndexError, naming no object)."""
+    s = broker_snapshots
+    base, _end = s.first_segment
+    seg = next(x for x in PartitionDir(s.copies).segments() if x.base_offset == base)
+    copies = tmp_path / s.copies.name  # a partition dir's name
+    shutil.copytree(s.copies, copies)
+    txn = copies / segment_file_name(base, ".txnindex")
+    txn.write_bytes((txn.read_bytes() if txn.exists() else b"") + b"abc")  # not a multiple of the entry size
+    rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=tmp_path / "remote", fsync=False))
+    try:
+        md = _copy(rsm, dataclasses.replace(s, copies=copies), None)
+        size = txn.stat().st_size
+        with pytest.raises(CorruptRemoteObjectError, match=rf"^\S+ at byte \d+: transaction index section \({size} "
+                           r"bytes\), at its byte \d+: ") as ei:
+            rsm.open_segment(md).aborted_transactions()
+        assert ei.value.key == rsm.keys(md).data(0)
+        assert isinstance(ei.value.__cause__, CorruptIndexError)
     finally:
         rsm.close()
