@@ -327,7 +327,6 @@ def test_corrupt_transaction_index_in_a_copy_is_a_corrupt_remote_object(broker_s
     the data object and the byte (it raised the local-file CorruptIndexError, naming no object)."""
     s = broker_snapshots
     base, _end = s.first_segment
-    seg = next(x for x in PartitionDir(s.copies).segments() if x.base_offset == base)
     copies = tmp_path / s.copies.name  # a partition dir's name
     shutil.copytree(s.copies, copies)
     txn = copies / segment_file_name(base, ".txnindex")
