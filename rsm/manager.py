@@ -57,7 +57,7 @@ from rsm.api import (
 from rsm.encryption import EncryptionConfig
 from rsm.errors import CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
-from rsm.format.crypto import SEALED_OVERHEAD, CopyCipher, decode_copy_index, new_copy_cipher
+from rsm.format.crypto import SEALED_OVERHEAD, BlockSealer, CopyCipher, decode_copy_index, new_copy_cipher
 from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
     BlockInfo,
@@ -297,7 +297,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             on_batch=indexes.add), sections)
 
     def _copy_guarded(self, m: RemoteSegmentMetadata, writer: LedgerWriter,
-                      blocks: Callable[[], Iterator[tuple[BlockDraft, list[bytes | memoryview]]]],
+                      blocks: Callable[[], Iterator[tuple[BlockDraft, memoryview]]],
                       sections: list[tuple[IndexType, _SectionSource]]) -> bytes | None:
         """Copy under the current layout; on any failure remove what was written and raise as the API says."""
         keys = self._keys(m, self.layout)
@@ -317,7 +317,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         return self._custom_metadata
 
     def _copy(self, m: RemoteSegmentMetadata, keys: SegmentKeys, writer: LedgerWriter,
-              block_iter: Iterator[tuple[BlockDraft, list[bytes | memoryview]]],
+              block_iter: Iterator[tuple[BlockDraft, memoryview]],
               sections_src: list[tuple[IndexType, _SectionSource]]) -> LedgerIndex:
         ledger_id = writer.ledger_id
         # The first block before any put: a .log that does not hold the range fails with nothing uploaded.
@@ -342,14 +342,22 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 stored = draft.block_length if cipher is None else draft.block_length + SEALED_OVERHEAD
                 if pos > 0 and pos + stored > limit:
                     state["pending"] = item
+                    if sealer is not None and (sealed := sealer.flush()) is not None:
+                        yield sealed
                     return
                 blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, stored,
                                         draft.entry_count, draft.first_offset, draft.last_offset,
                                         draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
                 throttle.acquire(stored)
-                yield block if cipher is None else cipher.seal_block(block, ledger_id=ledger_id, object_number=obj,
-                                                                     position=pos)
+                if sealer is None:
+                    yield block
+                else:
+                    sealed = sealer.push(block, ledger_id=ledger_id, object_number=obj, position=pos)
+                    if sealed is not None:
+                        yield sealed
                 pos += stored
+            if sealer is not None and (sealed := sealer.flush()) is not None:
+                yield sealed
             for kind, src in sections_src:
                 crc = [0]  # of the plain section
                 chunks = _crc_tracked(_file_chunks(src), crc)
@@ -364,12 +372,17 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 pos += length
             state["done"] = True
 
+        sealer = None if cipher is None else BlockSealer(cipher)
         obj = 0
-        while True:
-            object_lengths.append(self.store.put(keys.data(obj), object_chunks(obj)))
-            if state["done"]:
-                break
-            obj += 1
+        try:
+            while True:
+                object_lengths.append(self.store.put(keys.data(obj), object_chunks(obj)))
+                if state["done"]:
+                    break
+                obj += 1
+        finally:
+            if sealer is not None:
+                sealer.close()
 
         meta = LedgerMetadata(
             remote_segment_id=m.remote_segment_id, topic_id=m.topic_id, topic_name=m.topic_name,

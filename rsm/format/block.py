@@ -4,7 +4,8 @@ A data object is a run of blocks, back to back. Each block is a 128-byte header 
 entry is one Kafka record batch, verbatim (its CRC-32C still checks and it can be served to a client as is).
 In an encrypted copy each block is stored sealed (:mod:`rsm.format.crypto`); opened, it is this format.
 Blocks are not padded to a fixed size: ``block_len`` is the exact length. This module is the only place that
-knows how blocks and entries are framed: :func:`encode_block` (used by :mod:`rsm.format.ledger`) writes them,
+knows how blocks and entries are framed: :func:`frame_block` (used by :mod:`rsm.format.ledger`, which reads the
+entries into the places it leaves) and :func:`encode_block` write them,
 :func:`read_block_header` and :class:`EntryReader` (used by :mod:`rsm.format.reader`) read them back. What an
 entry holds (a Kafka record batch) is checked by the callers, through :mod:`rsm.log.batch`.
 
@@ -45,6 +46,7 @@ __all__ = [
     "EntryReader",
     "decode_block_header",
     "encode_block",
+    "frame_block",
     "read_block_header",
 ]
 
@@ -86,23 +88,32 @@ class BlockHeader:
 # -- writing -----------------------------------------------------------------------------------------------------
 
 
-def encode_block(ledger_id: int, first_entry_id: int,
-                 entries: Sequence[bytes | memoryview]) -> tuple[int, list[bytes | memoryview]]:
-    """One block of ``entries`` (ids from ``first_entry_id`` on) as ``(block length, gather list)``: the header,
-    then entry header and entry bytes per entry. The entries are referenced, not copied: their buffers must stay
-    unchanged until the gather list is written. The caller bounds the block (block size, or one entry if that
-    is larger)."""
-    pieces: list[bytes | memoryview] = [b""]  # [0]: the header, once the length is known
-    append = pieces.append
-    pack = ENTRY_HEADER.pack
-    length = BLOCK_HEADER_LENGTH
-    for entry_id, data in enumerate(entries, first_entry_id):
-        n = len(data)
-        append(pack(n, entry_id))
-        append(data)
-        length += ENTRY_HEADER_LENGTH + n
-    pieces[0] = BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_HEADER_LENGTH, length, first_entry_id, ledger_id)
-    return length, pieces
+def frame_block(buf: bytearray | memoryview, ledger_id: int, first_entry_id: int,
+                entry_lengths: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
+    """Frame one block of entries of ``entry_lengths`` (ids from ``first_entry_id`` on) in ``buf``, contiguous:
+    the block header and every entry header are written; the entries' own bytes are left to the caller, at the
+    returned ``(position, length)`` places. Returns ``(block length, places)``; ``buf`` must hold the block. The
+    caller bounds the block (block size, or one entry if that is larger)."""
+    places: list[tuple[int, int]] = []
+    append = places.append
+    pack_into = ENTRY_HEADER.pack_into
+    pos = BLOCK_HEADER_LENGTH
+    for entry_id, n in enumerate(entry_lengths, first_entry_id):
+        pack_into(buf, pos, n, entry_id)
+        pos += ENTRY_HEADER_LENGTH
+        append((pos, n))
+        pos += n
+    BLOCK_HEADER.pack_into(buf, 0, BLOCK_MAGIC, BLOCK_HEADER_LENGTH, pos, first_entry_id, ledger_id)
+    return pos, places
+
+
+def encode_block(ledger_id: int, first_entry_id: int, entries: Sequence[bytes | memoryview]) -> bytes:
+    """One block of ``entries`` (ids from ``first_entry_id`` on), as bytes (:func:`frame_block`, entries copied)."""
+    buf = bytearray(BLOCK_HEADER_LENGTH + sum(ENTRY_HEADER_LENGTH + len(e) for e in entries))
+    length, places = frame_block(buf, ledger_id, first_entry_id, [len(e) for e in entries])
+    for (pos, n), data in zip(places, entries, strict=True):
+        buf[pos:pos + n] = data
+    return bytes(buf[:length])
 
 
 # -- reading -----------------------------------------------------------------------------------------------------

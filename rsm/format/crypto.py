@@ -42,8 +42,12 @@ A sealed part is :data:`SEALED_OVERHEAD` (32) bytes longer than the plain one.
 from __future__ import annotations
 
 import itertools
+import os
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import replace
 
 from cryptography.exceptions import InvalidTag
@@ -60,10 +64,12 @@ __all__ = [
     "SEALED_INDEX_MAGIC",
     "SEALED_OVERHEAD",
     "SEALED_SECTION_MAGIC",
+    "BlockSealer",
     "CopyCipher",
     "decode_copy_index",
     "is_sealed_index",
     "new_copy_cipher",
+    "worker_pool",
 ]
 
 SEALED_INDEX_MAGIC = 0x3D1FE5C1
@@ -73,7 +79,6 @@ SEALED_INDEX_VERSION = 1
 DEK_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
-_UPDATE_SLACK = 15  # update_into wants room for one AES block more than its input
 
 _INDEX_HEAD = struct.Struct(
     ">"
@@ -105,9 +110,9 @@ def is_sealed_index(data: bytes | memoryview) -> bool:
 
 class CopyCipher:
     """One copy's data key: seals (when writing the copy) and opens (when reading it) its parts. Not pickled, its
-    ``repr`` shows only the key id. Opening is thread-safe; sealing is for the one thread writing the copy."""
+    ``repr`` shows only the key id. Thread-safe."""
 
-    __slots__ = ("_aead", "_buf", "_dek", "_nonces", "_wrapped", "key_id")
+    __slots__ = ("_aead", "_dek", "_nonces", "_wrapped", "key_id")
 
     def __init__(self, dek: bytes, key_id: str, wrapped: bytes) -> None:
         if len(dek) != DEK_BYTES:
@@ -115,8 +120,7 @@ class CopyCipher:
         self._dek = dek
         self._aead = AESGCM(dek)
         self._wrapped = wrapped
-        self._nonces = itertools.count(1)
-        self._buf = bytearray()  # the last sealed block (reused: no allocation per block)
+        self._nonces = itertools.count(1)  # next() is atomic: nonces stay unique across threads
         self.key_id = key_id
 
     def __repr__(self) -> str:
@@ -130,31 +134,25 @@ class CopyCipher:
 
     # -- sealing -----------------------------------------------------------------------------------------------
 
-    def seal_block(self, pieces: Sequence[bytes | memoryview], *, ledger_id: int, object_number: int,
-                   position: int) -> memoryview:
-        """The sealed block (:data:`SEALED_OVERHEAD` bytes longer) of a plain block's gather list, to be written at
-        ``position`` of data object ``object_number``. Encrypted straight from the pieces into a buffer reused by
-        the next call: the view is valid until then (as the ledger writer's block buffers are)."""
-        nonce = self._nonce()
-        n = sum(len(p) for p in pieces)
-        need = _PART_HEAD.size + n + _UPDATE_SLACK + TAG_BYTES
-        if len(self._buf) < need:
-            self._buf = bytearray(need)
-        buf = memoryview(self._buf)
+    def seal_block(self, plain: bytes | bytearray | memoryview, *, ledger_id: int, object_number: int,
+                   position: int, into: bytearray | None = None) -> memoryview:
+        """The sealed block (:data:`SEALED_OVERHEAD` bytes longer) of a plain block, to be written at ``position``
+        of data object ``object_number``; in ``into`` when it is large enough (no allocation), else in a new
+        buffer. Thread-safe (each call takes its own nonce); :class:`BlockSealer` runs it on a worker thread."""
+        return self._seal_into(self._nonce(), plain, into, ledger_id=ledger_id, object_number=object_number,
+                               position=position)
+
+    def _seal_into(self, nonce: bytes, plain: bytes | bytearray | memoryview, into: bytearray | None, *,
+                   ledger_id: int, object_number: int, position: int) -> memoryview:
+        n = len(plain)
+        if into is None or len(into) < n + SEALED_OVERHEAD:
+            into = bytearray(n + SEALED_OVERHEAD)
+        buf = memoryview(into)[:n + SEALED_OVERHEAD]
         _PART_HEAD.pack_into(buf, 0, SEALED_BLOCK_MAGIC, nonce)
-        enc = Cipher(algorithms.AES(self._dek), modes.GCM(nonce)).encryptor()
-        enc.authenticate_additional_data(_PART_AD.pack(SEALED_BLOCK_MAGIC, ledger_id, object_number, position))
-        pos = _PART_HEAD.size
-        for piece in pieces:
-            pos += enc.update_into(piece, buf[pos:])
-        tail = enc.finalize()
-        buf[pos:pos + len(tail)] = tail
-        pos += len(tail)
-        buf[pos:pos + TAG_BYTES] = enc.tag
-        pos += TAG_BYTES
-        if pos != n + SEALED_OVERHEAD:
-            raise AssertionError(f"sealed {pos} bytes of a {n}-byte block")  # GCM is a stream mode: never
-        return buf[:pos]
+        # one AES-GCM message: ciphertext then tag; OpenSSL runs it without the GIL
+        self._aead.encrypt_into(nonce, plain, _PART_AD.pack(SEALED_BLOCK_MAGIC, ledger_id, object_number, position),
+                                buf[_PART_HEAD.size:])
+        return buf
 
     def seal_section(self, chunks: Iterable[bytes], *, ledger_id: int, object_number: int,
                      position: int) -> Iterator[bytes]:
@@ -219,6 +217,71 @@ class CopyCipher:
         """The plain section of a sealed one read at ``position`` of ``key``."""
         return self._open(SEALED_SECTION_MAGIC, data, key=key, ledger_id=ledger_id, object_number=object_number,
                           position=position, what=what, kafka_offset=None)
+
+
+class BlockSealer:
+    """Seals a copy's blocks one ahead, on a worker thread: :meth:`push` of block *i* starts sealing it and returns
+    block *i - 1* sealed (None for the first), :meth:`flush` the last one. AES-GCM runs in OpenSSL without the GIL,
+    so sealing block *i* overlaps reading block *i + 1* and writing block *i - 1*: an encrypted copy takes about the
+    wall time of a plain one, the cipher's CPU on the other core.
+
+    The plain block pushed must stay unchanged until the push after it returns (the ledger writer's two buffers
+    take turns); a sealed block returned is valid until the next push (two output buffers take turns). Placement
+    (object number, position) is fixed at push time, and with it the associated data."""
+
+    __slots__ = ("_cipher", "_outs", "_pending", "_turn")
+
+    def __init__(self, cipher: CopyCipher) -> None:
+        self._cipher = cipher
+        self._outs = [bytearray(), bytearray()]
+        self._turn = 0
+        self._pending: Future[memoryview] | None = None
+
+    def push(self, plain: bytes | bytearray | memoryview, *, ledger_id: int, object_number: int,
+             position: int) -> memoryview | None:
+        """Start sealing ``plain``; the previous block pushed, sealed (its error, if sealing it failed)."""
+        need = len(plain) + SEALED_OVERHEAD
+        if len(self._outs[self._turn]) < need:
+            self._outs[self._turn] = bytearray(need)
+        fut = worker_pool().submit(self._cipher._seal_into, self._cipher._nonce(), plain, self._outs[self._turn],
+                                   ledger_id=ledger_id, object_number=object_number, position=position)
+        self._turn ^= 1
+        prev, self._pending = self._pending, fut
+        return None if prev is None else prev.result()
+
+    def flush(self) -> memoryview | None:
+        """The last block pushed, sealed (None when there is none)."""
+        prev, self._pending = self._pending, None
+        return None if prev is None else prev.result()
+
+    def close(self) -> None:
+        """Wait for a block still being sealed (a copy that failed), its result dropped."""
+        prev, self._pending = self._pending, None
+        if prev is not None:
+            futures_wait([prev])
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def worker_pool() -> ThreadPoolExecutor:
+    """The process's threads for work that runs without the GIL (AES-GCM of whole blocks): one per core, at
+    least two; started on first use, and anew in a forked child (Spark's Python workers fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="rsm-aes")
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    global _pool, _pool_lock
+    _pool = None  # the parent's threads do not exist in the child
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def new_copy_cipher(provider: KeyProvider, key_id: str, *, key_base: str) -> CopyCipher:

@@ -17,10 +17,13 @@ one after the other. A block never spans two pieces. Its ``log_position`` values
 segment (its batches one after the other from 0), the positions Kafka's indexes of such a segment hold.
 
 Two passes over the (immutable, rolled) ``.log``, both streaming: ``scan_batches`` checks every batch's
-header and CRC-32C and plans the blocks; each block's batches, contiguous in the file, are then read with one
-``readinto`` into a reused buffer and handed out as a gather list (block header, then entry header and batch
-bytes per entry, framed by :func:`rsm.format.block.encode_block`) without another copy. Memory: one block buffer,
-whatever the segment size. Where blocks go (which data object, at which position) is the caller's business.
+header and CRC-32C and plans the blocks; each block is then framed in a reused buffer
+(:func:`rsm.format.block.frame_block` writes the block and entry headers) and its batches, contiguous in the file,
+are read straight into their places with ``preadv`` (one system call per up to IOV_MAX batches, no other copy), so
+a block is handed out as one contiguous buffer, the unit one AES-GCM message seals in an encrypted copy. Two
+buffers take turns, so a block stays valid while the next one is read (an encrypted copy seals block *i* on a
+worker thread while block *i + 1* is read). Memory: two block buffers, whatever the segment size. Where blocks go
+(which data object, at which position) is the caller's business.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, encode_block
+from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, frame_block
 from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
 
 
@@ -47,6 +50,7 @@ __all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "Led
 # fields of the record batch header re-checked after the copying read (see LedgerWriter._emit)
 _BASE_OFFSET_FIELD = slice(0, BATCH_LENGTH_OFFSET)
 _CRC_FIELD = slice(CRC_OFFSET, ATTRIBUTES_OFFSET)
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +173,13 @@ class LedgerWriter:
         self.max_timestamp_ms = -1
 
     def blocks(self, log_path: str | os.PathLike[str], *, verify_crc: bool = True, start_offset: int | None = None,
-               end_offset_inclusive: int | None = None) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
-        """Yield ``(draft, gather list)`` per block. The buffers are valid until the next block is requested.
+               end_offset_inclusive: int | None = None) -> Iterator[tuple[BlockDraft, memoryview]]:
+        """Yield ``(draft, block)`` per block, the whole block framed in one buffer, valid until the block after
+        the next is requested.
 
         With ``start_offset`` / ``end_offset_inclusive``, only the batches of that range (see the module
         docstring; :class:`SegmentRangeError` when the file does not hold exactly them)."""
-        self._buf = bytearray(self.block_size_bytes)
+        self._start_buffers()
         part_id = 0
         plan: list[BatchHeader] = []
         planned = BLOCK_HEADER_LENGTH
@@ -193,15 +198,15 @@ class LedgerWriter:
 
     def piece_blocks(self, pieces: Sequence[Piece], *, start_offset: int, end_offset_inclusive: int,
                      on_batch: Callable[[BatchHeader, int], None] | None = None,
-                     ) -> Iterator[tuple[BlockDraft, list[bytes | memoryview]]]:
-        """Yield ``(draft, gather list)`` per block of an offload segment (see the module docstring); every batch
-        CRC-checked. ``on_batch(header, position)`` is called for each batch with its position in the offload
-        segment. Raises :class:`SegmentRangeError` when the pieces do not hold exactly whole batches of
+                     ) -> Iterator[tuple[BlockDraft, memoryview]]:
+        """Yield ``(draft, block)`` per block of an offload segment (as :meth:`blocks`; see the module docstring),
+        every batch CRC-checked. ``on_batch(header, position)`` is called for each batch with its position in the
+        offload segment. Raises :class:`SegmentRangeError` when the pieces do not hold exactly whole batches of
         ``[start_offset, end_offset_inclusive]`` in increasing offsets, the last one ending at
         ``end_offset_inclusive`` (checked before the last block is handed out)."""
         if not pieces:
             raise SegmentRangeError(f"offsets {start_offset}..{end_offset_inclusive}: no log piece to copy")
-        self._buf = bytearray(self.block_size_bytes)
+        self._start_buffers()
         part_id = 0
         prev_last = start_offset - 1
         out_position = 0
@@ -235,33 +240,30 @@ class LedgerWriter:
                 yield self._emit(f, piece.log_path, plan, part_id, block_position)
                 part_id += 1
 
+    def _start_buffers(self) -> None:
+        self._bufs = [bytearray(self.block_size_bytes), bytearray(self.block_size_bytes)]
+        self._turn = 0
+
     def _emit(self, f, log_path: str | os.PathLike[str], plan: list[BatchHeader],
-              part_id: int, log_position: int | None = None) -> tuple[BlockDraft, list[bytes | memoryview]]:
+              part_id: int, log_position: int | None = None) -> tuple[BlockDraft, memoryview]:
         start = plan[0].position
         n = plan[-1].end_position - start
-        if len(self._buf) < n:
-            self._buf = bytearray(n)  # one batch larger than a block: a bigger buffer from now on
-        view = memoryview(self._buf)
-        got = 0
-        f.seek(start)
-        while got < n:
-            k = f.readinto(view[got:n])
-            if not k:
-                raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {start + got})")
-            got += k
-        entries: list[memoryview] = []
+        need = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH * len(plan) + n
+        self._turn ^= 1
+        if len(self._bufs[self._turn]) < need:
+            self._bufs[self._turn] = bytearray(need)  # one batch larger than a block: a bigger buffer from now on
+        view = memoryview(self._bufs[self._turn])
+        first_entry_id = self.entry_count
+        block_length, places = frame_block(view, self.ledger_id, first_entry_id, [h.size_bytes for h in plan])
+        entries = [view[p:p + size] for p, size in places]
+        _read_scattered(f, log_path, entries, start)
         max_ts = -1
-        for h in plan:
-            off = h.position - start
-            raw = view[off:off + h.size_bytes]
+        for h, raw in zip(plan, entries, strict=True):
             # the bytes read now must be the batch checked by the scan (base offset and CRC fields)
             if (int.from_bytes(raw[_BASE_OFFSET_FIELD], "big", signed=True) != h.base_offset
                     or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
                 raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
-            entries.append(raw)
             max_ts = max(max_ts, h.max_timestamp)
-        first_entry_id = self.entry_count
-        block_length, pieces = encode_block(self.ledger_id, first_entry_id, entries)
         self.entry_count += len(plan)
         self.log_bytes += n
         if self.first_offset is None:
@@ -270,7 +272,26 @@ class LedgerWriter:
         self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
         draft = BlockDraft(first_entry_id, part_id, len(plan), block_length, plan[0].base_offset,
                            plan[-1].last_offset, max_ts, start if log_position is None else log_position, n)
-        return draft, pieces
+        return draft, view[:block_length]
+
+
+def _read_scattered(f, log_path: str | os.PathLike[str], views: list[memoryview], position: int) -> None:
+    """Fill ``views`` from ``f`` at ``position`` on (the file's bytes, back to back), with ``preadv``."""
+    fd = f.fileno()
+    views = list(views)
+    i = 0
+    while i < len(views):
+        got = os.preadv(fd, views[i:i + _IOV_MAX], position)
+        if not got:
+            raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {position})")
+        position += got
+        while got:  # drop what was read, keep the rest
+            if got >= len(views[i]):
+                got -= len(views[i])
+                i += 1
+            else:
+                views[i] = views[i][got:]
+                got = 0
 
 
 def _piece_headers(piece: Piece) -> Iterator[BatchHeader]:

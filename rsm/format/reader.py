@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -25,6 +27,7 @@ import google_crc32c
 from rsm.api import BlockRange, IndexType, SegmentHandle
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
 from rsm.format.block import ENTRY_HEADER_LENGTH, LEDGER_ID_OFFSET, EntryReader, read_block_header
+from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
@@ -106,35 +109,76 @@ class _ViewStream:
 
 
 class _Opener:
-    """Reads an encrypted copy's blocks whole (their sealed length), authenticates and opens them, into two
-    buffers reused from block to block (entries are copied out of the opened block before the next is read)."""
+    """Reads an encrypted copy's blocks whole (their sealed length), authenticates and opens them, one block ahead
+    on a worker thread (:func:`rsm.format.crypto.worker_pool`; AES-GCM runs without the GIL): block *i + 1* is read
+    and opened while the caller parses block *i*. Two pairs of buffers take turns, so an opened block stays valid
+    until the next one is asked for (entries are copied out of it before that). Only this opener reads ``stream``,
+    one block after the other; an error of block *i* is raised when block *i* is asked for."""
 
-    __slots__ = ("_cipher", "_plain", "_sealed")
+    __slots__ = ("_blocks", "_cipher", "_key", "_ledger_id", "_next", "_pending", "_plain", "_sealed", "_stream",
+                 "_turn")
 
-    def __init__(self, cipher: CopyCipher) -> None:
+    def __init__(self, cipher: CopyCipher, stream: BinaryIO, blocks: list[BlockInfo], *, key: str,
+                 ledger_id: int) -> None:
         self._cipher = cipher
-        self._sealed = bytearray()
-        self._plain = bytearray()
+        self._stream = stream
+        self._blocks = blocks
+        self._key = key
+        self._ledger_id = ledger_id
+        self._sealed = [bytearray(), bytearray()]
+        self._plain = [bytearray(), bytearray()]
+        self._turn = 0
+        self._next = 0  # the next block to start opening
+        self._pending: Future[memoryview] | None = None
 
-    def open(self, stream: BinaryIO, block: BlockInfo, *, key: str, ledger_id: int) -> tuple[_ViewStream, int]:
-        """(plain block stream, plain block length) of ``block``, ``stream`` standing at it."""
+    def _start(self) -> Future[memoryview] | None:
+        if self._next >= len(self._blocks):
+            return None
+        block, turn = self._blocks[self._next], self._turn
+        self._next += 1
+        self._turn ^= 1
+        if len(self._blocks) == 1:  # one block (a random read): nothing to overlap, no thread hop
+            fut: Future[memoryview] = Future()
+            try:
+                fut.set_result(self._open(block, turn))
+            except BaseException as err:  # noqa: BLE001 - raised by next_block, as from the worker
+                fut.set_exception(err)
+            return fut
+        return worker_pool().submit(self._open, block, turn)
+
+    def next_block(self) -> memoryview:
+        """The next block, opened (plain)."""
+        fut = self._pending if self._pending is not None else self._start()
+        if fut is None:
+            raise IndexError("no block left to open")
+        plain = fut.result()
+        self._pending = self._start()
+        return plain
+
+    def close(self) -> None:
+        """Wait for a block still being read (the caller stopped early); its result is dropped."""
+        fut, self._pending = self._pending, None
+        if fut is not None:
+            futures_wait([fut])
+
+    def _open(self, block: BlockInfo, turn: int) -> memoryview:
         n = block.block_length
-        if len(self._sealed) < n:
-            self._sealed = bytearray(n)
-            self._plain = bytearray(n)
-        view = memoryview(self._sealed)[:n]
+        if len(self._sealed[turn]) < n:
+            self._sealed[turn] = bytearray(n)
+            self._plain[turn] = bytearray(n)
+        view = memoryview(self._sealed[turn])[:n]
         got = 0
         while got < n:
-            k = stream.readinto(view[got:])  # type: ignore[attr-defined]
+            k = self._stream.readinto(view[got:])  # type: ignore[attr-defined]
             if not k:
                 raise CorruptRemoteObjectError(
-                    f"truncated encrypted block {block.part_id}: expected {n} bytes, found {got}", key=key,
+                    f"truncated encrypted block {block.part_id}: expected {n} bytes, found {got}", key=self._key,
                     position=block.object_position + got, kafka_offset=block.first_offset)
             got += k
-        plain = self._cipher.open_block(view, key=key, ledger_id=ledger_id, object_number=block.object_number,
-                                        position=block.object_position, part_id=block.part_id,
-                                        kafka_offset=block.first_offset, into=self._plain)
-        return _ViewStream(plain), len(plain)
+        return memoryview(self._cipher.open_block(
+            view, key=self._key, ledger_id=self._ledger_id, object_number=block.object_number,
+            position=block.object_position, part_id=block.part_id, kafka_offset=block.first_offset,
+            into=self._plain[turn]))
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
@@ -145,11 +189,23 @@ def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, l
     as a Kafka record batch. With ``cipher`` (an encrypted copy) each block is first read whole and opened
     (:mod:`rsm.format.crypto`); positions in errors are then the block's position plus the position inside the
     opened block."""
-    opener = None if cipher is None else _Opener(cipher)
+    opener = None if cipher is None else _Opener(cipher, stream, blocks, key=key, ledger_id=ledger_id)
+    try:
+        yield from _block_entries(stream, blocks, key=key, ledger_id=ledger_id, opener=opener)
+    finally:
+        if opener is not None:
+            opener.close()
+
+
+def _block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
+                   opener: _Opener | None) -> Iterator[EntryView]:
     for block in blocks:
         pos = block.object_position
-        src, block_length = (stream, block.block_length) if opener is None else opener.open(
-            stream, block, key=key, ledger_id=ledger_id)
+        if opener is None:
+            src, block_length = stream, block.block_length
+        else:
+            plain = opener.next_block()
+            src, block_length = _ViewStream(plain), len(plain)
         hdr = read_block_header(src, key=key, position=pos)
         if hdr.block_length != block_length or hdr.first_entry_id != block.first_entry_id:
             raise CorruptRemoteObjectError(

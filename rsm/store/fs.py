@@ -233,6 +233,8 @@ class FileSystemStore:
         d = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         if prefix.startswith("/") or any(p in (".", "..") for p in d.split("/")):
             raise ValueError(f"invalid key prefix {prefix!r}: it would list outside the store root")
+        if "\x00" in prefix:
+            raise ValueError(f"invalid key prefix {prefix!r}: it holds NUL")  # no key does (put refuses it)
         if d.split("/")[0] == TMP_DIR:
             return iter([])  # temp files are no objects
         top = self.root.joinpath(*_disk_parts(d.split("/"))) if d else self.root

@@ -150,7 +150,7 @@ def test_key_material_stays_out_of_repr_dumps_and_pickles(tmp_path):
 def test_sealed_parts_are_bound_to_their_place():
     provider = StaticKeyProvider({"k1": _key(1)})
     cipher = new_copy_cipher(provider, "k1", key_base="base-a")
-    sealed = bytes(cipher.seal_block([b"hello ", b"block"], ledger_id=7, object_number=0, position=4096))
+    sealed = bytes(cipher.seal_block(b"hello block", ledger_id=7, object_number=0, position=4096))
     assert len(sealed) == len(b"hello block") + SEALED_OVERHEAD
     assert int.from_bytes(sealed[:4], "big") == SEALED_BLOCK_MAGIC
     assert cipher.open_block(sealed, key="k", ledger_id=7, object_number=0, position=4096, part_id=3) == b"hello block"
@@ -165,7 +165,7 @@ def test_sealed_parts_are_bound_to_their_place():
     with pytest.raises(CorruptRemoteObjectError, match="block 3"):  # truncated
         cipher.open_block(sealed[:-1], key="k", ledger_id=7, object_number=0, position=4096, part_id=3)
     # nonces never repeat under one data key
-    again = bytes(cipher.seal_block([b"hello block"], ledger_id=7, object_number=0, position=4096))
+    again = bytes(cipher.seal_block(b"hello block", ledger_id=7, object_number=0, position=4096))
     assert again[4:16] != sealed[4:16] and again[16:] != sealed[16:]
     # a section cannot stand in for a block (its own magic and associated data)
     section = b"".join(cipher.seal_section([b"hello block"], ledger_id=7, object_number=0, position=4096))

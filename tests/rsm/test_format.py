@@ -31,10 +31,7 @@ def _after_header(block: bytes | bytearray) -> io.BytesIO:
 
 
 def test_block_golden_bytes_and_entries():
-    length, pieces = encode_block(ledger_id=0x0102030405060708, first_entry_id=5,
-                                  entries=[b"hello", memoryview(b"kafka!")])
-    block = b"".join(pieces)
-    assert length == len(block)
+    block = encode_block(ledger_id=0x0102030405060708, first_entry_id=5, entries=[b"hello", memoryview(b"kafka!")])
     assert len(block) == 128 + 12 + 5 + 12 + 6
     assert bytes(block[:36]) == bytes.fromhex(
         "26a66d32" "0000000000000080" "00000000000000a3" "0000000000000005" "0102030405060708")
@@ -47,7 +44,7 @@ def test_block_golden_bytes_and_entries():
 
 
 def test_block_errors_name_key_and_position():
-    block = b"".join(encode_block(1, 0, [b"x" * 10])[1])
+    block = encode_block(1, 0, [b"x" * 10])
     bad = bytearray(block)
     bad[0] ^= 1
     with pytest.raises(CorruptRemoteObjectError, match=r"obj at byte 4096: bad block magic"):
