@@ -234,6 +234,7 @@ def encryption_overhead(work: Path, seg: dict, rounds: int, reads: int, s3_endpo
         stores[name] = FileSystemStore(work / f"enc-reads-{name}", fsync=False)
         RemoteStorageManager(cfg, stores[name]).copy_log_segment_data(md, data)
     best: dict[str, tuple[float, float]] = {}
+    peak: dict[str, float] = {}  # the copy's peak RSS above idle, MiB (the most of any round)
 
     def keep(label: str, wall: float, cpu: float) -> None:
         w, c = best.get(label, (float("inf"), float("inf")))
@@ -248,6 +249,7 @@ def encryption_overhead(work: Path, seg: dict, rounds: int, reads: int, s3_endpo
                             "dest": str(dest), "segment_id": str(uuid.uuid4()), "key_file": str(key_file)})
             shutil.rmtree(dest, ignore_errors=True)
             keep(kind, r["seconds"], r["cpu_seconds"])
+            peak[kind] = max(peak.get(kind, 0.0), r["peak_above_idle_mib"])
         for name, cfg in configs.items():
             rsm = RemoteStorageManager(cfg, stores[name])
             t0, c0 = time.perf_counter(), time.process_time()
@@ -300,6 +302,8 @@ def encryption_overhead(work: Path, seg: dict, rounds: int, reads: int, s3_endpo
         (pw, pc), (ew, ec) = best[plain], best[enc]
         print(f"{label:<28}{n / MiB / pw:>12.0f}{n / MiB / ew:>10.0f}{pct(pw, ew):>7}{pc:>13.2f}{ec:>10.2f}"
               f"{pct(pc, ec):>7}")
+    print(f"copy memory above idle (most of any round), no fsync: plain {peak['fs-rsm-nofsync']:.1f} MiB, "
+          f"encrypted {peak['fs-rsm-enc-nofsync']:.1f} MiB")
     print(f"{'random read':<14}{'mode':<6}{'req max':>9}{'p50 ms plain':>14}{'encrypted':>11}")
     for mode in ("cold", "warm"):
         rp, re_ = randoms["plain"][mode], randoms["encrypted"][mode]

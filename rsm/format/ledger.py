@@ -8,8 +8,10 @@ highest remote offset H, since replicas roll at different offsets. Batches whose
 ``start_offset`` are skipped while scanning (never held in memory), and the first kept batch must start exactly
 at ``start_offset`` (batches are identical across replicas, so the one after H starts at H + 1). When nothing is
 skipped, the first batch may start above ``start_offset`` (a file named below its first batch). Every batch must
-end at or before ``end_offset_inclusive``. Otherwise :class:`SegmentRangeError` is raised before the first block
-is handed out. Kept batches keep their positions in the original file (``log_position``).
+end at or before ``end_offset_inclusive``. Otherwise :class:`SegmentRangeError` is raised: before the first block
+is handed out for a bad start (or no batch at all in the range), and when the scan reaches a batch past
+``end_offset_inclusive`` for a bad end, which may be after blocks were handed out (the storage manager then
+removes what it wrote). Kept batches keep their positions in the original file (``log_position``).
 
 An *offload segment* (PIP-76 streaming offload, :meth:`LedgerWriter.piece_blocks`) is one ledger cut from the log at
 any batch boundaries: pieces ``[start_position, end_position)`` of one or more ``.log`` files (the active one too),
