@@ -224,6 +224,7 @@ def encryption_overhead(work: Path, seg: dict, rounds: int, reads: int, s3_endpo
 
     key_file = work / "bench-keys.json"
     key_file.write_text(json.dumps({"bench": base64.b64encode(os.urandom(32)).decode()}))
+    key_file.chmod(0o600)  # else every process warns that others can read it
     size = sum(Path(seg[k]).stat().st_size for k in ("log", "index", "timeindex"))
     log_bytes = Path(seg["log"]).stat().st_size
     configs = {"plain": RsmConfig(), "encrypted": _encrypted_config(str(key_file))}

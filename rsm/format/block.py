@@ -159,19 +159,22 @@ def read_block_header(stream: BinaryIO, *, key: str, position: int) -> BlockHead
 
 
 class EntryReader:
-    """The entries of one block, read from ``stream`` standing just after its header (``position`` is the block's
-    position in the object). Iterate once: ``(entry_id, position of the entry header in the object, entry bytes)``,
-    each entry in a fresh ``bytearray`` the caller owns, streamed one entry at a time.
+    """The entries of one block, read from ``source``: a stream standing just after the block's header, or the
+    whole block in a buffer (an opened encrypted block). ``position`` is the block's position in the object.
+    Iterate once: ``(entry_id, position of the entry header in the object, entry bytes)``; from a stream each entry
+    is in a fresh ``bytearray`` the caller owns, streamed one entry at a time; from a buffer it is a view of the
+    buffer (no copy: the buffer must not change while the views are held).
 
     Entry ids must run on from ``first_entry_id`` and the entries must fill the block exactly, else
     :class:`CorruptRemoteObjectError`; it names :attr:`kafka_offset`, which the caller may keep at the Kafka offset
     it expects next.
     """
 
-    __slots__ = ("_header", "_key", "_position", "_stream", "kafka_offset")
+    __slots__ = ("_buffer", "_header", "_key", "_position", "_stream", "kafka_offset")
 
-    def __init__(self, stream: BinaryIO, header: BlockHeader, *, key: str, position: int) -> None:
-        self._stream = stream
+    def __init__(self, source: BinaryIO | memoryview, header: BlockHeader, *, key: str, position: int) -> None:
+        self._buffer = source if isinstance(source, memoryview) else None
+        self._stream = None if isinstance(source, memoryview) else source
         self._header = header
         self._key = key
         self._position = position
@@ -180,14 +183,17 @@ class EntryReader:
     def _error(self, message: str, position: int) -> CorruptRemoteObjectError:
         return CorruptRemoteObjectError(message, key=self._key, position=position, kafka_offset=self.kafka_offset)
 
-    def _read(self, n: int, at: int) -> bytearray:
-        data = _read_exactly(self._stream, n)
+    def _read(self, n: int, at: int) -> bytearray | memoryview:
+        if self._buffer is not None:
+            data: bytearray | memoryview = self._buffer[at:at + n]
+        else:
+            data = _read_exactly(self._stream, n)  # type: ignore[arg-type]
         if len(data) < n:
             raise self._error(f"truncated block: expected {self._header.block_length} bytes, found "
                               f"{at + len(data)}", self._position + at + len(data))
         return data
 
-    def __iter__(self) -> Iterator[tuple[int, int, bytearray]]:
+    def __iter__(self) -> Iterator[tuple[int, int, bytearray | memoryview]]:
         unpack = ENTRY_HEADER.unpack
         position = self._position
         pos = self._header.header_length
@@ -207,4 +213,3 @@ class EntryReader:
             yield entry_id, position + pos, self._read(entry_len, data_pos)
             pos = data_pos + entry_len
             entry_id += 1
-

@@ -26,7 +26,13 @@ import google_crc32c
 
 from rsm.api import BlockRange, IndexType, SegmentHandle
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
-from rsm.format.block import ENTRY_HEADER_LENGTH, LEDGER_ID_OFFSET, EntryReader, read_block_header
+from rsm.format.block import (
+    ENTRY_HEADER_LENGTH,
+    LEDGER_ID_OFFSET,
+    EntryReader,
+    decode_block_header,
+    read_block_header,
+)
 from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
@@ -92,31 +98,16 @@ def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, 
     return h
 
 
-class _ViewStream:
-    """``readinto`` over a buffer (an opened block), without copying it first as ``io.BytesIO`` would."""
-
-    __slots__ = ("_pos", "_view")
-
-    def __init__(self, view: memoryview | bytes) -> None:
-        self._view = memoryview(view)
-        self._pos = 0
-
-    def readinto(self, b) -> int:  # noqa: ANN001
-        n = min(len(b), len(self._view) - self._pos)
-        b[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-
 class _Opener:
-    """Reads an encrypted copy's blocks whole (their sealed length), authenticates and opens them, one block ahead
-    on a worker thread (:func:`rsm.format.crypto.worker_pool`; AES-GCM runs without the GIL): block *i + 1* is read
-    and opened while the caller parses block *i*. Two pairs of buffers take turns, so an opened block stays valid
-    until the next one is asked for (entries are copied out of it before that). Only this opener reads ``stream``,
-    one block after the other; an error of block *i* is raised when block *i* is asked for."""
+    """Reads an encrypted copy's blocks whole (their sealed length), authenticates and opens them. The reads go one
+    block ahead on a worker thread (:func:`rsm.format.crypto.worker_pool`): block *i + 1* is read from the store
+    while the caller opens and parses block *i*. Opening (AES-GCM) stays on the caller's thread, so the plain block
+    is in the cache of the core that parses it (opened on the worker it cost more CPU in all than it saved).
+    Buffers take turns, so an opened block stays valid until the next one is asked for (entries are copied out of
+    it before that). Only this opener reads ``stream``, one block after the other; an error of block *i* is raised
+    when block *i* is asked for."""
 
-    __slots__ = ("_blocks", "_cipher", "_key", "_ledger_id", "_next", "_pending", "_plain", "_sealed", "_stream",
-                 "_turn")
+    __slots__ = ("_blocks", "_cipher", "_key", "_ledger_id", "_next", "_pending", "_sealed", "_stream", "_turn")
 
     def __init__(self, cipher: CopyCipher, stream: BinaryIO, blocks: list[BlockInfo], *, key: str,
                  ledger_id: int) -> None:
@@ -126,12 +117,11 @@ class _Opener:
         self._key = key
         self._ledger_id = ledger_id
         self._sealed = [bytearray(), bytearray()]
-        self._plain = [bytearray(), bytearray()]
         self._turn = 0
-        self._next = 0  # the next block to start opening
-        self._pending: Future[memoryview] | None = None
+        self._next = 0  # the next block to start reading
+        self._pending: tuple[Future[memoryview], BlockInfo] | None = None
 
-    def _start(self) -> Future[memoryview] | None:
+    def _start(self) -> tuple[Future[memoryview], BlockInfo] | None:
         if self._next >= len(self._blocks):
             return None
         block, turn = self._blocks[self._next], self._turn
@@ -140,32 +130,36 @@ class _Opener:
         if len(self._blocks) == 1:  # one block (a random read): nothing to overlap, no thread hop
             fut: Future[memoryview] = Future()
             try:
-                fut.set_result(self._open(block, turn))
+                fut.set_result(self._read(block, turn))
             except BaseException as err:  # noqa: BLE001 - raised by next_block, as from the worker
                 fut.set_exception(err)
-            return fut
-        return worker_pool().submit(self._open, block, turn)
+            return fut, block
+        return worker_pool().submit(self._read, block, turn), block
 
     def next_block(self) -> memoryview:
         """The next block, opened (plain)."""
-        fut = self._pending if self._pending is not None else self._start()
-        if fut is None:
+        pending = self._pending if self._pending is not None else self._start()
+        if pending is None:
             raise IndexError("no block left to open")
-        plain = fut.result()
+        fut, block = pending
+        sealed = fut.result()
         self._pending = self._start()
-        return plain
+        # a fresh buffer per block: the entries handed out are views of it, and may be held past the next block
+        return memoryview(self._cipher.open_block(
+            sealed, key=self._key, ledger_id=self._ledger_id, object_number=block.object_number,
+            position=block.object_position, part_id=block.part_id, kafka_offset=block.first_offset,
+            into=bytearray(len(sealed))))
 
     def close(self) -> None:
         """Wait for a block still being read (the caller stopped early); its result is dropped."""
-        fut, self._pending = self._pending, None
-        if fut is not None:
-            futures_wait([fut])
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            futures_wait([pending[0]])
 
-    def _open(self, block: BlockInfo, turn: int) -> memoryview:
+    def _read(self, block: BlockInfo, turn: int) -> memoryview:
         n = block.block_length
         if len(self._sealed[turn]) < n:
             self._sealed[turn] = bytearray(n)
-            self._plain[turn] = bytearray(n)
         view = memoryview(self._sealed[turn])[:n]
         got = 0
         while got < n:
@@ -175,10 +169,7 @@ class _Opener:
                     f"truncated encrypted block {block.part_id}: expected {n} bytes, found {got}", key=self._key,
                     position=block.object_position + got, kafka_offset=block.first_offset)
             got += k
-        return memoryview(self._cipher.open_block(
-            view, key=self._key, ledger_id=self._ledger_id, object_number=block.object_number,
-            position=block.object_position, part_id=block.part_id, kafka_offset=block.first_offset,
-            into=self._plain[turn]))
+        return view
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
@@ -201,12 +192,14 @@ def _block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledge
                    opener: _Opener | None) -> Iterator[EntryView]:
     for block in blocks:
         pos = block.object_position
+        src: BinaryIO | memoryview
         if opener is None:
             src, block_length = stream, block.block_length
+            hdr = read_block_header(src, key=key, position=pos)
         else:
-            plain = opener.next_block()
-            src, block_length = _ViewStream(plain), len(plain)
-        hdr = read_block_header(src, key=key, position=pos)
+            src = opener.next_block()  # the whole opened block: entries are views of it
+            block_length = len(src)
+            hdr = decode_block_header(src, key=key, position=pos)
         if hdr.block_length != block_length or hdr.first_entry_id != block.first_entry_id:
             raise CorruptRemoteObjectError(
                 f"block header says length {hdr.block_length}, first entry {hdr.first_entry_id}; the index says "

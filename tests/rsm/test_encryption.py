@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from rsm.api import IndexType
 from rsm.encryption import EncryptionConfig, KeyNotConfiguredError, StaticKeyProvider
-from rsm.errors import CorruptRemoteObjectError, StoreConfigError
+from rsm.errors import CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.crypto import (
     SEALED_BLOCK_MAGIC,
     SEALED_INDEX_MAGIC,
@@ -237,10 +237,10 @@ def test_encrypted_copies_read_byte_exact(store, broker_segments, key_file):
             assert fresh.open_segment(md).aborted_transactions()
         report = fresh.verify_copy(md)
         assert report.ok and report.entries == len(seg.batches), str(report)
-        # batches through the SegmentHandle (what the sidecar's reader and Spark use)
-        got = b"".join(bytes(data) for _, data in fresh.open_segment(md).batches(seg.base_offset,
-                                                                               seg.end_offset_inclusive))
-        assert got == local
+        # batches through the SegmentHandle (what the sidecar's reader and Spark use), every view held until the
+        # end (an opened block is a fresh buffer: a later block never overwrites the batches of an earlier one)
+        views = [data for _, data in fresh.open_segment(md).batches(seg.base_offset, seg.end_offset_inclusive)]
+        assert b"".join(bytes(v) for v in views) == local
         # rebuilt from the store alone (recovery) through the sealed index
         meta = fresh.load_index(keys).metadata
         assert meta.entry_count == len(seg.batches) and meta.remote_segment_id == md.remote_segment_id
@@ -259,6 +259,39 @@ def test_spanning_encrypted_copy(store, broker_segments, key_file):
     assert read_all(fresh.fetch_log_segment(md, 0)) == local
     assert read_all(fresh.fetch_index(md, IndexType.OFFSET)) == seg.data.offset_index_path.read_bytes()
     assert verify_segment(store, keys, key_provider=fresh.key_provider).ok
+
+
+@pytest.mark.kafka
+def test_a_block_that_fails_to_seal_fails_the_copy_with_nothing_left(store, broker_segments, key_file,
+                                                                      monkeypatch):
+    """Blocks are sealed one ahead on the worker pool (:class:`BlockSealer`): an error there fails the copy as any
+    other, nothing left in the store, and the next copy works."""
+    import threading
+
+    from rsm.format.crypto import CopyCipher
+
+    seg = max(broker_segments, key=lambda s: s.data.log_path.stat().st_size)
+    rsm = make_rsm(store, key_file, "k1", block_size_bytes=2048)
+    real = CopyCipher._seal_into
+    threads: set[str] = set()
+    calls = [0]
+
+    def flaky(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError("injected sealing failure")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CopyCipher, "_seal_into", flaky)
+    md = seg.metadata()
+    with pytest.raises(RemoteStorageError, match="injected sealing failure"):
+        rsm.copy_log_segment_data(md, seg.data)
+    assert list(store.list(rsm.keys(md).prefix)) == []
+    assert threads and all(t.startswith("rsm-aes") for t in threads), threads
+    md = seg.metadata(uuid.uuid4())
+    rsm.copy_log_segment_data(md, seg.data)
+    assert read_all(make_rsm(store, key_file).fetch_log_segment(md, 0)) == seg.data.log_path.read_bytes()
 
 
 @pytest.mark.kafka
