@@ -16,6 +16,7 @@ each section likewise; request costs are the same.
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["EntryView", "SegmentReader", "iter_block_entries"]
 
 READ_CHUNK_BYTES = 1 << 20
+_POOL = 4  # opened-block buffers an encrypted read keeps for reuse (_Opener._free_buffer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,8 @@ class _Opener:
     it before that). Only this opener reads ``stream``, one block after the other; an error of block *i* is raised
     when block *i* is asked for."""
 
-    __slots__ = ("_blocks", "_cipher", "_key", "_ledger_id", "_next", "_pending", "_sealed", "_stream", "_turn")
+    __slots__ = ("_blocks", "_cipher", "_key", "_largest", "_ledger_id", "_next", "_pending", "_pool", "_sealed",
+                 "_stream", "_turn")
 
     def __init__(self, cipher: CopyCipher, stream: BinaryIO, blocks: list[BlockInfo], *, key: str,
                  ledger_id: int) -> None:
@@ -117,6 +120,8 @@ class _Opener:
         self._key = key
         self._ledger_id = ledger_id
         self._sealed = [bytearray(), bytearray()]
+        self._pool: list[bytearray] = []  # opened blocks' buffers (_free_buffer)
+        self._largest = max((b.block_length for b in blocks), default=0)
         self._turn = 0
         self._next = 0  # the next block to start reading
         self._pending: tuple[Future[memoryview], BlockInfo] | None = None
@@ -144,11 +149,25 @@ class _Opener:
         fut, block = pending
         sealed = fut.result()
         self._pending = self._start()
-        # a fresh buffer per block: the entries handed out are views of it, and may be held past the next block
         return memoryview(self._cipher.open_block(
             sealed, key=self._key, ledger_id=self._ledger_id, object_number=block.object_number,
             position=block.object_position, part_id=block.part_id, kafka_offset=block.first_offset,
-            into=bytearray(len(sealed))))
+            into=self._free_buffer(len(sealed))))
+
+    def _free_buffer(self, n: int) -> bytearray:
+        """A buffer for an opened block that no view refers to any more. The entries handed out are views of their
+        block and may be held past the next block (a Fetch gathers batches of several), so a buffer is reused only
+        once every view of it is gone: its reference count is back to the pool's own (the views' shared
+        memoryview holds one). Else a new one (``bytearray(n)`` zero-fills: ~0.26 ms per 4 MiB, 15% of a plain
+        read in the page cache), kept in the pool up to :data:`_POOL` buffers."""
+        for buf in self._pool:
+            # references: the pool's list, the loop variable, getrefcount's argument
+            if len(buf) >= n and sys.getrefcount(buf) == 3:
+                return buf
+        buf = bytearray(max(n, self._largest))  # room for any block of this read
+        if len(self._pool) < _POOL:
+            self._pool.append(buf)
+        return buf
 
     def close(self) -> None:
         """Wait for a block still being read (the caller stopped early); its result is dropped."""
@@ -159,7 +178,7 @@ class _Opener:
     def _read(self, block: BlockInfo, turn: int) -> memoryview:
         n = block.block_length
         if len(self._sealed[turn]) < n:
-            self._sealed[turn] = bytearray(n)
+            self._sealed[turn] = bytearray(max(n, self._largest))
         view = memoryview(self._sealed[turn])[:n]
         got = 0
         while got < n:

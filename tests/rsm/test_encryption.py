@@ -295,6 +295,35 @@ def test_a_block_that_fails_to_seal_fails_the_copy_with_nothing_left(store, brok
 
 
 @pytest.mark.kafka
+def test_a_sequential_read_reuses_opened_block_buffers_no_view_holds(store, broker_segments, key_file,
+                                                                     monkeypatch):
+    """An opened block's buffer is reused once no batch view of it is alive (a fresh 4 MiB buffer per block costs
+    its zero-fill), and never while one is: held views stay intact (test_encrypted_copies_read_byte_exact)."""
+    from rsm.format import reader
+
+    seg = max(broker_segments, key=lambda s: s.data.log_path.stat().st_size)
+    md = seg.metadata()
+    make_rsm(store, key_file, "k1", block_size_bytes=512).copy_log_segment_data(md, seg.data)  # a block a batch
+    fresh = make_rsm(store, key_file)
+    blocks = len(fresh.reader(md).ledger.blocks)
+    assert blocks >= 6
+    made = [0]
+
+    def counting_bytearray(*args):  # type: ignore[no-untyped-def]
+        made[0] += bool(args and args[0])  # buffers with room in them, not the empty placeholders
+        return bytearray(*args)
+
+    monkeypatch.setattr(reader, "bytearray", counting_bytearray, raising=False)  # the reader module's buffers
+    assert read_all(fresh.fetch_log_segment(md, 0)) == seg.data.log_path.read_bytes()
+    # two sealed buffers taking turns, at most three opened ones (this block, the next, the one before)
+    assert made[0] <= 2 + 3 < 2 + blocks, (made[0], blocks)
+    made[0] = 0
+    held = [data for _, data in fresh.open_segment(md).batches(seg.base_offset, seg.end_offset_inclusive)]
+    assert made[0] == 2 + blocks  # every block's views held: no opened buffer reused
+    assert b"".join(bytes(v) for v in held) == seg.data.log_path.read_bytes()
+
+
+@pytest.mark.kafka
 def test_cold_random_read_is_two_requests_warm_one(store, broker_segments, key_file):
     seg = broker_segments[0]
     md = seg.metadata()
