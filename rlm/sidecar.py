@@ -376,8 +376,8 @@ class Sidecar:
         try:
             self._wait_ready([tp])
             got = self._leader_epoch(led)
-            if got is None:
-                return
+            if got is None or led.stop.is_set():
+                return  # leadership lost while this run waited (up to 30 s for the cache): a stale run does nothing
             lso, epoch = got
 
             def current_epoch() -> int | None:

@@ -222,8 +222,12 @@ class PartitionCopier:
                  current_leader_epoch: Callable[[], int | None] | None = None) -> CopyResult:
         """One copy run. ``leader_epoch``: the partition's leader epoch this broker leads under (each copy carries
         it); ``current_leader_epoch``: asked before each COPY_SEGMENT_FINISHED, a different answer fences the copy.
+        ``stop`` set (leadership lost) before the run starts: it does nothing, neither clean-up nor staging nor a
+        gap report (a follower's local log start says nothing of what the leader tiered).
         """
         result = CopyResult()
+        if stop is not None and stop.is_set():
+            return result
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
         epochs = PartitionDir(self.partition_dir).leader_epochs()
         highest = self.resume_point(epochs)

@@ -129,6 +129,8 @@ class StreamingOffloader:
     def _run_once(self, last_stable_offset: int, stop: threading.Event | None, leader_epoch: int | None,
                   current_leader_epoch: Callable[[], int | None] | None) -> CopyResult:
         result = CopyResult()
+        if stop is not None and stop.is_set():
+            return result  # leadership lost before the run started: nothing to do (see PartitionCopier.run_once)
         copier = self.copier
         epochs = PartitionDir(copier.partition_dir).leader_epochs()
         if self.cut is None or leader_epoch != self._epoch:

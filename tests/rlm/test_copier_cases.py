@@ -261,3 +261,25 @@ def test_staging_of_partitions_not_led_is_released(world: World) -> None:
     sidecar.staging = staging
     assert sidecar.release_unled_staging({led}) == 1
     assert [s.tp for s in staging.staged()] == [led]
+
+
+def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:
+    """A copy run scheduled while leading but started after the sidecar saw leadership move (it waited for the
+    metadata cache or the ListOffsets round): it neither cleans up, stages nor reports a gap. Seen in a chaos run:
+    such a stale run on a follower whose log started far above the leader's tiered end logged tens of thousands
+    of offsets as "deleted by the broker before they could be staged" (and counted them in rlm_segment_gaps),
+    all of them remote, and staged segments the next discovery round released again."""
+    import threading
+
+    tp = new_tp()
+    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 100, b"v"), 100: one_per_batch(100, 1, b"v")})
+    assert world.copier(2, tp).run_once(10**9).copied  # the leader tiered [0, 99]
+    write_partition(world.pdir(1, tp), tp.topic_id, {150: one_per_batch(150, 50, b"v"),
+                                                     200: one_per_batch(200, 1, b"v")})  # a follower from 150 on
+    stop = threading.Event()
+    stop.set()
+    follower = world.copier(1, tp)
+    result = follower.run_once(10**9, stop)
+    assert result.gaps == [] and not result.copied and result.cleaned_up == 0
+    assert follower.staging.staged(tp) == []
+    assert world.finished(tp) == [(0, 99)]

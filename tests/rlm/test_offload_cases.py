@@ -181,3 +181,21 @@ def test_copy_lag_gauges_in_streaming_mode(world: World) -> None:  # noqa: F811
     off.run_once(BIG)
     assert world.finished(tp)[-1] == (28, 29)
     assert lag() == (0, 0)
+
+
+def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:  # noqa: F811
+    """As the copier's (test_copier_cases): a stale run neither cleans up, stages, reports a gap nor opens a cut."""
+    import threading
+
+    tp = new_tp()
+    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 100, b"v"), 100: one_per_batch(100, 1, b"v")})
+    assert world.copier(2, tp).run_once(BIG).copied  # the leader tiered [0, 99]
+    write_partition(world.pdir(1, tp), tp.topic_id, {150: one_per_batch(150, 50, b"v"),
+                                                     200: one_per_batch(200, 1, b"v")})  # a follower from 150 on
+    stop = threading.Event()
+    stop.set()
+    off = offloader(world, tp, Clock(), max_ms=0)
+    result = off.run_once(BIG, stop)
+    assert result.gaps == [] and not result.copied and result.cleaned_up == 0 and off.cut is None
+    assert off.copier.staging.staged(tp) == []
+    assert world.finished(tp) == [(0, 99)]
