@@ -122,9 +122,12 @@ class PartitionCopier:
         """The highest offset tiered so far by this copier (its watermark; -1 when none)."""
         return self._watermark[0] if self._watermark is not None else -1
 
-    def stage_new(self, highest: int) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
+    def stage_new(self, highest: int, stop: threading.Event | None = None,
+                  ) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
         """Stage the rolled local segments above ``highest``; return all staged segments and new gaps.
-        ``highest`` is remembered: :meth:`stage_rolled` stages above it between runs."""
+        ``highest`` is remembered: :meth:`stage_rolled` stages above it between runs. With ``stop`` set by the
+        time the gaps are known (leadership lost meanwhile: the sidecar releases the staging of partitions it does
+        not lead, so what it held looks missing), no gap is reported: the new leader's replica decides."""
         self._highest = highest
         pdir = PartitionDir(self.partition_dir)
         segments = pdir.segments()
@@ -162,6 +165,8 @@ class PartitionCopier:
         elif highest >= 0 and not keep and first_local is not None and first_local > expect:
             gaps.append((expect, first_local - 1))
         gaps = [g for g in gaps if g[1] > self._last_known_end]  # report each gap once
+        if stop is not None and stop.is_set():
+            return keep, []
         for first, last in gaps:
             metrics.SEGMENT_GAPS.labels(self.tp.topic, str(self.tp.partition)).inc()
             log.error("offsets deleted by the broker before they could be staged: not remote",
@@ -231,7 +236,7 @@ class PartitionCopier:
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
         epochs = PartitionDir(self.partition_dir).leader_epochs()
         highest = self.resume_point(epochs)
-        staged, result.gaps = self.stage_new(highest)
+        staged, result.gaps = self.stage_new(highest, stop)
         self._highest = highest
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(staged))

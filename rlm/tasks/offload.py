@@ -138,7 +138,7 @@ class StreamingOffloader:
             self.cut = OffloadCut(copier.resume_point(epochs) + 1)
             self._epoch = leader_epoch
         cut = self.cut
-        _staged, result.gaps = copier.stage_new(cut.start_offset - 1)
+        _staged, result.gaps = copier.stage_new(cut.start_offset - 1, stop)
         try:
             self._extend(cut, last_stable_offset, self._local_files())
         except LogFormatError as err:

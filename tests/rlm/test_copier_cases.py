@@ -283,3 +283,33 @@ def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) 
     assert result.gaps == [] and not result.copied and result.cleaned_up == 0
     assert follower.staging.staged(tp) == []
     assert world.finished(tp) == [(0, 99)]
+
+
+def test_leadership_lost_while_staging_reports_no_gap(world: World) -> None:
+    """The race behind the chaos run's false gap: leadership moves while a run stages, the sidecar releases the
+    staging of the partition it no longer leads, and the run then finds what it had staged missing. No gap is
+    reported once the run's stop is set; a run still leading reports a real gap as before."""
+    import threading
+
+    tp = new_tp()
+    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 100, b"v"), 100: one_per_batch(100, 1, b"v")})
+    assert world.copier(2, tp).run_once(10**9).copied  # [0, 99] tiered
+    segments = {100: one_per_batch(100, 50, b"v"), 150: one_per_batch(150, 50, b"v"), 200: one_per_batch(200, 1, b"v")}
+    write_partition(world.pdir(1, tp), tp.topic_id, segments)
+    copier = world.copier(1, tp)
+    copier.staging.stage(tp, world.pdir(1, tp), 100, 149)  # staged while leading, then retention took the file
+    (world.pdir(1, tp) / "00000000000000000100.log").unlink()
+    stop = threading.Event()
+    real_stage = copier.staging.stage
+
+    def stage_and_lose_leadership(*args, **kwargs):  # type: ignore[no-untyped-def]
+        stop.set()  # leadership moves now; discovery releases what is staged for the partition
+        copier.staging.release_partition(tp)
+        return real_stage(*args, **kwargs)
+
+    copier.staging.stage = stage_and_lose_leadership  # type: ignore[method-assign]
+    _staged, gaps = copier.stage_new(99, stop)
+    assert gaps == []
+    copier.staging.stage = real_stage  # type: ignore[method-assign]
+    copier.staging.release_partition(tp)
+    assert copier.stage_new(99)[1] == [(100, 149)]  # leading: a real gap is still reported
