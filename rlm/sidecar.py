@@ -121,6 +121,7 @@ class Sidecar:
         self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
                                s.broker_id, deleter=self.deleter)
         self._led: dict[tuple[str, int], _Led] = {}
+        self._ending: dict[tuple[str, int], _Led] = {}  # no longer led, its copy run still going (_stop_leading)
         self._followed: set[TopicIdPartition] = set()
         self._lock = threading.RLock()
         self._scheduler = BackgroundScheduler(
@@ -318,10 +319,16 @@ class Sidecar:
 
     def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
         """Drop what is staged for partitions this broker does not lead (the leader copies from its own replica):
-        left by a sidecar killed while it led, or staged by a stage run that raced the loss of leadership.
-        Returns how many segments were released."""
+        left by a sidecar killed while it led, or staged by a stage run that raced the loss of leadership. Not while
+        a copy run of the partition, started when it was led, is still running: it releases its staging when it
+        ends (:meth:`_copy`); released under it, its copy failed on a missing file and its gap check saw what it had
+        staged as deleted by the broker. Returns how many segments were released."""
+        for key, led in list(self._ending.items()):
+            if not led.running.locked():
+                del self._ending[key]
+        running = {led.tp for led in self._ending.values()}
         n = 0
-        for tp in {s.tp for s in self.staging.staged()} - leaders:
+        for tp in {s.tp for s in self.staging.staged()} - leaders - running:
             released = self.staging.release_partition(tp)
             n += released
             log.info("staged segments of a partition not led released", extra={"partition": str(tp),
@@ -341,6 +348,8 @@ class Sidecar:
                 self.staging.release_partition(led.tp)
             finally:
                 led.running.release()
+        else:
+            self._ending[key] = led  # its run is still going: release_unled_staging leaves its staging to it
         log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
 
     # ---------------------------------------------------------------------------------------------- copy

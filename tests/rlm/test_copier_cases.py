@@ -259,8 +259,32 @@ def test_staging_of_partitions_not_led_is_released(world: World) -> None:
         staging.stage(tp, world.pdir(1, tp), 0, 9)
     sidecar = Sidecar.__new__(Sidecar)  # only its staging: a sidecar killed while leading ``other`` left this
     sidecar.staging = staging
+    sidecar._ending = {}
     assert sidecar.release_unled_staging({led}) == 1
     assert [s.tp for s in staging.staged()] == [led]
+
+
+def test_staging_of_a_partition_whose_run_outlives_its_leadership_is_left_to_the_run(world: World) -> None:
+    """Leadership moved while a copy run went on: discovery leaves its staging to the run (which releases it when
+    it ends) instead of pulling the files from under its copy; once the run has ended, discovery releases it."""
+    from rlm.sidecar import Sidecar, _Led
+
+    tp = new_tp()
+    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
+    copier = world.copier(1, tp)
+    copier.staging.stage(tp, world.pdir(1, tp), 0, 9)
+    sidecar = Sidecar.__new__(Sidecar)
+    sidecar.staging = copier.staging
+    sidecar._ending = {}
+    sidecar._led = {(tp.topic, tp.partition): _Led(tp, world.pdir(1, tp), copier, None)}
+    sidecar._scheduler = type("NoScheduler", (), {"remove_job": lambda self, job_id: None})()
+    run = sidecar._led[(tp.topic, tp.partition)].running
+    run.acquire()  # the copy run is going
+    sidecar._stop_leading((tp.topic, tp.partition))
+    assert sidecar.release_unled_staging(set()) == 0
+    assert [s.tp for s in copier.staging.staged()] == [tp]
+    run.release()  # the run ended (the real one releases the staging itself: _copy)
+    assert sidecar.release_unled_staging(set()) == 1 and sidecar._ending == {}
 
 
 def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:
