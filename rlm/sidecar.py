@@ -360,8 +360,15 @@ class Sidecar:
             try:
                 self._copy_run(led)
             finally:
-                if led.stop.is_set() and not self._stopping.is_set():
-                    self.staging.release_partition(led.tp)  # leadership lost during the run
+                # leadership lost during the run: release its staging, unless the partition is led again (a new
+                # run, of the same replica, goes on from it)
+                if led.stop.is_set() and not self._stopping.is_set() and not self._leads_again(led):
+                    self.staging.release_partition(led.tp)
+
+    def _leads_again(self, led: _Led) -> bool:
+        with self._lock:
+            now = self._led.get((led.tp.topic, led.tp.partition))
+        return now is not None and now is not led and now.tp == led.tp
 
     def _leader_epoch(self, led: _Led) -> tuple[int, int] | None:
         """(LSO, leader epoch) when this broker leads ``led`` now: the cluster's leader answers with an epoch that

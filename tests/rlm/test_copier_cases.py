@@ -337,3 +337,37 @@ def test_leadership_lost_while_staging_reports_no_gap(world: World) -> None:
     copier.staging.stage = real_stage  # type: ignore[method-assign]
     copier.staging.release_partition(tp)
     assert copier.stage_new(99)[1] == [(100, 149)]  # leading: a real gap is still reported
+
+
+def test_a_run_that_ends_after_leadership_came_back_keeps_the_staging(world: World) -> None:
+    """Leadership lost and regained while a run went on: when the stale run ends it does not release the staging
+    the new run copies from (it did, and the new run's copies would then fail on missing staged files)."""
+    import threading
+
+    from rlm.sidecar import Sidecar, _Led
+
+    tp = new_tp()
+    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
+    copier = world.copier(1, tp)
+    copier.staging.stage(tp, world.pdir(1, tp), 0, 9)
+    sidecar = Sidecar.__new__(Sidecar)
+    sidecar.staging = copier.staging
+    sidecar._lock = threading.RLock()
+    sidecar._stopping = threading.Event()
+    sidecar.settings = type("S", (), {"topics": type("T", (), {"is_paused": lambda self, t: False})()})()
+    key = (tp.topic, tp.partition)
+    old = _Led(tp, world.pdir(1, tp), copier, None)
+    sidecar._led = {key: old}
+
+    def run_that_loses_and_regains_leadership(led: _Led) -> None:
+        old.stop.set()
+        sidecar._led[key] = _Led(tp, world.pdir(1, tp), world.copier(1, tp), None)  # led again: a new run
+
+    sidecar._copy_run = run_that_loses_and_regains_leadership  # type: ignore[method-assign]
+    sidecar._copy(old)
+    assert [s.tp for s in copier.staging.staged()] == [tp]
+    sidecar._led.pop(key)  # not led any more: the stale run's end releases it
+    old2 = _Led(tp, world.pdir(1, tp), copier, None)
+    sidecar._copy_run = lambda led: led.stop.set()  # type: ignore[method-assign]
+    sidecar._copy(old2)
+    assert copier.staging.staged() == []
