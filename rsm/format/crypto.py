@@ -266,12 +266,16 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def worker_pool() -> ThreadPoolExecutor:
-    """The process's threads for work that runs without the GIL (AES-GCM of whole blocks): one per core, at
-    least two; started on first use, and anew in a forked child (Spark's Python workers fork)."""
+    """The process's threads for work that runs without the GIL: sealing whole blocks (AES-GCM) and reading an
+    encrypted copy's next block from the store (a ranged GET streaming, for S3). Reads are I/O, and every reader
+    running at once (history endpoint fetches, Spark tasks) has one in flight, so the pool is sized for them, not
+    for the cores: 8 threads per core, 8 to 64, started as needed (and anew in a forked child: Spark's Python
+    workers fork)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="rsm-aes")
+            _pool = ThreadPoolExecutor(max_workers=max(8, min(64, 8 * (os.cpu_count() or 1))),
+                                       thread_name_prefix="rsm-aes")
         return _pool
 
 
