@@ -37,6 +37,7 @@ from typing import Protocol
 
 from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, frame_block
 from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
+from rsm.store.base import IOV_MAX
 
 
 class Piece(Protocol):
@@ -52,7 +53,6 @@ __all__ = ["BlockDraft", "EntryAddress", "KeptRange", "LedgerChangedError", "Led
 # fields of the record batch header re-checked after the copying read (see LedgerWriter._emit)
 _BASE_OFFSET_FIELD = slice(0, BATCH_LENGTH_OFFSET)
 _CRC_FIELD = slice(CRC_OFFSET, ATTRIBUTES_OFFSET)
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +283,7 @@ def _read_scattered(f, log_path: str | os.PathLike[str], views: list[memoryview]
     views = list(views)
     i = 0
     while i < len(views):
-        got = os.preadv(fd, views[i:i + _IOV_MAX], position)
+        got = os.preadv(fd, views[i:i + IOV_MAX], position)
         if not got:
             raise LedgerChangedError(f"{log_path} shrank while being copied (at byte {position})")
         position += got

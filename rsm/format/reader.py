@@ -105,9 +105,9 @@ class _Opener:
     block ahead on a worker thread (:func:`rsm.format.crypto.worker_pool`): block *i + 1* is read from the store
     while the caller opens and parses block *i*. Opening (AES-GCM) stays on the caller's thread, so the plain block
     is in the cache of the core that parses it (opened on the worker it cost more CPU in all than it saved).
-    Buffers take turns, so an opened block stays valid until the next one is asked for (entries are copied out of
-    it before that). Only this opener reads ``stream``, one block after the other; an error of block *i* is raised
-    when block *i* is asked for."""
+    Two sealed buffers take turns; an opened block's buffer is reused only once no view of it is alive
+    (:meth:`_free_buffer`), since the entries handed out are views of it. Only this opener reads ``stream``, one
+    block after the other; an error of block *i* is raised when block *i* is asked for."""
 
     __slots__ = ("_blocks", "_cipher", "_key", "_largest", "_ledger_id", "_next", "_pending", "_pool", "_sealed",
                  "_stream", "_turn")

@@ -13,13 +13,17 @@ Contracts:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["Chunk", "ObjectInfo", "RequestCounter", "Store", "iter_buffers"]
+__all__ = ["IOV_MAX", "Chunk", "ObjectInfo", "RequestCounter", "Store", "iter_buffers"]
+
+IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+"""The most buffers one ``readv`` / ``writev`` / ``preadv`` call takes (scatter and gather lists go in groups)."""
 
 Chunk = bytes | bytearray | memoryview | list[bytes | bytearray | memoryview]
 """A chunk of an object being put: a buffer, or a gather list of buffers (written with one ``writev``)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
-from rsm.store.base import Chunk, ObjectInfo, RequestCounter
+from rsm.store.base import IOV_MAX, Chunk, ObjectInfo, RequestCounter
 
 __all__ = ["FileSystemStore"]
 
@@ -104,15 +104,12 @@ class _RangeReader(io.RawIOBase):
         super().close()
 
 
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
-
-
 def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview]) -> int:
     """Write a gather list with ``writev`` (in groups of at most IOV_MAX), finishing partial writes."""
     total = 0
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
-        group = views[:_IOV_MAX]
+        group = views[:IOV_MAX]
         n = os.writev(fd, group)
         total += n
         # drop what was written, keep the rest

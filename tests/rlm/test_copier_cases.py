@@ -264,20 +264,35 @@ def test_staging_of_partitions_not_led_is_released(world: World) -> None:
     assert [s.tp for s in staging.staged()] == [led]
 
 
-def test_staging_of_a_partition_whose_run_outlives_its_leadership_is_left_to_the_run(world: World) -> None:
-    """Leadership moved while a copy run went on: discovery leaves its staging to the run (which releases it when
-    it ends) instead of pulling the files from under its copy; once the run has ended, discovery releases it."""
-    from rlm.sidecar import Sidecar, _Led
+def _staged_sidecar(world: World, tp: TopicIdPartition):  # type: ignore[no-untyped-def]
+    """A sidecar of only its staging and copy-run bookkeeping (no cluster, no scheduler), with broker 1's segment
+    [0, 9] of ``tp`` staged; and broker 1's copier of ``tp``."""
+    import threading
 
-    tp = new_tp()
+    from rlm.sidecar import Sidecar
+
     write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
     copier = world.copier(1, tp)
     copier.staging.stage(tp, world.pdir(1, tp), 0, 9)
     sidecar = Sidecar.__new__(Sidecar)
     sidecar.staging = copier.staging
     sidecar._ending = {}
-    sidecar._led = {(tp.topic, tp.partition): _Led(tp, world.pdir(1, tp), copier, None)}
+    sidecar._led = {}
+    sidecar._lock = threading.RLock()
+    sidecar._stopping = threading.Event()
     sidecar._scheduler = type("NoScheduler", (), {"remove_job": lambda self, job_id: None})()
+    sidecar.settings = type("S", (), {"topics": type("T", (), {"is_paused": lambda self, t: False})()})()
+    return sidecar, copier
+
+
+def test_staging_of_a_partition_whose_run_outlives_its_leadership_is_left_to_the_run(world: World) -> None:
+    """Leadership moved while a copy run went on: discovery leaves its staging to the run (which releases it when
+    it ends) instead of pulling the files from under its copy; once the run has ended, discovery releases it."""
+    from rlm.sidecar import _Led
+
+    tp = new_tp()
+    sidecar, copier = _staged_sidecar(world, tp)
+    sidecar._led = {(tp.topic, tp.partition): _Led(tp, world.pdir(1, tp), copier, None)}
     run = sidecar._led[(tp.topic, tp.partition)].running
     run.acquire()  # the copy run is going
     sidecar._stop_leading((tp.topic, tp.partition))
@@ -342,19 +357,10 @@ def test_leadership_lost_while_staging_reports_no_gap(world: World) -> None:
 def test_a_run_that_ends_after_leadership_came_back_keeps_the_staging(world: World) -> None:
     """Leadership lost and regained while a run went on: when the stale run ends it does not release the staging
     the new run copies from (it did, and the new run's copies would then fail on missing staged files)."""
-    import threading
-
-    from rlm.sidecar import Sidecar, _Led
+    from rlm.sidecar import _Led
 
     tp = new_tp()
-    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
-    copier = world.copier(1, tp)
-    copier.staging.stage(tp, world.pdir(1, tp), 0, 9)
-    sidecar = Sidecar.__new__(Sidecar)
-    sidecar.staging = copier.staging
-    sidecar._lock = threading.RLock()
-    sidecar._stopping = threading.Event()
-    sidecar.settings = type("S", (), {"topics": type("T", (), {"is_paused": lambda self, t: False})()})()
+    sidecar, copier = _staged_sidecar(world, tp)
     key = (tp.topic, tp.partition)
     old = _Led(tp, world.pdir(1, tp), copier, None)
     sidecar._led = {key: old}
