@@ -14,6 +14,7 @@ Choices, each Kafka's own behaviour unless said:
 - Before authentication only ApiVersions, SaslHandshake and SaslAuthenticate are read; any other request closes
   the connection without an answer (Kafka: ``IllegalSaslStateException``, connection closed), as does a request
   frame over :data:`MAX_PRE_AUTH_FRAME_BYTES` (Kafka's ``sasl.server.max.receive.size``).
+- SaslHandshake at a version not offered (v2 and later) gets UNSUPPORTED_VERSION with the mechanisms, then closed.
 - SaslHandshake v0 (after which a client would send bare SASL tokens without Kafka framing, as clients older than
   Kafka 1.0 do) is refused: UNSUPPORTED_VERSION with the mechanisms, then closed. librdkafka and the Java client
   use v1 and SaslAuthenticate whenever ApiVersions lists it, which it does here.
@@ -261,6 +262,11 @@ class SaslSession:
             self.state = State.CLOSED
             log.warning("history endpoint: SaslHandshake version refused (v1 with SaslAuthenticate is required)",
                         extra={"peer": str(self.peer), "api_version": header.api_version})
+            if response_type(header) is None:
+                # A version past the ones kio knows: answered with v1's body (every SaslHandshake version so far
+                # starts with error_code, then the mechanisms) and a v0 response header, as Kafka answers an
+                # ApiVersions it does not know at v0 so that any client can read it.
+                header = header._replace(api_version=SASL_HANDSHAKE_V1, flexible=False)
             return _response(header, {"error_code": ErrorCode.unsupported_version, "mechanisms": enabled})
         req = self._decode(header, frame)
         if req is None:

@@ -9,7 +9,9 @@ Bad input never takes the server down: a request whose header can be read gets a
 (UNSUPPORTED_VERSION for an API or version not offered, INVALID_REQUEST for a body that does not decode) and the
 connection stays open; a frame that cannot be a Kafka request (a size below the header's or above
 ``MAX_FRAME_BYTES``: garbage, TLS or HTTP on the plaintext port) closes that connection only, as a broker does,
-since the stream can no longer be framed. Both are logged and counted (``rlm_history_bad_requests``).
+since the stream can no longer be framed. Both are logged and counted (``rlm_history_bad_requests``). An
+unexpected error on a connection that has not authenticated (SASL) closes it with a WARNING line and no traceback
+(counted as ``internal``): a client that has not said who it is cannot write ERROR tracebacks to the log.
 """
 
 from __future__ import annotations
@@ -173,8 +175,11 @@ class HistoryServer:
             return  # stop(): the task ends normally (asyncio's stream callback logs a cancelled task as an error)
         except (ConnectionError, ssl.SSLError) as err:
             log.info("history endpoint: connection lost", extra={"peer": str(peer), "error": str(err)})
-        except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
-            log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
+        except Exception as err:  # noqa: BLE001 - one connection's bug must not stop the server
+            if session is not None and not session.authenticated:
+                _unauthenticated_failure(session, err, None)
+            else:
+                log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
         finally:
             self._writers.discard(writer)
             writer.close()
@@ -203,7 +208,12 @@ class HistoryServer:
                 return encode_response(header._replace(flexible=False), body)
             if session is not None:
                 # SASL: None serves the request; bytes are the answer instead; b"" closes without one.
-                gate = await session.gate(self, header, frame)
+                try:
+                    gate = await session.gate(self, header, frame)
+                except Exception as err:  # noqa: BLE001 - a bug here must not let a stranger write tracebacks
+                    error = "internal"
+                    _unauthenticated_failure(session, err, header)
+                    return None
                 if gate is not None:
                     return gate if gate else None
             if lo_hi is None or not lo_hi[0] <= header.api_version <= lo_hi[1]:
@@ -274,6 +284,18 @@ class HistoryServer:
             if topic is not None:
                 out.extend(topic.tp(p.partition) for p in t.partitions if p.partition in topic.partitions)
         return out
+
+
+def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader | None) -> None:
+    """An unexpected error while serving a connection that has not authenticated: the connection is closed and
+    the error logged as a WARNING line without its traceback (anyone who can connect could otherwise fill the log
+    with ERROR tracebacks); the traceback goes to DEBUG, for whoever debugs the endpoint."""
+    BAD.labels("internal").inc()
+    extra = {"peer": str(getattr(session, "peer", None)), "error": f"{type(err).__name__}: {err}"}
+    if header is not None:
+        extra.update(api_key=header.api_key, api_version=header.api_version)
+    log.warning("history endpoint: request before authentication failed, connection closed", extra=extra)
+    log.debug("history endpoint: request before authentication failed", exc_info=err, extra=extra)
 
 
 def _has_error(values: dict[str, Any]) -> bool:

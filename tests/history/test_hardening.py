@@ -1,0 +1,191 @@
+"""The history endpoint against hostile and careless clients (issue 22), over the network, against the real server.
+
+An in-process sidecar tiers two small topics once (module fixture) on the session broker; each test starts the
+endpoint with the settings it needs on a free port of 127.0.0.1 and talks to it with raw sockets (kio encodes and
+decodes the messages), since the requests tried here are ones a client library would not send. Every assertion is
+on behaviour: an answer with an error code, a closed connection, a partition error, what the store was asked to
+read. Self-contained: nothing from ``tests/history/conftest.py``.
+
+Topics (``hard-<tag>-<what>``): ``a``, 2 partitions of 3 segments each (batches of 10 records of 1 KB: about 10 KB
+per batch, 64 KiB blocks); ``b``, 1 partition of 2 segments, made unreadable by the test that needs it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import struct
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from devtools.devkafka import KafkaCluster
+from rlm.config import HistoryListenerSettings, SidecarSettings
+from rlm.history import History, start_history
+from rlm.sidecar import Sidecar
+from rlmm.api import TopicIdPartition
+from tests.kafka_util import produce
+from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+USERS = {"alice": f"alice-{uuid.uuid4().hex}"}
+SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
+UNSUPPORTED_VERSION = 35
+
+
+@dataclass
+class Tiered:
+    kafka: KafkaCluster
+    settings: SidecarSettings
+    sidecar: Sidecar
+    tag: str
+    sent: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]]  # (topic, partition) -> offset -> (key, value)
+
+    def topic(self, what: str) -> str:
+        return f"hard-{self.tag}-{what}"
+
+
+@pytest.fixture(scope="module")
+def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
+    tmp = tmp_path_factory.mktemp("history-hardening")
+    tag = uuid.uuid4().hex[:6]
+    layout = {"a": (2, 3), "b": (1, 2)}  # what -> (partitions, segments per partition)
+    ids = {what: kafka.create_topic(f"hard-{tag}-{what}", n, config={"segment.ms": "300"})
+           for what, (n, _segs) in layout.items()}
+    sent: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]] = {}
+    for what, (n, segs) in layout.items():
+        for p in range(n):
+            sent[(f"hard-{tag}-{what}", p)] = produce_segments(
+                kafka, f"hard-{tag}-{what}", rounds=segs, per_round=60, value_size=1000, segment_ms=300,
+                partition=p, roll=False, **{"batch.num.messages": 10})
+            produce(kafka, f"hard-{tag}-{what}", [(b"__roll__", b"r")], partition=p)  # rolls the last round's
+    settings = make_settings(kafka, tmp, topics={"include": [f"hard-{tag}-.*"]})
+    sidecar = Sidecar(settings).start()
+    try:
+        for (topic, p), recs in sent.items():
+            tp, end = TopicIdPartition(ids[topic.rsplit("-", 1)[1]], topic, p), max(recs)
+            wait_for(lambda tp=tp, end=end: latest_remote(sidecar, tp) >= end, 60, f"{tp} to be tiered")
+        yield Tiered(kafka, settings, sidecar, tag, sent)
+    finally:
+        sidecar.stop()
+
+
+@contextmanager
+def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
+    """The history endpoint of the tiered topics with these ``history_listener`` settings, on a free port."""
+    cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50, **listener})
+    history = start_history(t.settings.model_copy(update={"history_listener": cfg}), rsm or t.sidecar.rsm)
+    try:
+        wait_for(lambda: all(t.topic(w) in history.catalog.topics() for w in ("a", "b")), 30, "the topics served")
+        yield history
+    finally:
+        history.stop()
+
+
+# ------------------------------------------------------------------------------------- raw protocol helpers
+def request(api_key: int, version: int, body: bytes, correlation_id: int = 7) -> bytes:
+    """A request frame with header v1 (client id "t"): non-flexible versions only."""
+    payload = struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def kstr(s: str) -> bytes:
+    return struct.pack(">h", len(s)) + s.encode()
+
+
+def recv_frame(sock: socket.socket) -> bytes | None:
+    """One response frame's payload, or None when the server closed the connection."""
+    def exactly(n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            try:
+                chunk = sock.recv(n - len(buf))
+            except ConnectionResetError:
+                return None
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    head = exactly(4)
+    return None if head is None else exactly(struct.unpack(">i", head)[0])
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def connect(h: History) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", h.port), timeout=20)
+
+
+def call(sock: socket.socket, api_key: int, version: int, values: dict[str, Any], correlation_id: int = 7) -> Any:
+    """Send a (non-flexible) request built by kio from ``values``; its decoded response, None if closed."""
+    from rlm.history.wire import build
+
+    out = io.BytesIO()
+    entity = build(load_request_schema(api_key, version), values)
+    entity_writer(type(entity))(out, entity)
+    sock.sendall(request(api_key, version, out.getvalue(), correlation_id))
+    frame = recv_frame(sock)
+    if frame is None:
+        return None
+    assert struct.unpack_from(">i", frame)[0] == correlation_id
+    resp, _size = entity_reader(load_response_schema(api_key, version))(frame, 4)
+    return resp
+
+
+def api_versions_ok(h: History) -> bool:
+    with connect(h) as s:
+        resp = call(s, API_VERSIONS, 0, {})
+        return resp is not None and resp.error_code == 0
+
+
+def no_traceback(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The log records at ERROR or with a traceback (none expected)."""
+    return [f"{r.levelname} {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+# ------------------------------------------------------------------------------------------ r2: SASL states
+def test_sasl_handshake_unsupported_version_is_answered(tiered: Tiered, caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """SaslHandshake at a version not offered (v2, v3, v32767), before authentication: UNSUPPORTED_VERSION with
+    the enabled mechanisms, then the connection closes; nothing is logged at ERROR, no traceback. A bug in the
+    SASL path before authentication (injected here) closes the connection with a WARNING line, no traceback."""
+    caplog.set_level(logging.INFO)
+    with endpoint(tiered, sasl={"mechanisms": ["SCRAM-SHA-512"], "users": USERS}) as h:
+        for version in (2, 3, 32767):
+            with connect(h) as s:
+                s.sendall(request(SASL_HANDSHAKE, version, kstr("SCRAM-SHA-512"), correlation_id=version))
+                frame = recv_frame(s)
+                assert frame is not None, f"v{version}: closed without an answer"
+                correlation_id, error_code = struct.unpack_from(">ih", frame)
+                assert (correlation_id, error_code) == (version, UNSUPPORTED_VERSION)
+                (n,) = struct.unpack_from(">i", frame, 6)
+                assert n == 1 and frame[10:12] == struct.pack(">h", 13) and frame[12:25] == b"SCRAM-SHA-512"
+                assert closed(s)
+        assert no_traceback(caplog) == []
+
+        from rlm.history.security import SaslSession
+
+        def broken(*_args: Any) -> bytes:
+            raise RuntimeError("injected bug in the SASL handshake")
+
+        monkeypatch.setattr(SaslSession, "_handshake", broken)
+        with connect(h) as s:
+            s.sendall(request(SASL_HANDSHAKE, 1, kstr("SCRAM-SHA-512")))
+            assert recv_frame(s) is None
+        assert no_traceback(caplog) == []
+        assert "request before authentication failed" in caplog.text
+        assert api_versions_ok(h)  # still serving
