@@ -21,6 +21,8 @@ Choices, each Kafka's own behaviour unless said:
 - A mechanism not enabled: UNSUPPORTED_SASL_MECHANISM with the enabled ones, then closed.
 - Failed authentication: SASL_AUTHENTICATION_FAILED with a message that does not say whether the user exists,
   then closed. An unknown SCRAM user gets a salt stable per name, so the exchange looks like a wrong password.
+- SCRAM user names: the client escapes ``,`` and ``=`` (RFC 5802's ``saslname``: ``=2C``, ``=3D``); scramp
+  unescapes them once, and that name is both the one whose credential is looked up and the principal.
 - After authentication, SaslHandshake and SaslAuthenticate get ILLEGAL_SASL_STATE (no re-authentication, KIP-368:
   ``session_lifetime_ms`` is 0) and the connection stays open.
 
@@ -158,10 +160,12 @@ class ScramCredentials:
     def __contains__(self, name: object) -> bool:
         return name in self._users
 
-    def lookup(self, saslname: str) -> tuple[bytes, bytes, bytes, int]:
-        """scramp's ``auth_fn``: (salt, stored key, server key, iterations) of the user a SCRAM client-first
-        message names (RFC 5802's ``saslname``: ``=2C`` is ``,`` and ``=3D`` is ``=``)."""
-        return self._credential(_unescape(saslname))
+    def lookup(self, name: str) -> tuple[bytes, bytes, bytes, int]:
+        """scramp's ``auth_fn``: (salt, stored key, server key, iterations) of user ``name``. scramp calls it with
+        the name already unescaped (RFC 5802's ``saslname``: ``=2C`` is ``,`` and ``=3D`` is ``=``, once): it is
+        used as is, and it is the name the session authenticates (one identity for the lookup and the
+        principal)."""
+        return self._credential(name)
 
     def _credential(self, name: str) -> tuple[bytes, bytes, bytes, int]:
         cred = self._users.get(name)
@@ -180,11 +184,6 @@ class ScramCredentials:
         except ScramException:
             return False  # SASLprep refuses the password: it cannot be any user's
         return hmac.compare_digest(derived, stored) and name in self._users
-
-
-def _unescape(saslname: str) -> str:
-    """RFC 5802 ``saslname`` -> user name, as Kafka's ``ScramFormatter.username``."""
-    return saslname.replace("=2C", ",").replace("=3D", "=")
 
 
 # --------------------------------------------------------------------------------------------------- SASL
@@ -313,9 +312,8 @@ class SaslSession:
         try:
             message = token.decode("utf-8")
             if self._scram is None:  # client-first -> server-first
-                self._scram = creds.mechanism.make_server(creds.lookup)
+                self._scram = creds.mechanism.make_server(self._lookup)
                 self._scram.set_client_first(message)
-                self._claimed_user = _unescape(self._scram.client_first_bare.split(",", 1)[0].removeprefix("n="))
                 return _response(header, {"error_code": ErrorCode.none, "error_message": None,
                                           "auth_bytes": self._scram.get_server_first().encode(),
                                           "session_lifetime": timedelta(0)})
@@ -326,6 +324,12 @@ class SaslSession:
             return self._done(header, None, b"")
         user = self._claimed_user if self._claimed_user in creds else None
         return self._done(header, user, final)
+
+    def _lookup(self, name: str) -> tuple[bytes, bytes, bytes, int]:
+        """scramp's ``auth_fn`` for this exchange: the name it looks up (unescaped once, by scramp) is the one the
+        session authenticates, if the proof is right."""
+        self._claimed_user = name
+        return self.authenticator.credentials.lookup(name)
 
     def _done(self, header: RequestHeader, user: str | None, auth_bytes: bytes) -> bytes:
         mechanism = self.mechanism or "?"

@@ -189,3 +189,64 @@ def test_sasl_handshake_unsupported_version_is_answered(tiered: Tiered, caplog: 
         assert no_traceback(caplog) == []
         assert "request before authentication failed" in caplog.text
         assert api_versions_ok(h)  # still serving
+
+
+# ---------------------------------------------------------------------------------------- r3: SCRAM names
+SCRAM_USERS = {"a,b": f"comma-{uuid.uuid4().hex}", "a=2Cb": f"escaped-{uuid.uuid4().hex}",
+               "x=3Dy": f"equals-{uuid.uuid4().hex}", "p=q": f"eq-{uuid.uuid4().hex}"}
+
+
+def scram_login(h: History, user: str, password: str) -> socket.socket | None:
+    """A SCRAM-SHA-512 exchange over SaslHandshake v1 / SaslAuthenticate v1 by scramp's client (it escapes the
+    name as RFC 5802 says, as Kafka's clients do); the authenticated socket, or None when refused."""
+    from scramp import ScramClient
+
+    s = connect(h)
+    assert call(s, SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"}).error_code == 0
+    client = ScramClient(["SCRAM-SHA-512"], user, password)
+    first = call(s, SASL_AUTHENTICATE, 1, {"auth_bytes": client.get_client_first().encode()})
+    if first is not None and first.error_code == 0:
+        client.set_server_first(bytes(first.auth_bytes).decode())
+        final = call(s, SASL_AUTHENTICATE, 1, {"auth_bytes": client.get_client_final().encode()})
+        if final is not None and final.error_code == 0:
+            client.set_server_final(bytes(final.auth_bytes).decode())
+            return s
+    s.close()
+    return None
+
+
+def test_scram_names_are_unescaped_once(tiered: Tiered, caplog: pytest.LogCaptureFixture) -> None:
+    """User names holding ',' or '=' (sent escaped as =2C / =3D) log in with their own password and are the
+    principal; a name that holds the escape itself (``a=2Cb``) is another user: ``a,b``'s password does not log
+    it in, its own does."""
+    caplog.set_level(logging.INFO, logger="rlm.history.security")
+    with endpoint(tiered, sasl={"mechanisms": ["SCRAM-SHA-512"], "users": SCRAM_USERS}) as h:
+        for user, password in SCRAM_USERS.items():
+            caplog.clear()
+            s = scram_login(h, user, password)
+            assert s is not None, f"{user!r} refused with its own password"
+            with s:
+                meta = call(s, 3, 1, {"topics": None})
+                assert meta is not None and tiered.topic("a") in {t.name for t in meta.topics}
+            principals = [r.user for r in caplog.records if r.getMessage() == "history endpoint: client authenticated"]
+            assert principals == [user]
+        # The password of 'a,b' is not the password of 'a=2Cb', nor the reverse; 'x=y' is not 'x=3Dy'.
+        assert scram_login(h, "a=2Cb", SCRAM_USERS["a,b"]) is None
+        assert scram_login(h, "a,b", SCRAM_USERS["a=2Cb"]) is None
+        assert scram_login(h, "x=y", SCRAM_USERS["x=3Dy"]) is None
+        # A Kafka client (librdkafka) escapes the same way: 'a=2Cb' reads with its own password.
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": f"127.0.0.1:{h.port}", "group.id": "g", "enable.auto.commit": False,
+                      "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                      "sasl.username": "a=2Cb", "sasl.password": SCRAM_USERS["a=2Cb"]})
+        try:
+            c.assign([TopicPartition(tiered.topic("b"), 0, 0)])
+            msgs: list[Any] = []
+            for _ in range(40):
+                msgs += [m for m in c.consume(100, 0.5) if m.error() is None]
+                if msgs:
+                    break
+            assert msgs, "librdkafka as 'a=2Cb' read nothing"
+        finally:
+            c.close()

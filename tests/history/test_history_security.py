@@ -461,14 +461,16 @@ def test_passwords_are_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_scram_credentials() -> None:
-    """SCRAM names are unescaped (``=2C`` ``,``, ``=3D`` ``=``); an unknown user gets a salt as long as a real one
+    """SCRAM names are looked up as given (scramp has unescaped ``=2C`` and ``=3D`` once already: issue 22, r3;
+    ``test_hardening.test_scram_names_are_unescaped_once``); an unknown user gets a salt as long as a real one
     and the same one every time (a client cannot tell unknown users from wrong passwords by the salt)."""
     from pydantic import SecretStr
 
     from rlm.history.security import ScramCredentials
 
     creds = ScramCredentials({ALICE: SecretStr(ALICE_PW), BOB: SecretStr(BOB_PW)})
-    assert BOB in creds and creds.lookup("bob=2C=3Dx")[1] != creds.lookup("mallory")[1]  # the real stored key
+    assert BOB in creds and creds.lookup(BOB)[1] != creds.lookup("mallory")[1]  # the real stored key
+    assert creds.lookup("bob=2C=3Dx")[1] == creds.lookup("mallory")[1]  # no second unescaping: an unknown name
     assert creds.lookup("mallory")[0] == creds.lookup("mallory")[0] != creds.lookup("trudy")[0]
     assert len(creds.lookup("mallory")[0]) == len(creds.lookup(ALICE)[0])
     assert creds.check_plain(ALICE, ALICE_PW) and creds.check_plain(BOB, BOB_PW)
