@@ -55,12 +55,12 @@ from scramp import ScramException, ScramMechanism
 
 from rlm.config import ConfigError, HistorySaslSettings, HistoryTlsSettings
 from rlm.history.wire import (
-    API_KEYS,
     SASL_API_KEYS,
     ApiKey,
     BadRequestError,
     ErrorCode,
     RequestHeader,
+    api_label,
     build,
     decode_request,
     encode_response,
@@ -247,7 +247,7 @@ class SaslSession:
             return self._handshake(header, frame)
         if key == ApiKey.SASL_AUTHENTICATE and self.state is State.AUTHENTICATE:
             return await self._authenticate(header, frame)
-        REFUSED.labels(str(key) if key in API_KEYS else "other").inc()  # no label per attacker-chosen key
+        REFUSED.labels(api_label(key)).inc()  # a closed set: no label per attacker-chosen key
         log.warning("history endpoint: request before SASL authentication, connection closed",
                     extra={"peer": str(self.peer), "api_key": key, "api_version": header.api_version,
                            "state": self.state.value})

@@ -37,6 +37,7 @@ from rlm.history.wire import (
     BadRequestError,
     ErrorCode,
     RequestHeader,
+    api_label,
     build,
     decode_request,
     encode_response,
@@ -58,12 +59,6 @@ BAD = Counter("rlm_history_bad_requests", "Requests or frames that could not be 
 CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the history endpoint")
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
-
-API_NAMES = {ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch",
-             ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.METADATA: "metadata",
-             ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
-             ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
-             ApiKey.SASL_AUTHENTICATE: "sasl_authenticate"}
 
 
 class HistoryServer:
@@ -165,7 +160,7 @@ class HistoryServer:
                 if response is NO_RESPONSE:
                     continue  # Produce with acks=0
                 # counted before the write: a client may read the response before the next line would run
-                BYTES_SENT.labels(API_NAMES.get(int.from_bytes(frame[:2], "big", signed=True), "other")).inc(
+                BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
                 writer.write(response)
                 await writer.drain()
@@ -194,7 +189,7 @@ class HistoryServer:
             if err.header is None:
                 return None
             header = err.header
-        api = API_NAMES.get(header.api_key, str(header.api_key))
+        api = api_label(header.api_key)  # a closed set: the client chooses the key
         offered = {**API_KEYS, **(SASL_API_KEYS if self.handlers.sasl else {})}
         lo_hi = offered.get(header.api_key)
         error = "none"

@@ -42,6 +42,7 @@ from kio.serial import entity_reader, entity_writer
 
 __all__ = [
     "API_KEYS",
+    "API_NAMES",
     "MAX_FRAME_BYTES",
     "ApiKey",
     "BadRequestError",
@@ -51,6 +52,7 @@ __all__ = [
     "decode_request",
     "encode_response",
     "error_body",
+    "api_label",
     "read_header",
 ]
 
@@ -89,6 +91,20 @@ SASL_API_KEYS: dict[int, tuple[int, int]] = {
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
 }
+
+
+# Metric label of each api key: a closed set (a client chooses the api key of its requests, and every label value is
+# a time series kept for the life of the process: unknown keys are all "other").
+API_NAMES: dict[int, str] = {
+    ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets",
+    ApiKey.METADATA: "metadata", ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
+    ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
+    ApiKey.SASL_AUTHENTICATE: "sasl_authenticate"}
+
+
+def api_label(api_key: int) -> str:
+    """The metric label of ``api_key``: its name for the APIs the endpoint knows, else ``"other"``."""
+    return API_NAMES.get(api_key, "other")
 
 
 class BadRequestError(Exception):

@@ -250,3 +250,27 @@ def test_scram_names_are_unescaped_once(tiered: Tiered, caplog: pytest.LogCaptur
             assert msgs, "librdkafka as 'a=2Cb' read nothing"
         finally:
             c.close()
+
+
+# --------------------------------------------------------------------------------------- r1: metric labels
+def test_metric_labels_are_a_closed_set(tiered: Tiered) -> None:
+    """Requests of 300 api keys the endpoint does not know (and unknown versions of known ones) are each answered
+    UNSUPPORTED_VERSION on an open connection, and label no metric with the key: the ``api`` label of every history
+    metric is a known API's name or ``other``."""
+    from prometheus_client import REGISTRY
+
+    unknown = list(range(1000, 1300)) + [-1, -32768, 32767]
+    with endpoint(tiered) as h, connect(h) as s:
+        for i, key in enumerate(unknown):
+            s.sendall(request(key, i % 7, b"\0" * (i % 5), correlation_id=i))
+            frame = recv_frame(s)
+            assert frame is not None and struct.unpack_from(">ih", frame) == (i, UNSUPPORTED_VERSION), key
+        s.sendall(request(1, 999, b"", correlation_id=5))  # Fetch at a version nobody has
+        frame = recv_frame(s)
+        assert frame is not None and struct.unpack_from(">ih", frame) == (5, UNSUPPORTED_VERSION)
+    allowed = {"produce", "fetch", "list_offsets", "metadata", "find_coordinator", "api_versions",
+               "describe_cluster", "sasl_handshake", "sasl_authenticate", "other"}
+    labels = {(m.name, sample.labels["api"]) for m in REGISTRY.collect() if m.name.startswith("rlm_history_")
+              for sample in m.samples if "api" in sample.labels}
+    assert {name for name, api in labels if api == "other"}, "the unknown keys were not counted at all"
+    assert sorted((name, api) for name, api in labels if api not in allowed) == []
