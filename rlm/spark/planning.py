@@ -41,7 +41,8 @@ from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import BlockRange, RemoteSegmentMetadata, RemoteStorageManagerApi
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["Bounds", "MetadataReader", "list_segments", "plan_range", "plan_slices", "resolve_partitions"]
+__all__ = ["Bounds", "MetadataReader", "list_segments", "plan_range", "plan_slices", "resolve_partitions",
+           "topic_selected"]
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,7 @@ def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None, *, str
             raise SparkSourceError(f"topics not found on the cluster: {', '.join(missing)}")
     out = []
     for (topic, p), info in sorted(infos.items()):
-        if opts.subscribe_pattern is not None and (topic.startswith("__")
-                                                    or not re.fullmatch(opts.subscribe_pattern, topic)):
+        if not topic_selected(opts, topic):
             continue
         if opts.assign is not None and p not in opts.assign[topic]:
             continue
@@ -112,6 +112,17 @@ def resolve_partitions(opts: SourceOptions, bounds: Bounds | None = None, *, str
         if absent:
             raise SparkSourceError(f"option assign: partitions not found on the cluster: {absent}")
     return out
+
+
+def topic_selected(opts: SourceOptions, topic: str) -> bool:
+    """Whether the options select a topic of this name (``subscribe``, ``assign``, or ``subscribePattern``: a full
+    match, internal ``__`` topics never), whether it exists or not."""
+    if opts.subscribe is not None:
+        return topic in opts.subscribe
+    if opts.assign is not None:
+        return topic in opts.assign
+    return (opts.subscribe_pattern is not None and not topic.startswith("__")
+            and re.fullmatch(opts.subscribe_pattern, topic) is not None)
 
 
 def _allowed(bounds: Bounds, topic: str, p: int) -> bool:

@@ -6,16 +6,21 @@ Python process on the driver for the query's life; it follows the metadata parti
 (:func:`rlm.spark.planning.plan_range`); executors read the slices with :func:`rlm.spark.executor.read_slice`,
 exactly as in batch.
 
-**Offsets** Spark checkpoints: ``{"topic": {"partition": next offset}}`` (JSON, partitions as strings, sorted),
-the next offset of each partition to read. A micro-batch reads ``start`` (inclusive) to ``end`` (exclusive) per
-partition; the latest offset of a partition is its latest tiered offset + 1 (the tier's high watermark).
+**Offsets** Spark checkpoints: ``{"topic": {"partition": next offset, ..., "topicId": "<uuid>"}}`` (JSON,
+partitions as strings, sorted, then the topic's id), the next offset of each partition to read. A micro-batch reads
+``start`` (inclusive) to ``end`` (exclusive) per partition; the latest offset of a partition is its latest tiered
+offset + 1 (the tier's high watermark). The topic id is what identifies the partitions: a topic deleted and
+re-created under its name is another topic (see data loss). Offsets without ``topicId`` (checkpoints written before
+it was added) are accepted: they resume as before, and the next offsets carry the id.
 
 - ``startingOffsets`` (a new query only; a restarted one resumes from its checkpoint): ``earliest`` (default),
   ``latest`` or JSON per partition (-2 earliest, -1 latest; partitions it does not name start at earliest).
 - A partition with nothing tiered yet, or added to a topic (or a topic matching ``subscribePattern``) while the
   query runs, enters the offsets at its earliest remote offset in the first micro-batch that sees it (reading
   nothing of it in that batch): its start is checkpointed before anything of it is read, so a restart neither
-  repeats nor skips any of it. A partition whose topic is deleted leaves the offsets: its stream ends.
+  repeats nor skips any of it. A deleted topic's partitions stay in the offsets, at the offsets read, with the
+  topic's id, while the options still select its name: their stream ends, and a topic created again under that
+  name is recognized as another one (below). They leave the offsets once the options no longer select the name.
 - Read limits: ``maxOffsetsPerTrigger`` (``ReadMaxRows``) spreads that many offsets over the partitions by their
   backlog, as Spark's Kafka source (offsets, not records: transaction markers count); ``minOffsetsPerTrigger``
   holds a micro-batch back until that many offsets are tiered or ``maxTriggerDelay`` has passed since the last
@@ -29,7 +34,12 @@ partition; the latest offset of a partition is its latest tiered offset + 1 (the
   skipped with a warning on the executor. Offsets missing inside the tier (never tiered) are treated as in batch.
   A tier that now ends *below* what the query has read (an unclean election replaced the lineage) is data loss
   too, as in Spark's Kafka source: the query fails, or (``false``) it counts and logs it and goes back to the
-  tier's end.
+  tier's end. A topic whose id is not the checkpointed one (deleted and re-created under its name, while the query
+  ran or while it was stopped) is data loss too: the query fails naming the topic, the old and the new id, or
+  (``false``) it counts and logs it and the new topic enters the offsets at its earliest remote offset, as a new
+  partition does: the new topic is never read at the old topic's offsets. :meth:`KafkaRemoteStreamReader._data_loss`
+  is the one place that decides (fail, or count and log); ``data_losses`` counts the events, ``lost_offsets`` the
+  offsets where they are known.
 - ``read_committed``: the transaction indexes of the tier decide, as in batch, and a micro-batch ends at the
   tier's last stable offset (:class:`rlm.history.tier.TierView`, as the history endpoint serves it): a transaction
   still open at the tier's end, its marker not tiered yet, is held back until it is. ``endingOffsets`` is refused.
@@ -43,7 +53,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -59,7 +70,7 @@ from pyspark.sql.streaming.datasource import (
 from rlm.discovery import ClusterView
 from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
-from rlm.spark.planning import MetadataReader, plan_range, resolve_partitions
+from rlm.spark.planning import MetadataReader, plan_range, resolve_partitions, topic_selected
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.manager import RemoteStorageManager
 
@@ -67,23 +78,40 @@ __all__ = ["KafkaRemoteStreamReader", "Offsets"]
 
 log = logging.getLogger(__name__)
 
-Offsets = dict[str, dict[str, int]]  # topic -> partition (as a string) -> next offset to read
+# topic -> partition (as a string) -> next offset to read, and TOPIC_ID -> the topic's id (a UUID string)
+Offsets = dict[str, dict[str, int | str]]
+TOPIC_ID = "topicId"  # beside the partitions' numbers in a topic's offsets: never a partition
 
 
-def _key(tp: TopicIdPartition) -> tuple[str, str]:
-    return tp.topic, str(tp.partition)
-
-
-def _offsets(positions: dict[tuple[str, int], int]) -> Offsets:
-    """The canonical JSON form: topics sorted, partitions sorted by number (Spark compares offsets as JSON)."""
+def _offsets(positions: Mapping[tuple[str, int], int], ids: Mapping[str, uuid.UUID]) -> Offsets:
+    """The canonical JSON form: topics sorted, partitions sorted by number, then the topic's id when known (Spark
+    compares offsets as JSON)."""
     out: Offsets = {}
     for (topic, p), off in sorted(positions.items()):
         out.setdefault(topic, {})[str(p)] = off
+    for topic, parts in out.items():
+        if topic in ids:
+            parts[TOPIC_ID] = str(ids[topic])
     return out
 
 
-def _positions(offsets: dict[str, Any] | None) -> dict[tuple[str, int], int]:
-    return {(t, int(p)): int(o) for t, parts in (offsets or {}).items() for p, o in parts.items()}
+def _positions(offsets: Mapping[str, Any] | None) -> dict[tuple[str, int], int]:
+    return {(t, int(p)): int(o) for t, parts in (offsets or {}).items() for p, o in parts.items() if p != TOPIC_ID}
+
+
+def _topic_ids(offsets: Mapping[str, Any] | None) -> dict[str, uuid.UUID]:
+    """topic -> id of the offsets that carry one (offsets checkpointed before ids were added carry none)."""
+    out = {}
+    for topic, parts in (offsets or {}).items():
+        raw = parts.get(TOPIC_ID)
+        if raw is None:
+            continue
+        try:
+            out[topic] = uuid.UUID(str(raw))
+        except ValueError:
+            raise SparkSourceError(f"the query's offsets name topic {topic} with {TOPIC_ID} {raw!r}, not a topic id "
+                                   "(a checkpoint this source did not write?)") from None
+    return out
 
 
 class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -93,12 +121,15 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if opts.ending_given:
             raise SparkSourceError("option endingOffsets is not supported by readStream (a stream has no end)")
         self.opts = opts
-        self.lost_offsets = 0
+        self.lost_offsets = 0  # offsets lost (failOnDataLoss=false), where known
+        self.data_losses = 0  # data loss events (failOnDataLoss=false): each decided by _data_loss
+        self._recreations: set[tuple[str, uuid.UUID, uuid.UUID]] = set()  # (topic, old id, new id) counted
         self._metadata: MetadataReader | None = None
         self._rsm: RemoteStorageManager | None = None
         self._target: dict[tuple[str, int], int] | None = None  # Trigger.AvailableNow
         self._last_trigger = time.monotonic()
         self._tps: dict[tuple[str, int], TopicIdPartition] = {}
+        self._ids: dict[str, uuid.UUID] = {}  # topic -> its id on the cluster at the last _tier()
         self._txn_view: Any = None  # rlm.history.tier.TierView, read_committed only
         self._view: ClusterView | None = None
         self._reported: dict[tuple[str, int], int] = {}  # the tier's latest offsets at the last latestOffset
@@ -111,6 +142,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             self._view = ClusterView(dict(self.opts.client_config))
         tps = resolve_partitions(self.opts, strict=False, view=self._view)
         self._tps = {(tp.topic, tp.partition): tp for tp in tps}
+        self._ids = {tp.topic: tp.topic_id for tp in tps}
         return {(tp.topic, tp.partition): segs for tp, segs in self._metadata.chains(tps).items()}
 
     def _storage(self) -> RemoteStorageManager:
@@ -161,8 +193,9 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 out[(topic, p)] = self._offset_at(topic, p, ts, latest)
                 continue
             out[(topic, p)] = b[0] if spec is None or spec == EARLIEST else latest if spec == LATEST else spec
-        log.info("kafka-remote stream: initial offsets", extra={"offsets": _offsets(out)})
-        return _offsets(out)
+        offsets = _offsets(out, self._ids)
+        log.info("kafka-remote stream: initial offsets", extra={"offsets": offsets})
+        return offsets
 
     def _offset_at(self, topic: str, p: int, timestamp_ms: int, latest: int) -> int:
         """The first offset whose record's timestamp is >= ``timestamp_ms`` (Kafka's ListOffsets by timestamp,
@@ -184,20 +217,31 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         self._target = self._latest(self._tier())
-        log.info("kafka-remote stream: Trigger.AvailableNow target", extra={"offsets": _offsets(self._target)})
+        log.info("kafka-remote stream: Trigger.AvailableNow target",
+                 extra={"offsets": _offsets(self._target, self._ids)})
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 - Spark's name
         begin = _positions(start)
+        checkpointed_ids = _topic_ids(start)
         tier = self._tier()
         latest = self._reported = self._latest(tier)
-        end: dict[tuple[str, int], int] = {}
+        for topic, old_id in checkpointed_ids.items():
+            new_id = self._ids.get(topic)
+            if new_id is not None and new_id != old_id:  # re-created: its partitions enter as new ones (below)
+                self._recreated(topic, old_id, new_id, {k: o for k, o in begin.items() if k[0] == topic})
+                begin = {k: o for k, o in begin.items() if k[0] != topic}
+        # A deleted topic (still selected by the options) keeps its offsets and its id: it reads nothing, and a
+        # topic created again under its name is recognized as another one by its id.
+        on_cluster = set(self._ids) | {t for t, _p in tier}
+        gone = {t for t in checkpointed_ids if t not in on_cluster and topic_selected(self.opts, t)}
+        end = {k: o for k, o in begin.items() if k[0] in gone}
         for k, segs in tier.items():
             b = self._bounds(segs)
             if k in begin:
                 end[k] = begin[k]
             elif b is not None and (self._target is None or k in self._target):
                 end[k] = b[0]  # a new partition: checkpointed at its earliest offset before any of it is read
-        # partitions in `begin` that are no longer on the cluster (topic deleted) leave the offsets: they end
+        # other partitions in `begin` no longer on the cluster (an old checkpoint's deleted topic) leave the offsets
         avail = {}
         for k in end:
             if k not in begin or k not in latest:
@@ -228,7 +272,39 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             end[k] = begin[k] + int(n)
         if total > 0:
             self._last_trigger = time.monotonic()
-        return _offsets(end)
+        ids = {t: checkpointed_ids[t] for t in gone}
+        ids.update((t, self._ids[t]) for t, _p in end if t in self._ids)
+        return _offsets(end, ids)
+
+    def _data_loss(self, message: str, fix: str, lost_offsets: int | None, **fields: Any) -> None:
+        """The one decision on data loss (offsets removed by remote retention before they were read, a tier that now
+        ends below what was read, a topic re-created under its name): ``failOnDataLoss=true`` raises
+        :class:`~rlm.spark.executor.DataLossError` with ``message`` and how to go on; ``false`` counts it
+        (:attr:`data_losses`, and :attr:`lost_offsets` when the number is known), logs it at WARNING and returns:
+        the caller then does ``fix``."""
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(f"{message}; set failOnDataLoss=false to {fix}")
+        self.data_losses += 1
+        if lost_offsets:
+            self.lost_offsets += lost_offsets
+        log.warning("kafka-remote stream: data loss: %s; failOnDataLoss=false: going on, to %s", message, fix,
+                    extra={**fields, "data_losses_total": self.data_losses, "lost_offsets_total": self.lost_offsets})
+
+    def _recreated(self, topic: str, old_id: uuid.UUID, new_id: uuid.UUID,
+                   positions: Mapping[tuple[str, int], int]) -> None:
+        """``topic`` is not the topic of the query's offsets any more: it was deleted and created again under its
+        name. Its records at those offsets (if any) are another topic's, and whatever the old topic held beyond them
+        is gone. Data loss, counted once per re-creation."""
+        if (topic, old_id, new_id) in self._recreations and not self.opts.fail_on_data_loss:
+            return
+        read = ", ".join(f"{p}: {o}" for (_t, p), o in sorted(positions.items())) or "none"
+        self._data_loss(
+            f"{topic}: the topic was deleted and re-created under its name: the query's offsets (partition: next "
+            f"offset {read}) are of topic id {old_id}, the topic is now topic id {new_id}; the old topic's records "
+            "it had not read are lost, and the new topic's are not at those offsets",
+            "read the new topic from its earliest remote offset", None,
+            topic=topic, old_topic_id=str(old_id), new_topic_id=str(new_id))
+        self._recreations.add((topic, old_id, new_id))
 
     def _tier_end_moved_back(self, k: tuple[str, int], begin: int, latest: int) -> int:
         """The tier now ends below offsets this query has read: the remote chain was replaced (an unclean election
@@ -236,21 +312,16 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         Spark's Kafka source reports this as data loss: fail, or (``failOnDataLoss=false``) count it, log it and go
         back to the tier's end, reading what is tiered there from now on."""
         topic, p = k
-        if self.opts.fail_on_data_loss:
-            raise DataLossError(
-                f"{topic}-{p}: the remote tier now ends at offset {latest - 1}, below offset {begin} this query has "
-                f"already read up to: offsets {latest} to {begin - 1} were replaced (an unclean leader election, or "
-                "the partition's remote data deleted and tiered again); set failOnDataLoss=false to go on from the "
-                "tier's end")
-        self.lost_offsets += begin - latest
-        log.warning("kafka-remote stream: the remote tier now ends below offsets already read", extra={
-            "topic": topic, "partition": p, "read_up_to": begin, "tier_end": latest,
-            "lost_offsets_total": self.lost_offsets})
+        self._data_loss(
+            f"{topic}-{p}: the remote tier now ends at offset {latest - 1}, below offset {begin} this query has "
+            f"already read up to: offsets {latest} to {begin - 1} were replaced (an unclean leader election, or "
+            "the partition's remote data deleted and tiered again)", "go on from the tier's end", begin - latest,
+            topic=topic, partition=p, read_up_to=begin, tier_end=latest)
         return latest
 
     def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's name
         """The tier's latest offsets as :meth:`latestOffset` saw them (Spark asks right after it)."""
-        return _offsets(self._reported) if self._reported else None
+        return _offsets(self._reported, self._ids) if self._reported else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = _positions(start)
@@ -259,6 +330,16 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if not todo:
             return []
         tier = self._tier()
+        start_ids, end_ids = _topic_ids(start), _topic_ids(end)
+        for topic in sorted({t for t, _p in todo}):
+            planned, now = end_ids.get(topic), self._ids.get(topic)
+            if planned is not None and now is not None and planned != now:
+                # planned against a topic since re-created (a restart replaying a planned micro-batch)
+                self._recreated(topic, planned, now, {k: o for k, o in begin.items() if k[0] == topic})
+            elif planned is None or start_ids.get(topic, planned) == planned:
+                continue
+            # else: the batch crosses a re-creation latestOffset decided; its end is the new topic's earliest offset
+            todo = {k: r for k, r in todo.items() if k[0] != topic}
         out: list[InputPartition] = []
         for (topic, p), (s, e) in sorted(todo.items()):
             segs = tier.get((topic, p), [])
@@ -266,15 +347,11 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             earliest = b[0] if b is not None else e
             if s < earliest:
                 lost_to = min(earliest, e) - 1
-                if self.opts.fail_on_data_loss:
-                    raise DataLossError(
-                        f"{topic}-{p}: offsets {s} to {lost_to} were removed by remote retention before this query "
-                        f"read them (the earliest remote offset is now {earliest if b is not None else 'none'}); "
-                        "set failOnDataLoss=false to skip to the earliest remote offset")
-                self.lost_offsets += lost_to - s + 1
-                log.warning("kafka-remote stream: offsets removed by remote retention before they were read",
-                            extra={"topic": topic, "partition": p, "from_offset": s, "to_offset": lost_to,
-                                   "lost_offsets_total": self.lost_offsets})
+                self._data_loss(
+                    f"{topic}-{p}: offsets {s} to {lost_to} were removed by remote retention before this query "
+                    f"read them (the earliest remote offset is now {earliest if b is not None else 'none'})",
+                    "skip to the earliest remote offset", lost_to - s + 1,
+                    topic=topic, partition=p, from_offset=s, to_offset=lost_to)
                 s = earliest
             out.extend(plan_range(self.opts, self._storage(), segs, s, e))
         log.info("kafka-remote stream: micro-batch planned", extra={"slices": len(out)})
