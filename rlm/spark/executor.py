@@ -87,8 +87,10 @@ class SegmentSlice(InputPartition):
 
 
 class DataLossError(SparkSourceError):
-    """Offsets the query was to read were removed by remote retention first (``failOnDataLoss=true``); the message
-    names the topic, partition and offsets."""
+    """``failOnDataLoss=true`` and records the query was to read are gone: offsets removed by remote retention first
+    (the message names the topic, partition and offsets), a stream's tier that now ends below what it read, or a
+    stream's topic deleted and re-created under its name (the message names the old and the new topic id). Set
+    ``failOnDataLoss=false`` to go on past them (logged and counted)."""
 
 
 _managers: dict[str, RemoteStorageManager] = {}
