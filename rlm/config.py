@@ -293,6 +293,9 @@ class HistoryListenerSettings(_Frozen):
     advertised_host: str | None = Field(None, description="host clients are told to connect to (default: host)")
     workers: int = Field(8, ge=1, le=256, description="threads reading the store for requests")
     fetch_poll_ms: int = Field(200, ge=10, description="how often a waiting Fetch looks for newly tiered data")
+    fetch_max_bytes: int = Field(57_671_680, ge=1024, description=(
+        "the most record bytes one Fetch answer carries, whatever the client asks (Kafka's broker fetch.max.bytes "
+        "and its default, 55 MiB); the first batch of the first partition with data is sent even if larger"))
     tls: HistoryTlsSettings | None = Field(None, description="serve over TLS (SSL / SASL_SSL)")
     sasl: HistorySaslSettings | None = Field(None, description="require SASL authentication")
     allow_unauthenticated: bool = Field(False, description=(

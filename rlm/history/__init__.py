@@ -79,7 +79,7 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                       interval_s=settings.tasks.discovery_interval_ms / 1000).start()
     tier = TierView(RemoteReader(rlmm, rsm))
     handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
-                        sasl=sasl is not None)
+                        sasl=sasl is not None, fetch_max_bytes=cfg.fetch_max_bytes)
     server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
                            ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None)
     try:

@@ -24,6 +24,7 @@ __all__ = ["Handlers", "NodeInfo"]
 
 INT32_MIN = -(2**31)
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): history_listener.fetch_max_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +36,13 @@ class NodeInfo:
 
 
 class Handlers:
-    def __init__(self, catalog: Catalog, tier: TierView, node: NodeInfo, *, sasl: bool = False) -> None:
+    def __init__(self, catalog: Catalog, tier: TierView, node: NodeInfo, *, sasl: bool = False,
+                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
         self.catalog = catalog
         self.tier = tier
         self.node = node
         self.sasl = sasl
+        self.fetch_max_bytes = fetch_max_bytes
 
     # -------------------------------------------------------------------------------------- cluster
     def api_versions(self, error: ErrorCode = ErrorCode.none) -> dict[str, Any]:
@@ -161,38 +164,51 @@ class Handlers:
 
     # ---------------------------------------------------------------------------------------- fetch
     def fetch(self, req: Any) -> tuple[dict[str, Any], int]:
-        """The Fetch response and the record bytes it carries (for ``min_bytes``)."""
+        """The Fetch response and the record bytes it carries (for ``min_bytes``).
+
+        As Kafka's broker: the request's partitions are a map (a partition listed twice is answered once, from its
+        last entry), the answer carries at most ``min(max_bytes, fetch_max_bytes)`` record bytes (the first batch
+        of the first partition with data even past it, so that a consumer always progresses), and that one budget
+        is spent across the partitions in order, each taking at most its ``partition_max_bytes``. A partition
+        reached with no budget left gets its bounds (from the tier's metadata) and no records: nothing of it is
+        read from the store."""
         committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
-        left = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
-        total = 0
-        responses = []
+        topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
+        wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
         for t in req.topics:
             name, tid = getattr(t, "topic", None), getattr(t, "topic_id", None)
-            topic = self.catalog.by_name(name) if name is not None else self.catalog.by_id(tid)
-            parts = []
+            key = name if name is not None else tid
+            topics.setdefault(key, (name, tid))
             for p in t.partitions:
-                if topic is None:
-                    code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
-                    parts.append(_partition(p.partition, FetchResult(), code))
-                    continue
-                if p.partition not in topic.partitions:
-                    parts.append(_partition(p.partition, FetchResult(), ErrorCode.unknown_topic_or_partition))
-                    continue
-                budget = min(p.partition_max_bytes, left)
-                if budget <= 0 and total:
-                    res = self.tier.fetch(topic.tp(p.partition), p.fetch_offset, 0, at_least_one=False,
-                                          isolation=int(committed))
-                else:
-                    res = self.tier.fetch(topic.tp(p.partition), p.fetch_offset, max(budget, 0),
-                                          at_least_one=total == 0, isolation=int(committed))
-                total += res.size
-                left -= res.size
-                code = {None: ErrorCode.none, "offset_out_of_range": ErrorCode.offset_out_of_range,
-                        "offset_not_available": ErrorCode.none}[res.error]
-                parts.append(_partition(p.partition, res, code))
+                wanted[(key, p.partition)] = p
+        asked = req.max_bytes if req.max_bytes > 0 else self.fetch_max_bytes
+        left = min(asked, self.fetch_max_bytes)
+        total = 0
+        parts: dict[Any, list[dict[str, Any]]] = {key: [] for key in topics}
+        for (key, index), p in wanted.items():
+            name, tid = topics[key]
+            topic = self.catalog.by_name(name) if name is not None else self.catalog.by_id(tid)
+            if topic is None:
+                code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
+                parts[key].append(_partition(index, FetchResult(), code))
+                continue
+            if index not in topic.partitions:
+                parts[key].append(_partition(index, FetchResult(), ErrorCode.unknown_topic_or_partition))
+                continue
+            # No budget left (and data already in the answer): the tier reads nothing (max_bytes 0).
+            res = self.tier.fetch(topic.tp(index), p.fetch_offset, max(min(p.partition_max_bytes, left), 0),
+                                  at_least_one=total == 0, isolation=int(committed))
+            total += res.size
+            left -= res.size
+            code = {None: ErrorCode.none, "offset_out_of_range": ErrorCode.offset_out_of_range,
+                    "offset_not_available": ErrorCode.none}[res.error]
+            parts[key].append(_partition(index, res, code))
+        responses = []
+        for key, (name, tid) in topics.items():
+            topic = self.catalog.by_name(name) if name is not None else self.catalog.by_id(tid)
             responses.append({"topic": name if name is not None else (topic.name if topic else None),
                               "topic_id": tid if tid is not None else (topic.topic_id if topic else None),
-                              "partitions": parts})
+                              "partitions": parts[key]})
         return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}, total
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -31,11 +32,13 @@ from dataclasses import dataclass, field
 from rlm.reader import RemoteReader, TxnIndexes, iter_segment_batches
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
+from rsm.log.batch import BATCH_HEADER_SIZE
 from rsm.log.records import iter_raw_records
 
 __all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit"]
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+FIRST_BATCH_CACHE = 16_384  # (partition, offset) -> size of a batch that did not fit: entries kept (about 2 MiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,9 @@ class TierView:
         self._cache: dict[TopicIdPartition, tuple[float, PartitionTier | None]] = {}
         # (tp, newest segment id) -> {producer id: first offset of its open transaction} at the tier's end
         self._open_txns: dict[tuple[TopicIdPartition, object], dict[int, int]] = {}
+        # (tp, fetch offset) -> bytes of the batch holding it, learned when it did not fit a fetch's room: the same
+        # ask with no more room is answered without reading its block again (batches in the tier never change).
+        self._first_batch_bytes: OrderedDict[tuple[TopicIdPartition, int], int] = OrderedDict()
 
     def refresh(self, tps: Iterable[TopicIdPartition]) -> None:
         with self._lock:
@@ -129,7 +135,14 @@ class TierView:
               at_least_one: bool = True) -> FetchResult:
         """Whole batches from the one holding ``offset`` on, up to ``max_bytes`` (the first batch even past it when
         ``at_least_one``: Kafka's rule for the first partition of a response with data), below the high watermark
-        (read_uncommitted) or the last stable offset (read_committed)."""
+        (read_uncommitted) or the last stable offset (read_committed).
+
+        Nothing is read from the store when no batch can be sent: ``max_bytes`` below a batch header
+        (:data:`~rsm.log.batch.BATCH_HEADER_SIZE`, 61 bytes) without ``at_least_one``, or once the bytes taken
+        reach ``max_bytes``; the bounds then come from the metadata alone. Blocks are planned within what is left
+        (:meth:`~rsm.api.SegmentHandle.block_plan`), so the one block read that may send nothing is one whose
+        first batch turns out larger than the room (the index knows block sizes, not batch sizes): that size is
+        remembered for the partition and offset, and the same ask with no more room is not read again."""
         tier = self.partition(tp)
         if tier is None:
             return FetchResult(error="offset_not_available")
@@ -141,15 +154,20 @@ class TierView:
         bound = tier.last_stable_offset if isolation == READ_COMMITTED else tier.high_watermark
         if isolation == READ_COMMITTED:
             out.aborted = []
-        if offset >= bound:
+        if offset >= bound or not self._room(max_bytes, out.size, at_least_one):
             return out
+        if not at_least_one:
+            with self._lock:
+                known = self._first_batch_bytes.get((tp, offset))
+            if known is not None and known > max_bytes:
+                return out  # read before, and it did not fit then either
         segs = tier.segments
         txns = TxnIndexes(self.reader.rsm, segs) if isolation == READ_COMMITTED else None
         last_offset = offset - 1
         full = False
         for si in range(tier.index_of(offset), len(segs)):
             md = segs[si]
-            if md.start_offset >= bound or full:
+            if md.start_offset >= bound or full or not self._room(max_bytes, out.size, at_least_one):
                 break
             seg = self.reader.rsm.open_segment(to_rsm(md))
             want = max(offset, md.start_offset)
@@ -168,6 +186,8 @@ class TierView:
                         full = True
                         break
                     if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
+                        if not out.size:
+                            self._remember_first_batch(tp, offset, h.size_bytes)
                         full = True
                         break
                     out.records += data  # the one copy: out of the block buffer the reader reuses
@@ -184,6 +204,19 @@ class TierView:
             if last_offset < end and not full:
                 full = True  # the plan's byte budget ended inside this segment
         return out
+
+    def _remember_first_batch(self, tp: TopicIdPartition, offset: int, size: int) -> None:
+        with self._lock:
+            self._first_batch_bytes[(tp, offset)] = size
+            self._first_batch_bytes.move_to_end((tp, offset))
+            while len(self._first_batch_bytes) > FIRST_BATCH_CACHE:
+                self._first_batch_bytes.popitem(last=False)
+
+    @staticmethod
+    def _room(max_bytes: int, taken: int, at_least_one: bool) -> bool:
+        """Whether a batch may still be sent: the first one of an ``at_least_one`` fetch always may; otherwise at
+        least a batch header's bytes must be left."""
+        return (at_least_one and taken == 0) or max_bytes - taken >= BATCH_HEADER_SIZE
 
     # ----------------------------------------------------------------------------------------- offsets
     def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> TimestampHit | None:

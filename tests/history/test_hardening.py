@@ -274,3 +274,115 @@ def test_metric_labels_are_a_closed_set(tiered: Tiered) -> None:
               for sample in m.samples if "api" in sample.labels}
     assert {name for name, api in labels if api == "other"}, "the unknown keys were not counted at all"
     assert sorted((name, api) for name, api in labels if api not in allowed) == []
+
+
+# ------------------------------------------------------------------------------------ r5: Fetch's byte bounds
+class CountingRsm:
+    """The sidecar's storage manager, recording every read of record batches (``SegmentHandle.batches``: the
+    ranged GET of blocks, and their decryption for an encrypted copy) as (topic, partition, first_block)."""
+
+    def __init__(self, rsm: Any) -> None:
+        self._rsm = rsm
+        self.reads: list[tuple[str, int, int | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rsm, name)
+
+    def open_segment(self, md: Any) -> Any:
+        return _CountingSegment(self._rsm.open_segment(md), self, md)
+
+
+class _CountingSegment:
+    def __init__(self, seg: Any, owner: CountingRsm, md: Any) -> None:
+        self._seg, self._owner, self._md = seg, owner, md
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._seg, name)
+
+    def batches(self, *args: Any, **kwargs: Any) -> Any:
+        self._owner.reads.append((self._md.topic_name, self._md.partition, kwargs.get("first_block")))
+        return self._seg.batches(*args, **kwargs)
+
+
+def fetch_v4(sock: socket.socket, max_bytes: int, parts: list[tuple[str, int, int, int]]) -> Any:
+    """Fetch v4 (max_wait 0, min_bytes 0) of ``(topic, partition, fetch_offset, partition_max_bytes)`` entries as
+    given: one topic entry per run of the same topic, duplicates kept."""
+    topics: list[dict[str, Any]] = []
+    for topic, partition, offset, pmb in parts:
+        if not topics or topics[-1]["topic"] != topic:
+            topics.append({"topic": topic, "partitions": []})
+        topics[-1]["partitions"].append({"partition": partition, "fetch_offset": offset, "log_start_offset": -1,
+                                         "partition_max_bytes": pmb})
+    return call(sock, 1, 4, {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes,
+                             "isolation_level": 0, "topics": topics})
+
+
+def answered(resp: Any) -> dict[tuple[str, int], list[Any]]:
+    """(topic, partition) -> every partition entry of a Fetch response for it."""
+    out: dict[tuple[str, int], list[Any]] = {}
+    for t in resp.responses:
+        for p in t.partitions:
+            out.setdefault((t.topic, p.partition_index), []).append(p)
+    return out
+
+
+def base_offsets(records: bytes | None) -> list[int]:
+    """The base offset of each record batch in ``records`` (whole batches only)."""
+    out, pos, data = [], 0, bytes(records or b"")
+    while pos + 12 <= len(data):
+        base, length = struct.unpack_from(">qi", data, pos)
+        out.append(base)
+        pos += 12 + length
+    return out
+
+
+def test_fetch_partitions_are_a_map_and_one_capped_budget(tiered: Tiered) -> None:
+    """A partition listed several times is read and answered once, from its last entry; the answer holds at most
+    ``fetch_max_bytes`` whatever the client asks (2 GiB here), spent across the partitions; a partition reached with
+    no budget left, or with less than a batch header of it, is answered with its bounds and read from nowhere."""
+    a, b = tiered.topic("a"), tiered.topic("b")
+    end = {k: max(v) + 1 for k, v in tiered.sent.items()}  # the tier's end: the last record produced + 1
+    rsm = CountingRsm(tiered.sidecar.rsm)
+    cap = 32 * 1024  # about three batches of 10 KB
+    with endpoint(tiered, rsm=rsm, fetch_max_bytes=cap) as h, connect(h) as s:
+        # warm the tier's bounds: the reads counted below are those of the Fetches
+        fetch_v4(s, 1, [(a, 0, 0, 0), (a, 1, 0, 0), (b, 0, 0, 0)])
+
+        # Duplicates: 51 entries of a-0; the last one (offset 50) is the one answered, once, read as if alone.
+        rsm.reads.clear()
+        alone = answered(fetch_v4(s, 2**31 - 1, [(a, 0, 50, 2**31 - 1)]))[(a, 0)][0]
+        reads_alone, _ = list(rsm.reads), rsm.reads.clear()
+        resp = fetch_v4(s, 2**31 - 1, [(a, 0, off, 2**31 - 1) for off in [*range(0, 49), 30, 50]])
+        got = answered(resp)
+        assert list(got) == [(a, 0)] and len(got[(a, 0)]) == 1, {k: len(v) for k, v in got.items()}
+        assert base_offsets(got[(a, 0)][0].records)[0] == 50 and got[(a, 0)][0].records == alone.records
+        assert rsm.reads == reads_alone
+
+        # 2 GiB asked, per partition too: the answer stays within the server's cap, spent across the partitions.
+        # A partition whose next batch turned out larger than the room left is not read again for the same ask.
+        asks = [(a, 0, 0, 2**31 - 1), (a, 1, 0, 2**31 - 1), (b, 0, 0, 2**31 - 1)]
+        fetch_v4(s, 2**31 - 1, asks)
+        rsm.reads.clear()
+        got = answered(fetch_v4(s, 2**31 - 1, asks))
+        sizes = {k: len(v[0].records or b"") for k, v in got.items()}
+        assert 0 < sum(sizes.values()) <= cap, sizes
+        assert sizes[(b, 0)] == 0 and got[(b, 0)][0].high_watermark == end[(b, 0)]
+        assert {(t, p) for t, p, _blk in rsm.reads} == {k for k, n in sizes.items() if n}, (rsm.reads, sizes)
+
+        # No budget left after the first partition (max_bytes 1: its first batch only): the others are not read.
+        rsm.reads.clear()
+        resp = fetch_v4(s, 1, [(a, 0, 0, 2**31 - 1), (a, 1, 0, 2**31 - 1), (b, 0, 0, 2**31 - 1)])
+        got = answered(resp)
+        assert len(base_offsets(got[(a, 0)][0].records)) == 1
+        for k in ((a, 1), (b, 0)):
+            part = got[k][0]
+            assert (part.error_code, part.records or b"", part.high_watermark) == (0, b"", end[k]), k
+        assert [(t, p) for t, p, _blk in rsm.reads] == [(a, 0)], rsm.reads
+
+        # A partition whose own budget is below a batch header (60 bytes) is not read either.
+        rsm.reads.clear()
+        resp = fetch_v4(s, 2**20, [(a, 0, 0, 2**20), (a, 1, 0, 60), (b, 0, 0, 0)])
+        got = answered(resp)
+        assert got[(a, 0)][0].records and not got[(a, 1)][0].records and not got[(b, 0)][0].records
+        assert {(t, p) for t, p, _blk in rsm.reads} == {(a, 0)}, rsm.reads
+        assert api_versions_ok(h)
