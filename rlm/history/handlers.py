@@ -12,15 +12,26 @@ answers (as a broker does). OffsetForLeaderEpoch is not offered, so clients skip
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from rlm.history.catalog import Catalog, ServedTopic
-from rlm.history.tier import READ_COMMITTED, FetchResult, TierView
+from rlm.history.tier import READ_COMMITTED, FetchResult, PartitionTier, TierView, UnreadableCopyError
 from rlm.history.wire import API_KEYS, SASL_API_KEYS, ErrorCode
 
 __all__ = ["Handlers", "NodeInfo"]
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = Counter("rlm_history_unreadable_copies",
+                     "Partitions answered without their data because a remote copy could not be read", ["api"])
+REPORTED_COPIES = 10_000  # copies remembered as already logged (then they are logged again)
 
 INT32_MIN = -(2**31)
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
@@ -43,6 +54,34 @@ class Handlers:
         self.node = node
         self.sasl = sasl
         self.fetch_max_bytes = fetch_max_bytes
+        self._reported: OrderedDict[str, None] = OrderedDict()  # copies whose failure was logged
+        self._reported_lock = threading.Lock()
+
+    def _unreadable(self, err: UnreadableCopyError, api: str) -> None:
+        """Count a partition answered without its data; log the copy the first time it fails (a client retrying
+        the partition would otherwise write a line per request)."""
+        UNREADABLE.labels(api).inc()
+        with self._reported_lock:
+            if err.copy_id in self._reported:
+                return
+            self._reported[err.copy_id] = None
+            while len(self._reported) > REPORTED_COPIES:
+                self._reported.popitem(last=False)
+        seg = err.segment
+        log.error("history endpoint: a remote copy cannot be read: its partition is answered with "
+                  "KAFKA_STORAGE_ERROR (logged once per copy); re-copy the segment or delete the copy", extra={
+                      "topic_partition": str(err.tp), "segment_id": err.copy_id, "key": err.key,
+                      "start_offset": seg.start_offset if seg else None,
+                      "end_offset_inclusive": seg.end_offset_inclusive if seg else None,
+                      "reason": f"{type(err.cause).__name__}: {err.cause}"})
+
+    def _partition_tier(self, tp: Any, api: str) -> PartitionTier | None:
+        """The partition's tier, or None when nothing of it is remote or it cannot be read (counted, logged)."""
+        try:
+            return self.tier.partition(tp)
+        except UnreadableCopyError as err:
+            self._unreadable(err, api)
+            return None
 
     # -------------------------------------------------------------------------------------- cluster
     def api_versions(self, error: ErrorCode = ErrorCode.none) -> dict[str, Any]:
@@ -86,7 +125,9 @@ class Handlers:
                 continue
             parts = []
             for p in topic.partitions:
-                t = self.tier.partition(topic.tp(p))
+                # A tier that cannot be read is no Metadata error (a broker's Metadata reads no log either): the
+                # partition is listed without its leader epoch; Fetch and ListOffsets say KAFKA_STORAGE_ERROR.
+                t = self._partition_tier(topic.tp(p), "metadata")
                 parts.append({"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node.node_id,
                               "leader_epoch": t.latest_epoch if t is not None else -1,
                               "replica_nodes": [self.node.node_id], "isr_nodes": [self.node.node_id],
@@ -130,7 +171,11 @@ class Handlers:
                 if topic is None or p.partition_index not in topic.partitions:
                     answer["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
-                    answer.update(self._offset(topic, p.partition_index, p.timestamp, committed))
+                    try:
+                        answer.update(self._offset(topic, p.partition_index, p.timestamp, committed))
+                    except UnreadableCopyError as err:
+                        self._unreadable(err, "list_offsets")
+                        answer["error_code"] = ErrorCode.kafka_storage_error
                 parts.append(answer)
             out.append({"name": t.name, "partitions": parts})
         return {"throttle_time": 0, "topics": out}
@@ -196,8 +241,13 @@ class Handlers:
                 parts[key].append(_partition(index, FetchResult(), ErrorCode.unknown_topic_or_partition))
                 continue
             # No budget left (and data already in the answer): the tier reads nothing (max_bytes 0).
-            res = self.tier.fetch(topic.tp(index), p.fetch_offset, max(min(p.partition_max_bytes, left), 0),
-                                  at_least_one=total == 0, isolation=int(committed))
+            try:
+                res = self.tier.fetch(topic.tp(index), p.fetch_offset, max(min(p.partition_max_bytes, left), 0),
+                                      at_least_one=total == 0, isolation=int(committed))
+            except UnreadableCopyError as err:  # this partition only: the others are served
+                self._unreadable(err, "fetch")
+                parts[key].append(_partition(index, FetchResult(), ErrorCode.kafka_storage_error))
+                continue
             total += res.size
             left -= res.size
             code = {None: ErrorCode.none, "offset_out_of_range": ErrorCode.offset_out_of_range,

@@ -17,6 +17,10 @@ A fetch returns whole batches as stored, control and aborted batches included, a
 drops them. For read_committed the aborted transactions overlapping the batches returned come with them, from the
 uploaded transaction indexes (:class:`rlm.reader.TxnIndexes`, Kafka's search rule). Which batches are read is
 decided by :func:`rlm.reader.iter_segment_batches`, as for every other reader.
+
+A copy that cannot be read (a key id no longer configured, a corrupt object, a store error) raises
+:class:`UnreadableCopyError` naming the partition, the segment and the cause: the endpoint answers that partition
+with an error and serves the others.
 """
 
 from __future__ import annotations
@@ -25,20 +29,57 @@ import bisect
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
-from contextlib import closing
+from collections.abc import Iterable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
+from rlm.errors import RlmError
 from rlm.reader import RemoteReader, TxnIndexes, iter_segment_batches
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
+from rsm.errors import RemoteStorageError
 from rsm.log.batch import BATCH_HEADER_SIZE
+from rsm.log.errors import LogFormatError
 from rsm.log.records import iter_raw_records
 
-__all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit"]
+__all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit", "UnreadableCopyError"]
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 FIRST_BATCH_CACHE = 16_384  # (partition, offset) -> size of a batch that did not fit: entries kept (about 2 MiB)
+
+
+UNREADABLE = (RemoteStorageError, LogFormatError)  # what reading a copy raises when the copy cannot be read
+
+
+class UnreadableCopyError(RlmError):
+    """A remote copy of the partition's tier cannot be read: a key id no longer configured, a corrupt object, a
+    store error (``cause``). The requests that needed it answer that partition with KAFKA_STORAGE_ERROR; the other
+    partitions are served. An operator reads the key and the reason from the log line and re-copies the segment
+    (from a replica that still has it) or deletes the copy; a store error may pass by itself."""
+
+    def __init__(self, tp: TopicIdPartition, segment: RemoteLogSegmentMetadata | None, cause: Exception) -> None:
+        self.tp = tp
+        self.segment = segment
+        self.cause = cause
+        self.key: str | None = getattr(cause, "key", None)
+        what = f"segment {segment.remote_log_segment_id.id} ({segment.start_offset}..{segment.end_offset_inclusive})" \
+            if segment is not None else "a segment"
+        super().__init__(f"{tp}: {what} cannot be read: {type(cause).__name__}: {cause}")
+
+    @property
+    def copy_id(self) -> str:
+        """What identifies the copy (once-per-copy logging): its segment id, else the object key, else the tp."""
+        if self.segment is not None:
+            return str(self.segment.remote_log_segment_id.id)
+        return self.key or str(self.tp)
+
+
+@contextmanager
+def _reading(tp: TopicIdPartition, segment: RemoteLogSegmentMetadata | None) -> Iterator[None]:
+    try:
+        yield
+    except UNREADABLE as err:
+        raise UnreadableCopyError(tp, segment, err) from err
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,44 +206,48 @@ class TierView:
         txns = TxnIndexes(self.reader.rsm, segs) if isolation == READ_COMMITTED else None
         last_offset = offset - 1
         full = False
-        for si in range(tier.index_of(offset), len(segs)):
-            md = segs[si]
-            if md.start_offset >= bound or full or not self._room(max_bytes, out.size, at_least_one):
-                break
-            seg = self.reader.rsm.open_segment(to_rsm(md))
-            want = max(offset, md.start_offset)
-            end = min(md.end_offset_inclusive, bound - 1)
-            budget = max(max_bytes - out.size, 1)
-            plan = seg.block_plan(want, end, budget)
-            if not plan:
-                continue
-            batches = iter_segment_batches(seg, want, end, first_block=plan[0].first_block,
-                                           last_block=plan[0].last_block)
-            with closing(batches):
-                for h, data, _visible in batches:
-                    if h.last_offset < want:
-                        continue
-                    if h.base_offset >= bound:
-                        full = True
-                        break
-                    if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
-                        if not out.size:
-                            self._remember_first_batch(tp, offset, h.size_bytes)
-                        full = True
-                        break
-                    out.records += data  # the one copy: out of the block buffer the reader reuses
-                    out.size += h.size_bytes
-                    last_offset = h.last_offset
-            if txns is not None and last_offset >= md.start_offset:
-                seen = set(out.aborted or ())
-                for t in txns.aborted(si):
-                    if t.first_offset <= last_offset and t.last_offset >= offset:
-                        key = (t.producer_id, t.first_offset)
-                        if key not in seen:
-                            seen.add(key)
-                            out.aborted.append(key)  # type: ignore[union-attr]
-            if last_offset < end and not full:
-                full = True  # the plan's byte budget ended inside this segment
+        current: RemoteLogSegmentMetadata | None = None
+        try:
+            for si in range(tier.index_of(offset), len(segs)):
+                md = current = segs[si]
+                if md.start_offset >= bound or full or not self._room(max_bytes, out.size, at_least_one):
+                    break
+                seg = self.reader.rsm.open_segment(to_rsm(md))
+                want = max(offset, md.start_offset)
+                end = min(md.end_offset_inclusive, bound - 1)
+                budget = max(max_bytes - out.size, 1)
+                plan = seg.block_plan(want, end, budget)
+                if not plan:
+                    continue
+                batches = iter_segment_batches(seg, want, end, first_block=plan[0].first_block,
+                                               last_block=plan[0].last_block)
+                with closing(batches):
+                    for h, data, _visible in batches:
+                        if h.last_offset < want:
+                            continue
+                        if h.base_offset >= bound:
+                            full = True
+                            break
+                        if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
+                            if not out.size:
+                                self._remember_first_batch(tp, offset, h.size_bytes)
+                            full = True
+                            break
+                        out.records += data  # the one copy: out of the block buffer the reader reuses
+                        out.size += h.size_bytes
+                        last_offset = h.last_offset
+                if txns is not None and last_offset >= md.start_offset:
+                    seen = set(out.aborted or ())
+                    for t in txns.aborted(si):
+                        if t.first_offset <= last_offset and t.last_offset >= offset:
+                            key = (t.producer_id, t.first_offset)
+                            if key not in seen:
+                                seen.add(key)
+                                out.aborted.append(key)  # type: ignore[union-attr]
+                if last_offset < end and not full:
+                    full = True  # the plan's byte budget ended inside this segment
+        except UNREADABLE as err:
+            raise UnreadableCopyError(tp, current, err) from err
         return out
 
     def _remember_first_batch(self, tp: TopicIdPartition, offset: int, size: int) -> None:
@@ -221,7 +266,8 @@ class TierView:
     # ----------------------------------------------------------------------------------------- offsets
     def offset_for_timestamp(self, tp: TopicIdPartition, timestamp_ms: int) -> TimestampHit | None:
         """The first record whose timestamp is >= ``timestamp_ms`` (Kafka's ListOffsets by timestamp)."""
-        hit = self.reader.find_timestamp(tp, timestamp_ms)
+        with _reading(tp, None):
+            hit = self.reader.find_timestamp(tp, timestamp_ms)
         return None if hit is None else TimestampHit(hit[0], hit[2], hit[1])
 
     def max_timestamp(self, tp: TopicIdPartition) -> TimestampHit | None:
@@ -230,6 +276,10 @@ class TierView:
         if tier is None:
             return None
         md = max(tier.segments, key=lambda m: m.max_timestamp_ms)  # first of equals: max() keeps the first
+        with _reading(tp, md):
+            return self._max_timestamp(tier, md)
+
+    def _max_timestamp(self, tier: PartitionTier, md: RemoteLogSegmentMetadata) -> TimestampHit | None:
         seg = self.reader.rsm.open_segment(to_rsm(md))
         with closing(iter_segment_batches(seg, md.start_offset, md.end_offset_inclusive)) as batches:
             for h, data, _visible in batches:
@@ -264,22 +314,24 @@ class TierView:
             open_txns = dict(previous[1])
         else:
             for i in range(len(segs) - 1, -1, -1):
-                entries = rsm.open_segment(to_rsm(segs[i])).producer_snapshot()
+                with _reading(tp, segs[i]):
+                    entries = rsm.open_segment(to_rsm(segs[i])).producer_snapshot()
                 if entries is not None:
                     open_txns = {e.producer_id: e.current_txn_first_offset for e in entries
                                  if e.current_txn_first_offset >= 0}
                     start = i + 1
                     break
         for md in segs[start:]:  # no snapshot from here on: follow the batch headers
-            seg = rsm.open_segment(to_rsm(md))
-            with closing(seg.batches(md.start_offset, md.end_offset_inclusive)) as batches:
-                for h, _data in batches:
-                    if h.last_offset < md.start_offset or not h.is_transactional:
-                        continue
-                    if h.is_control:
-                        open_txns.pop(h.producer_id, None)
-                    else:
-                        open_txns.setdefault(h.producer_id, max(h.base_offset, md.start_offset))
+            with _reading(tp, md):
+                seg = rsm.open_segment(to_rsm(md))
+                with closing(seg.batches(md.start_offset, md.end_offset_inclusive)) as batches:
+                    for h, _data in batches:
+                        if h.last_offset < md.start_offset or not h.is_transactional:
+                            continue
+                        if h.is_control:
+                            open_txns.pop(h.producer_id, None)
+                        else:
+                            open_txns.setdefault(h.producer_id, max(h.base_offset, md.start_offset))
         with self._lock:
             self._open_txns = {k: v for k, v in self._open_txns.items() if k[0] != tp}
             self._open_txns[key] = open_txns

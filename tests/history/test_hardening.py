@@ -386,3 +386,58 @@ def test_fetch_partitions_are_a_map_and_one_capped_budget(tiered: Tiered) -> Non
         assert got[(a, 0)][0].records and not got[(a, 1)][0].records and not got[(b, 0)][0].records
         assert {(t, p) for t, p, _blk in rsm.reads} == {(a, 0)}, rsm.reads
         assert api_versions_ok(h)
+
+
+# ------------------------------------------------------------------------- r7: one unreadable copy, one partition
+KAFKA_STORAGE_ERROR = 56
+
+
+def test_an_unreadable_copy_is_that_partitions_error(tiered: Tiered, caplog: pytest.LogCaptureFixture) -> None:
+    """Every copy of b-0 corrupted (its index objects): Metadata still answers for every topic (b-0 listed), a
+    Fetch of a-0 and b-0 gives a-0 its records and b-0 KAFKA_STORAGE_ERROR, ListOffsets the same; the copy is
+    logged once (with its key and the reason) however often it is asked for, and every such answer is counted."""
+    from prometheus_client import REGISTRY
+
+    from rsm.manager import RemoteStorageManager
+
+    a, b = tiered.topic("a"), tiered.topic("b")
+    root = tiered.settings.store.root_path
+    indexes = sorted(root.rglob(f"{b}-*/0/*-index"))
+    assert indexes, f"no index object of {b} under {root}"
+    saved = {p: p.read_bytes() for p in indexes}
+
+    def count(api: str) -> float:
+        return REGISTRY.get_sample_value("rlm_history_unreadable_copies_total", {"api": api}) or 0.0
+
+    rsm = RemoteStorageManager(tiered.settings.store)  # no cache of the copies as they were
+    caplog.set_level(logging.INFO)
+    try:
+        for p, data in saved.items():
+            p.write_bytes(data[:16] + bytes(x ^ 0xFF for x in data[16:]))
+        before = count("fetch")
+        with endpoint(tiered, rsm=rsm) as h, connect(h) as s:
+            meta = call(s, 3, 1, {"topics": None})
+            assert meta is not None, "Metadata went unanswered"
+            listed = {t.name: t for t in meta.topics}
+            assert listed[a].error_code == 0 and listed[b].error_code == 0
+            assert [p.partition_index for p in listed[b].partitions] == [0]
+            for _ in range(3):
+                got = answered(fetch_v4(s, 2**20, [(a, 0, 0, 2**20), (b, 0, 0, 2**20)]))
+                assert got[(a, 0)][0].error_code == 0 and base_offsets(got[(a, 0)][0].records)[0] == 0
+                assert got[(b, 0)][0].error_code == KAFKA_STORAGE_ERROR and not got[(b, 0)][0].records
+            offsets = call(s, 2, 1, {"replica_id": -1, "topics": [
+                {"name": a, "partitions": [{"partition_index": 0, "timestamp": -2}]},
+                {"name": b, "partitions": [{"partition_index": 0, "timestamp": -2}]}]})
+            by_topic = {t.name: t.partitions[0] for t in offsets.topics}
+            assert (by_topic[a].error_code, by_topic[a].offset) == (0, 0)
+            assert by_topic[b].error_code == KAFKA_STORAGE_ERROR
+            assert api_versions_ok(h)
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+        rsm.close()
+    assert count("fetch") == before + 3
+    logged = [r for r in caplog.records if "remote copy cannot be read" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert logged[0].key and b in logged[0].key and logged[0].reason and not logged[0].exc_info
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
