@@ -228,7 +228,7 @@ def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: An
             continue
         s = (json.loads(prog.sources[0].startOffset) if prog.sources[0].startOffset else None) or {}
         e = json.loads(prog.sources[0].endOffset)
-        span = sum(o - s.get(topic, {}).get(p, o) for p, o in e.get(topic, {}).items())
+        span = sum(o - s.get(topic, {}).get(p, o) for p, o in e.get(topic, {}).items() if p != "topicId")
         if prog.numInputRows:
             spans.append(span)
             assert prog.numInputRows <= 300
