@@ -296,10 +296,35 @@ class HistoryListenerSettings(_Frozen):
     fetch_max_bytes: int = Field(57_671_680, ge=1024, description=(
         "the most record bytes one Fetch answer carries, whatever the client asks (Kafka's broker fetch.max.bytes "
         "and its default, 55 MiB); the first batch of the first partition with data is sent even if larger"))
+    fetch_max_wait_ms: int = Field(500, ge=0, le=300_000, description=(
+        "the longest a Fetch waits for data, whatever max_wait the client asks (a cap as Kafka's "
+        "replica.fetch.wait.max.ms, whose default it takes: the Java consumer and librdkafka ask 500 by default)"))
+    connections_max_idle_ms: int = Field(600_000, ge=100, description=(
+        "a connection with no request for this long (or that takes this long to send one) is closed "
+        "(Kafka's connections.max.idle.ms and its default, 10 min)"))
+    authentication_timeout_ms: int = Field(30_000, ge=100, description=(
+        "with sasl, a connection not authenticated this long after it was accepted is closed; also the TLS "
+        "handshake's limit (no Kafka equivalent: 30 s)"))
+    max_connections: int = Field(1000, ge=1, description=(
+        "connections served at once; more are closed as soon as accepted (Kafka's max.connections, whose "
+        "default is unbounded: 1000 here)"))
+    max_connections_per_ip: int = Field(200, ge=1, description=(
+        "connections served at once from one address; more are closed as soon as accepted (Kafka's "
+        "max.connections.per.ip, whose default is unbounded: 200 here)"))
+    connection_failed_authentication_delay_ms: int = Field(100, ge=0, description=(
+        "a failed SASL authentication is answered (and its connection closed) this long after it failed, to "
+        "slow down password guessing (Kafka's connection.failed.authentication.delay.ms and its default)"))
     tls: HistoryTlsSettings | None = Field(None, description="serve over TLS (SSL / SASL_SSL)")
     sasl: HistorySaslSettings | None = Field(None, description="require SASL authentication")
     allow_unauthenticated: bool = Field(False, description=(
         "let a listener on a non-loopback host start without SASL or client certificates"))
+
+    @model_validator(mode="after")
+    def _delay_below_idle(self) -> HistoryListenerSettings:
+        if self.connection_failed_authentication_delay_ms >= self.connections_max_idle_ms:
+            raise ValueError("connection_failed_authentication_delay_ms must be below connections_max_idle_ms "
+                             "(as Kafka requires)")
+        return self
 
     @model_validator(mode="after")
     def _advertised(self) -> HistoryListenerSettings:

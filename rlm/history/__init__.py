@@ -23,7 +23,7 @@ from rlm.discovery import ClusterView
 from rlm.history.catalog import Catalog
 from rlm.history.handlers import Handlers, NodeInfo
 from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
-from rlm.history.server import HistoryServer
+from rlm.history.server import ConnectionLimits, HistoryServer
 from rlm.history.tier import TierView
 from rlm.reader import RemoteReader
 from rlmm.api import RemoteLogMetadataManager
@@ -65,7 +65,8 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     if cfg is None:
         raise ValueError("history_listener is not configured")
     ssl_context = server_ssl_context(cfg.tls) if cfg.tls is not None else None
-    sasl = SaslAuthenticator(cfg.sasl) if cfg.sasl is not None else None
+    sasl = SaslAuthenticator(cfg.sasl, failed_authentication_delay_s=cfg.connection_failed_authentication_delay_ms
+                             / 1000) if cfg.sasl is not None else None
     if sasl is not None and PLAIN in sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
         log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network: "
                     "configure history_listener.tls, or offer SCRAM-SHA-512 only", extra={"host": cfg.host})
@@ -81,7 +82,8 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
                         sasl=sasl is not None, fetch_max_bytes=cfg.fetch_max_bytes)
     server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
-                           ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None)
+                           ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
+                           limits=ConnectionLimits.of(cfg))
     try:
         server.start()
     except BaseException:

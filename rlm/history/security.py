@@ -20,7 +20,9 @@ Choices, each Kafka's own behaviour unless said:
   use v1 and SaslAuthenticate whenever ApiVersions lists it, which it does here.
 - A mechanism not enabled: UNSUPPORTED_SASL_MECHANISM with the enabled ones, then closed.
 - Failed authentication: SASL_AUTHENTICATION_FAILED with a message that does not say whether the user exists,
-  then closed. An unknown SCRAM user gets a salt stable per name, so the exchange looks like a wrong password.
+  then closed, both after ``connection_failed_authentication_delay_ms`` (Kafka's
+  ``connection.failed.authentication.delay.ms``, 100 ms). An unknown SCRAM user gets a salt stable per name, so
+  the exchange looks like a wrong password.
 - SCRAM user names: the client escapes ``,`` and ``=`` (RFC 5802's ``saslname``: ``=2C``, ``=3D``); scramp
   unescapes them once, and that name is both the one whose credential is looked up and the principal.
 - After authentication, SaslHandshake and SaslAuthenticate get ILLEGAL_SASL_STATE (no re-authentication, KIP-368:
@@ -191,9 +193,10 @@ class SaslAuthenticator:
     """What every connection of one listener shares: the enabled mechanisms and the users' credentials.
     :meth:`session` is the :class:`~rlm.history.server.HistoryServer`'s ``session_factory``."""
 
-    def __init__(self, settings: HistorySaslSettings) -> None:
+    def __init__(self, settings: HistorySaslSettings, *, failed_authentication_delay_s: float = 0.1) -> None:
         self.mechanisms: tuple[str, ...] = tuple(settings.mechanisms)
         self.credentials = ScramCredentials(settings.users, settings.scram_iterations)
+        self.failed_authentication_delay_s = failed_authentication_delay_s
 
     def session(self, peer: Any = None) -> SaslSession:
         return SaslSession(self, peer)
@@ -289,8 +292,14 @@ class SaslSession:
         token = bytes(req.auth_bytes)
         if self.mechanism == PLAIN:
             user = await asyncio.to_thread(self._plain, token)
-            return self._done(header, user, b"")
-        return self._scram_step(header, token)
+            answer = self._done(header, user, b"")
+        else:
+            answer = self._scram_step(header, token)
+        if self.state is State.CLOSED and self.authenticator.failed_authentication_delay_s > 0:
+            # Kafka's connection.failed.authentication.delay.ms: the failure is answered (and the connection
+            # closed) later, so that guessing passwords costs the guesser time.
+            await asyncio.sleep(self.authenticator.failed_authentication_delay_s)
+        return answer
 
     def _plain(self, token: bytes) -> str | None:
         """RFC 4616: ``[authzid] NUL authcid NUL passwd``; the user's name if the password is theirs. An authzid,

@@ -2,8 +2,15 @@
 
 Each connection is served in order, as a broker does (a client may pipeline requests; responses go back in the
 order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes.
-A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` for newly tiered data, re-reading the
-tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer meanwhile).
+A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
+tiered data, re-reading the tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer
+meanwhile); the wait ends when its client closes the connection, and a waiting Fetch holds no worker thread.
+
+Connections are bounded (:class:`ConnectionLimits`, from ``history_listener``): past ``max_connections`` in all or
+``max_connections_per_ip`` from one address a new connection is closed at once; a connection that sends no whole
+request for ``connections_max_idle_ms``, that does not take its answer within that time, or (SASL) that has not
+authenticated ``authentication_timeout_ms`` after it was accepted is closed. Each is counted
+(``rlm_history_closed_connections{reason}``).
 
 Bad input never takes the server down: a request whose header can be read gets an error response
 (UNSUPPORTED_VERSION for an API or version not offered, INVALID_REQUEST for a body that does not decode) and the
@@ -19,14 +26,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
+from rlm.config import HistoryListenerSettings
 from rlm.history.handlers import Handlers
 from rlm.history.wire import (
     API_KEYS,
@@ -46,7 +56,7 @@ from rlm.history.wire import (
     response_type,
 )
 
-__all__ = ["HistoryServer"]
+__all__ = ["ConnectionLimits", "HistoryServer"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +67,32 @@ LATENCY = Histogram("rlm_history_request_seconds", "Time to answer one request (
                     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 BAD = Counter("rlm_history_bad_requests", "Requests or frames that could not be read", ["reason"])
 CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the history endpoint")
+CLOSED = Counter("rlm_history_closed_connections", "Connections the history endpoint closed for a bound",
+                 ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip
+WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
+REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """The bounds a connection is held to (``history_listener``'s keys, in seconds); the defaults are the config's.
+    ``idle_s`` also bounds the time to send one whole request and to take one answer (a client that does not read
+    is closed); ``authentication_timeout_s`` applies to SASL listeners (and to the TLS handshake)."""
+
+    idle_s: float = 600.0
+    authentication_timeout_s: float = 30.0
+    max_connections: int = 1000
+    max_connections_per_ip: int = 200
+    fetch_max_wait_s: float = 0.5
+
+    @classmethod
+    def of(cls, cfg: HistoryListenerSettings) -> ConnectionLimits:
+        return cls(idle_s=cfg.connections_max_idle_ms / 1000,
+                   authentication_timeout_s=cfg.authentication_timeout_ms / 1000,
+                   max_connections=cfg.max_connections, max_connections_per_ip=cfg.max_connections_per_ip,
+                   fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000)
 
 
 class HistoryServer:
@@ -66,8 +100,12 @@ class HistoryServer:
 
     def __init__(self, handlers: Handlers, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                  workers: int = 8, poll_s: float = 0.2,
-                 session_factory: Callable[[Any], Any] | None = None) -> None:
+                 session_factory: Callable[[Any], Any] | None = None, limits: ConnectionLimits | None = None) -> None:
         self.handlers = handlers
+        self.limits = limits or ConnectionLimits()
+        self._open = 0  # connections served now, in all and per address (on the event loop only)
+        self._per_ip: dict[str, int] = {}
+        self._refusal_logged: dict[str, float] = {}
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -94,7 +132,8 @@ class HistoryServer:
         loop = self._loop = asyncio.new_event_loop()
         try:
             self._server = loop.run_until_complete(asyncio.start_server(
-                self._serve, self.host, self.port, ssl=self.ssl_context, limit=1 << 20))
+                self._serve, self.host, self.port, ssl=self.ssl_context, limit=1 << 20,
+                ssl_handshake_timeout=self.limits.authentication_timeout_s if self.ssl_context else None))
             self.port = self._server.sockets[0].getsockname()[1]
         except BaseException as err:  # noqa: BLE001 - reported by start()
             self._error = err
@@ -131,39 +170,57 @@ class HistoryServer:
     # --------------------------------------------------------------------------------- connections
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         CONNECTIONS.inc()
-        self._writers.add(writer)
         peer = writer.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        refused = self._admit(ip)
+        if refused is not None:
+            writer.close()
+            return
+        self._writers.add(writer)
+        limits = self.limits
+        loop = asyncio.get_running_loop()
+        accepted = loop.time()
         # A session (rlm.history.security.SaslSession) is asked before each request is served (see _answer); before
         # authentication it also bounds the frames read (max_frame_bytes).
         session = self.session_factory(peer) if self.session_factory is not None else None
+
+        def gone() -> bool:  # the client closed its side (or the connection broke): a long poll stops
+            return writer.is_closing() or reader.at_eof()
+
         try:
             while True:
+                # The next request must come (whole) within the idle limit and, before authentication, by the
+                # authentication deadline.
+                timeout, why = limits.idle_s, "idle"
+                if session is not None and not session.authenticated:
+                    left = accepted + limits.authentication_timeout_s - loop.time()
+                    if left < timeout:
+                        timeout, why = left, "authentication_timeout"
                 try:
-                    size_bytes = await reader.readexactly(SIZE.size)
-                except asyncio.IncompleteReadError:
-                    return  # the client closed
-                (size,) = SIZE.unpack(size_bytes)
-                limit = getattr(session, "max_frame_bytes", None) or MAX_FRAME_BYTES
-                if size < 10 or size > limit:
-                    BAD.labels("frame_size").inc()
-                    log.warning("history endpoint: not a Kafka request frame, connection closed",
-                                extra={"peer": str(peer), "size": size})
+                    frame = await asyncio.wait_for(self._read_frame(reader, session, peer), max(timeout, 0))
+                except TimeoutError:
+                    CLOSED.labels(why).inc()
+                    log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": why})
                     return
-                try:
-                    frame = await reader.readexactly(size)
-                except asyncio.IncompleteReadError:
-                    BAD.labels("truncated_frame").inc()
+                if frame is None:
                     return
-                response = await self._answer(frame, session)
+                response = await self._answer(frame, session, gone=gone)
                 if response is None:
                     return  # the session says close (e.g. failed authentication)
                 if response is NO_RESPONSE:
-                    continue  # Produce with acks=0
+                    continue  # Produce with acks=0, or a long poll whose client left
                 # counted before the write: a client may read the response before the next line would run
                 BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
                 writer.write(response)
-                await writer.drain()
+                try:  # a client that does not read its answers is closed, as an idle one
+                    await asyncio.wait_for(writer.drain(), limits.idle_s)
+                except TimeoutError:
+                    CLOSED.labels("not_reading").inc()
+                    log.info("history endpoint: connection closed", extra={"peer": str(peer),
+                                                                            "reason": "not_reading"})
+                    writer.transport.abort()
+                    return
                 if session is not None and session.close_after_response:
                     return  # e.g. SASL_AUTHENTICATION_FAILED sent: close, as Kafka does
         except asyncio.CancelledError:
@@ -176,10 +233,60 @@ class HistoryServer:
             else:
                 log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
         finally:
+            self._release(ip)
             self._writers.discard(writer)
             writer.close()
 
-    async def _answer(self, frame: bytes, session: Any) -> bytes | None:
+    def _admit(self, ip: str) -> str | None:
+        """Count a new connection from ``ip`` in, or say why it is refused (it is closed at once, as Kafka closes
+        connections past max.connections.per.ip). Runs on the event loop: no lock."""
+        limits = self.limits
+        if self._open >= limits.max_connections:
+            reason = "max_connections"
+        elif self._per_ip.get(ip, 0) >= limits.max_connections_per_ip:
+            reason = "max_connections_per_ip"
+        else:
+            self._open += 1
+            self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+            return None
+        CLOSED.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._refusal_logged.get(reason, -math.inf) >= REFUSAL_LOG_INTERVAL_S:  # not one line per socket
+            self._refusal_logged[reason] = now
+            log.warning("history endpoint: connection limit reached, new connections are closed (logged once a "
+                        "minute, counted in rlm_history_closed_connections)",
+                        extra={"peer_ip": ip, "reason": reason, "max_connections": limits.max_connections,
+                               "max_connections_per_ip": limits.max_connections_per_ip})
+        return reason
+
+    def _release(self, ip: str) -> None:
+        self._open -= 1
+        n = self._per_ip.get(ip, 0) - 1
+        if n > 0:
+            self._per_ip[ip] = n
+        else:
+            self._per_ip.pop(ip, None)
+
+    async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any) -> bytes | None:
+        """The next request frame (without its size), or None when the connection is to be closed."""
+        try:
+            size_bytes = await reader.readexactly(SIZE.size)
+        except asyncio.IncompleteReadError:
+            return None  # the client closed
+        (size,) = SIZE.unpack(size_bytes)
+        limit = getattr(session, "max_frame_bytes", None) or MAX_FRAME_BYTES
+        if size < 10 or size > limit:
+            BAD.labels("frame_size").inc()
+            log.warning("history endpoint: not a Kafka request frame, connection closed",
+                        extra={"peer": str(peer), "size": size})
+            return None
+        try:
+            return await reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            BAD.labels("truncated_frame").inc()
+            return None
+
+    async def _answer(self, frame: bytes, session: Any, *, gone: Callable[[], bool] | None = None) -> bytes | None:
         started = time.monotonic()
         try:
             header = read_header(frame)
@@ -222,7 +329,7 @@ class HistoryServer:
                 BAD.labels("body").inc()
                 log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
                 return self._error_response(header, ErrorCode.invalid_request)
-            body = await self._dispatch(header, req)
+            body = await self._dispatch(header, req, gone)
             return body if body is NO_RESPONSE else encode_response(header, body)
         finally:
             REQUESTS.labels(api, error).inc()
@@ -234,7 +341,7 @@ class HistoryServer:
             return encode_response(header, None, raw_error=code.value)
         return encode_response(header, error_body(rtype, code))
 
-    async def _dispatch(self, header: RequestHeader, req: Any) -> Any:
+    async def _dispatch(self, header: RequestHeader, req: Any, gone: Callable[[], bool] | None = None) -> Any:
         loop = asyncio.get_running_loop()
         rtype = response_type(header)
         h = self.handlers
@@ -242,7 +349,7 @@ class HistoryServer:
         if key == ApiKey.API_VERSIONS:
             return build(rtype, h.api_versions())
         if key == ApiKey.FETCH:
-            return await self._fetch(rtype, req)
+            return await self._fetch(rtype, req, gone)
         if key == ApiKey.PRODUCE:
             values = h.produce(req)
             return NO_RESPONSE if values is None else build(rtype, values)
@@ -251,20 +358,30 @@ class HistoryServer:
         values = await loop.run_in_executor(self._pool, call, req)
         return build(rtype, values)
 
-    async def _fetch(self, rtype: type, req: Any) -> Any:
+    async def _fetch(self, rtype: type, req: Any, gone: Callable[[], bool] | None = None) -> Any:
         loop = asyncio.get_running_loop()
-        max_wait_s = max(_millis(req.max_wait), 0) / 1000
+        max_wait_s = min(max(_millis(req.max_wait), 0) / 1000, self.limits.fetch_max_wait_s)
         deadline = time.monotonic() + max_wait_s
         partitions = sum(len(t.partitions) for t in req.topics)
-        while True:
-            values, size = await loop.run_in_executor(self._pool, self.handlers.fetch, req)
-            left = deadline - time.monotonic()
-            # Kafka's DelayedFetch answers at once when min_bytes is reached (min_bytes 0: always), when nothing
-            # is asked for, or on an error.
-            if size >= req.min_bytes or not partitions or left <= 0 or _has_error(values):
-                break
-            await asyncio.sleep(min(self.poll_s, left))
-            self.handlers.tier.refresh(self._fetched(req))
+        waiting = False
+        try:
+            while True:
+                values, size = await loop.run_in_executor(self._pool, self.handlers.fetch, req)
+                left = deadline - time.monotonic()
+                # Kafka's DelayedFetch answers at once when min_bytes is reached (min_bytes 0: always), when nothing
+                # is asked for, or on an error.
+                if size >= req.min_bytes or not partitions or left <= 0 or _has_error(values):
+                    break
+                if not waiting:
+                    waiting = True
+                    WAITING.inc()
+                await asyncio.sleep(min(self.poll_s, left))
+                if gone is not None and gone():
+                    return NO_RESPONSE  # the client left: the poll ends with its connection (as Kafka drops it)
+                self.handlers.tier.refresh(self._fetched(req))
+        finally:
+            if waiting:
+                WAITING.dec()
         for t in values["responses"]:
             n = sum(len(p["records"]) for p in t["partitions"])
             if n:

@@ -337,7 +337,8 @@ def history(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         kafka, tmp, topics={"include": [f"hist-{tag}-.*"], "exclude": [f"hist-{tag}-excluded"]},
         retention=[{"pattern": name("trim"), "retention_ms": 30 * 60_000, "retention_bytes": -1},
                    {"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
-        history_listener={"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100})
+        history_listener={"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100,
+                          "fetch_max_wait_ms": 30_000})  # the max_wait tests ask for more than the default cap
     sidecar = Sidecar(settings).start()
     history: History | None = None
     setup: HistorySetup | None = None

@@ -16,6 +16,7 @@ import io
 import logging
 import socket
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -441,3 +442,152 @@ def test_an_unreadable_copy_is_that_partitions_error(tiered: Tiered, caplog: pyt
     assert len(logged) == 1, [r.getMessage() for r in logged]
     assert logged[0].key and b in logged[0].key and logged[0].reason and not logged[0].exc_info
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+# ------------------------------------------------------------------------------ r6: connections and deadlines
+def answered_api_versions(s: socket.socket) -> bool:
+    try:
+        resp = call(s, API_VERSIONS, 0, {})
+    except (ConnectionError, TimeoutError):
+        return False
+    return resp is not None and resp.error_code == 0
+
+
+@pytest.mark.parametrize("limit", ["max_connections", "max_connections_per_ip"])
+def test_connection_limits(tiered: Tiered, limit: str) -> None:
+    """200 connections (unauthenticated, from one address) against a limit of 50: 50 are served, every other one is
+    closed at once; once one of the 50 closes, a new connection is served."""
+    other = "max_connections_per_ip" if limit == "max_connections" else "max_connections"
+    with endpoint(tiered, **{limit: 50, other: 1000}) as h:
+        socks = [connect(h) for _ in range(200)]
+        try:
+            served = [s for s in socks if answered_api_versions(s)]
+            assert len(served) == 50
+            assert all(closed(s) for s in socks if s not in served)
+            served[0].close()
+            wait_for(lambda: api_versions_ok(h), 20, "a connection to be served once one closed")
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_idle_connections_and_partial_frames_are_closed(tiered: Tiered) -> None:
+    """``connections_max_idle_ms``: a connection that sends nothing, one that sends part of a frame and stops, and
+    one that does not read its answers are closed; one that keeps sending requests is served throughout."""
+    with endpoint(tiered, connections_max_idle_ms=500, connection_failed_authentication_delay_ms=0) as h:
+        with connect(h) as silent, connect(h) as partial:
+            partial.sendall(struct.pack(">i", 100) + b"\0" * 10)
+            assert closed(silent) and closed(partial)  # the sockets' timeout is 20 s: the server closed them
+        with connect(h) as busy:
+            for _ in range(8):  # 0.1 s apart, 0.8 s in all: past the idle limit, never idle for it
+                assert answered_api_versions(busy)
+                time.sleep(0.1)
+        # A client that asks for answers (Fetches of about 60 KB) and never reads them: once they no longer fit the
+        # socket buffers, the server waits for the client to take them no longer than the idle limit, then closes.
+        from prometheus_client import REGISTRY
+
+        def not_reading() -> float:
+            return REGISTRY.get_sample_value("rlm_history_closed_connections_total", {"reason": "not_reading"}) or 0
+
+        before = not_reading()
+        a = tiered.topic("a")
+        deaf = socket.socket()
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deaf.settimeout(20)
+        with deaf:
+            deaf.connect(("127.0.0.1", h.port))
+            ask = request(1, 4, _fetch_body(a, 0, max_wait_ms=0))
+            try:
+                for _ in range(400):
+                    deaf.sendall(ask)
+            except (ConnectionError, TimeoutError):
+                pass  # the server closed it while it was still sending
+            wait_for(lambda: not_reading() > before, 30, "the server to close a client that does not read")
+        assert api_versions_ok(h)
+
+
+def test_authentication_deadline(tiered: Tiered) -> None:
+    """With SASL, a connection that keeps sending ApiVersions but never authenticates is closed at
+    ``authentication_timeout_ms``; an authenticated one is not."""
+    sasl = {"mechanisms": ["SCRAM-SHA-512"], "users": SCRAM_USERS}
+    with endpoint(tiered, sasl=sasl, authentication_timeout_ms=1000) as h:
+        authenticated = scram_login(h, "a,b", SCRAM_USERS["a,b"])
+        assert authenticated is not None
+        with authenticated, connect(h) as stranger:
+            for _ in range(200):  # 0.1 s apart: closed after about 1 s
+                if not answered_api_versions(stranger):
+                    break
+                time.sleep(0.1)
+            else:
+                pytest.fail("an unauthenticated connection was served for 20 s")
+            assert closed(stranger)
+            meta = call(authenticated, 3, 1, {"topics": None})  # past the deadline, authenticated: served
+            assert meta is not None and meta.topics
+
+
+def test_failed_authentication_is_answered_after_a_delay(tiered: Tiered) -> None:
+    """A wrong password gets SASL_AUTHENTICATION_FAILED only after ``connection_failed_authentication_delay_ms``
+    (5 s here: nothing comes in the first second), then the connection closes."""
+    import select
+
+    sasl = {"mechanisms": ["PLAIN"], "users": USERS}
+    with endpoint(tiered, sasl=sasl, connection_failed_authentication_delay_ms=5000) as h, connect(h) as s:
+        assert call(s, SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
+        s.sendall(request(SASL_AUTHENTICATE, 1, struct.pack(">i", 14) + b"\0alice\0wrong-pw", correlation_id=9))
+        readable, _w, _x = select.select([s], [], [], 1.0)
+        assert readable == [], "the failure was answered without the delay"
+        frame = recv_frame(s)
+        assert frame is not None and struct.unpack_from(">ih", frame) == (9, 58)  # SASL_AUTHENTICATION_FAILED
+        assert closed(s)
+
+
+# -------------------------------------------------------------------------- r4: long polls, capped and dropped
+def test_fetch_wait_is_capped_and_abandoned_polls_end(tiered: Tiered) -> None:
+    """A Fetch at the tier's end asking to wait 24.8 days is answered (empty) after ``fetch_max_wait_ms``; 50
+    clients that start a long poll and leave end their polls with their connections (none is left waiting, and
+    the tier is no longer polled for them) while another client's ListOffsets is answered."""
+    from prometheus_client import REGISTRY
+
+    a = tiered.topic("a")
+    end = max(tiered.sent[(a, 0)]) + 1
+    with endpoint(tiered) as h, connect(h) as s:
+        got = answered(call(s, 1, 4, {"replica_id": -1, "max_wait": 2**31 - 1, "min_bytes": 1, "max_bytes": 2**20,
+                                      "isolation_level": 0, "topics": [{"topic": a, "partitions": [
+                                          {"partition": 0, "fetch_offset": end, "partition_max_bytes": 2**20}]}]}))
+        assert got[(a, 0)][0].error_code == 0 and not got[(a, 0)][0].records
+
+    def waiting() -> float | None:
+        return REGISTRY.get_sample_value("rlm_history_waiting_fetches")
+
+    with endpoint(tiered, fetch_max_wait_ms=300_000) as h:
+        runs = []
+        fetch = h.server.handlers.fetch
+        h.server.handlers.fetch = lambda req: (runs.append(1), fetch(req))[1]  # counts the polls' tier reads
+        poll = request(1, 4, _fetch_body(a, end, max_wait_ms=300_000))
+        clients = [connect(h) for _ in range(50)]
+        for c in clients:
+            c.sendall(poll)
+        wait_for(lambda: waiting() == 50, 20, "50 long polls waiting")
+        with connect(h) as other:
+            offsets = call(other, 2, 1, {"replica_id": -1, "topics": [
+                {"name": a, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+            assert offsets.topics[0].partitions[0].offset == end
+        for c in clients:
+            c.close()
+        wait_for(lambda: waiting() == 0, 20, "the abandoned long polls to end")
+        before = len(runs)
+        time.sleep(0.5)  # ten poll intervals (50 ms): a poll still running would read the tier again
+        assert len(runs) == before
+        assert api_versions_ok(h)
+
+
+def _fetch_body(topic: str, offset: int, *, max_wait_ms: int) -> bytes:
+    from rlm.history.wire import build
+
+    out = io.BytesIO()
+    entity = build(load_request_schema(1, 4), {
+        "replica_id": -1, "max_wait": max_wait_ms, "min_bytes": 1, "max_bytes": 2**20, "isolation_level": 0,
+        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": offset,
+                                                    "partition_max_bytes": 2**20}]}]})
+    entity_writer(type(entity))(out, entity)
+    return out.getvalue()
