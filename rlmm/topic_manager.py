@@ -25,7 +25,8 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._ready: set[int] = set()
         self._at_eof: set[int] = set()
         self._served: dict[TopicIdPartition, int] = {}
+        self._held: collections.Counter[int] = collections.Counter()  # metadata partitions a write is using
         self._commands: queue.Queue[tuple[Callable[[], object], list]] = queue.Queue()
         self._skipped_at: collections.OrderedDict[tuple[int, int], SkippedRecord] = collections.OrderedDict()
         self._tombstoned: set[tuple[uuid.UUID, int, uuid.UUID]] = set()
@@ -241,11 +243,13 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 time.sleep(0.2)
 
     def _unassign(self, mps: Iterable[int]) -> None:
-        gone = sorted(set(mps) & self._assigned)
-        if not gone:
-            return
-        self._consumer.incremental_unassign([TopicPartition(self.topic, mp) for mp in gone])
+        """Stop consuming ``mps``, except those a write holds (:meth:`_holding`): under the lock the writers take
+        to hold one, so a write either sees its partition unassigned (and assigns it again) or keeps it."""
         with self._cond:
+            gone = sorted(set(mps) & self._assigned - set(self._held))
+            if not gone:
+                return
+            self._consumer.incremental_unassign([TopicPartition(self.topic, mp) for mp in gone])
             for mp in gone:
                 self._assigned.discard(mp)
                 self._ready.discard(mp)
@@ -387,18 +391,39 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         if self._thread_error is not None:
             raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
 
-    def _ensure_assigned(self, tp: TopicIdPartition) -> int:
-        """Consume ``tp``'s metadata partition (if not yet) and wait until caught up: writes check against it."""
-        mp = self.cache.mp_of(tp)
-        if mp not in self._assigned:
-            self._call(lambda: self._assign([mp]))
-        if mp not in self._ready:
-            self.wait_ready([tp], self.config.write_timeout_s)
-        return mp
+    @contextmanager
+    def _holding(self, tps: Iterable[TopicIdPartition]) -> Iterator[None]:
+        """Consume the metadata partitions of ``tps`` (if not yet), wait until caught up, and keep them consumed
+        until the block ends: a write checks against them, then waits to read itself back. ``on_stop_partitions``
+        leaves a held partition assigned: unassigned, it would never be applied again, and the read-your-writes
+        wait on it could only time out (a fenced copy's clean-up once waited its full timeout on the metadata
+        partition of its just-deleted topic). What a write assigned stays assigned until the next
+        ``on_stop_partitions``, as before."""
+        mps = {self.cache.mp_of(tp): tp for tp in tps}
+        with self._cond:  # before the check below: _unassign runs under the same lock and skips held partitions
+            self._held.update(list(mps))
+        try:
+            missing = [mp for mp in mps if mp not in self._assigned]
+            if missing:
+                self._call(lambda: self._assign(missing))
+            not_ready = [tp for mp, tp in mps.items() if mp not in self._ready]
+            if not_ready:
+                self.wait_ready(not_ready, self.config.write_timeout_s)
+            yield
+        finally:
+            with self._cond:
+                self._held.subtract(list(mps))
+                for mp in mps:
+                    if self._held[mp] <= 0:
+                        del self._held[mp]
+
+    def _not_consumed(self, mp: int, what: object) -> PartitionNotServedError:
+        return PartitionNotServedError(f"{what}: metadata partition {self.topic}-{mp} is no longer consumed by this "
+                                       "manager (on_stop_partitions): its records would never be applied here")
 
     def _write(self, tp: TopicIdPartition, key: bytes, value: bytes, what: object) -> None:
         producer = self._writer()
-        mp = self._ensure_assigned(tp)
+        mp = self.cache.mp_of(tp)
         result: list = []
 
         def on_delivery(err, msg) -> None:
@@ -418,6 +443,8 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             while self._applied.get(mp, -1) <= offset:
                 if self._thread_error is not None:
                     raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
+                if mp not in self._assigned:
+                    raise self._not_consumed(mp, what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ReadYourWritesTimeoutError(
@@ -432,22 +459,24 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise error(f"{what}: the cache refused the record at {self.topic}-{mp} offset {offset}: {skipped.error}")
 
     def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
-        tp, key, value, sid = self._checked(metadata)
-        self._write(tp, key, value, sid)
+        with self._holding([metadata.topic_id_partition]):
+            tp, key, value, sid = self._checked(metadata)
+            self._write(tp, key, value, sid)
 
     def update_remote_log_segment_metadata(self, update: RemoteLogSegmentMetadataUpdate) -> None:
-        tp, key, value, sid = self._checked(update)
-        self._write(tp, key, value, sid)
+        with self._holding([update.remote_log_segment_id.topic_id_partition]):
+            tp, key, value, sid = self._checked(update)
+            self._write(tp, key, value, sid)
 
     def _checked(self, rec: RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate,
                  ) -> tuple[TopicIdPartition, bytes, bytes, object]:
         """A segment record checked against the cache (the state machine, the partition's delete state, copy
         fencing), as (partition, record key, record value, segment id), ready to write. An add must be
-        COPY_SEGMENT_STARTED (ValueError); refusals raise the metadata manager's errors."""
+        COPY_SEGMENT_STARTED (ValueError); refusals raise the metadata manager's errors. The caller holds the
+        partition's metadata partition (:meth:`_holding`)."""
         sid = rec.remote_log_segment_id
         tp = sid.topic_id_partition
         if isinstance(rec, RemoteLogSegmentMetadataUpdate):
-            self._ensure_assigned(tp)
             existing = self.cache.segment(tp, sid.id)
             if existing is None:
                 raise UnknownSegmentError(f"{sid}: no such segment (update to {rec.state.name})")
@@ -460,7 +489,6 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         else:
             if rec.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
                 raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {rec.state.name}")
-            self._ensure_assigned(tp)
             deleting = self.cache.partition_delete(tp)
             if deleting is not None:
                 raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
@@ -479,15 +507,16 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         instead of two round trips per record. Each record's wait allows ``write_timeout_s`` of no progress."""
         out: list[RemoteLogMetadataError | None] = [None] * len(records)
         items: list[tuple[int, TopicIdPartition, bytes, bytes, object]] = []
-        for i, rec in enumerate(records):
-            try:
-                tp, key, value, sid = self._checked(rec)
-            except RemoteLogMetadataError as err:
+        with self._holding({_tp_of(rec) for rec in records}):
+            for i, rec in enumerate(records):
+                try:
+                    tp, key, value, sid = self._checked(rec)
+                except RemoteLogMetadataError as err:
+                    out[i] = err
+                    continue
+                items.append((i, tp, key, value, sid))
+            for i, err in zip((it[0] for it in items), self._write_many(items), strict=True):
                 out[i] = err
-                continue
-            items.append((i, tp, key, value, sid))
-        for i, err in zip((it[0] for it in items), self._write_many(items), strict=True):
-            out[i] = err
         return out
 
     def _write_many(self, items: list[tuple[int, TopicIdPartition, bytes, bytes, object]],
@@ -538,6 +567,11 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 while self._applied.get(mp, -1) <= offset:
                     if self._thread_error is not None:
                         raise RemoteLogMetadataError(f"the metadata consumer thread died: {self._thread_error!r}")
+                    if mp not in self._assigned:
+                        for j, w in enumerate(written):
+                            if w is not None and w[0] == mp and errors[j] is None:
+                                errors[j] = self._not_consumed(mp, items[j][4])
+                        break
                     if self._applied.get(mp, -1) != seen:
                         progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
                     left = progress_at + timeout - time.monotonic()
@@ -559,12 +593,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     def put_remote_partition_delete_metadata(self, metadata: RemotePartitionDeleteMetadata) -> None:
         tp = metadata.topic_id_partition
-        self._ensure_assigned(tp)
-        existing = self.cache.partition_delete(tp)
-        if existing is not None:
-            existing.state.check_transition(metadata.state, tp)
-        key = encode_key(KeyKind.PARTITION_DELETE, tp.topic_id, tp.partition, None, metadata.state)
-        self._write(tp, key, serde.encode(metadata), tp)
+        with self._holding([tp]):
+            existing = self.cache.partition_delete(tp)
+            if existing is not None:
+                existing.state.check_transition(metadata.state, tp)
+            key = encode_key(KeyKind.PARTITION_DELETE, tp.topic_id, tp.partition, None, metadata.state)
+            self._write(tp, key, serde.encode(metadata), tp)
 
     # ------------------------------------------------------------------------------------------- read side
     def _served_mp(self, tp: TopicIdPartition) -> None:
@@ -623,11 +657,19 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         return self.cache.mp_of(tp) in self._ready
 
     def wait_ready(self, tps: Iterable[TopicIdPartition], timeout_s: float = 60.0) -> None:
-        """Block until :meth:`is_ready` holds for every partition (or raise ReadYourWritesTimeoutError)."""
-        mps = {self.cache.mp_of(tp) for tp in tps}
+        """Block until :meth:`is_ready` holds for every partition (or raise ReadYourWritesTimeoutError). A partition
+        whose metadata partition is not consumed (never served, or stopped meanwhile) raises
+        :class:`PartitionNotServedError` at once, rather than wait for records that will never be applied."""
+        by_mp = {self.cache.mp_of(tp): tp for tp in tps}
+        mps = set(by_mp)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while not mps <= self._ready:
+                gone = sorted(mps - self._assigned)
+                if gone:  # never applied again here: waiting could only time out
+                    raise PartitionNotServedError(
+                        f"{by_mp[gone[0]]}: metadata partition {self.topic}-{gone[0]} is not consumed by this "
+                        "manager (not served, or stopped while waiting): call on_partition_leadership_changes first")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ReadYourWritesTimeoutError(f"metadata partitions {sorted(mps - self._ready)} not caught "
@@ -646,3 +688,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             self._consumer.close()
         finally:
             self.cache.close()
+
+
+def _tp_of(rec: RemoteLogSegmentMetadata | RemoteLogSegmentMetadataUpdate) -> TopicIdPartition:
+    return rec.remote_log_segment_id.topic_id_partition
