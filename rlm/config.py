@@ -296,6 +296,10 @@ class HistoryListenerSettings(_Frozen):
     fetch_max_bytes: int = Field(57_671_680, ge=1024, description=(
         "the most record bytes one Fetch answer carries, whatever the client asks (Kafka's broker fetch.max.bytes "
         "and its default, 55 MiB); the first batch of the first partition with data is sent even if larger"))
+    socket_request_max_bytes: int = Field(104_857_600, ge=1024, le=2**31 - 1, description=(
+        "the largest request frame read; a larger size prefix closes the connection unread (Kafka's "
+        "socket.request.max.bytes and its default, 100 MiB). Before SASL authentication 512 KiB at most, as "
+        "Kafka's sasl.server.max.receive.size"))
     fetch_max_wait_ms: int = Field(500, ge=0, le=300_000, description=(
         "the longest a Fetch waits for data, whatever max_wait the client asks (a cap as Kafka's "
         "replica.fetch.wait.max.ms, whose default it takes: the Java consumer and librdkafka ask 500 by default)"))

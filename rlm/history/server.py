@@ -14,9 +14,10 @@ authenticated ``authentication_timeout_ms`` after it was accepted is closed. Eac
 
 Bad input never takes the server down: a request whose header can be read gets an error response
 (UNSUPPORTED_VERSION for an API or version not offered, INVALID_REQUEST for a body that does not decode) and the
-connection stays open; a frame that cannot be a Kafka request (a size below the header's or above
-``MAX_FRAME_BYTES``: garbage, TLS or HTTP on the plaintext port) closes that connection only, as a broker does,
-since the stream can no longer be framed. Both are logged and counted (``rlm_history_bad_requests``). An
+connection stays open; a frame that cannot be a Kafka request or is too large (a size below the header's or above
+``socket_request_max_bytes``, Kafka's ``socket.request.max.bytes``: garbage, TLS or HTTP on the plaintext port, or a
+request too large to hold) closes that connection unread, as a broker does, since the stream can no longer be
+framed. Both are logged and counted (``rlm_history_bad_requests``). An
 unexpected error on a connection that has not authenticated (SASL) closes it with a WARNING line and no traceback
 (counted as ``internal``): a client that has not said who it is cannot write ERROR tracebacks to the log.
 """
@@ -86,13 +87,14 @@ class ConnectionLimits:
     max_connections: int = 1000
     max_connections_per_ip: int = 200
     fetch_max_wait_s: float = 0.5
+    request_max_bytes: int = MAX_FRAME_BYTES
 
     @classmethod
     def of(cls, cfg: HistoryListenerSettings) -> ConnectionLimits:
         return cls(idle_s=cfg.connections_max_idle_ms / 1000,
                    authentication_timeout_s=cfg.authentication_timeout_ms / 1000,
                    max_connections=cfg.max_connections, max_connections_per_ip=cfg.max_connections_per_ip,
-                   fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000)
+                   fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000, request_max_bytes=cfg.socket_request_max_bytes)
 
 
 class HistoryServer:
@@ -274,7 +276,10 @@ class HistoryServer:
         except asyncio.IncompleteReadError:
             return None  # the client closed
         (size,) = SIZE.unpack(size_bytes)
-        limit = getattr(session, "max_frame_bytes", None) or MAX_FRAME_BYTES
+        limit = self.limits.request_max_bytes
+        pre_auth = getattr(session, "max_frame_bytes", None)  # before SASL authentication: smaller still
+        if pre_auth is not None:
+            limit = min(limit, pre_auth)
         if size < 10 or size > limit:
             BAD.labels("frame_size").inc()
             log.warning("history endpoint: not a Kafka request frame, connection closed",

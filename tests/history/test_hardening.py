@@ -591,3 +591,22 @@ def _fetch_body(topic: str, offset: int, *, max_wait_ms: int) -> bytes:
                                                     "partition_max_bytes": 2**20}]}]})
     entity_writer(type(entity))(out, entity)
     return out.getvalue()
+
+
+# ----------------------------------------------------------------------------------------- request size bound
+def test_request_size_is_bounded_by_socket_request_max_bytes(tiered: Tiered) -> None:
+    """``socket_request_max_bytes`` (Kafka's ``socket.request.max.bytes``): a request frame of exactly the bound is
+    read and answered (a Metadata request padded with bytes after its body, which are ignored); one byte more
+    closes the connection without reading it or answering. Other connections are served."""
+    bound = 64 * 1024
+    meta = request(3, 1, struct.pack(">i", -1))  # Metadata v1, every topic
+    padded = meta[4:] + b"\0" * (bound - len(meta) + 4)
+    with endpoint(tiered, socket_request_max_bytes=bound) as h:
+        with connect(h) as s:
+            s.sendall(struct.pack(">i", len(padded)) + padded)
+            frame = recv_frame(s)
+            assert frame is not None and struct.unpack_from(">i", frame)[0] == 7
+        with connect(h) as s:
+            s.sendall(struct.pack(">i", bound + 1) + padded[:4096])  # the size alone decides: the rest never sent
+            assert recv_frame(s) is None
+        assert api_versions_ok(h)
