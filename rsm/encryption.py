@@ -36,7 +36,7 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rsm.errors import RemoteStorageError, StoreConfigError
 
@@ -210,8 +210,10 @@ class EncryptionConfig(BaseModel):
     key_file: Path | None = Field(None, description="JSON file: key id -> base64 of a 32-byte key")
     key_env: str | None = Field(None, description="name of an environment variable holding the same JSON")
     require_encrypted: bool = Field(
-        False, description="refuse to read plain copies (set once every copy is encrypted: then a plain object put "
-                           "in place of an encrypted copy is an error, never read)")
+        None, validate_default=True, description=(  # None: follows enabled (_require_when_enabled)
+            "refuse to read plain copies: a plain object put in place of an encrypted copy is an error, never read. "
+            "Default: true when enabled is, else false. Migration: set false explicitly while copies made before "
+            "encryption was enabled remain (each is refused, naming it, otherwise)"))
 
     @field_validator("active_key_id")
     @classmethod
@@ -219,6 +221,13 @@ class EncryptionConfig(BaseModel):
         if v is not None and not _KEY_ID.match(v):
             raise ValueError("a key id is 1-64 characters of A-Z a-z 0-9 . _ : / -, starting with a letter or digit")
         return v
+
+    @field_validator("require_encrypted", mode="before")
+    @classmethod
+    def _require_when_enabled(cls, v: bool | None, info: ValidationInfo) -> bool:
+        """Unset, ``require_encrypted`` follows ``enabled`` (validated before it): whoever may write to the store
+        cannot swap a plain copy in for an encrypted one unless the operator allowed plain copies."""
+        return bool(info.data.get("enabled", False)) if v is None else v
 
     @field_validator("key_env")
     @classmethod

@@ -354,8 +354,11 @@ def decode_copy_index(data: bytes | memoryview, *, key: str, key_base: str, prov
     ``require_sealed``, for a plain index object (a plain copy cannot stand in for an encrypted one)."""
     if not is_sealed_index(data):
         if require_sealed:
-            raise CorruptRemoteObjectError("the copy is not encrypted and store.encryption.require_encrypted is "
-                                           "set: refused unread", key=key, position=0)
+            raise CorruptRemoteObjectError(
+                "the copy is not encrypted and store.encryption.require_encrypted is set (the default once "
+                "encryption is enabled): refused unread, as a plain object put in place of an encrypted copy would "
+                "be. If this copy was made before encryption was enabled, set store.encryption.require_encrypted: "
+                "false until no plain copy is left (rlm verify without that setting names them)", key=key, position=0)
         return decode_index(data, key=key)
     plain, cipher = _open_index(data, key=key, key_base=key_base, provider=provider)
     index = decode_index(plain, key=key)

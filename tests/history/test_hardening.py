@@ -610,3 +610,43 @@ def test_request_size_is_bounded_by_socket_request_max_bytes(tiered: Tiered) -> 
             s.sendall(struct.pack(">i", bound + 1) + padded[:4096])  # the size alone decides: the rest never sent
             assert recv_frame(s) is None
         assert api_versions_ok(h)
+
+
+# ------------------------------------------------------------------- require_encrypted once encryption is enabled
+def test_plain_copies_are_refused_once_encryption_is_enabled(tiered: Tiered, tmp_path: Any,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The tiered copies are plain, as copies made before encryption was enabled (or a plain object put in place of
+    an encrypted copy) are. Served by a storage manager with ``store.encryption.enabled`` and ``require_encrypted``
+    left to its default, a Fetch of a-0 gets KAFKA_STORAGE_ERROR, and the copy is logged by its key with the reason
+    naming ``require_encrypted``; with ``require_encrypted: false`` (the migration flag) the same Fetch gets its
+    records."""
+    import base64
+    import json
+
+    from rsm.manager import RemoteStorageManager, RsmConfig
+
+    a = tiered.topic("a")
+    key_file = tmp_path / "keys.json"
+    key_file.write_text(json.dumps({"k1": base64.b64encode(bytes(range(32))).decode()}))
+    key_file.chmod(0o600)
+
+    def rsm_with(**encryption: Any) -> RemoteStorageManager:
+        enc = {"enabled": True, "active_key_id": "k1", "key_file": str(key_file), **encryption}
+        return RemoteStorageManager(RsmConfig(**{**tiered.settings.store.model_dump(), "encryption": enc}))
+
+    caplog.set_level(logging.INFO)
+    strict, migrating = rsm_with(), rsm_with(require_encrypted=False)
+    try:
+        assert strict.config.encryption.require_encrypted
+        with endpoint(tiered, rsm=strict) as h, connect(h) as s:
+            part = answered(fetch_v4(s, 2**20, [(a, 0, 0, 2**20)]))[(a, 0)][0]
+            assert part.error_code == KAFKA_STORAGE_ERROR and not part.records
+            assert api_versions_ok(h)
+        logged = [r for r in caplog.records if "remote copy cannot be read" in r.getMessage()]
+        assert logged and a in logged[0].key and "require_encrypted" in logged[0].reason, logged
+        with endpoint(tiered, rsm=migrating) as h, connect(h) as s:
+            part = answered(fetch_v4(s, 2**20, [(a, 0, 0, 2**20)]))[(a, 0)][0]
+            assert part.error_code == 0 and base_offsets(part.records)[0] == 0
+    finally:
+        strict.close()
+        migrating.close()

@@ -457,12 +457,14 @@ def test_plain_copies_are_byte_identical_and_stay_readable(tmp_path, broker_segm
         assert plain_store.get_bytes(key) == keyed_store.get_bytes(key), key
     index_raw = plain_store.get_bytes(objects[-1] if objects[-1].endswith("-index") else objects[0])
     assert int.from_bytes(index_raw[:4], "big") == INDEX_MAGIC
-    encrypting = make_rsm(plain_store, key_file, "k1")
+    # encrypting new copies with plain ones left from before: the migration flag (require_encrypted: false)
+    encrypting = RemoteStorageManager(RsmConfig(block_size_bytes=16 * 1024, encryption={
+        "enabled": True, "active_key_id": "k1", "key_file": str(key_file), "require_encrypted": False}), plain_store)
     assert read_all(encrypting.fetch_log_segment(md, 0)) == seg.data.log_path.read_bytes()
     assert encrypting.reader(md).ledger.cipher is None
-    # once every copy is encrypted, require_encrypted refuses a plain copy (one put in place of an encrypted one)
-    strict = RemoteStorageManager(RsmConfig(block_size_bytes=16 * 1024, encryption={
-        "enabled": True, "active_key_id": "k1", "key_file": str(key_file), "require_encrypted": True}), plain_store)
+    # without it (the default once enabled), a plain copy is refused (one put in place of an encrypted one)
+    strict = make_rsm(plain_store, key_file, "k1")
+    assert strict.config.encryption.require_encrypted
     with pytest.raises(CorruptRemoteObjectError, match="not encrypted and store.encryption.require_encrypted") as exc:
         strict.fetch_log_segment(md, 0)
     assert exc.value.key == strict.keys(md).index
