@@ -322,6 +322,9 @@ class HistoryListenerSettings(_Frozen):
     sasl: HistorySaslSettings | None = Field(None, description="require SASL authentication")
     allow_unauthenticated: bool = Field(False, description=(
         "let a listener on a non-loopback host start without SASL or client certificates"))
+    allow_sasl_plain_without_tls: bool = Field(False, description=(
+        "let a listener on a non-loopback host offer SASL PLAIN without tls: every client's password then crosses "
+        "the network in clear text (Kafka allows it on SASL_PLAINTEXT; we refuse unless told)"))
 
     @model_validator(mode="after")
     def _delay_below_idle(self) -> HistoryListenerSettings:
@@ -344,6 +347,16 @@ class HistoryListenerSettings(_Frozen):
             f"history_listener.host {self.host!r} is reachable from other hosts but clients are not authenticated: "
             "configure history_listener.sasl (or history_listener.tls.cafile for client certificates), or set "
             "history_listener.allow_unauthenticated: true to serve every tiered topic to anyone who connects")
+
+    @model_validator(mode="after")
+    def _plain_over_tls(self) -> HistoryListenerSettings:
+        if (self.sasl is None or "PLAIN" not in self.sasl.mechanisms or self.tls is not None or is_loopback(self.host)
+                or self.allow_sasl_plain_without_tls):
+            return self
+        raise ValueError(
+            f"history_listener.sasl.mechanisms offers PLAIN on {self.host!r}, reachable from other hosts, without "
+            "TLS: passwords would cross the network in clear text. Configure history_listener.tls (SASL_SSL), or "
+            "offer SCRAM-SHA-512 only, or set history_listener.allow_sasl_plain_without_tls: true")
 
     @property
     def authenticated(self) -> bool:

@@ -68,8 +68,10 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     sasl = SaslAuthenticator(cfg.sasl, failed_authentication_delay_s=cfg.connection_failed_authentication_delay_ms
                              / 1000) if cfg.sasl is not None else None
     if sasl is not None and PLAIN in sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
-        log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network: "
-                    "configure history_listener.tls, or offer SCRAM-SHA-512 only", extra={"host": cfg.host})
+        # Refused by the settings unless allow_sasl_plain_without_tls says so: said at every start.
+        log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network "
+                    "(history_listener.allow_sasl_plain_without_tls): configure history_listener.tls, or offer "
+                    "SCRAM-SHA-512 only", extra={"host": cfg.host})
     owns = rlmm is None
     if rlmm is None:
         settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)

@@ -650,3 +650,35 @@ def test_plain_copies_are_refused_once_encryption_is_enabled(tiered: Tiered, tmp
     finally:
         strict.close()
         migrating.close()
+
+
+# --------------------------------------------------------------------------- SASL PLAIN over plaintext, refused
+def test_sasl_plain_without_tls_on_a_reachable_host_is_refused(tiered: Tiered, tmp_path: Any) -> None:
+    """A listener on a non-loopback host offering SASL PLAIN without TLS (passwords in clear text on the network)
+    refuses to start: the config error names ``history_listener.sasl.mechanisms`` and the opt-in key. SCRAM only,
+    TLS, or a loopback host start. Opted in (``allow_sasl_plain_without_tls``), it binds every address and PLAIN
+    logs in over the network."""
+    from rlm.config import ConfigError, load_settings
+
+    plain = {"mechanisms": ["SCRAM-SHA-512", "PLAIN"], "users": {"alice": "pw"}}
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("broker_id: 1\nlog_dirs: [/var/lib/kafka/data]\nkafka: {bootstrap_servers: 127.0.0.1:9092}\n"
+                      "history_listener: {host: 10.1.2.3, sasl: {mechanisms: [PLAIN], users: {alice: pw}}}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(config)
+    assert "history_listener.sasl.mechanisms" in str(exc.value), exc.value
+    assert "allow_sasl_plain_without_tls" in str(exc.value) and "history_listener.tls" in str(exc.value)
+    with pytest.raises(ValueError, match="history_listener.sasl.mechanisms offers PLAIN"):
+        HistoryListenerSettings(host="0.0.0.0", advertised_host="127.0.0.1", sasl=plain)
+    HistoryListenerSettings(host="0.0.0.0", advertised_host="127.0.0.1",
+                            sasl={**plain, "mechanisms": ["SCRAM-SHA-512"]})
+    HistoryListenerSettings(host="0.0.0.0", advertised_host="127.0.0.1", sasl=plain, tls={"certfile": "/c.pem"})
+    HistoryListenerSettings(host="127.0.0.1", sasl=plain)
+
+    with endpoint(tiered, host="0.0.0.0", advertised_host="127.0.0.1", sasl={**plain, "users": USERS},
+                  allow_sasl_plain_without_tls=True) as h, connect(h) as s:
+        assert call(s, SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
+        token = b"\0alice\0" + USERS["alice"].encode()
+        assert call(s, SASL_AUTHENTICATE, 1, {"auth_bytes": token}).error_code == 0
+        meta = call(s, 3, 1, {"topics": None})
+        assert meta is not None and tiered.topic("a") in {t.name for t in meta.topics}
