@@ -2,8 +2,10 @@
 
 ``scripts/chaos.py`` is the engine (and the longer run: ``.venv/bin/python scripts/chaos.py --minutes N``): a fresh
 3-broker cluster, one ``rlm serve`` subprocess per broker (SIGKILLable), continuous acks=all produce, random
-leadership moves (reassignment + preferred election), broker restarts and sidecar SIGKILLs with throttled copies;
-then quiesce and the invariant checker (tests/rlm/invariants.py) per partition.
+leadership moves (reassignment + preferred election), broker restarts and sidecar SIGKILLs with throttled copies,
+and a topic of its own deleted and re-created under the same name (on a schedule: once with a copy in flight, once
+after tiering caught up); then quiesce and the invariant checker (tests/rlm/invariants.py) per partition, on the
+re-created topic's last incarnation too, and every earlier incarnation's topic id purged.
 """
 
 from __future__ import annotations
@@ -33,4 +35,5 @@ def test_chaos_on_three_brokers(tmp_path: Path) -> None:
     result = run.run()
     print(result.summary())
     assert sum(result.events.values()) >= 3, f"too few events carried out:\n{result.summary()}"
+    assert any(k.startswith("recreate-") for k in result.events), f"no topic re-created:\n{result.summary()}"
     assert result.ok, result.summary()
