@@ -1,7 +1,10 @@
 """The history endpoint's socket server: asyncio on its own thread, handlers on a worker pool.
 
 Each connection is served in order, as a broker does (a client may pipeline requests; responses go back in the
-order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes.
+order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes:
+decoding a request larger than ``INLINE_FRAME_BYTES``, and building and encoding every answer but ApiVersions', run
+on the pool too (kio is pure Python: a 4.8 MB Fetch takes seconds to decode), so one connection's large request
+never holds another's.
 A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
 tiered data, re-reading the tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer
 meanwhile); the wait ends when its client closes the connection, and a waiting Fetch holds no worker thread.
@@ -74,6 +77,7 @@ WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long p
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
+INLINE_FRAME_BYTES = 64 * 1024  # a request frame larger than this is decoded on a worker, not on the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,14 +332,18 @@ class HistoryServer:
                 BAD.labels("unsupported_version").inc()
                 return self._error_response(header, ErrorCode.unsupported_version)
             try:
-                req = decode_request(frame, header)
+                # A large body takes kio long to decode (pure Python: 300,000 Fetch partitions, seconds): on the
+                # event loop it would hold every other connection that long, so it is decoded on a worker.
+                if len(frame) > INLINE_FRAME_BYTES:
+                    req = await asyncio.get_running_loop().run_in_executor(self._pool, decode_request, frame, header)
+                else:
+                    req = decode_request(frame, header)
             except BadRequestError as err:
                 error = "invalid_request"
                 BAD.labels("body").inc()
                 log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
                 return self._error_response(header, ErrorCode.invalid_request)
-            body = await self._dispatch(header, req, gone)
-            return body if body is NO_RESPONSE else encode_response(header, body)
+            return await self._dispatch(header, req, gone)
         finally:
             REQUESTS.labels(api, error).inc()
             LATENCY.labels(api).observe(time.monotonic() - started)
@@ -346,36 +354,45 @@ class HistoryServer:
             return encode_response(header, None, raw_error=code.value)
         return encode_response(header, error_body(rtype, code))
 
-    async def _dispatch(self, header: RequestHeader, req: Any, gone: Callable[[], bool] | None = None) -> Any:
+    async def _dispatch(self, header: RequestHeader, req: Any, gone: Callable[[], bool] | None = None) -> bytes:
+        """The encoded response (or NO_RESPONSE). Only ApiVersions is answered on the event loop: every other
+        handler, and the build and encoding of its answer (proportional to the request or the records), runs on a
+        worker, so that one connection's large request never holds the others."""
         loop = asyncio.get_running_loop()
         rtype = response_type(header)
         h = self.handlers
         key = header.api_key
         if key == ApiKey.API_VERSIONS:
-            return build(rtype, h.api_versions())
+            return encode_response(header, build(rtype, h.api_versions()))
         if key == ApiKey.FETCH:
-            return await self._fetch(rtype, req, gone)
-        if key == ApiKey.PRODUCE:
-            values = h.produce(req)
-            return NO_RESPONSE if values is None else build(rtype, values)
-        call = {ApiKey.LIST_OFFSETS: h.list_offsets, ApiKey.METADATA: h.metadata,
+            return await self._fetch(header, rtype, req, gone)
+        call = {ApiKey.PRODUCE: h.produce, ApiKey.LIST_OFFSETS: h.list_offsets, ApiKey.METADATA: h.metadata,
                 ApiKey.DESCRIBE_CLUSTER: h.describe_cluster, ApiKey.FIND_COORDINATOR: h.find_coordinator}[key]
-        values = await loop.run_in_executor(self._pool, call, req)
-        return build(rtype, values)
 
-    async def _fetch(self, rtype: type, req: Any, gone: Callable[[], bool] | None = None) -> Any:
+        def answer() -> bytes:
+            values = call(req)
+            return NO_RESPONSE if values is None else encode_response(header, build(rtype, values))
+
+        return await loop.run_in_executor(self._pool, answer)
+
+    async def _fetch(self, header: RequestHeader, rtype: type, req: Any,
+                     gone: Callable[[], bool] | None = None) -> bytes:
         loop = asyncio.get_running_loop()
         max_wait_s = min(max(_millis(req.max_wait), 0) / 1000, self.limits.fetch_max_wait_s)
         deadline = time.monotonic() + max_wait_s
-        partitions = sum(len(t.partitions) for t in req.topics)
+        handlers = self.handlers
+
+        def fetch() -> tuple[dict[str, Any], int, bool]:
+            values, size = handlers.fetch(req)
+            # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
+            return values, size, not any(t.partitions for t in req.topics) or _has_error(values)
+
         waiting = False
         try:
             while True:
-                values, size = await loop.run_in_executor(self._pool, self.handlers.fetch, req)
+                values, size, now = await loop.run_in_executor(self._pool, fetch)
                 left = deadline - time.monotonic()
-                # Kafka's DelayedFetch answers at once when min_bytes is reached (min_bytes 0: always), when nothing
-                # is asked for, or on an error.
-                if size >= req.min_bytes or not partitions or left <= 0 or _has_error(values):
+                if size >= req.min_bytes or now or left <= 0:
                     break
                 if not waiting:
                     waiting = True
@@ -383,15 +400,19 @@ class HistoryServer:
                 await asyncio.sleep(min(self.poll_s, left))
                 if gone is not None and gone():
                     return NO_RESPONSE  # the client left: the poll ends with its connection (as Kafka drops it)
-                self.handlers.tier.refresh(self._fetched(req))
+                await loop.run_in_executor(self._pool, lambda: handlers.tier.refresh(self._fetched(req)))
         finally:
             if waiting:
                 WAITING.dec()
-        for t in values["responses"]:
-            n = sum(len(p["records"]) for p in t["partitions"])
-            if n:
-                RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-        return build(rtype, values)
+
+        def answer() -> bytes:
+            for t in values["responses"]:
+                n = sum(len(p["records"]) for p in t["partitions"])
+                if n:
+                    RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
+            return encode_response(header, build(rtype, values))
+
+        return await loop.run_in_executor(self._pool, answer)
 
     def _fetched(self, req: Any) -> list[Any]:
         out = []

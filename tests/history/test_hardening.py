@@ -682,3 +682,58 @@ def test_sasl_plain_without_tls_on_a_reachable_host_is_refused(tiered: Tiered, t
         assert call(s, SASL_AUTHENTICATE, 1, {"auth_bytes": token}).error_code == 0
         meta = call(s, 3, 1, {"topics": None})
         assert meta is not None and tiered.topic("a") in {t.name for t in meta.topics}
+
+
+# ---------------------------------------------------------------------- r8: large requests off the event loop
+def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Fetch of 20,000 partitions (a 320 KB frame): while its decoding is held (made to wait here, as a request
+    of millions of partitions would take seconds), and again while the encoding of its answer is held, another
+    connection's ApiVersions, Metadata and Fetch are answered. Released, the large Fetch gets its answer."""
+    import threading
+
+    import rlm.history.server as server
+
+    a = tiered.topic("a")
+    big_id = 4242
+    held = {"decode": threading.Event(), "encode": threading.Event()}
+    reached = {"decode": threading.Event(), "encode": threading.Event()}
+    decode, encode = server.decode_request, server.encode_response
+
+    def held_decode(frame: bytes, header: Any) -> Any:
+        if header.correlation_id == big_id:
+            reached["decode"].set()
+            assert held["decode"].wait(60)
+        return decode(frame, header)
+
+    def held_encode(header: Any, *args: Any, **kwargs: Any) -> bytes:
+        if header.correlation_id == big_id:
+            reached["encode"].set()
+            assert held["encode"].wait(60)
+        return encode(header, *args, **kwargs)
+
+    monkeypatch.setattr(server, "decode_request", held_decode)
+    monkeypatch.setattr(server, "encode_response", held_encode)
+    out = io.BytesIO()
+    entity = server.build(load_request_schema(1, 4), {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 2**20, "isolation_level": 0,
+        "topics": [{"topic": a, "partitions": [{"partition": i % 2, "fetch_offset": 0, "partition_max_bytes": 2**20}
+                                               for i in range(20_000)]}]})
+    entity_writer(type(entity))(out, entity)
+    big = request(1, 4, out.getvalue(), correlation_id=big_id)
+    assert len(big) > 300_000
+    with endpoint(tiered) as h, connect(h) as other, connect(h) as large:
+        other.settimeout(10)  # a held event loop would leave these unanswered: socket.timeout fails the test
+        large.sendall(big)
+        for stage in ("decode", "encode"):
+            assert reached[stage].wait(30), f"the large Fetch never reached its {stage}"
+            assert answered_api_versions(other), f"ApiVersions unanswered while the large Fetch's {stage} ran"
+            meta = call(other, 3, 1, {"topics": None})
+            assert meta is not None and a in {t.name for t in meta.topics}
+            got = answered(fetch_v4(other, 2**20, [(a, 0, 0, 2**20)]))
+            assert base_offsets(got[(a, 0)][0].records)[0] == 0
+            held[stage].set()
+        frame = recv_frame(large)
+        assert frame is not None and struct.unpack_from(">i", frame)[0] == big_id
+        resp, _ = entity_reader(load_response_schema(1, 4))(frame, 4)
+        assert {p.partition_index for t in resp.responses for p in t.partitions} == {0, 1}
