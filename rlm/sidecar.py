@@ -45,7 +45,7 @@ from rlm.tasks.gc import GarbageCollector
 from rlm.tasks.offload import StreamingOffloader
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
-from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
+from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.errors import RemoteStorageError
 from rsm.log.errors import LogFormatError
@@ -83,8 +83,19 @@ class _Led:
     path: Path
     copier: PartitionCopier
     offloader: StreamingOffloader | None  # streaming mode (rlm.tasks.offload); None: segment mode
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)  # no further copy starts (also at shutdown)
+    cancel: threading.Event = field(default_factory=threading.Event)  # no longer led: the copy in flight stops too
     running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
+
+    @property
+    def job_id(self) -> str:
+        """The copy job's id: by topic id, so a topic re-created under its name gets a job of its own and never waits
+        for the old topic's run (apscheduler runs one instance per id)."""
+        return _copy_job_id(self.tp)
+
+
+def _copy_job_id(tp: TopicIdPartition) -> str:
+    return f"copy:{tp.topic}-{tp.partition}:{tp.topic_id}"
 
 
 class Sidecar:
@@ -121,7 +132,7 @@ class Sidecar:
         self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
                                s.broker_id, deleter=self.deleter)
         self._led: dict[tuple[str, int], _Led] = {}
-        self._ending: dict[tuple[str, int], _Led] = {}  # no longer led, its copy run still going (_stop_leading)
+        self._ending: dict[TopicIdPartition, _Led] = {}  # no longer led, its copy run still going (_stop_leading)
         self._followed: set[TopicIdPartition] = set()
         self._lock = threading.RLock()
         self._scheduler = BackgroundScheduler(
@@ -299,19 +310,20 @@ class Sidecar:
 
     def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
         rule = self.settings.retention_for(tp.topic)
+        cancel = threading.Event()
         copier = PartitionCopier(broker_id=self.settings.broker_id, tp=tp, partition_dir=path, rlmm=self.rlmm,
                                  rsm=self.rsm, staging=self.staging, deleter=self.deleter,
                                  watermark_path=self.settings.metadata.state_dir / "copied"
-                                 / f"{tp.topic_id}-{tp.partition}")
+                                 / f"{tp.topic_id}-{tp.partition}", cancel=cancel)
         offload = self.settings.offload_for(tp.topic)
         offloader = None
         interval_ms = self.settings.tasks.copy_interval_ms
         if offload.mode == "streaming":
             offloader = StreamingOffloader(copier, max_bytes=offload.offload_max_bytes, max_ms=offload.offload_max_ms)
             interval_ms = offload.poll_interval_ms
-        led = _Led(tp, path, copier, offloader)
+        led = _Led(tp, path, copier, offloader, cancel=cancel)
         self._led[(tp.topic, tp.partition)] = led
-        self._scheduler.add_job(self._copy, "interval", args=[led], id=f"copy:{tp.topic}-{tp.partition}",
+        self._scheduler.add_job(self._copy, "interval", args=[led], id=led.job_id,
                                 seconds=interval_ms / 1000, next_run_time=_now(), replace_existing=True)
         log.info("leading partition: copy task started", extra={"partition": str(tp), "path": str(path),
                                                                 "retention_ms": rule.retention_ms,
@@ -323,10 +335,7 @@ class Sidecar:
         a copy run of the partition, started when it was led, is still running: it releases its staging when it
         ends (:meth:`_copy`); released under it, its copy failed on a missing file and its gap check saw what it had
         staged as deleted by the broker. Returns how many segments were released."""
-        for key, led in list(self._ending.items()):
-            if not led.running.locked():
-                del self._ending[key]
-        running = {led.tp for led in self._ending.values()}
+        running = set(self._still_running())
         n = 0
         for tp in {s.tp for s in self.staging.staged()} - leaders - running:
             released = self.staging.release_partition(tp)
@@ -335,11 +344,22 @@ class Sidecar:
                                                                                 "segments": released})
         return n
 
+    def _still_running(self) -> dict[TopicIdPartition, _Led]:
+        """The partitions no longer led whose copy run, started while led, is still going (forgetting the others)."""
+        for tp, led in list(self._ending.items()):
+            if not led.running.locked():
+                del self._ending[tp]
+        return dict(self._ending)
+
     def _stop_leading(self, key: tuple[str, int]) -> None:
+        """No longer led (leadership moved, the topic deleted or re-created): the copy job goes, and the copy in
+        flight, if any, is cancelled at its next block (not run to its end only to be fenced: throttled, that took
+        minutes) and removed by its run."""
         led = self._led.pop(key)
         led.stop.set()
+        led.cancel.set()
         try:
-            self._scheduler.remove_job(f"copy:{key[0]}-{key[1]}")
+            self._scheduler.remove_job(led.job_id)
         except Exception:  # noqa: BLE001 - already gone
             pass
         # The new leader copies from its own replica: drop what we staged (now, or when the running copy ends).
@@ -349,7 +369,7 @@ class Sidecar:
             finally:
                 led.running.release()
         else:
-            self._ending[key] = led  # its run is still going: release_unled_staging leaves its staging to it
+            self._ending[led.tp] = led  # its run is still going: release_unled_staging leaves its staging to it
         log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
 
     # ---------------------------------------------------------------------------------------------- copy
@@ -390,7 +410,12 @@ class Sidecar:
     def _copy_run(self, led: _Led) -> None:
         tp = led.tp
         try:
-            self._wait_ready([tp])
+            try:
+                self._wait_ready([tp])
+            except PartitionNotServedError:
+                if led.stop.is_set():
+                    return  # no longer led: discovery stopped serving it while this run waited
+                raise
             got = self._leader_epoch(led)
             if got is None or led.stop.is_set():
                 return  # leadership lost while this run waited (up to 30 s for the cache): a stale run does nothing
@@ -476,12 +501,22 @@ class Sidecar:
         """Partitions we once served whose topic id is proven deleted on the cluster: purged (rlm.tasks.purge)."""
         purge_deleted_topics(self.known, self.view, self.deletions, self.purge_partition)
 
-    def purge_partition(self, tp: TopicIdPartition) -> None:
-        """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it."""
+    def purge_partition(self, tp: TopicIdPartition) -> bool:
+        """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it.
+        Not while a copy run of ``tp`` still goes: it is cancelled, and the purge waits for a later round (False),
+        so it neither releases the staged files under the copy nor deletes a segment the copy then finishes."""
         if self.read_only:
-            return
+            return False
+        with self._lock:
+            running = self._still_running().get(tp) or next(
+                (led for led in self._led.values() if led.tp == tp and led.running.locked()), None)
+        if running is not None:
+            running.cancel.set()
+            log.info("purge of a deleted topic's partition waits for its copy run to end", extra={"partition": str(tp)})
+            return False
         purge_partition(self.rlmm, self.deleter, tp, self.settings.broker_id,
                         release_staging=self.staging.release_partition)
+        return True
 
     def _refresh_gauges(self) -> None:
         metrics.STAGING_BYTES.set(self.staging.size_bytes())

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -294,7 +295,7 @@ class RemoteStorageManagerApi(abc.ABC):
 
     @abc.abstractmethod
     def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
-                              segment_data: LogSegmentData) -> bytes | None:
+                              segment_data: LogSegmentData, *, cancel: threading.Event | None = None) -> bytes | None:
         """Copy the segment's ``.log`` and its five indexes to remote storage; return custom metadata or None.
 
         Exactly the batches of ``[start_offset, end_offset_inclusive]`` are copied: leading batches of the
@@ -310,11 +311,16 @@ class RemoteStorageManagerApi(abc.ABC):
         Idempotent per ``segment_metadata.remote_segment_id``; atomic (nothing readable until all is written).
         Raises :class:`~rsm.errors.RemoteStorageError` on failure, after removing what it wrote where it can;
         leftovers of a crash are unreadable (no index object) and found by garbage collection.
+
+        ``cancel`` (not in Kafka's API, whose remote log manager interrupts the copy's thread): once it is set the
+        copy stops at the next block (a throttled copy's wait ends at once), removes what it wrote and raises
+        :class:`~rsm.errors.CopyCancelledError`. Set after the copy's last write, it changes nothing.
         """
 
-    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData) -> bytes | None:
+    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData, *,
+                       cancel: threading.Event | None = None) -> bytes | None:
         """Copy an offload segment (:class:`LogRangeData`) as one remote segment; as
-        :meth:`copy_log_segment_data` otherwise (custom metadata, idempotence, atomicity, errors).
+        :meth:`copy_log_segment_data` otherwise (custom metadata, idempotence, atomicity, errors, ``cancel``).
 
         The pieces must hold exactly the batches of ``[start_offset, end_offset_inclusive]``, every one CRC-checked:
         the first starts at ``start_offset``, each next one right after the one before, the last ends at

@@ -7,6 +7,7 @@ errors (botocore, OSError) are wrapped with ``raise ... from err`` so callers ca
 from __future__ import annotations
 
 __all__ = [
+    "CopyCancelledError",
     "CorruptRemoteObjectError",
     "RemoteResourceNotFoundError",
     "RemoteStorageError",
@@ -47,3 +48,9 @@ class CorruptRemoteObjectError(RemoteStorageError):
 
 class StoreConfigError(RemoteStorageError):
     """The RemoteStorageManager or store configuration is unusable (bad root, bucket missing); fix the config."""
+
+
+class CopyCancelledError(Exception):
+    """A copy was cancelled by its caller (the ``cancel`` event of ``copy_log_segment_data`` / ``copy_log_range``)
+    before it completed: what it wrote was removed, nothing is readable. Not a store failure, so not a
+    :class:`RemoteStorageError`: the store did nothing wrong (a partition no longer led, its topic deleted)."""

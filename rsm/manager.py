@@ -55,7 +55,7 @@ from rsm.api import (
     StoredPartition,
 )
 from rsm.encryption import EncryptionConfig
-from rsm.errors import CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
+from rsm.errors import CopyCancelledError, CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
 from rsm.format.crypto import SEALED_OVERHEAD, BlockSealer, CopyCipher, decode_copy_index, new_copy_cipher
 from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
@@ -263,7 +263,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     # -- copy --------------------------------------------------------------------------------------------------
 
     def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
-                              segment_data: LogSegmentData) -> bytes | None:
+                              segment_data: LogSegmentData, *, cancel: threading.Event | None = None) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Always written under the current layout
         (``self.layout``), whatever ``segment_metadata.custom_metadata`` says; returns that layout's custom
         metadata (``rsm.format.custom_metadata``)."""
@@ -279,9 +279,10 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         sections.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
         return self._copy_guarded(m, writer, lambda: writer.blocks(
             data.log_path, verify_crc=True, start_offset=m.start_offset,
-            end_offset_inclusive=m.end_offset_inclusive), sections)
+            end_offset_inclusive=m.end_offset_inclusive), sections, cancel)
 
-    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData) -> bytes | None:
+    def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData, *,
+                       cancel: threading.Event | None = None) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_range`: the offset and time indexes are written here
         (:class:`~rsm.log.indexes.KafkaIndexBuilder`) as the blocks are, and appended after them as sections."""
         m = segment_metadata
@@ -294,15 +295,17 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         sections.append((IndexType.LEADER_EPOCH, range_data.leader_epoch_checkpoint))
         return self._copy_guarded(m, writer, lambda: writer.piece_blocks(
             range_data.pieces, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,
-            on_batch=indexes.add), sections)
+            on_batch=indexes.add), sections, cancel)
 
     def _copy_guarded(self, m: RemoteSegmentMetadata, writer: LedgerWriter,
                       blocks: Callable[[], Iterator[tuple[BlockDraft, memoryview]]],
-                      sections: list[tuple[IndexType, _SectionSource]]) -> bytes | None:
-        """Copy under the current layout; on any failure remove what was written and raise as the API says."""
+                      sections: list[tuple[IndexType, _SectionSource]],
+                      cancel: threading.Event | None = None) -> bytes | None:
+        """Copy under the current layout; on any failure (or ``cancel`` set before the index object is written)
+        remove what was written and raise as the API says."""
         keys = self._keys(m, self.layout)
         try:
-            ledger = self._copy(m, keys, writer, blocks(), sections)
+            ledger = self._copy(m, keys, writer, blocks(), sections, cancel)
         except BaseException as err:
             self._cleanup(keys)
             if isinstance(err, SegmentRangeError):
@@ -318,7 +321,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
 
     def _copy(self, m: RemoteSegmentMetadata, keys: SegmentKeys, writer: LedgerWriter,
               block_iter: Iterator[tuple[BlockDraft, memoryview]],
-              sections_src: list[tuple[IndexType, _SectionSource]]) -> LedgerIndex:
+              sections_src: list[tuple[IndexType, _SectionSource]],
+              cancel: threading.Event | None = None) -> LedgerIndex:
         ledger_id = writer.ledger_id
         # The first block before any put: a .log that does not hold the range fails with nothing uploaded.
         first_block = next(block_iter, None)
@@ -330,6 +334,13 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         state = {"pending": first_block, "done": False}
         limit = self.config.max_data_object_bytes
         throttle = self.copy_throttle
+
+        def paid(n_bytes: int) -> None:
+            """The throttle's toll for the next ``n_bytes``; a cancelled copy stops here (between blocks)."""
+            throttle.acquire(n_bytes, cancel)
+            if cancel is not None and cancel.is_set():
+                raise CopyCancelledError(f"copy of {keys.base} (offsets {m.start_offset}..{m.end_offset_inclusive}) "
+                                         "cancelled: nothing uploaded")
 
         def object_chunks(obj: int) -> Iterator[Chunk]:
             pos = 0
@@ -348,7 +359,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, stored,
                                         draft.entry_count, draft.first_offset, draft.last_offset,
                                         draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
-                throttle.acquire(stored)
+                paid(stored)
                 if sealer is None:
                     yield block
                 else:
@@ -366,7 +377,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                 length = 0
                 for chunk in chunks:
                     length += len(chunk)
-                    throttle.acquire(len(chunk))
+                    paid(len(chunk))
                     yield chunk
                 sections.append(IndexSection(kind, obj, pos, length, crc[0]))
                 pos += length
@@ -395,6 +406,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         ledger = LedgerIndex(ledger_id, meta, tuple(blocks), cipher=cipher)
         index = IndexObject(sum(object_lengths), BLOCK_HEADER_LENGTH, (ledger,))
         raw = encode_index(index)
+        paid(0)  # the last point of no return: without the index object, nothing of the copy is readable
         self.store.put(keys.index, [raw if cipher is None else cipher.seal_index(raw, key_base=keys.base)])
         return ledger
 

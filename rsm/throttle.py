@@ -71,8 +71,10 @@ class Throttle:
             self._rate = new
             self._gauge.set(new or 0)
 
-    def acquire(self, n_bytes: int) -> float:
-        """Take ``n_bytes``; sleep until the budget allows it. Returns the seconds slept."""
+    def acquire(self, n_bytes: int, cancel: threading.Event | None = None) -> float:
+        """Take ``n_bytes``; sleep until the budget allows it. Returns the seconds slept. With ``cancel``: the sleep
+        ends when it is set, and the bytes are given back (a cancelled copy never sends them, and leaves no debt
+        behind for the copies after it); the caller checks ``cancel`` itself."""
         with self._lock:
             self._bytes.inc(n_bytes)
             if self._rate is None:
@@ -81,7 +83,20 @@ class Throttle:
             self._refill(now)
             self._tokens -= n_bytes
             wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
-        if wait > 0:
+        if wait <= 0:
+            return 0.0
+        if cancel is None:
             self._seconds.inc(wait)
             self._sleep(wait)
+            return wait
+        started = self._clock()
+        if cancel.wait(wait):
+            slept = max(0.0, self._clock() - started)
+            with self._lock:  # the bytes were never sent: as if they had never been taken
+                if self._rate is not None:
+                    self._refill(self._clock())
+                    self._tokens = min(self._rate * self.burst_seconds, self._tokens + n_bytes)
+            self._seconds.inc(slept)
+            return slept
+        self._seconds.inc(wait)
         return wait

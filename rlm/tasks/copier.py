@@ -46,14 +46,17 @@ from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlmm.api import (
     CopyFencedError,
+    InvalidStateTransitionError,
     RemoteLogMetadataManager,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 from rsm.api import LogSegmentData, RemoteStorageManagerApi
+from rsm.errors import CopyCancelledError
 from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import LogFormatError
@@ -75,6 +78,7 @@ class CopyResult:
     waiting_for_lso: int = 0  # staged segments not copied because they end at or above the LSO
     cleaned_up: int = 0
     fenced: bool = False  # the run stopped: the partition's leader epoch moved on during a copy
+    cancelled: bool = False  # the run stopped: the copy in flight was cancelled (leadership lost, topic deleted)
 
 
 def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
@@ -98,7 +102,7 @@ class PartitionCopier:
     def __init__(self, *, broker_id: int, tp: TopicIdPartition, partition_dir: Path,
                  rlmm: RemoteLogMetadataManager, rsm: RemoteStorageManagerApi, staging: Staging,
                  deleter: SegmentDeleter, min_max_timestamp_ms: int | None = None,
-                 watermark_path: Path | None = None) -> None:
+                 watermark_path: Path | None = None, cancel: threading.Event | None = None) -> None:
         self.broker_id = broker_id
         self.tp = tp
         self.partition_dir = partition_dir
@@ -115,6 +119,9 @@ class PartitionCopier:
         self._watermark: tuple[int, int | None] | None = self._read_watermark()  # (offset, its leader epoch)
         self._persisted = self._watermark
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
+        # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
+        # at its next block and is removed (rsm CopyCancelledError), instead of running to its end to be fenced.
+        self.cancel = cancel
 
     # --------------------------------------------------------------------------------------------- staging
     @property
@@ -262,6 +269,9 @@ class PartitionCopier:
                     "partition": str(self.tp), "base_offset": s.base_offset, "error": str(err)})
                 result.fenced = True
                 break
+            except CopyCancelledError:
+                result.cancelled = True
+                break
             if md is None:
                 self.staging.release(s)  # nothing worth copying (expired already); not a gap
                 highest = s.end_offset_inclusive
@@ -383,7 +393,7 @@ class PartitionCopier:
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
-        return self.commit_copy(md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data),
+        return self.commit_copy(md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel),
                                 leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
 
     def commit_copy(self, md: RemoteLogSegmentMetadata, copy: Callable[[], bytes | None], *,
@@ -391,11 +401,17 @@ class PartitionCopier:
                     ) -> RemoteLogSegmentMetadata:
         """COPY_SEGMENT_STARTED, ``copy()`` (the store's copy; returns custom metadata), the fencing check,
         COPY_SEGMENT_FINISHED. Anything failing removes the copy (never left STARTED behind us) and raises;
-        :class:`CopyFencedError` when the leader epoch moved on. Returns the FINISHED metadata."""
+        :class:`CopyFencedError` when the leader epoch moved on, :class:`~rsm.errors.CopyCancelledError` when
+        :attr:`cancel` stopped the store's copy. Returns the FINISHED metadata."""
         self.rlmm.add_remote_log_segment_metadata(md)
         started = time.monotonic()
         try:
             custom = copy()
+        except CopyCancelledError:
+            log.info("copy cancelled: the partition is no longer led here; the attempt is removed", extra={
+                "partition": str(self.tp), "start_offset": md.start_offset, "segment": str(md.remote_log_segment_id)})
+            self._remove(md, "cancelled-copy")
+            raise
         except Exception as err:
             metrics.ERRORS.labels("copy").inc()
             log.error("copy failed; removing the attempt", extra={
@@ -461,6 +477,11 @@ class PartitionCopier:
     def _remove(self, md: RemoteLogSegmentMetadata, reason: str) -> None:
         try:
             self.deleter.delete(md, reason)
+        except (UnknownSegmentError, InvalidStateTransitionError) as err:
+            # deleted already: by the new leader's clean-up, or by the purge of its deleted topic (normal in a
+            # cluster, not corruption); its objects, if any were left, are garbage collection's
+            log.info("clean-up of a copy: deleted by someone else already", extra={
+                "segment": str(md.remote_log_segment_id), "reason": reason, "error": str(err)})
         except Exception as cleanup_err:  # noqa: BLE001 - the next run's clean-up retries it
             log.error("clean-up of a copy failed", extra={"segment": str(md.remote_log_segment_id),
                                                           "reason": reason, "error": str(cleanup_err)})

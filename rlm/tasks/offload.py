@@ -45,6 +45,7 @@ from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
 from rlm.tasks.copier import CopyFencedError, CopyResult, PartitionCopier
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState
 from rsm.api import LogPiece, LogRangeData
+from rsm.errors import CopyCancelledError
 from rsm.log.batch import BatchHeader, scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import CorruptRecordBatchError, LogFormatError
@@ -160,6 +161,10 @@ class StreamingOffloader:
             log.warning("offload fenced: the partition's leader epoch moved on; copy deleted", extra={
                 "partition": str(self.tp), "start_offset": cut.start_offset, "error": str(err)})
             result.fenced = True
+            self.reset()
+            return result
+        except CopyCancelledError:
+            result.cancelled = True
             self.reset()
             return result
         except Exception:
@@ -306,7 +311,7 @@ class StreamingOffloader:
             pieces=tuple(cut.pieces),
             transaction_index=format_txn_index(aborted) if aborted else None,
             leader_epoch_checkpoint=format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= end]))
-        md = copier.commit_copy(md, lambda: copier.rsm.copy_log_range(to_rsm(md), data),
+        md = copier.commit_copy(md, lambda: copier.rsm.copy_log_range(to_rsm(md), data, cancel=copier.cancel),
                                 leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
         metrics.OFFLOAD_SEGMENT_SECONDS.observe(self.clock() - (cut.opened_at or self.clock()))
         return md

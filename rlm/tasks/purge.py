@@ -141,10 +141,10 @@ class DeletionEvidence:
 
 
 def purge_deleted_topics(known: KnownPartitions, view: ClusterView, evidence: DeletionEvidence,
-                         purge: Callable[[TopicIdPartition], None]) -> None:
+                         purge: Callable[[TopicIdPartition], bool]) -> None:
     """One round of the deleted-topic check: partitions once served (``known``) whose topic id ``evidence`` proves
-    deleted on the cluster are purged with ``purge`` and forgotten; a failed purge is logged, counted and retried
-    on the next round (its evidence holds).
+    deleted on the cluster are purged with ``purge`` and forgotten; a purge that returns False (deferred: a copy of
+    the partition still runs) or fails (logged, counted) is retried on the next round (its evidence holds).
 
     Each known topic is described by name (:meth:`rlm.discovery.ClusterView.topic_ids`); :class:`DeletionEvidence`
     decides when the answers prove its id deleted (never on mere absence, never on an error).
@@ -157,8 +157,8 @@ def purge_deleted_topics(known: KnownPartitions, view: ClusterView, evidence: De
         answers = {}
     for tp in evidence.observe(tps, answers):
         try:
-            purge(tp)
-            known.remove([tp])
+            if purge(tp):
+                known.remove([tp])
         except Exception as err:  # noqa: BLE001
             metrics.ERRORS.labels("purge").inc()
             log.warning("purge of deleted topic's partition failed", extra={"partition": str(tp),

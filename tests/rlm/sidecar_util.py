@@ -31,9 +31,9 @@ class RecordingRsm(RemoteStorageManager):
         """Start offsets of the copies asked for, in order."""
         return [start for start, _end in self.copies]
 
-    def copy_log_segment_data(self, segment_metadata, segment_data):  # type: ignore[no-untyped-def]
+    def copy_log_segment_data(self, segment_metadata, segment_data, **kw):  # type: ignore[no-untyped-def]
         self.copies.append((segment_metadata.start_offset, segment_metadata.end_offset_inclusive))
-        return super().copy_log_segment_data(segment_metadata, segment_data)
+        return super().copy_log_segment_data(segment_metadata, segment_data, **kw)
 
     def delete_log_segment_data(self, segment_metadata) -> None:  # type: ignore[no-untyped-def]
         super().delete_log_segment_data(segment_metadata)

@@ -93,7 +93,7 @@ def test_leadership_move_during_a_copy_fences_the_old_leaders_copy(world: World)
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 
-        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+        def copy_log_segment_data(self, md, data, **kw):  # type: ignore[no-untyped-def]
             epoch_now["e"] = 6  # leadership moves to broker 2 while broker 1 uploads; broker 2 copies at once
             assert [(m.start_offset, m.end_offset_inclusive) for m in new.run_once(11, leader_epoch=6).copied] \
                 == [(0, 9)]
@@ -118,7 +118,7 @@ def test_metadata_fences_a_finish_that_the_epoch_check_missed(world: World) -> N
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 
-        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+        def copy_log_segment_data(self, md, data, **kw):  # type: ignore[no-untyped-def]
             # The new leader's STARTED lands before the old leader's FINISHED; the old leader's check is stale.
             new.copy_segment(new.staging.stage(tp, new.partition_dir, 0, 9), 0,
                              PartitionDir(new.partition_dir).leader_epochs(), leader_epoch=8)
@@ -218,7 +218,7 @@ def test_a_lower_epoch_copy_left_started_is_cleaned_up_at_once(world: World) -> 
         def __getattr__(self, name: str) -> object:
             return getattr(world.rsm, name)
 
-        def copy_log_segment_data(self, md, data):  # type: ignore[no-untyped-def]
+        def copy_log_segment_data(self, md, data, **kw):  # type: ignore[no-untyped-def]
             world.rsm.copy_log_segment_data(md, data)
             raise Killed
 

@@ -49,9 +49,9 @@ class RangeRecordingRsm(RecordingRsm):
         super().__init__(config)
         self.ranges: list[tuple[int, int]] = []
 
-    def copy_log_range(self, segment_metadata, range_data):  # type: ignore[no-untyped-def]
+    def copy_log_range(self, segment_metadata, range_data, **kw):  # type: ignore[no-untyped-def]
         self.ranges.append((segment_metadata.start_offset, segment_metadata.end_offset_inclusive))
-        return super().copy_log_range(segment_metadata, range_data)
+        return super().copy_log_range(segment_metadata, range_data, **kw)
 
 
 def streaming(topic: str, **rule: Any) -> list[dict[str, Any]]:

@@ -204,16 +204,25 @@ def test_purge_deleted_topics_forgets_purged_and_retries_failed() -> None:
 
     known, purged = Known(), []
 
-    def purge(tp: TopicIdPartition) -> None:
+    deferred = [True]
+
+    def purge(tp: TopicIdPartition) -> bool:
         if tp == P1 and not purged.count(P1):
             purged.append(tp)
             raise RuntimeError("store down")
+        if tp == P1 and deferred[0]:
+            return False  # a copy of it still runs: not purged this round, not an error
         purged.append(tp)
+        return True
 
     ev = DeletionEvidence(grace_ms=0, min_rounds=1, clock=Clock())
     before = metrics.ERRORS.labels("purge")._value.get()
     purge_deleted_topics(known, View(), ev, purge)  # type: ignore[arg-type]
     assert purged == [P0, P1] and known.all() == [P1]
     assert metrics.ERRORS.labels("purge")._value.get() == before + 1
+    purge_deleted_topics(known, View(), ev, purge)  # type: ignore[arg-type]
+    assert purged == [P0, P1] and known.all() == [P1]  # deferred: kept for the next round
+    assert metrics.ERRORS.labels("purge")._value.get() == before + 1
+    deferred[0] = False
     purge_deleted_topics(known, View(), ev, purge)  # type: ignore[arg-type]
     assert purged == [P0, P1, P1] and known.all() == []

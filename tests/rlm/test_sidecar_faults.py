@@ -208,10 +208,10 @@ class BlockingRsm(RemoteStorageManager):
     entered: threading.Event
     release: threading.Event
 
-    def copy_log_segment_data(self, segment_metadata, data):  # type: ignore[no-untyped-def]
+    def copy_log_segment_data(self, segment_metadata, data, **kw):  # type: ignore[no-untyped-def]
         self.entered.set()
         self.release.wait(120)
-        return super().copy_log_segment_data(segment_metadata, data)
+        return super().copy_log_segment_data(segment_metadata, data, **kw)
 
 
 def test_stop_does_not_wait_forever_for_a_stuck_job(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:

@@ -86,11 +86,11 @@ class GatedRsm(RemoteStorageManager):
     gate: threading.Event
     waiting: int
 
-    def copy_log_segment_data(self, segment_metadata, segment_data):  # type: ignore[no-untyped-def]
+    def copy_log_segment_data(self, segment_metadata, segment_data, **kw):  # type: ignore[no-untyped-def]
         if not self.gate.is_set():
             self.waiting += 1
             self.gate.wait(300)
-        return super().copy_log_segment_data(segment_metadata, segment_data)
+        return super().copy_log_segment_data(segment_metadata, segment_data, **kw)
 
 
 # ------------------------------------------------------------------------------------------ deleted topic
