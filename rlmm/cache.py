@@ -166,6 +166,7 @@ class SkippedRecord:
     reason: str          # "corrupt" or "refused"
     error: str
     fenced: bool = False  # refused by copy fencing (rlmm.api.CopyFencedError)
+    deleted_already: bool = False  # a delete of a segment deleted (or being deleted) already: normal, two deleters
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +378,8 @@ class MetadataCache:
             except CorruptMetadataRecordError as err:
                 out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
             except (InvalidStateTransitionError, UnknownSegmentError) as err:
-                out.skipped.append(SkippedRecord(mp, offset, "refused", str(err), isinstance(err, CopyFencedError)))
+                out.skipped.append(SkippedRecord(mp, offset, "refused", str(err), isinstance(err, CopyFencedError),
+                                                 getattr(err, "deleted_already", False)))
         batch.write(self._progress_puts(next_offsets, caught_up))
         self._dirty = True
         return out
@@ -465,13 +467,20 @@ class MetadataCache:
         sid = u.segment_id
         skey = T_SEGMENT + tpk + sid
         old = self._load(batch, skey)
+        deleting = u.state in (_DELETE_STARTED, _DELETE_FINISHED)
         if old is None:
-            raise UnknownSegmentError(f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
-                                      f"(update to {RemoteLogSegmentState(u.state).name})")
+            err: UnknownSegmentError | InvalidStateTransitionError = UnknownSegmentError(
+                f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
+                f"(update to {RemoteLogSegmentState(u.state).name})")
+            # deleted, its tombstones not written yet: a second deleter (an old leader's clean-up, a purge) was late
+            err.deleted_already = deleting and batch.get(T_DELETED + tpk + sid) is not None  # type: ignore[union-attr]
+            raise err
         if (old.state, u.state) not in _ALLOWED:
-            raise InvalidStateTransitionError(
+            err = InvalidStateTransitionError(
                 f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "
                 f"{RemoteLogSegmentState(old.state).name} -> {RemoteLogSegmentState(u.state).name}")
+            err.deleted_already = deleting and old.state == _DELETE_STARTED  # type: ignore[union-attr]
+            raise err
         if u.state == _FINISHED and old.state == _STARTED and old.broker_leader_epoch is not None:
             fence = batch.fence(tpk)
             if fence is not None and old.broker_leader_epoch < fence:

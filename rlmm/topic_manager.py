@@ -347,8 +347,10 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
                 self._applied[mp] = offset + 1
                 self._at_eof.discard(mp)
             for s in out.skipped or ():
-                log.error("metadata partition %d offset %d skipped (%s): %s", s.metadata_partition, s.offset,
-                          s.reason, s.error)
+                # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
+                log.log(logging.INFO if s.deleted_already else logging.ERROR,
+                        "metadata partition %d offset %d skipped (%s%s): %s", s.metadata_partition, s.offset,
+                        s.reason, ", deleted already" if s.deleted_already else "", s.error)
                 SKIPPED_RECORDS.labels(s.reason).inc()
                 self.skipped_records += 1
                 self.skipped.append(s)

@@ -194,3 +194,18 @@ def test_updates_after_partition_delete_finished_in_the_same_batch(cache: Metada
                update(a, S.COPY_SEGMENT_FINISHED))
     assert [s.reason for s in out.skipped] == ["refused"] and "no such segment" in out.skipped[0].error
     assert cache.segments(TP) == [] and cache.segment_floor(TP, 0, 5) is None
+
+
+def test_a_second_deleters_records_are_told_apart_from_other_refusals(cache: MetadataCache) -> None:
+    """Two deleters of one segment (an old leader's clean-up and the new leader's, a purge): the late one's records
+    are refused as "deleted already" (logged at INFO by the manager, not as corruption); other refusals are not."""
+    feed = Feeder(cache)
+    a, b = segment(TP, 0, 99), segment(TP, 100, 199)
+    out = feed(a, update(a, S.COPY_SEGMENT_FINISHED), update(a, S.DELETE_SEGMENT_STARTED),
+               update(a, S.DELETE_SEGMENT_FINISHED),
+               update(a, S.DELETE_SEGMENT_STARTED), update(a, S.DELETE_SEGMENT_FINISHED))  # a second deleter, late
+    assert [(s.offset, s.reason, s.deleted_already) for s in out.skipped] == [(4, "refused", True),
+                                                                             (5, "refused", True)]
+    out = feed(update(b, S.DELETE_SEGMENT_STARTED),                      # never added: not a late deleter
+               b, update(b, S.DELETE_SEGMENT_STARTED), update(b, S.COPY_SEGMENT_FINISHED))  # not a delete
+    assert [(s.offset, s.deleted_already) for s in out.skipped] == [(6, False), (9, False)]
