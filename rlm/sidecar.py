@@ -187,11 +187,13 @@ class Sidecar:
             for led in self._led.values():
                 led.stop.set()
         # apscheduler's shutdown joins the job threads without a bound: join it with one.
-        shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
-                                    name="rlm-scheduler-shutdown")
-        shutdown.start()
-        shutdown.join(timeout_s)
-        clean = not shutdown.is_alive()
+        clean = True
+        if self._scheduler.running:  # a sidecar never started has no scheduler to shut down
+            shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
+                                        name="rlm-scheduler-shutdown")
+            shutdown.start()
+            shutdown.join(timeout_s)
+            clean = not shutdown.is_alive()
         if not clean:
             log.error("jobs still running at shutdown: abandoned", extra={"timeout_s": timeout_s})
         self.cleaner.stop(timeout_s)
@@ -289,11 +291,18 @@ class Sidecar:
                 return  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
             new_served = set(leaders) | followers
             old_served = {led.tp for led in self._led.values()} | self._followed
-            if new_served - old_served or set(leaders) - {led.tp for led in self._led.values()}:
-                self.rlmm.on_partition_leadership_changes(list(leaders), list(followers))
-            gone = old_served - new_served
-            if gone:
-                self.rlmm.on_stop_partitions(list(gone))
+            try:
+                if new_served - old_served or set(leaders) - {led.tp for led in self._led.values()}:
+                    self.rlmm.on_partition_leadership_changes(list(leaders), list(followers))
+                gone = old_served - new_served
+                if gone:
+                    self.rlmm.on_stop_partitions(list(gone))
+            except Exception as err:  # noqa: BLE001 - e.g. a metadata partition's offsets not readable while a
+                # broker restarts: as any other failed round (a warning, /health), the next round does it again
+                self.last_error = f"discovery: metadata manager: {err}"
+                log.warning("discovery failed: metadata manager", extra={"error": str(err)})
+                self.deletions.reset()
+                return
             self._followed = followers
             for key in list(self._led):
                 led = self._led[key]

@@ -115,3 +115,31 @@ def test_stopped_broker_makes_the_sidecar_not_ready(tmp_path: Path) -> None:
         finally:
             ops.stop()
             sidecar.stop(timeout_s=30)
+
+
+def test_a_metadata_manager_failure_in_discovery_is_a_failed_round(kafka: KafkaCluster, topic_name: str,
+                                                                   tmp_path: Path) -> None:
+    """The metadata manager may fail to start following a partition (its metadata partition's offsets unreadable
+    while a broker restarts): that discovery round fails like any other (a warning, /health's reason), it does not
+    escape to the scheduler as an exception, and the next round leads the partition."""
+    from rlmm.api import MetadataWriteError
+
+    kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
+    sidecar = Sidecar(make_settings(kafka, tmp_path, topics={"include": [topic_name]}))
+    real = sidecar.rlmm.on_partition_leadership_changes
+    failures = [MetadataWriteError("cannot read the offsets of __rlm_md-0: _DESTROY_BROKER")]
+
+    def flaky(leaders, followers):  # type: ignore[no-untyped-def]
+        if failures:
+            raise failures.pop()
+        return real(leaders, followers)
+
+    sidecar.rlmm.on_partition_leadership_changes = flaky  # type: ignore[method-assign]
+    try:
+        sidecar.discover()  # raised before: apscheduler logged 'Job "Sidecar.discover" raised an exception'
+        assert "_DESTROY_BROKER" in (sidecar.last_error or "") and sidecar.health()[1]["leading"] == 0
+        assert sidecar.last_discovery_ok is None
+        sidecar.discover()
+        assert sidecar.health()[1]["leading"] == 1 and sidecar.last_discovery_ok is not None
+    finally:
+        sidecar.stop(10)
