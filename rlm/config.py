@@ -306,6 +306,16 @@ class HistoryListenerSettings(_Frozen):
     connections_max_idle_ms: int = Field(600_000, ge=100, description=(
         "a connection with no request for this long (or that takes this long to send one) is closed "
         "(Kafka's connections.max.idle.ms and its default, 10 min)"))
+    socket_send_buffer_bytes: int = Field(102_400, ge=-1, description=(
+        "SO_SNDBUF of the clients' sockets: what the kernel holds of an answer a client has not read yet; -1: the "
+        "OS's (Kafka's socket.send.buffer.bytes and its default)"))
+    write_timeout_ms: int = Field(30_000, ge=100, description=(
+        "a connection whose queued answer has not been read at all for this long is closed, as is one that has not "
+        "taken a whole answer within connections_max_idle_ms (no Kafka equivalent: 30 s)"))
+    queued_max_response_bytes: int = Field(268_435_456, ge=65_536, description=(
+        "answer bytes queued to all clients at once (those that read slowly or not at all): a Fetch answer carries "
+        "no more records than what is left of it (still the first batch, so that consumers progress). No Kafka "
+        "equivalent: 256 MiB"))
     authentication_timeout_ms: int = Field(30_000, ge=100, description=(
         "with sasl, a connection not authenticated this long after it was accepted is closed; also the TLS "
         "handshake's limit (no Kafka equivalent: 30 s)"))

@@ -208,7 +208,7 @@ class Handlers:
         return {"offset": hit.offset, "timestamp": hit.timestamp, "leader_epoch": hit.leader_epoch}
 
     # ---------------------------------------------------------------------------------------- fetch
-    def fetch(self, req: Any) -> tuple[dict[str, Any], int]:
+    def fetch(self, req: Any, *, budget: int | None = None) -> tuple[dict[str, Any], int]:
         """The Fetch response and the record bytes it carries (for ``min_bytes``).
 
         As Kafka's broker: the request's partitions are a map (a partition listed twice is answered once, from its
@@ -216,7 +216,7 @@ class Handlers:
         of the first partition with data even past it, so that a consumer always progresses), and that one budget
         is spent across the partitions in order, each taking at most its ``partition_max_bytes``. A partition
         reached with no budget left gets its bounds (from the tier's metadata) and no records: nothing of it is
-        read from the store."""
+        read from the store. ``budget`` (the server's room for queued answers) lowers the cap further."""
         committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
         topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
         wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
@@ -227,7 +227,7 @@ class Handlers:
             for p in t.partitions:
                 wanted[(key, p.partition)] = p
         asked = req.max_bytes if req.max_bytes > 0 else self.fetch_max_bytes
-        left = min(asked, self.fetch_max_bytes)
+        left = min(asked, self.fetch_max_bytes, self.fetch_max_bytes if budget is None else budget)
         total = 0
         parts: dict[Any, list[dict[str, Any]]] = {key: [] for key in topics}
         for (key, index), p in wanted.items():

@@ -9,6 +9,14 @@ A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at mos
 tiered data, re-reading the tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer
 meanwhile); the wait ends when its client closes the connection, and a waiting Fetch holds no worker thread.
 
+Answers queued to clients are bounded: a connection's next request is read only once its last answer has been
+taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure, as a broker mutes a
+channel with a response in flight); a client that
+takes none of it for ``write_timeout_ms``, or not all of it within ``connections_max_idle_ms``, is closed
+(``not_reading``); and a Fetch answer carries no more records than what is left of ``queued_max_response_bytes``
+across all connections (the first batch still, so that consumers progress), so clients that do not read cannot make
+the sidecar hold more than that (plus a batch each). ``rlm_history_queued_response_bytes`` is what is queued now.
+
 Connections are bounded (:class:`ConnectionLimits`, from ``history_listener``): past ``max_connections`` in all or
 ``max_connections_per_ip`` from one address a new connection is closed at once; a connection that sends no whole
 request for ``connections_max_idle_ms``, that does not take its answer within that time, or (SASL) that has not
@@ -31,6 +39,7 @@ import asyncio
 import concurrent.futures
 import logging
 import math
+import socket
 import ssl
 import threading
 import time
@@ -74,6 +83,8 @@ CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the hi
 CLOSED = Counter("rlm_history_closed_connections", "Connections the history endpoint closed for a bound",
                  ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip
 WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
+QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
+WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
@@ -92,13 +103,18 @@ class ConnectionLimits:
     max_connections_per_ip: int = 200
     fetch_max_wait_s: float = 0.5
     request_max_bytes: int = MAX_FRAME_BYTES
+    write_timeout_s: float = 30.0
+    socket_send_buffer_bytes: int = 102_400
+    queued_max_response_bytes: int = 256 * 1024 * 1024
 
     @classmethod
     def of(cls, cfg: HistoryListenerSettings) -> ConnectionLimits:
         return cls(idle_s=cfg.connections_max_idle_ms / 1000,
                    authentication_timeout_s=cfg.authentication_timeout_ms / 1000,
                    max_connections=cfg.max_connections, max_connections_per_ip=cfg.max_connections_per_ip,
-                   fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000, request_max_bytes=cfg.socket_request_max_bytes)
+                   fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000, request_max_bytes=cfg.socket_request_max_bytes,
+                   write_timeout_s=cfg.write_timeout_ms / 1000, socket_send_buffer_bytes=cfg.socket_send_buffer_bytes,
+                   queued_max_response_bytes=cfg.queued_max_response_bytes)
 
 
 class HistoryServer:
@@ -124,6 +140,7 @@ class HistoryServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._reserved = 0  # bytes of Fetch answers being made, held against queued_max_response_bytes (loop only)
 
     # --------------------------------------------------------------------------------------- life
     def start(self) -> HistoryServer:
@@ -183,6 +200,10 @@ class HistoryServer:
             writer.close()
             return
         self._writers.add(writer)
+        writer.transport.set_write_buffer_limits(high=0)  # drain() waits until the answer is wholly taken
+        sock = writer.get_extra_info("socket")
+        if self.limits.socket_send_buffer_bytes > 0 and sock is not None:  # what the kernel holds of an answer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.socket_send_buffer_bytes)
         limits = self.limits
         loop = asyncio.get_running_loop()
         accepted = loop.time()
@@ -219,9 +240,9 @@ class HistoryServer:
                 BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
                 writer.write(response)
-                try:  # a client that does not read its answers is closed, as an idle one
-                    await asyncio.wait_for(writer.drain(), limits.idle_s)
-                except TimeoutError:
+                # Back-pressure: the next request is read once this answer has been taken down to the transport's
+                # low-water mark; a client that stops taking it is closed (write_timeout_ms, idle limit).
+                if not await self._drain(writer):
                     CLOSED.labels("not_reading").inc()
                     log.info("history endpoint: connection closed", extra={"peer": str(peer),
                                                                             "reason": "not_reading"})
@@ -242,6 +263,41 @@ class HistoryServer:
             self._release(ip)
             self._writers.discard(writer)
             writer.close()
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> bool:
+        """Wait until the socket has taken the whole answer; False when the client took nothing of it for
+        ``write_timeout_s``, or not all of it within the idle limit."""
+        loop = asyncio.get_running_loop()
+        transport = writer.transport
+        drain = asyncio.ensure_future(writer.drain())
+        drain.add_done_callback(lambda f: f.cancelled() or f.exception())  # a lost connection is no log line
+        started = progressed = loop.time()
+        queued = transport.get_write_buffer_size()
+        QUEUED.set(self.queued_response_bytes())
+        try:
+            while True:
+                done, _ = await asyncio.wait({drain}, timeout=min(WRITE_POLL_S, self.limits.write_timeout_s))
+                if done:
+                    drain.result()  # a connection error is raised to the caller
+                    return True
+                now, left = loop.time(), transport.get_write_buffer_size()
+                QUEUED.set(self.queued_response_bytes())
+                if left < queued:
+                    queued, progressed = left, now
+                if now - progressed >= self.limits.write_timeout_s or now - started >= self.limits.idle_s:
+                    return False
+        finally:
+            if not drain.done():
+                drain.cancel()
+            QUEUED.set(self.queued_response_bytes())
+
+    def queued_response_bytes(self) -> int:
+        """Answer bytes queued to clients now, in the transports' buffers (on the event loop only)."""
+        return sum(w.transport.get_write_buffer_size() for w in self._writers if not w.transport.is_closing())
+
+    def _fetch_room(self) -> int:
+        """What is left of ``queued_max_response_bytes`` for the next Fetch answer (on the event loop only)."""
+        return max(self.limits.queued_max_response_bytes - self.queued_response_bytes() - self._reserved, 0)
 
     def _admit(self, ip: str) -> str | None:
         """Count a new connection from ``ip`` in, or say why it is refused (it is closed at once, as Kafka closes
@@ -382,15 +438,24 @@ class HistoryServer:
         deadline = time.monotonic() + max_wait_s
         handlers = self.handlers
 
-        def fetch() -> tuple[dict[str, Any], int, bool]:
-            values, size = handlers.fetch(req)
+        def fetch(budget: int) -> tuple[dict[str, Any], int, bool]:
+            values, size = handlers.fetch(req, budget=budget)
             # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
             return values, size, not any(t.partitions for t in req.topics) or _has_error(values)
 
         waiting = False
+        held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
         try:
             while True:
-                values, size, now = await loop.run_in_executor(self._pool, fetch)
+                # The answer's record budget is what is left of the bound on queued answers (clients that do not
+                # read cannot make the sidecar hold more); the room is held while the tier is read.
+                self._reserved -= held
+                held = min(self._fetch_room(), handlers.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
+                           handlers.fetch_max_bytes)
+                self._reserved += held
+                values, size, now = await loop.run_in_executor(self._pool, fetch, held)
+                self._reserved += size - held
+                held = size
                 left = deadline - time.monotonic()
                 if size >= req.min_bytes or now or left <= 0:
                     break
@@ -401,18 +466,24 @@ class HistoryServer:
                 if gone is not None and gone():
                     return NO_RESPONSE  # the client left: the poll ends with its connection (as Kafka drops it)
                 await loop.run_in_executor(self._pool, lambda: handlers.tier.refresh(self._fetched(req)))
-        finally:
             if waiting:
+                waiting = False
                 WAITING.dec()
 
-        def answer() -> bytes:
-            for t in values["responses"]:
-                n = sum(len(p["records"]) for p in t["partitions"])
-                if n:
-                    RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-            return encode_response(header, build(rtype, values))
+            def answer() -> bytes:
+                for t in values["responses"]:
+                    n = sum(len(p["records"]) for p in t["partitions"])
+                    if n:
+                        RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
+                return encode_response(header, build(rtype, values))
 
-        return await loop.run_in_executor(self._pool, answer)
+            # Released on return: the caller queues the answer with no await in between (then it is counted in
+            # its transport's buffer).
+            return await loop.run_in_executor(self._pool, answer)
+        finally:
+            self._reserved -= held
+            if waiting:
+                WAITING.dec()
 
     def _fetched(self, req: Any) -> list[Any]:
         out = []

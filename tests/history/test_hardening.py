@@ -12,6 +12,7 @@ per batch, 64 KiB blocks); ``b``, 1 partition of 2 segments, made unreadable by 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import socket
@@ -562,7 +563,7 @@ def test_fetch_wait_is_capped_and_abandoned_polls_end(tiered: Tiered) -> None:
     with endpoint(tiered, fetch_max_wait_ms=300_000) as h:
         runs = []
         fetch = h.server.handlers.fetch
-        h.server.handlers.fetch = lambda req: (runs.append(1), fetch(req))[1]  # counts the polls' tier reads
+        h.server.handlers.fetch = lambda req, **kw: (runs.append(1), fetch(req, **kw))[1]  # counts the tier reads
         poll = request(1, 4, _fetch_body(a, end, max_wait_ms=300_000))
         clients = [connect(h) for _ in range(50)]
         for c in clients:
@@ -737,3 +738,55 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
         assert frame is not None and struct.unpack_from(">i", frame)[0] == big_id
         resp, _ = entity_reader(load_response_schema(1, 4))(frame, 4)
         assert {p.partition_index for t in resp.responses for p in t.partitions} == {0, 1}
+
+
+# -------------------------------------------------------------------- r11: clients that do not read their answers
+def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiered) -> None:
+    """Four clients pipeline 300 Fetches of a whole partition each and read nothing. Back-pressure: the server stops
+    reading their requests once an answer waits for them (far fewer than 300 are served: what the socket buffers,
+    ``socket_send_buffer_bytes``, hold). The answers queued to
+    them stay within ``queued_max_response_bytes`` (64 KiB here) plus a batch each, while a client that reads still
+    gets records (a batch at least); having taken nothing for ``write_timeout_ms`` they are closed (``not_reading``),
+    and then a reading client gets whole answers again."""
+    from prometheus_client import REGISTRY
+
+    def metric(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    a = tiered.topic("a")
+    bound, batch = 64 * 1024, 12 * 1024  # a batch of 10 records of 1 KB, with its headers
+    before = metric("rlm_history_closed_connections_total", {"reason": "not_reading"})
+    with endpoint(tiered, queued_max_response_bytes=bound, write_timeout_ms=5000) as h:
+        served = []
+        fetch = h.server.handlers.fetch
+        h.server.handlers.fetch = lambda req, **kw: (served.append(1), fetch(req, **kw))[1]
+        ask = request(1, 4, _fetch_body(a, 0, max_wait_ms=0))
+        deaf = []
+        for _ in range(4):
+            d = socket.socket()
+            d.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            d.settimeout(20)
+            d.connect(("127.0.0.1", h.port))
+            d.sendall(ask * 300)  # 300 requests of about 100 bytes: they fit the socket buffers
+            deaf.append(d)
+        try:
+            wait_for(lambda: metric("rlm_history_queued_response_bytes") > bound // 2, 20, "answers to queue up")
+            with connect(h) as reader:
+                got = answered(fetch_v4(reader, 2**20, [(a, 0, 0, 2**20)]))[(a, 0)][0]
+                assert got.error_code == 0 and base_offsets(got.records)[:1] == [0]  # progress, at least a batch
+            assert metric("rlm_history_queued_response_bytes") <= bound + 4 * batch
+            # each holds in its socket buffers (102400 bytes, doubled by Linux) about 20 answers of a batch at most
+            assert len(served) < 4 * 100, f"{len(served)} of 1200 requests served to clients that read nothing"
+            wait_for(lambda: metric("rlm_history_closed_connections_total", {"reason": "not_reading"}) >= before + 4,
+                     30, "the clients that do not read to be closed")
+            for d in deaf:  # what its socket held, then the end (reset or closed; never the 20 s timeout)
+                with contextlib.suppress(ConnectionResetError):
+                    while d.recv(1 << 16):
+                        pass
+        finally:
+            for d in deaf:
+                d.close()
+        with connect(h) as reader:
+            got = answered(fetch_v4(reader, 2**20, [(a, 0, 0, 2**20)]))[(a, 0)][0]
+            assert len(base_offsets(got.records)) > 5  # the whole partition (18 batches) fits 1 MiB again
+        assert api_versions_ok(h)
