@@ -32,6 +32,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -321,6 +322,14 @@ class InvariantChecker:
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+def _files(root: Path) -> Iterator[Path]:
+    """Every file under ``root``, walked while a sidecar may be changing it: a directory removed during the walk is
+    skipped (``os.walk`` ignores it; ``Path.rglob`` raises ``FileNotFoundError``)."""
+    for top, _dirs, names in os.walk(root):
+        for name in names:
+            yield Path(top) / name
+
+
 def staged_files(root: Path, tp: TopicIdPartition) -> list[Path]:
     """Files staged for ``tp`` under a staging root, whatever the layout keys them by: under a directory holding
     its topic id (``<id>/<topic>-<partition>/...``), or named ``<topic>-<partition>`` with no topic id in the path
@@ -330,9 +339,7 @@ def staged_files(root: Path, tp: TopicIdPartition) -> list[Path]:
         return []
     out = []
     name = f"{tp.topic}-{tp.partition}"
-    for p in root.rglob("*"):
-        if not p.is_file():
-            continue
+    for p in _files(root):
         parts = p.relative_to(root).parts
         ids = {m.group(0) for part in parts for m in [_UUID.fullmatch(part)] if m}
         if (str(tp.topic_id) in ids and (name in parts or len(parts) <= 2)) or (not ids and name in parts):
@@ -345,8 +352,8 @@ def store_keys_of_topic_id(root: Path, topic_id: uuid.UUID) -> list[str]:
     root = Path(root)
     if not root.exists():
         return []
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                  if p.is_file() and str(topic_id) in str(p.relative_to(root)) and ".tmp" not in p.parts)
+    return sorted(str(p.relative_to(root)) for p in _files(root)
+                  if str(topic_id) in str(p.relative_to(root)) and ".tmp" not in p.relative_to(root).parts)
 
 
 def local_bases(partition_dir: Path) -> list[int]:
