@@ -19,6 +19,7 @@ __all__ = [
     "ERRORS",
     "GC_DELETED",
     "LOG_DIR_OK",
+    "METADATA_NOT_CAUGHT_UP",
     "PURGE_CHECK_UNAUTHORIZED",
     "READ_SECONDS",
     "RETENTION_MARGIN_BYTES",
@@ -56,6 +57,9 @@ SEGMENT_GAPS = Counter("rlm_segment_gaps", "Rolled segments the broker deleted b
 PURGE_CHECK_UNAUTHORIZED = Counter(
     "rlm_purge_check_unauthorized", "Deleted-topic checks answered TOPIC_AUTHORIZATION_FAILED (nothing purged)",
     ["topic"])
+METADATA_NOT_CAUGHT_UP = Gauge(
+    "rlm_metadata_not_caught_up", "Partitions served (led or followed) whose metadata cache has not caught up with "
+    "the metadata topic (/health's metadata check): no copy, expiration or read of them proceeds meanwhile")
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
 LOG_DIR_OK = Gauge("rlm_log_dir_ok", "1 when the configured log dir exists and is readable, else 0", ["log_dir"])
 RETENTION_MARGIN_SECONDS = Gauge(

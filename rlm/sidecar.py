@@ -212,9 +212,7 @@ class Sidecar:
         now = time.time()
         window = max(h.broker_stale_ms, 6 * self.settings.tasks.discovery_interval_ms) / 1000
         broker_ok = self.last_discovery_ok is not None and now - self.last_discovery_ok < window
-        with self._lock:
-            served = [led.tp for led in self._led.values()] + list(self._followed)
-        behind = [str(tp) for tp in served if not self.rlmm.is_ready(tp)]
+        behind = [str(tp) for tp in self._not_caught_up(self._served())]
         failures = max(self.store_probes.consecutive_failures, self.store_copies.consecutive_failures)
         low = {str(tp): {"seconds": m.seconds, "bytes": m.bytes, "segment": m.segment}
                for tp, m in list(self.margins.items()) if m.seconds * 1000 < h.min_retention_margin_ms}
@@ -231,6 +229,13 @@ class Sidecar:
         ok = all(c["ok"] for c in checks.values())
         return ok, {"checks": checks, "last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
                     "leading": len(self._led), "following": len(self._followed)}
+
+    def _served(self) -> list[TopicIdPartition]:
+        with self._lock:
+            return [led.tp for led in self._led.values()] + list(self._followed)
+
+    def _not_caught_up(self, served: list[TopicIdPartition]) -> list[TopicIdPartition]:
+        return [tp for tp in served if not self.rlmm.is_ready(tp)]
 
     def liveness(self) -> tuple[bool, dict[str, object]]:
         """Liveness (``/health/live``): the scheduler runs and attempted a discovery round lately."""
@@ -529,6 +534,7 @@ class Sidecar:
 
     def _refresh_gauges(self) -> None:
         metrics.STAGING_BYTES.set(self.staging.size_bytes())
+        metrics.METADATA_NOT_CAUGHT_UP.set(len(self._not_caught_up(self._served())))
         for d in self.settings.log_dirs:
             metrics.LOG_DIR_OK.labels(str(d)).set(0 if str(d) in self.log_dir_problems else 1)
         self._refresh_margins()

@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "RlmRetentionMarginLow", "RlmRetentionMarginBytesLow",  # retention margin below the minimum
     "RlmSegmentGap",  # data lost before it was copied
     "RlmLogDirUnreadable",
+    "RlmMetadataNotCaughtUp",  # metadata not caught up
     "RlmStoreFailures", "RlmTaskErrors",  # store failures, other tasks failing
     "RlmDeleteRetriesRefused",  # deletions queued for retry not draining
     "RlmHistoryRequestErrors", "RlmHistoryUnreadableCopies", "RlmHistoryAuthenticationFailures",
