@@ -446,6 +446,12 @@ class Sidecar:
             task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
             self.store_copies.ok()
         except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
+            if led.cancel.is_set():
+                # the partition went away under the run (its directory deleted with its topic, leadership moved):
+                # what failed was cut short by that, not a fault; the new leader or the purge takes over
+                log.info("copy run ended early: the partition is no longer led here", extra={
+                    "partition": str(tp), "error": str(err)})
+                return
             if isinstance(err, RemoteStorageError) or isinstance(err.__cause__, RemoteStorageError):
                 self.store_copies.failed(err)
             metrics.ERRORS.labels("copy-task").inc()
@@ -491,6 +497,10 @@ class Sidecar:
                 expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic),
                                  local_epochs=PartitionDir(led.path).leader_epochs())
             except Exception as err:  # noqa: BLE001
+                if led.cancel.is_set():  # the partition went away under the run: not a fault
+                    log.info("expiration ended early: the partition is no longer led here", extra={
+                        "partition": str(led.tp), "error": str(err)})
+                    continue
                 metrics.ERRORS.labels("expiration").inc()
                 self.last_error = f"expiration {led.tp}: {err}"
                 log.exception("expiration failed", extra={"partition": str(led.tp)})

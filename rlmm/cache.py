@@ -509,7 +509,12 @@ class MetadataCache:
         raw = batch.get(pk)
         if raw is not None:
             old = serde.decode(raw)
-            old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
+            try:
+                old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
+            except InvalidStateTransitionError as err:
+                # a second purger (every sidecar that served a deleted topic purges it), late: not corruption
+                err.deleted_already = p.state <= old.state   # type: ignore[attr-defined,union-attr]
+                raise
         if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
             for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_COPY_FENCE):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))

@@ -214,8 +214,8 @@ class PartitionCopier:
         n = 0
         for md in self.rlmm.list_remote_log_segments(self.tp):
             if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-                if md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
-                    self.deleter.delete(md, "unfinished-delete")
+                deleting = md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+                if deleting and self._delete_left(md, "unfinished-delete"):
                     n += 1
                 continue
             if in_flight and md.remote_log_segment_id.id in in_flight:
@@ -224,9 +224,20 @@ class PartitionCopier:
                 and md.broker_leader_epoch < leader_epoch
             if md.broker_id != self.broker_id and not fenced and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
                 continue
-            self.deleter.delete(md, "unfinished-copy")
-            n += 1
+            if self._delete_left(md, "unfinished-copy"):
+                n += 1
         return n
+
+    def _delete_left(self, md: RemoteLogSegmentMetadata, reason: str) -> bool:
+        """Delete a segment left behind; False when someone else deleted it first (another sidecar's clean-up of the
+        same copy, the copier that made it): normal in a cluster, said at INFO."""
+        try:
+            self.deleter.delete(md, reason)
+            return True
+        except (UnknownSegmentError, InvalidStateTransitionError) as err:
+            log.info("clean-up: segment deleted by someone else already", extra={
+                "segment": str(md.remote_log_segment_id), "reason": reason, "error": str(err)})
+            return False
 
     # ----------------------------------------------------------------------------------------------- copy
     def run_once(self, last_stable_offset: int, stop: threading.Event | None = None, *,
@@ -475,13 +486,10 @@ class PartitionCopier:
         return sorted(found.values(), key=lambda t: (t.last_offset, t.first_offset))
 
     def _remove(self, md: RemoteLogSegmentMetadata, reason: str) -> None:
+        """Remove this copier's failed, fenced or cancelled copy (deleted already by the new leader's clean-up or a
+        purge: fine); a failure is logged, and the next run's clean-up retries it."""
         try:
-            self.deleter.delete(md, reason)
-        except (UnknownSegmentError, InvalidStateTransitionError) as err:
-            # deleted already: by the new leader's clean-up, or by the purge of its deleted topic (normal in a
-            # cluster, not corruption); its objects, if any were left, are garbage collection's
-            log.info("clean-up of a copy: deleted by someone else already", extra={
-                "segment": str(md.remote_log_segment_id), "reason": reason, "error": str(err)})
+            self._delete_left(md, reason)
         except Exception as cleanup_err:  # noqa: BLE001 - the next run's clean-up retries it
             log.error("clean-up of a copy failed", extra={"segment": str(md.remote_log_segment_id),
                                                           "reason": reason, "error": str(cleanup_err)})

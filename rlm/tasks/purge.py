@@ -46,6 +46,7 @@ from rlmm.api import (
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
+    UnknownSegmentError,
 )
 
 __all__ = ["DeletionEvidence", "deletion_evidence", "purge_deleted_topics", "purge_partition"]
@@ -186,7 +187,19 @@ def purge_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp:
         except InvalidStateTransitionError:
             pass  # another sidecar got further already
     for md in rlmm.list_remote_log_segments(tp):
-        deleter.delete(md, "topic-deleted")
+        try:
+            deleter.delete(md, "topic-deleted")
+        except (UnknownSegmentError, InvalidStateTransitionError) as err:
+            # another sidecar's purge (every sidecar that served the partition purges it) deleted it meanwhile
+            log.info("purge: segment deleted by someone else already", extra={
+                "segment": str(md.remote_log_segment_id), "error": str(err)})
     release_staging(tp)
-    put(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)
+    try:
+        put(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)
+    except InvalidStateTransitionError:
+        done = rlmm.remote_partition_delete_metadata(tp)
+        if done is None or done.state != RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+            raise
+        log.info("remote data of deleted topic purged (finished by another sidecar)", extra={"partition": str(tp)})
+        return
     log.info("remote data of deleted topic purged", extra={"partition": str(tp)})

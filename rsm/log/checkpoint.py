@@ -57,7 +57,11 @@ def _int(path: str | os.PathLike[str], lineno: int, token: str, what: str) -> in
 
 def parse_leader_epoch_checkpoint(text: str, path: str | os.PathLike[str] = "<leader-epoch-checkpoint>"
                                   ) -> list[EpochEntry]:
-    """Parse the text of a ``leader-epoch-checkpoint``; errors name ``path`` and the line."""
+    """Parse the text of a ``leader-epoch-checkpoint``; errors name ``path`` and the line. An empty file holds no
+    entry: Kafka's ``CheckpointFile`` creates the file empty when it opens a new partition's checkpoint, before its
+    first write, and reads an empty file as no entries."""
+    if text == "":
+        return []
     lines = _lines(path, text)
     if len(lines) < 2:
         raise CorruptCheckpointError(path, None, f"expected a version line and a count line, found {len(lines)} lines")

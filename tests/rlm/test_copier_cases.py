@@ -377,3 +377,32 @@ def test_a_run_that_ends_after_leadership_came_back_keeps_the_staging(world: Wor
     sidecar._copy_run = lambda led: led.stop.set()  # type: ignore[method-assign]
     sidecar._copy(old2)
     assert copier.staging.staged() == []
+
+
+def test_a_clean_up_raced_by_another_sidecar_goes_on(world: World) -> None:
+    """Two sidecars clean up the same fenced copy (seen in the chaos run: 'copy task failed ... no such segment'):
+    the one that comes second finds it deleted already, says so at INFO and goes on, instead of failing its run."""
+    from dataclasses import replace
+
+    from tests.rlmm.helpers import segment
+
+    tp = new_tp()
+    for broker in (2, 3):
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0), (6, 11)))
+    zombie = replace(segment(tp, 0, 9, {5: 0}, broker_id=1), broker_leader_epoch=5)
+    world.rlmm.add_remote_log_segment_metadata(zombie)
+    stale = world.rlmm.list_remote_log_segments(tp)
+    first, second = world.copier(2, tp), world.copier(3, tp)
+    assert first.clean_up_unfinished(leader_epoch=6) == 1
+    assert world.rlmm.list_remote_log_segments(tp) == []
+
+    class Stale:  # the second sidecar listed the segments before the first one's clean-up landed
+        def __getattr__(self, name: str) -> object:
+            return getattr(world.rlmm, name)
+
+        def list_remote_log_segments(self, tp, epoch=None):  # type: ignore[no-untyped-def]
+            return stale
+
+    second.rlmm = Stale()  # type: ignore[assignment]
+    second.deleter.rlmm = second.rlmm
+    assert second.clean_up_unfinished(leader_epoch=6) == 0

@@ -186,6 +186,40 @@ def test_purge_partition_walks_the_partition_delete_states() -> None:
     assert again.calls == [("follow", (), (P0,)), ("release", P0), ("state", S.DELETE_PARTITION_FINISHED, 7)]
 
 
+def test_purge_raced_by_another_sidecars_purge_completes() -> None:
+    """Every sidecar that served a deleted topic purges it, at once (seen in the chaos run: the late ones logged
+    'purge ... failed ... no such segment' and retried every round): a segment another purger deleted, and a
+    FINISHED another purger wrote, are done, not failures."""
+    from types import SimpleNamespace
+
+    from rlmm.api import RemotePartitionDeleteMetadata, UnknownSegmentError
+
+    S = RemotePartitionDeleteState
+    gone, s1 = SimpleNamespace(remote_log_segment_id="gone"), SimpleNamespace(remote_log_segment_id="s1")
+
+    class Raced(PurgeLog):
+        def delete(self, md, reason: str) -> bool:  # type: ignore[no-untyped-def]
+            if md is gone:
+                raise UnknownSegmentError("no such segment (update to DELETE_SEGMENT_STARTED)")
+            return super().delete(md, reason)
+
+        def remote_partition_delete_metadata(self, tp):  # type: ignore[no-untyped-def]
+            return RemotePartitionDeleteMetadata(tp, S.DELETE_PARTITION_FINISHED, 1, 2)
+
+    raced = Raced([gone, s1], got_further={S.DELETE_PARTITION_MARKED, S.DELETE_PARTITION_STARTED,
+                                               S.DELETE_PARTITION_FINISHED})
+    purge_partition(raced, raced, P0, 7, release_staging=raced.release_partition)  # type: ignore[arg-type]
+    assert raced.calls == [("follow", (), (P0,)), ("delete", s1, "topic-deleted"), ("release", P0)]
+
+    class NotFinished(Raced):  # FINISHED refused while nobody finished: still an error (retried next round)
+        def remote_partition_delete_metadata(self, tp):  # type: ignore[no-untyped-def]
+            return RemotePartitionDeleteMetadata(tp, S.DELETE_PARTITION_STARTED, 1, 2)
+
+    stuck = NotFinished([], got_further={S.DELETE_PARTITION_FINISHED})
+    with pytest.raises(InvalidStateTransitionError):
+        purge_partition(stuck, stuck, P0, 7, release_staging=stuck.release_partition)  # type: ignore[arg-type]
+
+
 def test_purge_deleted_topics_forgets_purged_and_retries_failed() -> None:
     class Known:
         def __init__(self) -> None:

@@ -209,3 +209,16 @@ def test_a_second_deleters_records_are_told_apart_from_other_refusals(cache: Met
     out = feed(update(b, S.DELETE_SEGMENT_STARTED),                      # never added: not a late deleter
                b, update(b, S.DELETE_SEGMENT_STARTED), update(b, S.COPY_SEGMENT_FINISHED))  # not a delete
     assert [(s.offset, s.deleted_already) for s in out.skipped] == [(6, False), (9, False)]
+
+
+def test_a_second_purgers_records_are_deleted_already(cache: MetadataCache) -> None:
+    """Every sidecar that served a deleted topic purges it: a late purger's MARKED or STARTED after another's
+    STARTED or FINISHED is refused as "deleted already" (INFO), not as corruption."""
+    feed = Feeder(cache)
+    P = RemotePartitionDeleteState
+    out = feed(*[RemotePartitionDeleteMetadata(TP, st, 1, 1) for st in (P.DELETE_PARTITION_MARKED,
+                                                                       P.DELETE_PARTITION_STARTED,
+                                                                       P.DELETE_PARTITION_MARKED,
+                                                                       P.DELETE_PARTITION_FINISHED,
+                                                                       P.DELETE_PARTITION_STARTED)])
+    assert [(s.offset, s.deleted_already) for s in out.skipped] == [(2, True), (4, True)]
