@@ -132,11 +132,11 @@ def test_failed_copy_is_redone_with_a_new_copy_id(world: World, monkeypatch) -> 
     real = world.rsm.copy_log_range
     ids: list[uuid.UUID] = []
 
-    def failing(md, data):  # noqa: ANN001, ANN202
+    def failing(md, data, **kw):  # noqa: ANN001, ANN003, ANN202
         ids.append(md.remote_segment_id)
         if len(ids) == 1:
             raise RemoteStorageError("store down")
-        return real(md, data)
+        return real(md, data, **kw)
 
     monkeypatch.setattr(world.rsm, "copy_log_range", failing)
     off.run_once(BIG)
