@@ -33,6 +33,7 @@ from rlm.config import HistoryListenerSettings, SidecarSettings
 from rlm.history import History, start_history
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from tests.history.raw_wire import closed, kstr, recv_frame, request
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 
@@ -93,41 +94,6 @@ def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
 
 
 # ------------------------------------------------------------------------------------- raw protocol helpers
-def request(api_key: int, version: int, body: bytes, correlation_id: int = 7) -> bytes:
-    """A request frame with header v1 (client id "t"): non-flexible versions only."""
-    payload = struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + body
-    return struct.pack(">i", len(payload)) + payload
-
-
-def kstr(s: str) -> bytes:
-    return struct.pack(">h", len(s)) + s.encode()
-
-
-def recv_frame(sock: socket.socket) -> bytes | None:
-    """One response frame's payload, or None when the server closed the connection."""
-    def exactly(n: int) -> bytes | None:
-        buf = b""
-        while len(buf) < n:
-            try:
-                chunk = sock.recv(n - len(buf))
-            except ConnectionResetError:
-                return None
-            if not chunk:
-                return None
-            buf += chunk
-        return buf
-
-    head = exactly(4)
-    return None if head is None else exactly(struct.unpack(">i", head)[0])
-
-
-def closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def connect(h: History) -> socket.socket:
     return socket.create_connection(("127.0.0.1", h.port), timeout=20)
 

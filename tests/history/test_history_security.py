@@ -30,6 +30,7 @@ from rlm.config import ConfigError, HistoryListenerSettings, SidecarSettings, lo
 from rlm.history import History, start_history
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from tests.history.raw_wire import closed, kstr, recv_frame, request
 from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -201,38 +202,6 @@ def auth_failed(errors: list[KafkaError]) -> bool:
 
 
 # ------------------------------------------------------------------------------------- raw protocol helpers
-def request(api_key: int, version: int, body: bytes, correlation_id: int = 7) -> bytes:
-    """A non-flexible request frame (header v1, client id "t")."""
-    payload = struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + body
-    return struct.pack(">i", len(payload)) + payload
-
-
-def kstr(s: str) -> bytes:
-    return struct.pack(">h", len(s)) + s.encode()
-
-
-def recv_frame(sock: socket.socket) -> bytes | None:
-    """One response frame's payload, or None when the server closed the connection."""
-    def exactly(n: int) -> bytes | None:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return buf
-
-    head = exactly(4)
-    return None if head is None else exactly(struct.unpack(">i", head)[0])
-
-
-def closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 METADATA_V1_ALL = request(3, 1, struct.pack(">i", -1))  # topics: null = all
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 UNSUPPORTED_VERSION, UNSUPPORTED_SASL_MECHANISM, SASL_AUTHENTICATION_FAILED = 35, 33, 58
