@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlm.tasks.staging import write_file_durably
+from rlm.state import KNOWN_PARTITIONS, malformed, read_json, write_file_durably
 from rlmm.api import TopicIdPartition
 
 __all__ = ["KnownPartitions"]
@@ -20,9 +20,12 @@ class KnownPartitions:
         self.path = path
         self._lock = threading.Lock()
         self._items: set[TopicIdPartition] = set()
-        if path.exists():
-            for row in json.loads(path.read_text() or "[]"):
+        found = read_json(path, KNOWN_PARTITIONS)  # version 1, the only one: a list of [topic id, topic, partition]
+        for row in found[1] if found is not None else []:
+            try:
                 self._items.add(TopicIdPartition(uuid.UUID(row[0]), row[1], int(row[2])))
+            except (TypeError, ValueError, IndexError, KeyError) as err:
+                raise malformed(path, KNOWN_PARTITIONS, f"{row!r} is not [topic id, topic, partition]") from err
 
     def _save(self) -> None:
         """Temp file + fsync + rename + fsync of the directory: after a crash the file is the old or the new list,

@@ -15,6 +15,7 @@ from typing import Any
 
 from rlm.config import SidecarSettings
 from rlm.kafka_secrets import RedactedConfig
+from rlm.state import MetadataCacheUser, StateDir
 from rlmm.topic_manager import TopicBasedRlmmConfig
 
 __all__ = ["rlmm_config", "sidecar_rlmm_config"]
@@ -41,8 +42,10 @@ def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, r
 
 
 def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
-                        create_topic: bool | None = None, read_only: bool | None = None) -> TopicBasedRlmmConfig:
-    """From the sidecar's settings; the cache under ``metadata.state_dir`` unless ``cache_dir`` names another.
+                        cache_for: MetadataCacheUser = "sidecar", create_topic: bool | None = None,
+                        read_only: bool | None = None) -> TopicBasedRlmmConfig:
+    """From the sidecar's settings; the cache is ``cache_for``'s in ``metadata.state_dir`` (:class:`rlm.state.StateDir`:
+    the sidecar, the CLI and the history endpoint each have one) unless ``cache_dir`` names another.
 
     ``create_topic``: whether a missing metadata topic is created; by default not in ``mode: read_only`` (the
     metadata is someone else's: a missing topic fails fast, :class:`~rlmm.api.MetadataTopicMissingError`).
@@ -58,7 +61,7 @@ def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, c
         topic=md.topic,
         num_partitions=md.partitions,
         replication_factor=md.replication_factor,
-        cache_dir=cache_dir or md.state_dir / "metadata-cache",
+        cache_dir=cache_dir or StateDir(md.state_dir).metadata_cache(cache_for),
         broker_id=settings.broker_id,
         serve_all=serve_all,
         write_timeout_s=md.write_timeout_ms / 1000,

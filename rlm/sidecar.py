@@ -37,6 +37,7 @@ from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
 from rlm.known import KnownPartitions
 from rlm.reader import RemoteReader
 from rlm.rlmm_config import sidecar_rlmm_config
+from rlm.state import MetadataCacheUser, StateDir
 from rlm.tasks.cleaner import Cleaner
 from rlm.tasks.copier import PartitionCopier
 from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
@@ -69,12 +70,15 @@ log = logging.getLogger(__name__)
 
 
 def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
-              create_topic: bool | None = None, read_only: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
-    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`: in ``mode: read_only``
-    a missing metadata topic raises :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``, and the
-    manager never writes unless ``read_only=False``)."""
-    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, serve_all=serve_all, cache_dir=cache_dir,
-                                                                  create_topic=create_topic, read_only=read_only))
+              cache_for: MetadataCacheUser = "sidecar", create_topic: bool | None = None,
+              read_only: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
+    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`: its cache is
+    ``cache_for``'s in the state dir unless ``cache_dir``; in ``mode: read_only`` a missing metadata topic raises
+    :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``, and the manager never writes unless
+    ``read_only=False``)."""
+    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(
+        settings, serve_all=serve_all, cache_dir=cache_dir, cache_for=cache_for, create_topic=create_topic,
+        read_only=read_only))
 
 
 @dataclass
@@ -125,10 +129,11 @@ class Sidecar:
         self._stable_offsets: Coalescer[tuple[str, int], tuple[int, int]] = Coalescer(
             self.view.stable_offsets_and_epochs)
         self.reader = RemoteReader(self.rlmm, self.rsm)
-        self.known = KnownPartitions(s.metadata.state_dir / "known-partitions.json")
+        state = StateDir(s.metadata.state_dir)
+        self.known = KnownPartitions(state.known_partitions)
         self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)
         self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
-                                   state_path=s.metadata.state_dir / "gc-orphans.json")
+                                   state_path=state.gc_orphans)
         self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
                                s.broker_id, deleter=self.deleter)
         self._led: dict[tuple[str, int], _Led] = {}
@@ -327,8 +332,8 @@ class Sidecar:
         cancel = threading.Event()
         copier = PartitionCopier(broker_id=self.settings.broker_id, tp=tp, partition_dir=path, rlmm=self.rlmm,
                                  rsm=self.rsm, staging=self.staging, deleter=self.deleter,
-                                 watermark_path=self.settings.metadata.state_dir / "copied"
-                                 / f"{tp.topic_id}-{tp.partition}", cancel=cancel)
+                                 watermark_path=StateDir(self.settings.metadata.state_dir).copy_watermark(tp),
+                                 cancel=cancel)
         offload = self.settings.offload_for(tp.topic)
         offloader = None
         interval_ms = self.settings.tasks.copy_interval_ms

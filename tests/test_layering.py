@@ -58,3 +58,9 @@ def test_rlm_uses_only_rsm_public_modules() -> None:
 @pytest.mark.parametrize("package", ["rsm", "rlmm"])
 def test_rsm_and_rlmm_never_import_rlm(package: str) -> None:
     assert _violations(package, ("rlm",)) == []
+
+
+def test_only_the_wiring_and_the_commands_import_the_tasks() -> None:
+    """``rlm.tasks`` is the top of ``rlm``: what the tasks share (``rlm.state``, ``rlm.known`` ...) sits below them."""
+    assert [v for v in _violations("rlm", ("rlm.tasks",))
+            if not v.startswith(("rlm/tasks/", "rlm/sidecar.py:", "rlm/cli/"))] == []

@@ -91,7 +91,7 @@ def open_context(args: argparse.Namespace) -> Iterator[CliContext]:
     except NotAuthorizedError as err:
         raise not_authorized(err) from None
     try:
-        rlmm = make_rlmm(settings, cache_dir=settings.metadata.state_dir / "cli-metadata-cache", read_only=True)
+        rlmm = make_rlmm(settings, cache_for="cli", read_only=True)
     except MetadataTopicMissingError as err:  # read-only: the metadata is someone else's, never created here
         print(f"rlm: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rlm.cli.context import add_config_arg, open_context
+from rlm.state import StateDir
 from rlm.tasks.gc import GarbageCollector
 
 __all__ = ["register"]
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         s = ctx.settings
         gc = GarbageCollector(ctx.rlmm, ctx.rsm,
                               grace_ms=s.tasks.gc_grace_ms if args.grace_ms is None else args.grace_ms,
-                              state_path=s.metadata.state_dir / "gc-orphans.json")
+                              state_path=StateDir(s.metadata.state_dir).gc_orphans)
         tps = [tp for topic in args.topics for tp in ctx.partitions(topic)]
         keys = gc.run(tps, dry_run=args.dry_run)
         for k in keys:

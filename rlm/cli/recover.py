@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 import uuid
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -15,6 +13,7 @@ from rlm.cli.context import EXIT_USAGE, add_config_arg
 from rlm.config import ConfigError, load_settings
 from rlm.discovery import ClusterView
 from rlm.recovery import ClusterTopic, Recoverer, RecoveryReport, map_partitions
+from rlm.state import StateDir
 from rsm.manager import RemoteStorageManager
 
 __all__ = ["register"]
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
     # A cache of its own, dropped at the end: only the partitions recovered are read, and a lost metadata topic
     # must never be taken for the one a kept cache remembers.
-    cache_dir = Path(tempfile.mkdtemp(prefix="recover-metadata-cache-", dir=settings.metadata.state_dir))
+    cache_dir = StateDir(settings.metadata.state_dir).new_recover_cache()
     rsm = RemoteStorageManager(settings.store)
     view = ClusterView(settings.kafka.client_config())
     recoverer = None

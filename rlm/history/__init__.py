@@ -75,7 +75,7 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     owns = rlmm is None
     if rlmm is None:
         settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
-        rlmm = make_rlmm(settings, serve_all=True, cache_dir=settings.metadata.state_dir / "history-metadata-cache",
+        rlmm = make_rlmm(settings, serve_all=True, cache_for="history",
                          read_only=True)
     view = ClusterView(settings.kafka.client_config())
     catalog = Catalog(view, rlmm, settings.topics.tiered,

@@ -31,7 +31,6 @@ a later copy started under (:class:`rlmm.api.CopyFencedError`), which closes the
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from pathlib import Path
 from rlm import metrics
 from rlm.chain import Lineage, lineage_of, remote_chain
 from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
+from rlm.state import write_file_durably
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlmm.api import (
@@ -329,24 +329,13 @@ class PartitionCopier:
             return None
 
     def write_watermark(self) -> None:
-        """Persist the highest tiered offset and its epoch when they moved (temp file, fsync, rename, fsync of
-        the directory: never half written, and durable before the next run relies on it)."""
+        """Persist the highest tiered offset and its epoch when they moved (:func:`rlm.state.write_file_durably`:
+        never half written, and durable before the next run relies on it)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
         offset, epoch = self._watermark
-        directory = self.watermark_path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.watermark_path.with_name(self.watermark_path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{offset} {epoch}" if epoch is not None else str(offset))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.watermark_path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_durably(self.watermark_path, (f"{offset} {epoch}" if epoch is not None else str(offset)).encode())
         self._persisted = self._watermark
 
     def _max_timestamp(self, s: StagedSegment) -> int:

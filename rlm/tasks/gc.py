@@ -30,14 +30,14 @@ collection only decides *what* goes.
 Stores' own leftovers, after the same grace: temp files of killed filesystem-store writes (``<root>/.tmp``) and
 S3 multipart uploads no part was added to for the grace (a SIGKILLed copy), under each visited partition prefix.
 
-The state file is written to a temp file, fsynced, renamed over the old one, and its directory fsynced.
+The state file (``gc-orphans.json``, :data:`rlm.state.GC_ORPHANS`: its format versions) is replaced durably
+(:func:`rlm.state.write_file_durably`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -45,6 +45,7 @@ from pathlib import Path
 
 from rlm import metrics
 from rlm.segments import to_rsm
+from rlm.state import GC_ORPHANS, malformed, read_json, write_file_durably
 from rlmm.api import RemoteLogMetadataManager, RemotePartitionDeleteState, TopicIdPartition
 from rsm.api import CopyListing, KeyLayout, RemoteStorageManagerApi, StoredCopy
 from rsm.errors import RemoteStorageError
@@ -53,8 +54,6 @@ from rsm.manager import segment_id_of_key
 __all__ = ["GarbageCollector", "segment_id_of_key"]
 
 log = logging.getLogger(__name__)
-
-STATE_VERSION = 3  # 3: remembered layouts carry their key root; 2 is read (layouts without one)
 
 def _tp_key(tp: TopicIdPartition) -> str:
     return f"{tp.topic_id}:{tp.partition}"
@@ -95,33 +94,22 @@ class GarbageCollector:
         # partitions visited: tp key -> {"topic", "topic_id", "partition",
         #                                "layouts": [[prefix, entropy, root topic id | None, root name | None], ...]}
         self._partitions: dict[str, dict] = {}
-        if state_path.exists():
-            raw = json.loads(state_path.read_text() or "{}")
-            if raw.get("version") in (2, STATE_VERSION):
+        found = read_json(state_path, GC_ORPHANS)
+        if found is not None:
+            version, raw = found
+            if not isinstance(raw, dict):
+                raise malformed(state_path, GC_ORPHANS, f"a JSON {type(raw).__name__}, not an object")
+            if version >= 2:
                 self._first_seen = dict(raw.get("first_seen", {}))
                 self._partitions = dict(raw.get("partitions", {}))
             else:  # version 1: a flat map of key bases, all under the configured key prefix
                 self._first_seen = {rsm.layout.key_prefix + k: v for k, v in raw.items()}
 
     def _save(self) -> None:
-        data = json.dumps({"version": STATE_VERSION, "first_seen": self._first_seen,
+        data = json.dumps({"version": GC_ORPHANS.version, "first_seen": self._first_seen,
                            "partitions": self._partitions}).encode()
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.state_path)
-        dfd = os.open(self.state_path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_file_durably(self.state_path, data)
 
     # -- which partitions, which layouts -----------------------------------------------------------------------
 

@@ -31,9 +31,10 @@ take it past ``max_bytes`` with :class:`StagingFullError` (nothing is staged; an
 size, so a segment larger than the bound still gets copied). What is staged is copied first; a segment the broker
 deletes meanwhile is a gap the copier reports.
 
-**Durability.** Links are made, the directory fsynced, then the ``.complete`` marker written as a temp file,
-fsynced and renamed over, and the directory fsynced again; new directories are fsynced into their parents. After a
-crash a segment dir is either complete or has no marker (and is removed and staged again).
+**Durability.** Links are made, the directory fsynced, then the ``.complete`` marker written as a temp file, fsynced
+and renamed over, and the directory fsynced again (:func:`rlm.state.write_file_durably`); new directories are
+fsynced into their parents. After a crash a segment dir is either complete or has no marker (and is removed and
+staged again).
 
 The staging root must not be inside a Kafka log dir (the broker refuses unknown directories there) and must be
 on the same filesystem as the log dir (hard links cannot cross filesystems): :func:`default_staging_root` picks a
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlm.errors import RlmError
+from rlm.state import fsync_dir, write_file_durably
 from rlmm.api import TopicIdPartition
 from rsm.log.checkpoint import read_partition_metadata
 from rsm.log.errors import CorruptCheckpointError
@@ -68,7 +70,7 @@ from rsm.log.partition import (
 )
 
 __all__ = ["SegmentGoneError", "StagedSegment", "Staging", "StagingError", "StagingFullError",
-           "TopicIdMismatchError", "default_staging_root", "fsync_dir", "write_file_durably"]
+           "TopicIdMismatchError", "default_staging_root"]
 
 log = logging.getLogger(__name__)
 
@@ -156,33 +158,6 @@ def default_staging_root(log_dir: Path) -> Path:
     """``<parent of log dir>/.rlm-staging/<log dir name>``: same filesystem as long as the log dir is no mount."""
     log_dir = Path(log_dir).resolve()
     return log_dir.parent / ".rlm-staging" / log_dir.name
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so the names created, renamed or removed in it survive a crash."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename over, fsync of the directory. After a crash the
-    file holds the old bytes or the new ones, never a part, and once this returns the new ones stay. Callers
-    serialize writes of one path (the temp file's name is fixed)."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")  # one fixed name: a crash's leftover is overwritten by the next write
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def _is_topic_id_dir(name: str) -> uuid.UUID | None:

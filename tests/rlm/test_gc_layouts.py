@@ -297,7 +297,7 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
     os.utime(paused, (now / 1000 - 2 * GRACE / 1000,) * 2)
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(gc_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
     state_path = tmp_path / "state" / "gc.json"
     (tmp_path / "state").mkdir()
     state_path.write_text(json.dumps({"t-x/0/old": 1}))  # a version-1 state file is read
