@@ -220,7 +220,8 @@ def main() -> None:
                 "tasks": {"copy_interval_ms": 500, "discovery_interval_ms": 500},
                 "topics": {"include": [ours]},
                 "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
-                "history_listener": {"host": "127.0.0.1", "port": 0},
+                "history_listener": {"host": "127.0.0.1", "port": 0,
+                                     "authorization": {"allow_if_no_authorizer": True}},  # dev cluster: no authorizer
                 "listen": {"host": "127.0.0.1", "port": 0}, "log_format": "text", "log_level": "WARNING"})
             tp = TopicIdPartition(topic_id, ours, 0)
             t0 = time.perf_counter()

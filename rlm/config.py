@@ -28,6 +28,7 @@ from rsm.manager import RsmConfig
 __all__ = [
     "ConfigError",
     "HealthSettings",
+    "HistoryAuthorizationSettings",
     "HistoryListenerSettings",
     "HistorySaslSettings",
     "HistoryTlsSettings",
@@ -231,6 +232,19 @@ class HistoryTlsSettings(_Frozen):
         "(mutual TLS, which counts as authentication); unset, clients are not asked for one"))
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
     ciphers: str | None = Field(None, description="OpenSSL cipher list for TLS 1.2 (default: OpenSSL's)")
+    principal_mapping_rules: list[str] = Field(default_factory=lambda: ["DEFAULT"], min_length=1, description=(
+        "how a client certificate's subject (RFC 2253, e.g. CN=reader,OU=ops,O=example) becomes the principal "
+        "User:<name> whose ACLs apply, first matching rule wins: Kafka's ssl.principal.mapping.rules, one rule per "
+        "item (RULE:pattern/replacement/[LU], or DEFAULT: the whole subject). A certificate no rule matches is "
+        "refused (its connection closed), as Kafka refuses it"))
+
+    @field_validator("principal_mapping_rules")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        from rlm.history.principals import parse_mapping_rules  # the one parser (errors name the rule)
+
+        parse_mapping_rules(v)
+        return v
 
     @property
     def client_auth(self) -> bool:
@@ -267,6 +281,36 @@ class HistorySaslSettings(_Frozen):
                 raise ValueError(f"user name {name!r} is empty or holds a NUL character")
             if not password.get_secret_value():
                 raise ValueError(f"user {name!r} has an empty password")
+        return v
+
+
+class HistoryAuthorizationSettings(_Frozen):
+    """Who may read which topic through the history endpoint: the cluster's own ACLs, as Kafka's authorizer
+    applies them to the same principal (``User:<SASL name>``, the mapped certificate subject, or
+    ``User:ANONYMOUS``). READ on a topic lets a client fetch it, DESCRIBE (which READ implies) list it and its
+    offsets. The ACLs are fetched with DescribeAcls by the sidecar's own Kafka principal (which needs DESCRIBE on
+    the cluster) every ``acl_cache_ttl_ms / 2``; when none could be fetched for ``acl_cache_ttl_ms`` every topic
+    is refused (TOPIC_AUTHORIZATION_FAILED): it fails closed."""
+
+    acl_cache_ttl_ms: int = Field(10_000, ge=1000, le=3_600_000, description=(
+        "how old the ACLs used may be: an ACL added or removed on the cluster applies within this time; ACLs not "
+        "refreshed for this long refuse every topic"))
+    super_users: list[str] = Field(default_factory=list, description=(
+        "principals that may read every topic without ACLs (Kafka's super.users; e.g. User:admin)"))
+    allow_everyone_if_no_acl_found: bool = Field(False, description=(
+        "a topic no ACL names (literal, prefixed or *) may be read by anyone (Kafka's "
+        "allow.everyone.if.no.acl.found, false by default)"))
+    allow_if_no_authorizer: bool = Field(False, description=(
+        "the cluster has no authorizer (DescribeAcls answers SECURITY_DISABLED): every client may read every "
+        "tiered topic, as the cluster's own listeners allow. Unset, such a cluster's topics are refused"))
+
+    @field_validator("super_users")
+    @classmethod
+    def _principals(cls, v: list[str]) -> list[str]:
+        for p in v:
+            kind, sep, name = p.partition(":")
+            if not sep or not kind or not name:
+                raise ValueError(f"super user {p!r} is not a principal: write it as Kafka does, e.g. User:admin")
         return v
 
 
@@ -330,6 +374,8 @@ class HistoryListenerSettings(_Frozen):
         "slow down password guessing (Kafka's connection.failed.authentication.delay.ms and its default)"))
     tls: HistoryTlsSettings | None = Field(None, description="serve over TLS (SSL / SASL_SSL)")
     sasl: HistorySaslSettings | None = Field(None, description="require SASL authentication")
+    authorization: HistoryAuthorizationSettings = Field(
+        default_factory=HistoryAuthorizationSettings, description="which topics a client may read: the cluster's ACLs")
     allow_unauthenticated: bool = Field(False, description=(
         "let a listener on a non-loopback host start without SASL or client certificates"))
     allow_sasl_plain_without_tls: bool = Field(False, description=(

@@ -1,6 +1,7 @@
 """The history endpoint: the remote tier served over the Kafka protocol, so any Kafka client reads history.
 
-Point ``bootstrap.servers`` at the endpoint and ``assign()`` partitions: ApiVersions, Metadata (the tiered topics,
+Point ``bootstrap.servers`` at the endpoint and ``assign()`` partitions (the topics the cluster's ACLs let the
+client's principal read, :mod:`~rlm.history.acls`): ApiVersions, Metadata (the tiered topics,
 this endpoint leading every partition), DescribeCluster, ListOffsets (earliest / latest / by timestamp / max
 timestamp, from the remote tier) and Fetch (record batches as stored, read_committed with the aborted
 transactions of the uploaded transaction indexes, long polls at the tier's end) are served. Consumer groups are
@@ -9,7 +10,9 @@ not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
 Modules: :mod:`~rlm.history.wire` (framing and codecs, by kio), :mod:`~rlm.history.handlers` (one method per API),
 :mod:`~rlm.history.tier` (a partition's remote chain, bounds and fetches, through :mod:`rlm.reader`),
 :mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server),
-:mod:`~rlm.history.security` (TLS, and SASL PLAIN / SCRAM-SHA-512 with users from the config).
+:mod:`~rlm.history.security` (TLS, and SASL PLAIN / SCRAM-SHA-512 with users from the config),
+:mod:`~rlm.history.principals` (who a client is: SASL user, certificate subject), :mod:`~rlm.history.acls` (the
+cluster's ACLs applied to it).
 :func:`start_history` puts them together for ``rlm serve``.
 """
 
@@ -20,8 +23,10 @@ from dataclasses import dataclass
 
 from rlm.config import SidecarSettings, is_loopback
 from rlm.discovery import ClusterView
+from rlm.history.acls import Authorizer
 from rlm.history.catalog import Catalog
 from rlm.history.handlers import Handlers, NodeInfo
+from rlm.history.principals import PrincipalMapper
 from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
 from rlm.history.server import ConnectionLimits, HistoryServer
 from rlm.history.tier import TierView
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 class History:
     server: HistoryServer
     catalog: Catalog
+    authorizer: Authorizer
     rlmm: RemoteLogMetadataManager
     owns_rlmm: bool
 
@@ -48,6 +54,7 @@ class History:
     def stop(self) -> None:
         self.server.stop()
         self.catalog.stop()
+        self.authorizer.stop()
         if self.owns_rlmm:
             self.rlmm.close()
 
@@ -80,16 +87,20 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     view = ClusterView(settings.kafka.client_config())
     catalog = Catalog(view, rlmm, settings.topics.tiered,
                       interval_s=settings.tasks.discovery_interval_ms / 1000).start()
+    # The cluster's ACLs, fetched (by DescribeAcls, as the sidecar's principal) before the first client connects.
+    authorizer = Authorizer.of_cluster(settings.kafka.client_config(), cfg.authorization).start()
     tier = TierView(RemoteReader(rlmm, rsm))
     handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
-                        sasl=sasl is not None, fetch_max_bytes=cfg.fetch_max_bytes)
+                        authorizer, sasl=sasl is not None, fetch_max_bytes=cfg.fetch_max_bytes)
     server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
                            ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
-                           limits=ConnectionLimits.of(cfg))
+                           limits=ConnectionLimits.of(cfg),
+                           principal_mapper=PrincipalMapper(cfg.tls.principal_mapping_rules) if cfg.tls else None)
     try:
         server.start()
     except BaseException:
         catalog.stop()
+        authorizer.stop()
         if owns:
             rlmm.close()
         raise
@@ -101,4 +112,4 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                                                   "sasl_mechanisms": list(sasl.mechanisms) if sasl else [],
                                                   "client_certificates": bool(cfg.tls and cfg.tls.client_auth),
                                                   "topics": len(catalog.topics())})
-    return History(server, catalog, rlmm, owns)
+    return History(server, catalog, authorizer, rlmm, owns)

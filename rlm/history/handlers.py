@@ -5,6 +5,11 @@ as the response schema's fields; :func:`rlm.history.wire.build` keeps what the v
 Fetch v13, topic ids from it, and so on). Handlers block (they read the store): the server runs them on its
 worker threads.
 
+Every handler gets the :class:`Client` that sent the request (its principal and address): topics are served only
+as the cluster's ACLs let that principal (:mod:`~rlm.history.acls`; Kafka's own rules): Fetch needs READ, Metadata
+and ListOffsets DESCRIBE. Metadata of all topics lists only those the client may describe; a topic named that it
+may not gets TOPIC_AUTHORIZATION_FAILED, whether or not it exists, as a broker answers.
+
 The endpoint is one node (``node_id``, the advertised address) that leads every served partition. Partition leader
 epochs are the tier's: Metadata names the epoch of the newest tiered offset, ListOffsets the epoch of the offset it
 answers (as a broker does). OffsetForLeaderEpoch is not offered, so clients skip position validation.
@@ -21,11 +26,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from rlm.history.acls import DESCRIBE, READ, Authorizer
 from rlm.history.catalog import Catalog, ServedTopic
 from rlm.history.tier import READ_COMMITTED, FetchResult, PartitionTier, TierView, UnreadableCopyError
 from rlm.history.wire import API_KEYS, SASL_API_KEYS, ErrorCode
 
-__all__ = ["Handlers", "NodeInfo"]
+__all__ = ["Client", "Handlers", "NodeInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +52,21 @@ class NodeInfo:
     cluster_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Client:
+    """Who sent a request: the principal the cluster's ACLs name (``User:alice``) and its address."""
+
+    principal: str
+    host: str
+
+
 class Handlers:
-    def __init__(self, catalog: Catalog, tier: TierView, node: NodeInfo, *, sasl: bool = False,
-                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
+    def __init__(self, catalog: Catalog, tier: TierView, node: NodeInfo, authorizer: Authorizer, *,
+                 sasl: bool = False, fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
         self.catalog = catalog
         self.tier = tier
         self.node = node
+        self.authorizer = authorizer
         self.sasl = sasl
         self.fetch_max_bytes = fetch_max_bytes
         self._reported: OrderedDict[str, None] = OrderedDict()  # copies whose failure was logged
@@ -94,18 +109,24 @@ class Handlers:
         n = self.node
         return [{"node_id": n.node_id, "broker_id": n.node_id, "host": n.host, "port": n.port, "rack": None}]
 
-    def describe_cluster(self, _req: Any) -> dict[str, Any]:
+    def _allowed(self, client: Client, operation: str, names: Any) -> set[str]:
+        return self.authorizer.allowed(client.principal, client.host, operation,
+                                       (n for n in names if n is not None))
+
+    def describe_cluster(self, _req: Any, _client: Client) -> dict[str, Any]:
         n = self.node
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "endpoint_type": 1,
                 "cluster_id": n.cluster_id, "controller_id": n.node_id, "brokers": self._brokers(),
                 "cluster_authorized_operations": INT32_MIN}
 
-    def metadata(self, req: Any) -> dict[str, Any]:
+    def metadata(self, req: Any, client: Client) -> dict[str, Any]:
         topics: list[dict[str, Any]] = []
         wanted = getattr(req, "topics", None)
-        if wanted is None:
+        if wanted is None:  # every topic the client may describe
+            every = self.catalog.topics()
+            ok = self._allowed(client, DESCRIBE, every)
             served: list[tuple[ServedTopic | None, str | None, uuid.UUID | None]] = [
-                (t, t.name, t.topic_id) for t in sorted(self.catalog.topics().values(), key=lambda t: t.name)]
+                (t, t.name, t.topic_id) for t in sorted(every.values(), key=lambda t: t.name) if t.name in ok]
         else:
             served = []
             for w in wanted:
@@ -116,7 +137,14 @@ class Handlers:
                     served.append((self.catalog.by_id(tid), None, tid))
                 else:
                     served.append((None, name, tid))
+            ok = self._allowed(client, DESCRIBE, {name or (t.name if t else None) for t, name, _tid in served})
         for topic, name, tid in served:
+            if (name or (topic.name if topic else None)) not in ok and (name is not None or topic is not None):
+                # Refused before existence is told: a name the client may not describe says nothing more.
+                topics.append({"error_code": ErrorCode.topic_authorization_failed, "name": name,
+                               "topic_id": tid or uuid.UUID(int=0), "is_internal": False, "partitions": [],
+                               "topic_authorized_operations": INT32_MIN})
+                continue
             if topic is None:
                 code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
                 topics.append({"error_code": code, "name": name, "topic_id": tid or uuid.UUID(int=0),
@@ -137,7 +165,7 @@ class Handlers:
         return {"throttle_time": 0, "brokers": self._brokers(), "cluster_id": self.node.cluster_id,
                 "controller_id": self.node.node_id, "topics": topics, "cluster_authorized_operations": INT32_MIN}
 
-    def find_coordinator(self, req: Any) -> dict[str, Any]:
+    def find_coordinator(self, req: Any, _client: Client) -> dict[str, Any]:
         """No consumer groups here: COORDINATOR_NOT_AVAILABLE (consumers use ``assign()``)."""
         msg = "the history endpoint has no group coordinator: assign partitions (no subscribe)"
         keys = getattr(req, "coordinator_keys", None) or [getattr(req, "key", "")]
@@ -147,7 +175,7 @@ class Handlers:
                                   "error_code": ErrorCode.coordinator_not_available, "error_message": msg}
                                  for k in keys]}
 
-    def produce(self, req: Any) -> dict[str, Any] | None:
+    def produce(self, req: Any, _client: Client) -> dict[str, Any] | None:
         """Refused: the endpoint is read-only (POLICY_VIOLATION per partition; no answer for acks=0)."""
         if req.acks == 0:
             return None
@@ -159,8 +187,9 @@ class Handlers:
             for t in req.topic_data]}
 
     # -------------------------------------------------------------------------------------- offsets
-    def list_offsets(self, req: Any) -> dict[str, Any]:
+    def list_offsets(self, req: Any, client: Client) -> dict[str, Any]:
         committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        ok = self._allowed(client, DESCRIBE, {t.name for t in req.topics})
         out = []
         for t in req.topics:
             topic = self.catalog.by_name(t.name)
@@ -168,7 +197,9 @@ class Handlers:
             for p in t.partitions:
                 answer = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1,
                           "offset": -1, "leader_epoch": -1}
-                if topic is None or p.partition_index not in topic.partitions:
+                if t.name not in ok:
+                    answer["error_code"] = ErrorCode.topic_authorization_failed
+                elif topic is None or p.partition_index not in topic.partitions:
                     answer["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
                     try:
@@ -208,7 +239,7 @@ class Handlers:
         return {"offset": hit.offset, "timestamp": hit.timestamp, "leader_epoch": hit.leader_epoch}
 
     # ---------------------------------------------------------------------------------------- fetch
-    def fetch(self, req: Any, *, budget: int | None = None) -> tuple[dict[str, Any], int]:
+    def fetch(self, req: Any, client: Client, *, budget: int | None = None) -> tuple[dict[str, Any], int]:
         """The Fetch response and the record bytes it carries (for ``min_bytes``).
 
         As Kafka's broker: the request's partitions are a map (a partition listed twice is answered once, from its
@@ -216,7 +247,9 @@ class Handlers:
         of the first partition with data even past it, so that a consumer always progresses), and that one budget
         is spent across the partitions in order, each taking at most its ``partition_max_bytes``. A partition
         reached with no budget left gets its bounds (from the tier's metadata) and no records: nothing of it is
-        read from the store. ``budget`` (the server's room for queued answers) lowers the cap further."""
+        read from the store. ``budget`` (the server's room for queued answers) lowers the cap further. A topic the
+        client may not READ is TOPIC_AUTHORIZATION_FAILED for each of its partitions (an unknown topic id stays
+        UNKNOWN_TOPIC_ID: there is no name to authorize)."""
         committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
         topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
         wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
@@ -226,13 +259,21 @@ class Handlers:
             topics.setdefault(key, (name, tid))
             for p in t.partitions:
                 wanted[(key, p.partition)] = p
+        ok = self._allowed(client, READ, {name if name is not None else self._name_of(tid)
+                                          for name, tid in topics.values()})
         asked = req.max_bytes if req.max_bytes > 0 else self.fetch_max_bytes
         left = min(asked, self.fetch_max_bytes, self.fetch_max_bytes if budget is None else budget)
         total = 0
         parts: dict[Any, list[dict[str, Any]]] = {key: [] for key in topics}
         for (key, index), p in wanted.items():
             name, tid = topics[key]
+            if name is not None and name not in ok:  # refused before existence is told
+                parts[key].append(_partition(index, FetchResult(), ErrorCode.topic_authorization_failed))
+                continue
             topic = self.catalog.by_name(name) if name is not None else self.catalog.by_id(tid)
+            if topic is not None and topic.name not in ok:
+                parts[key].append(_partition(index, FetchResult(), ErrorCode.topic_authorization_failed))
+                continue
             if topic is None:
                 code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
                 parts[key].append(_partition(index, FetchResult(), code))
@@ -260,6 +301,11 @@ class Handlers:
                               "topic_id": tid if tid is not None else (topic.topic_id if topic else None),
                               "partitions": parts[key]})
         return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}, total
+
+
+    def _name_of(self, topic_id: uuid.UUID | None) -> str | None:
+        topic = self.catalog.by_id(topic_id) if topic_id is not None else None
+        return topic.name if topic is not None else None
 
 
 def _partition(index: int, res: FetchResult, code: ErrorCode) -> dict[str, Any]:

@@ -50,7 +50,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
-from rlm.history.handlers import Handlers
+from rlm.history.handlers import Client, Handlers
+from rlm.history.principals import ANONYMOUS, NoMatchingRuleError, PrincipalMapper, user
 from rlm.history.wire import (
     API_KEYS,
     MAX_FRAME_BYTES,
@@ -81,7 +82,8 @@ LATENCY = Histogram("rlm_history_request_seconds", "Time to answer one request (
 BAD = Counter("rlm_history_bad_requests", "Requests or frames that could not be read", ["reason"])
 CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the history endpoint")
 CLOSED = Counter("rlm_history_closed_connections", "Connections the history endpoint closed for a bound",
-                 ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip
+                 ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip,
+# principal_mapping
 WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
@@ -122,8 +124,10 @@ class HistoryServer:
 
     def __init__(self, handlers: Handlers, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                  workers: int = 8, poll_s: float = 0.2,
-                 session_factory: Callable[[Any], Any] | None = None, limits: ConnectionLimits | None = None) -> None:
+                 session_factory: Callable[[Any], Any] | None = None, limits: ConnectionLimits | None = None,
+                 principal_mapper: PrincipalMapper | None = None) -> None:
         self.handlers = handlers
+        self.principal_mapper = principal_mapper or PrincipalMapper()
         self.limits = limits or ConnectionLimits()
         self._open = 0  # connections served now, in all and per address (on the event loop only)
         self._per_ip: dict[str, int] = {}
@@ -210,6 +214,20 @@ class HistoryServer:
         # A session (rlm.history.security.SaslSession) is asked before each request is served (see _answer); before
         # authentication it also bounds the frames read (max_frame_bytes).
         session = self.session_factory(peer) if self.session_factory is not None else None
+        # Who the client is, for the cluster's ACLs: its SASL user once authenticated, else its certificate's mapped
+        # subject (mutual TLS), else User:ANONYMOUS. A certificate no mapping rule matches is refused, as Kafka does.
+        certificate_principal = self._certificate_principal(writer, peer)
+        if certificate_principal is False:
+            CLOSED.labels("principal_mapping").inc()
+            writer.transport.abort()
+            self._release(ip)
+            self._writers.discard(writer)
+            return
+
+        def client() -> Client:
+            if session is not None and session.principal is not None:
+                return Client(user(session.principal), ip)
+            return Client(certificate_principal or ANONYMOUS, ip)
 
         def gone() -> bool:  # the client closed its side (or the connection broke): a long poll stops
             return writer.is_closing() or reader.at_eof()
@@ -231,7 +249,7 @@ class HistoryServer:
                     return
                 if frame is None:
                     return
-                response = await self._answer(frame, session, gone=gone)
+                response = await self._answer(frame, session, client, gone=gone)
                 if response is None:
                     return  # the session says close (e.g. failed authentication)
                 if response is NO_RESPONSE:
@@ -263,6 +281,20 @@ class HistoryServer:
             self._release(ip)
             self._writers.discard(writer)
             writer.close()
+
+    def _certificate_principal(self, writer: asyncio.StreamWriter, peer: Any) -> str | None | bool:
+        """``User:<mapped subject>`` of the client's certificate, None without one, False when no
+        ``principal_mapping_rules`` entry matches it (logged)."""
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:
+            return None
+        try:
+            return self.principal_mapper.principal(der)
+        except (NoMatchingRuleError, ValueError) as err:
+            log.warning("history endpoint: client certificate refused, connection closed "
+                        "(history_listener.tls.principal_mapping_rules)", extra={"peer": str(peer), "error": str(err)})
+            return False
 
     async def _drain(self, writer: asyncio.StreamWriter) -> bool:
         """Wait until the socket has taken the whole answer; False when the client took nothing of it for
@@ -351,7 +383,8 @@ class HistoryServer:
             BAD.labels("truncated_frame").inc()
             return None
 
-    async def _answer(self, frame: bytes, session: Any, *, gone: Callable[[], bool] | None = None) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Any, client: Callable[[], Client], *,
+                      gone: Callable[[], bool] | None = None) -> bytes | None:
         started = time.monotonic()
         try:
             header = read_header(frame)
@@ -399,7 +432,7 @@ class HistoryServer:
                 BAD.labels("body").inc()
                 log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
                 return self._error_response(header, ErrorCode.invalid_request)
-            return await self._dispatch(header, req, gone)
+            return await self._dispatch(header, req, client(), gone)
         finally:
             REQUESTS.labels(api, error).inc()
             LATENCY.labels(api).observe(time.monotonic() - started)
@@ -410,7 +443,8 @@ class HistoryServer:
             return encode_response(header, None, raw_error=code.value)
         return encode_response(header, error_body(rtype, code))
 
-    async def _dispatch(self, header: RequestHeader, req: Any, gone: Callable[[], bool] | None = None) -> bytes:
+    async def _dispatch(self, header: RequestHeader, req: Any, client: Client,
+                        gone: Callable[[], bool] | None = None) -> bytes:
         """The encoded response (or NO_RESPONSE). Only ApiVersions is answered on the event loop: every other
         handler, and the build and encoding of its answer (proportional to the request or the records), runs on a
         worker, so that one connection's large request never holds the others."""
@@ -421,17 +455,17 @@ class HistoryServer:
         if key == ApiKey.API_VERSIONS:
             return encode_response(header, build(rtype, h.api_versions()))
         if key == ApiKey.FETCH:
-            return await self._fetch(header, rtype, req, gone)
+            return await self._fetch(header, rtype, req, client, gone)
         call = {ApiKey.PRODUCE: h.produce, ApiKey.LIST_OFFSETS: h.list_offsets, ApiKey.METADATA: h.metadata,
                 ApiKey.DESCRIBE_CLUSTER: h.describe_cluster, ApiKey.FIND_COORDINATOR: h.find_coordinator}[key]
 
         def answer() -> bytes:
-            values = call(req)
+            values = call(req, client)
             return NO_RESPONSE if values is None else encode_response(header, build(rtype, values))
 
         return await loop.run_in_executor(self._pool, answer)
 
-    async def _fetch(self, header: RequestHeader, rtype: type, req: Any,
+    async def _fetch(self, header: RequestHeader, rtype: type, req: Any, client: Client,
                      gone: Callable[[], bool] | None = None) -> bytes:
         loop = asyncio.get_running_loop()
         max_wait_s = min(max(_millis(req.max_wait), 0) / 1000, self.limits.fetch_max_wait_s)
@@ -439,7 +473,7 @@ class HistoryServer:
         handlers = self.handlers
 
         def fetch(budget: int) -> tuple[dict[str, Any], int, bool]:
-            values, size = handlers.fetch(req, budget=budget)
+            values, size = handlers.fetch(req, client, budget=budget)
             # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
             return values, size, not any(t.partitions for t in req.topics) or _has_error(values)
 

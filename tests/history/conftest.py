@@ -338,6 +338,7 @@ def history(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         retention=[{"pattern": name("trim"), "retention_ms": 30 * 60_000, "retention_bytes": -1},
                    {"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
         history_listener={"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100,
+                          "authorization": {"allow_if_no_authorizer": True},  # the test cluster has no authorizer
                           "fetch_max_wait_ms": 30_000})  # the max_wait tests ask for more than the default cap
     sidecar = Sidecar(settings).start()
     history: History | None = None

@@ -84,7 +84,9 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @contextmanager
 def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
     """The history endpoint of the tiered topics with these ``history_listener`` settings, on a free port."""
-    cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50, **listener})
+    # The test cluster has no authorizer: its topics are open to every client, as the cluster's own listeners.
+    cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50,
+                                     "authorization": {"allow_if_no_authorizer": True}, **listener})
     history = start_history(t.settings.model_copy(update={"history_listener": cfg}), rsm or t.sidecar.rsm)
     try:
         wait_for(lambda: all(t.topic(w) in history.catalog.topics() for w in ("a", "b")), 30, "the topics served")
@@ -528,8 +530,8 @@ def test_fetch_wait_is_capped_and_abandoned_polls_end(tiered: Tiered) -> None:
 
     with endpoint(tiered, fetch_max_wait_ms=300_000) as h:
         runs = []
-        fetch = h.server.handlers.fetch
-        h.server.handlers.fetch = lambda req, **kw: (runs.append(1), fetch(req, **kw))[1]  # counts the tier reads
+        fetch = h.server.handlers.fetch  # counted: the tier reads
+        h.server.handlers.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
         poll = request(1, 4, _fetch_body(a, end, max_wait_ms=300_000))
         clients = [connect(h) for _ in range(50)]
         for c in clients:
@@ -725,7 +727,7 @@ def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiere
     with endpoint(tiered, queued_max_response_bytes=bound, write_timeout_ms=5000) as h:
         served = []
         fetch = h.server.handlers.fetch
-        h.server.handlers.fetch = lambda req, **kw: (served.append(1), fetch(req, **kw))[1]
+        h.server.handlers.fetch = lambda req, *a, **kw: (served.append(1), fetch(req, *a, **kw))[1]
         ask = request(1, 4, _fetch_body(a, 0, max_wait_ms=0))
         deaf = []
         for _ in range(4):

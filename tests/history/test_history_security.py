@@ -160,7 +160,9 @@ def _pki_cryptography(d: Path) -> Pki:
 @contextmanager
 def endpoint(t: Tiered, **listener: Any) -> Iterator[History]:
     """The history endpoint of the tiered topic with these ``history_listener`` settings, on a free port."""
-    cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50, **listener})
+    # The test cluster has no authorizer: its topics are open to every client, as the cluster's own listeners.
+    cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50,
+                                     "authorization": {"allow_if_no_authorizer": True}, **listener})
     history = start_history(t.settings.model_copy(update={"history_listener": cfg}), t.sidecar.rsm)
     try:
         yield history

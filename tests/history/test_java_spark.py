@@ -187,7 +187,8 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     tmp = tmp_path_factory.mktemp("history-java")
     settings = make_settings(kafka, tmp, topics={"include": [f"hist-java-.*-{tag}"]},
-                             history_listener={"host": "127.0.0.1", "port": 0})
+                             history_listener={"host": "127.0.0.1", "port": 0,
+                                               "authorization": {"allow_if_no_authorizer": True}})
     sidecar = Sidecar(settings).start()
     served = None
     try:

@@ -134,7 +134,8 @@ def test_every_query_names_a_metric_a_live_sidecar_exports(kafka: KafkaCluster, 
     topic = f"dash-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, 1, config={"segment.ms": "300"})
     settings = make_settings(kafka, tmp_path, topics={"include": [topic]},
-                             history_listener={"host": "127.0.0.1", "port": 0})
+                             history_listener={"host": "127.0.0.1", "port": 0,
+                                               "authorization": {"allow_if_no_authorizer": True}})
     sidecar = Sidecar(settings).start()
     history = None
     ops = OpsServer("127.0.0.1", 0, sidecar.health, sidecar.liveness).start()

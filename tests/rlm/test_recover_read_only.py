@@ -90,7 +90,8 @@ def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path:
                 # read-only
                 "retention": [{"pattern": ".*", "retention_ms": 1, "retention_bytes": 1}],
                 "tasks": {**raw["tasks"], "gc_interval_ms": 1000, "gc_grace_ms": 0, "expiration_interval_ms": 300},
-                "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100}}
+                "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100,
+                                     "authorization": {"allow_if_no_authorizer": True}}}
         settings2 = SidecarSettings(**raw)
         config2 = tmp_path / "read-only.yaml"
         config2.write_text(settings_yaml(settings2))

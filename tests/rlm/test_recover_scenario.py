@@ -185,7 +185,8 @@ def test_recover_after_losing_metadata_and_state(kafka_cluster3: KafkaCluster, t
     hs = SidecarSettings(**{**settings[1].model_dump(mode="json", exclude_none=True),
                             "metadata": {**settings[1].model_dump(mode="json")["metadata"],
                                          "state_dir": str(tmp_path / "state-history")},
-                            "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100}})
+                            "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100,
+                                                 "authorization": {"allow_if_no_authorizer": True}}})
     rsm = RemoteStorageManager(hs.store)
     history = start_history(hs, rsm)
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{history.port}", "group.id": f"unused-{tag}",

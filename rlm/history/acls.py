@@ -1,0 +1,302 @@
+"""Which topics a history-endpoint client may read: the cluster's own ACLs, applied as Kafka's authorizer does.
+
+The endpoint serves what the cluster's listeners would serve the same principal (:mod:`~rlm.history.principals`),
+no more: Fetch needs READ on the topic, Metadata and ListOffsets DESCRIBE (which READ, WRITE, DELETE and ALTER
+imply). The decision is Kafka's ``StandardAuthorizer``'s, for topic resources:
+
+1. a principal in ``super_users`` is allowed;
+2. the ACLs whose pattern matches the topic: LITERAL of its name, LITERAL ``*``, and PREFIXED of any prefix of
+   its name; of those, the ones for this principal or ``User:*``, from this host or ``*``;
+3. a matching DENY of the operation (or ALL) refuses, whatever allows it (DENY over ALLOW; a DENY implies
+   nothing: DENY READ does not refuse DESCRIBE);
+4. a matching ALLOW of the operation, of ALL, or of an operation implying it, allows;
+5. no ACL at all on the topic (of any principal): ``allow_everyone_if_no_acl_found``; otherwise refused.
+
+The ACLs come from the cluster: :class:`AclCache` asks DescribeAcls for every topic ACL, as the sidecar's own Kafka
+principal (which needs DESCRIBE on the cluster), every ``acl_cache_ttl_ms / 2`` on a thread of its own, so no
+request waits for it. It fails closed: ACLs not refreshed for ``acl_cache_ttl_ms`` (the principal may not describe
+them, the cluster is unreachable) refuse every topic, counted (``rlm_history_authorizations{result="unavailable"}``)
+and logged once until they can be fetched again. A cluster without an authorizer (DescribeAcls answers
+SECURITY_DISABLED) allows everything only with ``allow_if_no_authorizer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from rlm.config import HistoryAuthorizationSettings
+
+__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "TopicAcl", "describe_topic_acls"]
+
+log = logging.getLogger(__name__)
+
+READ, DESCRIBE, ALL = "READ", "DESCRIBE", "ALL"
+WILDCARD = "*"
+WILDCARD_PRINCIPAL = "User:*"
+# An ALLOW of any of these allows the key (Kafka's AclEntry.supportedOperations / implied operations).
+IMPLIED_BY = {DESCRIBE: {DESCRIBE, READ, "WRITE", "DELETE", "ALTER", ALL}, READ: {READ, ALL}}
+LOGGED_DENIALS = 10_000  # (principal, operation, topic) remembered as logged
+
+AUTHORIZATIONS = Counter("rlm_history_authorizations", "Topic authorization decisions of the history endpoint",
+                         ["operation", "result"])  # result: allowed, denied, unavailable
+ACL_REFRESHES = Counter("rlm_history_acl_refreshes", "DescribeAcls calls of the history endpoint", ["result"])
+ACL_AGE = Gauge("rlm_history_acl_age_seconds", "Age of the ACLs the history endpoint applies (-1: none yet)")
+
+
+class AclsUnavailableError(Exception):
+    """The cluster's ACLs could not be fetched (``reason``: ``no_authorizer`` or ``error``)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAcl:
+    """One ACL binding on topics, as DescribeAcls gives it."""
+
+    pattern_type: str  # LITERAL or PREFIXED
+    name: str
+    principal: str
+    host: str
+    operation: str  # READ, DESCRIBE, ALL, WRITE...
+    allow: bool
+
+
+class Acls:
+    """The topic ACLs of one DescribeAcls answer, indexed by name and prefix (one lookup per prefix of a topic)."""
+
+    def __init__(self, acls: Iterable[TopicAcl]) -> None:
+        self._literal: dict[str, list[TopicAcl]] = defaultdict(list)
+        self._prefixed: dict[str, list[TopicAcl]] = defaultdict(list)
+        for acl in acls:
+            (self._prefixed if acl.pattern_type == "PREFIXED" else self._literal)[acl.name].append(acl)
+
+    def on(self, topic: str) -> list[TopicAcl]:
+        """Every ACL whose pattern matches ``topic``."""
+        found = [*self._literal.get(topic, ()), *self._literal.get(WILDCARD, ())]
+        if self._prefixed:
+            for i in range(1, len(topic) + 1):
+                found.extend(self._prefixed.get(topic[:i], ()))
+        return found
+
+    def allows(self, principal: str, host: str, operation: str, topic: str, *, if_none: bool) -> bool:
+        matching = self.on(topic)
+        if not matching:
+            return if_none
+        allowed = False
+        for acl in matching:
+            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.host not in (host, WILDCARD):
+                continue
+            if not acl.allow:
+                if acl.operation in (operation, ALL):
+                    return False  # DENY wins
+            elif acl.operation in IMPLIED_BY[operation]:
+                allowed = True
+        return allowed
+
+
+def describe_topic_acls(client_config: Mapping[str, Any], timeout_s: float = 10.0) -> list[TopicAcl]:
+    """Every topic ACL of the cluster, by DescribeAcls as the principal of ``client_config``. Raises
+    :class:`AclsUnavailableError`.
+
+    librdkafka (2.16 at least) drops DescribeAcls' top-level error: a principal without DESCRIBE on the cluster,
+    and a cluster without an authorizer (SECURITY_DISABLED), both get an empty list, which would read as "no ACL
+    at all". So the principal's cluster operations are checked first (DescribeCluster with its authorized
+    operations: DESCRIBE is what DescribeAcls needs), and an empty list is taken as "no authorizer" only when the
+    broker's ``authorizer.class.name`` is empty (DescribeConfigs; a broker that will not say is taken to have one:
+    its ACLs, none, apply)."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ConfigResource,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({**client_config, "socket.timeout.ms": int(timeout_s * 1000)})
+    try:
+        cluster = admin.describe_cluster(include_authorized_operations=True,
+                                         request_timeout=timeout_s).result(timeout_s + 5)
+    except Exception as err:  # noqa: BLE001 - unreachable, timed out, refused: the ACLs are unavailable
+        raise AclsUnavailableError("error", f"DescribeCluster failed: {err}") from None
+    ops = {op.name for op in cluster.authorized_operations or ()}
+    if not ops & {DESCRIBE, ALL}:
+        raise AclsUnavailableError("error", "the sidecar's Kafka principal may not describe the cluster's ACLs: "
+                                            "grant it DESCRIBE on the cluster")
+    flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                           AclPermissionType.ANY)
+    try:
+        bindings = admin.describe_acls(flt, request_timeout=timeout_s).result(timeout_s + 5)
+    except Exception as err:  # noqa: BLE001
+        raise AclsUnavailableError("error", f"DescribeAcls failed: {err}") from None
+    if not bindings and cluster.nodes:
+        resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+        try:
+            (future,) = admin.describe_configs([resource], request_timeout=timeout_s).values()
+            entry = future.result(timeout_s + 5).get("authorizer.class.name")
+        except Exception:  # noqa: BLE001 - not told: an authorizer is assumed (fails closed)
+            entry = None
+        if entry is not None and not entry.value:
+            raise AclsUnavailableError("no_authorizer", "the cluster has no authorizer (authorizer.class.name "
+                                                        "is empty)")
+    return [TopicAcl(b.resource_pattern_type.name, b.name, b.principal, b.host, b.operation.name,
+                     b.permission_type.name == "ALLOW") for b in bindings]
+
+
+class AclCache:
+    """The cluster's topic ACLs, refreshed every ``ttl_s / 2`` on a thread; :meth:`current` is what to apply."""
+
+    def __init__(self, fetch: Callable[[], list[TopicAcl]], ttl_s: float, *, allow_if_no_authorizer: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._fetch = fetch
+        self.ttl_s = ttl_s
+        self.allow_if_no_authorizer = allow_if_no_authorizer  # (for the log line)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._acls: Acls | None = None
+        self._fetched_at = -float("inf")
+        self._failure: AclsUnavailableError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> AclCache:
+        """Fetch once now (a failure is not raised: the ACLs are unavailable until a refresh succeeds), then
+        every ``ttl_s / 2`` on a daemon thread."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="rlm-history-acls", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_s / 2):
+            self.refresh()
+
+    def refresh(self) -> bool:
+        try:
+            acls = Acls(self._fetch())
+        except AclsUnavailableError as err:
+            ACL_REFRESHES.labels(err.reason).inc()
+            with self._lock:
+                first = self._failure is None or self._failure.reason != err.reason
+                self._failure = err
+            if first:
+                self._log_failure(err)
+            self._age()
+            return False
+        ACL_REFRESHES.labels("ok").inc()
+        with self._lock:
+            recovered = self._failure is not None
+            self._acls, self._fetched_at, self._failure = acls, self._clock(), None
+        if recovered:
+            log.info("history endpoint: the cluster's ACLs are fetched again")
+        self._age()
+        return True
+
+    def _log_failure(self, err: AclsUnavailableError) -> None:
+        extra = {"reason": err.reason, "error": str(err)}
+        if err.reason == "no_authorizer" and self.allow_if_no_authorizer:
+            log.info("history endpoint: the cluster has no authorizer: every client may read every tiered topic "
+                     "(history_listener.authorization.allow_if_no_authorizer)", extra=extra)
+        elif err.reason == "no_authorizer":
+            log.error("history endpoint: the cluster has no authorizer (no ACLs to apply): every topic is refused "
+                      "(TOPIC_AUTHORIZATION_FAILED). Set history_listener.authorization.allow_if_no_authorizer: true "
+                      "to let every client read every tiered topic, as the cluster's own listeners do", extra=extra)
+        else:
+            log.error("history endpoint: cannot fetch the cluster's ACLs (the sidecar's principal needs DESCRIBE on "
+                      "the cluster); once the last ones fetched are acl_cache_ttl_ms old, every topic is refused "
+                      "(TOPIC_AUTHORIZATION_FAILED) until they can be (logged once; rlm_history_acl_refreshes)",
+                      extra=extra)
+
+    def _age(self) -> None:
+        ACL_AGE.set(-1 if self._acls is None else self._clock() - self._fetched_at)
+
+    def current(self) -> Acls:
+        """The ACLs to apply; raises :class:`AclsUnavailableError` when none were fetched within the TTL."""
+        with self._lock:
+            if self._acls is not None and self._clock() - self._fetched_at <= self.ttl_s:
+                return self._acls
+            failure = self._failure
+        if failure is not None:
+            raise failure
+        raise AclsUnavailableError("error", "the ACLs are older than acl_cache_ttl_ms")
+
+
+class Authorizer:
+    """The endpoint's decisions: which of some topics a principal may READ or DESCRIBE."""
+
+    def __init__(self, cache: AclCache, settings: HistoryAuthorizationSettings) -> None:
+        self.cache = cache
+        self.settings = settings
+        self._super = frozenset(settings.super_users)
+        self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._logged_lock = threading.Lock()
+
+    @classmethod
+    def of_cluster(cls, client_config: Mapping[str, Any], settings: HistoryAuthorizationSettings) -> Authorizer:
+        cache = AclCache(lambda: describe_topic_acls(client_config), settings.acl_cache_ttl_ms / 1000,
+                         allow_if_no_authorizer=settings.allow_if_no_authorizer)
+        return cls(cache, settings)
+
+    def start(self) -> Authorizer:
+        self.cache.start()
+        return self
+
+    def stop(self) -> None:
+        self.cache.stop()
+
+    def allowed(self, principal: str, host: str, operation: str, topics: Iterable[str]) -> set[str]:
+        """The topics of ``topics`` that ``principal`` connected from ``host`` may ``operation``."""
+        names = set(topics)
+        if not names:
+            return set()
+        if principal in self._super:
+            AUTHORIZATIONS.labels(operation, "allowed").inc(len(names))
+            return names
+        try:
+            acls = self.cache.current()
+        except AclsUnavailableError as err:
+            if err.reason == "no_authorizer" and self.settings.allow_if_no_authorizer:
+                AUTHORIZATIONS.labels(operation, "allowed").inc(len(names))
+                return names
+            AUTHORIZATIONS.labels(operation, "unavailable").inc(len(names))
+            return set()
+        if_none = self.settings.allow_everyone_if_no_acl_found
+        ok = {t for t in names if acls.allows(principal, host, operation, t, if_none=if_none)}
+        if ok:
+            AUTHORIZATIONS.labels(operation, "allowed").inc(len(ok))
+        if len(ok) < len(names):
+            AUTHORIZATIONS.labels(operation, "denied").inc(len(names) - len(ok))
+            self._log_denied(principal, host, operation, names - ok)
+        return ok
+
+    def _log_denied(self, principal: str, host: str, operation: str, topics: set[str]) -> None:
+        """Logged once per principal, operation and topic (a client retrying would write a line per request)."""
+        new = []
+        with self._logged_lock:
+            for t in sorted(topics):
+                key = (principal, operation, t)
+                if key not in self._logged:
+                    self._logged[key] = None
+                    new.append(t)
+            while len(self._logged) > LOGGED_DENIALS:
+                self._logged.popitem(last=False)
+        if new:
+            log.info("history endpoint: not authorized by the cluster's ACLs (logged once per principal, "
+                     "operation and topic)", extra={"principal": principal, "host": host, "operation": operation,
+                                                    "topics": new})
