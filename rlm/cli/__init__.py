@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "rlm.cli.cat",
     "rlm.cli.offsets",
     "rlm.cli.verify",
+    "rlm.cli.status",
     "rlm.cli.gc",
     "rlm.cli.recover",
 ]
