@@ -81,8 +81,7 @@ class Lineage:
             lower = [(e, s) for e, s in self.entries if e < epoch]
             if not lower:
                 return min(offset, self.entries[0][1] - 1) if self.entries else offset
-            end = self.end_of(lower[-1][0])
-            assert end is not None
+            end = self._ranges[lower[-1][0]][1]  # an epoch of self.entries: in _ranges
         return min(offset, end)
 
     def holds(self, md: RemoteLogSegmentMetadata) -> bool:

@@ -35,15 +35,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from rsm.log.batch import BatchHeader
 from rsm.log.checkpoint import EpochEntry
 from rsm.log.indexes import AbortedTxn
 from rsm.log.producer_snapshot import ProducerStateEntry
-
-if TYPE_CHECKING:
-    from rsm.verify import VerifyReport
 
 __all__ = [
     "BlockRange",
@@ -61,6 +58,7 @@ __all__ = [
     "SegmentHandle",
     "StoredCopy",
     "StoredPartition",
+    "VerifyReport",
 ]
 
 
@@ -290,6 +288,30 @@ class LogRangeData:
     leader_epoch_checkpoint: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The outcome of verifying a copy (:meth:`RemoteStorageManagerApi.verify_copy`). ``ok`` is False with the
+    first bad key, its byte position and the Kafka offset there (when known)."""
+
+    index_key: str
+    ok: bool
+    blocks: int
+    entries: int
+    bytes_checked: int
+    bad_key: str | None = None
+    bad_position: int | None = None
+    bad_offset: int | None = None
+    message: str = ""
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"OK {self.index_key}: {self.blocks} blocks, {self.entries} entries, {self.bytes_checked} bytes"
+        where = f"{self.bad_key} at byte {self.bad_position}"
+        if self.bad_offset is not None:
+            where += f" (Kafka offset {self.bad_offset})"
+        return f"BAD {self.index_key}: {where}: {self.message}"
+
+
 class RemoteStorageManagerApi(abc.ABC):
     """KIP-405's RemoteStorageManager. Implementations are thread-safe."""
 
@@ -408,13 +430,15 @@ class RemoteStorageManagerApi(abc.ABC):
         the custom metadata's size limit (a renamed topic with a long old name)."""
 
     @abc.abstractmethod
-    def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:
-        """Abort uploads left unfinished under ``listing``'s prefix since before ``older_than_ms`` (a killed
-        copy's S3 multipart uploads); their keys. Nothing for stores without such uploads."""
+    def abort_stale_uploads(self, listing: CopyListing, cutoff_ms: int) -> list[str]:
+        """Abort uploads under ``listing``'s prefix left unfinished, untouched since before the instant
+        ``cutoff_ms`` (epoch ms; a killed copy's S3 multipart uploads); their keys. Nothing for stores without such
+        uploads."""
 
     @abc.abstractmethod
-    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
-        """Remove the store's own temp files older than ``older_than_ms`` (a killed write's); their names."""
+    def remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
+        """Remove the store's own temp files last modified before the instant ``cutoff_ms`` (epoch ms; a killed
+        write's); their names."""
 
     def probe(self) -> None:  # noqa: B027 - optional: a store-less manager has nothing to probe
         """One cheap request to the store (a HEAD of a key no copy uses); raises

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import BinaryIO, Literal
 
 import google_crc32c
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -53,12 +53,13 @@ from rsm.api import (
     SegmentHandle,
     StoredCopy,
     StoredPartition,
+    VerifyReport,
 )
 from rsm.encryption import EncryptionConfig
 from rsm.errors import CopyCancelledError, CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
 from rsm.format.crypto import SEALED_OVERHEAD, BlockSealer, CopyCipher, decode_copy_index, new_copy_cipher
-from rsm.format.custom_metadata import MAX_CUSTOM_METADATA_BYTES, decode_custom_metadata, encode_custom_metadata
+from rsm.format.custom_metadata import decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
     BlockInfo,
     IndexObject,
@@ -91,9 +92,6 @@ from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.throttle import Throttle
-
-if TYPE_CHECKING:
-    from rsm.verify import VerifyReport
 
 __all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range", "segment_id_of_key"]
 
@@ -196,13 +194,12 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         self.copy_throttle = copy_throttle or Throttle("copy", config.copy_rate_bytes_per_second)
         self.fetch_throttle = fetch_throttle or Throttle("fetch", config.fetch_rate_bytes_per_second)
         self._cache = _LruCache(config.index_cache_entries)
-        self.layout = KeyLayout(getattr(self.store, "key_prefix", "") or "", config.key_entropy)
+        self.layout = KeyLayout(getattr(self.store, "key_prefix", "") or "", config.key_entropy)  # PrefixedStore
         """The key layout new copies are written under (what their custom metadata records)."""
-        try:
+        try:  # the encoder refuses a layout past MAX_CUSTOM_METADATA_BYTES
             self._custom_metadata = encode_custom_metadata(self.layout)
         except ValueError as err:
             raise StoreConfigError(f"key_prefix: {err}") from err
-        assert len(self._custom_metadata) <= MAX_CUSTOM_METADATA_BYTES
         self._stores: dict[str, Store] = {self.layout.key_prefix: self.store}
         self._stores_lock = threading.Lock()
         self.key_provider = config.encryption.key_provider()
@@ -221,7 +218,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         store = self._stores.get(layout.key_prefix)
         if store is not None:
             return store
-        with_prefix = getattr(self.store, "with_key_prefix", None)
+        with_prefix: Callable[[str], Store] | None = getattr(self.store, "with_key_prefix", None)  # PrefixedStore
         if with_prefix is None:
             raise RemoteStorageError(f"{self.store!r} cannot address keys under prefix {layout.key_prefix!r} "
                                      "(recorded with a copy)")
@@ -232,7 +229,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     """Asked for by :meth:`probe`: no copy's key (keys start with a topic name, never with a dot)."""
 
     def probe(self) -> None:
-        probe = getattr(self.store, "probe", None)
+        probe: Callable[[], None] | None = getattr(self.store, "probe", None)  # ProbedStore
         if probe is not None:
             probe()
         else:
@@ -550,20 +547,23 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                                      f"relocated to {topic_name} ({topic_id}): {err}") from err
         return replace(m, topic_id=topic_id, topic_name=topic_name, custom_metadata=custom)
 
-    def abort_stale_uploads(self, listing: CopyListing, older_than_ms: int) -> list[str]:
-        """See :meth:`RemoteStorageManagerApi.abort_stale_uploads` (S3 multipart uploads; keys in the layout's
-        store)."""
-        abort = getattr(self.store_for(listing.layout), "abort_stale_uploads", None)
-        return [] if abort is None else abort(listing.prefix, older_than_ms)
+    def abort_stale_uploads(self, listing: CopyListing, cutoff_ms: int) -> list[str]:
+        """See :meth:`RemoteStorageManagerApi.abort_stale_uploads` (:class:`~rsm.store.base.StaleUploadsStore`:
+        S3 multipart uploads; keys in the layout's store)."""
+        abort: Callable[[str, int], list[str]] | None = getattr(
+            self.store_for(listing.layout), "abort_stale_uploads", None)
+        return [] if abort is None else abort(listing.prefix, cutoff_ms)
 
-    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
-        """See :meth:`RemoteStorageManagerApi.remove_stale_temp_files` (the filesystem store's ``.tmp``)."""
-        remove = getattr(self.store, "remove_stale_temp_files", None)
-        return [] if remove is None else remove(older_than_ms)
+    def remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
+        """See :meth:`RemoteStorageManagerApi.remove_stale_temp_files` (:class:`~rsm.store.base.TempFilesStore`:
+        the filesystem store's ``.tmp``)."""
+        remove: Callable[[int], list[str]] | None = getattr(self.store, "remove_stale_temp_files", None)
+        return [] if remove is None else remove(cutoff_ms)
 
     def close(self) -> None:
-        """See :meth:`RemoteStorageManagerApi.close`: closes the store (views of it share its resources)."""
-        close = getattr(self.store, "close", None)
+        """See :meth:`RemoteStorageManagerApi.close`: closes the store (:class:`~rsm.store.base.ClosableStore`;
+        views of it share its resources)."""
+        close: Callable[[], None] | None = getattr(self.store, "close", None)
         if close is not None:
             close()
 

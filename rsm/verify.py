@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
-from rsm.api import IndexType
+from rsm.api import IndexType, VerifyReport
 from rsm.encryption import KeyProvider
 from rsm.errors import CorruptRemoteObjectError
 from rsm.format.crypto import decode_copy_index
@@ -24,30 +23,7 @@ from rsm.format.keys import SegmentKeys
 from rsm.format.reader import SegmentReader
 from rsm.store.base import Store
 
-__all__ = ["VerifyReport", "main", "verify_prefix", "verify_segment"]
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """The outcome of :func:`verify_segment`. ``ok`` is False with the first bad key/position/offset."""
-
-    index_key: str
-    ok: bool
-    blocks: int
-    entries: int
-    bytes_checked: int
-    bad_key: str | None = None
-    bad_position: int | None = None
-    bad_offset: int | None = None
-    message: str = ""
-
-    def __str__(self) -> str:
-        if self.ok:
-            return f"OK {self.index_key}: {self.blocks} blocks, {self.entries} entries, {self.bytes_checked} bytes"
-        where = f"{self.bad_key} at byte {self.bad_position}"
-        if self.bad_offset is not None:
-            where += f" (Kafka offset {self.bad_offset})"
-        return f"BAD {self.index_key}: {where}: {self.message}"
+__all__ = ["main", "verify_prefix", "verify_segment"]
 
 
 def verify_segment(store: Store, keys: SegmentKeys, *, key_provider: KeyProvider | None = None,

@@ -1,4 +1,5 @@
-"""Imports flow one way: ``rlm`` -> ``rlmm``, ``rsm``; and ``rlm`` uses only ``rsm``'s public modules.
+"""Imports flow one way: ``rlm`` -> ``rlmm``, ``rsm``, which never import each other; and ``rlm`` uses only
+``rsm``'s public modules.
 
 Walks every module's imports (``ast``: module level and inside functions alike). ``rlm`` reaches the storage
 manager through its API and read interface (``rsm.api``, ``rsm.manager``, ``rsm.errors``, ``rsm.throttle``,
@@ -58,6 +59,19 @@ def test_rlm_uses_only_rsm_public_modules() -> None:
 @pytest.mark.parametrize("package", ["rsm", "rlmm"])
 def test_rsm_and_rlmm_never_import_rlm(package: str) -> None:
     assert _violations(package, ("rlm",)) == []
+
+
+def test_the_storage_contract_depends_on_no_implementation() -> None:
+    """``rsm/api.py`` is the contract: it may use Kafka's on-disk format (``rsm.log``), never the modules that
+    implement it (``rsm.verify``'s report type lives in the API)."""
+    api = ROOT / "rsm" / "api.py"
+    assert [name for _, name in _imports(api) if _under(name, "rsm") and not _under(name, "rsm.log")] == []
+
+
+@pytest.mark.parametrize(("package", "other"), [("rsm", "rlmm"), ("rlmm", "rsm")])
+def test_rsm_and_rlmm_never_import_each_other(package: str, other: str) -> None:
+    """The storage manager and the metadata manager are independent (as Kafka's RSM and RLMM): ``rlm`` joins them."""
+    assert _violations(package, (other,)) == []
 
 
 def test_only_the_wiring_and_the_commands_import_the_tasks() -> None:

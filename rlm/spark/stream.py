@@ -135,15 +135,20 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._reported: dict[tuple[str, int], int] = {}  # the tier's latest offsets at the last latestOffset
 
     # ------------------------------------------------------------------------------------------- the tier
-    def _tier(self) -> dict[tuple[str, int], list[RemoteLogSegmentMetadata]]:
-        """(topic, partition) -> remote chain of every partition the options select now (on the cluster)."""
+    def _metadata_reader(self) -> MetadataReader:
+        """The metadata reader, with the cluster view: opened at first use, and again after :meth:`stop`."""
         if self._metadata is None:
             self._metadata = MetadataReader(self.opts)
             self._view = ClusterView(dict(self.opts.client_config))
+        return self._metadata
+
+    def _tier(self) -> dict[tuple[str, int], list[RemoteLogSegmentMetadata]]:
+        """(topic, partition) -> remote chain of every partition the options select now (on the cluster)."""
+        metadata = self._metadata_reader()
         tps = resolve_partitions(self.opts, strict=False, view=self._view)
         self._tps = {(tp.topic, tp.partition): tp for tp in tps}
         self._ids = {tp.topic: tp.topic_id for tp in tps}
-        return {(tp.topic, tp.partition): segs for tp, segs in self._metadata.chains(tps).items()}
+        return {(tp.topic, tp.partition): segs for tp, segs in metadata.chains(tps).items()}
 
     def _storage(self) -> RemoteStorageManager:
         if self._rsm is None:
@@ -203,9 +208,8 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         is tiered from now on, as the batch source reads nothing of it)."""
         from rlm.reader import RemoteReader
 
-        assert self._metadata is not None
-        hit = RemoteReader(self._metadata.rlmm, self._storage()).offset_for_timestamp(self._tps[(topic, p)],
-                                                                                    timestamp_ms)
+        hit = RemoteReader(self._metadata_reader().rlmm, self._storage()).offset_for_timestamp(
+            self._tps[(topic, p)], timestamp_ms)
         return latest if hit is None else min(hit[0], latest)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name

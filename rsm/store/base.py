@@ -9,6 +9,21 @@ Contracts:
   must be closed (use ``with``).
 - ``delete`` is idempotent: deleting an absent key is not an error.
 - ``requests`` counts the store requests made, per kind, for benchmarks and the request-count targets.
+
+Beyond :class:`Store`, a store may have optional capabilities, each declared below as a protocol of its own
+(:data:`OPTIONAL_MEMBERS` lists them by name). :class:`~rsm.manager.RemoteStorageManager` looks each one up on the
+store (``getattr``, so a wrapping store that delegates with ``__getattr__`` keeps its inner store's) and does what the
+protocol's docstring says when it is absent:
+
+- :class:`PrefixedStore` (``key_prefix``, ``with_key_prefix``): keys under a configured prefix, and views of the
+  store under another one (S3). Without: no prefix, and a copy recorded under another prefix cannot be addressed.
+- :class:`ProbedStore` (``probe``): a health probe of its own (filesystem). Without: a HEAD of a key no copy uses.
+- :class:`StaleUploadsStore` (``abort_stale_uploads``): unfinished uploads a killed writer left (S3 multipart
+  uploads). Without: there are none.
+- :class:`TempFilesStore` (``remove_stale_temp_files``): temp files a killed write left (filesystem). Without: none.
+- :class:`ClosableStore` (``close``): resources to release (S3's upload pool). Without: nothing to release.
+
+``cutoff_ms`` is an instant (epoch milliseconds), not an age: what was last touched before it is stale.
 """
 
 from __future__ import annotations
@@ -20,7 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
-__all__ = ["IOV_MAX", "Chunk", "ObjectInfo", "RequestCounter", "Store", "iter_buffers"]
+__all__ = ["IOV_MAX", "OPTIONAL_MEMBERS", "Chunk", "ClosableStore", "ObjectInfo", "PrefixedStore", "ProbedStore",
+           "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore", "iter_buffers"]
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 """The most buffers one ``readv`` / ``writev`` / ``preadv`` call takes (scatter and gather lists go in groups)."""
@@ -95,3 +111,56 @@ class Store(Protocol):
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete several objects; absent ones are not an error."""
         ...
+
+
+# -- optional capabilities (see the module doc): a store has each one whole or not at all ------------------------
+
+
+class PrefixedStore(Protocol):
+    """Optional: keys under a configured prefix (S3). Without: the prefix is ``""`` and only it is addressable."""
+
+    key_prefix: str
+
+    def with_key_prefix(self, key_prefix: str) -> Store:
+        """The same store under another key prefix, sharing its clients and resources (for a copy recorded under
+        an earlier ``key_prefix``)."""
+        ...
+
+
+class ProbedStore(Protocol):
+    """Optional: a health probe of the store's own (the filesystem root is a writable directory). Without: a HEAD."""
+
+    def probe(self) -> None:
+        """Raise :class:`~rsm.errors.RemoteStorageError` when the store is unusable."""
+        ...
+
+
+class StaleUploadsStore(Protocol):
+    """Optional: uploads that can be left unfinished by a killed writer (S3 multipart uploads). Without: none."""
+
+    def abort_stale_uploads(self, prefix: str, cutoff_ms: int) -> list[str]:
+        """Abort the unfinished uploads under ``prefix`` last touched before ``cutoff_ms`` (epoch ms); their keys."""
+        ...
+
+
+class TempFilesStore(Protocol):
+    """Optional: temp files a killed write can leave behind (the filesystem store's ``.tmp``). Without: none."""
+
+    def remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
+        """Remove the temp files last modified before ``cutoff_ms`` (epoch ms); their names."""
+        ...
+
+
+class ClosableStore(Protocol):
+    """Optional: resources to release (S3's upload pool). Without: nothing to release."""
+
+    def close(self) -> None:
+        """Release them. Idempotent."""
+        ...
+
+
+OPTIONAL_MEMBERS: dict[str, type] = {
+    "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
+    "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
+}
+"""Every optional member of a store, by name: the protocol declaring it."""

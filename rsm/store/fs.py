@@ -251,8 +251,8 @@ class FileSystemStore:
         out.sort(key=lambda o: o.key)
         return iter(out)
 
-    def remove_stale_temp_files(self, older_than_ms: int) -> list[str]:
-        """Remove temp files of writes killed mid-way (``<root>/.tmp/*``) last modified before ``older_than_ms``
+    def remove_stale_temp_files(self, cutoff_ms: int) -> list[str]:
+        """Remove temp files of writes killed mid-way (``<root>/.tmp/*``) last modified before ``cutoff_ms``
         (epoch ms); return their paths relative to the root. A write in progress keeps its file's mtime fresh."""
         out = []
         tmp_dir = self.root / TMP_DIR
@@ -264,7 +264,7 @@ class FileSystemStore:
             raise RemoteStorageError(f"listing {tmp_dir} failed: {err}") from err
         for e in entries:
             try:
-                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime * 1000 < older_than_ms:
+                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime * 1000 < cutoff_ms:
                     os.unlink(e.path)
                     out.append(f"{TMP_DIR}/{e.name}")
             except FileNotFoundError:

@@ -321,9 +321,9 @@ class S3Store:
             # The upload stays invisible to readers; the bucket's lifecycle rule for incomplete uploads ends it.
             log.warning("could not abort the multipart upload of %s: %s", k, err)
 
-    def abort_stale_uploads(self, prefix: str, older_than_ms: int) -> list[str]:
+    def abort_stale_uploads(self, prefix: str, cutoff_ms: int) -> list[str]:
         """Abort the incomplete multipart uploads of keys under ``prefix`` whose last activity (initiation, or
-        their newest part) is before ``older_than_ms`` (epoch ms): what a killed writer left. Returns the keys
+        their newest part) is before ``cutoff_ms`` (epoch ms): what a killed writer left. Returns the keys
         (within this store's key prefix) whose uploads were aborted.
 
         An upload whose ``Initiated`` is not before the cutoff is judged by its parts: parts never predate their
@@ -345,13 +345,13 @@ class S3Store:
                     if isinstance(err.__cause__, bexc.ClientError) and _code(err.__cause__) == "NoSuchUpload":
                         continue  # completed or aborted meanwhile
                     raise
-                if initiated < older_than_ms:
+                if initiated < cutoff_ms:
                     last = max(initiated, newest_part)
                 elif newest_part:
                     last = newest_part  # Initiated is later than the parts: not the upload's own time
                 else:
                     continue
-                if last >= older_than_ms:
+                if last >= cutoff_ms:
                     continue
                 self._call(f"abort upload of {key}", lambda k=key, i=upload_id: self.client.abort_multipart_upload(
                     Bucket=self.bucket, Key=k, UploadId=i))
