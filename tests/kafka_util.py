@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
 from devtools.devkafka import KafkaCluster
 
-__all__ = ["partition_dir", "produce", "roll_and_wait", "rolled_logs"]
+__all__ = ["grant", "partition_dir", "produce", "roll_and_wait", "rolled_logs"]
 
 
 def partition_dir(kafka: KafkaCluster, topic: str, partition: int = 0, node_id: int = 1) -> Path:
@@ -76,3 +77,12 @@ def roll_and_wait(kafka: KafkaCluster, topic: str, partition: int = 0, *, rolled
         time.sleep(segment_ms / 1000)
         produce(kafka, topic, [(b"__roll__", b"r")], partition=partition)
     raise TimeoutError(f"{topic}-{partition} did not roll {rolled} segments within {timeout}s")
+
+
+def grant(kc: KafkaCluster, *bindings: Any) -> None:
+    """Create ACLs (confluent-kafka ``AclBinding``s) as the cluster's super user."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kc.admin_config())
+    for fut in admin.create_acls(list(bindings)).values():
+        fut.result(30)

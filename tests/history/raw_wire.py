@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import socket
 import struct
+from typing import Any
 
-__all__ = ["closed", "kstr", "recv_frame", "request"]
+__all__ = ["call", "closed", "kstr", "plain_login", "recv_frame", "request"]
 
 
 def request(api_key: int, version: int, body: bytes, correlation_id: int = 7) -> bytes:
@@ -41,3 +43,30 @@ def closed(sock: socket.socket) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+
+
+def call(sock: socket.socket, api_key: int, version: int, values: dict[str, Any], correlation_id: int = 7) -> Any:
+    """Send a (non-flexible) request built by kio from ``values``; its decoded response, None if closed."""
+    from kio.index import load_request_schema, load_response_schema
+    from kio.serial import entity_reader, entity_writer
+
+    from rlm.history.wire import build
+
+    out = io.BytesIO()
+    entity = build(load_request_schema(api_key, version), values)
+    entity_writer(type(entity))(out, entity)
+    sock.sendall(request(api_key, version, out.getvalue(), correlation_id))
+    frame = recv_frame(sock)
+    if frame is None:
+        return None
+    assert struct.unpack_from(">i", frame)[0] == correlation_id
+    resp, _size = entity_reader(load_response_schema(api_key, version))(frame, 4)
+    return resp
+
+
+def plain_login(sock: socket.socket, user: str, password: str) -> bool:
+    """SASL PLAIN over SaslHandshake v1 / SaslAuthenticate v0: whether the endpoint accepted it."""
+    if call(sock, 17, 1, {"mechanism": "PLAIN"}).error_code != 0:
+        return False
+    resp = call(sock, 36, 0, {"auth_bytes": f"\0{user}\0{password}".encode()})
+    return resp is not None and resp.error_code == 0

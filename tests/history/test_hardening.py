@@ -33,7 +33,7 @@ from rlm.config import HistoryListenerSettings, SidecarSettings
 from rlm.history import History, start_history
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.history.raw_wire import closed, kstr, recv_frame, request
+from tests.history.raw_wire import call, closed, kstr, recv_frame, request
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 
@@ -98,22 +98,6 @@ def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
 # ------------------------------------------------------------------------------------- raw protocol helpers
 def connect(h: History) -> socket.socket:
     return socket.create_connection(("127.0.0.1", h.port), timeout=20)
-
-
-def call(sock: socket.socket, api_key: int, version: int, values: dict[str, Any], correlation_id: int = 7) -> Any:
-    """Send a (non-flexible) request built by kio from ``values``; its decoded response, None if closed."""
-    from rlm.history.wire import build
-
-    out = io.BytesIO()
-    entity = build(load_request_schema(api_key, version), values)
-    entity_writer(type(entity))(out, entity)
-    sock.sendall(request(api_key, version, out.getvalue(), correlation_id))
-    frame = recv_frame(sock)
-    if frame is None:
-        return None
-    assert struct.unpack_from(">i", frame)[0] == correlation_id
-    resp, _size = entity_reader(load_response_schema(api_key, version))(frame, 4)
-    return resp
 
 
 def api_versions_ok(h: History) -> bool:

@@ -9,7 +9,6 @@ with ``cryptography``. Self-contained: nothing from ``tests/history/conftest.py`
 
 from __future__ import annotations
 
-import datetime
 import logging
 import socket
 import ssl
@@ -30,6 +29,7 @@ from rlm.config import ConfigError, HistoryListenerSettings, SidecarSettings, lo
 from rlm.history import History, start_history
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from tests.history.pki import Pki, make_pki
 from tests.history.raw_wire import closed, kstr, recv_frame, request
 from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, wait_for
 
@@ -66,95 +66,9 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         sidecar.stop()
 
 
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    cert: Path  # the endpoint's: SAN 127.0.0.1, localhost
-    key: Path
-    client_cert: Path
-    client_key: Path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, EC keys (made in milliseconds): with
-    ``cryptography`` (installed with the test extras, through moto), else with the ``openssl`` command."""
-    d = tmp_path_factory.mktemp("pki")
-    try:
-        import cryptography  # noqa: F401
-    except ImportError:
-        return _pki_openssl(d)
-    return _pki_cryptography(d)
-
-
-def _pki_openssl(d: Path) -> Pki:
-    import subprocess
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=rlm test CA")
-    for leaf, cn, ext in (("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                                  "extendedKeyUsage=serverAuth\n"),
-                          ("client", "reader", "extendedKeyUsage=clientAuth\n")):
-        (d / f"{leaf}.ext").write_text(ext)
-        run("req", *ec, "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr", "-subj", f"/CN={cn}")
-        run("x509", "-req", "-in", f"{leaf}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{leaf}.pem", "-days", "1", "-extfile", f"{leaf}.ext")
-    return Pki(ca=d / "ca.pem", cert=d / "server.pem", key=d / "server.key", client_cert=d / "client.pem",
-               client_key=d / "client.key")
-
-
-def _pki_cryptography(d: Path) -> Pki:
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    def write_key(key: Any, path: Path) -> Path:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-        return path
-
-    def write_cert(cert: x509.Certificate, path: Path) -> Path:
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        return path
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("rlm test CA")).issuer_name(name("rlm test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-
-    def leaf(cn: str, usage: Any, san: list[Any] | None) -> tuple[Any, x509.Certificate]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
-             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
-        if san:
-            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return key, b.sign(ca_key, hashes.SHA256())
-
-    server_key, server_cert = leaf("127.0.0.1", ExtendedKeyUsageOID.SERVER_AUTH,
-                                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
-    client_key, client_cert = leaf("reader", ExtendedKeyUsageOID.CLIENT_AUTH, None)
-    return Pki(ca=write_cert(ca, d / "ca.pem"), cert=write_cert(server_cert, d / "server.pem"),
-               key=write_key(server_key, d / "server.key"), client_cert=write_cert(client_cert, d / "client.pem"),
-               client_key=write_key(client_key, d / "client.key"))
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from rlm.config import KafkaSettings, SidecarSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemotePartitionDeleteState, TopicIdPartition
 from tests.conftest import SASL_PRINCIPAL
+from tests.kafka_util import grant
 from tests.rlm.sidecar_util import (
     assert_readable,
     latest_remote,
@@ -45,12 +46,6 @@ ROUNDS = 3
 def _binding(rtype: ResourceType, name: str, op: AclOperation,
              pattern: ResourcePatternType = ResourcePatternType.LITERAL) -> AclBinding:
     return AclBinding(rtype, name, pattern, PRINCIPAL, "*", op, AclPermissionType.ALLOW)
-
-
-def grant(kc: KafkaCluster, *bindings: AclBinding) -> None:
-    admin = AdminClient(kc.admin_config())
-    for fut in admin.create_acls(list(bindings)).values():
-        fut.result(30)
 
 
 def revoke_topic(kc: KafkaCluster, topic: str) -> None:
