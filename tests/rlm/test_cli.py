@@ -541,7 +541,7 @@ def readme_synopsis() -> dict[str, tuple[set[str], set[str]]]:
 def test_every_subcommand_has_help_and_the_readme_matches_it() -> None:
     cmds = subcommands()
     assert set(cmds) == {"demo", "dump-segment", "serve", "ls", "cat", "offsets", "verify", "gc",
-                         "recover"}
+                         "recover", "status"}
     top = rlm("--help", timeout=120)
     assert top.returncode == 0 and all(c in top.stdout for c in cmds), top.stdout
     readme = readme_synopsis()
@@ -552,5 +552,5 @@ def test_every_subcommand_has_help_and_the_readme_matches_it() -> None:
     # Positional arguments as README names them.
     assert readme["ls"][1] == {"TOPIC", "PARTITION"}
     assert readme["cat"][1] == {"TOPIC", "PARTITION"}
-    assert readme["verify"][1] == {"TOPIC"} and readme["gc"][1] == {"TOPIC"}
+    assert readme["verify"][1] == {"TOPIC"} and readme["gc"][1] == {"TOPIC"} and readme["status"][1] == {"TOPIC"}
     assert readme["dump-segment"][1] == {"PATH"}
