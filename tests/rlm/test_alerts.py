@@ -31,6 +31,7 @@ EXPECTED_ALERTS = {
     "RlmStoreFailures", "RlmTaskErrors",  # store failures, other tasks failing
     "RlmDeleteRetriesRefused",  # deletions queued for retry not draining
     "RlmHistoryRequestErrors", "RlmHistoryUnreadableCopies", "RlmHistoryAuthenticationFailures",
+    "RlmHistoryAclsUnavailable",  # the endpoint refuses every topic: no ACLs to apply
     "RlmSidecarDown",  # up == 0
 }
 
