@@ -192,6 +192,7 @@ class CopyCipher:
                 position=position, kafka_offset=kafka_offset)
         ad = _PART_AD.pack(magic, ledger_id, object_number, position)
         sealed = memoryview(data)[_PART_HEAD.size:]
+        out: memoryview | None = None
         try:
             if into is not None and len(into) >= len(sealed) - TAG_BYTES and hasattr(self._aead, "decrypt_into"):
                 out = memoryview(into)[:len(sealed) - TAG_BYTES]
@@ -199,6 +200,10 @@ class CopyCipher:
                 return out
             return self._aead.decrypt(nonce, sealed, ad)
         except InvalidTag:
+            if out is not None:
+                # decrypt_into wrote the plaintext before the tag failed: a reused buffer must not keep bytes
+                # that were never authenticated (a caller ignoring the error would serve them).
+                out[:] = bytes(len(out))
             raise CorruptRemoteObjectError(
                 f"{what} ({len(data)} bytes) fails authentication under the copy's data key (key id "
                 f"{self.key_id!r}): tampered, truncated or moved; its bytes are not returned", key=key,

@@ -164,6 +164,15 @@ def test_sealed_parts_are_bound_to_their_place():
         assert exc.value.key == "obj-key"
     with pytest.raises(CorruptRemoteObjectError, match="block 3"):  # truncated
         cipher.open_block(sealed[:-1], key="k", ledger_id=7, object_number=0, position=4096, part_id=3)
+    # A block that fails authentication leaves nothing of its plaintext in a reused buffer (AES-GCM's decrypt_into
+    # writes the plaintext before it checks the tag).
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    reused = bytearray(64)
+    with pytest.raises(CorruptRemoteObjectError, match="fails authentication"):
+        cipher.open_block(bytes(flipped), key="k", ledger_id=7, object_number=0, position=4096, part_id=3,
+                          into=reused)
+    assert b"hello" not in reused and reused[:11] == bytes(11)
     # nonces never repeat under one data key
     again = bytes(cipher.seal_block(b"hello block", ledger_id=7, object_number=0, position=4096))
     assert again[4:16] != sealed[4:16] and again[16:] != sealed[16:]
