@@ -8,7 +8,12 @@ Contracts:
   :class:`~rsm.errors.RemoteResourceNotFoundError`; a range past the end is clamped; the returned stream
   must be closed (use ``with``).
 - ``delete`` is idempotent: deleting an absent key is not an error.
-- ``requests`` counts the store requests made, per kind, for benchmarks and the request-count targets.
+- ``requests`` counts the store requests made, per kind, for benchmarks and the request-count targets, and in
+  the process's Prometheus metrics: ``rsm_store_requests_total{store,kind}`` (S3: every HTTP request sent,
+  retries included, ``kind`` the S3 operation; filesystem: each operation) and
+  ``rsm_store_request_errors_total{store,kind,status}`` (S3: calls that failed after botocore's retries, by HTTP
+  status, ``connection`` when no response came; a 404 is an answer, not an error). Label values come from closed
+  sets (S3 operation names, HTTP statuses).
 
 Beyond :class:`Store`, a store may have optional capabilities, each declared below as a protocol of its own
 (:data:`OPTIONAL_MEMBERS` lists them by name). :class:`~rsm.manager.RemoteStorageManager` looks each one up on the
@@ -35,6 +40,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
+from prometheus_client import Counter as PromCounter
+
 __all__ = ["IOV_MAX", "OPTIONAL_MEMBERS", "Chunk", "ClosableStore", "ObjectInfo", "PrefixedStore", "ProbedStore",
            "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore", "iter_buffers"]
 
@@ -60,16 +67,28 @@ class ObjectInfo:
     size_bytes: int
 
 
-class RequestCounter:
-    """Thread-safe counts of store requests by kind (``get``, ``put``, ``list``, ...)."""
+STORE_REQUESTS = PromCounter("rsm_store_requests", "Requests sent to the remote store", ["store", "kind"])
+STORE_ERRORS = PromCounter("rsm_store_request_errors", "Remote store requests that failed, by HTTP status "
+                           "('connection': no response)", ["store", "kind", "status"])
 
-    def __init__(self) -> None:
+
+class RequestCounter:
+    """Thread-safe counts of store requests by kind (``get``, ``put``, ``list``, ...) of one store (``store``:
+    ``s3``, ``fs``), also counted in the process's metrics (``rsm_store_requests_total``)."""
+
+    def __init__(self, store: str = "other") -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self.store = store
 
     def add(self, kind: str, n: int = 1) -> None:
         with self._lock:
             self._counts[kind] += n
+        STORE_REQUESTS.labels(self.store, kind).inc(n)
+
+    def error(self, kind: str, status: str) -> None:
+        """A request of ``kind`` failed with HTTP ``status`` (or ``connection``)."""
+        STORE_ERRORS.labels(self.store, kind, status).inc()
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

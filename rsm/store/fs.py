@@ -129,7 +129,7 @@ class FileSystemStore:
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root)
         self.fsync = fsync
-        self.requests = RequestCounter()
+        self.requests = RequestCounter("fs")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / TMP_DIR).mkdir(exist_ok=True)

@@ -153,7 +153,7 @@ class S3Store:
         self._root: S3Store | None = None  # the store a with_key_prefix view was made from
         self._pool_lock = threading.Lock()
         self.retries = retries
-        self.requests = RequestCounter()
+        self.requests = RequestCounter("s3")
         if client is None:
             extra = {}
             if checksum_when_required:
@@ -167,6 +167,8 @@ class S3Store:
                                                     config=config)
         self.client = client
         self.client.meta.events.register("before-send.s3.*", self._count)
+        self.client.meta.events.register("after-call.s3.*", self._count_answer)
+        self.client.meta.events.register("after-call-error.s3.*", self._count_failure)
         if checksum_when_required:
             self.client.meta.events.register("before-call.s3.DeleteObjects", _content_md5_instead_of_crc)
         if create_bucket:
@@ -189,6 +191,16 @@ class S3Store:
 
     def _count(self, event_name: str = "", **_: object) -> None:
         self.requests.add(event_name.rsplit(".", 1)[-1])
+
+    def _count_answer(self, event_name: str = "", http_response: object = None, **_: object) -> None:
+        """An S3 call answered (after botocore's retries): an error status other than 404 is counted."""
+        status = getattr(http_response, "status_code", 200)
+        if status >= 400 and status != 404:
+            self.requests.error(event_name.rsplit(".", 1)[-1], str(status))
+
+    def _count_failure(self, event_name: str = "", **_: object) -> None:
+        """An S3 call that got no answer (connection refused, reset, timed out) after botocore's retries."""
+        self.requests.error(event_name.rsplit(".", 1)[-1], "connection")
 
     def _k(self, key: str) -> str:
         return self.key_prefix + key

@@ -91,3 +91,36 @@ def test_rsm_copies_through_a_faulty_endpoint_are_whole_or_unreadable(s3_endpoin
         injected = sum(proxy.injected.values())
         print("faulty copies:", results, "injected:", dict(proxy.injected), "forwarded:", proxy.forwarded)
     assert injected > 0 and ("ok" in results if rate < 0.5 else "error" in results), (results, injected)
+
+
+def test_store_requests_and_errors_are_metrics(s3_endpoint, s3_client):
+    """``rsm_store_requests_total`` counts every HTTP request (retries included), ``rsm_store_request_errors_total``
+    the calls that failed after retries by status (503 from the endpoint, ``connection`` with no endpoint); an
+    absent key (404) is an answer, not an error."""
+    from socket import socket
+
+    from rsm.store.base import STORE_ERRORS, STORE_REQUESTS
+
+    def count(metric, *labels: str) -> float:
+        return metric.labels(*labels)._value.get()
+
+    bucket = new_bucket(s3_client)
+    with FaultProxy(s3_endpoint, rate=1.0, faults=("status503",)) as proxy:
+        store = _store(proxy.url, bucket, 0)
+        sent, failed = count(STORE_REQUESTS, "s3", "PutObject"), count(STORE_ERRORS, "s3", "PutObject", "503")
+        with pytest.raises(RemoteStorageError):
+            store.put("m/obj", [b"x"])
+        assert count(STORE_REQUESTS, "s3", "PutObject") - sent >= 1
+        assert count(STORE_ERRORS, "s3", "PutObject", "503") - failed >= 1
+    clean = _store(s3_endpoint, bucket, 0)
+    absent = count(STORE_ERRORS, "s3", "HeadObject", "404")
+    assert clean.head("m/none") is None
+    assert count(STORE_ERRORS, "s3", "HeadObject", "404") == absent
+    with socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gone = _store(f"http://127.0.0.1:{port}", bucket, 0)
+    before = count(STORE_ERRORS, "s3", "HeadObject", "connection")
+    with pytest.raises(RemoteStorageError):
+        gone.head("m/obj")
+    assert count(STORE_ERRORS, "s3", "HeadObject", "connection") - before == 1
