@@ -6,8 +6,14 @@ decoding a request larger than ``INLINE_FRAME_BYTES``, and building and encoding
 on the pool too (kio is pure Python: a 4.8 MB Fetch takes seconds to decode), so one connection's large request
 never holds another's.
 A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
-tiered data, re-reading the tier every ``poll_s`` (the metadata cache is updated by the metadata manager's consumer
-meanwhile); the wait ends when its client closes the connection, and a waiting Fetch holds no worker thread.
+tiered data, as Kafka's DelayedFetch: it becomes one :class:`PendingFetch` (its partitions, deadline, ``min_bytes``,
+its connection, the tier bounds it was answered from) in the server's :class:`LongPolls`. One ticker serves them
+all: every ``poll_s`` it drops the polls whose client closed the connection (no tier read for them), then re-reads
+the bounds of every partition anyone waits on, once each, in one worker job (the metadata manager's consumer keeps
+the cache it reads up to date meanwhile), and wakes only the polls one of whose partitions changed (a segment
+tiered, the log start moved); those re-run their fetch, at most ``workers // 2`` at a time. A poll is answered when
+it has ``min_bytes``, or at its deadline with what it had (a timer, no tier read). A waiting Fetch holds no worker
+thread: N polls on one partition cost one bounds read per tick, not N fetches, and cannot fill the pool.
 
 Answers queued to clients are bounded: a connection's next request is read only once its last answer has been
 taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure, as a broker mutes a
@@ -52,6 +58,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from rlm.config import HistoryListenerSettings
 from rlm.history.handlers import Client, Handlers
 from rlm.history.principals import ANONYMOUS, NoMatchingRuleError, PrincipalMapper, user
+from rlm.history.tier import TierView, UnreadableCopyError
 from rlm.history.wire import (
     API_KEYS,
     MAX_FRAME_BYTES,
@@ -70,7 +77,7 @@ from rlm.history.wire import (
     response_type,
 )
 
-__all__ = ["ConnectionLimits", "HistoryServer"]
+__all__ = ["ConnectionLimits", "HistoryServer", "LongPolls", "PendingFetch"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,10 @@ CLOSED = Counter("rlm_history_closed_connections", "Connections the history endp
 # principal_mapping
 WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
+POLL_TICKS = Counter("rlm_history_long_poll_ticks", "Ticks of the long-poll ticker (one bounds read of the partitions "
+                     "polls wait on, each)")
+POLL_WAKEUPS = Counter("rlm_history_long_poll_wakeups",
+                       "Long polls woken: grown (their tier), expired (deadline), gone (client left)", ["reason"])
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -145,6 +156,8 @@ class HistoryServer:
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._reserved = 0  # bytes of Fetch answers being made, held against queued_max_response_bytes (loop only)
+        self._polls = LongPolls(handlers.tier, self._pool, poll_s)  # waiting Fetches (long polls)
+        self._rerun_slots = asyncio.Semaphore(max(workers // 2, 1))  # workers long polls may hold at once
 
     # --------------------------------------------------------------------------------------- life
     def start(self) -> HistoryServer:
@@ -469,15 +482,24 @@ class HistoryServer:
                      gone: Callable[[], bool] | None = None) -> bytes:
         loop = asyncio.get_running_loop()
         max_wait_s = min(max(_millis(req.max_wait), 0) / 1000, self.limits.fetch_max_wait_s)
-        deadline = time.monotonic() + max_wait_s
+        deadline = loop.time() + max_wait_s
         handlers = self.handlers
+        may_wait = max_wait_s > 0 and req.min_bytes > 0
 
-        def fetch(budget: int) -> tuple[dict[str, Any], int, bool]:
+        def fetch(budget: int, first: bool) -> tuple[dict[str, Any], int, bool, frozenset[Any], dict[Any, Mark]]:
+            # The bounds are read before the fetch: a segment tiered in between makes the next tick re-run it (once
+            # more than needed), never miss it. The first run also names the partitions a poll would wait on (only
+            # a Fetch that may wait: a consumer's max_wait 0 or min_bytes 0 costs nothing more).
+            if not may_wait:
+                tps, marks = frozenset(), {}
+            else:
+                tps = frozenset(self._fetched(req)) if first else pending.tps  # type: ignore[union-attr]
+                marks = tier_marks(handlers.tier, tps)
             values, size = handlers.fetch(req, client, budget=budget)
             # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
-            return values, size, not any(t.partitions for t in req.topics) or _has_error(values)
+            return values, size, not any(t.partitions for t in req.topics) or _has_error(values), tps, marks
 
-        waiting = False
+        pending: PendingFetch | None = None
         held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
         try:
             while True:
@@ -487,22 +509,28 @@ class HistoryServer:
                 held = min(self._fetch_room(), handlers.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
                            handlers.fetch_max_bytes)
                 self._reserved += held
-                values, size, now = await loop.run_in_executor(self._pool, fetch, held)
+                if pending is None:
+                    values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
+                else:
+                    async with self._rerun_slots:  # waiting polls never take more than half of the workers
+                        values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False)
                 self._reserved += size - held
                 held = size
-                left = deadline - time.monotonic()
-                if size >= req.min_bytes or now or left <= 0:
+                if size >= req.min_bytes or now or loop.time() >= deadline or (pending and pending.expired):
                     break
-                if not waiting:
-                    waiting = True
-                    WAITING.inc()
-                await asyncio.sleep(min(self.poll_s, left))
-                if gone is not None and gone():
+                if pending is None:
+                    pending = PendingFetch(tps, deadline, req.min_bytes, gone or _never, marks,
+                                           loop.create_future())
+                    self._polls.add(pending)
+                else:
+                    pending.seen, pending.woken = marks, loop.create_future()
+                woke = await pending.woken
+                if woke == GONE:
                     return NO_RESPONSE  # the client left: the poll ends with its connection (as Kafka drops it)
-                await loop.run_in_executor(self._pool, lambda: handlers.tier.refresh(self._fetched(req)))
-            if waiting:
-                waiting = False
-                WAITING.dec()
+                if woke == EXPIRED:
+                    break  # answered with what it had: the tier did not change since (else it was woken GROWN)
+            if pending is not None:
+                self._polls.discard(pending)
 
             def answer() -> bytes:
                 for t in values["responses"]:
@@ -516,8 +544,8 @@ class HistoryServer:
             return await loop.run_in_executor(self._pool, answer)
         finally:
             self._reserved -= held
-            if waiting:
-                WAITING.dec()
+            if pending is not None:
+                self._polls.discard(pending)
 
     def _fetched(self, req: Any) -> list[Any]:
         out = []
@@ -527,6 +555,117 @@ class HistoryServer:
             if topic is not None:
                 out.extend(topic.tp(p.partition) for p in t.partitions if p.partition in topic.partitions)
         return out
+
+
+# --------------------------------------------------------------------------------------------- long polls
+Mark = tuple[int, int, int] | None  # a partition's tier bounds (log start, high watermark, last stable offset)
+UNREADABLE_MARK: Mark = (-1, -1, -1)  # a tier that cannot be read: a change from any real mark
+GROWN, EXPIRED, GONE = "grown", "expired", "gone"
+
+
+def tier_marks(tier: TierView, tps: Any) -> dict[Any, Mark]:
+    """Each partition's bounds as the tier serves them now (None: nothing of it is remote). Blocks: a worker's."""
+    marks: dict[Any, Mark] = {}
+    for tp in tps:
+        try:
+            pt = tier.partition(tp)
+        except UnreadableCopyError:
+            marks[tp] = UNREADABLE_MARK
+            continue
+        marks[tp] = None if pt is None else (pt.log_start_offset, pt.high_watermark, pt.last_stable_offset)
+    return marks
+
+
+@dataclass(eq=False, slots=True)
+class PendingFetch:
+    """One Fetch waiting for data (a long poll): what it waits on and the bounds its last answer was made from.
+    ``woken`` is done with GROWN, EXPIRED or GONE; the object is the same across its re-runs."""
+
+    tps: frozenset[Any]
+    deadline: float  # event-loop time
+    min_bytes: int
+    gone: Callable[[], bool]  # its client closed the connection
+    seen: dict[Any, Mark]
+    woken: asyncio.Future[str]
+    timer: asyncio.TimerHandle | None = None
+    expired: bool = False
+
+
+class LongPolls:
+    """The waiting Fetches of one server, re-checked together (on the event loop only, but for the bounds read).
+
+    One ticker task runs while any poll waits; each ``poll_s`` it wakes with GONE the polls whose client left, then
+    reads, in one worker job, the bounds of the union of the partitions the others wait on (:meth:`TierView.refresh`
+    once, then one chain per partition) and wakes with GROWN each poll one of whose partitions' bounds differ from
+    those its last answer was made from. A poll's deadline is a timer (EXPIRED). ``ticks`` counts the ticks that read
+    bounds (the ``rlm_history_long_poll_ticks`` counter in all servers)."""
+
+    def __init__(self, tier: TierView, pool: concurrent.futures.Executor, poll_s: float) -> None:
+        self.tier = tier
+        self.pool = pool
+        self.poll_s = poll_s
+        self.ticks = 0
+        self._waiting: set[PendingFetch] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, p: PendingFetch) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiting.add(p)
+        WAITING.inc()
+        p.timer = loop.call_at(p.deadline, self._expire, p)
+        if self._ticker is None or self._ticker.done():
+            self._ticker = loop.create_task(self._tick_loop(), name="rlm-history-long-polls")
+
+    def discard(self, p: PendingFetch) -> None:
+        if p in self._waiting:
+            self._waiting.remove(p)
+            WAITING.dec()
+        if p.timer is not None:
+            p.timer.cancel()
+
+    @staticmethod
+    def wake(p: PendingFetch, reason: str) -> None:
+        if not p.woken.done():
+            POLL_WAKEUPS.labels(reason).inc()
+            p.woken.set_result(reason)
+
+    def _expire(self, p: PendingFetch) -> None:
+        p.expired = True  # seen by a poll woken (GROWN) and re-running meanwhile
+        self.wake(p, EXPIRED)
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._waiting:
+            await asyncio.sleep(self.poll_s)
+            live = []
+            for p in list(self._waiting):
+                if p.woken.done():
+                    continue  # re-running or answering: it is re-checked when it waits again
+                if p.gone():
+                    self.wake(p, GONE)  # its client left: no bounds read for it, its answer is never made
+                else:
+                    live.append(p)
+            if not live:
+                continue
+            tps = frozenset().union(*(p.tps for p in live))
+            self.ticks += 1
+            POLL_TICKS.inc()
+            try:
+                marks = await loop.run_in_executor(self.pool, self._read_marks, tps)
+            except Exception:  # noqa: BLE001 - one failed tick must not end every long poll's re-check
+                log.exception("history endpoint: long polls: reading the tier bounds failed",
+                              extra={"partitions": len(tps), "waiting": len(live)})
+                continue
+            for p in live:
+                if any(marks.get(tp) != p.seen.get(tp) for tp in p.tps):
+                    self.wake(p, GROWN)
+
+    def _read_marks(self, tps: frozenset[Any]) -> dict[Any, Mark]:
+        self.tier.refresh(tps)
+        return tier_marks(self.tier, tps)
 
 
 def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader | None) -> None:
@@ -539,6 +678,10 @@ def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader
         extra.update(api_key=header.api_key, api_version=header.api_version)
     log.warning("history endpoint: request before authentication failed, connection closed", extra=extra)
     log.debug("history endpoint: request before authentication failed", exc_info=err, extra=extra)
+
+
+def _never() -> bool:
+    return False
 
 
 def _has_error(values: dict[str, Any]) -> bool:

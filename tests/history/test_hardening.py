@@ -534,6 +534,72 @@ def test_fetch_wait_is_capped_and_abandoned_polls_end(tiered: Tiered) -> None:
         assert api_versions_ok(h)
 
 
+def test_long_polls_are_rechecked_together_and_answered_when_the_tier_grows(tiered: Tiered) -> None:
+    """200 Fetches wait at the end of a partition's tier (each is one pending object): while nothing new is tiered
+    no fetch runs for them, and each tick of the long-poll ticker reads the tier of the one partition they wait on
+    once for all of them (one refresh per tick, naming that partition alone), not once per poll. The 100 whose
+    clients leave are dropped (no longer waiting, never re-run). When the sidecar tiers a new segment of the
+    partition, each of the 100 others is re-run once and answered with the new records."""
+    from kio.index import load_response_schema
+    from prometheus_client import REGISTRY
+
+    grow = tiered.topic("grow")
+    tid = tiered.kafka.create_topic(grow, 1, config={"segment.ms": "300"})
+    tp = TopicIdPartition(tid, grow, 0)
+    first = produce_segments(tiered.kafka, grow, rounds=1, per_round=20, value_size=100, segment_ms=300)
+    wait_for(lambda: latest_remote(tiered.sidecar, tp) >= max(first), 60, f"{tp} to be tiered")
+    end = max(first) + 1
+
+    def waiting() -> float | None:
+        return REGISTRY.get_sample_value("rlm_history_waiting_fetches")
+
+    def ticks() -> float:
+        return REGISTRY.get_sample_value("rlm_history_long_poll_ticks_total") or 0.0
+
+    with endpoint(tiered, fetch_max_wait_ms=300_000, max_connections_per_ip=400) as h:
+        wait_for(lambda: grow in h.catalog.topics(), 30, "the new topic served")
+        handlers = h.server.handlers
+        runs: list[int] = []
+        refreshes: list[set[Any]] = []
+        fetch, refresh = handlers.fetch, handlers.tier.refresh
+        handlers.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
+        handlers.tier.refresh = lambda tps: (refreshes.append(set(tps)), refresh(tps))[1]
+        poll = request(1, 4, _fetch_body(grow, end, max_wait_ms=300_000))
+        clients = [connect(h) for _ in range(200)]
+        for c in clients:
+            c.sendall(poll)
+        wait_for(lambda: waiting() == 200, 30, "200 long polls waiting")
+        leaving, staying = clients[:100], clients[100:]
+        for c in leaving:
+            c.close()
+        wait_for(lambda: waiting() == 100, 20, "the abandoned long polls to be dropped")
+
+        # Nothing new tiered: the ticks read the partition's bounds, once each, and run no fetch.
+        runs_before, refreshes_before, ticks_before = len(runs), len(refreshes), ticks()
+        wait_for(lambda: len(refreshes) >= refreshes_before + 5, 20, "five ticks")
+        assert len(runs) == runs_before, "a waiting poll re-ran its fetch with nothing new tiered"
+        window = refreshes[refreshes_before:]
+        assert all(tps == {tp} for tps in window), window
+        assert len(window) <= ticks() - ticks_before + 1, "more than one tier refresh per tick"
+
+        # A segment is tiered: each remaining poll is re-run once and answered with it.
+        more = produce_segments(tiered.kafka, grow, rounds=1, per_round=20, value_size=100, segment_ms=300)
+        assert min(more) == end + 1  # after the roll record at `end`
+        wait_for(lambda: latest_remote(tiered.sidecar, tp) >= max(more), 60, f"{tp}'s new segment to be tiered")
+        reader = entity_reader(load_response_schema(1, 4))
+        for c in staying:
+            frame = recv_frame(c)
+            assert frame is not None, "a waiting poll was not answered when its partition grew"
+            resp, _ = reader(frame, 4)
+            got = answered(resp)[(grow, 0)][0]
+            assert got.error_code == 0 and base_offsets(got.records)[0] == end
+        assert len(runs) == runs_before + 100
+        assert waiting() == 0
+        for c in staying:
+            c.close()
+        assert api_versions_ok(h)
+
+
 def _fetch_body(topic: str, offset: int, *, max_wait_ms: int) -> bytes:
     from rlm.history.wire import build
 
