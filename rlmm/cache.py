@@ -31,8 +31,9 @@ in-memory cache (which remembers an epoch's highest offset after its segments ar
 live COPY_SEGMENT_FINISHED segments, so a cache rebuilt from the compacted topic answers the same as one that
 never restarted.
 
-Copy fencing (KIP-405's leader-epoch fencing of zombie copies, decided in the metadata topic's total order, so every
-cache agrees): a COPY_SEGMENT_STARTED -> COPY_SEGMENT_FINISHED of a segment whose ``broker_leader_epoch`` is below
+Refusals are decided by :mod:`rlmm.rules` (the one copy of the rules, which the managers' checks use too), applied
+here in the metadata topic's total order, so every cache agrees. Copy fencing (KIP-405's leader-epoch fencing of
+zombie copies): a COPY_SEGMENT_STARTED -> COPY_SEGMENT_FINISHED of a segment whose ``broker_leader_epoch`` is below
 the partition's CopyFence is refused (:class:`rlmm.api.CopyFencedError`, reported as a refused record with
 ``fenced=True``). Segments without an epoch are never fenced. A COPY_SEGMENT_STARTED for a partition with any
 partition-delete state is refused. The fence is rebuilt from the STARTED records still on the topic: once every
@@ -72,9 +73,9 @@ from rlmm.api import (
 )
 from rlmm.keys import KeyKind, decode_key
 from rlmm.partitioner import metadata_partition
+from rlmm.rules import raised_fence, refuse_new_segment, refuse_partition_delete, refuse_segment_update
 
-__all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", "Progress", "SkippedRecord",
-           "copy_fenced"]
+__all__ = ["FORMAT_VERSION", "ApplyOutcome", "DeletedSegment", "MetadataCache", "Progress", "SkippedRecord"]
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,9 @@ _DELETED = struct.Struct(
 )
 _API_SEGMENT = serde.MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA
 _API_UPDATE = serde.MetadataApiKey.REMOTE_LOG_SEGMENT_METADATA_UPDATE
-_STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
 _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 _DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 _DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
-_ALLOWED = frozenset((a, b) for a in RemoteLogSegmentState for b in RemoteLogSegmentState if a.can_transition_to(b))
 _S32_FLIP = 1 << 31
 _S64_FLIP = 1 << 63
 
@@ -133,15 +132,17 @@ def _s64(v: int) -> bytes:
     return _pack_u64(v + _S64_FLIP)
 
 
-def copy_fenced(what: object, segment_epoch: int | None, fence_epoch: int | None) -> CopyFencedError | None:
-    """The error refusing COPY_SEGMENT_FINISHED of a copy started under ``segment_epoch`` when the partition's
-    highest started copy epoch is ``fence_epoch``, or None when it may finish (no epoch on either side, or not lower).
-    """
-    if segment_epoch is None or fence_epoch is None or segment_epoch >= fence_epoch:
-        return None
-    return CopyFencedError(f"{what}: copy fenced: COPY_SEGMENT_FINISHED of a copy started under broker leader epoch "
-                           f"{segment_epoch} refused, a copy of the partition was started under broker leader epoch "
-                           f"{fence_epoch}")
+class _SegmentName:
+    """A segment's name for refusal messages, formatted only when a record is refused."""
+
+    __slots__ = ("topic_id", "partition", "segment_id")
+
+    def __init__(self, topic_id: bytes, partition: int, segment_id: bytes) -> None:
+        self.topic_id, self.partition, self.segment_id = topic_id, partition, segment_id
+
+    def __str__(self) -> str:
+        tid, sid = uuid.UUID(bytes=self.topic_id), uuid.UUID(bytes=self.segment_id)
+        return f"RemoteLogSegmentId({tid}-{self.partition}, {sid})"
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -404,36 +405,26 @@ class MetadataCache:
             batch.views[skey] = view
         return view
 
-    @staticmethod
-    def _describe(tid: bytes, partition: int, sid: bytes) -> str:
-        return f"RemoteLogSegmentId({uuid.UUID(bytes=tid)}-{partition}, {uuid.UUID(bytes=sid)})"
-
     def _apply_add(self, batch: _Batch, mp: int, v: scan.SegmentView) -> None:
-        if v.state != _STARTED:
-            raise InvalidStateTransitionError(
-                f"{self._describe(v.topic_id, v.partition, v.segment_id)}: a new segment must be COPY_SEGMENT_STARTED,"
-                f" the record has {RemoteLogSegmentState(v.state).name}")
         tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
         sid = v.segment_id
+        deleting = None
         if tpk not in batch.undeleted:
             pkey = T_PARTITION_DELETE + tpk
             raw = batch.get(pkey) if pkey in batch.puts or self.db.key_may_exist(pkey) else None
             if raw is not None:
-                deleting = serde.decode(raw).state.name   # type: ignore[union-attr]
-                raise InvalidStateTransitionError(
-                    f"{self._describe(v.topic_id, v.partition, sid)}: COPY_SEGMENT_STARTED refused: the partition is "
-                    f"{deleting}")
-            if pkey not in batch.puts:
+                deleting = serde.decode(raw).state   # type: ignore[union-attr]
+            elif pkey not in batch.puts:
                 batch.undeleted.add(tpk)
         skey = T_SEGMENT + tpk + sid
         # A new id is the common case: the bloom filter answers "absent" without reading a block.
         fresh = skey not in batch.puts and skey not in batch.views and not self.db.key_may_exist(skey)
         old = None if fresh else self._load(batch, skey)
+        refused = refuse_new_segment(_SegmentName(v.topic_id, v.partition, sid), v.state,
+                                     None if old is None else old.state, deleting)   # type: ignore[arg-type]
+        if refused is not None:
+            raise refused
         if old is not None:
-            if old.state != _STARTED:
-                raise InvalidStateTransitionError(
-                    f"{self._describe(v.topic_id, v.partition, sid)}: invalid state transition "
-                    f"{RemoteLogSegmentState(old.state).name} -> COPY_SEGMENT_STARTED")
             self._drop_segment(batch, tpk, old)
         start = _s64(v.start_offset)
         puts = batch.puts
@@ -444,8 +435,9 @@ class MetadataCache:
         copy_epoch = v.broker_leader_epoch
         if copy_epoch is not None:
             fence = batch.fence(tpk)
-            if fence is None or copy_epoch > fence:
-                batch.set_fence(tpk, copy_epoch)
+            raised = raised_fence(fence, copy_epoch)
+            if raised != fence:
+                batch.set_fence(tpk, raised)   # type: ignore[arg-type]
 
     def _drop_segment(self, batch: _Batch, tpk: bytes, v: scan.SegmentView) -> None:
         sid = v.segment_id
@@ -467,25 +459,12 @@ class MetadataCache:
         sid = u.segment_id
         skey = T_SEGMENT + tpk + sid
         old = self._load(batch, skey)
-        deleting = u.state in (_DELETE_STARTED, _DELETE_FINISHED)
-        if old is None:
-            err: UnknownSegmentError | InvalidStateTransitionError = UnknownSegmentError(
-                f"{self._describe(u.topic_id, u.partition, sid)}: no such segment "
-                f"(update to {RemoteLogSegmentState(u.state).name})")
-            # deleted, its tombstones not written yet: a second deleter (an old leader's clean-up, a purge) was late
-            err.deleted_already = deleting and batch.get(T_DELETED + tpk + sid) is not None  # type: ignore[union-attr]
-            raise err
-        if (old.state, u.state) not in _ALLOWED:
-            err = InvalidStateTransitionError(
-                f"{self._describe(u.topic_id, u.partition, sid)}: invalid state transition "
-                f"{RemoteLogSegmentState(old.state).name} -> {RemoteLogSegmentState(u.state).name}")
-            err.deleted_already = deleting and old.state == _DELETE_STARTED  # type: ignore[union-attr]
-            raise err
-        if u.state == _FINISHED and old.state == _STARTED and old.broker_leader_epoch is not None:
-            fence = batch.fence(tpk)
-            if fence is not None and old.broker_leader_epoch < fence:
-                raise copy_fenced(self._describe(u.topic_id, u.partition, sid),  # type: ignore[misc]
-                                  old.broker_leader_epoch, fence)
+        refused = refuse_segment_update(
+            _SegmentName(u.topic_id, u.partition, sid), u.state, None if old is None else old.state,
+            copy_epoch=None if old is None else old.broker_leader_epoch, fence_epoch=lambda: batch.fence(tpk),
+            deleted=old is None and batch.get(T_DELETED + tpk + sid) is not None)
+        if refused is not None:
+            raise refused
         if u.state == _DELETE_FINISHED:
             self._drop_segment(batch, tpk, old)
             batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
@@ -507,14 +486,10 @@ class MetadataCache:
         tpk = self._tp_key(p.topic_id_partition, mp)
         pk = T_PARTITION_DELETE + tpk
         raw = batch.get(pk)
-        if raw is not None:
-            old = serde.decode(raw)
-            try:
-                old.state.check_transition(p.state, p.topic_id_partition)   # type: ignore[union-attr]
-            except InvalidStateTransitionError as err:
-                # a second purger (every sidecar that served a deleted topic purges it), late: not corruption
-                err.deleted_already = p.state <= old.state   # type: ignore[attr-defined,union-attr]
-                raise
+        refused = refuse_partition_delete(p.topic_id_partition, p.state,
+                                          None if raw is None else serde.decode(raw).state)  # type: ignore[union-attr]
+        if refused is not None:
+            raise refused
         if p.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
             for t in (T_SEGMENT, T_EPOCH_ALL, T_EPOCH_FLOOR, T_COPY_FENCE):
                 batch.ranges.append((t + tpk, _prefix_end(t + tpk)))

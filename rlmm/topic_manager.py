@@ -11,7 +11,8 @@ On (re)assignment of a metadata partition the cache resumes from its stored next
 away longer than the topic's ``delete.retention.ms`` (it might have missed tombstones) or the stored offset fell
 below the log start: then that partition's state is dropped and rebuilt from the beginning.
 
-Refusals are decided by the cache in the topic's order, the same in every manager. A writer checks its own cache
+Refusals are decided by the cache in the topic's order, the same in every manager, with the rules of
+:mod:`rlmm.rules`. A writer checks its own cache
 first (no record is written for a transition it already knows is refused) and then learns, through read-your-writes,
 whether the record it wrote was refused: as :class:`rlmm.api.CopyFencedError` when a copy started under a higher
 broker leader epoch landed first (leader-epoch fencing of zombie copies), else :class:`InvalidStateTransitionError`.
@@ -46,13 +47,12 @@ from rlmm.api import (
     RemoteLogMetadataManager,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
-    RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     TopicIdPartition,
-    UnknownSegmentError,
 )
-from rlmm.cache import MetadataCache, Progress, SkippedRecord, copy_fenced
+from rlmm.cache import MetadataCache, Progress, SkippedRecord
 from rlmm.keys import KeyKind, encode_key, segment_keys
+from rlmm.rules import refuse_new_segment, refuse_partition_delete, refuse_segment_update, require_new_segment
 
 __all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "TopicBasedRlmmConfig", "TopicBasedRemoteLogMetadataManager"]
 
@@ -478,26 +478,18 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         partition's metadata partition (:meth:`_holding`)."""
         sid = rec.remote_log_segment_id
         tp = sid.topic_id_partition
+        existing = self.cache.segment(tp, sid.id)
+        known = None if existing is None else existing.state
         if isinstance(rec, RemoteLogSegmentMetadataUpdate):
-            existing = self.cache.segment(tp, sid.id)
-            if existing is None:
-                raise UnknownSegmentError(f"{sid}: no such segment (update to {rec.state.name})")
-            existing.state.check_transition(rec.state, sid)
-            if rec.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED and \
-                    existing.state == RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-                fenced = copy_fenced(sid, existing.broker_leader_epoch, self.cache.copy_fence_epoch(tp))
-                if fenced is not None:
-                    raise fenced
+            refused = refuse_segment_update(sid, rec.state, known,
+                                            copy_epoch=None if existing is None else existing.broker_leader_epoch,
+                                            fence_epoch=lambda: self.cache.copy_fence_epoch(tp))
         else:
-            if rec.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
-                raise ValueError(f"{sid}: add needs COPY_SEGMENT_STARTED, got {rec.state.name}")
+            require_new_segment(rec)
             deleting = self.cache.partition_delete(tp)
-            if deleting is not None:
-                raise InvalidStateTransitionError(f"{sid}: COPY_SEGMENT_STARTED refused: the partition is "
-                                                  f"{deleting.state.name}")
-            existing = self.cache.segment(tp, sid.id)
-            if existing is not None:
-                existing.state.check_transition(rec.state, sid)
+            refused = refuse_new_segment(sid, rec.state, known, None if deleting is None else deleting.state)
+        if refused is not None:
+            raise refused
         key = encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, sid.id, rec.state)
         return tp, key, serde.encode(rec), sid
 
@@ -597,8 +589,9 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         tp = metadata.topic_id_partition
         with self._holding([tp]):
             existing = self.cache.partition_delete(tp)
-            if existing is not None:
-                existing.state.check_transition(metadata.state, tp)
+            refused = refuse_partition_delete(tp, metadata.state, None if existing is None else existing.state)
+            if refused is not None:
+                raise refused
             key = encode_key(KeyKind.PARTITION_DELETE, tp.topic_id, tp.partition, None, metadata.state)
             self._write(tp, key, serde.encode(metadata), tp)
 
