@@ -1,6 +1,7 @@
 """The sidecar: wires discovery, staging, the copy tasks, expiration, the cleaner and GC onto one scheduler.
 
-Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1``, so one run at a time):
+Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; every job coalesced with
+``max_instances=1``, so one run at a time). ``normal``:
 
 - ``discovery`` (``tasks.discovery_interval_ms``): partitions in the log dirs x leaders in the cluster. Starts a
   copy job for each partition this broker leads, stops the ones it no longer leads (the running copy stops between
@@ -13,7 +14,15 @@ Jobs (apscheduler 3, one thread pool; every job coalesced with ``max_instances=1
   partitions between copy runs, so local retention shorter than the copy interval loses nothing.
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
 - ``gc`` (``tasks.gc_interval_ms``): objects no metadata owns, after a grace period.
+- ``gauges`` (every 5 s): staging bytes, metadata caught up, log dirs, retention margins.
 - the cleaner (its own thread): retries deletes the store refused, from the to-be-deleted topic.
+
+``read_only`` (reads a store and metadata topic this sidecar does not own): ``discovery`` follows every tiered
+partition in the log dirs, led here or not (:meth:`Sidecar.follow`), and ``gauges`` refreshes what reads report. A
+read-only sidecar constructs no writer (:data:`WRITERS`): no producer, no to-be-deleted topic, no staging (which
+creates and cleans directories), no deleter, cleaner, copier, garbage collector, purge or known-partitions file;
+its metadata manager has no producer either (:func:`make_rlmm`). What it has: the metadata manager, the storage
+manager, the reader, the cluster view and health.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -31,7 +41,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from rlm import metrics
 from rlm.coalesce import Coalescer
-from rlm.config import SidecarSettings
+from rlm.config import SidecarSettings, TaskSettings
 from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
 from rlm.known import KnownPartitions
@@ -53,7 +63,7 @@ from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["Sidecar", "make_rlmm"]
+__all__ = ["JOBS", "WRITERS", "Sidecar", "make_rlmm"]
 
 
 class _SkippedRunFilter(logging.Filter):
@@ -115,27 +125,15 @@ class Sidecar:
         self.rsm = rsm or RemoteStorageManager(s.store)
         self.rlmm = rlmm or make_rlmm(s)
         self.read_only = s.mode == "read_only"
-        """Reads only (``mode: read_only``): no copy, expiration, delete, gc, purge, cleaner or metadata write."""
-        if not self.read_only:
-            ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
-                         replication_factor=s.metadata.replication_factor)
-        self.queue = ToBeDeletedQueue(self.client_config, s.metadata.to_be_deleted_topic)
-        self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
-        roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
-                           default_staging_root(Path(d))) for d in s.log_dirs}
-        self.staging = Staging(roots, max_bytes=s.staging_max_bytes)
+        """Reads only (``mode: read_only``): the jobs of :data:`JOBS` ``["read_only"]``, and no writer constructed."""
+        self.jobs = JOBS[s.mode]
         self.view = ClusterView(self.client_config)
         # copy jobs running at once share one ListOffsets (rlm.coalesce): streaming partitions ask every poll
         self._stable_offsets: Coalescer[tuple[str, int], tuple[int, int]] = Coalescer(
             self.view.stable_offsets_and_epochs)
         self.reader = RemoteReader(self.rlmm, self.rsm)
-        state = StateDir(s.metadata.state_dir)
-        self.known = KnownPartitions(state.known_partitions)
-        self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)
-        self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
-                                   state_path=state.gc_orphans)
-        self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
-                               s.broker_id, deleter=self.deleter)
+        if not self.read_only:
+            self._open_writers()
         self._led: dict[tuple[str, int], _Led] = {}
         self._ending: dict[TopicIdPartition, _Led] = {}  # no longer led, its copy run still going (_stop_leading)
         self._followed: set[TopicIdPartition] = set()
@@ -156,26 +154,52 @@ class Sidecar:
         self.margins: dict[TopicIdPartition, Margin] = {}
         self.log_dir_problems: dict[str, str] = log_dir_problems(s.log_dirs)
 
+    # ------------------------------------------------------------------------------------------ writers
+    def _open_writers(self) -> None:
+        """The writers of ``normal`` mode (:data:`WRITERS`): the to-be-deleted topic (created when absent) and its
+        producer, the deleter, staging (creates its directories, removes what a crash left), the known partitions,
+        the deletion evidence, the garbage collector and the cleaner."""
+        s = self.settings
+        ensure_topic(self.client_config, s.metadata.to_be_deleted_topic, partitions=1,
+                     replication_factor=s.metadata.replication_factor)
+        self.queue = ToBeDeletedQueue(self.client_config, s.metadata.to_be_deleted_topic)
+        self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
+        roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
+                           default_staging_root(Path(d))) for d in s.log_dirs}
+        self.staging = Staging(roots, max_bytes=s.staging_max_bytes)
+        state = StateDir(s.metadata.state_dir)
+        self.known = KnownPartitions(state.known_partitions)
+        self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)
+        self.gc = GarbageCollector(self.rlmm, self.rsm, grace_ms=s.tasks.gc_grace_ms,
+                                   state_path=state.gc_orphans)
+        self.cleaner = Cleaner(self.client_config, s.metadata.to_be_deleted_topic, self.rlmm, self.rsm,
+                               s.broker_id, deleter=self.deleter)
+
+    def __getattr__(self, name: str) -> object:
+        """Only called for an attribute the sidecar does not have: a writer of a read-only sidecar says why."""
+        if name in WRITERS:
+            raise AttributeError(f"a read-only sidecar (mode: read_only) has no {name}: it constructs no writer",
+                                 name=name, obj=self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
+
     # ---------------------------------------------------------------------------------------- lifecycle
     def start(self) -> Sidecar:
+        """Schedule this mode's :data:`JOBS` (the first discovery round at once), and in ``normal`` mode start the
+        cleaner's thread."""
         t = self.settings.tasks
-        self._scheduler.add_job(self.discover, "interval", seconds=t.discovery_interval_ms / 1000,
-                                id="discovery", next_run_time=_now())
-        if not self.read_only:
-            self._scheduler.add_job(self.stage, "interval", id="stage",
-                                    seconds=min(t.discovery_interval_ms, t.copy_interval_ms) / 1000)
-            self._scheduler.add_job(self.expire, "interval", seconds=t.expiration_interval_ms / 1000,
-                                    id="expiration")
-            self._scheduler.add_job(self.collect_garbage, "interval", seconds=t.gc_interval_ms / 1000, id="gc")
-        self._scheduler.add_job(self._refresh_gauges, "interval", seconds=5, id="gauges")
+        for job in self.jobs:
+            self._scheduler.add_job(types.MethodType(job.run, self), "interval", id=job.id,
+                                    seconds=job.interval_ms(t) / 1000,
+                                    **({"next_run_time": _now()} if job.first_run_now else {}))
         self._scheduler.start()
-        if not self.read_only:
-            self.cleaner.start()
         log.info("sidecar started", extra={"broker_id": self.settings.broker_id, "mode": self.settings.mode,
+                                           "jobs": [job.id for job in self.jobs],
                                            "log_dirs": [str(d) for d in self.settings.log_dirs]})
         if self.read_only:
-            log.warning("read-only mode: serving reads only; nothing is copied, expired, deleted, garbage-collected, "
-                        "purged or written to the metadata topic")
+            log.warning("read-only mode: serving reads only; nothing is copied, staged, expired, deleted, "
+                        "garbage-collected, purged or written to the metadata topic")
+        else:
+            self.cleaner.start()
         return self
 
     def stop(self, timeout_s: float = 60.0) -> bool:
@@ -201,8 +225,9 @@ class Sidecar:
             clean = not shutdown.is_alive()
         if not clean:
             log.error("jobs still running at shutdown: abandoned", extra={"timeout_s": timeout_s})
-        self.cleaner.stop(timeout_s)
-        self.queue.close()
+        if not self.read_only:
+            self.cleaner.stop(timeout_s)
+            self.queue.close()
         self.rlmm.close()
         if clean:
             self.view.close()  # no admin client left retrying a cluster that may be stopping too
@@ -251,8 +276,37 @@ class Sidecar:
 
     # ----------------------------------------------------------------------------------------- discovery
     def discover(self) -> None:
-        if self._stopping.is_set():
+        """A discovery round of ``normal`` mode: partitions led here are copied (a copy job each), the others
+        followed; every one served is remembered (:class:`rlm.known.KnownPartitions`), what is staged for partitions
+        not led is released, and topics proven deleted are purged. A round that fails or is cut short by
+        :meth:`stop` breaks the consecutive rounds of deletion evidence."""
+        found = self._discovery_round()
+        if found is None:
+            self.deletions.reset()
             return
+        leaders, followers = found
+        self.known.add(list(leaders) + list(followers))
+        if not self._serve(leaders, followers, self.release_unled_staging):
+            self.deletions.reset()
+            return
+        self._purge_deleted_topics()
+        self.last_discovery_ok = time.time()
+
+    def follow(self) -> None:
+        """A discovery round of ``mode: read_only``: every tiered partition in the log dirs is followed, led here
+        or not; none is copied, remembered or purged, and nothing is staged."""
+        found = self._discovery_round()
+        if found is None:
+            return
+        leaders, followers = found
+        if self._serve({}, followers | set(leaders)):
+            self.last_discovery_ok = time.time()
+
+    def _discovery_round(self) -> tuple[dict[TopicIdPartition, Path], set[TopicIdPartition]] | None:
+        """The tiered partitions in the log dirs, as (led here -> partition dir, followed), from the cluster's
+        leaders, topic ids and configs; None when stopping or the cluster did not answer (logged, in /health)."""
+        if self._stopping.is_set():
+            return None
         s = self.settings
         self.last_discovery_attempt = time.time()
         self.log_dir_problems = log_dir_problems(s.log_dirs)
@@ -273,8 +327,7 @@ class Sidecar:
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
             log.warning("discovery failed", extra={"error": str(err)})
-            self.deletions.reset()  # a failed round breaks the consecutive rounds of deletion evidence
-            return
+            return None
         leaders: dict[TopicIdPartition, Path] = {}
         followers: set[TopicIdPartition] = set()
         for key, lp in candidates.items():
@@ -292,13 +345,16 @@ class Sidecar:
                 leaders[tp] = lp.path
             else:
                 followers.add(tp)
-        if self.read_only:  # reads only: every served partition is followed, none copied
-            followers |= set(leaders)
-            leaders = {}
-        self.known.add(list(leaders) + list(followers))
+        return leaders, followers
+
+    def _serve(self, leaders: dict[TopicIdPartition, Path], followers: set[TopicIdPartition],
+               then: Callable[[set[TopicIdPartition]], object] | None = None) -> bool:
+        """Serve ``leaders`` (a copy job each) and ``followers``: tell the metadata manager, start and stop copy
+        jobs, then call ``then(set(leaders))`` under the same lock. False when stopping or the metadata manager
+        failed (logged, in /health)."""
         with self._lock:
             if self._stopping.is_set():
-                return  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
+                return False  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
             new_served = set(leaders) | followers
             old_served = {led.tp for led in self._led.values()} | self._followed
             try:
@@ -311,8 +367,7 @@ class Sidecar:
                 # broker restarts: as any other failed round (a warning, /health), the next round does it again
                 self.last_error = f"discovery: metadata manager: {err}"
                 log.warning("discovery failed: metadata manager", extra={"error": str(err)})
-                self.deletions.reset()
-                return
+                return False
             self._followed = followers
             for key in list(self._led):
                 led = self._led[key]
@@ -321,11 +376,9 @@ class Sidecar:
             for tp, path in leaders.items():
                 if (tp.topic, tp.partition) not in self._led:
                     self._start_leading(tp, path)
-            if not self.read_only:
-                self.release_unled_staging(set(leaders))
-        if not self.read_only:
-            self._purge_deleted_topics()
-        self.last_discovery_ok = time.time()
+            if then is not None:
+                then(set(leaders))
+        return True
 
     def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
         rule = self.settings.retention_for(tp.topic)
@@ -512,13 +565,12 @@ class Sidecar:
 
     # ------------------------------------------------------------------------------------------------ gc
     def collect_garbage(self, dry_run: bool = False) -> list[str]:
-        if self.read_only:
-            return []
+        gc = self.gc  # a read-only sidecar has none: AttributeError (not a failed run)
         with self._lock:
             tps = [led.tp for led in self._led.values()]
         try:
             self._wait_ready(tps)  # a half-rebuilt cache would make live segments look orphaned
-            return self.gc.run(tps, dry_run=dry_run)
+            return gc.run(tps, dry_run=dry_run)
         except Exception as err:  # noqa: BLE001
             metrics.ERRORS.labels("gc").inc()
             self.last_error = f"gc: {err}"
@@ -534,8 +586,6 @@ class Sidecar:
         """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it.
         Not while a copy run of ``tp`` still goes: it is cancelled, and the purge waits for a later round (False),
         so it neither releases the staged files under the copy nor deletes a segment the copy then finishes."""
-        if self.read_only:
-            return False
         with self._lock:
             running = self._still_running().get(tp) or next(
                 (led for led in self._led.values() if led.tp == tp and led.running.locked()), None)
@@ -548,11 +598,16 @@ class Sidecar:
         return True
 
     def _refresh_gauges(self) -> None:
+        """``normal`` mode's gauges: staging, what reads report, retention margins."""
         metrics.STAGING_BYTES.set(self.staging.size_bytes())
+        self._refresh_read_gauges()
+        self._refresh_margins()
+
+    def _refresh_read_gauges(self) -> None:
+        """What reads report (``mode: read_only``'s gauges): partitions not caught up, log dirs."""
         metrics.METADATA_NOT_CAUGHT_UP.set(len(self._not_caught_up(self._served())))
         for d in self.settings.log_dirs:
             metrics.LOG_DIR_OK.labels(str(d)).set(0 if str(d) in self.log_dir_problems else 1)
-        self._refresh_margins()
 
     def _refresh_margins(self) -> None:
         """Each led partition's retention margin (:func:`rlm.health.retention_margin`), as gauges."""
@@ -586,6 +641,42 @@ class Sidecar:
                                                      "in_a_row": self.store_probes.consecutive_failures})
         else:
             self.store_probes.ok()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A scheduler job of the sidecar: ``run(sidecar)`` every ``interval_ms(settings.tasks)``, the first run at
+    start when ``first_run_now``, else one interval later."""
+
+    id: str
+    run: Callable[[Sidecar], object]
+    interval_ms: Callable[[TaskSettings], float]
+    first_run_now: bool = False
+
+
+def _every_5_s(_t: TaskSettings) -> float:
+    return 5000
+
+
+JOBS: dict[str, tuple[Job, ...]] = {
+    "normal": (
+        Job("discovery", Sidecar.discover, lambda t: t.discovery_interval_ms, first_run_now=True),
+        Job("stage", Sidecar.stage, lambda t: min(t.discovery_interval_ms, t.copy_interval_ms)),
+        Job("expiration", Sidecar.expire, lambda t: t.expiration_interval_ms),
+        Job("gc", Sidecar.collect_garbage, lambda t: t.gc_interval_ms),
+        Job("gauges", Sidecar._refresh_gauges, _every_5_s),
+    ),
+    "read_only": (
+        Job("discovery", Sidecar.follow, lambda t: t.discovery_interval_ms, first_run_now=True),
+        Job("gauges", Sidecar._refresh_read_gauges, _every_5_s),
+    ),
+}
+"""The scheduler jobs of each mode (``SidecarSettings.mode``). ``normal`` mode also adds a copy job per partition
+it leads (:meth:`Sidecar.discover`) and runs the cleaner's thread."""
+
+WRITERS = frozenset({"queue", "deleter", "staging", "known", "deletions", "gc", "cleaner"})
+"""The sidecar's attributes that write (the to-be-deleted topic's producer, the deletes, staging's directories,
+state files, the purge's evidence): constructed in ``normal`` mode only (:meth:`Sidecar._open_writers`)."""
 
 
 def _int(value: str | None) -> int | None:
