@@ -80,6 +80,7 @@ class TopicBasedRlmmConfig:
     read_only: bool = False                                         # True: no producer, no write (readers)
     serve_all: bool = False                                         # consume every metadata partition
     write_timeout_s: float = 30.0                                   # produce + read-your-writes
+    kafka_timeout_s: float = 30.0                                   # each wait on the cluster: topic, leaders, offsets
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
     tombstone_check_interval_s: float = 1.0
     caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
@@ -136,7 +137,8 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
     def _ensure_topic(self) -> tuple[int, int]:
         cfg = self.config
         topic_conf = {"cleanup.policy": "compact", **cfg.topic_config}
-        md = self._admin.list_topics(self.topic, timeout=30).topics.get(self.topic)
+        wait_s = cfg.kafka_timeout_s
+        md = self._admin.list_topics(self.topic, timeout=wait_s).topics.get(self.topic)
         if (md is None or md.error is not None) and not cfg.create_topic:
             why = "does not exist" if md is None or md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART \
                 else f"cannot be described ({md.error})"
@@ -148,24 +150,24 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             fut = self._admin.create_topics([NewTopic(self.topic, cfg.num_partitions, cfg.replication_factor,
                                                       config=dict(topic_conf))])[self.topic]
             try:
-                fut.result(30)
+                fut.result(wait_s)
             except KafkaException as err:
                 if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise MetadataWriteError(f"cannot create metadata topic {self.topic}: {err}") from err
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s
         while True:
-            md = self._admin.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            md = self._admin.list_topics(self.topic, timeout=min(10.0, wait_s)).topics.get(self.topic)
             if md is not None and md.error is None and md.partitions and all(
                     p.leader >= 0 for p in md.partitions.values()):
                 break
             if time.monotonic() > deadline:
-                raise MetadataWriteError(f"metadata topic {self.topic} has no leaders after 30s")
+                raise MetadataWriteError(f"metadata topic {self.topic} has no leaders after {wait_s:g}s")
             time.sleep(0.1)
         n = len(md.partitions)
         if n != cfg.num_partitions:
             log.warning("metadata topic %s has %d partitions, configured %d: using %d", self.topic, n,
                         cfg.num_partitions, n)
-        return n, self._delete_retention_ms(time.monotonic() + 30)
+        return n, self._delete_retention_ms(time.monotonic() + wait_s)
 
     def _delete_retention_ms(self, deadline: float) -> int:
         """The topic's ``delete.retention.ms``. Right after another manager created the topic, a broker whose
@@ -173,7 +175,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         res = ConfigResource(ResourceType.TOPIC, self.topic)
         while True:
             try:
-                entries = self._admin.describe_configs([res])[res].result(30)
+                entries = self._admin.describe_configs([res])[res].result(self.config.kafka_timeout_s)
                 return int(entries["delete.retention.ms"].value)
             except KafkaException as err:
                 code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
@@ -229,12 +231,14 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             self._assigned.update(new)
             self._cond.notify_all()
 
-    def _watermarks(self, mp: int, timeout_s: float = 30.0) -> tuple[int, int]:
+    def _watermarks(self, mp: int) -> tuple[int, int]:
         """(log start, high watermark) of a metadata partition; retried while leadership settles."""
+        timeout_s = self.config.kafka_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp), timeout=10)
+                return self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp),
+                                                            timeout=min(10.0, timeout_s))
             except KafkaException as err:
                 if time.monotonic() > deadline or not err.args[0].retriable() and err.args[0].code() not in (
                         KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
