@@ -6,7 +6,8 @@
 - ``kafka_sasl``: a 1-broker cluster with SASL_PLAINTEXT/PLAIN and KRaft's StandardAuthorizer (started on first
   use): ``admin_config()`` is the super user's client configuration, ``client_config(SASL_PRINCIPAL)`` (and
   ``security_config(SASL_PRINCIPAL)``) the principal's, who starts with no ACLs; ``SASL_READER`` is a second
-  one, never granted anything on the cluster resource (tests grant it topic and group ACLs only).
+  one, never granted anything on the cluster resource (tests grant it topic and group ACLs only), ``SASL_VIEWER``
+  a third, a read-only sidecar's.
 - ``kafka_sasl_ssl``: the same over SASL_SSL (SCRAM-SHA-512, TLS with a CA generated at start; started on first
   use): ``client_config(SCRAM_PRINCIPAL)`` carries ``ssl.ca.location`` as well.
 - ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP (fault injection uses it).
@@ -56,12 +57,14 @@ def kafka_cluster3() -> Iterator[KafkaCluster]:
 
 SASL_PRINCIPAL = "rlm"  # the kafka_sasl cluster's non-super user
 SASL_READER = "reader"  # another, never granted anything on the cluster (only topic and group ACLs)
+SASL_VIEWER = "viewer"  # a third: a read-only sidecar's principal (its tests grant it DESCRIBE on the cluster)
 
 
 @pytest.fixture(scope="session")
 def kafka_sasl() -> Iterator[KafkaCluster]:
     cluster = KafkaCluster(brokers=1, sasl_users={SASL_PRINCIPAL: f"{SASL_PRINCIPAL}-{uuid.uuid4().hex[:12]}",
-                                                  SASL_READER: f"{SASL_READER}-{uuid.uuid4().hex[:12]}"})
+                                                  SASL_READER: f"{SASL_READER}-{uuid.uuid4().hex[:12]}",
+                                                  SASL_VIEWER: f"{SASL_VIEWER}-{uuid.uuid4().hex[:12]}"})
     try:
         cluster.start()
     except KafkaStartError as err:

@@ -1,13 +1,13 @@
 """``mode: read_only`` as a principal that only reads (issue 23, item 3), on the SASL cluster with KRaft's
 StandardAuthorizer (``kafka_sasl``).
 
-A normal sidecar, as the cluster's super user, tiers a topic and stops. Then ``reader`` (``SASL_READER``), granted
+A normal sidecar, as the cluster's super user, tiers a topic and stops. Then ``viewer`` (``SASL_VIEWER``), granted
 only the ACLs of the README's "Authenticated clusters" table for a reader, runs a read-only sidecar, the history
 endpoint and ``rlm cat`` (in process, :func:`rlm.cli.main`): each reads every tiered record, no log line and no
 librdkafka output speaks of an authorization failure, no Kafka producer and no staging are constructed, and no
 directory is created or removed but the readers' own metadata caches in the state dir.
 
-``reader`` is never granted anything on the cluster resource, except here: the history endpoint fetches the
+``viewer`` is never granted anything on the cluster resource, except here: the history endpoint fetches the
 cluster's ACLs with DescribeAcls (``rlm.history.acls``), which needs DESCRIBE on the cluster whatever its
 ``super_users`` say. That one binding is removed when the module ends, as are the others granted here.
 """
@@ -44,13 +44,13 @@ from rlm.history import start_history
 from rlm.sidecar import Sidecar
 from rlm.state import StateDir
 from rlmm.api import TopicIdPartition
-from tests.conftest import SASL_READER
+from tests.conftest import SASL_VIEWER
 from tests.kafka_util import grant, produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka]
 
-READER = f"User:{SASL_READER}"
+READER = f"User:{SASL_VIEWER}"
 Sent = dict[int, tuple[bytes, bytes]]
 
 
@@ -69,7 +69,7 @@ def allow(rtype: ResourceType, name: str, op: AclOperation,
 
 @pytest.fixture(scope="module")
 def tiered(kafka_sasl: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
-    """A topic tiered by a normal sidecar running as the super user, then stopped; ``reader``'s ACLs for it."""
+    """A topic tiered by a normal sidecar running as the super user, then stopped; ``viewer``'s ACLs for it."""
     kc = kafka_sasl
     tmp = tmp_path_factory.mktemp("read-only-sasl")
     topic = f"ro-sasl-{uuid.uuid4().hex[:8]}"
@@ -110,7 +110,7 @@ def read_only_settings(t: Tiered, tmp: Path) -> SidecarSettings:
     raw = t.settings.model_dump(mode="json", exclude_none=True)
     return SidecarSettings(**{
         **raw, "mode": "read_only", "staging_dir": str(tmp / "staging-ro"),
-        "kafka": {"bootstrap_servers": t.kafka.bootstrap_servers, "client": t.kafka.security_config(SASL_READER)},
+        "kafka": {"bootstrap_servers": t.kafka.bootstrap_servers, "client": t.kafka.security_config(SASL_VIEWER)},
         "metadata": {**raw["metadata"], "state_dir": str(tmp / "state-ro"),
                      "to_be_deleted_topic": f"__rlm_tbd_ro_{uuid.uuid4().hex[:8]}"},
         "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 50, "fetch_max_wait_ms": 100,
@@ -165,7 +165,7 @@ def test_a_reader_runs_read_only_sidecar_history_and_cat_without_authorization_e
     config = tmp_path / "read-only.yaml"
     raw = settings.model_dump(mode="json", exclude_none=True)
     config.write_text(yaml.safe_dump({**raw, "kafka": {**raw["kafka"],
-                                                       "client": t.kafka.security_config(SASL_READER)}}))
+                                                       "client": t.kafka.security_config(SASL_VIEWER)}}))
     state, staging = settings.metadata.state_dir, Path(str(settings.staging_dir))
     state.mkdir()  # provisioned, as an operator would: the readers' metadata caches go there
 
