@@ -24,7 +24,9 @@ What each caller needs (README, "Authenticated clusters"):
   does not exist yet, ``READ`` on the cleaner's group (``rlm-cleaner``; not checked) and ``DESCRIBE`` on groups
   prefixed ``rlmm-``. The tiered topics need ``DESCRIBE`` and ``DESCRIBE_CONFIGS``; without them a topic is not
   tiered (logged), which is not an error of the whole sidecar. ``DESCRIBE`` on the cluster is not needed
-  (DescribeCluster answers without it).
+  (DescribeCluster answers without it), except by the history endpoint;
+- a history endpoint (``history_listener``, either mode): ``DESCRIBE`` on the cluster, to read the cluster's ACLs
+  (DescribeAcls) that authorize its clients (:mod:`rlm.history.acls`).
 
 Checked here: the topics' operations. A topic that does not exist yet is not checked (Kafka describes no
 operations of an absent topic, and ``CREATE`` may be granted on its name): creating it fails with the broker's
@@ -89,11 +91,15 @@ def reader_needs(md_topic: str) -> list[Need]:
             Need("topic", md_topic, "READ", why)]
 
 
-def serve_needs(md_topic: str, tbd_topic: str, *, read_only: bool) -> list[Need]:
-    """What ``rlm serve`` needs (see the module docstring)."""
-    if read_only:
-        return reader_needs(md_topic)
+def serve_needs(md_topic: str, tbd_topic: str, *, read_only: bool, history: bool = False) -> list[Need]:
+    """What ``rlm serve`` needs (see the module docstring); ``history``: a history endpoint is configured, which
+    reads the cluster's ACLs (DescribeAcls needs DESCRIBE on the cluster)."""
     out: list[Need] = []
+    if history:
+        out.append(Need("cluster", CLUSTER, "DESCRIBE", "the history endpoint reads the cluster's ACLs "
+                                                        "(DescribeAcls) to authorize its clients"))
+    if read_only:
+        return out + reader_needs(md_topic)
     for topic, role in ((md_topic, "metadata topic"), (tbd_topic, "to-be-deleted topic")):
         ops = ("DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE") if topic == md_topic else ("DESCRIBE", "READ",
                                                                                             "WRITE")

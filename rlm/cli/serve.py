@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # the ACLs the sidecar needs, named up front (a refusal inside a client thread would hang or kill it)
         check(settings.kafka.client_config(), serve_needs(settings.metadata.topic,
                                                           settings.metadata.to_be_deleted_topic,
-                                                          read_only=settings.mode == "read_only"))
+                                                          read_only=settings.mode == "read_only",
+                                                          history=settings.history_listener is not None))
     except NotAuthorizedError as err:
         log.error("cannot start: %s", err)
         return EXIT_NOT_AUTHORIZED

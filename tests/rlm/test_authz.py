@@ -69,6 +69,20 @@ def test_a_reader_needs_no_write(answers: type[Answers]) -> None:
     assert "WRITE on topic md" in refused(serve_needs("md", "md", read_only=False))
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_history_endpoint_needs_describe_on_the_cluster(answers: type[Answers], read_only: bool) -> None:
+    """The history endpoint reads the cluster's ACLs (DescribeAcls): without DESCRIBE on the cluster it could only
+    refuse every topic, so ``rlm serve`` says so before it starts; without an endpoint it is not needed."""
+    answers.topics = {"md": ALL_TOPIC, "tbd": ALL_TOPIC}
+    answers.cluster_ops = None  # DescribeCluster refused: no DESCRIBE on the cluster
+    check(CONF, serve_needs("md", "tbd", read_only=read_only))
+    assert refused(serve_needs("md", "tbd", read_only=read_only, history=True)) == (
+        "not authorized: DESCRIBE on cluster kafka-cluster for principal User:bob: the history endpoint reads the "
+        "cluster's ACLs (DescribeAcls) to authorize its clients")
+    answers.cluster_ops = frozenset({"DESCRIBE"})
+    check(CONF, serve_needs("md", "tbd", read_only=read_only, history=True))
+
+
 def test_absent_topic_is_not_checked(answers: type[Answers]) -> None:
     """CREATE may be granted on the topic's name, which Kafka does not describe: creating it will tell."""
     answers.topics = {"md": ALL_TOPIC, "tbd": None}
