@@ -22,6 +22,7 @@ __all__ = [
     "METADATA_NOT_CAUGHT_UP",
     "PURGE_CHECK_UNAUTHORIZED",
     "READ_SECONDS",
+    "MIN_RETENTION_MARGIN_SECONDS",
     "RETENTION_MARGIN_BYTES",
     "RETENTION_MARGIN_SECONDS",
     "SEGMENTS_COPIED",
@@ -62,6 +63,9 @@ METADATA_NOT_CAUGHT_UP = Gauge(
     "the metadata topic (/health's metadata check): no copy, expiration or read of them proceeds meanwhile")
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
 LOG_DIR_OK = Gauge("rlm_log_dir_ok", "1 when the configured log dir exists and is readable, else 0", ["log_dir"])
+MIN_RETENTION_MARGIN_SECONDS = Gauge(
+    "rlm_min_retention_margin_seconds", "health.min_retention_margin_ms in seconds: below it a partition's "
+    "retention margin makes /health not ready (and fires RlmRetentionMarginLow)")
 RETENTION_MARGIN_SECONDS = Gauge(
     "rlm_retention_margin_seconds", "Time until the broker's local retention reaches the oldest segment neither "
     "tiered nor staged (+Inf: nothing at risk)", ["topic", "partition"])

@@ -152,6 +152,7 @@ class Sidecar:
         self.store_copies = StoreHealth()
         self._local_retention: dict[str, tuple[int | None, int | None]] = {}
         self.margins: dict[TopicIdPartition, Margin] = {}
+        metrics.MIN_RETENTION_MARGIN_SECONDS.set(s.health.min_retention_margin_ms / 1000)  # the alert's threshold
         self.log_dir_problems: dict[str, str] = log_dir_problems(s.log_dirs)
 
     # ------------------------------------------------------------------------------------------ writers

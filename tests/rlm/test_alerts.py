@@ -87,8 +87,8 @@ def test_every_alert_has_a_runbook_and_a_firing_and_a_silent_case() -> None:
 
 def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path) -> None:
     """The unit tests do catch a wrong rule: the retention margin alert's comparison turned around."""
-    broken = RULES.read_text().replace("expr: rlm_retention_margin_seconds < 60",
-                                       "expr: rlm_retention_margin_seconds > 60")
+    broken = RULES.read_text().replace("expr: rlm_retention_margin_seconds < on",
+                                       "expr: rlm_retention_margin_seconds > on")
     assert broken != RULES.read_text()
     (tmp_path / RULES.name).write_text(broken)
     shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)

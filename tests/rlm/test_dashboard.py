@@ -133,7 +133,7 @@ def test_every_query_names_a_metric_a_live_sidecar_exports(kafka: KafkaCluster, 
 
     topic = f"dash-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, 1, config={"segment.ms": "300"})
-    settings = make_settings(kafka, tmp_path, topics={"include": [topic]},
+    settings = make_settings(kafka, tmp_path, topics={"include": [topic]}, health={"min_retention_margin_ms": 90_000},
                              history_listener={"host": "127.0.0.1", "port": 0,
                                                "authorization": {"allow_if_no_authorizer": True}})
     sidecar = Sidecar(settings).start()
@@ -148,6 +148,8 @@ def test_every_query_names_a_metric_a_live_sidecar_exports(kafka: KafkaCluster, 
         assert status == 200
         exported = exported_metric_names(body.decode())
         assert "rlm_history_requests_total" in exported and "rlm_copy_seconds_bucket" in exported
+        # RlmRetentionMarginLow's threshold is the sidecar's own setting
+        assert "\nrlm_min_retention_margin_seconds 90.0\n" in body.decode()
         unknown = {(q, n) for q in dashboard_queries() + rule_queries()
                    for n in promql_metric_names(q) - exported - PROMETHEUS_OWN}
         assert not unknown, sorted(unknown)
