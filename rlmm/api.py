@@ -355,6 +355,12 @@ class RemoteLogMetadataManager(abc.ABC):
         """Sum of ``segment_size_bytes`` of :meth:`list_remote_log_segments` (as Kafka's ``remoteLogSize``)."""
 
     @abc.abstractmethod
+    def copy_fence_epoch(self, tp: TopicIdPartition) -> int | None:
+        """The highest broker leader epoch under which a copy of ``tp`` was started (None: no copy carried one, or
+        the partition's delete finished). A copy started under a lower epoch can no longer finish
+        (:class:`CopyFencedError`)."""
+
+    @abc.abstractmethod
     def remote_partition_delete_metadata(self, tp: TopicIdPartition) -> RemotePartitionDeleteMetadata | None:
         """The partition-delete state of ``tp`` (MARKED, STARTED, FINISHED), or None when no delete began."""
 

@@ -405,6 +405,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         wait on it could only time out (a fenced copy's clean-up once waited its full timeout on the metadata
         partition of its just-deleted topic). What a write assigned stays assigned until the next
         ``on_stop_partitions``, as before."""
+        self._check_open()  # a closed manager's thread answers no command and its cache is closed
         mps = {self.cache.mp_of(tp): tp for tp in tps}
         with self._cond:  # before the check below: _unassign runs under the same lock and skips held partitions
             self._held.update(list(mps))

@@ -1,8 +1,8 @@
 """Crafted partition directories and a synchronous metadata manager, for copier unit tests without a broker.
 
 The batches are Kafka v2 record batches (CRC-32C over the bytes after the CRC field), records uncompressed. The
-metadata manager applies every write at once to the real :class:`rlmm.cache.MetadataCache`, through the real
-``rlmm.serde`` encoding, so the cache's refusals (fencing, state transitions) reach the writer as they would.
+metadata manager is the in-memory reference (:mod:`rlmm.memory`): it refuses what the topic-based manager refuses
+(fencing, state transitions), with the same errors, as ``tests/rlmm/test_contract.py`` checks on both.
 The capabilities themselves are proven against the real broker (tests/rlm/test_cluster_events.py).
 """
 
@@ -13,19 +13,7 @@ import struct
 import uuid
 from pathlib import Path
 
-from rlmm import serde
-from rlmm.api import (
-    CopyFencedError,
-    InvalidStateTransitionError,
-    RemoteLogMetadataManager,
-    RemoteLogSegmentMetadata,
-    RemoteLogSegmentMetadataUpdate,
-    RemotePartitionDeleteMetadata,
-    TopicIdPartition,
-    UnknownSegmentError,
-)
-from rlmm.cache import MetadataCache
-from rlmm.keys import KeyKind, encode_key
+from rlmm.memory import InMemoryRemoteLogMetadataManager
 from rsm.log.batch import batch_crc
 
 TXN = 0x10
@@ -89,62 +77,11 @@ def write_partition(path: Path, topic_id: uuid.UUID, segments: dict[int, list[by
         (path / f"{base:020d}.timeindex").write_bytes(b"")
 
 
-class SyncRlmm(RemoteLogMetadataManager):
-    """Every write encoded as on the topic and applied to a real MetadataCache at once (one metadata partition)."""
+class SyncRlmm(InMemoryRemoteLogMetadataManager):
+    """The in-memory reference manager, serving every partition (the copier tests never announce leadership).
 
-    def __init__(self, path: Path) -> None:
-        self.cache = MetadataCache(path, topic="__md", num_partitions=1)
-        self._next = 0
+    ``cache_dir`` is unused (nothing is on disk): it stays for the callers written against the former double, which
+    applied writes to a RocksDB cache there."""
 
-    def _write(self, key: bytes, value: bytes) -> None:
-        out = self.cache.apply([(0, self._next, key, value)], {})
-        self._next += 1
-        if out.skipped:
-            skipped = out.skipped[0]
-            raise (CopyFencedError if skipped.fenced else InvalidStateTransitionError)(skipped.error)
-
-    def add_remote_log_segment_metadata(self, md: RemoteLogSegmentMetadata) -> None:
-        tp = md.topic_id_partition
-        self._write(encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, md.remote_log_segment_id.id, md.state),
-                    serde.encode(md))
-
-    def update_remote_log_segment_metadata(self, u: RemoteLogSegmentMetadataUpdate) -> None:
-        tp = u.topic_id_partition
-        if self.cache.segment(tp, u.remote_log_segment_id.id) is None:
-            raise UnknownSegmentError(str(u.remote_log_segment_id))
-        self._write(encode_key(KeyKind.SEGMENT, tp.topic_id, tp.partition, u.remote_log_segment_id.id, u.state),
-                    serde.encode(u))
-
-    def put_remote_partition_delete_metadata(self, m: RemotePartitionDeleteMetadata) -> None:
-        tp = m.topic_id_partition
-        self._write(encode_key(KeyKind.PARTITION_DELETE, tp.topic_id, tp.partition, None, m.state), serde.encode(m))
-
-    def remote_log_segment_metadata(self, tp: TopicIdPartition, epoch: int, offset: int):  # type: ignore[no-untyped-def]
-        return self.cache.segment_floor(tp, epoch, offset)
-
-    def highest_offset_for_epoch(self, tp: TopicIdPartition, epoch: int) -> int | None:
-        return self.cache.highest_offset_for_epoch(tp, epoch)
-
-    def list_remote_log_segments(self, tp: TopicIdPartition, epoch: int | None = None):  # type: ignore[no-untyped-def]
-        return self.cache.segments(tp, epoch)
-
-    def remote_log_size(self, tp: TopicIdPartition, epoch: int | None = None) -> int:
-        return sum(m.segment_size_bytes for m in self.cache.segments(tp, epoch))
-
-    def remote_partition_delete_metadata(self, tp: TopicIdPartition):  # type: ignore[no-untyped-def]
-        return self.cache.partition_delete(tp)
-
-    def on_partition_leadership_changes(self, leaders, followers) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def on_stop_partitions(self, partitions) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def is_ready(self, tp: TopicIdPartition) -> bool:
-        return True
-
-    def wait_ready(self, tps, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-        pass  # every write is applied at once
-
-    def close(self) -> None:
-        self.cache.close()
+    def __init__(self, cache_dir: Path | None = None) -> None:
+        super().__init__(serve_all=True)

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
+from rlmm.memory import InMemoryRemoteLogMetadataManager as MemRlmm
 from rsm.api import LogSegmentData, RemoteSegmentMetadata
 from rsm.manager import RemoteStorageManager, RsmConfig
 from tests.rlm.crafted import batch
-from tests.rlm.test_gc_layouts import MemRlmm
 from tests.rsm.conftest import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]

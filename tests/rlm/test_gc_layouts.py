@@ -22,11 +22,13 @@ from rlmm.api import (
     RemoteLogMetadataManager,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     RemotePartitionDeleteMetadata,
     RemotePartitionDeleteState,
     TopicIdPartition,
 )
+from rlmm.memory import InMemoryRemoteLogMetadataManager
 from rsm.api import LogSegmentData
 from rsm.log.batch import batch_crc
 from rsm.manager import RemoteStorageManager, RsmConfig
@@ -36,56 +38,16 @@ from rsm.store.s3 import S3Store
 GRACE = 60_000
 
 
-class MemRlmm(RemoteLogMetadataManager):
-    """Just enough metadata manager for GC: segments and partition-delete states, in memory."""
+def _rlmm() -> InMemoryRemoteLogMetadataManager:
+    """The in-memory reference manager, serving every partition (GC reads partitions nobody announced)."""
+    return InMemoryRemoteLogMetadataManager(serve_all=True)
 
-    def __init__(self) -> None:
-        self.segments: dict[uuid.UUID, RemoteLogSegmentMetadata] = {}
-        self.deletes: dict[TopicIdPartition, RemotePartitionDeleteMetadata] = {}
 
-    def add_remote_log_segment_metadata(self, metadata):
-        self.segments[metadata.remote_log_segment_id.id] = metadata
-
-    def update_remote_log_segment_metadata(self, update):
-        self.segments[update.remote_log_segment_id.id] = self.segments[update.remote_log_segment_id.id].with_update(
-            update)
-
-    def remote_log_segment_metadata(self, tp, epoch, offset):
-        return None
-
-    def highest_offset_for_epoch(self, tp, epoch):
-        return None
-
-    def list_remote_log_segments(self, tp, epoch=None):
-        return sorted((m for m in self.segments.values() if m.topic_id_partition == tp
-                       and m.state != RemoteLogSegmentState.DELETE_SEGMENT_FINISHED), key=lambda m: m.start_offset)
-
-    def remote_log_size(self, tp, epoch=None):
-        return 0
-
-    def put_remote_partition_delete_metadata(self, metadata):
-        self.deletes[metadata.topic_id_partition] = metadata
-        if metadata.state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-            for sid in [s for s, m in self.segments.items() if m.topic_id_partition == metadata.topic_id_partition]:
-                del self.segments[sid]
-
-    def remote_partition_delete_metadata(self, tp):
-        return self.deletes.get(tp)
-
-    def on_partition_leadership_changes(self, leaders, followers):
-        pass
-
-    def on_stop_partitions(self, partitions):
-        pass
-
-    def is_ready(self, tp):
-        return True
-
-    def wait_ready(self, tps, timeout_s=60.0):
-        pass
-
-    def close(self):
-        pass
+def _lose(rlmm: RemoteLogMetadataManager, md: RemoteLogSegmentMetadata) -> None:
+    """A lost delete: the metadata says the segment is deleted, its objects stay in the store."""
+    for state in (RemoteLogSegmentState.DELETE_SEGMENT_STARTED, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED):
+        rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, 2, None,
+                                                                               state, 1))
 
 
 def _batch(base: int, n: int) -> bytes:
@@ -110,7 +72,7 @@ def _segment(tmp: Path, base: int, n: int = 5) -> LogSegmentData:
     return LogSegmentData(log, d / "x.index", d / "x.timeindex", None, None, b"0\n0\n")
 
 
-def _copy(rlmm: MemRlmm | None, rsm: RemoteStorageManager, tp: TopicIdPartition, base: int, tmp: Path,
+def _copy(rlmm: RemoteLogMetadataManager | None, rsm: RemoteStorageManager, tp: TopicIdPartition, base: int, tmp: Path,
           n: int = 5) -> RemoteLogSegmentMetadata:
     """Copy a segment; with ``rlmm``, recorded COPY_SEGMENT_FINISHED with its custom metadata (else an orphan)."""
     md = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), base, base + n - 1, 1_700_000_000_000, 1,
@@ -118,8 +80,15 @@ def _copy(rlmm: MemRlmm | None, rsm: RemoteStorageManager, tp: TopicIdPartition,
     custom = rsm.copy_log_segment_data(to_rsm(md), _segment(tmp, base, n))
     md = dataclasses.replace(md, custom_metadata=custom, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
     if rlmm is not None:
-        rlmm.add_remote_log_segment_metadata(md)
+        _record(rlmm, md)
     return md
+
+
+def _record(rlmm: RemoteLogMetadataManager, md: RemoteLogSegmentMetadata) -> None:
+    """Record a copy as the copier does: COPY_SEGMENT_STARTED, then COPY_SEGMENT_FINISHED with its custom metadata."""
+    rlmm.add_remote_log_segment_metadata(dataclasses.replace(md, state=RemoteLogSegmentState.COPY_SEGMENT_STARTED))
+    rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+        md.remote_log_segment_id, 1, md.custom_metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 1))
 
 
 def _files(root: Path) -> set[str]:
@@ -132,7 +101,7 @@ def _ids(keys) -> set[str]:
 
 def test_gc_visits_every_recorded_layout_and_the_configured_one(tmp_path):
     tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
-    rlmm = MemRlmm()
+    rlmm = _rlmm()
     store = FileSystemStore(tmp_path / "remote", fsync=False)
     old = RemoteStorageManager(RsmConfig(key_entropy=False), store)
     live_old = _copy(rlmm, old, tp, 0, tmp_path)
@@ -155,7 +124,7 @@ def test_gc_visits_every_recorded_layout_and_the_configured_one(tmp_path):
     assert _ids(_files(tmp_path / "remote")) == {str(live_old.remote_log_segment_id.id),
                                                   str(live_new.remote_log_segment_id.id)}
     # the last old-layout segment goes away by a lost delete (metadata says deleted, objects stay)
-    rlmm.segments.pop(live_old.remote_log_segment_id.id)
+    _lose(rlmm, live_old)
     gc.run([tp], now_ms=now + GRACE)
     assert _ids(gc.run([tp], now_ms=now + 3 * GRACE)) == {str(live_old.remote_log_segment_id.id)}
     assert _ids(_files(tmp_path / "remote")) == {str(live_new.remote_log_segment_id.id)}
@@ -167,7 +136,7 @@ def test_gc_remembers_a_recovered_copys_key_root(tmp_path):
     leftovers are still found once no segment records the root any more."""
     old_tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
     new_tp = TopicIdPartition(uuid.uuid4(), "orders", 0)  # the topic re-created, or on another cluster
-    rlmm = MemRlmm()
+    rlmm = _rlmm()
     rsm = RemoteStorageManager(RsmConfig(), FileSystemStore(tmp_path / "remote", fsync=False))
     written = [_copy(None, rsm, old_tp, base, tmp_path) for base in (0, 5)]
     crashed = _copy(None, rsm, old_tp, 10, tmp_path)  # never committed: an orphan under the old id
@@ -176,7 +145,7 @@ def test_gc_remembers_a_recovered_copys_key_root(tmp_path):
         moved = rsm.relocated(to_rsm(md), new_tp.topic_id, new_tp.topic)
         rec = dataclasses.replace(md, remote_log_segment_id=RemoteLogSegmentId(new_tp, md.remote_log_segment_id.id),
                                   custom_metadata=moved.custom_metadata)
-        rlmm.add_remote_log_segment_metadata(rec)
+        _record(rlmm, rec)
         recovered.append(rec)
     assert rsm.layout_of(to_rsm(recovered[0])).root_topic_id == old_tp.topic_id
 
@@ -191,7 +160,7 @@ def test_gc_remembers_a_recovered_copys_key_root(tmp_path):
     # every recovered segment goes away by lost deletes: metadata says deleted, the old-id objects stay. No
     # segment records the key root any more; a restarted GC still visits it, from its state file.
     for md in recovered:
-        rlmm.segments.pop(md.remote_log_segment_id.id)
+        _lose(rlmm, md)
     gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=state)
     assert _ids(gc.run([new_tp], dry_run=True)) == {str(md.remote_log_segment_id.id) for md in recovered}
     gc.run([new_tp], now_ms=now + 2 * GRACE)
@@ -212,13 +181,13 @@ def test_gc_reads_a_version_2_state_file(tmp_path):
     state = tmp_path / "gc.json"
     state.write_text(json.dumps({"version": 2, "first_seen": {}, "partitions": {f"{tp.topic_id}:0": {
         "topic": tp.topic, "topic_id": str(tp.topic_id), "partition": 0, "layouts": [["old/", False]]}}}))
-    gc = GarbageCollector(MemRlmm(), RemoteStorageManager(RsmConfig(), store), grace_ms=GRACE, state_path=state)
+    gc = GarbageCollector(_rlmm(), RemoteStorageManager(RsmConfig(), store), grace_ms=GRACE, state_path=state)
     assert _ids(gc.run([tp], dry_run=True)) == {str(leftover.remote_log_segment_id.id)}
 
 
 def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
     tp, other = TopicIdPartition(uuid.uuid4(), "gone", 0), TopicIdPartition(uuid.uuid4(), "moved", 0)
-    rlmm = MemRlmm()
+    rlmm = _rlmm()
     store = FileSystemStore(tmp_path / "remote", fsync=False)
     rsm = RemoteStorageManager(RsmConfig(), store)
     _copy(rlmm, rsm, tp, 0, tmp_path)
@@ -231,7 +200,7 @@ def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
         rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(tp, state, now, 1))
     # `other` is no longer passed either (leadership moved) and its metadata lists nothing (say, a lagging
     # cache): without proof of a purge it is never touched
-    rlmm.segments.pop(kept.remote_log_segment_id.id)
+    _lose(rlmm, kept)
     assert gc.run([], now_ms=now) == []
     deleted = gc.run([], now_ms=now + GRACE)
     assert deleted and all(k.startswith(rsm.partition_prefix(tp.topic, tp.topic_id, 0)) for k in deleted)
@@ -244,7 +213,8 @@ def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
     p3 = TopicIdPartition(uuid.uuid4(), "foreign", 0)
     md = _copy(rlmm, rsm, p3, 0, tmp_path)
     _copy(None, rsm, p3, 5, tmp_path)
-    rlmm.segments[md.remote_log_segment_id.id] = dataclasses.replace(md, custom_metadata=b"other-rsm")
+    rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(   # a repeated state replaces it
+        md.remote_log_segment_id, 3, b"other-rsm", RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 1))
     assert gc.run([p3], now_ms=now) == [] and gc.run([p3], now_ms=now + 10 * GRACE) == []
     assert len(_ids(_files(tmp_path / "remote"))) == 3
 
@@ -271,7 +241,7 @@ def test_gc_deletes_an_orphans_index_first(tmp_path):
     tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
     store = Recording(FileSystemStore(tmp_path / "remote", fsync=False))
     rsm = RemoteStorageManager(RsmConfig(), store)
-    rlmm = MemRlmm()
+    rlmm = _rlmm()
     live = _copy(rlmm, rsm, tp, 0, tmp_path)
     orphan = _copy(None, rsm, tp, 5, tmp_path)
     gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=tmp_path / "gc.json")
@@ -301,7 +271,7 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
     state_path = tmp_path / "state" / "gc.json"
     (tmp_path / "state").mkdir()
     state_path.write_text(json.dumps({"t-x/0/old": 1}))  # a version-1 state file is read
-    gc = GarbageCollector(MemRlmm(), rsm, grace_ms=GRACE, state_path=state_path)
+    gc = GarbageCollector(_rlmm(), rsm, grace_ms=GRACE, state_path=state_path)
     assert gc._first_seen == {"t-x/0/old": 1}
     deleted = gc.run([], now_ms=now)
     assert deleted == [f"{TMP_DIR}/killed-write"]
@@ -322,7 +292,7 @@ def test_gc_aborts_stale_s3_multipart_uploads(tmp_path, s3_server):
     store = S3Store(bucket, endpoint_url=s3_server, region_name="us-east-1", key_prefix="t1/")
     rsm = RemoteStorageManager(RsmConfig(store="s3"), store)
     tp = TopicIdPartition(uuid.uuid4(), "orders", 0)
-    rlmm = MemRlmm()
+    rlmm = _rlmm()
     live = _copy(rlmm, rsm, tp, 0, tmp_path)
     prefix = "t1/" + rsm.partition_prefix(tp.topic, tp.topic_id, 0)
     killed = f"{prefix}{5:020d}-{uuid.uuid4()}"  # a copy SIGKILLed mid-upload

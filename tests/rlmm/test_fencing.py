@@ -1,5 +1,6 @@
 """Leader-epoch fencing of copies through the real broker: two managers (an old and a new leader), the zombie's
-COPY_SEGMENT_FINISHED refused with CopyFencedError, the same answers after a rebuild from the topic."""
+COPY_SEGMENT_FINISHED refused with CopyFencedError, the same answers after a rebuild from the topic. Fencing as one
+manager answers it (and a copy refused once its partition is being deleted) is the contract: test_contract.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from rlmm import CopyFencedError, InvalidStateTransitionError
-from rlmm.api import RemotePartitionDeleteMetadata, RemotePartitionDeleteState, TopicIdPartition
+from rlmm.api import TopicIdPartition
 from tests.rlmm.helpers import eventually, segment, update
 from tests.rlmm.test_manager import S
 
@@ -97,18 +98,3 @@ def test_writer_sees_fencing_decided_by_the_topic_order(rlmm_factory, topic_name
     eventually(lambda: [s.offset for s in new_leader.skipped if s.fenced] == [2])    # every cache refused it
     assert old_leader.list_remote_log_segments(tp)[0].state == S.COPY_SEGMENT_STARTED
     assert old_leader.remote_log_segment_metadata(tp, 5, 50) is None
-
-
-def test_copy_started_refused_after_partition_delete(rlmm_factory, topic_name: str) -> None:
-    tp = TopicIdPartition(uuid.uuid4(), "deleted", 0)
-    m = rlmm_factory(topic_name, "c")
-    m.on_partition_leadership_changes([tp], [])
-    m.put_remote_partition_delete_metadata(
-        RemotePartitionDeleteMetadata(tp, RemotePartitionDeleteState.DELETE_PARTITION_MARKED, 1, 1))
-    with pytest.raises(InvalidStateTransitionError, match="the partition is DELETE_PARTITION_MARKED"):
-        m.add_remote_log_segment_metadata(copy(tp, 0, 9, 3, 1))
-    for st in list(RemotePartitionDeleteState)[1:]:
-        m.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(tp, st, 1, 1))
-    with pytest.raises(InvalidStateTransitionError, match="the partition is DELETE_PARTITION_FINISHED"):
-        m.add_remote_log_segment_metadata(copy(tp, 0, 9, 3, 1))
-    assert m.list_remote_log_segments(tp) == [] and m.copy_fence_epoch(tp) is None
