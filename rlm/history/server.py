@@ -3,8 +3,13 @@
 Each connection is served in order, as a broker does (a client may pipeline requests; responses go back in the
 order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes:
 decoding a request larger than ``INLINE_FRAME_BYTES``, and building and encoding every answer but ApiVersions', run
-on the pool too (kio is pure Python: a 4.8 MB Fetch takes seconds to decode), so one connection's large request
-never holds another's.
+on the pool too (a Fetch of 300,000 partitions, a 4.8 MB frame: about 50 ms to decode, seconds to build and encode
+its answer), so one connection's large request never holds another's. They still share the GIL, and what holds it
+in one piece holds the event loop that long: kio's decoder is native code (``entity_reader``: the 4.8 MB frame
+holds the GIL about 50 ms, in proportion to its size; taking that away needs a decoder in slices or another
+process), Python code holds it at most ``sys.getswitchinterval()`` (5 ms) at a time, and the cyclic GC's full
+collections held it up to 170 ms each, eight times over, as a large request's objects grew the heap: the GC is held
+off while large requests are worked on (:class:`GcPause`), and their objects are freed on a worker.
 A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
 tiered data, as Kafka's DelayedFetch: it becomes one :class:`PendingFetch` (its partitions, deadline, ``min_bytes``,
 its connection, the tier bounds it was answered from) in the server's :class:`LongPolls`. One ticker serves them
@@ -43,13 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import gc
 import logging
 import math
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +109,7 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
 INLINE_FRAME_BYTES = 64 * 1024  # a request frame larger than this is decoded on a worker, not on the event loop
+GC_PAUSE_MAX_S = 30.0  # the longest the cyclic GC is held off for large requests in a row (GcPause)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,22 +441,39 @@ class HistoryServer:
                 error = "unsupported_version"
                 BAD.labels("unsupported_version").inc()
                 return self._error_response(header, ErrorCode.unsupported_version)
-            try:
-                # A large body takes kio long to decode (pure Python: 300,000 Fetch partitions, seconds): on the
-                # event loop it would hold every other connection that long, so it is decoded on a worker.
-                if len(frame) > INLINE_FRAME_BYTES:
-                    req = await asyncio.get_running_loop().run_in_executor(self._pool, decode_request, frame, header)
-                else:
+            if len(frame) <= INLINE_FRAME_BYTES:
+                try:
                     req = decode_request(frame, header)
-            except BadRequestError as err:
-                error = "invalid_request"
-                BAD.labels("body").inc()
-                log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
-                return self._error_response(header, ErrorCode.invalid_request)
-            return await self._dispatch(header, req, client(), gone)
+                except BadRequestError as err:
+                    error = "invalid_request"
+                    return self._bad_body(header, api, err)
+                return await self._dispatch(header, req, client(), gone)
+            # A large body is decoded on a worker (kio's native decoder holds the GIL meanwhile, ~50 ms for 300,000
+            # Fetch partitions, but the loop is free before and after), not on the event loop. Its objects (a
+            # kio entity per partition, then the answer's) would make the cyclic GC run full collections of the
+            # growing heap, each holding the GIL, so the event loop, for up to hundreds of ms: the GC is held off
+            # until the answer is made (GC_PAUSE).
+            with GC_PAUSE.held():
+                try:
+                    req = await asyncio.get_running_loop().run_in_executor(self._pool, decode_request, frame, header)
+                except BadRequestError as err:
+                    error = "invalid_request"
+                    return self._bad_body(header, api, err)
+                response = await self._dispatch(header, req, client(), gone)
+                # Freed before the GC runs again (kio entities hold no cycles: their refcounts free them), on a
+                # worker: hundreds of thousands of entities take tens of ms to free.
+                box = [req]
+                del req
+                await asyncio.get_running_loop().run_in_executor(self._pool, box.clear)
+                return response
         finally:
             REQUESTS.labels(api, error).inc()
             LATENCY.labels(api).observe(time.monotonic() - started)
+
+    def _bad_body(self, header: RequestHeader, api: str, err: BadRequestError) -> bytes:
+        BAD.labels("body").inc()
+        log.warning("history endpoint: request does not decode", extra={"error": str(err), "api": api})
+        return self._error_response(header, ErrorCode.invalid_request)
 
     def _error_response(self, header: RequestHeader, code: ErrorCode) -> bytes:
         rtype = response_type(header)
@@ -537,7 +562,9 @@ class HistoryServer:
                     n = sum(len(p["records"]) for p in t["partitions"])
                     if n:
                         RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-                return encode_response(header, build(rtype, values))
+                data = encode_response(header, build(rtype, values))
+                values.clear()  # freed here, not on the event loop (a Fetch of many partitions: tens of ms)
+                return data
 
             # Released on return: the caller queues the answer with no await in between (then it is counted in
             # its transport's buffer).
@@ -666,6 +693,48 @@ class LongPolls:
     def _read_marks(self, tps: frozenset[Any]) -> dict[Any, Mark]:
         self.tier.refresh(tps)
         return tier_marks(self.tier, tps)
+
+
+class GcPause:
+    """The cyclic garbage collector held off while large requests are worked on (thread-safe; held while any is).
+
+    A request of 300,000 Fetch partitions makes several tracked objects per partition (its kio entity, the answer's
+    values and entity) within seconds: the heap grows by a quarter several times over, and each time the GC runs a
+    full collection of all of it, holding the GIL throughout (measured with r8: eight of them, 30 to 173 ms each on
+    a quiet machine), so the event loop answers nobody meanwhile. Those objects hold no reference cycles: their
+    refcounts free them once the answer is made. The GC is enabled again when the last large request is answered,
+    and once it has been held off ``max_s`` in a row a new large request no longer holds it (clients sending large
+    requests back to back cannot keep it off: other cyclic garbage is collected at least that often). The GC is left
+    alone when something else disabled it."""
+
+    def __init__(self, max_s: float = GC_PAUSE_MAX_S) -> None:
+        self.max_s = max_s
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._since: float | None = None  # when we disabled the GC (None: we did not)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            now = time.monotonic()
+            if self._holders == 0 and self._since is None and gc.isenabled():
+                gc.disable()
+                self._since = now
+            elif self._since is not None and now - self._since > self.max_s:
+                gc.enable()  # held off long enough: the GC runs again until no large request is worked on
+                self._since = None
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._since is not None:
+                    gc.enable()
+                    self._since = None
+
+
+GC_PAUSE = GcPause()
 
 
 def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader | None) -> None:

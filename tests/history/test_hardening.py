@@ -708,7 +708,10 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A Fetch of 20,000 partitions (a 320 KB frame): while its decoding is held (made to wait here, as a request
     of millions of partitions would take seconds), and again while the encoding of its answer is held, another
-    connection's ApiVersions, Metadata and Fetch are answered. Released, the large Fetch gets its answer."""
+    connection's ApiVersions, Metadata and Fetch are answered. Released, the large Fetch gets its answer. The
+    cyclic GC is held off while the large request is worked on (its full collections would hold the GIL, so the
+    event loop) and runs again once it is answered."""
+    import gc
     import threading
 
     import rlm.history.server as server
@@ -718,15 +721,18 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
     held = {"decode": threading.Event(), "encode": threading.Event()}
     reached = {"decode": threading.Event(), "encode": threading.Event()}
     decode, encode = server.decode_request, server.encode_response
+    gc_enabled: dict[str, bool] = {}
 
     def held_decode(frame: bytes, header: Any) -> Any:
         if header.correlation_id == big_id:
+            gc_enabled["decode"] = gc.isenabled()
             reached["decode"].set()
             assert held["decode"].wait(60)
         return decode(frame, header)
 
     def held_encode(header: Any, *args: Any, **kwargs: Any) -> bytes:
         if header.correlation_id == big_id:
+            gc_enabled["encode"] = gc.isenabled()
             reached["encode"].set()
             assert held["encode"].wait(60)
         return encode(header, *args, **kwargs)
@@ -756,6 +762,38 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
         assert frame is not None and struct.unpack_from(">i", frame)[0] == big_id
         resp, _ = entity_reader(load_response_schema(1, 4))(frame, 4)
         assert {p.partition_index for t in resp.responses for p in t.partitions} == {0, 1}
+        assert gc_enabled == {"decode": False, "encode": False}
+        wait_for(gc.isenabled, 10, "the GC to run again once the large request is answered")
+
+
+def test_the_gc_pause_is_bounded() -> None:
+    """GcPause: held while any large request is worked on; once held off ``max_s`` in a row, a new large request
+    does not hold it (the GC runs again); left alone when something else disabled it."""
+    import gc
+
+    from rlm.history.server import GcPause
+
+    assert gc.isenabled()
+    pause = GcPause(max_s=3600)
+    with pause.held():
+        with pause.held():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the first holder still works
+    assert gc.isenabled()
+    bounded = GcPause(max_s=0)
+    with bounded.held():
+        assert not gc.isenabled()
+        time.sleep(0.01)
+        with bounded.held():
+            assert gc.isenabled()  # held off past max_s: this request does not hold it
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pause.held():
+            pass
+        assert not gc.isenabled()  # not ours to enable
+    finally:
+        gc.enable()
 
 
 # -------------------------------------------------------------------- r11: clients that do not read their answers
