@@ -52,7 +52,7 @@ def test_a_partition_stopped_during_a_write_still_reads_the_write_back(rlmm_fact
     m.add_remote_log_segment_metadata(md)
     stops = []
     # discovery stops serving the partition (its topic deleted) while the clean-up's write is in flight
-    m._producer = _StopOnDelivery(m._producer, lambda: stops.append(m.on_stop_partitions([tp])))
+    m._producer.client = _StopOnDelivery(m._producer.client, lambda: stops.append(m.on_stop_partitions([tp])))
     m.update_remote_log_segment_metadata(update(md, RemoteLogSegmentState.DELETE_SEGMENT_STARTED))
     assert stops, "the stop did not happen during the write"
     assert m.cache.segment(tp, md.remote_log_segment_id.id).state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
@@ -69,7 +69,7 @@ def test_a_batch_write_survives_a_stop_too(rlmm_factory, topic_name: str) -> Non
     m = rlmm_factory(topic_name, "m", write_timeout_s=8.0)
     m.on_partition_leadership_changes(tps, [])
     m.wait_ready(tps)
-    m._producer = _StopOnDelivery(m._producer, lambda: m.on_stop_partitions(tps))
+    m._producer.client = _StopOnDelivery(m._producer.client, lambda: m.on_stop_partitions(tps))
     mds = [segment(tp, 0, 9) for tp in tps]
     assert m.write_segment_metadata_many(mds) == [None, None, None]
     for md in mds:

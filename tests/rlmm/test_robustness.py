@@ -45,7 +45,7 @@ def test_garbage_and_unknown_api_keys_are_skipped_and_counted(kafka, rlmm_factor
     for key, value in bad:
         p.produce(topic_name, key=key, value=value, partition=mp)
     assert p.flush(30) == 0
-    caplog.set_level(logging.ERROR, logger="rlmm.topic_manager")
+    caplog.set_level(logging.ERROR, logger="rlmm.topic_consumer")
 
     eventually(lambda: m.skipped_records == len(bad))
     assert [s.reason for s in m.skipped] == ["corrupt", "corrupt", "corrupt", "refused", "refused", "corrupt"]

@@ -1,0 +1,360 @@
+"""The consumer task: the one thread that owns the metadata topic's consumer and writes the cache (Kafka's
+``ConsumerTask``).
+
+It consumes the metadata partitions it is told to (``assign``, never ``subscribe``, no group commits) and applies
+their records into :class:`rlmm.cache.MetadataCache`, whose rules refuse or apply each record in the topic's order.
+On (re)assignment of a metadata partition the cache resumes from its stored next offset, unless it has been away
+longer than the topic's ``delete.retention.ms`` (it might have missed tombstones) or the stored offset fell below the
+log start: then that partition's state is dropped and rebuilt from the beginning.
+
+Other threads talk to it through :meth:`ConsumerTask.call` (run a function on the thread), and wait on it:
+:meth:`ConsumerTask.wait_ready` (caught up with a partition), :meth:`ConsumerTask.wait_applied` (a written offset
+applied: read-your-writes), :meth:`ConsumerTask.holding` (keep a partition consumed while a write uses it).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from prometheus_client import Counter
+
+from rlmm.api import (
+    MetadataWriteError,
+    PartitionNotServedError,
+    ReadYourWritesTimeoutError,
+    RemoteLogMetadataError,
+    TopicIdPartition,
+)
+from rlmm.cache import MetadataCache, Progress, SkippedRecord
+from rlmm.topic_admin import MetadataTopic
+
+__all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "ConsumerTask"]
+
+log = logging.getLogger(__name__)
+
+SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
+                          "Metadata records skipped by the cache (undecodable or refused transitions)", ["reason"])
+APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
+
+
+class ConsumerTask:
+    """See the module docstring. ``on_idle`` runs on the thread once per loop (the manager's tombstones and producer
+    polls); ``kafka_timeout_s`` bounds each wait on the cluster when a partition is assigned. Counters for tests:
+    ``records_consumed``, ``records_applied``, ``skipped_records`` (and ``skipped``, the last ones),
+    ``rebuilt_partitions``, ``resumed_partitions``."""
+
+    def __init__(self, topic: MetadataTopic, cache: MetadataCache, client_config: Mapping[str, object], *,
+                 caught_up_refresh_s: float, close_drain_s: float, max_batch_records: int,
+                 kafka_timeout_s: float = 30.0, on_idle: Callable[[], None] | None = None) -> None:
+        self.topic = topic.name
+        self.delete_retention_ms = topic.delete_retention_ms
+        self.cache = cache
+        self._caught_up_refresh_s = caught_up_refresh_s
+        self._close_drain_s = close_drain_s
+        self._max_batch_records = max_batch_records
+        self._kafka_timeout_s = kafka_timeout_s
+        self._on_idle = on_idle
+        self._consumer = Consumer({"group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
+                                   "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                                   "fetch.wait.max.ms": 50, **client_config})
+        self._cond = threading.Condition()
+        self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
+        self._assigned: set[int] = set()
+        self._ready: set[int] = set()
+        self._at_eof: set[int] = set()
+        self._held: collections.Counter[int] = collections.Counter()  # metadata partitions a write is using
+        self._commands: queue.Queue[tuple[Callable[[], object], list]] = queue.Queue()
+        self._skipped_at: collections.OrderedDict[tuple[int, int], SkippedRecord] = collections.OrderedDict()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None   # what killed the thread
+        self.records_consumed = 0
+        self.records_applied = 0
+        self.skipped_records = 0
+        self.skipped: collections.deque[SkippedRecord] = collections.deque(maxlen=1000)
+        self.rebuilt_partitions: list[int] = []
+        self.resumed_partitions: list[int] = []
+        self._thread = threading.Thread(target=self._run, name=f"rlmm-consumer-{self.topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Drain to the end of every partition (up to ``close_drain_s``), mark caught up, stop, close the consumer."""
+        self._stop.set()
+        self._thread.join(60)
+        self._consumer.close()
+
+    def check_alive(self) -> None:
+        if self.error is not None:
+            raise RemoteLogMetadataError(f"the metadata consumer thread died: {self.error!r}")
+
+    # ------------------------------------------------------------------------------------- other threads
+    def call(self, fn: Callable[[], object], timeout_s: float = 60.0) -> object:
+        """Run ``fn`` on the consumer thread (it owns the consumer and the cache writes); wait for it."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box: list = []
+        done = threading.Event()
+        self._commands.put((fn, [box, done]))
+        if not done.wait(timeout_s):
+            raise RemoteLogMetadataError(f"consumer thread did not answer within {timeout_s}s")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def consumes(self, mp: int) -> bool:
+        return mp in self._assigned
+
+    def is_ready(self, mp: int) -> bool:
+        return mp in self._ready
+
+    def assigned_partitions(self) -> set[int]:
+        with self._cond:
+            return set(self._assigned)
+
+    def wait_ready(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> None:
+        """Block until every metadata partition of ``by_mp`` is caught up; :class:`PartitionNotServedError` at once for
+        one not consumed (never assigned, or unassigned meanwhile), :class:`ReadYourWritesTimeoutError` after
+        ``timeout_s``."""
+        mps = set(by_mp)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not mps <= self._ready:
+                gone = sorted(mps - self._assigned)
+                if gone:  # never applied again here: waiting could only time out
+                    raise PartitionNotServedError(
+                        f"{by_mp[gone[0]]}: metadata partition {self.topic}-{gone[0]} is not consumed by this "
+                        "manager (not served, or stopped while waiting): call on_partition_leadership_changes first")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReadYourWritesTimeoutError(f"metadata partitions {sorted(mps - self._ready)} not caught "
+                                                     f"up within {timeout_s}s")
+                self._cond.wait(min(left, 0.5))
+
+    def wait_applied(self, offsets: Mapping[int, int], timeout_s: float) -> dict[int, int | None]:
+        """Wait until the record at ``offsets[mp]`` of each metadata partition is applied, allowing ``timeout_s``
+        without progress per partition. Returns per partition the next offset applied by then (above the record's
+        once applied), or None when the partition is no longer consumed."""
+        out: dict[int, int | None] = {}
+        with self._cond:
+            for mp, offset in offsets.items():
+                progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
+                while self._applied.get(mp, -1) <= offset and mp in self._assigned:
+                    self.check_alive()
+                    if self._applied.get(mp, -1) != seen:
+                        progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
+                    left = progress_at + timeout_s - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(min(left, 0.5))
+                out[mp] = self._applied.get(mp)
+        return out
+
+    def skipped_at(self, mp: int, offset: int) -> SkippedRecord | None:
+        """The record at ``offset`` of ``mp`` if the cache refused it (among the last 10,000 refused)."""
+        with self._cond:
+            return self._skipped_at.get((mp, offset))
+
+    @contextmanager
+    def holding(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> Iterator[None]:
+        """Consume these metadata partitions (if not yet), wait until caught up, and keep them consumed until the
+        block ends: a write checks against them, then waits to read itself back. :meth:`unassign` leaves a held
+        partition assigned: unassigned, it would never be applied again, and the read-your-writes wait on it could
+        only time out (a fenced copy's clean-up once waited its full timeout on the metadata partition of its
+        just-deleted topic). What a write assigned stays assigned until the next unassign."""
+        mps = list(by_mp)
+        with self._cond:  # before the check below: unassign runs under the same lock and skips held partitions
+            self._held.update(mps)
+        try:
+            missing = [mp for mp in mps if mp not in self._assigned]
+            if missing:
+                self.call(lambda: self.assign(missing))
+            not_ready = {mp: tp for mp, tp in by_mp.items() if mp not in self._ready}
+            if not_ready:
+                self.wait_ready(not_ready, timeout_s)
+            yield
+        finally:
+            with self._cond:
+                self._held.subtract(mps)
+                for mp in mps:
+                    if self._held[mp] <= 0:
+                        del self._held[mp]
+
+    # --------------------------------------------------------------------------------- on the thread
+    def assign(self, mps: Iterable[int]) -> None:
+        """Start consuming ``mps`` (resumed from the cache's progress, or rebuilt). On the thread: use :meth:`call`."""
+        new = sorted(set(mps) - self._assigned)
+        if not new:
+            return
+        now_ms = int(time.time() * 1000)
+        tps, wipe = [], []
+        for mp in new:
+            low, high = self._watermarks(mp)
+            prog = self.cache.progress(mp)
+            if (prog is not None and prog.caught_up_wall_ms > 0
+                    and now_ms - prog.caught_up_wall_ms <= self.delete_retention_ms and prog.next_offset >= low):
+                start = prog.next_offset
+                self.resumed_partitions.append(mp)
+            else:
+                if prog is not None:
+                    log.info("metadata partition %d: cache away since %d ms (delete.retention.ms %d) or below log "
+                             "start %d: rebuilding from the beginning", mp, prog.caught_up_wall_ms,
+                             self.delete_retention_ms, low)
+                wipe.append(mp)
+                start = low
+                self.rebuilt_partitions.append(mp)
+            tps.append(TopicPartition(self.topic, mp, start if start > 0 else OFFSET_BEGINNING))
+            with self._cond:
+                self._applied[mp] = start
+                if start >= high:
+                    self._ready.add(mp)
+                    self._at_eof.add(mp)
+        if wipe:
+            self.cache.wipe(wipe)
+        self._consumer.incremental_assign(tps)
+        with self._cond:
+            self._assigned.update(new)
+            self._cond.notify_all()
+
+    def _watermarks(self, mp: int) -> tuple[int, int]:
+        """(log start, high watermark) of a metadata partition; retried while leadership settles."""
+        timeout_s = self._kafka_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp),
+                                                            timeout=min(10.0, timeout_s))
+            except KafkaException as err:
+                if time.monotonic() > deadline or not err.args[0].retriable() and err.args[0].code() not in (
+                        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    raise MetadataWriteError(f"cannot read the offsets of {self.topic}-{mp}: {err}") from err
+                time.sleep(0.2)
+
+    def unassign(self, mps: Iterable[int]) -> None:
+        """Stop consuming ``mps``, except those a write holds (:meth:`holding`): under the lock the writers take to
+        hold one, so a write either sees its partition unassigned (and assigns it again) or keeps it."""
+        with self._cond:
+            gone = sorted(set(mps) & self._assigned - set(self._held))
+            if not gone:
+                return
+            self._consumer.incremental_unassign([TopicPartition(self.topic, mp) for mp in gone])
+            for mp in gone:
+                self._assigned.discard(mp)
+                self._ready.discard(mp)
+                self._at_eof.discard(mp)
+                self._applied.pop(mp, None)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        last_caught_up = 0.0
+        try:
+            while not self._stop.is_set():
+                self._run_commands()
+                self._consume_once()
+                now = time.monotonic()
+                if self._at_eof and now - last_caught_up >= self._caught_up_refresh_s:
+                    self._mark_caught_up()
+                    last_caught_up = now
+                if self._on_idle is not None:
+                    self._on_idle()
+            self._drain_to_eof(self._close_drain_s)
+            self._mark_caught_up()
+        except BaseException as err:  # noqa: BLE001 - reported to every waiter, then re-raised
+            log.exception("metadata consumer thread died")
+            self.error = err
+            with self._cond:
+                self._cond.notify_all()
+            raise
+
+    def _consume_once(self) -> None:
+        """One poll: apply the records fetched, note the partitions that reached their end."""
+        # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own record would
+        # wait the full timeout each time. Wait for the first message only, then take what is already fetched.
+        first = self._consumer.poll(0.05)
+        msgs = [] if first is None else [first, *self._consumer.consume(
+            num_messages=max(1, self._max_batch_records - 1), timeout=0)]
+        records = []
+        eofs = []
+        assigned = self._assigned
+        for m in msgs:
+            if m.error() is not None:
+                err = m.error()
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eofs.append((m.partition(), m.offset()))
+                else:
+                    log.warning("metadata consumer error: %s", err)
+                continue
+            mp = m.partition()
+            if mp in assigned:
+                records.append((mp, m.offset(), m.key(), m.value()))
+        if records:
+            self._apply(records)
+        if eofs:
+            with self._cond:
+                for mp, _off in eofs:
+                    if mp in self._assigned:
+                        self._at_eof.add(mp)
+                        self._ready.add(mp)
+                self._cond.notify_all()
+
+    def _drain_to_eof(self, timeout_s: float) -> None:
+        """On stop: consume until every assigned partition is at its end again (or ``timeout_s``), so the last
+        caught-up mark covers them all. A partition whose last records were applied but whose end-of-partition
+        event had not come yet would otherwise keep its old mark (none, on a young cache) and be rebuilt from the
+        beginning on the next start."""
+        deadline = time.monotonic() + timeout_s
+        while self._assigned - self._at_eof and time.monotonic() < deadline:
+            self._consume_once()
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, (box, done) = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                box.append(err)
+            done.set()
+
+    def _apply(self, records: list) -> None:
+        self.records_consumed += len(records)
+        out = self.cache.apply(records, {})
+        self.records_applied += out.applied
+        APPLIED_RECORDS.inc(out.applied)
+        last: dict[int, int] = {}
+        for mp, offset, _k, _v in records:
+            last[mp] = offset
+        with self._cond:
+            for mp, offset in last.items():
+                self._applied[mp] = offset + 1
+                self._at_eof.discard(mp)
+            for s in out.skipped or ():
+                # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
+                log.log(logging.INFO if s.deleted_already else logging.ERROR,
+                        "metadata partition %d offset %d skipped (%s%s): %s", s.metadata_partition, s.offset,
+                        s.reason, ", deleted already" if s.deleted_already else "", s.error)
+                SKIPPED_RECORDS.labels(s.reason).inc()
+                self.skipped_records += 1
+                self.skipped.append(s)
+                self._skipped_at[(s.metadata_partition, s.offset)] = s
+                while len(self._skipped_at) > 10_000:
+                    self._skipped_at.popitem(last=False)
+            self._cond.notify_all()
+
+    def _mark_caught_up(self) -> None:
+        with self._cond:
+            mps = {mp: self._applied[mp] for mp in self._at_eof if mp in self._applied}
+        if mps:
+            now_ms = int(time.time() * 1000)
+            self.cache.mark_caught_up({mp: Progress(nxt, now_ms) for mp, nxt in mps.items()})
