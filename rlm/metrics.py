@@ -22,6 +22,7 @@ __all__ = [
     "METADATA_NOT_CAUGHT_UP",
     "PURGE_CHECK_UNAUTHORIZED",
     "READ_SECONDS",
+    "DELETIONS_QUEUED",
     "MIN_RETENTION_MARGIN_SECONDS",
     "RETENTION_MARGIN_BYTES",
     "RETENTION_MARGIN_SECONDS",
@@ -63,6 +64,9 @@ METADATA_NOT_CAUGHT_UP = Gauge(
     "the metadata topic (/health's metadata check): no copy, expiration or read of them proceeds meanwhile")
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
 LOG_DIR_OK = Gauge("rlm_log_dir_ok", "1 when the configured log dir exists and is readable, else 0", ["log_dir"])
+DELETIONS_QUEUED = Gauge(
+    "rlm_deletions_queued", "Deletes the store refused, queued in the to-be-deleted topic and not yet retried to the "
+    "end, in the partitions this sidecar's cleaner consumes")
 MIN_RETENTION_MARGIN_SECONDS = Gauge(
     "rlm_min_retention_margin_seconds", "health.min_retention_margin_ms in seconds: below it a partition's "
     "retention margin makes /health not ready (and fires RlmRetentionMarginLow)")

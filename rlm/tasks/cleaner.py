@@ -9,15 +9,21 @@ seeks back to the same record and waits (exponential backoff, ``base_backoff_s``
 The retry is the one delete path (:meth:`rlm.tasks.deleter.SegmentDeleter.retry`): DELETE_SEGMENT_STARTED (already
 recorded for a queued segment), the store's delete, DELETE_SEGMENT_FINISHED; only a refusal is handled apart
 (logged, counted as ``cleaner-delete``, never queued again).
+
+``rlm_deletions_queued`` is the cleaner's backlog: records of the to-be-deleted topic in the partitions this
+sidecar's cleaner consumes, not yet done (the high watermark it last fetched minus its position), refreshed about
+once a second. Summed over the sidecars it is the whole queue; it stays above 0 while the store refuses.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from rlm import metrics
 from rlm.tasks.deleter import DeleteOutcome, SegmentDeleter
 from rlmm import serde
 from rlmm.api import (
@@ -32,6 +38,27 @@ from rsm.api import RemoteStorageManagerApi
 __all__ = ["Cleaner"]
 
 log = logging.getLogger(__name__)
+
+BACKLOG_INTERVAL_S = 1.0
+
+
+def _backlog(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> int:
+    """Records not yet done in the partitions assigned to ``consumer``: the high watermark of its last fetch
+    (no request) minus the next offset to handle (the record retried, or the one after the last done; the
+    consumer's position before any, which librdkafka does not know right after a seek)."""
+    try:
+        assigned = consumer.assignment()
+        if not assigned:
+            return 0
+        total = 0
+        for tp in consumer.position(assigned):
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            offset = next_offsets.get((tp.topic, tp.partition), tp.offset)
+            if offset >= 0 and high >= 0:
+                total += max(high - offset, 0)
+        return total
+    except Exception:  # noqa: BLE001 - a gauge: not worth failing the cleaner for
+        return 0
 
 
 class Cleaner:
@@ -71,8 +98,13 @@ class Cleaner:
         consumer = Consumer(self._consumer_config)
         consumer.subscribe([self.topic])
         attempt = 0
+        measured = 0.0
+        next_offsets: dict[tuple[str, int], int] = {}  # per partition: the next record to handle
         try:
             while not self._stop.is_set():
+                if time.monotonic() - measured >= BACKLOG_INTERVAL_S:
+                    measured = time.monotonic()
+                    metrics.DELETIONS_QUEUED.set(_backlog(consumer, next_offsets))
                 msg = consumer.poll(0.5)
                 if msg is None:
                     continue
@@ -87,14 +119,18 @@ class Cleaner:
                     done = False
                 if done:
                     consumer.commit(message=msg, asynchronous=False)
+                    next_offsets[(msg.topic(), msg.partition())] = msg.offset() + 1
                     attempt = 0
                     continue
                 attempt += 1
                 self.retries += 1
+                next_offsets[(msg.topic(), msg.partition())] = msg.offset()
                 consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+                metrics.DELETIONS_QUEUED.set(_backlog(consumer, next_offsets))  # (the backoff may be long)
                 self._stop.wait(min(self.max_backoff_s, self.base_backoff_s * 2 ** (attempt - 1)))
         finally:
             consumer.close()
+            metrics.DELETIONS_QUEUED.set(0)  # (its partitions go to another sidecar's cleaner)
 
     def handle(self, value: bytes | None) -> bool:
         """Try one queued delete; True when the record is done with (deleted, or nothing left to do)."""

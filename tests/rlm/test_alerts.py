@@ -29,7 +29,7 @@ EXPECTED_ALERTS = {
     "RlmLogDirUnreadable",
     "RlmMetadataNotCaughtUp",  # metadata not caught up
     "RlmStoreFailures", "RlmTaskErrors",  # store failures, other tasks failing
-    "RlmDeleteRetriesRefused",  # deletions queued for retry not draining
+    "RlmDeletionsQueued", "RlmDeleteRetriesRefused",  # deletions queued for retry not draining
     "RlmHistoryRequestErrors", "RlmHistoryUnreadableCopies", "RlmHistoryAuthenticationFailures",
     "RlmHistoryAclsUnavailable",  # the endpoint refuses every topic: no ACLs to apply
     "RlmSidecarDown",  # up == 0

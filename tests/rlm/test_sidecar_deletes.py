@@ -135,6 +135,8 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
         for s in doomed:  # nothing gone yet
             assert any(str(s.remote_log_segment_id.id) in k for k in keys)
         assert sidecar.cleaner.deleted == 0
+        # The backlog gauge counts them, and stays up while the store refuses (the cleaner seeks back)
+        wait_for(lambda: metrics.DELETIONS_QUEUED._value.get() >= len(doomed), 30, "rlm_deletions_queued")
 
         def finished() -> set[uuid.UUID]:  # DELETE_SEGMENT_FINISHED recorded (tombstones pending: delay 10 min)
             cache = sidecar.rlmm.cache
@@ -146,6 +148,7 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
                  "DELETE_SEGMENT_FINISHED for every refused delete")
         assert not {s.remote_log_segment_id.id for s in doomed} & states().keys()
         assert sidecar.cleaner.deleted == len(doomed)
+        wait_for(lambda: metrics.DELETIONS_QUEUED._value.get() == 0, 30, "rlm_deletions_queued back to 0")
         keys = store_keys(root)
         for s in doomed:
             assert not any(str(s.remote_log_segment_id.id) in k for k in keys)
