@@ -197,9 +197,12 @@ class SegmentDeleter:
             return False
         with self._lock:
             first = sid.id not in self._queued
-            self._queued.add(sid.id)
         if first:
             log.warning("remote delete refused; queued for the cleaner",
                         extra={"segment": str(sid), "reason": reason, "error": str(err)})
+            # Marked queued only once the record is written: a write that fails raises (the run fails, logged),
+            # and the next attempt on the segment (each copy run retries DELETE_SEGMENT_STARTED ones) queues it.
             self.queue.put(md)
+            with self._lock:
+                self._queued.add(sid.id)
         return True

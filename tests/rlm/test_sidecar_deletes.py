@@ -11,17 +11,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, KafkaException
 
 from devtools.devkafka import KafkaCluster
 from rlm import metrics
 from rlm.sidecar import Sidecar
 from rlm.tasks.cleaner import Cleaner
+from rlm.tasks.deleter import SegmentDeleter
 from rlmm import serde
 from rlmm.api import (
     PartitionNotServedError,
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
@@ -300,3 +303,44 @@ def test_cleaner_is_a_static_member_so_shutdown_sends_no_group_leave(kafka: Kafk
     desc = admin.describe_consumer_groups([group])[group].result(30)
     assert [m.group_instance_id for m in desc.members] == [f"{group}-1"]  # no LeaveGroup: still a member
     assert desc.state != ConsumerGroupState.EMPTY
+
+
+def test_a_refused_delete_whose_queue_write_fails_is_queued_by_the_next_attempt() -> None:
+    """The store refuses a delete and writing it to the to-be-deleted topic fails too: the attempt raises
+    (the run fails, logged), and the segment is not marked queued, so the next attempt (every copy run retries
+    DELETE_SEGMENT_STARTED segments) queues it; once queued, later refusals do not queue it again."""
+    from rlm.errors import DeleteQueueError
+    from rlmm.memory import InMemoryRemoteLogMetadataManager
+
+    tp = TopicIdPartition(uuid.uuid4(), "queue-unit", 0)
+    rlmm = InMemoryRemoteLogMetadataManager(serve_all=True)
+    md = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), 0, 9, 1, 1, 1, 100, ((0, 0),))
+    rlmm.add_remote_log_segment_metadata(md)
+    rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+        md.remote_log_segment_id, 2, None, RemoteLogSegmentState.COPY_SEGMENT_FINISHED, 1))
+    finished = next(m for m in rlmm.list_remote_log_segments(tp))
+
+    class Refusing:
+        def delete_log_segment_data(self, _m: Any) -> None:
+            raise RemoteStorageError("access denied (test)")
+
+    class FlakyQueue:
+        def __init__(self) -> None:
+            self.fail, self.put_calls = True, 0
+
+        def put(self, m: RemoteLogSegmentMetadata) -> None:
+            self.put_calls += 1
+            if self.fail:
+                raise DeleteQueueError(f"could not write {m.remote_log_segment_id} (test)")
+
+    queue = FlakyQueue()
+    deleter = SegmentDeleter(1, rlmm, Refusing(), queue)  # type: ignore[arg-type]
+    with pytest.raises(DeleteQueueError):
+        deleter.delete(finished, "retention-time")
+    stuck = next(m for m in rlmm.list_remote_log_segments(tp))
+    assert stuck.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+    queue.fail = False
+    assert deleter.delete(stuck, "unfinished-delete") is False  # refused again: queued this time
+    assert queue.put_calls == 2
+    assert deleter.delete(stuck, "unfinished-delete") is False  # refused again: already queued
+    assert queue.put_calls == 2
