@@ -43,14 +43,16 @@ def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, r
 
 def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
                         cache_for: MetadataCacheUser = "sidecar", create_topic: bool | None = None,
-                        read_only: bool | None = None) -> TopicBasedRlmmConfig:
+                        read_only: bool | None = None, kafka_timeout_s: float | None = None) -> TopicBasedRlmmConfig:
     """From the sidecar's settings; the cache is ``cache_for``'s in ``metadata.state_dir`` (:class:`rlm.state.StateDir`:
     the sidecar, the CLI and the history endpoint each have one) unless ``cache_dir`` names another.
 
     ``create_topic``: whether a missing metadata topic is created; by default not in ``mode: read_only`` (the
     metadata is someone else's: a missing topic fails fast, :class:`~rlmm.api.MetadataTopicMissingError`).
     ``read_only``: a manager that never writes (no producer: a principal that only reads needs no WRITE right);
-    by default in ``mode: read_only``. The operator commands that read, the history endpoint and Spark ask for one."""
+    by default in ``mode: read_only``. The operator commands that read, the history endpoint and Spark ask for one.
+    ``kafka_timeout_s``: how long each of the manager's waits on the cluster may take (default: the manager's, 30 s);
+    the command line passes its ``--timeout``."""
     md = settings.metadata
     if create_topic is None:
         create_topic = settings.mode != "read_only"
@@ -68,4 +70,5 @@ def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, c
         tombstone_delay_ms=md.tombstone_delay_ms,
         create_topic=create_topic,
         read_only=read_only,
+        **({} if kafka_timeout_s is None else {"kafka_timeout_s": kafka_timeout_s}),
     )

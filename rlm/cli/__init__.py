@@ -25,9 +25,12 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rlm.cli.context import EXIT_CODES
+
     parser = argparse.ArgumentParser(
         prog="rlm",
         description="Tiered-storage sidecar for Apache Kafka (KIP-405 remote log manager).",
+        epilog=EXIT_CODES,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -38,8 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from rlm.cli.context import EXIT_UNREACHABLE, ClusterUnreachableError
+
     try:
         return int(args.func(args) or 0)
+    except ClusterUnreachableError as err:  # one line naming the bootstrap servers and the cause, no traceback
+        print(f"rlm: {err}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -7,7 +7,15 @@ import base64
 import json
 import sys
 
-from rlm.cli.context import EXIT_NOT_AUTHORIZED, EXIT_NOTHING_REMOTE, EXIT_OUT_OF_RANGE, add_config_arg, open_context
+from rlm.cli.context import (
+    EXIT_NOT_AUTHORIZED,
+    EXIT_NOTHING_REMOTE,
+    EXIT_OUT_OF_RANGE,
+    EXIT_UNREACHABLE,
+    add_config_arg,
+    add_timeout_arg,
+    open_context,
+)
 from rlm.reader import OffsetOutOfRangeError
 
 __all__ = ["register"]
@@ -24,8 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "value (base64, or UTF-8 text with --text), headers as [name, base64 value], leader_epoch.",
         epilog=f"exit codes: 0 read; 2 bad arguments/config or no such topic partition; {EXIT_NOTHING_REMOTE} "
                f"nothing of the partition is remote yet; {EXIT_OUT_OF_RANGE} --from-offset is not in the remote tier; "
-               f"{EXIT_NOT_AUTHORIZED} the principal lacks an ACL (named)")
+               f"{EXIT_NOT_AUTHORIZED} the principal lacks an ACL (named); {EXIT_UNREACHABLE} the Kafka cluster did "
+               "not answer within --timeout")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("topic")
     p.add_argument("partition", type=int)
     p.add_argument("--from-offset", type=int, default=None, help="first offset (default: earliest remote)")

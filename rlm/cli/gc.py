@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rlm.cli.context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, add_timeout_arg, open_context
 from rlm.state import StateDir
 from rlm.tasks.gc import GarbageCollector
 
@@ -14,6 +14,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gc", help="garbage-collect remote objects that no metadata owns")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("topics", nargs="+")
     p.add_argument("--dry-run", action="store_true", help="only list the orphans")
     p.add_argument("--grace-ms", type=int, default=None, help="override tasks.gc_grace_ms")

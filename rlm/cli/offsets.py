@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlm.cli.context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, add_timeout_arg, open_context
 
 __all__ = ["register"]
 
@@ -13,6 +13,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("offsets", help="earliest remote offset, latest tiered offset, timestamp -> offset")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("topic")
     p.add_argument("partition", type=int)
     p.add_argument("--timestamp", type=int, default=None, help="ms since the epoch: first offset at or after it")

@@ -9,8 +9,16 @@ import uuid
 
 from tqdm import tqdm
 
-from rlm.cli.context import EXIT_USAGE, add_config_arg
-from rlm.config import ConfigError, load_settings
+from rlm.cli.context import (
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_config_arg,
+    add_timeout_arg,
+    cluster_errors,
+    open_rlmm,
+    reach_cluster,
+)
+from rlm.config import ConfigError, SidecarSettings, load_settings
 from rlm.discovery import ClusterView
 from rlm.recovery import ClusterTopic, Recoverer, RecoveryReport, map_partitions
 from rlm.state import StateDir
@@ -37,8 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "COPY_SEGMENT_STARTED + COPY_SEGMENT_FINISHED records; segments the metadata already knows are "
                     "not written again. Copies left out are reported as orphans, never deleted. Topics are matched "
                     "by name (the cluster's current topic id) unless --map says otherwise.",
-        epilog="exit codes: 0 done; 1 done, with conflicts (listed); 2 bad arguments or config")
+        epilog=f"exit codes: 0 done; 1 done, with conflicts (listed); {EXIT_USAGE} bad arguments or config; "
+               f"{EXIT_UNREACHABLE} the Kafka cluster did not answer within --timeout (nothing was written)")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("--topic", action="append", default=None, metavar="T",
                    help="recover only this topic (of the cluster; repeatable)")
     p.add_argument("--map", action="append", default=[], type=_mapping, metavar="OLD_TOPIC_ID=NAME",
@@ -60,8 +70,6 @@ def _bar(total: int, what: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlm.sidecar import make_rlmm
-
     try:
         settings = load_settings(args.config)
     except ConfigError as err:
@@ -69,17 +77,24 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     explicit = dict(args.map)
     settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
+    with cluster_errors(settings.kafka.bootstrap_servers):
+        reach_cluster(settings.kafka.client_config(), args.timeout)  # before the store is listed
+        return _recover(args, settings, explicit)
+
+
+def _recover(args: argparse.Namespace, settings: SidecarSettings, explicit: dict[uuid.UUID, str]) -> int:
     # A cache of its own, dropped at the end: only the partitions recovered are read, and a lost metadata topic
     # must never be taken for the one a kept cache remembers.
     cache_dir = StateDir(settings.metadata.state_dir).new_recover_cache()
     rsm = RemoteStorageManager(settings.store)
-    view = ClusterView(settings.kafka.client_config())
+    view = ClusterView(settings.kafka.client_config(), timeout_s=args.timeout)
     recoverer = None
     try:
         metadata_exists = bool(view.partitions([settings.metadata.topic], skip_unauthorized=True))
         # Recovery writes the metadata topic on purpose (creating it if absent), in read-only mode too: it is how a
         # read-only cluster gets metadata of a store it does not own. It never writes to the store.
-        recoverer = Recoverer(rsm, lambda: make_rlmm(settings, cache_dir=cache_dir, create_topic=True, read_only=False),
+        recoverer = Recoverer(rsm, lambda: open_rlmm(settings, args.timeout, cache_dir=cache_dir,
+                                                     create_topic=True, read_only=False),
                               metadata_exists=metadata_exists, progress=_bar)
         stored = recoverer.stored_partitions()
         unknown = set(explicit) - {sp.topic_id for sp in stored}

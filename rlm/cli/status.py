@@ -22,7 +22,7 @@ deleted segments before they were copied), or a gap inside the remote chain belo
 below the remote start are not a hole (remote retention expired them), nor is anything while nothing is remote.
 
 Exit codes (README, "Command line"): 0 no partition has a hole; 1 a partition has a hole; 2 bad arguments or
-config, or no such topic on the cluster; 5 the principal lacks an ACL.
+config, or no such topic on the cluster; 5 the principal lacks an ACL; 6 the cluster did not answer within --timeout.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlm.chain import chain_gaps, lineage_of, remote_chain, unchained
-from rlm.cli.context import CliContext, add_config_arg, open_context
+from rlm.cli.context import CliContext, add_config_arg, add_timeout_arg, open_context
 from rlm.discovery import PartitionInfo, scan_log_dirs
 from rlm.health import Margin, retention_margin
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
@@ -288,8 +288,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Per partition: the leader's local range, the remote range, the copy lag, the retention margin, "
                     "holes (offsets neither local nor remote) and copies awaiting deletion; a summary per topic. "
                     "Exit codes: 0 no hole; 1 a partition has a hole; 2 bad arguments or config, or no such topic; "
-                    "5 the principal lacks an ACL.")
+                    "5 the principal lacks an ACL; 6 the Kafka cluster did not answer within --timeout.")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("topics", nargs="*", metavar="TOPIC",
                    help="topics (default: every topic on the cluster the config tiers)")
     p.add_argument("--json", action="store_true", help="one JSON object per topic (schema: README, 'rlm status')")

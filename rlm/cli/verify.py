@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from rlm.cli.context import add_config_arg, open_context
+from rlm.cli.context import add_config_arg, add_timeout_arg, open_context
 from rlm.segments import to_rsm
 from rlmm.api import RemoteLogSegmentState
 
@@ -17,6 +17,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check every remote segment of topics against its index")
     add_config_arg(p)
+    add_timeout_arg(p)
     p.add_argument("topics", nargs="+", help="topics to verify")
     p.set_defaults(func=run)
 
