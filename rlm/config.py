@@ -336,7 +336,9 @@ class HistoryListenerSettings(_Frozen):
     port: int = Field(9095, ge=0, le=65535, description="0: any free port (tests)")
     advertised_host: str | None = Field(None, description="host clients are told to connect to (default: host)")
     workers: int = Field(8, ge=1, le=256, description="threads reading the store for requests")
-    fetch_poll_ms: int = Field(200, ge=10, description="how often a waiting Fetch looks for newly tiered data")
+    fetch_poll_ms: int = Field(200, ge=10, description=(
+        "how often the partitions waiting Fetches (long polls) wait on are looked at for newly tiered data: once "
+        "for all of them; only the polls whose partitions grew are fetched again"))
     fetch_max_bytes: int = Field(57_671_680, ge=1024, description=(
         "the most record bytes one Fetch answer carries, whatever the client asks (Kafka's broker fetch.max.bytes "
         "and its default, 55 MiB); the first batch of the first partition with data is sent even if larger"))
