@@ -249,6 +249,19 @@ class RemoteLogSegmentMetadata:
                 return epochs[i + 1][1] - 1 if i + 1 < len(epochs) else self.end_offset_inclusive
         return None
 
+    def epoch_at(self, offset: int) -> int:
+        """The leader epoch of ``offset`` in this segment: that of the last epoch starting at or before it (the
+        inverse of :meth:`epoch_end_offset`). Not bounded by the segment: an offset below the first epoch's start
+        has the first epoch, one past ``end_offset_inclusive`` the last (a batch at the segment's edge may hold
+        offsets outside it; which segment holds an offset is the caller's choice)."""
+        epochs = self.segment_leader_epochs
+        epoch = epochs[0][0]
+        for e, start in epochs:
+            if start > offset:
+                break
+            epoch = e
+        return epoch
+
     def with_update(self, update: RemoteLogSegmentMetadataUpdate) -> RemoteLogSegmentMetadata:
         """The metadata after ``update`` (state, broker, event time and custom metadata replaced; checked).
         ``broker_leader_epoch`` is kept: it is the epoch the copy started under."""

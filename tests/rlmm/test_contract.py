@@ -208,6 +208,25 @@ def test_lookups_by_leader_epoch(m: RemoteLogMetadataManager) -> None:
     assert m.list_remote_log_segments(other) == [] and m.highest_offset_for_epoch(other, 0) is None
 
 
+def test_the_leader_epoch_of_an_offset(m: RemoteLogMetadataManager) -> None:
+    """``epoch_at`` of a segment as the manager hands it back: each offset's epoch is the last one starting at or
+    before it, and the manager's lookup by (that epoch, offset) finds the segment; the inverse of
+    ``epoch_end_offset``. Past its end the last epoch, below its first epoch's start the first."""
+    tp = served(m, "epochs")
+    written = finished(m, segment(tp, 100, 199, {2: 100, 3: 150, 5: 180}))
+    listed = m.list_remote_log_segments(tp)
+    assert [md.remote_log_segment_id for md in listed] == [written.remote_log_segment_id]
+    md = listed[0]
+    want = {100: 2, 149: 2, 150: 3, 179: 3, 180: 5, 199: 5}
+    assert {o: md.epoch_at(o) for o in want} == want
+    for offset in range(100, 200):
+        epoch = md.epoch_at(offset)
+        found = m.remote_log_segment_metadata(tp, epoch, offset)
+        assert found is not None and found.remote_log_segment_id == md.remote_log_segment_id, offset
+        assert md.epoch_end_offset(epoch) >= offset                 # type: ignore[operator]
+    assert md.epoch_at(250) == 5 and md.epoch_at(0) == 2
+
+
 # ----------------------------------------------------------------------------------------------- fencing
 def test_a_copy_started_under_a_lower_leader_epoch_cannot_finish(m: RemoteLogMetadataManager) -> None:
     tp = served(m, "fenced")
