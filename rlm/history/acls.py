@@ -34,7 +34,8 @@ from prometheus_client import Counter, Gauge
 
 from rlm.config import HistoryAuthorizationSettings
 
-__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "TopicAcl", "describe_topic_acls"]
+__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "TopicAcl", "Unavailable",
+           "describe_topic_acls"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,14 @@ class AclsUnavailableError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Why there are no ACLs to apply (``reason``: ``no_authorizer`` or ``error``)."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +175,7 @@ class AclCache:
         self._lock = threading.Lock()
         self._acls: Acls | None = None
         self._fetched_at = -float("inf")
-        self._failure: AclsUnavailableError | None = None
+        self._failure: Unavailable | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -192,11 +201,12 @@ class AclCache:
             acls = Acls(self._fetch())
         except AclsUnavailableError as err:
             ACL_REFRESHES.labels(err.reason).inc()
+            failure = Unavailable(err.reason, str(err))  # (the exception itself, with its traceback, is not kept)
             with self._lock:
-                first = self._failure is None or self._failure.reason != err.reason
-                self._failure = err
+                first = self._failure is None or self._failure.reason != failure.reason
+                self._failure = failure
             if first:
-                self._log_failure(err)
+                self._log_failure(failure)
             self._age()
             return False
         ACL_REFRESHES.labels("ok").inc()
@@ -208,8 +218,8 @@ class AclCache:
         self._age()
         return True
 
-    def _log_failure(self, err: AclsUnavailableError) -> None:
-        extra = {"reason": err.reason, "error": str(err)}
+    def _log_failure(self, err: Unavailable) -> None:
+        extra = {"reason": err.reason, "error": err.message}
         if err.reason == "no_authorizer" and self.allow_if_no_authorizer:
             log.info("history endpoint: the cluster has no authorizer: every client may read every tiered topic "
                      "(history_listener.authorization.allow_if_no_authorizer)", extra=extra)
@@ -226,15 +236,15 @@ class AclCache:
     def _age(self) -> None:
         ACL_AGE.set(-1 if self._acls is None else self._clock() - self._fetched_at)
 
-    def current(self) -> Acls:
-        """The ACLs to apply; raises :class:`AclsUnavailableError` when none were fetched within the TTL."""
+    def current(self) -> Acls | Unavailable:
+        """The ACLs to apply, or why there are none (none fetched within the TTL). Returned, not raised: this runs
+        for every request, and one stored exception raised again and again would keep every raising frame (and
+        the records it held) alive in its traceback."""
         with self._lock:
             if self._acls is not None and self._clock() - self._fetched_at <= self.ttl_s:
                 return self._acls
             failure = self._failure
-        if failure is not None:
-            raise failure
-        raise AclsUnavailableError("error", "the ACLs are older than acl_cache_ttl_ms")
+        return failure if failure is not None else Unavailable("error", "the ACLs are older than acl_cache_ttl_ms")
 
 
 class Authorizer:
@@ -268,10 +278,9 @@ class Authorizer:
         if principal in self._super:
             AUTHORIZATIONS.labels(operation, "allowed").inc(len(names))
             return names
-        try:
-            acls = self.cache.current()
-        except AclsUnavailableError as err:
-            if err.reason == "no_authorizer" and self.settings.allow_if_no_authorizer:
+        acls = self.cache.current()
+        if isinstance(acls, Unavailable):
+            if acls.reason == "no_authorizer" and self.settings.allow_if_no_authorizer:
                 AUTHORIZATIONS.labels(operation, "allowed").inc(len(names))
                 return names
             AUTHORIZATIONS.labels(operation, "unavailable").inc(len(names))
