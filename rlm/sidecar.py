@@ -225,7 +225,9 @@ class Sidecar:
             shutdown.join(timeout_s)
             clean = not shutdown.is_alive()
         if not clean:
-            log.error("jobs still running at shutdown: abandoned", extra={"timeout_s": timeout_s})
+            # Nothing is lost (what they leave is cleaned up at the next start, as after a crash): no operator action.
+            log.warning("jobs still running at shutdown: abandoned, left as after a crash for the next start",
+                        extra={"timeout_s": timeout_s})
         if not self.read_only:
             self.cleaner.stop(timeout_s)
             self.queue.close()
