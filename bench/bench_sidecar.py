@@ -130,8 +130,8 @@ def main() -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from devtools.devkafka import KafkaCluster
-    from rlm.reader import RemoteReader
     from rlm.sidecar import Sidecar
+    from rlm.tier import RemoteReader
     from rlmm.api import TopicIdPartition
     from rsm.log.batch import iter_batches_with_bytes
     from rsm.log.partition import PartitionDir

@@ -15,7 +15,7 @@ leader epoch its copier started under. Recovery, per partition found in the stor
    :meth:`~rsm.api.RemoteStorageManagerApi.relocated`), so every object key stays addressable, by reads, deletes
    and garbage collection alike. A name the store holds under several ids, none the cluster's, is ambiguous; a
    name absent from the cluster is skipped (a deleted topic's leftovers are not brought back).
-3. **Choose** one chain per partition with :func:`rlm.chain.remote_chain`, as every reader does, over the copies
+3. **Choose** one chain per partition with :func:`rlm.tier.chain.remote_chain`, as every reader does, over the copies
    found *and* the COPY_SEGMENT_FINISHED segments the metadata topic already holds: recovery into a live topic
    never adds a second copy of a range already served. Copies left outside the chain (duplicates, overlapping
    copies, a diverged lineage) are **orphans**: reported, never deleted here (garbage collection deletes them).
@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from rlm.chain import remote_chain
-from rlm.segments import from_rsm
+from rlm.tier import from_rsm, remote_chain
 from rlmm.api import (
     RemoteLogMetadataError,
     RemoteLogMetadataManager,

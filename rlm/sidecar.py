@@ -45,7 +45,6 @@ from rlm.config import SidecarSettings, TaskSettings
 from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
 from rlm.known import KnownPartitions
-from rlm.reader import RemoteReader
 from rlm.rlmm_config import sidecar_rlmm_config
 from rlm.state import MetadataCacheUser, StateDir
 from rlm.tasks.cleaner import Cleaner
@@ -56,6 +55,7 @@ from rlm.tasks.gc import GarbageCollector
 from rlm.tasks.offload import StreamingOffloader
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
+from rlm.tier import RemoteReader
 from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.errors import RemoteStorageError

@@ -5,6 +5,14 @@ Walks every module's imports (``ast``: module level and inside functions alike).
 manager through its API and read interface (``rsm.api``, ``rsm.manager``, ``rsm.errors``, ``rsm.throttle``,
 ``rsm.verify``) and Kafka's on-disk format (``rsm.log.*``: the copier and staging read local segments), never the
 remote object format (``rsm.format.*``) or the stores (``rsm.store.*``).
+
+The read model is one package, ``rlm/tier/``: the chain, the reader, the rlmm-to-rsm adapter and the tier view.
+The rule checked: outside ``rlm/tier/``, the shipped code and the scripts import it only as ``rlm.tier`` (its
+``__all__``), never one of its modules, so no other home for the chain or the reader can hide behind a shim; and
+outside it nothing works out the leader epoch of an offset from a segment's epoch list (no indexing, no loop, no
+unpacking of ``segment_leader_epochs``: that is ``RemoteLogSegmentMetadata.epoch_at`` or the tier's
+``PartitionTier.epoch_of``; printing the list whole is fine). ``rlm.tier`` sits below its readers, and the Spark
+source never imports the Kafka listener (``rlm.history``).
 """
 
 from __future__ import annotations
@@ -78,3 +86,64 @@ def test_only_the_wiring_and_the_commands_import_the_tasks() -> None:
     """``rlm.tasks`` is the top of ``rlm``: what the tasks share (``rlm.state``, ``rlm.known`` ...) sits below them."""
     assert [v for v in _violations("rlm", ("rlm.tasks",))
             if not v.startswith(("rlm/tasks/", "rlm/sidecar.py:", "rlm/cli/"))] == []
+
+
+# ---------------------------------------------------------------------------------------------- the read model
+TIER = ROOT / "rlm" / "tier"
+TIER_MODULES = tuple(f"rlm.tier.{p.stem}" for p in sorted(TIER.glob("*.py")) if p.stem != "__init__")
+
+
+def _outside_tier(*packages: str) -> list[Path]:
+    return [p for package in packages for p in _modules(package) if TIER not in p.parents]
+
+
+def test_the_read_model_is_one_package_imported_whole() -> None:
+    """Outside ``rlm/tier/`` (the shipped packages, the benchmarks and scripts; tests may patch a module of it)
+    ``rlm.tier``'s modules are never imported, only ``rlm.tier`` itself."""
+    assert {"rlm.tier.chain", "rlm.tier.reader", "rlm.tier.segments", "rlm.tier.view"} <= set(TIER_MODULES)
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {name}"
+           for path in _outside_tier("rlm", "rsm", "rlmm", "bench", "scripts", "devtools")
+           for line, name in _imports(path) if any(_under(name, m) for m in TIER_MODULES)]
+    assert bad == []
+
+
+def _epoch_reads(path: Path) -> Iterator[int]:
+    """Lines where ``path`` works with the pairs of a ``segment_leader_epochs``: anything but the iterable of a
+    comprehension over whole entries (``[list(e) for e in md.segment_leader_epochs]``: printing them)."""
+    tree = ast.parse(path.read_text(), str(path))
+    whole = {id(gen.iter) for node in ast.walk(tree) if isinstance(node, ast.comprehension)
+             for gen in [node] if isinstance(gen.target, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "segment_leader_epochs" \
+                and isinstance(node.ctx, ast.Load) and id(node) not in whole:
+            yield node.lineno
+
+
+def test_only_the_read_model_computes_epochs_of_offsets() -> None:
+    """The leader epoch of an offset is ``RemoteLogSegmentMetadata.epoch_at`` (``rlmm/api.py``), of the chain
+    segment that ``rlm.tier`` picks; ``rlm`` outside ``rlm/tier/`` never reads it out of the epoch pairs itself."""
+    assert list(_epoch_reads(TIER / "view.py")) == [] and list(_epoch_reads(TIER / "segments.py")) != []  # it sees
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in _outside_tier("rlm") for line in _epoch_reads(path)]
+    assert bad == []
+
+
+def test_the_read_model_sits_below_its_readers() -> None:
+    """``rlm.tier`` uses ``rlmm``, ``rsm``'s API and ``rlm``'s errors and metrics: never the sidecar, its tasks,
+    the CLI, Spark or the listener that read through it."""
+    allowed = ("rlm.tier", "rlm.errors", "rlm.metrics")
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {name}" for path in sorted(TIER.glob("*.py"))
+           for line, name in _imports(path)
+           if _under(name, "rlm") and name != "rlm" and not any(_under(name, a) for a in allowed)]
+    assert bad == []
+
+
+def test_every_reader_reads_through_the_tier() -> None:
+    """The CLI, Spark batch and stream, and the Kafka listener all import ``rlm.tier``."""
+    readers = ["rlm/cli/context.py", "rlm/spark/planning.py", "rlm/spark/executor.py", "rlm/spark/stream.py",
+               "rlm/history/handlers.py"]
+    assert [r for r in readers if "rlm.tier" not in {name for _, name in _imports(ROOT / r)}] == []
+
+
+def test_spark_never_imports_the_listener() -> None:
+    """The Spark source reads the tier through ``rlm.tier``; the Kafka-protocol listener is not its business."""
+    assert _violations("rlm/spark", ("rlm.history", "rlm.listener")) == []

@@ -16,7 +16,7 @@ from rlm.cli.context import (
     add_timeout_arg,
     open_context,
 )
-from rlm.reader import OffsetOutOfRangeError
+from rlm.tier import Isolation, OffsetOutOfRangeError
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-offset", type=int, default=None, help="first offset (default: earliest remote)")
     p.add_argument("--max-bytes", type=int, default=None, help="stop after this many batch bytes")
     p.add_argument("--max-records", type=int, default=None)
-    p.add_argument("--isolation", choices=["read_uncommitted", "read_committed"], default="read_uncommitted")
+    p.add_argument("--isolation", choices=list(Isolation), default=Isolation.READ_UNCOMMITTED)
     p.add_argument("--text", action="store_true", help="keys and values as UTF-8 text instead of base64")
     p.set_defaults(func=run)
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_NOTHING_REMOTE
         try:
             for r in ctx.reader.read(tp, start, max_bytes=args.max_bytes, max_records=args.max_records,
-                                     isolation=args.isolation):
+                                     isolation=Isolation(args.isolation)):
                 print(json.dumps({"offset": r.offset, "timestamp": r.timestamp, "key": enc(r.key),
                                   "value": enc(r.value), "headers": [[k, _b64(v)] for k, v in r.headers],
                                   "leader_epoch": r.leader_epoch}))

@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError
 from rlm.authz import NotAuthorizedError, authorization_error, check, principal_of, reader_needs
 from rlm.config import ConfigError, SidecarSettings, load_settings
 from rlm.discovery import ClusterView
-from rlm.reader import RemoteReader
+from rlm.tier import RemoteReader
 from rlmm.api import ReadYourWritesTimeoutError, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi

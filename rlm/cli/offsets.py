@@ -27,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, object] = {
             "topic": tp.topic, "partition": tp.partition,
             "earliest_remote_offset": segs[0].start_offset if segs else None,
-            "earliest_leader_epoch": segs[0].segment_leader_epochs[0][0] if segs else None,
+            "earliest_leader_epoch": segs[0].epoch_at(segs[0].start_offset) if segs else None,
             "latest_tiered_offset": segs[-1].end_offset_inclusive if segs else None,
-            "latest_leader_epoch": segs[-1].segment_leader_epochs[-1][0] if segs else None,
+            "latest_leader_epoch": segs[-1].epoch_at(segs[-1].end_offset_inclusive) if segs else None,
         }
         if args.timestamp is not None:
             found = ctx.reader.offset_for_timestamp(tp, args.timestamp)

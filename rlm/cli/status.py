@@ -8,9 +8,9 @@ Sources, each the one owner of its answer:
   Kafka answers ``EARLIEST_LOCAL`` (-4) with the same offset then, and confluent-kafka 2.16 offers no -4 spec anyway.
   The log dirs are not used for the range: on another host they are absent, and on the broker's host they may hold
   a follower's replica.
-- **remote range**: the remote chain of COPY_SEGMENT_FINISHED segments (:func:`rlm.chain.remote_chain` over the
-  metadata's lineage, exactly what every reader serves), its gaps (:func:`rlm.chain.chain_gaps`) and the copies
-  left out of it (:func:`rlm.chain.unchained`: duplicates and diverged copies expiration deletes once the chain
+- **remote range**: the remote chain of COPY_SEGMENT_FINISHED segments (:func:`rlm.tier.remote_chain` over the
+  metadata's lineage, exactly what every reader serves), its gaps (:func:`rlm.tier.chain_gaps`) and the copies
+  left out of it (:func:`rlm.tier.unchained`: duplicates and diverged copies expiration deletes once the chain
   covers them, and the ones it keeps).
 - **copy lag**: in offsets, always (local offsets above the remote end); in rolled segments and bytes, and the
   **retention margin** (:func:`rlm.health.retention_margin`, as the sidecar's gauges), only where the leader's
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlm.chain import chain_gaps, lineage_of, remote_chain, unchained
 from rlm.cli.context import CliContext, add_config_arg, add_timeout_arg, open_context
 from rlm.discovery import PartitionInfo, scan_log_dirs
 from rlm.health import Margin, retention_margin
+from rlm.tier import chain_gaps, lineage_of, remote_chain, unchained
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
@@ -159,7 +159,7 @@ def assess(tp: TopicIdPartition, leader: int, local: LocalRange | None,
     """One partition's status from the leader's ListOffsets answer (None: unknown, ``error`` says why), every
     metadata record of the partition, and (on the leader's host) its partition directory."""
     segments = list(segments)
-    lineage = lineage_of(segments)  # the metadata's lineage: what every reader serves (rlm.reader)
+    lineage = lineage_of(segments)  # the metadata's lineage: what every reader serves (rlm.tier)
     chain = remote_chain(segments, lineage)
     delete, kept = unchained(segments, chain, lineage)
     remote_end = chain[-1].end_offset_inclusive if chain else -1

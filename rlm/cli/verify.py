@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from rlm.cli.context import add_config_arg, add_timeout_arg, open_context
-from rlm.segments import to_rsm
+from rlm.tier import to_rsm
 from rlmm.api import RemoteLogSegmentState
 
 __all__ = ["register"]

@@ -8,11 +8,11 @@ transactions of the uploaded transaction indexes, long polls at the tier's end) 
 not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
 
 Modules: :mod:`~rlm.history.wire` (framing and codecs, by kio), :mod:`~rlm.history.handlers` (one method per API),
-:mod:`~rlm.history.tier` (a partition's remote chain, bounds and fetches, through :mod:`rlm.reader`),
 :mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server),
 :mod:`~rlm.history.security` (TLS, and SASL PLAIN / SCRAM-SHA-512 with users from the config),
 :mod:`~rlm.history.principals` (who a client is: SASL user, certificate subject), :mod:`~rlm.history.acls` (the
-cluster's ACLs applied to it).
+cluster's ACLs applied to it). A partition's remote chain, bounds and fetches are the tier's read model
+(:class:`rlm.tier.TierView`), as every other reader's: this package holds only the protocol.
 :func:`start_history` puts them together for ``rlm serve``.
 """
 
@@ -29,8 +29,7 @@ from rlm.history.handlers import Handlers, NodeInfo
 from rlm.history.principals import PrincipalMapper
 from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
 from rlm.history.server import ConnectionLimits, HistoryServer
-from rlm.history.tier import TierView
-from rlm.reader import RemoteReader
+from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
 

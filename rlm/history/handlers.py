@@ -28,8 +28,8 @@ from prometheus_client import Counter
 
 from rlm.history.acls import DESCRIBE, READ, Authorizer
 from rlm.history.catalog import Catalog, ServedTopic
-from rlm.history.tier import READ_COMMITTED, FetchResult, PartitionTier, TierView, UnreadableCopyError
 from rlm.history.wire import API_KEYS, SASL_API_KEYS, ErrorCode
+from rlm.tier import FetchResult, Isolation, PartitionTier, TierView, UnreadableCopyError
 
 __all__ = ["Client", "Handlers", "NodeInfo"]
 
@@ -188,7 +188,7 @@ class Handlers:
 
     # -------------------------------------------------------------------------------------- offsets
     def list_offsets(self, req: Any, client: Client) -> dict[str, Any]:
-        committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        isolation = Isolation.from_id(getattr(req, "isolation_level", 0))
         ok = self._allowed(client, DESCRIBE, {t.name for t in req.topics})
         out = []
         for t in req.topics:
@@ -203,7 +203,7 @@ class Handlers:
                     answer["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
                     try:
-                        answer.update(self._offset(topic, p.partition_index, p.timestamp, committed))
+                        answer.update(self._offset(topic, p.partition_index, p.timestamp, isolation))
                     except UnreadableCopyError as err:
                         self._unreadable(err, "list_offsets")
                         answer["error_code"] = ErrorCode.kafka_storage_error
@@ -211,19 +211,19 @@ class Handlers:
             out.append({"name": t.name, "partitions": parts})
         return {"throttle_time": 0, "topics": out}
 
-    def _offset(self, topic: ServedTopic, partition: int, ts: int, committed: bool) -> dict[str, Any]:
+    def _offset(self, topic: ServedTopic, partition: int, ts: int, isolation: Isolation) -> dict[str, Any]:
         tp = topic.tp(partition)
         tier = self.tier.partition(tp)
         if tier is None:
             return {"error_code": ErrorCode.offset_not_available}
+        end = tier.end_offset(isolation)  # what the client may fetch: below the LSO for read_committed
         if ts == LATEST:
-            off = tier.last_stable_offset if committed else tier.high_watermark
-            return {"offset": off, "leader_epoch": tier.latest_epoch}
+            return {"offset": end, "leader_epoch": tier.latest_epoch}
         if ts in (EARLIEST, EARLIEST_LOCAL):
             return {"offset": tier.log_start_offset, "leader_epoch": tier.epoch_of(tier.log_start_offset)}
         if ts == LATEST_TIERED:
             off = tier.high_watermark - 1
-            if off >= (tier.last_stable_offset if committed else tier.high_watermark):
+            if off >= end:
                 return {}
             return {"offset": off, "leader_epoch": tier.epoch_of(off)}
         if ts == MAX_TIMESTAMP:
@@ -234,7 +234,7 @@ class Handlers:
             return {"error_code": ErrorCode.invalid_request}
         # As Kafka's Partition.fetchOffsetForTimestamp: an answer at or past what the client may fetch (the last
         # stable offset for read_committed) is no answer (-1).
-        if hit is None or hit.offset >= (tier.last_stable_offset if committed else tier.high_watermark):
+        if hit is None or hit.offset >= end:
             return {}
         return {"offset": hit.offset, "timestamp": hit.timestamp, "leader_epoch": hit.leader_epoch}
 
@@ -250,7 +250,7 @@ class Handlers:
         read from the store. ``budget`` (the server's room for queued answers) lowers the cap further. A topic the
         client may not READ is TOPIC_AUTHORIZATION_FAILED for each of its partitions (an unknown topic id stays
         UNKNOWN_TOPIC_ID: there is no name to authorize)."""
-        committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+        isolation = Isolation.from_id(getattr(req, "isolation_level", 0))
         topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
         wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
         for t in req.topics:
@@ -284,7 +284,7 @@ class Handlers:
             # No budget left (and data already in the answer): the tier reads nothing (max_bytes 0).
             try:
                 res = self.tier.fetch(topic.tp(index), p.fetch_offset, max(min(p.partition_max_bytes, left), 0),
-                                      at_least_one=total == 0, isolation=int(committed))
+                                      at_least_one=total == 0, isolation=isolation)
             except UnreadableCopyError as err:  # this partition only: the others are served
                 self._unreadable(err, "fetch")
                 parts[key].append(_partition(index, FetchResult(), ErrorCode.kafka_storage_error))

@@ -65,7 +65,6 @@ from prometheus_client import Counter, Gauge, Histogram
 from rlm.config import HistoryListenerSettings
 from rlm.history.handlers import Client, Handlers
 from rlm.history.principals import ANONYMOUS, NoMatchingRuleError, PrincipalMapper, user
-from rlm.history.tier import TierView, UnreadableCopyError
 from rlm.history.wire import (
     API_KEYS,
     MAX_FRAME_BYTES,
@@ -83,6 +82,7 @@ from rlm.history.wire import (
     read_header,
     response_type,
 )
+from rlm.tier import TierView, UnreadableCopyError
 
 __all__ = ["ConnectionLimits", "HistoryServer", "LongPolls", "PendingFetch"]
 

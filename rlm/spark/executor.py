@@ -1,14 +1,14 @@
 """Executor side: one input partition (a remote segment, or a block range of one) -> Arrow record batches.
 
 An input partition is small and picklable: the segment's metadata itself (:class:`rsm.api.RemoteSegmentMetadata`,
-a frozen dataclass of plain values, built from the metadata manager's model by :func:`rlm.segments.to_rsm`), the
+a frozen dataclass of plain values, built from the metadata manager's model by :func:`rlm.tier.segments.to_rsm`), the
 offsets to return, the block range, the segments whose transaction indexes matter (read_committed) and the store
 configuration as a dict. The executor needs only the store: it reads the blocks with ranged GETs (one per data
 object, streamed), verifies every batch (block framing, CRC-32C) and decodes its records straight into columns
 (:mod:`rlm.spark.columns`: no Python object per record; a batch whose records carry headers is decoded record by
 record with the compiled codec). Each Arrow record batch concatenates the columns of whole record batches. It
 reads through the storage manager's read interface (:class:`rsm.api.SegmentHandle`); the batch / control /
-aborted-transaction logic is :func:`rlm.reader.iter_segment_batches` and :func:`rlm.reader.aborted_covering`,
+aborted-transaction logic is :func:`rlm.tier.reader.iter_segment_batches` and :func:`rlm.tier.reader.aborted_covering`,
 shared with the sidecar's reader.
 
 Storage managers are cached per store configuration in the Python worker (Spark reuses workers), so the index
@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from rlm.reader import aborted_covering, iter_segment_batches
 from rlm.spark.columns import BatchColumns, decode_columns
 from rlm.spark.options import SparkSourceError
+from rlm.tier import aborted_covering, iter_segment_batches
 from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
 from rsm.errors import RemoteResourceNotFoundError
 from rsm.log.indexes import AbortedTxn

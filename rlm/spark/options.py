@@ -42,13 +42,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
 from rlm.config import ConfigError, load_settings
 from rlm.errors import RlmError
 from rlm.kafka_secrets import RedactedConfig
+from rlm.tier import Isolation
 from rsm.manager import RsmConfig
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "SourceOptions", "SparkSourceError", "parse_options"]
@@ -59,9 +60,6 @@ MiB = 1024 * 1024
 DEFAULT_MAX_PARTITION_BYTES = 128 * MiB
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-
-Isolation = Literal["read_uncommitted", "read_committed"]
-
 
 _NAMES = {n.lower(): n for n in (
     "subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets", "startingTimestamp",
@@ -238,7 +236,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     if start_ts is not None and by_ts is not None:
         raise SparkSourceError("options startingTimestamp and startingOffsetsByTimestamp exclude each other")
     iso = (opts.get("isolation.level") or opts.get("kafka.isolation.level") or "read_uncommitted").strip().lower()
-    if iso not in ("read_uncommitted", "read_committed"):
+    if iso not in tuple(Isolation):
         raise SparkSourceError(f"option isolation.level: expected read_uncommitted or read_committed, found {iso!r}")
     try:
         max_bytes = int(opts.get("maxpartitionbytes", DEFAULT_MAX_PARTITION_BYTES))
@@ -250,7 +248,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     client, md_topic, store = _location(opts)
     return SourceOptions(
         subscribe=subscribe, subscribe_pattern=pattern, assign=assign, starting=starting, ending=ending,
-        starting_timestamp_ms=start_ts, starting_by_timestamp=by_ts, isolation=iso,  # type: ignore[arg-type]
+        starting_timestamp_ms=start_ts, starting_by_timestamp=by_ts, isolation=Isolation(iso),
         include_headers=_bool(opts, "includeheaders", False), max_partition_bytes=max_bytes,
         push_filters=_bool(opts, "pushfilters", False), fail_on_data_loss=_bool(opts, "failondataloss", True),
         client_config=client, metadata_topic=md_topic,

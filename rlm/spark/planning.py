@@ -3,7 +3,7 @@
 Steps, none of which reads record data:
 
 1. the partitions the options name, with their topic ids (one AdminClient ``describe_topics``);
-2. their remote chains (:mod:`rlm.chain`) from the metadata topic, through the metadata manager's cache
+2. their remote chains (:mod:`rlm.tier.chain`) from the metadata topic, through the metadata manager's cache
    (a temporary RocksDB directory per query unless ``metadata.cacheDir`` names one to keep);
 3. per partition the offset range (starting/ending offsets, a starting timestamp, pushed-down filters), then per
    segment that overlaps it one input partition, or one per block range when the segment is larger than
@@ -13,7 +13,7 @@ Steps, none of which reads record data:
 
 Segments are read through the storage manager's interface only (:meth:`rsm.api.SegmentHandle.block_plan`,
 :meth:`~rsm.api.SegmentHandle.block_at_timestamp`); which transaction indexes a slice needs is
-:class:`rlm.reader.TxnIndexes`, as for the sidecar's reader.
+:class:`rlm.tier.reader.TxnIndexes`, as for the sidecar's reader.
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from rlm.authz import check, reader_needs
-from rlm.chain import chain_gaps, remote_chain
 from rlm.discovery import ClusterView
-from rlm.reader import TxnIndexes
 from rlm.rlmm_config import rlmm_config
-from rlm.segments import to_rsm
 from rlm.spark.executor import SegmentSlice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
+from rlm.tier import Isolation, TxnIndexes, chain_gaps, remote_chain, to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.api import BlockRange, RemoteSegmentMetadata, RemoteStorageManagerApi
@@ -161,7 +159,7 @@ class MetadataReader:
 
     def chains(self, tps: Iterable[TopicIdPartition],
                timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
-        """The remote chain (:mod:`rlm.chain`) of each partition; partitions not followed yet are caught up first."""
+        """The remote chain (:func:`rlm.tier.remote_chain`) of each partition, caught up first if not followed yet."""
         tps = list(tps)
         new = [tp for tp in tps if tp not in self._followed]
         if new:
@@ -188,7 +186,7 @@ class MetadataReader:
 
 def list_segments(opts: SourceOptions, tps: list[TopicIdPartition],
                   timeout_s: float = 120.0) -> dict[TopicIdPartition, list[RemoteLogSegmentMetadata]]:
-    """The remote chain of each partition (:mod:`rlm.chain`), from the metadata topic (caught up before answering)."""
+    """The remote chain of each partition (:mod:`rlm.tier.chain`), from the metadata topic, caught up first."""
     if not tps:
         return {}
     reader = MetadataReader(opts)
@@ -275,6 +273,7 @@ def plan_range(opts: SourceOptions, rsm: RemoteStorageManagerApi, segs: list[Rem
         log.warning("offsets missing from the remote tier", extra={"partition": str(tp), "missing": lost})
     txns = TxnIndexes(rsm, segs)
     out: list[SegmentSlice] = []
+    committed = opts.isolation == Isolation.READ_COMMITTED
     for i, md in enumerate(segs):
         if md.end_offset_inclusive < start or md.start_offset >= end_excl:
             continue
@@ -283,12 +282,12 @@ def plan_range(opts: SourceOptions, rsm: RemoteStorageManagerApi, segs: list[Rem
         ref = to_rsm(md)
         lo = max(start, md.start_offset)
         hi = min(end_excl - 1, md.end_offset_inclusive)
-        txn = tuple(to_rsm(segs[j]) for j in txns.search(i)) if opts.isolation == "read_committed" else ()
+        txn = tuple(to_rsm(segs[j]) for j in txns.search(i)) if committed else ()
         starts_at_ts = ts_segment == i
 
         def make(first: int | None, last: int | None, lo_: int, hi_: int, ts: int | None,
                  ref: RemoteSegmentMetadata = ref, txn: tuple[RemoteSegmentMetadata, ...] = txn) -> SegmentSlice:
-            return SegmentSlice(ref, lo_, hi_, first, last, ts, txn, opts.isolation == "read_committed",
+            return SegmentSlice(ref, lo_, hi_, first, last, ts, txn, committed,
                                 opts.include_headers, opts.store, opts.fail_on_data_loss)
 
         if md.segment_size_bytes <= opts.max_partition_bytes and ts_min is None and not starts_at_ts:

@@ -41,7 +41,7 @@ it was added) are accepted: they resume as before, and the next offsets carry th
   is the one place that decides (fail, or count and log); ``data_losses`` counts the events, ``lost_offsets`` the
   offsets where they are known.
 - ``read_committed``: the transaction indexes of the tier decide, as in batch, and a micro-batch ends at the
-  tier's last stable offset (:class:`rlm.history.tier.TierView`, as the history endpoint serves it): a transaction
+  tier's last stable offset (:class:`rlm.tier.TierView`, as the history endpoint serves it): a transaction
   still open at the tier's end, its marker not tiered yet, is held back until it is. ``endingOffsets`` is refused.
 - ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (a new query only, before ``startingOffsets``): each
   partition starts at the first offset whose record's timestamp is at or after it (Kafka's ListOffsets by
@@ -71,6 +71,7 @@ from rlm.discovery import ClusterView
 from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
 from rlm.spark.options import EARLIEST, LATEST, SourceOptions, SparkSourceError
 from rlm.spark.planning import MetadataReader, plan_range, resolve_partitions, topic_selected
+from rlm.tier import Isolation, RemoteReader, TierView
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.manager import RemoteStorageManager
 
@@ -130,7 +131,7 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._last_trigger = time.monotonic()
         self._tps: dict[tuple[str, int], TopicIdPartition] = {}
         self._ids: dict[str, uuid.UUID] = {}  # topic -> its id on the cluster at the last _tier()
-        self._txn_view: Any = None  # rlm.history.tier.TierView, read_committed only
+        self._txn_view: TierView | None = None  # read_committed only
         self._view: ClusterView | None = None
         self._reported: dict[tuple[str, int], int] = {}  # the tier's latest offsets at the last latestOffset
 
@@ -158,12 +159,9 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def _stable_end(self, k: tuple[str, int], hwm: int) -> int:
         """read_committed: the tier's last stable offset (a transaction open at the tier's end, its marker not
         tiered yet, is held back until it is), as the history endpoint serves it; else the high watermark."""
-        if self.opts.isolation != "read_committed" or self._metadata is None:
+        if self.opts.isolation != Isolation.READ_COMMITTED or self._metadata is None:
             return hwm
-        if self._txn_view is None:
-            from rlm.history.tier import TierView  # the one computation of a tier's last stable offset
-            from rlm.reader import RemoteReader
-
+        if self._txn_view is None:  # the one computation of a tier's last stable offset
             self._txn_view = TierView(RemoteReader(self._metadata.rlmm, self._storage()), ttl_s=0.0)
         tier = self._txn_view.partition(self._tps[k])
         return hwm if tier is None else min(hwm, tier.last_stable_offset)
@@ -206,8 +204,6 @@ class KafkaRemoteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """The first offset whose record's timestamp is >= ``timestamp_ms`` (Kafka's ListOffsets by timestamp,
         through the remote reader); the tier's end when no record is that recent (the partition reads only what
         is tiered from now on, as the batch source reads nothing of it)."""
-        from rlm.reader import RemoteReader
-
         hit = RemoteReader(self._metadata_reader().rlmm, self._storage()).offset_for_timestamp(
             self._tps[(topic, p)], timestamp_ms)
         return latest if hit is None else min(hit[0], latest)

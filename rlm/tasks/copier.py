@@ -9,7 +9,7 @@ One run (:meth:`PartitionCopier.run_once`):
 3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
    transaction is ever uploaded): COPY_SEGMENT_STARTED, the store's copy, COPY_SEGMENT_FINISHED; release staging.
 
-Where to resume: the end of the remote chain of this broker's leader-epoch lineage (:mod:`rlm.chain`; as Kafka's
+Where to resume: the end of the remote chain of this broker's leader-epoch lineage (:mod:`rlm.tier.chain`; as Kafka's
 ``findHighestRemoteOffset``), so a new leader continues where the old one stopped, and offsets a diverged lineage
 tiered (an unclean election) are tiered again from this lineage. A local segment that starts below that offset
 but ends above it (replicas roll at different offsets) is copied from highest + 1 on (the storage manager skips
@@ -39,11 +39,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlm import metrics
-from rlm.chain import Lineage, lineage_of, remote_chain
-from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
 from rlm.state import write_file_durably
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
+from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, epochs_for_range, lineage_of, remote_chain, to_rsm
 from rlmm.api import (
     CopyFencedError,
     InvalidStateTransitionError,
@@ -286,11 +285,11 @@ class PartitionCopier:
             if md is None:
                 self.staging.release(s)  # nothing worth copying (expired already); not a gap
                 highest = s.end_offset_inclusive
-                self.tiered(highest, _last_epoch(epochs, highest))
+                self.tiered(highest, checkpoint_epoch_at(epochs, highest))
                 continue
             result.copied.append(md)
             highest = md.end_offset_inclusive
-            self.tiered(highest, md.segment_leader_epochs[-1][0])
+            self.tiered(highest, md.epoch_at(highest))
             self.staging.release(s)
         self.write_watermark()
         return result
@@ -484,10 +483,3 @@ class PartitionCopier:
                                                           "reason": reason, "error": str(cleanup_err)})
 
 
-def _last_epoch(epochs: list[EpochEntry], offset: int) -> int | None:
-    """The leader epoch of ``offset`` in the checkpoint, or None when no entry covers it."""
-    out = None
-    for e in epochs:
-        if e.start_offset <= offset:
-            out = e.epoch
-    return out

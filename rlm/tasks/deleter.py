@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from rlm import metrics
 from rlm.errors import DeleteQueueError
-from rlm.segments import to_rsm
+from rlm.tier import to_rsm
 from rlmm import serde
 from rlmm.api import (
     InvalidStateTransitionError,

@@ -4,7 +4,7 @@ Never from the topic's ``retention.*`` (in sidecar mode they govern the broker's
 broker's log start offset (it moves whenever local retention deletes a segment; following it would delete from
 the remote tier exactly what tiering exists to keep).
 
-Retention counts the remote chain only (:mod:`rlm.chain`): one copy of each offset, of the current leader-epoch
+Retention counts the remote chain only (:mod:`rlm.tier.chain`): one copy of each offset, of the current leader-epoch
 lineage. Segments outside the chain are deleted here too once the chain serves all their offsets: duplicates, and
 segments of a diverged lineage (as Kafka's expiration deletes segments outside the leader's lineage) once the
 current lineage's copies have replaced them.
@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from rlm.chain import lineage_of, remote_chain, unchained
 from rlm.config import RetentionRule
 from rlm.tasks.deleter import SegmentDeleter
+from rlm.tier import lineage_of, remote_chain, unchained
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.log.checkpoint import EpochEntry
 
@@ -56,7 +56,7 @@ def expire_partition(rlmm: RemoteLogMetadataManager, deleter: SegmentDeleter, tp
     (or queued for the cleaner).
 
     ``local_epochs``: the leader's leader-epoch checkpoint (call only while leading under its newest epoch); the
-    chain then follows the leader's lineage (:meth:`rlm.chain.Lineage.merged_with_local`). Without it the chain
+    chain then follows the leader's lineage (:meth:`rlm.tier.chain.Lineage.merged_with_local`). Without it the chain
     follows the metadata's own lineage.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms

@@ -44,8 +44,8 @@ import uuid
 from pathlib import Path
 
 from rlm import metrics
-from rlm.segments import to_rsm
 from rlm.state import GC_ORPHANS, malformed, read_json, write_file_durably
+from rlm.tier import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemotePartitionDeleteState, TopicIdPartition
 from rsm.api import CopyListing, KeyLayout, RemoteStorageManagerApi, StoredCopy
 from rsm.errors import RemoteStorageError

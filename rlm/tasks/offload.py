@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlm import metrics
-from rlm.segments import epoch_pairs, epochs_for_range, to_rsm
 from rlm.tasks.copier import CopyFencedError, CopyResult, PartitionCopier
+from rlm.tier import epoch_pairs, epochs_for_range, to_rsm
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState
 from rsm.api import LogPiece, LogRangeData
 from rsm.errors import CopyCancelledError
@@ -171,7 +171,7 @@ class StreamingOffloader:
             self.reset()  # the failed copy was removed; the next run cuts again from the resume point
             raise
         result.copied.append(md)
-        copier.tiered(md.end_offset_inclusive, md.segment_leader_epochs[-1][0])
+        copier.tiered(md.end_offset_inclusive, md.epoch_at(md.end_offset_inclusive))
         copier.write_watermark()
         self.cut = OffloadCut(md.end_offset_inclusive + 1, resume_at=cut.pieces[-1])
         return result

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rlm.history import tier as tier_module
-from rlm.history.tier import TierView
+from rlm.tier import TierView
+from rlm.tier import view as tier_module
 from rlmm.api import TopicIdPartition
 from rsm.log.producer_snapshot import ProducerStateEntry
 

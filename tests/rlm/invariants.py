@@ -4,7 +4,7 @@ It reads only through the project's public surfaces, from its own metadata cache
 :class:`~rlmm.topic_manager.TopicBasedRemoteLogMetadataManager` over the sidecars' metadata topic), so it sees what
 any reader (``rlm cat``, Spark) would see, independent of the sidecars' own caches:
 
-- :meth:`rlm.reader.RemoteReader.segments` and :meth:`rlm.reader.RemoteReader.read` (the chain a reader serves);
+- :meth:`rlm.tier.RemoteReader.segments` and :meth:`rlm.tier.RemoteReader.read` (the chain a reader serves);
 - ``list_remote_log_segments`` of the metadata manager (every segment in any state);
 - the store's listing under the partition's key prefix, and the project's :class:`rlm.tasks.gc.GarbageCollector`.
 
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from rlm.config import SidecarSettings
-from rlm.reader import RemoteReader
 from rlm.tasks.gc import GarbageCollector, segment_id_of_key
+from rlm.tier import RemoteReader
 from rlmm.api import RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.format.keys import partition_prefix
 from rsm.manager import RemoteStorageManager

@@ -1,10 +1,10 @@
-"""rlm.chain: the remote chain every reader, retention and the copier follow (unit tests, no broker)."""
+"""rlm.tier.chain: the remote chain every reader, retention and the copier follow (unit tests, no broker)."""
 
 from __future__ import annotations
 
 import uuid
 
-from rlm.chain import Lineage, chain_gaps, lineage_of, remote_chain, unchained
+from rlm.tier import Lineage, chain_gaps, lineage_of, remote_chain, unchained
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.log.checkpoint import EpochEntry
 

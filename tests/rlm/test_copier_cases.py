@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rlm.chain import remote_chain
 from rlm.config import RetentionRule
-from rlm.reader import RemoteReader
 from rlm.tasks.copier import PartitionCopier
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.expiration import expire_partition
 from rlm.tasks.staging import Staging
+from rlm.tier import RemoteReader, remote_chain
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager, RsmConfig

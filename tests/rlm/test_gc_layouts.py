@@ -15,9 +15,9 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from rlm.segments import to_rsm
 from rlm.tasks import gc as gc_module
 from rlm.tasks.gc import GarbageCollector
+from rlm.tier import to_rsm
 from rlmm.api import (
     RemoteLogMetadataManager,
     RemoteLogSegmentId,

@@ -112,7 +112,7 @@ def test_custom_metadata_layout_and_limit(tmp_path):
 
 
 def test_to_rsm_passes_custom_metadata_through():
-    from rlm.segments import to_rsm
+    from rlm.tier import to_rsm
     from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, TopicIdPartition
 
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)

@@ -1,4 +1,4 @@
-"""Input partitions carry the storage manager's segment metadata itself (:func:`rlm.segments.to_rsm`), and survive
+"""Input partitions carry the storage manager's segment metadata itself (:func:`rlm.tier.segments.to_rsm`), and survive
 cloudpickle, which is how Spark ships them to the executors (no Spark session, no store)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import astuple
 
 from pyspark import cloudpickle
 
-from rlm.segments import to_rsm
 from rlm.spark.planning import Bounds, _plan_partition
+from rlm.tier import to_rsm
 from rsm.api import RemoteSegmentMetadata
 from tests.spark.test_planning_gaps import options, seg
 

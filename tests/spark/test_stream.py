@@ -396,8 +396,8 @@ def test_a_tier_ending_below_what_was_read_fails_or_goes_back_counted() -> None:
 
 
 def test_a_segment_removed_between_planning_and_reading_fails_the_task_or_is_skipped(tmp_path: Path) -> None:
-    from rlm.segments import to_rsm
     from rlm.spark.executor import DataLossError, SegmentSlice, read_slice
+    from rlm.tier import to_rsm
     from rsm.manager import RsmConfig
 
     store = RsmConfig(store="fs", root_path=str(tmp_path)).model_dump(mode="json")  # the segment is not in it

@@ -27,9 +27,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from devtools.devkafka import KafkaCluster
-from rlm.segments import to_rsm
 from rlm.sidecar import Sidecar, make_rlmm
 from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
+from rlm.tier import to_rsm
 from rlmm.api import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
 from rsm.manager import RemoteStorageManager
 from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for

@@ -1,8 +1,10 @@
-"""What the history endpoint serves of one partition: the remote chain, its bounds, and fetches of its batches.
+"""One partition's remote tier as a broker serves its log: the remote chain, its bounds, and fetches of its batches.
 
-A broker answers a consumer from its log; the endpoint answers from the remote tier, with the same meanings:
+A broker answers a consumer from its log; the history endpoint (:mod:`rlm.history`) answers from the remote tier
+with the same meanings, and the streaming Spark source ends its read_committed micro-batches at the same last stable
+offset. Nothing here is the Kafka protocol (the endpoint's handlers turn these values into responses):
 
-- **log start offset**: the first offset of the remote chain (:func:`rlm.chain.remote_chain`);
+- **log start offset**: the first offset of the remote chain (:func:`rlm.tier.chain.remote_chain`);
 - **high watermark**: the latest tiered offset + 1 (everything tiered was below the broker's high watermark);
 - **last stable offset**: the first offset of a transaction still undecided at the end of the tier, else the high
   watermark, never below the log start offset (as Kafka's). A read_committed consumer is served only below it. The
@@ -15,8 +17,9 @@ A broker answers a consumer from its log; the endpoint answers from the remote t
 
 A fetch returns whole batches as stored, control and aborted batches included, as a broker does; the consumer
 drops them. For read_committed the aborted transactions overlapping the batches returned come with them, from the
-uploaded transaction indexes (:class:`rlm.reader.TxnIndexes`, Kafka's search rule). Which batches are read is
-decided by :func:`rlm.reader.iter_segment_batches`, as for every other reader.
+uploaded transaction indexes (:class:`rlm.tier.reader.TxnIndexes`, Kafka's search rule). Which batches are read is
+decided by :func:`rlm.tier.reader.iter_segment_batches`, as for every other reader. The leader epoch of an offset is
+:meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at` of the chain segment holding it (:meth:`PartitionTier.epoch_of`).
 
 A copy that cannot be read (a key id no longer configured, a corrupt object, a store error) raises
 :class:`UnreadableCopyError` naming the partition, the segment and the cause: the endpoint answers that partition
@@ -34,8 +37,9 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from rlm.errors import RlmError
-from rlm.reader import RemoteReader, TxnIndexes, iter_segment_batches
-from rlm.segments import to_rsm
+from rlm.tier.isolation import Isolation
+from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches
+from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.errors import RemoteStorageError
 from rsm.log.batch import BATCH_HEADER_SIZE
@@ -44,7 +48,6 @@ from rsm.log.records import iter_raw_records
 
 __all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit", "UnreadableCopyError"]
 
-READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 FIRST_BATCH_CACHE = 16_384  # (partition, offset) -> size of a batch that did not fit: entries kept (about 2 MiB)
 
 
@@ -95,16 +98,19 @@ class PartitionTier:
     @property
     def latest_epoch(self) -> int:
         """The leader epoch of the tier's newest offset."""
-        return self.segments[-1].segment_leader_epochs[-1][0]
+        last = self.segments[-1]
+        return last.epoch_at(last.end_offset_inclusive)
 
     def epoch_of(self, offset: int) -> int:
-        """The leader epoch of ``offset`` (the newest epoch for offsets past the tier)."""
+        """The leader epoch of ``offset``: that of the chain segment holding it (the first segment's first epoch
+        for offsets below the tier, the newest epoch for offsets past it)."""
         i = min(bisect.bisect_left([m.end_offset_inclusive for m in self.segments], offset), len(self.segments) - 1)
-        epoch = self.segments[i].segment_leader_epochs[0][0]
-        for e, start in self.segments[i].segment_leader_epochs:
-            if start <= offset:
-                epoch = e
-        return epoch
+        return self.segments[i].epoch_at(offset)
+
+    def end_offset(self, isolation: Isolation) -> int:
+        """Where a reader at ``isolation`` stops (exclusive): the last stable offset for read_committed, else the
+        high watermark."""
+        return self.last_stable_offset if isolation == Isolation.READ_COMMITTED else self.high_watermark
 
     def index_of(self, offset: int) -> int:
         """The index of the segment holding ``offset`` (which must be in the tier)."""
@@ -172,8 +178,8 @@ class TierView:
         return tier
 
     # --------------------------------------------------------------------------------------------- fetch
-    def fetch(self, tp: TopicIdPartition, offset: int, max_bytes: int, *, isolation: int = READ_UNCOMMITTED,
-              at_least_one: bool = True) -> FetchResult:
+    def fetch(self, tp: TopicIdPartition, offset: int, max_bytes: int, *,
+              isolation: Isolation = Isolation.READ_UNCOMMITTED, at_least_one: bool = True) -> FetchResult:
         """Whole batches from the one holding ``offset`` on, up to ``max_bytes`` (the first batch even past it when
         ``at_least_one``: Kafka's rule for the first partition of a response with data), below the high watermark
         (read_uncommitted) or the last stable offset (read_committed).
@@ -192,8 +198,8 @@ class TierView:
         if offset < tier.log_start_offset or offset > tier.high_watermark:
             out.error = "offset_out_of_range"
             return out
-        bound = tier.last_stable_offset if isolation == READ_COMMITTED else tier.high_watermark
-        if isolation == READ_COMMITTED:
+        bound = tier.end_offset(isolation)
+        if isolation == Isolation.READ_COMMITTED:
             out.aborted = []
         if offset >= bound or not self._room(max_bytes, out.size, at_least_one):
             return out
@@ -203,7 +209,7 @@ class TierView:
             if known is not None and known > max_bytes:
                 return out  # read before, and it did not fit then either
         segs = tier.segments
-        txns = TxnIndexes(self.reader.rsm, segs) if isolation == READ_COMMITTED else None
+        txns = TxnIndexes(self.reader.rsm, segs) if isolation == Isolation.READ_COMMITTED else None
         last_offset = offset - 1
         full = False
         current: RemoteLogSegmentMetadata | None = None

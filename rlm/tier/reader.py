@@ -11,7 +11,7 @@ The sidecar answers for the remote tier what the broker answers for its local lo
   epoch.
 
 Only the remote chain is read: COPY_SEGMENT_FINISHED segments of one leader-epoch lineage, never two copies of
-one offset (:mod:`rlm.chain`). A block range of one data object is one ranged GET that streams
+one offset (:mod:`rlm.tier.chain`). A block range of one data object is one ranged GET that streams
 the following blocks too (sequential reads need no further request per block); ledger indexes are cached by the
 storage manager (LRU), so a warm random read costs one request.
 
@@ -19,7 +19,9 @@ Every read goes through the storage manager's read interface (:meth:`rsm.api.Rem
 :class:`rsm.api.SegmentHandle`), never the object format. What a consumer sees of a segment is decided in one
 place, :func:`iter_segment_batches` (offset range, control batches, aborted transactions), and the aborted
 transactions that matter in one other, :class:`TxnIndexes` (which segments' indexes: :func:`txn_search`; which of
-their entries: :func:`aborted_covering`); the Spark source uses both.
+their entries: :func:`aborted_covering`); the Spark source and the tier view (:mod:`rlm.tier.view`) use both.
+The leader epoch of a record found by timestamp is its segment's
+(:meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from rlm import metrics
-from rlm.chain import remote_chain
 from rlm.errors import RlmError
-from rlm.segments import to_rsm
+from rlm.tier.chain import remote_chain
+from rlm.tier.isolation import Isolation
+from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.api import BlockRange, RemoteStorageManagerApi, SegmentHandle
 from rsm.log.batch import BatchHeader
@@ -53,8 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Isolation = Literal["read_uncommitted", "read_committed"]
 
 
 class OffsetOutOfRangeError(RlmError, LookupError):
@@ -81,7 +81,7 @@ class RemoteReader:
 
     # ----------------------------------------------------------------------------------------- listings
     def segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
-        """The segments served for ``tp``: the remote chain (:func:`rlm.chain.remote_chain`), by start offset."""
+        """The segments served for ``tp``: the remote chain (:func:`rlm.tier.chain.remote_chain`), by start offset."""
         return remote_chain(self.rlmm.list_remote_log_segments(tp))
 
     def earliest_offset(self, tp: TopicIdPartition) -> int | None:
@@ -116,12 +116,12 @@ class RemoteReader:
             if not h.timestamp_type:  # CreateTime: the records' own timestamps
                 offset, ts = next(((r.offset, r.timestamp) for r in iter_raw_records(h, data, path=seg.name)
                                    if r.offset >= offset and r.timestamp >= timestamp_ms), (offset, ts))
-            return offset, _epoch_of(md, offset), ts
+            return offset, md.epoch_at(offset), ts
         return None
 
     # -------------------------------------------------------------------------------------------- reads
     def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
-             max_records: int | None = None, isolation: Isolation = "read_uncommitted",
+             max_records: int | None = None, isolation: Isolation = Isolation.READ_UNCOMMITTED,
              to_offset_inclusive: int | None = None) -> Iterator[RemoteRecord]:
         """Records from ``from_offset`` on, in offset order, across segments.
 
@@ -143,7 +143,7 @@ class RemoteReader:
                 md = segs[si]
                 if to_offset_inclusive is not None and md.start_offset > to_offset_inclusive:
                     return
-                aborted = txns.aborted(si) if isolation == "read_committed" else []
+                aborted = txns.aborted(si) if isolation == Isolation.READ_COMMITTED else []
                 seg = self.rsm.open_segment(to_rsm(md))
                 want = max(from_offset, md.start_offset)
                 key = seg.name
@@ -180,7 +180,8 @@ def iter_segment_batches(seg: SegmentHandle, from_offset: int, end_offset_inclus
 
     Reads blocks ``first_block..last_block`` (default: from the block holding ``from_offset`` to the last) with
     one ranged GET per data object; the caller still drops records outside the range inside the edge batches.
-    The one decision of what a reader sees: :meth:`RemoteReader.read` and the Spark executors (:mod:`rlm.spark`).
+    The one decision of what a reader sees: :meth:`RemoteReader.read`, the tier view's fetches and the Spark
+    executors (:mod:`rlm.spark`).
     """
     for h, data in seg.batches(from_offset, end_offset_inclusive, first_block=first_block, last_block=last_block):
         yield h, data, not h.is_control and not (
@@ -257,10 +258,3 @@ def is_aborted(aborted: Sequence[AbortedTxn], producer_id: int, offset: int) -> 
     """Whether the batch of ``producer_id`` at ``offset`` belongs to one of the ``aborted`` transactions."""
     return any(t.producer_id == producer_id and t.first_offset <= offset <= t.last_offset for t in aborted)
 
-
-def _epoch_of(md: RemoteLogSegmentMetadata, offset: int) -> int:
-    epoch = md.segment_leader_epochs[0][0]
-    for e, start in md.segment_leader_epochs:
-        if start <= offset:
-            epoch = e
-    return epoch

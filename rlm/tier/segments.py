@@ -1,10 +1,12 @@
 """The one adapter between the metadata manager's model (``rlmm``) and the storage manager's (``rsm``), and the
-slicing of leader epochs, which the sidecar's tasks and the Spark source share.
+slicing of leader epochs, which the sidecar's tasks, the readers of the tier and the Spark source share.
 
 Leader epochs: ``rsm`` has one type, :class:`rsm.api.EpochEntry` (the local checkpoint's entries, a segment's
 epochs in :class:`rsm.api.RemoteSegmentMetadata` and in the index object); ``rlmm`` keeps Kafka's
 ``segmentLeaderEpochs`` as ``(epoch, start_offset)`` pairs (what its codec writes and its cache stores; it cannot
-import ``rsm``). Only :func:`to_rsm`, :func:`from_rsm` and :func:`epoch_pairs` cross between the two.
+import ``rsm``). Only :func:`to_rsm`, :func:`from_rsm` and :func:`epoch_pairs` cross between the two. The leader
+epoch of an offset: in a remote segment, :meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at`; in the local
+checkpoint, :func:`checkpoint_epoch_at`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
 from rsm.api import EpochEntry, RemoteSegmentMetadata
 
-__all__ = ["epoch_pairs", "epochs_for_range", "from_rsm", "to_rsm"]
+__all__ = ["checkpoint_epoch_at", "epoch_pairs", "epochs_for_range", "from_rsm", "to_rsm"]
 
 
 def to_rsm(md: RemoteLogSegmentMetadata) -> RemoteSegmentMetadata:
@@ -78,4 +80,14 @@ def epochs_for_range(entries: Sequence[EpochEntry], start_offset: int,
         if nxt is not None and nxt <= start_offset:
             continue  # this epoch ended before the range
         out.append(EpochEntry(e.epoch, max(e.start_offset, start_offset)))
+    return out
+
+
+def checkpoint_epoch_at(entries: Sequence[EpochEntry], offset: int) -> int | None:
+    """The leader epoch of ``offset`` in the partition's leader-epoch checkpoint (ascending): that of the last entry
+    starting at or before it; None when no entry does (the checkpoint starts past ``offset``)."""
+    out = None
+    for e in entries:
+        if e.start_offset <= offset:
+            out = e.epoch
     return out

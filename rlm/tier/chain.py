@@ -7,8 +7,8 @@ The metadata topic can hold more COPY_SEGMENT_FINISHED segments than the partiti
 - segments of a *diverged* lineage: an unclean election elected a replica that never had the old leader's last
   offsets, and the old leader had tiered them under its (older) epoch.
 
-Every reader (the CLI, :class:`rlm.reader.RemoteReader`, Spark planning), retention and the copier's resume point
-see the same answer, computed here once:
+Every reader (the CLI, :class:`rlm.tier.RemoteReader`, Spark planning, the history endpoint's
+:class:`rlm.tier.TierView`), retention and the copier's resume point see the same answer, computed here once:
 
 1. The **lineage**: the leader epochs in force, each with its first offset. From the metadata alone
    (:func:`lineage_of`), an epoch starts at the lowest offset any segment holds it at, and a lower epoch that
