@@ -1,0 +1,302 @@
+"""The storage manager on S3 latency (issue 25): side by side with boto3's transfer manager, in one run.
+
+    .venv/bin/python bench/bench_s3.py [--size-mib 256] [--reads 60] [--repeat 2] [--outlier-rate 0]
+        [--latency-arg=--first-byte-median-ms=27 ...]
+
+s3proxy (a real S3 server over a directory, ``devtools/s3proxy.py``) behind the latency-emulating proxy
+(``devtools/s3latency.py``, run as its own process so its pacing does not share our interpreter: first byte lognormal
+median 27 ms sigma 0.6 floor 10 ms, PUT 60 ms + 20 ms/MiB, 88 MB/s per connection, unless ``--latency-arg`` says
+otherwise). A segment of ``--size-mib`` is built from synthetic record batches (64 KiB, valid CRC-32C) with sparse
+offset/time indexes, as ``bench_rsm`` builds them. Rows, each the best of ``--repeat`` runs taking turns:
+
+- copy: ``RemoteStorageManager.copy_log_segment_data`` (the store from ``RsmConfig``: its defaults) vs boto3
+  ``upload_file`` of the same three files (``TransferConfig`` defaults);
+- sequential read of the copied segment as a consumer catching up reads it (what ``rlm cat`` and the history
+  endpoint do, through ``rsm``'s public API: ``open_segment(md).batches(start, end)``, every batch in order, on a new
+  manager: cold index) vs ``download_fileobj`` of the same data object (defaults) to ``/dev/null``;
+- random cold read: one batch at a random position (``fetch_log_segment``), a new manager each time: p50 / p99 and
+  requests per read.
+
+Requests per GiB come from the store's own counts (``store.requests``, and ``rsm_store_requests_total`` from the
+process's metrics, printed side by side) and, for boto3, from a ``before-send`` hook on its client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+# ------------------------------------------------------------------------------------------------ the segment
+
+def _varint(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)  # zigzag
+    out = bytearray()
+    while True:
+        b = z & 0x7F
+        z >>= 7
+        if z:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def synthetic_batches(count: int, records: int = 16, value_bytes: int = 4000, seed: int = 1) -> list[bytes]:
+    """``count`` uncompressed v2 record batches of ``records`` records each (about 64 KiB), valid CRC-32C."""
+    from rsm.log.batch import batch_crc
+
+    rng = random.Random(seed)
+    out = []
+    ts = 1_700_000_000_000
+    for _ in range(count):
+        recs = bytearray()
+        for i in range(records):
+            value = rng.randbytes(value_bytes)
+            body = (b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value + _varint(0))
+            recs += _varint(len(body)) + body
+        tail = struct.pack(">hiqqqhii", 0, records - 1, ts, ts, -1, -1, -1, records)
+        after_len = struct.pack(">ibI", 0, 2, 0) + tail + recs
+        data = bytearray(struct.pack(">qi", 0, len(after_len)) + after_len)
+        data[17:21] = struct.pack(">I", batch_crc(data))
+        out.append(bytes(data))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the runs
+
+class Boto3Counter:
+    """Counts the HTTP requests a boto3 client sends, by operation (``before-send``: retries included)."""
+
+    def __init__(self, client) -> None:
+        from collections import Counter
+
+        self.counts: Counter[str] = Counter()
+        client.meta.events.register("before-send.s3.*", self._count)
+
+    def _count(self, event_name: str = "", **_: object) -> None:
+        self.counts[event_name.rsplit(".", 1)[-1]] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+
+
+
+def _prom_all() -> dict[str, int]:
+    from prometheus_client import REGISTRY
+
+    out: dict[str, int] = {}
+    for metric in REGISTRY.collect():
+        if metric.name == "rsm_store_requests":
+            for s in metric.samples:
+                if s.name == "rsm_store_requests_total" and s.labels.get("store") == "s3":
+                    out[s.labels["kind"]] = int(s.value)
+    return out
+
+
+def _per_gib(counts: dict[str, int], nbytes: int, kinds: tuple[str, ...]) -> float:
+    return sum(counts.get(k, 0) for k in kinds) / (nbytes / GiB)
+
+
+GETS = ("GetObject", "HeadObject")
+PUTS = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mib", type=int, default=256)
+    ap.add_argument("--reads", type=int, default=60, help="random cold reads")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each row, taking turns; the best is shown")
+    ap.add_argument("--outlier-rate", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--latency-arg", action="append", default=[],
+                    help="passed to devtools.s3latency as is, e.g. --latency-arg=--bandwidth-mb-per-s=60")
+    args = ap.parse_args()
+
+    import boto3
+    from bench_rsm import build_segment
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    from devtools.s3proxy import S3ProxyServer
+    from rsm.api import LogSegmentData, RemoteSegmentMetadata
+    from rsm.manager import RemoteStorageManager, RsmConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    s3 = S3ProxyServer(directory=work / "s3proxy", heap="1g")
+    lat_proc: subprocess.Popen | None = None
+    try:
+        print(f"building a {args.size_mib} MiB segment ...", flush=True)
+        seg = build_segment(synthetic_batches(48), args.size_mib * MiB, work / "local")
+        log_bytes = seg["log"].stat().st_size
+        s3.start()
+        os.environ["AWS_ACCESS_KEY_ID"] = s3.identity
+        os.environ["AWS_SECRET_ACCESS_KEY"] = s3.credential
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        bucket = "bench-s3"
+        s3.client().create_bucket(Bucket=bucket)
+        lat_cmd = [sys.executable, "-m", "devtools.s3latency", "--upstream", s3.endpoint_url, "--seed",
+                   str(args.seed), "--outlier-rate", str(args.outlier_rate), *args.latency_arg]
+        lat_proc = subprocess.Popen(lat_cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert lat_proc.stdout is not None
+        line = lat_proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"s3latency did not start: {line!r} {lat_proc.stderr.read() if lat_proc.stderr else ''}")
+        url = line.removeprefix("listening on ")
+        print(f"s3proxy {s3.endpoint_url}, latency emulator {url}: {' '.join(lat_cmd[2:])}", flush=True)
+
+        config = RsmConfig(store="s3", bucket=bucket, endpoint_url=url, region="us-east-1")
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              config=Config(s3={"addressing_style": "path"},
+                                            request_checksum_calculation="when_required",
+                                            response_checksum_validation="when_required"))
+        boto_count = Boto3Counter(client)
+        files = [seg["log"], seg["index"], seg["timeindex"]]
+        copy_bytes = sum(f.stat().st_size for f in files)
+        epoch = b"0\n1\n0 0\n"
+
+        def new_md() -> RemoteSegmentMetadata:
+            return RemoteSegmentMetadata(uuid.uuid4(), uuid.UUID(int=7), "bench-s3", 0, 0, seg["last_offset"],
+                                         segment_size_bytes=log_bytes)
+
+        results: dict[str, list[dict]] = {}
+
+        def record(row: str, seconds: float, nbytes: int, counts: dict[str, int], prom: dict[str, int] | None = None,
+                   **extra: object) -> None:
+            results.setdefault(row, []).append({"seconds": seconds, "bytes": nbytes, "counts": counts, "prom": prom,
+                                                **extra})
+
+        copied: RemoteSegmentMetadata | None = None
+        for run in range(args.repeat):
+            # -- copy ---------------------------------------------------------------------------------------
+            rsm = RemoteStorageManager(config)
+            md = new_md()
+            before, prom_before = rsm.store.requests.snapshot(), _prom_all()
+            t0 = time.perf_counter()
+            rsm.copy_log_segment_data(md, LogSegmentData(*files, None, None, epoch))
+            record("copy/rsm", time.perf_counter() - t0, copy_bytes, _delta(rsm.store.requests.snapshot(), before),
+                   _delta(_prom_all(), prom_before))
+            rsm.close()
+            copied = copied or md
+            before = boto_count.snapshot()
+            t0 = time.perf_counter()
+            for f in files:
+                client.upload_file(str(f), bucket, f"plain/{run}/{f.name}", Config=TransferConfig())
+            record("copy/boto3", time.perf_counter() - t0, copy_bytes, _delta(boto_count.snapshot(), before))
+
+            # -- sequential read ----------------------------------------------------------------------------
+            rsm = RemoteStorageManager(config)  # a new manager: the index object is read too (cold)
+            before, prom_before = rsm.store.requests.snapshot(), _prom_all()
+            t0 = time.perf_counter()
+            handle = rsm.open_segment(copied)
+            n = 0
+            batches = 0
+            for _h, data in handle.batches(copied.start_offset, copied.end_offset_inclusive):
+                n += len(data)
+                batches += 1
+            seconds = time.perf_counter() - t0
+            if n != log_bytes:
+                raise RuntimeError(f"read {n} bytes of batches, the segment has {log_bytes}")
+            record("read/rsm", seconds, n, _delta(rsm.store.requests.snapshot(), before),
+                   _delta(_prom_all(), prom_before))
+            data_key = rsm.store_for(rsm.layout_of(copied)).key_prefix + rsm.keys(copied).data(0)
+            data_size = rsm.store.head(rsm.keys(copied).data(0)) or 0
+            rsm.close()
+            before = boto_count.snapshot()
+            t0 = time.perf_counter()
+            with open(os.devnull, "wb") as sink:
+                client.download_fileobj(bucket, data_key, sink, Config=TransferConfig())
+            record("read/boto3", time.perf_counter() - t0, data_size, _delta(boto_count.snapshot(), before))
+
+        # -- random cold reads (one batch at a random position, a new manager each: index + block) -----------
+        assert copied is not None
+        rng = random.Random(args.seed)
+        positions = []
+        from rsm.log.batch import iter_batches_with_bytes
+
+        for h, data in iter_batches_with_bytes(seg["log"], verify_crc=False):
+            positions.append((h.position, h.position + len(data) - 1))
+        lat_ms, reqs = [], []
+        for _ in range(args.reads):
+            start, end = positions[rng.randrange(len(positions))]
+            rsm = RemoteStorageManager(config)
+            before = rsm.store.requests.total()
+            t0 = time.perf_counter()
+            with rsm.fetch_log_segment(copied, start, end) as f:
+                got = f.read()
+            lat_ms.append((time.perf_counter() - t0) * 1000)
+            reqs.append(rsm.store.requests.total() - before)
+            rsm.close()
+            if len(got) != end - start + 1:
+                raise RuntimeError(f"short random read at {start}")
+
+        # -- the table ------------------------------------------------------------------------------------
+        def best(row: str) -> dict:
+            return min(results[row], key=lambda r: r["seconds"])
+
+        def mbps(r: dict) -> float:
+            return r["bytes"] / r["seconds"] / 1e6
+
+        def all_mbps(row: str) -> str:
+            return ", ".join(f"{mbps(r):.0f}" for r in results[row])
+
+        print()
+        print(f"segment: {log_bytes / MiB:.0f} MiB .log ({copy_bytes / MiB:.1f} MiB with indexes), "
+              f"best of {args.repeat}, MB = 10^6 bytes")
+        print("| measure | this project | boto3 transfer manager | ratio |")
+        print("|---|---|---|---|")
+        for what, row in (("sequential read (open_segment().batches vs download_fileobj)", "read"),
+                          ("copy (copy_log_segment_data vs upload_file x3)", "copy")):
+            r, b = best(f"{row}/rsm"), best(f"{row}/boto3")
+            print(f"| {what} | {mbps(r):.0f} MB/s ({all_mbps(row + '/rsm')}) | {mbps(b):.0f} MB/s "
+                  f"({all_mbps(row + '/boto3')}) | {mbps(r) / mbps(b):.2f}x |")
+        lat_sorted = sorted(lat_ms)
+        p99 = lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))]
+        print(f"| random cold read, one batch ({args.reads} reads) | p50 {statistics.median(lat_ms):.0f} ms, "
+              f"p99 {p99:.0f} ms, {statistics.mean(reqs):.1f} requests/read (max {max(reqs)}) | | |")
+        print()
+        print("| requests per GiB | this project (store.requests) | rsm_store_requests_total | boto3 |")
+        print("|---|---|---|---|")
+        for label, row, kinds in (("read: GETs", "read", GETS), ("copy: PUTs", "copy", PUTS)):
+            r, b = best(f"{row}/rsm"), best(f"{row}/boto3")
+            print(f"| {label} | {_per_gib(r['counts'], r['bytes'], kinds):.0f} {r['counts']} | "
+                  f"{_per_gib(r['prom'], r['bytes'], kinds):.0f} | {_per_gib(b['counts'], b['bytes'], kinds):.0f} "
+                  f"{b['counts']} |")
+    finally:
+        if lat_proc is not None:
+            lat_proc.terminate()
+            try:
+                _, err = lat_proc.communicate(timeout=10)
+                stats = [ln for ln in err.splitlines() if ln.startswith("stats:")]
+                print(f"emulator {stats[-1] if stats else err[-500:]}")
+            except subprocess.TimeoutExpired:
+                lat_proc.kill()
+        s3.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
