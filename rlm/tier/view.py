@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
+from rlm import metrics
 from rlm.errors import RlmError
 from rlm.tier.isolation import Isolation
 from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches
@@ -213,6 +214,7 @@ class TierView:
         last_offset = offset - 1
         full = False
         current: RemoteLogSegmentMetadata | None = None
+        started, read = time.monotonic(), False
         try:
             for si in range(tier.index_of(offset), len(segs)):
                 md = current = segs[si]
@@ -225,6 +227,7 @@ class TierView:
                 plan = seg.block_plan(want, end, budget)
                 if not plan:
                     continue
+                read = True
                 batches = iter_segment_batches(seg, want, end, first_block=plan[0].first_block,
                                                last_block=plan[0].last_block)
                 with closing(batches):
@@ -254,6 +257,9 @@ class TierView:
                     full = True  # the plan's byte budget ended inside this segment
         except UNREADABLE as err:
             raise UnreadableCopyError(tp, current, err) from err
+        if read:  # the remote reads' metrics, as the reader counts its own (rlm_bytes_read, rlm_read_seconds)
+            metrics.BYTES_READ.labels(tp.topic).inc(out.size)
+            metrics.READ_SECONDS.observe(time.monotonic() - started)
         return out
 
     def _remember_first_batch(self, tp: TopicIdPartition, offset: int, size: int) -> None:

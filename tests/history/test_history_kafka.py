@@ -734,7 +734,8 @@ def test_metrics_count_requests_and_bytes(history: HistorySetup) -> None:
     before = (metric("rlm_history_requests_total", api="fetch", error="none"),
               metric("rlm_history_bytes_sent_total", api="fetch"),
               metric("rlm_history_record_bytes_total", topic=topic),
-              metric("rlm_history_requests_total", api="api_versions", error="none"))
+              metric("rlm_history_requests_total", api="api_versions", error="none"),
+              metric("rlm_bytes_read_total", topic=topic), metric("rlm_read_seconds_count"))
     with Raw(h.history.port) as raw:
         api_versions(raw)
         part = one_partition(raw.call(fetch_req({topic: {0: 0}})))
@@ -742,11 +743,14 @@ def test_metrics_count_requests_and_bytes(history: HistorySetup) -> None:
     after = (metric("rlm_history_requests_total", api="fetch", error="none"),
              metric("rlm_history_bytes_sent_total", api="fetch"),
              metric("rlm_history_record_bytes_total", topic=topic),
-             metric("rlm_history_requests_total", api="api_versions", error="none"))
+             metric("rlm_history_requests_total", api="api_versions", error="none"),
+             metric("rlm_bytes_read_total", topic=topic), metric("rlm_read_seconds_count"))
     assert after[0] == before[0] + 1
     assert after[1] >= before[1] + n
     assert after[2] == before[2] + n
     assert after[3] == before[3] + 1
+    # The remote reads the endpoint made count as remote reads (the dashboard's "Remote bytes read" and latency)
+    assert after[4] == before[4] + n and after[5] >= before[5] + 1
     assert REGISTRY.get_sample_value("rlm_history_request_seconds_count", {"api": "fetch"}) >= 1
 
 
