@@ -13,7 +13,10 @@ offset/time indexes, as ``bench_rsm`` builds them. Rows, each the best of ``--re
   ``upload_file`` of the same three files (``TransferConfig`` defaults);
 - sequential read of the copied segment as a consumer catching up reads it (what ``rlm cat`` and the history
   endpoint do, through ``rsm``'s public API: ``open_segment(md).batches(start, end)``, every batch in order, on a new
-  manager: cold index) vs ``download_fileobj`` of the same data object (defaults) to ``/dev/null``;
+  manager: cold index) vs ``download_fileobj`` of the same data object (defaults) to ``/dev/null``; one row per
+  ``--read-ahead`` variant (default: off, i.e. one streamed GET as before issue 25, and the store's default), with
+  the peak bytes read ahead;
+- the filesystem store: the same read with read-ahead off (its default) and on (64 MiB), page cache warm;
 - random cold read: one batch at a random position (``fetch_log_segment``), a new manager each time: p50 / p99 and
   requests per read.
 
@@ -82,6 +85,26 @@ def synthetic_batches(count: int, records: int = 16, value_bytes: int = 4000, se
 
 # ------------------------------------------------------------------------------------------------- the runs
 
+def parse_size(text: str) -> int:
+    """``0``, ``4096``, ``16MiB``, ``512KiB``: bytes."""
+    for unit, mult in (("MiB", MiB), ("KiB", 1024)):
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * mult)
+    return int(text)
+
+
+def sequential_read(rsm, md) -> tuple[int, int]:
+    """Every batch of the copy, in order, as a consumer catching up reads it (``rlm cat``, the history endpoint:
+    ``open_segment(md).batches``); (bytes of batches, peak bytes the process's read-ahead held, sampled per batch)."""
+    from rsm.format.readahead import read_ahead_bytes
+
+    n = peak = 0
+    for _h, data in rsm.open_segment(md).batches(md.start_offset, md.end_offset_inclusive):
+        n += len(data)
+        peak = max(peak, read_ahead_bytes())
+    return n, peak
+
+
 class Boto3Counter:
     """Counts the HTTP requests a boto3 client sends, by operation (``before-send``: retries included)."""
 
@@ -132,6 +155,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each row, taking turns; the best is shown")
     ap.add_argument("--outlier-rate", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--read-ahead", default="0,default",
+                    help="sequential-read variants, side by side: read_ahead_bytes values (0 off, 16MiB, ...) or "
+                         "'default' (the store's own)")
     ap.add_argument("--latency-arg", action="append", default=[],
                     help="passed to devtools.s3latency as is, e.g. --latency-arg=--bandwidth-mb-per-s=60")
     args = ap.parse_args()
@@ -183,6 +209,10 @@ def main() -> None:
                                          segment_size_bytes=log_bytes)
 
         results: dict[str, list[dict]] = {}
+        read_variants: list[tuple[str, int | None]] = []
+        for v in args.read_ahead.split(","):
+            read_variants.append(("" if v == "default" else f" read-ahead {v}",
+                                  None if v == "default" else parse_size(v)))
 
         def record(row: str, seconds: float, nbytes: int, counts: dict[str, int], prom: dict[str, int] | None = None,
                    **extra: object) -> None:
@@ -208,20 +238,18 @@ def main() -> None:
             record("copy/boto3", time.perf_counter() - t0, copy_bytes, _delta(boto_count.snapshot(), before))
 
             # -- sequential read ----------------------------------------------------------------------------
-            rsm = RemoteStorageManager(config)  # a new manager: the index object is read too (cold)
-            before, prom_before = rsm.store.requests.snapshot(), _prom_all()
-            t0 = time.perf_counter()
-            handle = rsm.open_segment(copied)
-            n = 0
-            batches = 0
-            for _h, data in handle.batches(copied.start_offset, copied.end_offset_inclusive):
-                n += len(data)
-                batches += 1
-            seconds = time.perf_counter() - t0
-            if n != log_bytes:
-                raise RuntimeError(f"read {n} bytes of batches, the segment has {log_bytes}")
-            record("read/rsm", seconds, n, _delta(rsm.store.requests.snapshot(), before),
-                   _delta(_prom_all(), prom_before))
+            for variant, ahead in read_variants:
+                # a new manager: the index object is read too (cold)
+                rsm = RemoteStorageManager(config.model_copy(update={"read_ahead_bytes": ahead}))
+                before, prom_before = rsm.store.requests.snapshot(), _prom_all()
+                t0 = time.perf_counter()
+                n, peak = sequential_read(rsm, copied)
+                seconds = time.perf_counter() - t0
+                if n != log_bytes:
+                    raise RuntimeError(f"read {n} bytes of batches, the segment has {log_bytes}")
+                record(f"read/rsm{variant}", seconds, n, _delta(rsm.store.requests.snapshot(), before),
+                       _delta(_prom_all(), prom_before), peak_ahead=peak)
+                rsm.close()  # closes the upload pool only: rsm still reads (the data key below)
             data_key = rsm.store_for(rsm.layout_of(copied)).key_prefix + rsm.keys(copied).data(0)
             data_size = rsm.store.head(rsm.keys(copied).data(0)) or 0
             rsm.close()
@@ -230,6 +258,18 @@ def main() -> None:
             with open(os.devnull, "wb") as sink:
                 client.download_fileobj(bucket, data_key, sink, Config=TransferConfig())
             record("read/boto3", time.perf_counter() - t0, data_size, _delta(boto_count.snapshot(), before))
+
+        # -- the filesystem store: the same read, read-ahead off and on (page cache warm) --------------------
+        fs_root = work / "fs-store"
+        fs_rsm = RemoteStorageManager(RsmConfig(root_path=fs_root, fsync=False))
+        fs_md = new_md()
+        fs_rsm.copy_log_segment_data(fs_md, LogSegmentData(*files, None, None, epoch))
+        for _ in range(args.repeat):
+            for variant, ahead in (("", None), (" read-ahead 64MiB", 64 * MiB)):
+                rsm = RemoteStorageManager(RsmConfig(root_path=fs_root, read_ahead_bytes=ahead))
+                t0 = time.perf_counter()
+                n, peak = sequential_read(rsm, fs_md)
+                record(f"fs/rsm{variant}", time.perf_counter() - t0, n, {}, peak_ahead=peak)
 
         # -- random cold reads (one batch at a random position, a new manager each: index + block) -----------
         assert copied is not None
@@ -268,11 +308,18 @@ def main() -> None:
               f"best of {args.repeat}, MB = 10^6 bytes")
         print("| measure | this project | boto3 transfer manager | ratio |")
         print("|---|---|---|---|")
-        for what, row in (("sequential read (open_segment().batches vs download_fileobj)", "read"),
-                          ("copy (copy_log_segment_data vs upload_file x3)", "copy")):
-            r, b = best(f"{row}/rsm"), best(f"{row}/boto3")
-            print(f"| {what} | {mbps(r):.0f} MB/s ({all_mbps(row + '/rsm')}) | {mbps(b):.0f} MB/s "
-                  f"({all_mbps(row + '/boto3')}) | {mbps(r) / mbps(b):.2f}x |")
+        rows = [(f"sequential read{v or ' (store default)'} (open_segment().batches vs download_fileobj)",
+                 f"read/rsm{v}", "read/boto3") for v, _ in read_variants]
+        rows.append(("copy (copy_log_segment_data vs upload_file x3)", "copy/rsm", "copy/boto3"))
+        for what, row, other in rows:
+            r, b = best(row), best(other)
+            peak = f", read-ahead peak {r['peak_ahead'] / MiB:.0f} MiB" if "peak_ahead" in r else ""
+            print(f"| {what} | {mbps(r):.0f} MB/s ({all_mbps(row)}{peak}) | {mbps(b):.0f} MB/s "
+                  f"({all_mbps(other)}) | {mbps(r) / mbps(b):.2f}x |")
+        r0, r1 = best("fs/rsm"), best("fs/rsm read-ahead 64MiB")
+        print(f"| filesystem store, sequential read: default (off) vs read-ahead 64 MiB | {mbps(r0):.0f} MB/s "
+              f"({all_mbps('fs/rsm')}) | {mbps(r1):.0f} MB/s ({all_mbps('fs/rsm read-ahead 64MiB')}) | "
+              f"{mbps(r0) / mbps(r1):.2f}x |")
         lat_sorted = sorted(lat_ms)
         p99 = lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))]
         print(f"| random cold read, one batch ({args.reads} reads) | p50 {statistics.median(lat_ms):.0f} ms, "
@@ -280,8 +327,10 @@ def main() -> None:
         print()
         print("| requests per GiB | this project (store.requests) | rsm_store_requests_total | boto3 |")
         print("|---|---|---|---|")
-        for label, row, kinds in (("read: GETs", "read", GETS), ("copy: PUTs", "copy", PUTS)):
-            r, b = best(f"{row}/rsm"), best(f"{row}/boto3")
+        count_rows = [(f"read{v}: GETs", f"read/rsm{v}", "read/boto3", GETS) for v, _ in read_variants]
+        count_rows.append(("copy: PUTs", "copy/rsm", "copy/boto3", PUTS))
+        for label, row, other, kinds in count_rows:
+            r, b = best(row), best(other)
             print(f"| {label} | {_per_gib(r['counts'], r['bytes'], kinds):.0f} {r['counts']} | "
                   f"{_per_gib(r['prom'], r['bytes'], kinds):.0f} | {_per_gib(b['counts'], b['bytes'], kinds):.0f} "
                   f"{b['counts']} |")

@@ -6,7 +6,9 @@ original ``.log`` byte count. A failure raises :class:`~rsm.errors.CorruptRemote
 the byte position in the object and the Kafka offset when known; bad bytes are never handed out.
 
 Request costs: the index object is one GET (cache it: :class:`SegmentReader` is built from a decoded index),
-then one ranged GET per data object touched (a range inside one object is one GET, streamed).
+then one ranged GET per data object touched (a range inside one object is one GET, streamed); with read-ahead
+(``read_ahead_bytes``: S3 by default) a read of several blocks is instead ranged GETs of about 8 MiB each, several in
+flight (:mod:`rsm.format.readahead`), so a read of one block stays one GET.
 
 Encrypted copies (:mod:`rsm.format.crypto`): the ledger carries the copy's data key (``LedgerIndex.cipher``, set
 when the sealed index was opened); each block is read whole, authenticated and opened before any entry is parsed,
@@ -38,6 +40,7 @@ from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
+from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead
 from rsm.log.batch import BatchHeader, batch_crc, header_from_bytes
 from rsm.log.errors import CorruptIndexError, CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
@@ -207,16 +210,30 @@ def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, l
             opener.close()
 
 
-def _block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
-                   opener: _Opener | None) -> Iterator[EntryView]:
+class _Fetched:
+    """Whole blocks from a :class:`~rsm.format.readahead.ReadAhead`, handed to :func:`_block_entries` as an opener's
+    are (entries are views of them)."""
+
+    __slots__ = ("_blocks",)
+
+    def __init__(self, blocks: Iterator[memoryview]) -> None:
+        self._blocks = blocks
+
+    def next_block(self) -> memoryview:
+        return next(self._blocks)
+
+
+def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str, ledger_id: int,
+                   opener: _Opener | _Fetched | None) -> Iterator[EntryView]:
     for block in blocks:
         pos = block.object_position
         src: BinaryIO | memoryview
         if opener is None:
+            assert stream is not None
             src, block_length = stream, block.block_length
             hdr = read_block_header(src, key=key, position=pos)
         else:
-            src = opener.next_block()  # the whole opened block: entries are views of it
+            src = opener.next_block()  # the whole block (opened, or fetched ahead): entries are views of it
             block_length = len(src)
             hdr = decode_block_header(src, key=key, position=pos)
         if hdr.block_length != block_length or hdr.first_entry_id != block.first_entry_id:
@@ -288,12 +305,17 @@ class SegmentReader(SegmentHandle):
     :class:`~rsm.api.SegmentHandle`, plus entry-level access for this package (addresses, verify, ``.log`` bytes)."""
 
     def __init__(self, store: Store, keys: SegmentKeys, ledger: LedgerIndex,
-                 on_bytes: Callable[[int], None] | None = None) -> None:
+                 on_bytes: Callable[[int], None] | None = None, *, read_ahead_bytes: int = 0,
+                 read_ahead_request_bytes: int = DEFAULT_REQUEST_BYTES) -> None:
         self.store = store
         self.keys = keys
         self.ledger = ledger
         self.name = keys.base
         self._on_bytes = on_bytes
+        self.read_ahead_bytes = read_ahead_bytes
+        """Budget of a read of several blocks: ranged GETs in flight ahead of the parser (rsm.format.readahead);
+        0: one GET streamed per data object."""
+        self.read_ahead_request_bytes = read_ahead_request_bytes
 
     # -- the SegmentHandle -------------------------------------------------------------------------------------
 
@@ -368,7 +390,9 @@ class SegmentReader(SegmentHandle):
     # -- entries -----------------------------------------------------------------------------------------------
 
     def iter_entries(self, first_block: int = 0, last_block: int | None = None) -> Iterator[EntryView]:
-        """Verified entries of blocks ``first_block..last_block`` (inclusive), one GET per data object."""
+        """Verified entries of blocks ``first_block..last_block`` (inclusive): one GET per data object streamed, or
+        with :attr:`read_ahead_bytes` (a plain copy, several blocks, each within half the budget) ranged GETs of
+        about :attr:`read_ahead_request_bytes` each, in flight within that budget."""
         blocks = self.ledger.blocks
         last_block = len(blocks) - 1 if last_block is None else last_block
         i = first_block
@@ -380,6 +404,18 @@ class SegmentReader(SegmentHandle):
             key = self.keys.data(obj)
             start = blocks[i].object_position
             end = blocks[j].object_position + blocks[j].block_length - 1
+            if (self.read_ahead_bytes > 0 and j > i and self.ledger.cipher is None
+                    and 2 * max(b.block_length for b in blocks[i:j + 1]) <= self.read_ahead_bytes):
+                ahead = ReadAhead(self.store, key, list(blocks[i:j + 1]), budget_bytes=self.read_ahead_bytes,
+                                  request_bytes=self.read_ahead_request_bytes)
+                fetched = iter(ahead)
+                try:
+                    yield from _block_entries(None, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
+                                              opener=_Fetched(fetched))
+                finally:
+                    fetched.close()  # type: ignore[attr-defined]
+                i = j + 1
+                continue
             with self.store.get(key, start, end) as stream:
                 yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
                                               cipher=self.ledger.cipher)

@@ -27,6 +27,8 @@ protocol's docstring says when it is absent:
   uploads). Without: there are none.
 - :class:`TempFilesStore` (``remove_stale_temp_files``): temp files a killed write left (filesystem). Without: none.
 - :class:`ClosableStore` (``close``): resources to release (S3's upload pool). Without: nothing to release.
+- :class:`ReadAheadStore` (``read_ahead_bytes``): sequential reads gain from ranged GETs in flight (S3: one
+  connection carries far less than several). Without: no read-ahead (a filesystem read is one stream).
 
 ``cutoff_ms`` is an instant (epoch milliseconds), not an age: what was last touched before it is stale.
 """
@@ -43,7 +45,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from prometheus_client import Counter as PromCounter
 
 __all__ = ["IOV_MAX", "OPTIONAL_MEMBERS", "Chunk", "ClosableStore", "ObjectInfo", "PrefixedStore", "ProbedStore",
-           "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore", "iter_buffers"]
+           "ReadAheadStore", "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore", "iter_buffers"]
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 """The most buffers one ``readv`` / ``writev`` / ``preadv`` call takes (scatter and gather lists go in groups)."""
@@ -178,8 +180,16 @@ class ClosableStore(Protocol):
         ...
 
 
+class ReadAheadStore(Protocol):
+    """Optional: the read-ahead budget a sequential read of this store gets by default (S3). Without: none."""
+
+    read_ahead_bytes: int
+    """Bytes of ranged GETs in flight ahead of one reader (:mod:`rsm.format.readahead`)."""
+
+
 OPTIONAL_MEMBERS: dict[str, type] = {
     "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
     "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
+    "read_ahead_bytes": ReadAheadStore,
 }
 """Every optional member of a store, by name: the protocol declaring it."""
