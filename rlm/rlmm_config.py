@@ -1,10 +1,11 @@
 """The one place a :class:`~rlmm.topic_manager.TopicBasedRlmmConfig` is built.
 
-Two kinds of callers: the sidecar and its CLI (:func:`sidecar_rlmm_config`, from :class:`rlm.config.SidecarSettings`)
-and the Spark source's driver (:func:`rlmm_config` with what its options and the cluster say). Both hand over a whole
-confluent-kafka client configuration, ``bootstrap.servers`` included; the metadata manager takes the bootstrap apart
-and passes the rest (security, ``sasl.*``, ``ssl.*``) to its admin, producer and consumer: as a
-:class:`~rlm.kafka_secrets.RedactedConfig`, so the config's repr (in a log line or a traceback) masks the secrets.
+Two kinds of callers: the sidecar, its CLI and the history endpoint (:func:`sidecar_rlmm_config`, from
+:class:`rlm.config.SidecarSettings`; :func:`make_rlmm` builds the manager of it) and the Spark source's driver
+(:func:`rlmm_config` with what its options and the cluster say). Both hand over a whole confluent-kafka client
+configuration, ``bootstrap.servers`` included; the metadata manager takes the bootstrap apart and passes the rest
+(security, ``sasl.*``, ``ssl.*``) to its admin, producer and consumer: as a :class:`~rlm.kafka_secrets.RedactedConfig`,
+so the config's repr (in a log line or a traceback) masks the secrets.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 from rlm.config import SidecarSettings
 from rlm.kafka_secrets import RedactedConfig
 from rlm.state import MetadataCacheUser, StateDir
-from rlmm.topic_manager import TopicBasedRlmmConfig
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
 
-__all__ = ["rlmm_config", "sidecar_rlmm_config"]
+__all__ = ["make_rlmm", "rlmm_config", "sidecar_rlmm_config"]
 
 
 def rlmm_config(client: Mapping[str, Any], *, topic: str, num_partitions: int, replication_factor: int,
@@ -72,3 +73,16 @@ def sidecar_rlmm_config(settings: SidecarSettings, *, serve_all: bool = False, c
         read_only=read_only,
         **({} if kafka_timeout_s is None else {"kafka_timeout_s": kafka_timeout_s}),
     )
+
+
+def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
+              cache_for: MetadataCacheUser = "sidecar", create_topic: bool | None = None,
+              read_only: bool | None = None, kafka_timeout_s: float | None = None,
+              ) -> TopicBasedRemoteLogMetadataManager:
+    """The metadata manager of these settings (:func:`sidecar_rlmm_config`: its cache is ``cache_for``'s in the state
+    dir unless ``cache_dir``; in ``mode: read_only`` a missing metadata topic raises
+    :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``, and the manager never writes unless
+    ``read_only=False``)."""
+    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(
+        settings, serve_all=serve_all, cache_dir=cache_dir, cache_for=cache_for, create_topic=create_topic,
+        read_only=read_only, kafka_timeout_s=kafka_timeout_s))

@@ -21,8 +21,8 @@ Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; e
 partition in the log dirs, led here or not (:meth:`Sidecar.follow`), and ``gauges`` refreshes what reads report. A
 read-only sidecar constructs no writer (:data:`WRITERS`): no producer, no to-be-deleted topic, no staging (which
 creates and cleans directories), no deleter, cleaner, copier, garbage collector, purge or known-partitions file;
-its metadata manager has no producer either (:func:`make_rlmm`). What it has: the metadata manager, the storage
-manager, the reader, the cluster view and health.
+its metadata manager has no producer either (:func:`rlm.rlmm_config.make_rlmm`). What it has: the metadata manager,
+the storage manager, the reader, the cluster view and health.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from rlm.config import SidecarSettings, TaskSettings
 from rlm.discovery import ClusterView, scan_log_dirs
 from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
 from rlm.known import KnownPartitions
-from rlm.rlmm_config import sidecar_rlmm_config
-from rlm.state import MetadataCacheUser, StateDir
+from rlm.rlmm_config import make_rlmm
+from rlm.state import StateDir
 from rlm.tasks.cleaner import Cleaner
 from rlm.tasks.copier import PartitionCopier
 from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
@@ -57,13 +57,12 @@ from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partit
 from rlm.tasks.staging import Staging, default_staging_root
 from rlm.tier import RemoteReader
 from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
-from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from rsm.errors import RemoteStorageError
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["JOBS", "WRITERS", "Sidecar", "make_rlmm"]
+__all__ = ["JOBS", "WRITERS", "Sidecar"]
 
 
 class _SkippedRunFilter(logging.Filter):
@@ -77,18 +76,6 @@ class _SkippedRunFilter(logging.Filter):
 logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
 
 log = logging.getLogger(__name__)
-
-
-def make_rlmm(settings: SidecarSettings, *, serve_all: bool = False, cache_dir: Path | None = None,
-              cache_for: MetadataCacheUser = "sidecar", create_topic: bool | None = None,
-              read_only: bool | None = None) -> TopicBasedRemoteLogMetadataManager:
-    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config`: its cache is
-    ``cache_for``'s in the state dir unless ``cache_dir``; in ``mode: read_only`` a missing metadata topic raises
-    :class:`~rlmm.api.MetadataTopicMissingError` unless ``create_topic``, and the manager never writes unless
-    ``read_only=False``)."""
-    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(
-        settings, serve_all=serve_all, cache_dir=cache_dir, cache_for=cache_for, create_topic=create_topic,
-        read_only=read_only))
 
 
 @dataclass

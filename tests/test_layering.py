@@ -147,3 +147,9 @@ def test_every_reader_reads_through_the_tier() -> None:
 def test_spark_never_imports_the_listener() -> None:
     """The Spark source reads the tier through ``rlm.tier``; the Kafka-protocol listener is not its business."""
     assert _violations("rlm/spark", ("rlm.history", "rlm.listener")) == []
+
+
+def test_the_history_endpoint_never_imports_the_sidecar() -> None:
+    """The history endpoint builds its metadata manager with ``rlm.rlmm_config.make_rlmm``, not through the
+    sidecar's wiring (which would load every task to get it)."""
+    assert _violations("rlm/history", ("rlm.sidecar",)) == []

@@ -149,11 +149,11 @@ def reach_cluster(client_config: Mapping[str, Any], timeout_s: float) -> None:
 
 
 def open_rlmm(settings: SidecarSettings, timeout_s: float, **kwargs: Any) -> TopicBasedRemoteLogMetadataManager:
-    """The metadata manager of these settings (:func:`rlm.rlmm_config.sidecar_rlmm_config` with ``kwargs``), each of
-    its waits on the cluster bounded by ``timeout_s``."""
-    from rlm.rlmm_config import sidecar_rlmm_config
+    """The metadata manager of these settings (:func:`rlm.rlmm_config.make_rlmm` with ``kwargs``), each of its waits
+    on the cluster bounded by ``timeout_s``."""
+    from rlm.rlmm_config import make_rlmm
 
-    return TopicBasedRemoteLogMetadataManager(sidecar_rlmm_config(settings, kafka_timeout_s=timeout_s, **kwargs))
+    return make_rlmm(settings, kafka_timeout_s=timeout_s, **kwargs)
 
 
 def not_authorized(err: NotAuthorizedError | str) -> SystemExit:

@@ -29,6 +29,7 @@ from rlm.history.handlers import Handlers, NodeInfo
 from rlm.history.principals import PrincipalMapper
 from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
 from rlm.history.server import ConnectionLimits, HistoryServer
+from rlm.rlmm_config import make_rlmm
 from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
@@ -65,8 +66,6 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
 
     TLS (``history_listener.tls``) and SASL (``history_listener.sasl``) are set up first: a certificate that cannot
     be loaded or a password SCRAM cannot use raises :class:`~rlm.config.ConfigError` before anything starts."""
-    from rlm.sidecar import make_rlmm
-
     cfg = settings.history_listener
     if cfg is None:
         raise ValueError("history_listener is not configured")

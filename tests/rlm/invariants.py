@@ -126,7 +126,7 @@ class InvariantChecker:
     @contextmanager
     def open(cls, settings: SidecarSettings, work_dir: Path) -> Iterator[InvariantChecker]:
         """A checker with its own metadata cache under ``work_dir`` (the sidecars' caches are locked)."""
-        from rlm.sidecar import make_rlmm
+        from rlm.rlmm_config import make_rlmm
 
         work_dir.mkdir(parents=True, exist_ok=True)
         cache = work_dir / f"cache-{uuid.uuid4().hex[:6]}"

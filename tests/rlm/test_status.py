@@ -27,7 +27,8 @@ import pytest
 from devtools.devkafka import KafkaCluster
 from rlm.cli import main
 from rlm.cli.status import holes
-from rlm.sidecar import Sidecar, make_rlmm
+from rlm.rlmm_config import make_rlmm
+from rlm.sidecar import Sidecar
 from rlmm.api import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,

@@ -27,7 +27,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from devtools.devkafka import KafkaCluster
-from rlm.sidecar import Sidecar, make_rlmm
+from rlm.rlmm_config import make_rlmm
+from rlm.sidecar import Sidecar
 from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
 from rlm.tier import to_rsm
 from rlmm.api import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
