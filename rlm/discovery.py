@@ -14,6 +14,9 @@ as an error: a topic the principal may not Describe is omitted from the all-topi
 answers UNKNOWN_TOPIC_OR_PART for a live topic, and a failed DescribeConfigs says nothing about the topic's
 cleanup policy. :meth:`ClusterView.topic_ids` and :meth:`ClusterView.compaction` return those answers as they
 came; deciding what they prove is the caller's (:mod:`rlm.tasks.purge` for deleted topics).
+
+:func:`classify` merges the two: each tiered partition in the log dirs is led here, followed, or skipped this round
+(with the reason, :class:`Skip`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-__all__ = ["ClusterView", "LocalPartition", "PartitionInfo", "TopicLookup", "scan_log_dirs"]
+from rlmm.api import TopicIdPartition
+from rsm.log.errors import LogFormatError
+from rsm.log.partition import PartitionDir
+
+__all__ = ["Classification", "ClusterView", "LocalPartition", "PartitionInfo", "Skip", "TopicLookup", "classify",
+           "scan_log_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +106,60 @@ def _to_uuid(kafka_uuid: object) -> uuid.UUID:
     msb = kafka_uuid.get_most_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
     lsb = kafka_uuid.get_least_significant_bits() & (2**64 - 1)  # type: ignore[attr-defined]
     return uuid.UUID(int=(msb << 64) | lsb)
+
+
+class Skip(StrEnum):
+    """Why a tiered partition in the log dirs is neither led nor followed this round (fail closed: not tiered)."""
+
+    NOT_DESCRIBED = "not described"  # absent from the cluster's answer (deleted, not authorized, not yet known)
+    COMPACTED = "compacted"  # cleanup.policy includes compact: never tiered
+    CONFIG_UNKNOWN = "config unknown"  # its DescribeConfigs failed or went unanswered this round
+    NO_PARTITION_METADATA = "no partition.metadata"  # the broker has not written it yet (or it is unreadable)
+    OTHER_TOPIC_ID = "another topic id"  # a directory left over from a deleted topic of the same name
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """One discovery round's answer: the partitions led by this broker (-> their partition dir), the ones followed,
+    and the ones skipped with the reason."""
+
+    leaders: dict[TopicIdPartition, Path] = field(default_factory=dict)
+    followers: set[TopicIdPartition] = field(default_factory=set)
+    skipped: dict[tuple[str, int], Skip] = field(default_factory=dict)
+
+
+def classify(local: Mapping[tuple[str, int], LocalPartition], cluster: Mapping[tuple[str, int], PartitionInfo],
+             compaction: Mapping[str, bool | None], broker_id: int) -> Classification:
+    """Split the tiered partitions found in the log dirs (``local``, :func:`scan_log_dirs` filtered by the topic
+    selection) by the cluster's answer: led by ``broker_id``, or followed. A partition is skipped when the cluster
+    did not describe it, its topic is compacted or its compaction unknown (``compaction``:
+    :meth:`ClusterView.compaction`; a topic missing from it is unknown), its ``partition.metadata`` cannot be read,
+    or its directory holds another topic id than the cluster's (a deleted topic of the same name). Reads only each
+    partition dir's ``partition.metadata``; asks the cluster nothing."""
+    out = Classification()
+    for key, lp in local.items():
+        info = cluster.get(key)
+        compacted = compaction.get(key[0])
+        if info is None:
+            out.skipped[key] = Skip.NOT_DESCRIBED
+            continue
+        if compacted is not False:
+            out.skipped[key] = Skip.COMPACTED if compacted else Skip.CONFIG_UNKNOWN
+            continue
+        try:
+            local_id = PartitionDir(lp.path).topic_id
+        except (FileNotFoundError, LogFormatError):
+            out.skipped[key] = Skip.NO_PARTITION_METADATA
+            continue
+        if local_id != info.topic_id:
+            out.skipped[key] = Skip.OTHER_TOPIC_ID
+            continue
+        tp = TopicIdPartition(info.topic_id, info.topic, info.partition)
+        if info.leader == broker_id:
+            out.leaders[tp] = lp.path
+        else:
+            out.followers.add(tp)
+    return out
 
 
 class ClusterView:

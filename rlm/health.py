@@ -29,14 +29,57 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rsm.log.indexes import read_time_index
 from rsm.log.partition import PartitionDir, Segment
 
-__all__ = ["Margin", "StoreHealth", "log_dir_problems", "retention_margin"]
+if TYPE_CHECKING:
+    from rlm.config import HealthSettings
+
+__all__ = ["Margin", "StoreHealth", "liveness", "log_dir_problems", "readiness", "retention_margin"]
+
+
+def readiness(h: HealthSettings, *, discovery_interval_ms: float, last_discovery_ok: float | None,
+              last_error: str | None, not_caught_up: Iterable[str], log_dir_problems: Mapping[str, str],
+              store_probes: StoreHealth, store_copies: StoreHealth, margins: Mapping[object, Margin],
+              now: float | None = None) -> tuple[bool, dict[str, dict[str, object]]]:
+    """Readiness (see the module doc): (every check passes, each check ``{"ok": bool, ...its reason}``).
+
+    ``last_discovery_ok``: when a discovery round last succeeded (epoch seconds; None: never); ``last_error``: the
+    sidecar's last error, the broker check's reason; ``not_caught_up``: the served partitions whose metadata cache
+    has not caught up; ``margins``: each led partition's retention margin."""
+    now = time.time() if now is None else now
+    window_s = max(h.broker_stale_ms, 6 * discovery_interval_ms) / 1000
+    broker_ok = last_discovery_ok is not None and now - last_discovery_ok < window_s
+    behind = list(not_caught_up)
+    failures = max(store_probes.consecutive_failures, store_copies.consecutive_failures)
+    low = {str(tp): {"seconds": m.seconds, "bytes": m.bytes, "segment": m.segment}
+           for tp, m in list(margins.items()) if m.seconds * 1000 < h.min_retention_margin_ms}
+    checks: dict[str, dict[str, object]] = {
+        "broker": {"ok": broker_ok, "last_discovery_ok": last_discovery_ok,
+                   **({} if broker_ok else {"reason": last_error or "no discovery round succeeded yet"})},
+        "log_dirs": {"ok": not log_dir_problems, "problems": log_dir_problems},
+        "metadata": {"ok": not behind, "not_caught_up": behind},
+        "store": {"ok": failures < h.store_failures, "failures_in_a_row": failures,
+                  "last_error": store_copies.last_error if store_copies.consecutive_failures
+                  else store_probes.last_error},
+        "retention_margin": {"ok": not low, "below_min": low, "min_ms": h.min_retention_margin_ms},
+    }
+    return all(c["ok"] for c in checks.values()), checks
+
+
+def liveness(*, discovery_interval_ms: float, scheduler_running: bool, last_discovery_attempt: float | None,
+             now: float | None = None) -> tuple[bool, dict[str, object]]:
+    """Liveness (see the module doc): the scheduler runs and a discovery round was attempted within
+    ``max(120 s, 12 rounds)``."""
+    window_s = max(120.0, 12 * discovery_interval_ms / 1000)
+    now = time.time() if now is None else now
+    ok = scheduler_running and last_discovery_attempt is not None and now - last_discovery_attempt < window_s
+    return ok, {"last_discovery_attempt": last_discovery_attempt, "scheduler_running": scheduler_running}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,10 @@
 """The sidecar: wires discovery, staging, the copy tasks, expiration, the cleaner and GC onto one scheduler.
 
+Wiring only: which partitions are led and followed, their copy jobs and the lock the jobs share are the leadership
+registry's (:mod:`rlm.tasks.leadership`); a round's split of the log dirs into led, followed and skipped partitions
+is :func:`rlm.discovery.classify`; readiness and liveness are :func:`rlm.health.readiness` and
+:func:`rlm.health.liveness`; the metadata manager is :func:`rlm.rlmm_config.make_rlmm`'s.
+
 Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; every job coalesced with
 ``max_instances=1``, so one run at a time). ``normal``:
 
@@ -31,8 +36,8 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 
@@ -42,17 +47,16 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from rlm import metrics
 from rlm.coalesce import Coalescer
 from rlm.config import SidecarSettings, TaskSettings
-from rlm.discovery import ClusterView, scan_log_dirs
-from rlm.health import Margin, StoreHealth, log_dir_problems, retention_margin
+from rlm.discovery import ClusterView, classify, scan_log_dirs
+from rlm.health import Margin, StoreHealth, liveness, log_dir_problems, readiness, retention_margin
 from rlm.known import KnownPartitions
 from rlm.rlmm_config import make_rlmm
 from rlm.state import StateDir
 from rlm.tasks.cleaner import Cleaner
-from rlm.tasks.copier import PartitionCopier
 from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
 from rlm.tasks.expiration import expire_partition
 from rlm.tasks.gc import GarbageCollector
-from rlm.tasks.offload import StreamingOffloader
+from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
 from rlm.tier import RemoteReader
@@ -78,27 +82,6 @@ logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Led:
-    tp: TopicIdPartition
-    path: Path
-    copier: PartitionCopier
-    offloader: StreamingOffloader | None  # streaming mode (rlm.tasks.offload); None: segment mode
-    stop: threading.Event = field(default_factory=threading.Event)  # no further copy starts (also at shutdown)
-    cancel: threading.Event = field(default_factory=threading.Event)  # no longer led: the copy in flight stops too
-    running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
-
-    @property
-    def job_id(self) -> str:
-        """The copy job's id: by topic id, so a topic re-created under its name gets a job of its own and never waits
-        for the old topic's run (apscheduler runs one instance per id)."""
-        return _copy_job_id(self.tp)
-
-
-def _copy_job_id(tp: TopicIdPartition) -> str:
-    return f"copy:{tp.topic}-{tp.partition}:{tp.topic_id}"
-
-
 class Sidecar:
     """Everything ``rlm serve`` runs. ``start()`` returns at once; ``stop()`` shuts down gracefully."""
 
@@ -121,18 +104,18 @@ class Sidecar:
         self.reader = RemoteReader(self.rlmm, self.rsm)
         if not self.read_only:
             self._open_writers()
-        self._led: dict[tuple[str, int], _Led] = {}
-        self._ending: dict[TopicIdPartition, _Led] = {}  # no longer led, its copy run still going (_stop_leading)
-        self._followed: set[TopicIdPartition] = set()
-        self._lock = threading.RLock()
         self._scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(s.tasks.copy_workers + 4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
+        self.leadership = Leadership(s, self._scheduler, rlmm=self.rlmm, rsm=self.rsm,
+                                     staging=None if self.read_only else self.staging,
+                                     deleter=None if self.read_only else self.deleter, run=self._copy_run)
+        """The partitions led (a copy job each) and followed, and the lock the jobs share
+        (:mod:`rlm.tasks.leadership`)."""
         self.last_discovery_ok: float | None = None
         self.last_discovery_attempt: float | None = None
         self.last_error: str | None = None
-        self._stopping = threading.Event()
         # Health (rlm.health): store requests failing in a row (probes; copies), local retention per topic
         # (retention.ms, retention.bytes from the cluster), each led partition's retention margin.
         self.store_probes = StoreHealth()
@@ -197,12 +180,9 @@ class Sidecar:
         abandoned: a copy left COPY_SEGMENT_STARTED is cleaned up by the next start). ``rlm serve`` then exits
         without waiting for that thread.
         """
-        if self._stopping.is_set():
+        if self.leadership.stopping:
             return True
-        with self._lock:  # after this, no job adds or removes jobs (apscheduler's shutdown would deadlock)
-            self._stopping.set()
-            for led in self._led.values():
-                led.stop.set()
+        self.leadership.stop()  # after this, no job adds or removes jobs (apscheduler's shutdown would deadlock)
         # apscheduler's shutdown joins the job threads without a bound: join it with one.
         clean = True
         if self._scheduler.running:  # a sidecar never started has no scheduler to shut down
@@ -227,42 +207,25 @@ class Sidecar:
         return clean
 
     def health(self) -> tuple[bool, dict[str, object]]:
-        """Readiness (``/health``): every check of :mod:`rlm.health`, each ``{"ok": bool, ...reason}``."""
-        h = self.settings.health
-        now = time.time()
-        window = max(h.broker_stale_ms, 6 * self.settings.tasks.discovery_interval_ms) / 1000
-        broker_ok = self.last_discovery_ok is not None and now - self.last_discovery_ok < window
-        behind = [str(tp) for tp in self._not_caught_up(self._served())]
-        failures = max(self.store_probes.consecutive_failures, self.store_copies.consecutive_failures)
-        low = {str(tp): {"seconds": m.seconds, "bytes": m.bytes, "segment": m.segment}
-               for tp, m in list(self.margins.items()) if m.seconds * 1000 < h.min_retention_margin_ms}
-        checks: dict[str, dict[str, object]] = {
-            "broker": {"ok": broker_ok, "last_discovery_ok": self.last_discovery_ok,
-                       **({} if broker_ok else {"reason": self.last_error or "no discovery round succeeded yet"})},
-            "log_dirs": {"ok": not self.log_dir_problems, "problems": self.log_dir_problems},
-            "metadata": {"ok": not behind, "not_caught_up": behind},
-            "store": {"ok": failures < h.store_failures, "failures_in_a_row": failures,
-                      "last_error": self.store_copies.last_error if self.store_copies.consecutive_failures
-                      else self.store_probes.last_error},
-            "retention_margin": {"ok": not low, "below_min": low, "min_ms": h.min_retention_margin_ms},
-        }
-        ok = all(c["ok"] for c in checks.values())
+        """Readiness (``/health``): every check of :func:`rlm.health.readiness`, each ``{"ok": bool, ...reason}``."""
+        ok, checks = readiness(self.settings.health, discovery_interval_ms=self.settings.tasks.discovery_interval_ms,
+                               last_discovery_ok=self.last_discovery_ok, last_error=self.last_error,
+                               not_caught_up=[str(tp) for tp in self._not_caught_up(self.leadership.served())],
+                               log_dir_problems=self.log_dir_problems, store_probes=self.store_probes,
+                               store_copies=self.store_copies, margins=self.margins)
+        leading, following = self.leadership.counts()
         return ok, {"checks": checks, "last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
-                    "leading": len(self._led), "following": len(self._followed)}
-
-    def _served(self) -> list[TopicIdPartition]:
-        with self._lock:
-            return [led.tp for led in self._led.values()] + list(self._followed)
+                    "leading": leading, "following": following}
 
     def _not_caught_up(self, served: list[TopicIdPartition]) -> list[TopicIdPartition]:
         return [tp for tp in served if not self.rlmm.is_ready(tp)]
 
     def liveness(self) -> tuple[bool, dict[str, object]]:
-        """Liveness (``/health/live``): the scheduler runs and attempted a discovery round lately."""
-        window = max(120.0, 12 * self.settings.tasks.discovery_interval_ms / 1000)
-        attempted = self.last_discovery_attempt
-        ok = self._scheduler.running and attempted is not None and time.time() - attempted < window
-        return ok, {"last_discovery_attempt": attempted, "scheduler_running": self._scheduler.running}
+        """Liveness (``/health/live``, :func:`rlm.health.liveness`): the scheduler runs and attempted a discovery
+        round lately."""
+        return liveness(discovery_interval_ms=self.settings.tasks.discovery_interval_ms,
+                        scheduler_running=self._scheduler.running,
+                        last_discovery_attempt=self.last_discovery_attempt)
 
     # ----------------------------------------------------------------------------------------- discovery
     def discover(self) -> None:
@@ -295,7 +258,7 @@ class Sidecar:
     def _discovery_round(self) -> tuple[dict[TopicIdPartition, Path], set[TopicIdPartition]] | None:
         """The tiered partitions in the log dirs, as (led here -> partition dir, followed), from the cluster's
         leaders, topic ids and configs; None when stopping or the cluster did not answer (logged, in /health)."""
-        if self._stopping.is_set():
+        if self.leadership.stopping:
             return None
         s = self.settings
         self.last_discovery_attempt = time.time()
@@ -318,141 +281,28 @@ class Sidecar:
             self.last_error = f"discovery: {err}"
             log.warning("discovery failed", extra={"error": str(err)})
             return None
-        leaders: dict[TopicIdPartition, Path] = {}
-        followers: set[TopicIdPartition] = set()
-        for key, lp in candidates.items():
-            info = cluster.get(key)
-            if info is None or compaction.get(key[0]) is not False:
-                continue  # not described, compacted, or its config unknown this round (fail closed: not tiered)
-            try:
-                local_id = PartitionDir(lp.path).topic_id
-            except (FileNotFoundError, LogFormatError):
-                continue  # partition.metadata not written yet
-            if local_id != info.topic_id:
-                continue  # a directory left over from a deleted topic of the same name
-            tp = TopicIdPartition(info.topic_id, info.topic, info.partition)
-            if info.leader == s.broker_id:
-                leaders[tp] = lp.path
-            else:
-                followers.add(tp)
-        return leaders, followers
+        found = classify(candidates, cluster, compaction, s.broker_id)
+        return found.leaders, found.followers
 
     def _serve(self, leaders: dict[TopicIdPartition, Path], followers: set[TopicIdPartition],
                then: Callable[[set[TopicIdPartition]], object] | None = None) -> bool:
-        """Serve ``leaders`` (a copy job each) and ``followers``: tell the metadata manager, start and stop copy
-        jobs, then call ``then(set(leaders))`` under the same lock. False when stopping or the metadata manager
-        failed (logged, in /health)."""
-        with self._lock:
-            if self._stopping.is_set():
-                return False  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
-            new_served = set(leaders) | followers
-            old_served = {led.tp for led in self._led.values()} | self._followed
-            try:
-                if new_served - old_served or set(leaders) - {led.tp for led in self._led.values()}:
-                    self.rlmm.on_partition_leadership_changes(list(leaders), list(followers))
-                gone = old_served - new_served
-                if gone:
-                    self.rlmm.on_stop_partitions(list(gone))
-            except Exception as err:  # noqa: BLE001 - e.g. a metadata partition's offsets not readable while a
-                # broker restarts: as any other failed round (a warning, /health), the next round does it again
-                self.last_error = f"discovery: metadata manager: {err}"
-                log.warning("discovery failed: metadata manager", extra={"error": str(err)})
-                return False
-            self._followed = followers
-            for key in list(self._led):
-                led = self._led[key]
-                if led.tp not in leaders or leaders[led.tp] != led.path:
-                    self._stop_leading(key)
-            for tp, path in leaders.items():
-                if (tp.topic, tp.partition) not in self._led:
-                    self._start_leading(tp, path)
-            if then is not None:
-                then(set(leaders))
-        return True
-
-    def _start_leading(self, tp: TopicIdPartition, path: Path) -> None:
-        rule = self.settings.retention_for(tp.topic)
-        cancel = threading.Event()
-        copier = PartitionCopier(broker_id=self.settings.broker_id, tp=tp, partition_dir=path, rlmm=self.rlmm,
-                                 rsm=self.rsm, staging=self.staging, deleter=self.deleter,
-                                 watermark_path=StateDir(self.settings.metadata.state_dir).copy_watermark(tp),
-                                 cancel=cancel)
-        offload = self.settings.offload_for(tp.topic)
-        offloader = None
-        interval_ms = self.settings.tasks.copy_interval_ms
-        if offload.mode == "streaming":
-            offloader = StreamingOffloader(copier, max_bytes=offload.offload_max_bytes, max_ms=offload.offload_max_ms)
-            interval_ms = offload.poll_interval_ms
-        led = _Led(tp, path, copier, offloader, cancel=cancel)
-        self._led[(tp.topic, tp.partition)] = led
-        self._scheduler.add_job(self._copy, "interval", args=[led], id=led.job_id,
-                                seconds=interval_ms / 1000, next_run_time=_now(), replace_existing=True)
-        log.info("leading partition: copy task started", extra={"partition": str(tp), "path": str(path),
-                                                                "retention_ms": rule.retention_ms,
-                                                                "mode": offload.mode})
+        """:meth:`Leadership.serve <rlm.tasks.leadership.Leadership.serve>`: False when stopping or the metadata
+        manager failed (a warning, ``last_error`` in /health; the next round does it again)."""
+        try:
+            return self.leadership.serve(leaders, followers, then)
+        except LeadershipChangeError as err:  # e.g. a metadata partition's offsets not readable while a broker restarts
+            self.last_error = f"discovery: metadata manager: {err}"
+            log.warning("discovery failed: metadata manager", extra={"error": str(err)})
+            return False
 
     def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
-        """Drop what is staged for partitions this broker does not lead (the leader copies from its own replica):
-        left by a sidecar killed while it led, or staged by a stage run that raced the loss of leadership. Not while
-        a copy run of the partition, started when it was led, is still running: it releases its staging when it
-        ends (:meth:`_copy`); released under it, its copy failed on a missing file and its gap check saw what it had
-        staged as deleted by the broker. Returns how many segments were released."""
-        running = set(self._still_running())
-        n = 0
-        for tp in {s.tp for s in self.staging.staged()} - leaders - running:
-            released = self.staging.release_partition(tp)
-            n += released
-            log.info("staged segments of a partition not led released", extra={"partition": str(tp),
-                                                                                "segments": released})
-        return n
-
-    def _still_running(self) -> dict[TopicIdPartition, _Led]:
-        """The partitions no longer led whose copy run, started while led, is still going (forgetting the others)."""
-        for tp, led in list(self._ending.items()):
-            if not led.running.locked():
-                del self._ending[tp]
-        return dict(self._ending)
-
-    def _stop_leading(self, key: tuple[str, int]) -> None:
-        """No longer led (leadership moved, the topic deleted or re-created): the copy job goes, and the copy in
-        flight, if any, is cancelled at its next block (not run to its end only to be fenced: throttled, that took
-        minutes) and removed by its run."""
-        led = self._led.pop(key)
-        led.stop.set()
-        led.cancel.set()
-        try:
-            self._scheduler.remove_job(led.job_id)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        # The new leader copies from its own replica: drop what we staged (now, or when the running copy ends).
-        if led.running.acquire(blocking=False):
-            try:
-                self.staging.release_partition(led.tp)
-            finally:
-                led.running.release()
-        else:
-            self._ending[led.tp] = led  # its run is still going: release_unled_staging leaves its staging to it
-        log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
+        """:meth:`Leadership.release_unled_staging <rlm.tasks.leadership.Leadership.release_unled_staging>`: what
+        is staged for partitions not led, unless a copy run of it still goes. Returns how many segments were
+        released."""
+        return self.leadership.release_unled_staging(leaders)
 
     # ---------------------------------------------------------------------------------------------- copy
-    def _copy(self, led: _Led) -> None:
-        if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
-            return
-        with led.running:
-            try:
-                self._copy_run(led)
-            finally:
-                # leadership lost during the run: release its staging, unless the partition is led again (a new
-                # run, of the same replica, goes on from it)
-                if led.stop.is_set() and not self._stopping.is_set() and not self._leads_again(led):
-                    self.staging.release_partition(led.tp)
-
-    def _leads_again(self, led: _Led) -> bool:
-        with self._lock:
-            now = self._led.get((led.tp.topic, led.tp.partition))
-        return now is not None and now is not led and now.tp == led.tp
-
-    def _leader_epoch(self, led: _Led) -> tuple[int, int] | None:
+    def _leader_epoch(self, led: Led) -> tuple[int, int] | None:
         """(LSO, leader epoch) when this broker leads ``led`` now: the cluster's leader answers with an epoch that
         is the newest in this broker's own leader-epoch checkpoint (the broker writes it when made leader). An
         answer without an epoch (seen around elections) is no proof: None (no copy this round; a copy waiting to
@@ -460,7 +310,7 @@ class Sidecar:
         tp = led.tp
         key = (tp.topic, tp.partition)
         got = self._stable_offsets.get([key]).get(key)
-        if got is None or self._led.get(key) is not led:
+        if got is None or self.leadership.get(*key) is not led:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
         if not epochs or epochs[-1].epoch != got[1]:
@@ -469,7 +319,7 @@ class Sidecar:
             return None
         return got
 
-    def _copy_run(self, led: _Led) -> None:
+    def _copy_run(self, led: Led) -> None:
         tp = led.tp
         try:
             try:
@@ -510,19 +360,11 @@ class Sidecar:
         """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
         self.rlmm.wait_ready(tps, timeout_s=30)
 
-    def _each_led(self) -> Iterator[_Led]:
-        """The partitions led when called, skipping one whose copy task is stopped by the time its turn comes."""
-        with self._lock:
-            leds = list(self._led.values())
-        for led in leds:
-            if not led.stop.is_set():
-                yield led
-
     # ------------------------------------------------------------------------------------------- staging
     def stage(self) -> None:
         """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled); paused
         topics are not staged (they are not copied either)."""
-        for led in self._each_led():
+        for led in self.leadership.each_led():
             if self.settings.topics.is_paused(led.tp.topic):
                 continue
             try:
@@ -533,7 +375,7 @@ class Sidecar:
 
     # ---------------------------------------------------------------------------------------- expiration
     def expire(self) -> None:
-        for led in self._each_led():
+        for led in self.leadership.each_led():
             try:
                 # Never on a half-rebuilt metadata cache (after a restart): its oldest segments may not be the
                 # partition's oldest, and retention would delete from the middle of the remote range.
@@ -556,8 +398,7 @@ class Sidecar:
     # ------------------------------------------------------------------------------------------------ gc
     def collect_garbage(self, dry_run: bool = False) -> list[str]:
         gc = self.gc  # a read-only sidecar has none: AttributeError (not a failed run)
-        with self._lock:
-            tps = [led.tp for led in self._led.values()]
+        tps = self.leadership.led_partitions()
         try:
             self._wait_ready(tps)  # a half-rebuilt cache would make live segments look orphaned
             return gc.run(tps, dry_run=dry_run)
@@ -576,9 +417,7 @@ class Sidecar:
         """Purge ``tp``'s remote data through the partition-delete states, and release what staging holds of it.
         Not while a copy run of ``tp`` still goes: it is cancelled, and the purge waits for a later round (False),
         so it neither releases the staged files under the copy nor deletes a segment the copy then finishes."""
-        with self._lock:
-            running = self._still_running().get(tp) or next(
-                (led for led in self._led.values() if led.tp == tp and led.running.locked()), None)
+        running = self.leadership.copy_running(tp)
         if running is not None:
             running.cancel.set()
             log.info("purge of a deleted topic's partition waits for its copy run to end", extra={"partition": str(tp)})
@@ -595,14 +434,14 @@ class Sidecar:
 
     def _refresh_read_gauges(self) -> None:
         """What reads report (``mode: read_only``'s gauges): partitions not caught up, log dirs."""
-        metrics.METADATA_NOT_CAUGHT_UP.set(len(self._not_caught_up(self._served())))
+        metrics.METADATA_NOT_CAUGHT_UP.set(len(self._not_caught_up(self.leadership.served())))
         for d in self.settings.log_dirs:
             metrics.LOG_DIR_OK.labels(str(d)).set(0 if str(d) in self.log_dir_problems else 1)
 
     def _refresh_margins(self) -> None:
         """Each led partition's retention margin (:func:`rlm.health.retention_margin`), as gauges."""
         margins: dict[TopicIdPartition, Margin] = {}
-        for led in self._each_led():
+        for led in self.leadership.each_led():
             tp = led.tp
             retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
             try:

@@ -247,6 +247,17 @@ def test_a_failure_after_the_upload_leaves_no_started_copy(world: World) -> None
     assert not [p for p in (world.tmp / "remote").rglob("*") if p.is_file() and ".tmp" not in p.parts]
 
 
+def _leadership(staging, run=None):  # type: ignore[no-untyped-def]
+    """A leadership registry over ``staging`` alone (no cluster, no scheduler, no topic paused); ``run``: the copy
+    run of its copy jobs."""
+    from rlm.tasks.leadership import Leadership
+
+    settings = type("S", (), {"topics": type("T", (), {"is_paused": lambda self, t: False})()})()
+    scheduler = type("NoScheduler", (), {"remove_job": lambda self, job_id: None})()
+    return Leadership(settings, scheduler, rlmm=None, rsm=None, staging=staging, deleter=None,  # type: ignore[arg-type]
+                      run=run or (lambda led: None))
+
+
 def test_staging_of_partitions_not_led_is_released(world: World) -> None:
     from rlm.sidecar import Sidecar
 
@@ -257,48 +268,35 @@ def test_staging_of_partitions_not_led_is_released(world: World) -> None:
     for tp in (led, other):
         staging.stage(tp, world.pdir(1, tp), 0, 9)
     sidecar = Sidecar.__new__(Sidecar)  # only its staging: a sidecar killed while leading ``other`` left this
-    sidecar.staging = staging
-    sidecar._ending = {}
+    sidecar.leadership = _leadership(staging)
     assert sidecar.release_unled_staging({led}) == 1
     assert [s.tp for s in staging.staged()] == [led]
 
 
-def _staged_sidecar(world: World, tp: TopicIdPartition):  # type: ignore[no-untyped-def]
-    """A sidecar of only its staging and copy-run bookkeeping (no cluster, no scheduler), with broker 1's segment
-    [0, 9] of ``tp`` staged; and broker 1's copier of ``tp``."""
-    import threading
-
-    from rlm.sidecar import Sidecar
-
+def _staged_leadership(world: World, tp: TopicIdPartition):  # type: ignore[no-untyped-def]
+    """A leadership registry of only broker 1's staging (:func:`_leadership`), with its segment [0, 9] of ``tp``
+    staged; and broker 1's copier of ``tp``."""
     write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE)
     copier = world.copier(1, tp)
     copier.staging.stage(tp, world.pdir(1, tp), 0, 9)
-    sidecar = Sidecar.__new__(Sidecar)
-    sidecar.staging = copier.staging
-    sidecar._ending = {}
-    sidecar._led = {}
-    sidecar._lock = threading.RLock()
-    sidecar._stopping = threading.Event()
-    sidecar._scheduler = type("NoScheduler", (), {"remove_job": lambda self, job_id: None})()
-    sidecar.settings = type("S", (), {"topics": type("T", (), {"is_paused": lambda self, t: False})()})()
-    return sidecar, copier
+    return _leadership(copier.staging), copier
 
 
 def test_staging_of_a_partition_whose_run_outlives_its_leadership_is_left_to_the_run(world: World) -> None:
     """Leadership moved while a copy run went on: discovery leaves its staging to the run (which releases it when
     it ends) instead of pulling the files from under its copy; once the run has ended, discovery releases it."""
-    from rlm.sidecar import _Led
+    from rlm.tasks.leadership import Led
 
     tp = new_tp()
-    sidecar, copier = _staged_sidecar(world, tp)
-    sidecar._led = {(tp.topic, tp.partition): _Led(tp, world.pdir(1, tp), copier, None)}
-    run = sidecar._led[(tp.topic, tp.partition)].running
+    leadership, copier = _staged_leadership(world, tp)
+    leadership._led = {(tp.topic, tp.partition): Led(tp, world.pdir(1, tp), copier, None)}
+    run = leadership._led[(tp.topic, tp.partition)].running
     run.acquire()  # the copy run is going
-    sidecar._stop_leading((tp.topic, tp.partition))
-    assert sidecar.release_unled_staging(set()) == 0
+    leadership.stop_leading((tp.topic, tp.partition))
+    assert leadership.release_unled_staging(set()) == 0
     assert [s.tp for s in copier.staging.staged()] == [tp]
-    run.release()  # the run ended (the real one releases the staging itself: _copy)
-    assert sidecar.release_unled_staging(set()) == 1 and sidecar._ending == {}
+    run.release()  # the run ended (the real one releases the staging itself: run_copy)
+    assert leadership.release_unled_staging(set()) == 1 and leadership.still_running() == {}
 
 
 def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:
@@ -356,25 +354,25 @@ def test_leadership_lost_while_staging_reports_no_gap(world: World) -> None:
 def test_a_run_that_ends_after_leadership_came_back_keeps_the_staging(world: World) -> None:
     """Leadership lost and regained while a run went on: when the stale run ends it does not release the staging
     the new run copies from (it did, and the new run's copies would then fail on missing staged files)."""
-    from rlm.sidecar import _Led
+    from rlm.tasks.leadership import Led
 
     tp = new_tp()
-    sidecar, copier = _staged_sidecar(world, tp)
+    leadership, copier = _staged_leadership(world, tp)
     key = (tp.topic, tp.partition)
-    old = _Led(tp, world.pdir(1, tp), copier, None)
-    sidecar._led = {key: old}
+    old = Led(tp, world.pdir(1, tp), copier, None)
+    leadership._led = {key: old}
 
-    def run_that_loses_and_regains_leadership(led: _Led) -> None:
+    def run_that_loses_and_regains_leadership(led: Led) -> None:
         old.stop.set()
-        sidecar._led[key] = _Led(tp, world.pdir(1, tp), world.copier(1, tp), None)  # led again: a new run
+        leadership._led[key] = Led(tp, world.pdir(1, tp), world.copier(1, tp), None)  # led again: a new run
 
-    sidecar._copy_run = run_that_loses_and_regains_leadership  # type: ignore[method-assign]
-    sidecar._copy(old)
+    leadership._run = run_that_loses_and_regains_leadership
+    leadership.run_copy(old)
     assert [s.tp for s in copier.staging.staged()] == [tp]
-    sidecar._led.pop(key)  # not led any more: the stale run's end releases it
-    old2 = _Led(tp, world.pdir(1, tp), copier, None)
-    sidecar._copy_run = lambda led: led.stop.set()  # type: ignore[method-assign]
-    sidecar._copy(old2)
+    leadership._led.pop(key)  # not led any more: the stale run's end releases it
+    old2 = Led(tp, world.pdir(1, tp), copier, None)
+    leadership._run = lambda led: led.stop.set()
+    leadership.run_copy(old2)
     assert copier.staging.staged() == []
 
 

@@ -210,6 +210,6 @@ def test_topic_whose_config_cannot_be_read_is_not_tiered(kafka_sasl: KafkaCluste
         time.sleep(1.5)  # several more discovery rounds
         assert sent_c and remote_segments(sidecar, c_tp) == []
         assert c_tp not in sidecar.known.all()
-        assert (compacted, 0) not in sidecar._led
+        assert sidecar.leadership.get(compacted, 0) is None
     finally:
         sidecar.stop()

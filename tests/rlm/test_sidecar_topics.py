@@ -318,7 +318,7 @@ def test_replica_moved_between_log_dirs_is_followed(topic_name: str, tmp_path: P
             return p.returncode == 0 and "in progress" not in p.stdout and "completed" in p.stdout
 
         wait_for(verified, 180, "the reassignment tool to report the move complete", interval_s=2.0)
-        wait_for(lambda: (led := sidecar._led.get((topic_name, 0))) is not None and led.path == target, 60,
+        wait_for(lambda: (led := sidecar.leadership.get(topic_name, 0)) is not None and led.path == target, 60,
                  "the sidecar to follow the partition into its new log dir")
         rsm.gate.set()
 

@@ -1,0 +1,288 @@
+"""The leadership registry: which partitions this sidecar leads (a copy job each) and which it follows.
+
+A discovery round hands :meth:`Leadership.serve` the partitions led here and the ones followed
+(:func:`rlm.discovery.classify`); the registry tells the metadata manager, starts a copy job for each partition newly
+led and stops the job of each one no longer led. A copy job runs :meth:`Leadership.run_copy`, which runs the
+sidecar's copy run (``run``) while holding the partition's ``running`` lock, and releases its staging when the run
+ends after leadership moved.
+
+**The lock and what it guards.** :attr:`Leadership.lock` (re-entrant) guards the registry's collections (the led
+partitions by ``(topic, partition)``, the ones *ending*: no longer led while their copy run still goes, and the
+followed set) and the stopping flag. Whenever it is free:
+
+1. the metadata manager has been told of exactly the partitions led and followed (a call that raised changed
+   nothing: :class:`LeadershipChangeError`, the next round tries again), and a copy job is scheduled for each led
+   partition and for no other;
+2. once :meth:`stop` has set the stopping flag (under the lock), no copy job is added or removed: apscheduler's
+   shutdown holds the scheduler's locks while it joins the job threads, and a job adding or removing one then would
+   deadlock it. :meth:`serve` refuses (returns False) from then on;
+3. a partition is ending only while its copy run holds ``running`` (the ended ones are forgotten when
+   :meth:`still_running` is read).
+
+Every change takes the lock; readers copy what they need under it and work on the copy outside
+(:meth:`each_led`, :meth:`served`, :meth:`led_partitions`). A :class:`Led`'s ``stop`` and ``cancel`` are set under
+the lock and read anywhere; its ``running`` lock is held by its copy run alone, the registry only tests it
+(``locked()``, one non-blocking acquire in :meth:`stop_leading`). A partition's staging is released by whichever ends
+last: :meth:`stop_leading` when no run goes, else the run's end, unless the partition is led again by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlm.config import SidecarSettings
+from rlm.errors import RlmError
+from rlm.state import StateDir
+from rlm.tasks.copier import PartitionCopier
+from rlm.tasks.deleter import SegmentDeleter
+from rlm.tasks.offload import StreamingOffloader
+from rlm.tasks.staging import Staging
+from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
+from rsm.manager import RemoteStorageManager
+
+__all__ = ["Leadership", "LeadershipChangeError", "Led", "Scheduler", "copy_job_id"]
+
+log = logging.getLogger(__name__)
+
+
+class LeadershipChangeError(RlmError):
+    """The metadata manager did not take a change of the partitions served (``on_partition_leadership_changes`` or
+    ``on_stop_partitions`` raised: e.g. a metadata partition's offsets not readable while a broker restarts).
+    Nothing changed in the registry; the sidecar reports it (a warning, ``last_error`` in ``/health``) and its next
+    discovery round tries again. No action unless it persists: then the metadata topic's brokers are the cause."""
+
+
+class Scheduler(Protocol):
+    """What the registry needs of apscheduler's scheduler: adding and removing a copy job."""
+
+    def add_job(self, func: Callable[..., Any], trigger: str, **kwargs: Any) -> object: ...
+
+    def remove_job(self, job_id: str) -> None: ...
+
+
+@dataclass
+class Led:
+    """A partition led here: its partition dir, its copy task and the events its copy job runs by."""
+
+    tp: TopicIdPartition
+    path: Path
+    copier: PartitionCopier
+    offloader: StreamingOffloader | None  # streaming mode (rlm.tasks.offload); None: segment mode
+    stop: threading.Event = field(default_factory=threading.Event)  # no further copy starts (also at shutdown)
+    cancel: threading.Event = field(default_factory=threading.Event)  # no longer led: the copy in flight stops too
+    running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
+
+    @property
+    def job_id(self) -> str:
+        """The copy job's id: by topic id, so a topic re-created under its name gets a job of its own and never waits
+        for the old topic's run (apscheduler runs one instance per id)."""
+        return copy_job_id(self.tp)
+
+
+def copy_job_id(tp: TopicIdPartition) -> str:
+    return f"copy:{tp.topic}-{tp.partition}:{tp.topic_id}"
+
+
+class Leadership:
+    """The partitions led (a copy job each) and followed; see the module doc for what :attr:`lock` guards.
+
+    ``run``: the sidecar's copy run of one led partition (called by :meth:`run_copy`, the copy job). ``staging`` and
+    ``deleter``: the copier's; None in ``mode: read_only``, which leads nothing (it only follows)."""
+
+    def __init__(self, settings: SidecarSettings, scheduler: Scheduler, *, rlmm: RemoteLogMetadataManager,
+                 rsm: RemoteStorageManager, staging: Staging | None, deleter: SegmentDeleter | None,
+                 run: Callable[[Led], None]) -> None:
+        self.settings = settings
+        self.lock = threading.RLock()
+        self._scheduler = scheduler
+        self._rlmm = rlmm
+        self._rsm = rsm
+        self._staging = staging
+        self._deleter = deleter
+        self._run = run
+        self._led: dict[tuple[str, int], Led] = {}
+        self._ending: dict[TopicIdPartition, Led] = {}  # no longer led, its copy run still going (stop_leading)
+        self._followed: set[TopicIdPartition] = set()
+        self._stopping = threading.Event()
+
+    # ------------------------------------------------------------------------------------------------ reads
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop` was called: no copy job is added or removed any more."""
+        return self._stopping.is_set()
+
+    def get(self, topic: str, partition: int) -> Led | None:
+        """The partition led now under this name, if any."""
+        with self.lock:
+            return self._led.get((topic, partition))
+
+    def each_led(self) -> Iterator[Led]:
+        """The partitions led when called, skipping one whose copy task is stopped by the time its turn comes."""
+        with self.lock:
+            leds = list(self._led.values())
+        for led in leds:
+            if not led.stop.is_set():
+                yield led
+
+    def led_partitions(self) -> list[TopicIdPartition]:
+        with self.lock:
+            return [led.tp for led in self._led.values()]
+
+    def served(self) -> list[TopicIdPartition]:
+        """The partitions led and followed."""
+        with self.lock:
+            return [led.tp for led in self._led.values()] + list(self._followed)
+
+    def counts(self) -> tuple[int, int]:
+        """(partitions led, partitions followed)."""
+        with self.lock:
+            return len(self._led), len(self._followed)
+
+    def still_running(self) -> dict[TopicIdPartition, Led]:
+        """The partitions no longer led whose copy run, started while led, is still going (forgetting the others)."""
+        with self.lock:
+            for tp, led in list(self._ending.items()):
+                if not led.running.locked():
+                    del self._ending[tp]
+            return dict(self._ending)
+
+    def copy_running(self, tp: TopicIdPartition) -> Led | None:
+        """The copy run of ``tp`` still going, led or no longer led; None when none goes."""
+        with self.lock:
+            return self.still_running().get(tp) or next(
+                (led for led in self._led.values() if led.tp == tp and led.running.locked()), None)
+
+    def leads_again(self, led: Led) -> bool:
+        """``led``'s partition is led again, by a newer copy job of the same replica."""
+        now = self.get(led.tp.topic, led.tp.partition)
+        return now is not None and now is not led and now.tp == led.tp
+
+    # ---------------------------------------------------------------------------------------------- changes
+    def serve(self, leaders: dict[TopicIdPartition, Path], followers: set[TopicIdPartition],
+              then: Callable[[set[TopicIdPartition]], object] | None = None) -> bool:
+        """Serve ``leaders`` (partition -> its dir; a copy job each) and ``followers``: tell the metadata manager,
+        start and stop copy jobs, then call ``then(set(leaders))`` under the same lock. False when stopping.
+
+        Raises :class:`LeadershipChangeError` when the metadata manager raised (nothing changed)."""
+        with self.lock:
+            if self._stopping.is_set():
+                return False  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
+            led_now = {led.tp for led in self._led.values()}
+            new_served = set(leaders) | followers
+            old_served = led_now | self._followed
+            try:
+                if new_served - old_served or set(leaders) - led_now:
+                    self._rlmm.on_partition_leadership_changes(list(leaders), list(followers))
+                gone = old_served - new_served
+                if gone:
+                    self._rlmm.on_stop_partitions(list(gone))
+            except Exception as err:
+                raise LeadershipChangeError(str(err)) from err
+            self._followed = set(followers)
+            for key in list(self._led):
+                led = self._led[key]
+                if led.tp not in leaders or leaders[led.tp] != led.path:
+                    self.stop_leading(key)
+            for tp, path in leaders.items():
+                if (tp.topic, tp.partition) not in self._led:
+                    self.start_leading(tp, path)
+            if then is not None:
+                then(set(leaders))
+        return True
+
+    def start_leading(self, tp: TopicIdPartition, path: Path) -> Led:
+        """Led here from now: its copier (a streaming offloader over it in streaming mode) and its copy job, the first
+        run at once."""
+        s = self.settings
+        if self._staging is None or self._deleter is None:
+            raise RuntimeError("a read-only sidecar leads nothing: it has no staging and no deleter")
+        cancel = threading.Event()
+        copier = PartitionCopier(broker_id=s.broker_id, tp=tp, partition_dir=path, rlmm=self._rlmm, rsm=self._rsm,
+                                 staging=self._staging, deleter=self._deleter,
+                                 watermark_path=StateDir(s.metadata.state_dir).copy_watermark(tp), cancel=cancel)
+        offload = s.offload_for(tp.topic)
+        offloader = None
+        interval_ms = s.tasks.copy_interval_ms
+        if offload.mode == "streaming":
+            offloader = StreamingOffloader(copier, max_bytes=offload.offload_max_bytes, max_ms=offload.offload_max_ms)
+            interval_ms = offload.poll_interval_ms
+        led = Led(tp, path, copier, offloader, cancel=cancel)
+        with self.lock:
+            self._led[(tp.topic, tp.partition)] = led
+            self._scheduler.add_job(self.run_copy, "interval", args=[led], id=led.job_id,
+                                    seconds=interval_ms / 1000, next_run_time=datetime.now(UTC),
+                                    replace_existing=True)
+        log.info("leading partition: copy task started", extra={
+            "partition": str(tp), "path": str(path), "retention_ms": s.retention_for(tp.topic).retention_ms,
+            "mode": offload.mode})
+        return led
+
+    def stop_leading(self, key: tuple[str, int]) -> None:
+        """No longer led (leadership moved, the topic deleted or re-created): the copy job goes, and the copy in
+        flight, if any, is cancelled at its next block (not run to its end only to be fenced: throttled, that took
+        minutes) and removed by its run."""
+        with self.lock:
+            led = self._led.pop(key)
+            led.stop.set()
+            led.cancel.set()
+            try:
+                self._scheduler.remove_job(led.job_id)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            # The new leader copies from its own replica: drop what we staged (now, or when the running copy ends).
+            if led.running.acquire(blocking=False):
+                try:
+                    self._release(led.tp)
+                finally:
+                    led.running.release()
+            else:
+                self._ending[led.tp] = led  # its run is still going: release_unled_staging leaves its staging to it
+        log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
+
+    def stop(self) -> None:
+        """Shutdown: no copy starts and no copy job is added or removed from now on."""
+        with self.lock:
+            self._stopping.set()
+            for led in self._led.values():
+                led.stop.set()
+
+    # --------------------------------------------------------------------------------------------- copy job
+    def run_copy(self, led: Led) -> None:
+        """The copy job of ``led``: its copy run, holding ``running``; a run that ends after leadership moved
+        releases the partition's staging, unless the partition is led again (a new run, of the same replica, goes
+        on from it)."""
+        if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
+            return
+        with led.running:
+            try:
+                self._run(led)
+            finally:
+                if led.stop.is_set() and not self._stopping.is_set() and not self.leads_again(led):
+                    self._release(led.tp)
+
+    # -------------------------------------------------------------------------------------------- staging
+    def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
+        """Drop what is staged for partitions this broker does not lead (the leader copies from its own replica):
+        left by a sidecar killed while it led, or staged by a stage run that raced the loss of leadership. Not while
+        a copy run of the partition, started when it was led, is still running: it releases its staging when it
+        ends (:meth:`run_copy`); released under it, its copy failed on a missing file and its gap check saw what it
+        had staged as deleted by the broker. Returns how many segments were released."""
+        if self._staging is None:
+            return 0
+        running = set(self.still_running())
+        n = 0
+        for tp in {s.tp for s in self._staging.staged()} - leaders - running:
+            released = self._release(tp)
+            n += released
+            log.info("staged segments of a partition not led released", extra={"partition": str(tp),
+                                                                                "segments": released})
+        return n
+
+    def _release(self, tp: TopicIdPartition) -> int:
+        return 0 if self._staging is None else self._staging.release_partition(tp)

@@ -1,0 +1,218 @@
+"""Discovery without a broker: the classification of a round (:func:`rlm.discovery.classify`) over temporary log
+dirs and made-up cluster answers, the leadership registry's bookkeeping (:mod:`rlm.tasks.leadership`), and whole
+discovery rounds of a sidecar whose cluster is a fake view and whose metadata manager is the in-memory one
+(:mod:`rlmm.memory`), failing when told of leadership changes."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm.config import SidecarSettings
+from rlm.discovery import ClusterView, PartitionInfo, Skip, TopicLookup, classify, scan_log_dirs
+from rlm.tasks.leadership import Leadership, LeadershipChangeError, copy_job_id
+from rlmm.api import RemoteLogMetadataError, TopicIdPartition
+from rlmm.memory import InMemoryRemoteLogMetadataManager
+
+BROKER = 1
+
+
+def _partition_dir(log_dir: Path, topic: str, partition: int, topic_id: uuid.UUID | None) -> Path:
+    """A partition dir as the broker leaves it: ``partition.metadata`` with ``topic_id`` (None: not written yet)."""
+    import base64
+
+    path = log_dir / f"{topic}-{partition}"
+    path.mkdir(parents=True)
+    if topic_id is not None:
+        b64 = base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+        (path / "partition.metadata").write_text(f"version: 0\ntopic_id: {b64}\n")
+    return path
+
+
+def _info(topic: str, topic_id: uuid.UUID, partition: int, leader: int) -> PartitionInfo:
+    return PartitionInfo(topic, topic_id, partition, leader, (1, 2, 3))
+
+
+# ---------------------------------------------------------------------------------------------- classify
+def test_classify_splits_leaders_followers_and_says_why_the_rest_is_skipped(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    ids = {t: uuid.uuid4() for t in ("led", "followed", "gone", "compacted", "unknown", "unlisted", "fresh",
+                                     "recreated")}
+    paths = {t: _partition_dir(logs, t, 0, None if t == "fresh" else ids[t]) for t in ids}
+    paths["led-1"] = _partition_dir(logs, "led", 1, ids["led"])  # two partitions of one topic, one led here
+    cluster = {(t, 0): _info(t, ids[t], 0, BROKER if t == "led" else 2) for t in ids if t != "gone"}
+    cluster[("led", 1)] = _info("led", ids["led"], 1, 3)
+    cluster[("recreated", 0)] = _info("recreated", uuid.uuid4(), 0, BROKER)  # the directory is the old topic's
+    compaction: dict[str, bool | None] = {t: False for t in ids}
+    compaction |= {"compacted": True, "unknown": None}
+    del compaction["unlisted"]  # its DescribeConfigs went unanswered: not even in the answer
+
+    found = classify(scan_log_dirs([logs]), cluster, compaction, BROKER)
+
+    assert found.leaders == {TopicIdPartition(ids["led"], "led", 0): paths["led"]}
+    assert found.followers == {TopicIdPartition(ids["led"], "led", 1), TopicIdPartition(ids["followed"], "followed", 0)}
+    assert found.skipped == {("gone", 0): Skip.NOT_DESCRIBED, ("compacted", 0): Skip.COMPACTED,
+                             ("unknown", 0): Skip.CONFIG_UNKNOWN, ("unlisted", 0): Skip.CONFIG_UNKNOWN,
+                             ("fresh", 0): Skip.NO_PARTITION_METADATA, ("recreated", 0): Skip.OTHER_TOPIC_ID}
+
+
+def test_classify_skips_an_unreadable_partition_metadata(tmp_path: Path) -> None:
+    tid = uuid.uuid4()
+    path = _partition_dir(tmp_path, "t", 0, tid)
+    (path / "partition.metadata").write_text("version: 0\ntopic_id: not-an-id\n")
+    found = classify(scan_log_dirs([tmp_path]), {("t", 0): _info("t", tid, 0, BROKER)}, {"t": False}, BROKER)
+    assert (found.leaders, found.followers, found.skipped) == ({}, set(), {("t", 0): Skip.NO_PARTITION_METADATA})
+
+
+def test_classify_of_nothing_is_nothing() -> None:
+    found = classify({}, {}, {}, BROKER)
+    assert (found.leaders, found.followers, found.skipped) == ({}, set(), {})
+
+
+# ---------------------------------------------------------------------------------------- the registry
+class RecordingScheduler:
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+
+    def add_job(self, func: Any, trigger: str, **kwargs: Any) -> object:
+        self.jobs[kwargs["id"]] = kwargs
+        return kwargs
+
+    def remove_job(self, job_id: str) -> None:
+        del self.jobs[job_id]
+
+
+class FlakyRlmm(InMemoryRemoteLogMetadataManager):
+    """The in-memory metadata manager, whose ``on_partition_leadership_changes`` raises ``failures`` times first."""
+
+    def __init__(self, failures: int = 0) -> None:
+        super().__init__()
+        self.failures = failures
+        self.calls = 0
+
+    def on_partition_leadership_changes(self, leaders: Iterable[TopicIdPartition],
+                                        followers: Iterable[TopicIdPartition]) -> None:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            raise RemoteLogMetadataError("metadata partition 2: end offset not readable (broker restarting)")
+        super().on_partition_leadership_changes(leaders, followers)
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> SidecarSettings:
+    raw: dict[str, Any] = {
+        "broker_id": BROKER,
+        "log_dirs": [str(tmp_path / "logs")],
+        "staging_dir": str(tmp_path / "staging"),
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},  # nothing listens: every real cluster call would fail
+        "store": {"store": "fs", "root_path": str(tmp_path / "remote")},
+        "metadata": {"topic": "__rlm_md", "partitions": 1, "replication_factor": 1,
+                     "state_dir": str(tmp_path / "state"), "to_be_deleted_topic": "__rlm_tbd"},
+        "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
+        **overrides,
+    }
+    return SidecarSettings(**raw)
+
+
+def test_the_registry_changes_nothing_when_the_metadata_manager_fails(tmp_path: Path) -> None:
+    from rlm.tasks.staging import Staging
+
+    settings = _settings(tmp_path)
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    scheduler = RecordingScheduler()
+    rlmm = FlakyRlmm(failures=1)
+    leadership = Leadership(settings, scheduler, rlmm=rlmm, rsm=None,  # type: ignore[arg-type]
+                            staging=Staging({tmp_path / "logs": tmp_path / "staging"}), deleter=object(),  # type: ignore[arg-type]
+                            run=lambda led: None)
+    with pytest.raises(LeadershipChangeError, match="not readable"):
+        leadership.serve({tp: path}, set())
+    assert leadership.counts() == (0, 0) and scheduler.jobs == {}
+
+    assert leadership.serve({tp: path}, set())
+    assert leadership.counts() == (1, 0) and list(scheduler.jobs) == [copy_job_id(tp)]
+    assert leadership.get("t", 0) is not None and rlmm.is_ready(tp)
+
+    assert leadership.serve({}, {tp})  # leadership moved: followed, its copy job gone
+    assert leadership.counts() == (0, 1) and scheduler.jobs == {} and leadership.get("t", 0) is None
+
+    leadership.stop()
+    assert leadership.stopping and not leadership.serve({tp: path}, set())  # no job added once stopping
+    assert scheduler.jobs == {} and leadership.counts() == (0, 1)
+
+
+# ---------------------------------------------------------------------------------------- whole rounds
+class FakeView:
+    """The cluster's answers of a :class:`ClusterView`, made up: ``infos`` for the partitions, a delete policy for
+    every topic's config, the topic ids of ``infos``."""
+
+    compaction = ClusterView.compaction
+
+    def __init__(self, infos: dict[tuple[str, int], PartitionInfo]) -> None:
+        self.infos = infos
+
+    def partitions(self, topics: Iterable[str] | None = None, *,
+                   skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
+        names = set(topics or ())
+        return {k: v for k, v in self.infos.items() if k[0] in names}
+
+    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str | None] | None]:
+        return {t: {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"} for t in topics}
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
+        ids = {info.topic: info.topic_id for info in self.infos.values()}
+        return {t: TopicLookup(t, topic_id=ids[t]) for t in topics}
+
+    def cluster_id(self) -> str:
+        return "fake"
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["normal", "read_only"])
+def test_a_round_whose_metadata_manager_fails_is_a_failed_round_and_the_next_retries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str) -> None:
+    import rlm.sidecar
+    from rlm.sidecar import Sidecar
+
+    monkeypatch.setattr(rlm.sidecar, "ensure_topic", lambda *a, **k: None)  # no cluster to create the topic on
+    led = TopicIdPartition(uuid.uuid4(), "t", 0)
+    followed = TopicIdPartition(led.topic_id, "t", 1)
+    for tp in (led, followed):
+        _partition_dir(tmp_path / "logs", tp.topic, tp.partition, tp.topic_id)
+    rlmm = FlakyRlmm(failures=1)
+    sidecar = Sidecar(_settings(tmp_path, mode=mode), rlmm=rlmm)
+    sidecar.view = FakeView({("t", 0): _info("t", led.topic_id, 0, BROKER),  # type: ignore[assignment]
+                             ("t", 1): _info("t", led.topic_id, 1, 2)})
+    round_ = sidecar.discover if mode == "normal" else sidecar.follow
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlm.sidecar"):
+            round_()
+        assert rlmm.calls == 1
+        assert sidecar.last_error is not None and sidecar.last_error.startswith("discovery: metadata manager: ")
+        assert "end offset not readable" in sidecar.last_error
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+            "discovery failed: metadata manager"]
+        assert sidecar.last_discovery_ok is None and sidecar.last_discovery_attempt is not None
+        assert sidecar.leadership.counts() == (0, 0) and not rlmm.is_ready(led)
+        ready, body = sidecar.health()
+        assert not ready and body["checks"]["broker"]["reason"] == sidecar.last_error  # type: ignore[index]
+
+        round_()  # the next round tells the metadata manager again, and serves
+        assert rlmm.calls == 2 and sidecar.last_discovery_ok is not None
+        assert rlmm.is_ready(led) and rlmm.is_ready(followed)
+        if mode == "normal":
+            assert sidecar.leadership.counts() == (1, 1)
+            assert sidecar._scheduler.get_job(copy_job_id(led)) is not None
+        else:  # read-only follows every partition, led here or not, and copies none
+            assert sidecar.leadership.counts() == (0, 2)
+            assert sidecar._scheduler.get_jobs() == []
+        assert sidecar.health()[1]["checks"]["broker"]["ok"]  # type: ignore[index]
+    finally:
+        sidecar.stop(timeout_s=5)
