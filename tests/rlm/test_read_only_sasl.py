@@ -181,9 +181,9 @@ def test_a_reader_runs_read_only_sidecar_history_and_cat_without_authorization_e
 
     import rlm.sidecar
     import rlm.tasks.deleter
-    import rlmm.topic_manager
+    import rlmm.topic_producer
     monkeypatch.setattr(rlm.tasks.deleter, "Producer", recording("Producer", rlm.tasks.deleter.Producer))
-    monkeypatch.setattr(rlmm.topic_manager, "Producer", recording("Producer", rlmm.topic_manager.Producer))
+    monkeypatch.setattr(rlmm.topic_producer, "Producer", recording("Producer", rlmm.topic_producer.Producer))
     monkeypatch.setattr(rlm.sidecar, "Staging", recording("Staging", rlm.sidecar.Staging))
 
     before = {"state": tree(state), "staging": tree(staging), "log dirs": log_dir_entries(settings)}
