@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlm import metrics
 from rlm.config import SidecarSettings
 from rlm.errors import RlmError
 from rlm.state import StateDir
@@ -243,6 +244,7 @@ class Leadership:
                     led.running.release()
             else:
                 self._ending[led.tp] = led  # its run is still going: release_unled_staging leaves its staging to it
+        _forget_gauges(led.tp)
         log.info("no longer leading: copy task stopped", extra={"partition": str(led.tp)})
 
     def stop(self) -> None:
@@ -265,6 +267,7 @@ class Leadership:
             finally:
                 if led.stop.is_set() and not self._stopping.is_set() and not self.leads_again(led):
                     self._release(led.tp)
+                    _forget_gauges(led.tp)  # (a run that was starting may have set them after stop_leading)
 
     # -------------------------------------------------------------------------------------------- staging
     def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:
@@ -286,3 +289,13 @@ class Leadership:
 
     def _release(self, tp: TopicIdPartition) -> int:
         return 0 if self._staging is None else self._staging.release_partition(tp)
+
+
+def _forget_gauges(tp: TopicIdPartition) -> None:
+    """Drop the copy-lag and offload gauges of a partition no longer led: the new leader's sidecar reports them; kept
+    here, the last value stayed for good and per-topic sums counted the partition twice after a move."""
+    for gauge in (metrics.COPY_LAG_BYTES, metrics.COPY_LAG_SEGMENTS, metrics.OFFLOAD_OPEN_SECONDS):
+        try:
+            gauge.remove(tp.topic, str(tp.partition))
+        except KeyError:
+            pass  # never set (nothing staged yet, segment mode)

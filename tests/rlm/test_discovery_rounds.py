@@ -138,8 +138,17 @@ def test_the_registry_changes_nothing_when_the_metadata_manager_fails(tmp_path: 
     assert leadership.counts() == (1, 0) and list(scheduler.jobs) == [copy_job_id(tp)]
     assert leadership.get("t", 0) is not None and rlmm.is_ready(tp)
 
+    from rlm import metrics
+
+    metrics.COPY_LAG_BYTES.labels("t", "0").set(123)  # as its copy runs report it while it is led
+    metrics.COPY_LAG_SEGMENTS.labels("t", "0").set(2)
     assert leadership.serve({}, {tp})  # leadership moved: followed, its copy job gone
     assert leadership.counts() == (0, 1) and scheduler.jobs == {} and leadership.get("t", 0) is None
+    # ... and its copy-lag gauges: the new leader's sidecar reports them (kept, per-topic sums counted it twice)
+    from prometheus_client import REGISTRY
+
+    assert REGISTRY.get_sample_value("rlm_copy_lag_bytes", {"topic": "t", "partition": "0"}) is None
+    assert REGISTRY.get_sample_value("rlm_copy_lag_segments", {"topic": "t", "partition": "0"}) is None
 
     leadership.stop()
     assert leadership.stopping and not leadership.serve({tp: path}, set())  # no job added once stopping
