@@ -370,6 +370,12 @@ class Sidecar:
             try:
                 led.copier.stage_rolled()
             except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
+                if isinstance(err, FileNotFoundError) and not led.path.exists():
+                    # Its directory is gone with its topic (deleted, or the replica moved): the next discovery round
+                    # stops leading it. Normal in a cluster: not an error, not /health's last error.
+                    log.info("staging skipped: the partition's directory is gone", extra={
+                        "partition": str(led.tp), "path": str(led.path)})
+                    continue
                 self.last_error = f"staging {led.tp}: {err}"
                 log.warning("staging failed", extra={"partition": str(led.tp), "error": str(err)})
 
