@@ -45,6 +45,13 @@ SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
 APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
 
 
+# Errors of a watermark read that pass as the cluster settles, retried like the retriable ones: leadership moving,
+# and a broker handle librdkafka destroyed under the request (a broker left the cluster's metadata; seen in the chaos
+# run after a broker restart, where the request's broker was gone for a moment).
+_SETTLING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                       KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT})
+
+
 class ConsumerTask:
     """See the module docstring. ``on_idle`` runs on the thread once per loop (the manager's tombstones and producer
     polls); ``kafka_timeout_s`` bounds each wait on the cluster when a partition is assigned. Counters for tests:
@@ -233,9 +240,7 @@ class ConsumerTask:
                 return self._consumer.get_watermark_offsets(TopicPartition(self.topic, mp),
                                                             timeout=min(10.0, timeout_s))
             except KafkaException as err:
-                if time.monotonic() > deadline or not err.args[0].retriable() and err.args[0].code() not in (
-                        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                        KafkaError.UNKNOWN_TOPIC_OR_PART):
+                if time.monotonic() > deadline or not err.args[0].retriable() and err.args[0].code() not in _SETTLING:
                     raise MetadataWriteError(f"cannot read the offsets of {self.topic}-{mp}: {err}") from err
                 time.sleep(0.2)
 

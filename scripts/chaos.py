@@ -293,6 +293,8 @@ class Chaos:
                 done = False
             # An event may name what it turned out to be (``recreate-inflight``...).
             (self.events if done else self.skipped)[done if isinstance(done, str) else kind] += 1
+            if variant and not done:  # a scheduled re-create that did not happen is tried again a little later
+                self.schedule.insert(0, (time.monotonic() - (deadline - self.seconds) + 5.0, variant))
             time.sleep(self.rng.uniform(0.5, 3.0))
         return rounds
 
@@ -401,11 +403,20 @@ class Chaos:
 
         tid = wait_for(created, 90, f"{self.rc_topic} to be created (again)", interval_s=1.0)
         tp = TopicIdPartition(tid, self.rc_topic, 0)
-        self.watcher.follow([tp])
         prod = AckedProducer(self.kafka, self.rc_topic, [0], tag=f"r{n}{self.tag[:4]}", value_size=200, batch=2,
                              pause_s=0.2, acks="all", **{"enable.idempotence": True}).start()
         inc = Incarnation(n, tp, prod)
-        self.incarnations.append(inc)
+        self.incarnations.append(inc)  # recorded first: a watcher that fails below must not lose the incarnation
+
+        def followed() -> bool:
+            try:
+                self.watcher.follow([tp])
+                return True
+            except Exception as err:  # noqa: BLE001 - a broker restarting under the watcher's read: again
+                self.say(f"recreate: following {self.rc_topic} #{n}: {type(err).__name__}: {str(err)[:160]}")
+                return False
+
+        wait_for(followed, 90, f"the watcher to follow {self.rc_topic} #{n}", interval_s=1.0)
         self.say(f"recreate: {self.rc_topic} incarnation #{n} created, id {tid}, replicas {assignment[0]}")
         return inc
 
@@ -448,7 +459,11 @@ class Chaos:
         states.admin.delete_topics([self.rc_topic])[self.rc_topic].result(30)
         self.say(f"recreate: {self.rc_topic} incarnation #{cur.n} deleted ({cur.at_delete}; remote up to "
                  f"{self.watcher.latest(tp)}, {len(self._rc_staged(tp))} files staged)")
-        self._create_rc(states)
+        try:
+            self._create_rc(states)
+        except Exception as err:  # noqa: BLE001 - the delete happened: the event counts; the next round creates
+            self.say(f"recreate: creating {self.rc_topic} again failed ({type(err).__name__}: {str(err)[:160]}); "
+                     "the next recreate creates it")
         return f"recreate-{cur.at_delete}"
 
     # -------------------------------------------------------------------------------------------- quiesce
