@@ -11,7 +11,7 @@ One broker (KRaft, 127.0.0.1) runs with Kafka's tiered storage enabled and Kafka
 the same records (``--gib`` each; 1 KiB values, keys, no compression by default):
 
 - ``sidecar``: tiered by the sidecar (in-process, filesystem store), then the topic's retention cut to one byte so
-  the broker deletes every rolled segment; read through the history endpoint (:func:`rlm.history.start_history`,
+  the broker deletes every rolled segment; read through the history endpoint (:func:`rlm.listener.start_listener`,
   started once the sidecar has stopped in a child process of its own, ``history_child.py``, so that process's CPU
   and memory are the endpoint's alone);
 - ``kafka-tiered``: ``remote.storage.enable=true`` from the start; ``local.retention.ms`` cut once every rolled

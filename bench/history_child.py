@@ -3,7 +3,7 @@
     python bench/history_child.py endpoint SETTINGS_JSON     # serves the rlm found first on PYTHONPATH
     python bench/history_child.py consume BOOTSTRAP TOPIC RECORDS [KEY=VALUE ...]
 
-``endpoint`` starts :func:`rlm.history.start_history` from whichever tree ``PYTHONPATH`` names first (so the bench
+``endpoint`` starts :func:`rlm.listener.start_listener` from whichever tree ``PYTHONPATH`` names first (so the bench
 can serve this tree's endpoint and an older commit's, checked out in a git worktree, side by side), prints one JSON
 line ``{"port": ..., "rlm": <the rlm package directory it imported>}``, then answers commands on stdin, one a line:
 ``stats`` prints ``{"fetch_s", "fetches", "queued_peak_bytes"}`` (the endpoint's Fetch latency sum and count, and the
@@ -37,11 +37,14 @@ def endpoint(settings_path: str) -> None:
 
     import rlm
     from rlm.config import SidecarSettings
-    from rlm.history import start_history
+    try:
+        from rlm.listener import start_listener
+    except ImportError:  # --compare-before a commit older than rlm/listener/ (the endpoint was rlm/history/)
+        from rlm.history import start_history as start_listener
     from rsm.manager import RemoteStorageManager
 
     settings = SidecarSettings(**json.loads(Path(settings_path).read_text()))
-    history = start_history(settings, RemoteStorageManager(settings.store))
+    history = start_listener(settings, RemoteStorageManager(settings.store))
     print(json.dumps({"port": history.port, "rlm": str(Path(rlm.__file__).parent)}), flush=True)
     peak: list[float | None] = [None]
     stop = threading.Event()

@@ -26,7 +26,7 @@ What each caller needs (README, "Authenticated clusters"):
   tiered (logged), which is not an error of the whole sidecar. ``DESCRIBE`` on the cluster is not needed
   (DescribeCluster answers without it), except by the history endpoint;
 - a history endpoint (``history_listener``, either mode): ``DESCRIBE`` on the cluster, to read the cluster's ACLs
-  (DescribeAcls) that authorize its clients (:mod:`rlm.history.acls`).
+  (DescribeAcls) that authorize its clients (:mod:`rlm.listener.authz`).
 
 Checked here: the topics' operations. A topic that does not exist yet is not checked (Kafka describes no
 operations of an absent topic, and ``CREATE`` may be granted on its name): creating it fails with the broker's

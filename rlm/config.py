@@ -241,7 +241,7 @@ class HistoryTlsSettings(_Frozen):
     @field_validator("principal_mapping_rules")
     @classmethod
     def _rules(cls, v: list[str]) -> list[str]:
-        from rlm.history.principals import parse_mapping_rules  # the one parser (errors name the rule)
+        from rlm.listener.net.principals import parse_mapping_rules  # the one parser (errors name the rule)
 
         parse_mapping_rules(v)
         return v
@@ -325,7 +325,7 @@ def is_loopback(host: str) -> bool:
 
 
 class HistoryListenerSettings(_Frozen):
-    """The Kafka-protocol history endpoint (:mod:`rlm.history`): any Kafka client reads the remote tier here.
+    """The Kafka-protocol history endpoint (:mod:`rlm.listener`): any Kafka client reads the remote tier here.
 
     Security: it binds 127.0.0.1 unless told otherwise. A listener any other host can reach must authenticate its
     clients, by ``sasl`` or by client certificates (``tls.cafile``), or it refuses to start unless

@@ -46,7 +46,7 @@ def test_sidecar_runs_without_spark(bare_venv: Path) -> None:
     assert out.returncode == 0 and "--config" in out.stdout, out.stderr
     # The sidecar's own modules import without Spark.
     out = _run(bare_venv, str(bare_venv / "bin" / "python"), "-c",
-               "import rlm.sidecar, rlm.history, rlm.cli.cat, rlm.tasks.copier")
+               "import rlm.sidecar, rlm.listener, rlm.cli.cat, rlm.tasks.copier")
     assert out.returncode == 0, out.stderr
 
 

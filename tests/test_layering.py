@@ -12,7 +12,7 @@ The rule checked: outside ``rlm/tier/``, the shipped code and the scripts import
 outside it nothing works out the leader epoch of an offset from a segment's epoch list (no indexing, no loop, no
 unpacking of ``segment_leader_epochs``: that is ``RemoteLogSegmentMetadata.epoch_at`` or the tier's
 ``PartitionTier.epoch_of``; printing the list whole is fine). ``rlm.tier`` sits below its readers, and the Spark
-source never imports the Kafka listener (``rlm.history``).
+source never imports the Kafka listener (``rlm.listener``).
 """
 
 from __future__ import annotations
@@ -140,16 +140,24 @@ def test_the_read_model_sits_below_its_readers() -> None:
 def test_every_reader_reads_through_the_tier() -> None:
     """The CLI, Spark batch and stream, and the Kafka listener all import ``rlm.tier``."""
     readers = ["rlm/cli/context.py", "rlm/spark/planning.py", "rlm/spark/executor.py", "rlm/spark/stream.py",
-               "rlm/history/handlers.py"]
+               "rlm/listener/tier/context.py", "rlm/listener/tier/fetch.py",
+               "rlm/listener/tier/offsets.py"]
     assert [r for r in readers if "rlm.tier" not in {name for _, name in _imports(ROOT / r)}] == []
 
 
 def test_spark_never_imports_the_listener() -> None:
     """The Spark source reads the tier through ``rlm.tier``; the Kafka-protocol listener is not its business."""
-    assert _violations("rlm/spark", ("rlm.history", "rlm.listener")) == []
+    assert _violations("rlm/spark", ("rlm.listener",)) == []
 
 
-def test_the_history_endpoint_never_imports_the_sidecar() -> None:
-    """The history endpoint builds its metadata manager with ``rlm.rlmm_config.make_rlmm``, not through the
+def test_the_listener_never_imports_the_sidecar() -> None:
+    """The Kafka listener builds its metadata manager with ``rlm.rlmm_config.make_rlmm``, not through the
     sidecar's wiring (which would load every task to get it)."""
-    assert _violations("rlm/history", ("rlm.sidecar",)) == []
+    assert _violations("rlm/listener", ("rlm.sidecar",)) == []
+
+
+def test_the_listener_protocol_layer_is_only_protocol() -> None:
+    """``rlm/listener/protocol/`` (api keys, framing, codecs) knows nothing of sockets, routing, ACLs or the tier."""
+    bad = [v for v in _violations("rlm/listener/protocol", ("rlm",))
+           if not v.split(": imports ")[1].startswith("rlm.listener.protocol")]
+    assert _modules("rlm/listener/protocol") and bad == []

@@ -1,5 +1,5 @@
 """``rlm serve --config FILE``: run the sidecar until SIGTERM/SIGINT, with /metrics and /health, and the history
-endpoint (:mod:`rlm.history`) when ``history_listener`` is configured.
+endpoint (:mod:`rlm.listener`) when ``history_listener`` is configured.
 
 At start it reaches the cluster first (``--timeout``, :func:`rlm.cli.context.reach_cluster`): one that does not answer
 ends it with one line naming the bootstrap servers and exit code 6. A stop takes at most ``--stop-timeout`` seconds
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     history = None
     try:
         if settings.history_listener is not None:
-            from rlm.history import start_history
+            from rlm.listener import start_listener
 
-            history = start_history(settings, sidecar.rsm)
+            history = start_listener(settings, sidecar.rsm)
         stop.wait()
     finally:
         if history is not None:

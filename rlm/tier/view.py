@@ -1,6 +1,6 @@
 """One partition's remote tier as a broker serves its log: the remote chain, its bounds, and fetches of its batches.
 
-A broker answers a consumer from its log; the history endpoint (:mod:`rlm.history`) answers from the remote tier
+A broker answers a consumer from its log; the history endpoint (:mod:`rlm.listener`) answers from the remote tier
 with the same meanings, and the streaming Spark source ends its read_committed micro-batches at the same last stable
 offset. Nothing here is the Kafka protocol (the endpoint's handlers turn these values into responses):
 

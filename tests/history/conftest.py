@@ -1,7 +1,7 @@
 """The history endpoint's test set-up: a real broker, an in-process sidecar that tiers, the endpoint on top.
 
 ``history`` (module-scoped, so each test module gets one) produces the topics below on the session broker, tiers
-them with an in-process :class:`~rlm.sidecar.Sidecar`, starts :func:`rlm.history.start_history` on a free port of
+them with an in-process :class:`~rlm.sidecar.Sidecar`, starts :func:`rlm.listener.start_listener` on a free port of
 127.0.0.1, and waits until the endpoint serves every produced offset. Then the broker gives up its own copy of the
 static topics: ``retention.bytes=1`` (its retention task deletes the segments; the first run comes 30 s after the
 broker started, ``log.initial.task.delay.ms``) and, at once, DeleteRecords to the tier's end; the broker's log start
@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from devtools.devkafka import KafkaCluster
-from rlm.history import History, start_history
+from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.sidecar_util import make_settings, wait_for
@@ -75,7 +75,7 @@ class Rec:
 class HistorySetup:
     kafka: KafkaCluster
     sidecar: Sidecar
-    history: History
+    history: Listener
     tag: str
     ids: dict[str, uuid.UUID]  # topic name -> topic id
     produced: dict[tuple[str, int], list[Rec]]  # what the tier holds, per (topic, partition)
@@ -110,7 +110,7 @@ class HistorySetup:
 
     def tier_bounds(self, what: str, partition: int = 0) -> tuple[int, int, int]:
         """(log start offset, high watermark, last stable offset) as the endpoint sees them now."""
-        tier = self.history.server.handlers.tier
+        tier = self.history.server.router.ctx.tier
         tp = self.tp(what, partition)
         tier.refresh([tp])
         t = tier.partition(tp)
@@ -341,12 +341,12 @@ def history(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
                           "authorization": {"allow_if_no_authorizer": True},  # the test cluster has no authorizer
                           "fetch_max_wait_ms": 30_000})  # the max_wait tests ask for more than the default cap
     sidecar = Sidecar(settings).start()
-    history: History | None = None
+    history: Listener | None = None
     setup: HistorySetup | None = None
     try:
-        history = start_history(settings, sidecar.rsm)
+        history = start_listener(settings, sidecar.rsm)
         setup = HistorySetup(kafka, sidecar, history, tag, ids, produced, aborted, open_txn, base_ts, tail_after)
-        tier = history.server.handlers.tier
+        tier = history.server.router.ctx.tier
         for (topic, part), recs in produced.items():
             tp = TopicIdPartition(ids[topic], topic, part)
             end, start = ends[(topic, part)], recs[0].offset

@@ -50,7 +50,7 @@ def call(sock: socket.socket, api_key: int, version: int, values: dict[str, Any]
     from kio.index import load_request_schema, load_response_schema
     from kio.serial import entity_reader, entity_writer
 
-    from rlm.history.wire import build
+    from rlm.listener.protocol.codec import build
 
     out = io.BytesIO()
     entity = build(load_request_schema(api_key, version), values)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlm.config import HistoryAuthorizationSettings, HistoryTlsSettings
-from rlm.history.acls import DESCRIBE, READ, AclCache, Acls, AclsUnavailableError, Authorizer, TopicAcl
-from rlm.history.principals import NoMatchingRuleError, PrincipalMapper, parse_mapping_rules, subject_dn
+from rlm.listener.authz import DESCRIBE, READ, AclCache, Acls, AclsUnavailableError, Authorizer, TopicAcl
+from rlm.listener.net.principals import NoMatchingRuleError, PrincipalMapper, parse_mapping_rules, subject_dn
 
 ALICE, BOB = "User:alice", "User:bob"
 

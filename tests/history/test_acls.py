@@ -35,7 +35,7 @@ from confluent_kafka.admin import (
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings, KafkaSettings, SidecarSettings
-from rlm.history import History, start_history
+from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.conftest import SASL_READER
@@ -92,7 +92,7 @@ def tier(kafka_sasl: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @contextmanager
-def endpoint(t: Tier, *, kafka_user: str | None = None, **listener: Any) -> Iterator[History]:
+def endpoint(t: Tier, *, kafka_user: str | None = None, **listener: Any) -> Iterator[Listener]:
     """The endpoint with SASL PLAIN (the tier's users) unless ``listener`` says otherwise, ACLs cached for
     ``TTL_MS``; it describes the cluster's ACLs as the super user, or as ``kafka_user``."""
     cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50, "fetch_max_wait_ms": 100,
@@ -102,7 +102,7 @@ def endpoint(t: Tier, *, kafka_user: str | None = None, **listener: Any) -> Iter
     if kafka_user is not None:
         update["kafka"] = KafkaSettings(bootstrap_servers=t.kafka.bootstrap_servers,
                                         client=t.kafka.security_config(kafka_user))
-    history = start_history(t.settings.model_copy(update=update), t.sidecar.rsm, rlmm=t.sidecar.rlmm)
+    history = start_listener(t.settings.model_copy(update=update), t.sidecar.rsm, rlmm=t.sidecar.rlmm)
     try:
         wait_for(lambda: all(t.topic(w) in history.catalog.topics() for w in ("a", "b", "pre-c", "d")), 30,
                  "the topics served")
@@ -124,7 +124,7 @@ def sasl(t: Tier, who: str) -> dict[str, Any]:
             "sasl.password": t.users[user]}
 
 
-def consume(h: History, conf: dict[str, Any], topic: str, want: int, timeout_s: float = 20.0
+def consume(h: Listener, conf: dict[str, Any], topic: str, want: int, timeout_s: float = 20.0
             ) -> tuple[dict[int, tuple[bytes, bytes]], list[int]]:
     """Read ``topic`` partition 0 from offset 0 through the endpoint until ``want`` records or the first error;
     returns (offset -> (key, value), the error codes seen). (librdkafka retries a topic it may not describe
@@ -148,7 +148,7 @@ def consume(h: History, conf: dict[str, Any], topic: str, want: int, timeout_s: 
 
 
 @contextmanager
-def raw(t: Tier, h: History, who: str) -> Iterator[socket.socket]:
+def raw(t: Tier, h: Listener, who: str) -> Iterator[socket.socket]:
     s = socket.create_connection(("127.0.0.1", h.port), timeout=20)
     user = t.user(who)
     try:
@@ -278,13 +278,13 @@ def test_sidecar_that_cannot_describe_acls_fails_closed(tier: Tier, caplog: pyte
     nothing on the cluster) cannot
     describe the ACLs: every topic is refused, even to a principal the ACLs allow, counted and logged once (not per
     request), and the endpoint keeps answering."""
-    from rlm.history.acls import AUTHORIZATIONS
+    from rlm.listener.authz import AUTHORIZATIONS
 
     a = tier.topic("a")
     grant(tier.kafka, allow(tier, f"User:{tier.user('alice')}", a),
           allow(tier, f"User:{SASL_READER}", f"acl-{tier.tag}-", AclOperation.DESCRIBE, prefixed=True),
           allow(tier, f"User:{SASL_READER}", f"acl-{tier.tag}-", AclOperation.DESCRIBE_CONFIGS, prefixed=True))
-    caplog.set_level(logging.INFO, logger="rlm.history")
+    caplog.set_level(logging.INFO, logger="rlm.listener")
     before = AUTHORIZATIONS.labels("READ", "unavailable")._value.get()
     with endpoint(tier, kafka_user=SASL_READER) as h, raw(tier, h, "alice") as s:
         for _ in range(3):
@@ -297,6 +297,6 @@ def test_sidecar_that_cannot_describe_acls_fails_closed(tier: Tier, caplog: pyte
 
 
 def _closed(reason: str) -> float:
-    from rlm.history.server import CLOSED
+    from rlm.listener.net.server import CLOSED
 
     return CLOSED.labels(reason)._value.get()

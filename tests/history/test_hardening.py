@@ -30,7 +30,7 @@ from kio.serial import entity_reader, entity_writer
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings, SidecarSettings
-from rlm.history import History, start_history
+from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.history.raw_wire import call, closed, kstr, recv_frame, request
@@ -82,12 +82,12 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @contextmanager
-def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
+def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[Listener]:
     """The history endpoint of the tiered topics with these ``history_listener`` settings, on a free port."""
     # The test cluster has no authorizer: its topics are open to every client, as the cluster's own listeners.
     cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50,
                                      "authorization": {"allow_if_no_authorizer": True}, **listener})
-    history = start_history(t.settings.model_copy(update={"history_listener": cfg}), rsm or t.sidecar.rsm)
+    history = start_listener(t.settings.model_copy(update={"history_listener": cfg}), rsm or t.sidecar.rsm)
     try:
         wait_for(lambda: all(t.topic(w) in history.catalog.topics() for w in ("a", "b")), 30, "the topics served")
         yield history
@@ -96,11 +96,11 @@ def endpoint(t: Tiered, rsm: Any = None, **listener: Any) -> Iterator[History]:
 
 
 # ------------------------------------------------------------------------------------- raw protocol helpers
-def connect(h: History) -> socket.socket:
+def connect(h: Listener) -> socket.socket:
     return socket.create_connection(("127.0.0.1", h.port), timeout=20)
 
 
-def api_versions_ok(h: History) -> bool:
+def api_versions_ok(h: Listener) -> bool:
     with connect(h) as s:
         resp = call(s, API_VERSIONS, 0, {})
         return resp is not None and resp.error_code == 0
@@ -131,7 +131,7 @@ def test_sasl_handshake_unsupported_version_is_answered(tiered: Tiered, caplog: 
                 assert closed(s)
         assert no_traceback(caplog) == []
 
-        from rlm.history.security import SaslSession
+        from rlm.listener.net.sasl import SaslSession
 
         def broken(*_args: Any) -> bytes:
             raise RuntimeError("injected bug in the SASL handshake")
@@ -150,7 +150,7 @@ SCRAM_USERS = {"a,b": f"comma-{uuid.uuid4().hex}", "a=2Cb": f"escaped-{uuid.uuid
                "x=3Dy": f"equals-{uuid.uuid4().hex}", "p=q": f"eq-{uuid.uuid4().hex}"}
 
 
-def scram_login(h: History, user: str, password: str) -> socket.socket | None:
+def scram_login(h: Listener, user: str, password: str) -> socket.socket | None:
     """A SCRAM-SHA-512 exchange over SaslHandshake v1 / SaslAuthenticate v1 by scramp's client (it escapes the
     name as RFC 5802 says, as Kafka's clients do); the authenticated socket, or None when refused."""
     from scramp import ScramClient
@@ -173,7 +173,7 @@ def test_scram_names_are_unescaped_once(tiered: Tiered, caplog: pytest.LogCaptur
     """User names holding ',' or '=' (sent escaped as =2C / =3D) log in with their own password and are the
     principal; a name that holds the escape itself (``a=2Cb``) is another user: ``a,b``'s password does not log
     it in, its own does."""
-    caplog.set_level(logging.INFO, logger="rlm.history.security")
+    caplog.set_level(logging.INFO, logger="rlm.listener.net.sasl")
     with endpoint(tiered, sasl={"mechanisms": ["SCRAM-SHA-512"], "users": SCRAM_USERS}) as h:
         for user, password in SCRAM_USERS.items():
             caplog.clear()
@@ -514,8 +514,8 @@ def test_fetch_wait_is_capped_and_abandoned_polls_end(tiered: Tiered) -> None:
 
     with endpoint(tiered, fetch_max_wait_ms=300_000) as h:
         runs = []
-        fetch = h.server.handlers.fetch  # counted: the tier reads
-        h.server.handlers.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
+        fetch = h.server.router.fetch  # counted: the tier reads
+        h.server.router.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
         poll = request(1, 4, _fetch_body(a, end, max_wait_ms=300_000))
         clients = [connect(h) for _ in range(50)]
         for c in clients:
@@ -558,12 +558,12 @@ def test_long_polls_are_rechecked_together_and_answered_when_the_tier_grows(tier
 
     with endpoint(tiered, fetch_max_wait_ms=300_000, max_connections_per_ip=400) as h:
         wait_for(lambda: grow in h.catalog.topics(), 30, "the new topic served")
-        handlers = h.server.handlers
+        router = h.server.router
         runs: list[int] = []
         refreshes: list[set[Any]] = []
-        fetch, refresh = handlers.fetch, handlers.tier.refresh
-        handlers.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
-        handlers.tier.refresh = lambda tps: (refreshes.append(set(tps)), refresh(tps))[1]
+        fetch, refresh = router.fetch, router.ctx.tier.refresh
+        router.fetch = lambda req, *a, **kw: (runs.append(1), fetch(req, *a, **kw))[1]
+        router.ctx.tier.refresh = lambda tps: (refreshes.append(set(tps)), refresh(tps))[1]
         poll = request(1, 4, _fetch_body(grow, end, max_wait_ms=300_000))
         clients = [connect(h) for _ in range(200)]
         for c in clients:
@@ -601,7 +601,7 @@ def test_long_polls_are_rechecked_together_and_answered_when_the_tier_grows(tier
 
 
 def _fetch_body(topic: str, offset: int, *, max_wait_ms: int) -> bytes:
-    from rlm.history.wire import build
+    from rlm.listener.protocol.codec import build
 
     out = io.BytesIO()
     entity = build(load_request_schema(1, 4), {
@@ -714,7 +714,7 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
     import gc
     import threading
 
-    import rlm.history.server as server
+    import rlm.listener.net.server as server
 
     a = tiered.topic("a")
     big_id = 4242
@@ -771,7 +771,7 @@ def test_the_gc_pause_is_bounded() -> None:
     does not hold it (the GC runs again); left alone when something else disabled it."""
     import gc
 
-    from rlm.history.server import GcPause
+    from rlm.listener.net.server import GcPause
 
     assert gc.isenabled()
     pause = GcPause(max_s=3600)
@@ -814,8 +814,8 @@ def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiere
     before = metric("rlm_history_closed_connections_total", {"reason": "not_reading"})
     with endpoint(tiered, queued_max_response_bytes=bound, write_timeout_ms=5000) as h:
         served = []
-        fetch = h.server.handlers.fetch
-        h.server.handlers.fetch = lambda req, *a, **kw: (served.append(1), fetch(req, *a, **kw))[1]
+        fetch = h.server.router.fetch
+        h.server.router.fetch = lambda req, *a, **kw: (served.append(1), fetch(req, *a, **kw))[1]
         ask = request(1, 4, _fetch_body(a, 0, max_wait_ms=0))
         deaf = []
         for _ in range(4):
@@ -851,7 +851,7 @@ def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiere
 # ------------------------------------------------------------------------------ generated frames (Hypothesis)
 def _valid_request(api_key: int, version: int) -> bytes:
     """A request body of ``api_key`` at ``version`` built by kio from empty values (b"" if kio has no schema)."""
-    from rlm.history.wire import build
+    from rlm.listener.protocol.codec import build
 
     try:
         schema = load_request_schema(api_key, version)
@@ -873,7 +873,7 @@ def test_generated_frames_are_answered_or_close_the_connection(tiered: Tiered,
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from rlm.history.wire import API_KEYS, SASL_API_KEYS
+    from rlm.listener.protocol.apis import API_KEYS, SASL_API_KEYS
 
     keys = sorted({*API_KEYS, *SASL_API_KEYS, 19, 32, 42, 1000})
     caplog.set_level(logging.INFO)

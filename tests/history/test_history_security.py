@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import ConfigError, HistoryListenerSettings, SidecarSettings, load_settings
-from rlm.history import History, start_history
+from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.history.pki import Pki, make_pki
@@ -72,12 +72,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @contextmanager
-def endpoint(t: Tiered, **listener: Any) -> Iterator[History]:
+def endpoint(t: Tiered, **listener: Any) -> Iterator[Listener]:
     """The history endpoint of the tiered topic with these ``history_listener`` settings, on a free port."""
     # The test cluster has no authorizer: its topics are open to every client, as the cluster's own listeners.
     cfg = HistoryListenerSettings(**{"port": 0, "fetch_poll_ms": 50,
                                      "authorization": {"allow_if_no_authorizer": True}, **listener})
-    history = start_history(t.settings.model_copy(update={"history_listener": cfg}), t.sidecar.rsm)
+    history = start_listener(t.settings.model_copy(update={"history_listener": cfg}), t.sidecar.rsm)
     try:
         yield history
     finally:
@@ -338,7 +338,7 @@ def test_passwords_are_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     for text in (repr(s), str(s), repr(cfg), str(cfg.sasl), s.model_dump_json(), str(s.model_dump()), caplog.text):
         assert ALICE_PW not in text and env_pw not in text
 
-    from rlm.history.security import SaslAuthenticator
+    from rlm.listener.net.sasl import SaslAuthenticator
 
     auth = SaslAuthenticator(cfg.sasl)
     assert auth.credentials.check_plain("carol", env_pw) and not auth.credentials.check_plain("carol", ALICE_PW)
@@ -351,7 +351,7 @@ def test_scram_credentials() -> None:
     and the same one every time (a client cannot tell unknown users from wrong passwords by the salt)."""
     from pydantic import SecretStr
 
-    from rlm.history.security import ScramCredentials
+    from rlm.listener.net.sasl import ScramCredentials
 
     creds = ScramCredentials({ALICE: SecretStr(ALICE_PW), BOB: SecretStr(BOB_PW)})
     assert BOB in creds and creds.lookup(BOB)[1] != creds.lookup("mallory")[1]  # the real stored key

@@ -13,7 +13,7 @@ One module-scoped set-up on the session broker:
 
 An in-process sidecar tiers them; the topics' local retention is then cut to one byte, so the broker deletes every
 rolled segment: its log start offset is past every offset read here (asserted). The history endpoint
-(:func:`rlm.history.start_history`) serves the tier on a free port.
+(:func:`rlm.listener.start_listener`) serves the tier on a free port.
 
 The clients run as their own processes, at once: the console consumer prints with control-character separators
 and ``null.literal`` (raw bytes: no deserializer), Spark runs in a child Python process (this file, run as a
@@ -169,7 +169,7 @@ def set_topic_config(kafka: KafkaCluster, topic: str, configs: dict[str, str]) -
 
 @pytest.fixture(scope="module")
 def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
-    from rlm.history import start_history
+    from rlm.listener import start_listener
     from rlm.sidecar import Sidecar
     from rlmm.api import TopicIdPartition
     from tests.rlm.sidecar_util import latest_remote, make_settings, wait_for
@@ -205,7 +205,7 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
             h.broker_start[(topic, p)] = wait_for(
                 lambda t=topic, p=p, last=last: (s := broker_log_start(kafka, t, p)) > last and s, 60,
                 f"the broker to delete {topic}-{p} locally past {last}")
-        served = start_history(settings, sidecar.rsm)
+        served = start_listener(settings, sidecar.rsm)
         h.endpoint = f"127.0.0.1:{served.port}"
         yield h
     finally:
@@ -270,7 +270,7 @@ def runs(tiered: Tiered, kafka: KafkaCluster, tmp_path_factory: pytest.TempPathF
     import pyspark
 
     from devtools.spark_kafka import spark_kafka_jars
-    from rlm.history.server import REQUESTS
+    from rlm.listener.net.server import REQUESTS
 
     h = tiered
     tmp = tmp_path_factory.mktemp("history-clients")

@@ -8,7 +8,8 @@ import io
 from kio.schema.produce.v9.response import ProduceResponse
 from kio.serial import entity_reader, entity_writer
 
-from rlm.history.wire import build, decode_request, read_header
+from rlm.listener.protocol.codec import build, decode_request
+from rlm.listener.protocol.frame import read_header
 
 # librdkafka 2.x's Metadata v12 for all topics, as captured on the socket (header v2, client id "rdkafka"): the body
 # is 3 bytes longer than the schema's. Kafka's broker ignores what follows a request's body; so must we.

@@ -129,7 +129,7 @@ def test_dashboard_is_a_valid_grafana_dashboard() -> None:
 
 
 def test_every_query_names_a_metric_a_live_sidecar_exports(kafka: KafkaCluster, tmp_path: Path) -> None:
-    from rlm.history import start_history
+    from rlm.listener import start_listener
 
     topic = f"dash-{uuid.uuid4().hex[:6]}"
     kafka.create_topic(topic, 1, config={"segment.ms": "300"})
@@ -140,7 +140,7 @@ def test_every_query_names_a_metric_a_live_sidecar_exports(kafka: KafkaCluster, 
     history = None
     ops = OpsServer("127.0.0.1", 0, sidecar.health, sidecar.liveness).start()
     try:
-        history = start_history(settings, sidecar.rsm)
+        history = start_listener(settings, sidecar.rsm)
         produce(kafka, topic, [(b"k", b"v" * 100)] * 20)
         wait_for(lambda: f'rlm_copy_lag_bytes{{partition="0",topic="{topic}"}}'
                  in http_get(f"http://127.0.0.1:{ops.port}/metrics")[1].decode(), 60, "the partition's copy lag")

@@ -8,7 +8,7 @@ librdkafka output speaks of an authorization failure, no Kafka producer and no s
 directory is created or removed but the readers' own metadata caches in the state dir.
 
 ``viewer`` is never granted anything on the cluster resource, except here: the history endpoint fetches the
-cluster's ACLs with DescribeAcls (``rlm.history.acls``), which needs DESCRIBE on the cluster whatever its
+cluster's ACLs with DescribeAcls (``rlm.listener.authz``), which needs DESCRIBE on the cluster whatever its
 ``super_users`` say. That one binding is removed when the module ends, as are the others granted here.
 """
 
@@ -40,7 +40,7 @@ from confluent_kafka.admin import (
 from devtools.devkafka import KafkaCluster
 from rlm.cli import main as rlm_main
 from rlm.config import KafkaSettings, SidecarSettings
-from rlm.history import start_history
+from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlm.state import StateDir
 from rlmm.api import TopicIdPartition
@@ -196,7 +196,7 @@ def test_a_reader_runs_read_only_sidecar_history_and_cat_without_authorization_e
         got = {r.offset: (r.key, r.value) for r in ro.reader.read(t.tp, 0) if r.offset in t.sent}
         assert got == t.sent
         # the history endpoint, as the same principal
-        history = start_history(settings, ro.rsm)
+        history = start_listener(settings, ro.rsm)
         assert consume_endpoint(history.port, t.tp, len(t.sent)) == t.sent
         # rlm cat, in process, as the same principal
         earlier = capfd.readouterr()

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings
-from rlm.history import start_history
+from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import MetadataTopicMissingError, TopicIdPartition
 from tests.kafka_util import produce
@@ -118,7 +118,7 @@ def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path:
         ends = (end_offsets(kafka, skip=skip), end_offsets(kafka2))
         before = mtimes(root)
         ro = Sidecar(settings2).start()
-        history = start_history(settings2, ro.rsm)
+        history = start_listener(settings2, ro.rsm)
         consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{history.port}", "group.id": f"unused-{tag}",
                              "enable.auto.commit": False, "check.crcs": True, "fetch.wait.max.ms": 100})
         try:
@@ -129,7 +129,7 @@ def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path:
                 rows = json_lines(ok(rlm("cat", topic, str(p), config=config2)))
                 assert {r["offset"]: (base64.b64decode(r["key"]), base64.b64decode(r["value"])) for r in rows} \
                     == sent[p], f"rlm cat {topic}-{p}"
-            tier = history.server.handlers.tier
+            tier = history.server.router.ctx.tier
 
             def served() -> bool:
                 tps = [TopicIdPartition(second_id, topic, p) for p in (0, 1)]

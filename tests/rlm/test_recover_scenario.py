@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings
-from rlm.history import start_history
+from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
@@ -188,12 +188,12 @@ def test_recover_after_losing_metadata_and_state(kafka_cluster3: KafkaCluster, t
                             "history_listener": {"host": "127.0.0.1", "port": 0, "fetch_poll_ms": 100,
                                                  "authorization": {"allow_if_no_authorizer": True}}})
     rsm = RemoteStorageManager(hs.store)
-    history = start_history(hs, rsm)
+    history = start_listener(hs, rsm)
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{history.port}", "group.id": f"unused-{tag}",
                          "enable.auto.commit": False, "check.crcs": True, "fetch.wait.max.ms": 100,
                          "api.version.request.timeout.ms": 5000})
     try:
-        tier = history.server.handlers.tier
+        tier = history.server.router.ctx.tier
         for topic, p in tps:
             tp = TopicIdPartition(ids[topic], topic, p)
 

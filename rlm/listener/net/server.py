@@ -1,4 +1,4 @@
-"""The history endpoint's socket server: asyncio on its own thread, handlers on a worker pool.
+"""The listener's socket server: asyncio on its own thread, answers on a worker pool.
 
 Each connection is served in order, as a broker does (a client may pipeline requests; responses go back in the
 order they came). Reading the store blocks, so handlers run on a thread pool; the event loop only frames bytes:
@@ -11,14 +11,15 @@ process), Python code holds it at most ``sys.getswitchinterval()`` (5 ms) at a t
 collections held it up to 170 ms each, eight times over, as a large request's objects grew the heap: the GC is held
 off while large requests are worked on (:class:`GcPause`), and their objects are freed on a worker.
 A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
-tiered data, as Kafka's DelayedFetch: it becomes one :class:`PendingFetch` (its partitions, deadline, ``min_bytes``,
-its connection, the tier bounds it was answered from) in the server's :class:`LongPolls`. One ticker serves them
-all: every ``poll_s`` it drops the polls whose client closed the connection (no tier read for them), then re-reads
-the bounds of every partition anyone waits on, once each, in one worker job (the metadata manager's consumer keeps
-the cache it reads up to date meanwhile), and wakes only the polls one of whose partitions changed (a segment
-tiered, the log start moved); those re-run their fetch, at most ``workers // 2`` at a time. A poll is answered when
-it has ``min_bytes``, or at its deadline with what it had (a timer, no tier read). A waiting Fetch holds no worker
-thread: N polls on one partition cost one bounds read per tick, not N fetches, and cannot fill the pool.
+tiered data, as Kafka's DelayedFetch: it becomes one :class:`~rlm.listener.tier.polls.PendingFetch` (its partitions,
+deadline, ``min_bytes``, its connection, the tier bounds it was answered from) in the server's
+:class:`~rlm.listener.tier.polls.LongPolls`. One ticker serves them all: every ``poll_s`` it drops the polls whose
+client closed the connection (no tier read for them), then re-reads the bounds of every partition anyone waits on, once
+each, in one worker job (the metadata manager's consumer keeps the cache it reads up to date meanwhile), and wakes only
+the polls one of whose partitions changed (a segment tiered, the log start moved); those re-run their fetch, at most
+``workers // 2`` at a time. A poll is answered when it has ``min_bytes``, or at its deadline with what it had (a timer,
+no tier read). A waiting Fetch holds no worker thread: N polls on one partition cost one bounds read per tick, not N
+fetches, and cannot fill the pool.
 
 Answers queued to clients are bounded: a connection's next request is read only once its last answer has been
 taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure, as a broker mutes a
@@ -63,28 +64,21 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
-from rlm.history.handlers import Client, Handlers
-from rlm.history.principals import ANONYMOUS, NoMatchingRuleError, PrincipalMapper, user
-from rlm.history.wire import (
-    API_KEYS,
-    MAX_FRAME_BYTES,
-    SASL_API_KEYS,
-    SIZE,
-    ApiKey,
-    BadRequestError,
+from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
+from rlm.listener.protocol.apis import ApiKey, api_label
+from rlm.listener.protocol.codec import (
     ErrorCode,
-    RequestHeader,
-    api_label,
     build,
     decode_request,
     encode_response,
     error_body,
-    read_header,
     response_type,
 )
-from rlm.tier import TierView, UnreadableCopyError
+from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, RequestHeader, read_header
+from rlm.listener.routing import Router
+from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
 
-__all__ = ["ConnectionLimits", "HistoryServer", "LongPolls", "PendingFetch"]
+__all__ = ["ConnectionLimits", "GcPause", "ListenerServer"]
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +92,7 @@ CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the hi
 CLOSED = Counter("rlm_history_closed_connections", "Connections the history endpoint closed for a bound",
                  ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip,
 # principal_mapping
-WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
-POLL_TICKS = Counter("rlm_history_long_poll_ticks", "Ticks of the long-poll ticker (one bounds read of the partitions "
-                     "polls wait on, each)")
-POLL_WAKEUPS = Counter("rlm_history_long_poll_wakeups",
-                       "Long polls woken: grown (their tier), expired (deadline), gone (client left)", ["reason"])
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -138,14 +127,14 @@ class ConnectionLimits:
                    queued_max_response_bytes=cfg.queued_max_response_bytes)
 
 
-class HistoryServer:
+class ListenerServer:
     """``start()`` binds and serves on a thread of its own; ``stop()`` closes every connection."""
 
-    def __init__(self, handlers: Handlers, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+    def __init__(self, router: Router, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                  workers: int = 8, poll_s: float = 0.2,
                  session_factory: Callable[[Any], Any] | None = None, limits: ConnectionLimits | None = None,
                  principal_mapper: PrincipalMapper | None = None) -> None:
-        self.handlers = handlers
+        self.router = router
         self.principal_mapper = principal_mapper or PrincipalMapper()
         self.limits = limits or ConnectionLimits()
         self._open = 0  # connections served now, in all and per address (on the event loop only)
@@ -164,11 +153,11 @@ class HistoryServer:
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._reserved = 0  # bytes of Fetch answers being made, held against queued_max_response_bytes (loop only)
-        self._polls = LongPolls(handlers.tier, self._pool, poll_s)  # waiting Fetches (long polls)
+        self._polls = LongPolls(router.ctx.tier, self._pool, poll_s)  # waiting Fetches (long polls)
         self._rerun_slots = asyncio.Semaphore(max(workers // 2, 1))  # workers long polls may hold at once
 
     # --------------------------------------------------------------------------------------- life
-    def start(self) -> HistoryServer:
+    def start(self) -> ListenerServer:
         self._thread = threading.Thread(target=self._run, name="rlm-history-loop", daemon=True)
         self._thread.start()
         self._ready.wait(30)
@@ -232,7 +221,7 @@ class HistoryServer:
         limits = self.limits
         loop = asyncio.get_running_loop()
         accepted = loop.time()
-        # A session (rlm.history.security.SaslSession) is asked before each request is served (see _answer); before
+        # A session (rlm.listener.net.sasl.SaslSession) is asked before each request is served (see _answer); before
         # authentication it also bounds the frames read (max_frame_bytes).
         session = self.session_factory(peer) if self.session_factory is not None else None
         # Who the client is, for the cluster's ACLs: its SASL user once authenticated, else its certificate's mapped
@@ -416,8 +405,7 @@ class HistoryServer:
                 return None
             header = err.header
         api = api_label(header.api_key)  # a closed set: the client chooses the key
-        offered = {**API_KEYS, **(SASL_API_KEYS if self.handlers.sasl else {})}
-        lo_hi = offered.get(header.api_key)
+        lo_hi = self.router.offered.get(header.api_key)
         error = "none"
         try:
             if header.api_key == ApiKey.API_VERSIONS and (lo_hi is None or not lo_hi[0] <= header.api_version
@@ -425,7 +413,7 @@ class HistoryServer:
                 # Answer at v0 so that any client can read which versions are offered (Kafka's rule).
                 from kio.schema.api_versions.v0.response import ApiVersionsResponse
                 error = "unsupported_version"
-                body = build(ApiVersionsResponse, self.handlers.api_versions(ErrorCode.unsupported_version))
+                body = build(ApiVersionsResponse, self.router.node.api_versions(ErrorCode.unsupported_version))
                 return encode_response(header._replace(flexible=False), body)
             if session is not None:
                 # SASL: None serves the request; bytes are the answer instead; b"" closes without one.
@@ -488,14 +476,12 @@ class HistoryServer:
         worker, so that one connection's large request never holds the others."""
         loop = asyncio.get_running_loop()
         rtype = response_type(header)
-        h = self.handlers
         key = header.api_key
         if key == ApiKey.API_VERSIONS:
-            return encode_response(header, build(rtype, h.api_versions()))
+            return encode_response(header, build(rtype, self.router.node.api_versions()))
         if key == ApiKey.FETCH:
             return await self._fetch(header, rtype, req, client, gone)
-        call = {ApiKey.PRODUCE: h.produce, ApiKey.LIST_OFFSETS: h.list_offsets, ApiKey.METADATA: h.metadata,
-                ApiKey.DESCRIBE_CLUSTER: h.describe_cluster, ApiKey.FIND_COORDINATOR: h.find_coordinator}[key]
+        call = self.router.answer(key)
 
         def answer() -> bytes:
             values = call(req, client)
@@ -508,7 +494,8 @@ class HistoryServer:
         loop = asyncio.get_running_loop()
         max_wait_s = min(max(_millis(req.max_wait), 0) / 1000, self.limits.fetch_max_wait_s)
         deadline = loop.time() + max_wait_s
-        handlers = self.handlers
+        router = self.router
+        ctx = router.ctx
         may_wait = max_wait_s > 0 and req.min_bytes > 0
 
         def fetch(budget: int, first: bool) -> tuple[dict[str, Any], int, bool, frozenset[Any], dict[Any, Mark]]:
@@ -519,8 +506,8 @@ class HistoryServer:
                 tps, marks = frozenset(), {}
             else:
                 tps = frozenset(self._fetched(req)) if first else pending.tps  # type: ignore[union-attr]
-                marks = tier_marks(handlers.tier, tps)
-            values, size = handlers.fetch(req, client, budget=budget)
+                marks = tier_marks(ctx.tier, tps)
+            values, size = router.fetch(req, client, budget=budget)
             # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
             return values, size, not any(t.partitions for t in req.topics) or _has_error(values), tps, marks
 
@@ -531,8 +518,8 @@ class HistoryServer:
                 # The answer's record budget is what is left of the bound on queued answers (clients that do not
                 # read cannot make the sidecar hold more); the room is held while the tier is read.
                 self._reserved -= held
-                held = min(self._fetch_room(), handlers.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
-                           handlers.fetch_max_bytes)
+                held = min(self._fetch_room(), ctx.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
+                           ctx.fetch_max_bytes)
                 self._reserved += held
                 if pending is None:
                     values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
@@ -578,121 +565,11 @@ class HistoryServer:
         out = []
         for t in req.topics:
             name, tid = getattr(t, "topic", None), getattr(t, "topic_id", None)
-            topic = self.handlers.catalog.by_name(name) if name is not None else self.handlers.catalog.by_id(tid)
+            catalog = self.router.ctx.catalog
+            topic = catalog.by_name(name) if name is not None else catalog.by_id(tid)
             if topic is not None:
                 out.extend(topic.tp(p.partition) for p in t.partitions if p.partition in topic.partitions)
         return out
-
-
-# --------------------------------------------------------------------------------------------- long polls
-Mark = tuple[int, int, int] | None  # a partition's tier bounds (log start, high watermark, last stable offset)
-UNREADABLE_MARK: Mark = (-1, -1, -1)  # a tier that cannot be read: a change from any real mark
-GROWN, EXPIRED, GONE = "grown", "expired", "gone"
-
-
-def tier_marks(tier: TierView, tps: Any) -> dict[Any, Mark]:
-    """Each partition's bounds as the tier serves them now (None: nothing of it is remote). Blocks: a worker's."""
-    marks: dict[Any, Mark] = {}
-    for tp in tps:
-        try:
-            pt = tier.partition(tp)
-        except UnreadableCopyError:
-            marks[tp] = UNREADABLE_MARK
-            continue
-        marks[tp] = None if pt is None else (pt.log_start_offset, pt.high_watermark, pt.last_stable_offset)
-    return marks
-
-
-@dataclass(eq=False, slots=True)
-class PendingFetch:
-    """One Fetch waiting for data (a long poll): what it waits on and the bounds its last answer was made from.
-    ``woken`` is done with GROWN, EXPIRED or GONE; the object is the same across its re-runs."""
-
-    tps: frozenset[Any]
-    deadline: float  # event-loop time
-    min_bytes: int
-    gone: Callable[[], bool]  # its client closed the connection
-    seen: dict[Any, Mark]
-    woken: asyncio.Future[str]
-    timer: asyncio.TimerHandle | None = None
-    expired: bool = False
-
-
-class LongPolls:
-    """The waiting Fetches of one server, re-checked together (on the event loop only, but for the bounds read).
-
-    One ticker task runs while any poll waits; each ``poll_s`` it wakes with GONE the polls whose client left, then
-    reads, in one worker job, the bounds of the union of the partitions the others wait on (:meth:`TierView.refresh`
-    once, then one chain per partition) and wakes with GROWN each poll one of whose partitions' bounds differ from
-    those its last answer was made from. A poll's deadline is a timer (EXPIRED). ``ticks`` counts the ticks that read
-    bounds (the ``rlm_history_long_poll_ticks`` counter in all servers)."""
-
-    def __init__(self, tier: TierView, pool: concurrent.futures.Executor, poll_s: float) -> None:
-        self.tier = tier
-        self.pool = pool
-        self.poll_s = poll_s
-        self.ticks = 0
-        self._waiting: set[PendingFetch] = set()
-        self._ticker: asyncio.Task[None] | None = None
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def add(self, p: PendingFetch) -> None:
-        loop = asyncio.get_running_loop()
-        self._waiting.add(p)
-        WAITING.inc()
-        p.timer = loop.call_at(p.deadline, self._expire, p)
-        if self._ticker is None or self._ticker.done():
-            self._ticker = loop.create_task(self._tick_loop(), name="rlm-history-long-polls")
-
-    def discard(self, p: PendingFetch) -> None:
-        if p in self._waiting:
-            self._waiting.remove(p)
-            WAITING.dec()
-        if p.timer is not None:
-            p.timer.cancel()
-
-    @staticmethod
-    def wake(p: PendingFetch, reason: str) -> None:
-        if not p.woken.done():
-            POLL_WAKEUPS.labels(reason).inc()
-            p.woken.set_result(reason)
-
-    def _expire(self, p: PendingFetch) -> None:
-        p.expired = True  # seen by a poll woken (GROWN) and re-running meanwhile
-        self.wake(p, EXPIRED)
-
-    async def _tick_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._waiting:
-            await asyncio.sleep(self.poll_s)
-            live = []
-            for p in list(self._waiting):
-                if p.woken.done():
-                    continue  # re-running or answering: it is re-checked when it waits again
-                if p.gone():
-                    self.wake(p, GONE)  # its client left: no bounds read for it, its answer is never made
-                else:
-                    live.append(p)
-            if not live:
-                continue
-            tps = frozenset().union(*(p.tps for p in live))
-            self.ticks += 1
-            POLL_TICKS.inc()
-            try:
-                marks = await loop.run_in_executor(self.pool, self._read_marks, tps)
-            except Exception:  # noqa: BLE001 - one failed tick must not end every long poll's re-check
-                log.exception("history endpoint: long polls: reading the tier bounds failed",
-                              extra={"partitions": len(tps), "waiting": len(live)})
-                continue
-            for p in live:
-                if any(marks.get(tp) != p.seen.get(tp) for tp in p.tps):
-                    self.wake(p, GROWN)
-
-    def _read_marks(self, tps: frozenset[Any]) -> dict[Any, Mark]:
-        self.tier.refresh(tps)
-        return tier_marks(self.tier, tps)
 
 
 class GcPause:

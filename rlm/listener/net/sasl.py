@@ -1,7 +1,6 @@
-"""Who may read through the history endpoint: TLS and SASL (PLAIN, SCRAM-SHA-512), as a Kafka broker does them.
+"""Who may read through the history endpoint: SASL (PLAIN, SCRAM-SHA-512), as a Kafka broker does it.
 
-TLS is the socket's (:func:`server_ssl_context`, from ``history_listener.tls``); with a ``cafile`` every client must
-present a certificate that chains to it. SASL runs inside the Kafka protocol, one :class:`SaslSession` per
+TLS is the socket's (:mod:`rlm.listener.net.tls`). SASL runs inside the Kafka protocol, one :class:`SaslSession` per
 connection (:meth:`SaslAuthenticator.session` is the server's ``session_factory``), on plaintext
 (``SASL_PLAINTEXT``) or TLS (``SASL_SSL``) alike::
 
@@ -45,7 +44,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -55,20 +53,10 @@ from prometheus_client import Counter
 from pydantic import SecretStr
 from scramp import ScramException, ScramMechanism
 
-from rlm.config import ConfigError, HistorySaslSettings, HistoryTlsSettings
-from rlm.history.wire import (
-    SASL_API_KEYS,
-    ApiKey,
-    BadRequestError,
-    ErrorCode,
-    RequestHeader,
-    api_label,
-    build,
-    decode_request,
-    encode_response,
-    error_body,
-    response_type,
-)
+from rlm.config import ConfigError, HistorySaslSettings
+from rlm.listener.protocol.apis import SASL_API_KEYS, ApiKey, api_label
+from rlm.listener.protocol.codec import ErrorCode, build, decode_request, encode_response, error_body, response_type
+from rlm.listener.protocol.frame import BadRequestError, RequestHeader
 
 __all__ = [
     "MAX_PRE_AUTH_FRAME_BYTES",
@@ -77,7 +65,6 @@ __all__ = [
     "ScramCredentials",
     "SaslAuthenticator",
     "SaslSession",
-    "server_ssl_context",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,33 +79,6 @@ AUTHENTICATIONS = Counter("rlm_history_authentications", "SASL authentications o
                           ["mechanism", "result"])
 REFUSED = Counter("rlm_history_unauthenticated_requests",
                   "Connections closed for a request other than ApiVersions/SASL before authentication", ["api"])
-
-
-# ------------------------------------------------------------------------------------------------------ TLS
-def server_ssl_context(tls: HistoryTlsSettings) -> ssl.SSLContext:
-    """The listener's TLS context. Raises :class:`ConfigError` naming the ``history_listener.tls`` field whose file
-    cannot be loaded (the operator fixes the path, the permissions or the password)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.min_version == "TLSv1.3" else ssl.TLSVersion.TLSv1_2
-    password = tls.keyfile_password.get_secret_value() if tls.keyfile_password is not None else None
-    try:
-        ctx.load_cert_chain(tls.certfile, tls.keyfile, password=password)
-    except (OSError, ssl.SSLError) as err:
-        fields = "certfile" if tls.keyfile is None else "certfile / keyfile"
-        raise ConfigError(f"history_listener.tls.{fields}: cannot load the certificate or its key "
-                          f"({tls.certfile}{', ' + str(tls.keyfile) if tls.keyfile else ''}): {err}") from err
-    if tls.cafile is not None:
-        try:
-            ctx.load_verify_locations(cafile=tls.cafile)
-        except (OSError, ssl.SSLError) as err:
-            raise ConfigError(f"history_listener.tls.cafile: cannot load {tls.cafile}: {err}") from err
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    if tls.ciphers is not None:
-        try:
-            ctx.set_ciphers(tls.ciphers)
-        except ssl.SSLError as err:
-            raise ConfigError(f"history_listener.tls.ciphers: {err}") from err
-    return ctx
 
 
 # -------------------------------------------------------------------------------------------- credentials
@@ -191,7 +151,7 @@ class ScramCredentials:
 # --------------------------------------------------------------------------------------------------- SASL
 class SaslAuthenticator:
     """What every connection of one listener shares: the enabled mechanisms and the users' credentials.
-    :meth:`session` is the :class:`~rlm.history.server.HistoryServer`'s ``session_factory``."""
+    :meth:`session` is the :class:`~rlm.listener.net.server.ListenerServer`'s ``session_factory``."""
 
     def __init__(self, settings: HistorySaslSettings, *, failed_authentication_delay_s: float = 0.1) -> None:
         self.mechanisms: tuple[str, ...] = tuple(settings.mechanisms)

@@ -1,23 +1,11 @@
-"""The Kafka wire protocol of the history endpoint: framing, headers, and the message codecs.
+"""The message codecs of the listener, by kio: request bodies decoded, response bodies built and encoded.
 
 Messages are encoded and decoded by `kio <https://github.com/Aiven-Open/kio>`_ (Aiven, Apache-2.0): immutable
 dataclasses generated from the very message JSON schemas Kafka builds its own protocol classes from
 (``clients/src/main/resources/common/message``), every version, flexible versions and tagged fields included, with
 a compiled reader. We chose it over kafka-python's hand-written structures (which stop at older versions: Fetch v13+
 with topic ids, the versions current clients prefer, are missing) and over generating codecs from the kafka-clients
-jar ourselves (a code generator to keep).
-
-A frame on the socket (every integer big-endian)::
-
-    size            int32     length of what follows
-    request header  v1: api_key int16, api_version int16, correlation_id int32, client_id nullable string
-                    v2 (flexible versions): v1 + tagged fields
-    request body    the API's schema at api_version
-
-    size            int32
-    response header v0: correlation_id int32; v1 (flexible versions): + tagged fields
-                    (ApiVersions always answers with v0, so a client can read it at any version)
-    response body
+jar ourselves (a code generator to keep). Framing (size prefix, headers) is :mod:`rlm.listener.protocol.frame`.
 
 Handlers build version-independent values (dicts and lists named as the schema's fields); :func:`build` turns them
 into the kio entity of the version asked for, keeping the fields that version has.
@@ -40,120 +28,16 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader, response_header
+
 __all__ = [
-    "API_KEYS",
-    "API_NAMES",
-    "MAX_FRAME_BYTES",
-    "ApiKey",
-    "BadRequestError",
     "ErrorCode",
-    "RequestHeader",
     "build",
     "decode_request",
     "encode_response",
     "error_body",
-    "api_label",
-    "read_header",
+    "response_type",
 ]
-
-SIZE = struct.Struct(">i")
-# api_key int16, api_version int16, correlation_id int32: the fixed start of every request header version.
-HEADER_START = struct.Struct(">hhi")
-MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
-
-
-class ApiKey:
-    PRODUCE = 0
-    FETCH = 1
-    LIST_OFFSETS = 2
-    METADATA = 3
-    FIND_COORDINATOR = 10
-    SASL_HANDSHAKE = 17
-    API_VERSIONS = 18
-    SASL_AUTHENTICATE = 36
-    DESCRIBE_CLUSTER = 60
-
-
-# What the endpoint serves: api key -> (min version, max version). Fetch from v4 (read_committed) to v17 (topic ids
-# from v13), what librdkafka 2.x and the Java client 4.x negotiate; ListOffsets to v9 (LATEST_TIERED_TIMESTAMP).
-# Produce is offered only to be refused (POLICY_VIOLATION per partition): librdkafka enables record-batch v2 (and
-# Fetch v4+) only for a broker that lists Produce v3+ too.
-API_KEYS: dict[int, tuple[int, int]] = {
-    ApiKey.PRODUCE: (3, 9),
-    ApiKey.FETCH: (4, 17),
-    ApiKey.LIST_OFFSETS: (1, 9),
-    ApiKey.METADATA: (1, 12),
-    ApiKey.FIND_COORDINATOR: (0, 4),
-    ApiKey.API_VERSIONS: (0, 4),
-    ApiKey.DESCRIBE_CLUSTER: (0, 1),
-}
-SASL_API_KEYS: dict[int, tuple[int, int]] = {
-    ApiKey.SASL_HANDSHAKE: (0, 1),
-    ApiKey.SASL_AUTHENTICATE: (0, 2),
-}
-
-
-# Metric label of each api key: a closed set (a client chooses the api key of its requests, and every label value is
-# a time series kept for the life of the process: unknown keys are all "other").
-API_NAMES: dict[int, str] = {
-    ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets",
-    ApiKey.METADATA: "metadata", ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
-    ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
-    ApiKey.SASL_AUTHENTICATE: "sasl_authenticate"}
-
-
-def api_label(api_key: int) -> str:
-    """The metric label of ``api_key``: its name for the APIs the endpoint knows, else ``"other"``."""
-    return API_NAMES.get(api_key, "other")
-
-
-class BadRequestError(Exception):
-    """A request that cannot be read; ``header`` is set when at least its header could (then it gets an answer)."""
-
-    def __init__(self, message: str, header: RequestHeader | None = None) -> None:
-        super().__init__(message)
-        self.header = header
-
-
-class RequestHeader(typing.NamedTuple):
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    flexible: bool  # the request's schema version is flexible (header v2, response header v1)
-    body_offset: int
-
-
-def read_header(frame: bytes) -> RequestHeader:
-    """The header of one request frame (without its size prefix)."""
-    if len(frame) < HEADER_START.size + 2:
-        raise BadRequestError(f"request of {len(frame)} bytes is shorter than a request header")
-    api_key, version, correlation_id = HEADER_START.unpack_from(frame)
-    try:
-        schema = load_request_schema(api_key, version)
-    except Exception:  # noqa: BLE001 - kio: unknown api key or version
-        flexible = False
-        schema = None
-    else:
-        flexible = bool(schema.__flexible__)
-    pos = HEADER_START.size
-    (n,) = struct.unpack_from(">h", frame, pos)
-    pos += 2
-    client_id = None
-    if n >= 0:
-        if pos + n > len(frame):
-            raise BadRequestError("client id runs past the request's end",
-                                  RequestHeader(api_key, version, correlation_id, None, flexible, len(frame)))
-        client_id = bytes(frame[pos:pos + n]).decode("utf-8", "replace")
-        pos += n
-    header = RequestHeader(api_key, version, correlation_id, client_id, flexible, pos)
-    if flexible and schema is not None:
-        try:
-            _tags, size = entity_reader(schema.__header_schema__)(frame, 0)
-        except Exception as err:  # noqa: BLE001 - kio raises on truncation
-            raise BadRequestError(f"request header: {err}", header) from None
-        header = header._replace(body_offset=size)
-    return header
 
 
 def decode_request(frame: bytes, header: RequestHeader) -> Any:
@@ -183,9 +67,7 @@ def encode_response(header: RequestHeader, body: Any | None, *, raw_error: int |
     schema for the request (unknown api key or version) ``raw_error`` is sent as a bare int16 after the header."""
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
-    out.write(struct.pack(">i", header.correlation_id))
-    if header.flexible and header.api_key != ApiKey.API_VERSIONS:
-        out.write(b"\0")  # response header v1: no tagged fields
+    out.write(response_header(header))
     if body is not None:
         entity_writer(type(body))(out, body)
     else:

@@ -1,6 +1,6 @@
-"""Which topics a history-endpoint client may read: the cluster's own ACLs, applied as Kafka's authorizer does.
+"""Which topics a listener client may read: the cluster's own ACLs, applied as Kafka's authorizer does.
 
-The endpoint serves what the cluster's listeners would serve the same principal (:mod:`~rlm.history.principals`),
+The endpoint serves what the cluster's listeners would serve the same principal (:mod:`~rlm.listener.net.principals`),
 no more: Fetch needs READ on the topic, Metadata and ListOffsets DESCRIBE (which READ, WRITE, DELETE and ALTER
 imply). The decision is Kafka's ``StandardAuthorizer``'s, for topic resources:
 

@@ -1,4 +1,4 @@
-"""Who a history-endpoint client is, as a Kafka broker would name it: the principal the cluster's ACLs are about.
+"""Who a listener client is, as a Kafka broker would name it: the principal the cluster's ACLs are about.
 
 - A SASL client is ``User:<name>`` (the name it authenticated, PLAIN or SCRAM).
 - A client that presented a certificate (mutual TLS) and no SASL is ``User:<mapped subject>``: the certificate's
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ANONYMOUS",
+    "Client",
     "MappingRule",
     "NoMatchingRuleError",
     "PrincipalMapper",
@@ -36,6 +37,14 @@ __all__ = [
 ]
 
 ANONYMOUS = "User:ANONYMOUS"
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """Who sent a request: the principal the cluster's ACLs name (``User:alice``) and its address."""
+
+    principal: str
+    host: str
 
 # Kafka's SslPrincipalMapper.RULE_PATTERN, one rule per item here (no comma splitting).
 _RULE = re.compile(r"RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)")

@@ -1,19 +1,22 @@
-"""The history endpoint: the remote tier served over the Kafka protocol, so any Kafka client reads history.
+"""The sidecar's Kafka listener: the remote tier served over the Kafka protocol, so any Kafka client reads history.
 
 Point ``bootstrap.servers`` at the endpoint and ``assign()`` partitions (the topics the cluster's ACLs let the
-client's principal read, :mod:`~rlm.history.acls`): ApiVersions, Metadata (the tiered topics,
+client's principal read, :mod:`~rlm.listener.authz`): ApiVersions, Metadata (the tiered topics,
 this endpoint leading every partition), DescribeCluster, ListOffsets (earliest / latest / by timestamp / max
 timestamp, from the remote tier) and Fetch (record batches as stored, read_committed with the aborted
 transactions of the uploaded transaction indexes, long polls at the tier's end) are served. Consumer groups are
 not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
 
-Modules: :mod:`~rlm.history.wire` (framing and codecs, by kio), :mod:`~rlm.history.handlers` (one method per API),
-:mod:`~rlm.history.catalog` (which topics are served), :mod:`~rlm.history.server` (asyncio socket server),
-:mod:`~rlm.history.security` (TLS, and SASL PLAIN / SCRAM-SHA-512 with users from the config),
-:mod:`~rlm.history.principals` (who a client is: SASL user, certificate subject), :mod:`~rlm.history.acls` (the
-cluster's ACLs applied to it). A partition's remote chain, bounds and fetches are the tier's read model
-(:class:`rlm.tier.TierView`), as every other reader's: this package holds only the protocol.
-:func:`start_history` puts them together for ``rlm serve``.
+Layers, each a package or module of its own (this module only wires them, :func:`start_listener`)::
+
+    protocol/   apis.py (the api keys we know), frame.py (size prefix, headers), codec.py (kio bodies)
+    net/        server.py (asyncio, per-connection order, bounds), tls.py, sasl.py, principals.py (who a client is)
+    authz.py    the cluster's ACLs for the client's principal
+    routing.py  the one table: api key -> who answers it
+    tier/       the answers from the tier: catalog (served topics), node, offsets, fetch, polls (long polls)
+
+A partition's remote chain, bounds and fetches are the tier's read model (:class:`rlm.tier.TierView`), as every
+other reader's: this package holds only the protocol.
 """
 
 from __future__ import annotations
@@ -23,25 +26,28 @@ from dataclasses import dataclass
 
 from rlm.config import SidecarSettings, is_loopback
 from rlm.discovery import ClusterView
-from rlm.history.acls import Authorizer
-from rlm.history.catalog import Catalog
-from rlm.history.handlers import Handlers, NodeInfo
-from rlm.history.principals import PrincipalMapper
-from rlm.history.security import PLAIN, SaslAuthenticator, server_ssl_context
-from rlm.history.server import ConnectionLimits, HistoryServer
+from rlm.listener.authz import Authorizer
+from rlm.listener.net.principals import PrincipalMapper
+from rlm.listener.net.sasl import PLAIN, SaslAuthenticator
+from rlm.listener.net.server import ConnectionLimits, ListenerServer
+from rlm.listener.net.tls import server_ssl_context
+from rlm.listener.routing import Router
+from rlm.listener.tier.catalog import Catalog
+from rlm.listener.tier.context import TierContext
+from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from rlm.rlmm_config import make_rlmm
 from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
 
-__all__ = ["History", "start_history"]
+__all__ = ["Listener", "start_listener"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class History:
-    server: HistoryServer
+class Listener:
+    server: ListenerServer
     catalog: Catalog
     authorizer: Authorizer
     rlmm: RemoteLogMetadataManager
@@ -59,8 +65,8 @@ class History:
             self.rlmm.close()
 
 
-def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
-                  rlmm: RemoteLogMetadataManager | None = None) -> History:
+def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
+                  rlmm: RemoteLogMetadataManager | None = None) -> Listener:
     """Start the endpoint of ``settings.history_listener``. It follows the metadata of every tiered topic with a
     metadata manager of its own (its cache in ``<state_dir>/history-metadata-cache``) unless one is passed.
 
@@ -87,10 +93,10 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                       interval_s=settings.tasks.discovery_interval_ms / 1000).start()
     # The cluster's ACLs, fetched (by DescribeAcls, as the sidecar's principal) before the first client connects.
     authorizer = Authorizer.of_cluster(settings.kafka.client_config(), cfg.authorization).start()
-    tier = TierView(RemoteReader(rlmm, rsm))
-    handlers = Handlers(catalog, tier, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
-                        authorizer, sasl=sasl is not None, fetch_max_bytes=cfg.fetch_max_bytes)
-    server = HistoryServer(handlers, cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
+    ctx = TierContext(catalog, TierView(RemoteReader(rlmm, rsm)), authorizer, fetch_max_bytes=cfg.fetch_max_bytes)
+    node = NodeAnswers(ctx, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
+                       sasl=sasl is not None)
+    server = ListenerServer(Router(ctx, node), cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
                            ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
                            limits=ConnectionLimits.of(cfg),
                            principal_mapper=PrincipalMapper(cfg.tls.principal_mapping_rules) if cfg.tls else None)
@@ -103,11 +109,11 @@ def start_history(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
             rlmm.close()
         raise
     if cfg.port == 0:  # tell clients the port actually bound
-        handlers.node = NodeInfo(handlers.node.node_id, handlers.node.host, server.port, handlers.node.cluster_id)
+        node.node = NodeInfo(node.node.node_id, node.node.host, server.port, node.node.cluster_id)
     log.info("history endpoint listening", extra={"host": cfg.host, "port": server.port,
                                                   "advertised": f"{cfg.advertised}:{server.port}",
                                                   "security_protocol": cfg.security_protocol,
                                                   "sasl_mechanisms": list(sasl.mechanisms) if sasl else [],
                                                   "client_certificates": bool(cfg.tls and cfg.tls.client_auth),
                                                   "topics": len(catalog.topics())})
-    return History(server, catalog, authorizer, rlmm, owns)
+    return Listener(server, catalog, authorizer, rlmm, owns)

@@ -1,0 +1,77 @@
+"""What every answer from the tier shares: the served topics, the tier's read model, the cluster's ACLs for the
+client's principal, and how a copy that cannot be read is reported.
+
+Topics are served only as the cluster's ACLs let the client's principal (:mod:`rlm.listener.authz`; Kafka's own
+rules): Fetch needs READ, Metadata and ListOffsets DESCRIBE.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from prometheus_client import Counter
+
+from rlm.listener.authz import Authorizer
+from rlm.listener.net.principals import Client
+from rlm.listener.tier.catalog import Catalog
+from rlm.tier import PartitionTier, TierView, UnreadableCopyError
+from rlmm.api import TopicIdPartition
+
+__all__ = ["FETCH_MAX_BYTES", "TierContext"]
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = Counter("rlm_history_unreadable_copies",
+                     "Partitions answered without their data because a remote copy could not be read", ["api"])
+REPORTED_COPIES = 10_000  # copies remembered as already logged (then they are logged again)
+FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): history_listener.fetch_max_bytes
+
+
+class TierContext:
+    def __init__(self, catalog: Catalog, tier: TierView, authorizer: Authorizer, *,
+                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
+        self.catalog = catalog
+        self.tier = tier
+        self.authorizer = authorizer
+        self.fetch_max_bytes = fetch_max_bytes
+        self._reported: OrderedDict[str, None] = OrderedDict()  # copies whose failure was logged
+        self._reported_lock = threading.Lock()
+
+    def unreadable(self, err: UnreadableCopyError, api: str) -> None:
+        """Count a partition answered without its data; log the copy the first time it fails (a client retrying
+        the partition would otherwise write a line per request)."""
+        UNREADABLE.labels(api).inc()
+        with self._reported_lock:
+            if err.copy_id in self._reported:
+                return
+            self._reported[err.copy_id] = None
+            while len(self._reported) > REPORTED_COPIES:
+                self._reported.popitem(last=False)
+        seg = err.segment
+        log.error("history endpoint: a remote copy cannot be read: its partition is answered with "
+                  "KAFKA_STORAGE_ERROR (logged once per copy); re-copy the segment or delete the copy", extra={
+                      "topic_partition": str(err.tp), "segment_id": err.copy_id, "key": err.key,
+                      "start_offset": seg.start_offset if seg else None,
+                      "end_offset_inclusive": seg.end_offset_inclusive if seg else None,
+                      "reason": f"{type(err.cause).__name__}: {err.cause}"})
+
+    def partition_tier(self, tp: TopicIdPartition, api: str) -> PartitionTier | None:
+        """The partition's tier, or None when nothing of it is remote or it cannot be read (counted, logged)."""
+        try:
+            return self.tier.partition(tp)
+        except UnreadableCopyError as err:
+            self.unreadable(err, api)
+            return None
+
+    def allowed(self, client: Client, operation: str, names: Iterable[str | None]) -> set[str]:
+        """The topics of ``names`` the client's principal may ``operation`` by the cluster's ACLs."""
+        return self.authorizer.allowed(client.principal, client.host, operation,
+                                       (n for n in names if n is not None))
+
+    def name_of(self, topic_id: uuid.UUID | None) -> str | None:
+        topic = self.catalog.by_id(topic_id) if topic_id is not None else None
+        return topic.name if topic is not None else None
