@@ -46,7 +46,7 @@ from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.sidecar_util import make_settings, wait_for
-from tests.rlm.test_sidecar_txn import TxnProducer
+from tests.support.txn import TxnProducer
 
 __all__ = ["BIG_BYTES", "CODECS", "SEGMENT_MS", "HistorySetup", "Rec", "broker_watermarks", "consume_until",
            "producer", "send"]

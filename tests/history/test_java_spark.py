@@ -134,7 +134,7 @@ def produce_codecs(kafka: KafkaCluster, h: Tiered, base_ts: int) -> None:
 
 
 def produce_txn(kafka: KafkaCluster, h: Tiered) -> None:
-    from tests.rlm.test_sidecar_txn import TxnProducer, plain
+    from tests.support.txn import TxnProducer, plain
 
     tx = TxnProducer(kafka, h.txn)
     for r in range(2):

@@ -15,11 +15,7 @@ Expectations come from what was produced and from the broker's own ``.log`` file
 from __future__ import annotations
 
 import base64
-import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,37 +37,13 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.rlm.test_sidecar_txn import TxnProducer, plain
+from tests.support.processes import b64, json_lines, ok, rlm
+from tests.support.txn import TxnProducer, plain
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_TIMEOUT_S = 240  # one CLI process: imports, metadata catch-up, reads; generous for a loaded 2-core box
 
 # offset -> (key, value, headers, timestamp)
 Produced = dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]
-
-
-def rlm(*args: str, config: Path | None = None, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """``python -m rlm.cli ARGS [--config FILE]`` as its own process; stdout and stderr captured as text."""
-    argv = [sys.executable, "-m", "rlm.cli", *args]
-    if config is not None:
-        argv += ["--config", str(config)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}  # the file alone configures it
-    return subprocess.run(argv, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def ok(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 0, \
-        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def b64(v: bytes | None) -> str | None:
-    return None if v is None else base64.b64encode(v).decode()
 
 
 def local_batches(kafka: KafkaCluster, topic: str, partition: int) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.format.crypto import SEALED_INDEX_MAGIC
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, wait_for
-from tests.rlm.test_cli import json_lines, ok, rlm
+from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka]
 

@@ -18,7 +18,7 @@ from rlm.http import OpsServer
 from rlm.sidecar import Sidecar
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import make_settings, wait_for
-from tests.rlm.test_sidecar_faults import http_get
+from tests.support.processes import http_get
 
 
 def _health(ops: OpsServer, path: str = "/health") -> tuple[int, dict[str, Any]]:

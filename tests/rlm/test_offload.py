@@ -32,10 +32,9 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.rlm.test_cli import b64, json_lines, ok, rlm
 from tests.rlm.test_sidecar_e2e import set_topic_config
-from tests.rlm.test_sidecar_faults import serve
-from tests.rlm.test_sidecar_txn import TxnProducer
+from tests.support.processes import b64, json_lines, ok, rlm, serve
+from tests.support.txn import TxnProducer
 
 HOUR_MS = "3600000"
 NO_ROLL = {"segment.ms": HOUR_MS, "segment.bytes": str(1 << 30)}  # the dev broker's default segment.bytes is 1 MiB

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import REGISTRY
 
-from tests.rlm.test_dashboard import DASHBOARD, RULES, promql_metric_names
+from tests.support.promql import DASHBOARD, RULES, promql_metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

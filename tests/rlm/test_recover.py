@@ -37,7 +37,7 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.rlm.test_cli import json_lines, ok, rlm
+from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka]
 

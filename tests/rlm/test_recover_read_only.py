@@ -25,8 +25,8 @@ from rlm.sidecar import Sidecar
 from rlmm.api import MetadataTopicMissingError, TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
-from tests.rlm.test_cli import json_lines, ok, rlm
 from tests.spark.conftest import spark  # noqa: F401 - the session's SparkSession fixture
+from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from devtools.devkafka import KafkaCluster, free_port
@@ -31,25 +27,9 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
+from tests.support.processes import http_get, serve
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def serve(config: Path, log: Path) -> subprocess.Popen:
-    """``rlm serve --config FILE`` as its own process (stderr to ``log``)."""
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "rlm.cli", "serve", "--config", str(config)], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def http_get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-    except OSError:
-        return 0, b""
 
 
 def test_serve_answers_health_and_metrics(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:

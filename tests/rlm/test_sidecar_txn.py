@@ -4,7 +4,6 @@ transaction is open, and read_committed remote reads return exactly the committe
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -12,42 +11,8 @@ from confluent_kafka import Producer
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import produce
 from tests.rlm.sidecar_util import assert_contiguous, latest_remote, make_settings, only, remote_segments, wait_for
-
-
-class TxnProducer:
-    def __init__(self, kafka: KafkaCluster, topic: str) -> None:
-        self.topic = topic
-        self.p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5,
-                           "transactional.id": f"txn-{uuid.uuid4().hex}"})
-        self.p.init_transactions(30)
-
-    def send(self, tag: str, n: int) -> dict[int, tuple[bytes, bytes]]:
-        """Produce ``n`` records inside the open transaction; return offset -> (key, value) once acknowledged."""
-        out: dict[int, tuple[bytes, bytes]] = {}
-
-        def cb(err, msg) -> None:  # type: ignore[no-untyped-def]
-            assert err is None, err
-            out[msg.offset()] = (msg.key(), msg.value())
-
-        for i in range(n):
-            self.p.produce(self.topic, key=f"{tag}-{i}".encode(), value=f"{tag}-value-{i}".encode() * 5,
-                           partition=0, on_delivery=cb)
-        assert self.p.flush(30) == 0
-        assert len(out) == n
-        return out
-
-    def txn(self, tag: str, n: int, *, commit: bool) -> dict[int, tuple[bytes, bytes]]:
-        self.p.begin_transaction()
-        out = self.send(tag, n)
-        (self.p.commit_transaction if commit else self.p.abort_transaction)(30)
-        return out
-
-
-def plain(kafka: KafkaCluster, topic: str, tag: str, n: int) -> dict[int, tuple[bytes, bytes]]:
-    recs = [(f"{tag}-{i}".encode(), f"{tag}-plain-{i}".encode()) for i in range(n)]
-    return {off: kv for (_p, off), kv in zip(produce(kafka, topic, recs), recs, strict=True)}
+from tests.support.txn import TxnProducer, plain
 
 
 def test_read_committed_and_nothing_above_the_lso(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from rlmm import CopyFencedError, InvalidStateTransitionError
+from rlmm.api import RemoteLogSegmentState as S
 from rlmm.api import TopicIdPartition
 from tests.rlmm.helpers import eventually, segment, update
-from tests.rlmm.test_manager import S
 
 
 def copy(tp: TopicIdPartition, start: int, end: int, leader_epoch: int | None, broker_id: int):

@@ -11,7 +11,7 @@ from pyspark import cloudpickle
 from rlm.spark.planning import Bounds, _plan_partition
 from rlm.tier import to_rsm
 from rsm.api import RemoteSegmentMetadata
-from tests.spark.test_planning_gaps import options, seg
+from tests.support.spark import options, seg
 
 
 def test_input_partitions_carry_the_segment_metadata_and_pickle() -> None:

@@ -13,7 +13,7 @@ from rlmm.api import TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, only, remote_segments, wait_for
 from tests.spark.conftest import Produced, TieredData
-from tests.spark.test_source import collect, expected, load
+from tests.support.spark import collect, expected, load
 
 
 def test_offload_segments_read_exactly(spark: Any, kafka: KafkaCluster, tmp_path: Path) -> None:

@@ -3,25 +3,11 @@ reads around them (driver-side planning only: no Spark session, no store reads f
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from rlm.spark.options import SparkSourceError, parse_options
+from rlm.spark.options import SparkSourceError
 from rlm.spark.planning import Bounds, _plan_partition
-from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-
-TP = TopicIdPartition(uuid.UUID(int=3), "orders", 0)
-
-
-def seg(start: int, end: int) -> RemoteLogSegmentMetadata:
-    return RemoteLogSegmentMetadata(RemoteLogSegmentId(TP, uuid.uuid4()), start, end, 1, 1, 1, 100, ((0, start),),
-                                    state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
-
-
-def options(**extra: str):  # noqa: ANN201
-    return parse_options({"subscribe": "orders", "kafka.bootstrap.servers": "127.0.0.1:1", "store": "fs",
-                          "store.root_path": "/nonexistent", **extra})
+from tests.support.spark import options, seg
 
 
 def test_a_hole_in_the_chain_fails_the_query_under_fail_on_data_loss() -> None:

@@ -10,29 +10,7 @@ import pytest
 
 from rlm.spark.options import SparkSourceError, parse_options
 from tests.spark.conftest import CODECS, Produced, TieredData
-
-
-def load(spark: Any, data: TieredData, **options: str) -> Any:
-    return spark.read.format("kafka-remote").options(**data.options).options(**options).load()
-
-
-def collect(df: Any) -> dict[tuple[int, int], tuple]:
-    """(partition, offset) -> (key, value, headers, timestamp ms, timestampType), one entry per row."""
-    rows = df.selectExpr("*", "unix_millis(timestamp) AS ts_ms").collect()
-    out: dict[tuple[int, int], tuple] = {}
-    for r in rows:
-        hdrs = tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in r["headers"]) \
-            if "headers" in r else None
-        k = (r["partition"], r["offset"])
-        assert k not in out, f"offset {k} returned twice"
-        out[k] = (None if r["key"] is None else bytes(r["key"]), None if r["value"] is None else bytes(r["value"]),
-                  hdrs, r["ts_ms"], r["timestampType"])
-    return out
-
-
-def expected(data: TieredData, keep=lambda p, o, r: True, headers: bool = True) -> dict[tuple[int, int], tuple]:  # noqa: ANN001
-    return {(p, o): (r.key, r.value, r.headers if headers else None, r.timestamp_ms, 0)
-            for p, recs in data.records.items() for o, r in recs.items() if keep(p, o, r)}
+from tests.support.spark import collect, expected, load
 
 
 def test_every_record_of_every_codec_comes_back_exactly(spark: Any, codec_data: TieredData) -> None:

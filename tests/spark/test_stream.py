@@ -6,7 +6,6 @@ checkpoint, a partition added mid-stream, ``maxOffsetsPerTrigger`` per micro-bat
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,64 +19,9 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
 from tests.spark.conftest import TieredData
-
-SEGMENT_MS = 400
-PER_ROUND = 200
-CODECS = ("lz4", "zstd", "gzip", "snappy", "none")  # partition i of a topic is produced with codec i + codec_base
-
-Record = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
-
-
-class Env:
-    def __init__(self, kafka: KafkaCluster, sidecar: Sidecar, tag: str, options: dict[str, str]) -> None:
-        self.kafka = kafka
-        self.sidecar = sidecar
-        self.tag = tag
-        self.options = options
-        self.topic_ids: dict[str, uuid.UUID] = {}
-        self.sent: dict[str, dict[tuple[int, int], Record]] = {}
-        self.rnd = random.Random(14)
-
-    def create(self, topic: str, partitions: int) -> None:
-        self.topic_ids[topic] = self.kafka.create_topic(topic, partitions, config={"segment.ms": str(SEGMENT_MS),
-                                                                                   "retention.ms": "-1"})
-        self.sent[topic] = {}
-
-    def round(self, topic: str, partitions: int, per_round: int = PER_ROUND, codec_base: int = 0) -> None:
-        """One segment per partition, then tiered: every record of it is remote once this returns (a one-record
-        append rolls it; that record, in the active segment, is remote after the next round)."""
-        for p in range(partitions):
-            recs = []
-            for i in range(per_round):
-                key = None if i % 13 == 0 else f"k{p}-{i}-{self.rnd.random()}".encode()
-                value = None if i % 41 == 7 else self.rnd.randbytes(self.rnd.randint(0, 300))
-                headers = [] if i % 4 else [("h", f"x{i}".encode()), ("n", None)]
-                recs.append((key, value, headers))
-            codec = CODECS[(p + codec_base) % len(CODECS)]
-            acks = produce(self.kafka, topic, recs, partition=p, **{"compression.type": codec, "batch.size": 8192})
-            for (_p, off), (k, v, h) in zip(acks, recs, strict=True):
-                self.sent[topic][(p, off)] = (k, v, tuple(h))
-        time.sleep(SEGMENT_MS / 1000 + 0.1)
-        for p in range(partitions):
-            [(_p, off)] = produce(self.kafka, topic, [(b"__roll__", b"r", [])], partition=p)
-            self.sent[topic][(p, off)] = (b"__roll__", b"r", ())
-        for p in range(partitions):
-            last = max(o for q, o in self.sent[topic] if q == p) - 1
-            tp = TopicIdPartition(self.topic_ids[topic], topic, p)
-            wait_for(lambda tp=tp, last=last: latest_remote(self.sidecar, tp) >= last, 90,
-                     f"{topic}-{p} remote up to {last}")
-
-    def tiered(self, topic: str) -> dict[tuple[int, int], Record]:
-        """What was sent and is remote now (from the earliest remote offset to the latest tiered one)."""
-        out = {}
-        for (p, o), r in self.sent[topic].items():
-            segs = remote_segments(self.sidecar, TopicIdPartition(self.topic_ids[topic], topic, p))
-            if segs and segs[0].start_offset <= o <= segs[-1].end_offset_inclusive:
-                out[(p, o)] = r
-        return out
+from tests.support.spark import PER_ROUND, Env, Record, start, stream
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +40,6 @@ def env(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield Env(kafka, sidecar, tag, options)
     finally:
         sidecar.stop()
-
-
-def stream(spark: Any, env: Env, topic: str, **options: str) -> Any:
-    return (spark.readStream.format("kafka-remote").options(**env.options)
-            .option("subscribe", topic).option("includeHeaders", "true").options(**options).load())
-
-
-def start(df: Any, out: Path, checkpoint: Path, **trigger: Any) -> Any:
-    w = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-    return (w.trigger(**trigger) if trigger else w.trigger(processingTime="500 milliseconds")).start()
 
 
 def sink(spark: Any, out: Path) -> dict[tuple[int, int], Record]:

@@ -34,7 +34,7 @@ from rlm.tier import to_rsm
 from rlmm.api import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, TopicIdPartition
 from rsm.manager import RemoteStorageManager
 from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
-from tests.spark.test_stream import Env, Record, start, stream
+from tests.support.spark import Env, Record, start, stream
 
 Row = tuple[int, int, int, Record]  # partition, offset, timestamp (ms), record
 
