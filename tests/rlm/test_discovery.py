@@ -87,7 +87,7 @@ def test_acl_denied_answers_are_errors_not_absence(kafka_sasl: KafkaCluster, top
         ResourceType,
     )
 
-    from tests.conftest import SASL_PRINCIPAL
+    from tests.support.fixtures import SASL_PRINCIPAL
 
     hidden, visible = f"{topic_name}-hidden", f"{topic_name}-visible"
     kafka_sasl.create_topic(hidden)

@@ -25,7 +25,6 @@ from rlm import metrics
 from rlm.config import KafkaSettings, SidecarSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemotePartitionDeleteState, TopicIdPartition
-from tests.conftest import SASL_PRINCIPAL
 from tests.kafka_util import grant
 from tests.rlm.sidecar_util import (
     assert_readable,
@@ -37,6 +36,7 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
+from tests.support.fixtures import SASL_PRINCIPAL
 
 PRINCIPAL = f"User:{SASL_PRINCIPAL}"
 GRACE_MS = 2000

@@ -1,0 +1,129 @@
+"""The session fixtures for the real systems the tests run against, as a pytest plugin (``tests/conftest.py`` loads it).
+
+- ``kafka``: one real Apache Kafka broker (KRaft) on 127.0.0.1, started once per session. If it cannot start
+  the fixture raises, so every test that needs it errors: broker tests never skip (CI included).
+- ``kafka_cluster3``: a 3-broker cluster for leadership tests (started on first use).
+- ``kafka_sasl``: a 1-broker cluster with SASL_PLAINTEXT/PLAIN and KRaft's StandardAuthorizer (started on first
+  use): ``admin_config()`` is the super user's client configuration, ``client_config(SASL_PRINCIPAL)`` (and
+  ``security_config(SASL_PRINCIPAL)``) the principal's, who starts with no ACLs; ``SASL_READER`` is a second
+  one, never granted anything on the cluster resource (tests grant it topic and group ACLs only), ``SASL_VIEWER``
+  a third, a read-only sidecar's.
+- ``kafka_sasl_ssl``: the same over SASL_SSL (SCRAM-SHA-512, TLS with a CA generated at start; started on first
+  use): ``client_config(SCRAM_PRINCIPAL)`` carries ``ssl.ca.location`` as well.
+- ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP (fault injection uses it).
+- ``s3proxy_endpoint``: s3proxy, a real S3 server over a directory, on 127.0.0.1 (jars via Maven, cached in
+  ``.cache/s3proxy/``); like the broker it never skips. ``s3_server`` runs a test once per server (moto, s3proxy).
+- ``topic_name``: a unique topic name per test (uuid suffix), so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from devtools.devkafka import KafkaCluster, KafkaStartError
+
+__all__ = ["SASL_PRINCIPAL", "SASL_READER", "SASL_VIEWER", "SCRAM_PRINCIPAL"]
+
+SASL_PRINCIPAL = "rlm"  # the kafka_sasl cluster's non-super user
+SASL_READER = "reader"  # another, never granted anything on the cluster (only topic and group ACLs)
+SASL_VIEWER = "viewer"  # a third: a read-only sidecar's principal (its tests grant it DESCRIBE on the cluster)
+SCRAM_PRINCIPAL = "rlm"  # the kafka_sasl_ssl cluster's non-super user
+
+
+def _running(cluster: KafkaCluster, what: str) -> Iterator[KafkaCluster]:
+    """Start ``cluster`` (failing every test that needs it, never skipping, when it cannot start), yield it, stop
+    it. ``RLM_TEST_PRINT_BROKER_LOG`` prints the brokers' log tails first."""
+    try:
+        cluster.start()
+    except KafkaStartError as err:
+        pytest.fail(f"{what} did not start (tests never skip it): {err}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        if os.environ.get("RLM_TEST_PRINT_BROKER_LOG"):
+            print(cluster.tail_logs())
+        cluster.stop()
+
+
+def _password(user: str) -> str:
+    return f"{user}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaCluster]:
+    yield from _running(KafkaCluster(brokers=1), "the Kafka broker")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster3() -> Iterator[KafkaCluster]:
+    yield from _running(KafkaCluster(brokers=3), "the 3-broker Kafka cluster")
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl() -> Iterator[KafkaCluster]:
+    users = {u: _password(u) for u in (SASL_PRINCIPAL, SASL_READER, SASL_VIEWER)}
+    yield from _running(KafkaCluster(brokers=1, sasl_users=users), "the SASL/ACL Kafka cluster")
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl_ssl() -> Iterator[KafkaCluster]:
+    """SASL_SSL (SCRAM-SHA-512 over TLS, a CA made at start), StandardAuthorizer; see devtools.devkafka."""
+    yield from _running(KafkaCluster(brokers=1, sasl_users={SCRAM_PRINCIPAL: f"scram-{uuid.uuid4().hex}"},
+                                     sasl_mechanism="SCRAM-SHA-512", tls=True), "the SASL_SSL Kafka cluster")
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+def _aws_test_credentials() -> None:
+    """The dummy credentials both S3 servers accept (moto takes any; s3proxy checks these)."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """An S3 endpoint on 127.0.0.1 (moto server); yields its URL. Credentials are dummies moto accepts."""
+    from moto.server import ThreadedMotoServer
+
+    _aws_test_credentials()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3proxy_endpoint() -> Iterator[str]:
+    """s3proxy, a real S3 API server over a directory (devtools/s3proxy.py), on 127.0.0.1; yields its URL. It
+    checks request signatures against the default credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+    the dummies moto gets too). If it cannot start, every test that needs it fails: never skipped (CI included)."""
+    from devtools.s3proxy import S3ProxyServer, S3ProxyStartError
+
+    _aws_test_credentials()
+    server = S3ProxyServer(identity=os.environ["AWS_ACCESS_KEY_ID"], credential=os.environ["AWS_SECRET_ACCESS_KEY"])
+    try:
+        server.start()
+    except S3ProxyStartError as err:
+        pytest.fail(f"s3proxy did not start (tests never skip it): {err}", pytrace=False)
+    try:
+        yield server.endpoint_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["moto", "s3proxy"])
+def s3_server(request: pytest.FixtureRequest) -> str:
+    """Each S3 server in turn (the test runs once per server): moto's mock, then s3proxy; yields the URL."""
+    return request.getfixturevalue("s3_endpoint" if request.param == "moto" else "s3proxy_endpoint")
