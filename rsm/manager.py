@@ -1,6 +1,7 @@
 """The RemoteStorageManager: the ledger/entry object format on a store, with throttles.
 
-Copy (streams; memory is one block plus one S3 part, whatever the segment size):
+Copy (streams; memory is two blocks plus the store's part buffers, S3: ``upload_memory_bytes``, whatever the segment
+size):
   1. the ``.log`` is scanned batch by batch (CRC-32C checked) and packed into blocks of ``block_size_bytes``;
      only the batches of ``[start_offset, end_offset_inclusive]`` are kept: leading batches below
      ``start_offset`` (a segment straddling the highest remote offset after a leadership move) are skipped, and
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 import google_crc32c
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rsm.api import (
     CommittedCopy,
@@ -91,6 +92,7 @@ from rsm.log.errors import LogFormatError
 from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
+from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES
 from rsm.throttle import Throttle
 
 __all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range", "segment_id_of_key"]
@@ -119,7 +121,11 @@ class RsmConfig(BaseModel):
     block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
     max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
     part_size_bytes: int = Field(8 * MiB, ge=5 * MiB)
-    upload_concurrency: int = Field(3, ge=1, description="s3 store: parts of one object uploading at once")
+    upload_concurrency: int = Field(UPLOAD_CONCURRENCY, ge=1, description="s3 store: parts uploading at once, all "
+                                    "copies together (the upload pool's threads)")
+    upload_memory_bytes: int = Field(UPLOAD_MEMORY_BYTES, ge=10 * MiB, description="s3 store: part buffers one "
+                                     "object's upload holds at most, the one filling included: parts in flight = "
+                                     "upload_memory_bytes // part_size_bytes - 1 (at most upload_concurrency)")
     retries: int = Field(5, ge=0)
     copy_rate_bytes_per_second: float | None = Field(None, ge=0)
     fetch_rate_bytes_per_second: float | None = Field(None, ge=0)
@@ -148,6 +154,13 @@ class RsmConfig(BaseModel):
                 raise ValueError("expected the encryption section, or it as a JSON object") from None
         return v
 
+    @model_validator(mode="after")
+    def _two_parts_in_memory(self) -> RsmConfig:
+        if self.upload_memory_bytes < 2 * self.part_size_bytes:
+            raise ValueError(f"upload_memory_bytes ({self.upload_memory_bytes}) must hold 2 parts of part_size_bytes "
+                             f"({self.part_size_bytes}) at least: one filling, one uploading")
+        return self
+
     def make_store(self) -> Store:
         if self.store == "fs":
             if self.root_path is None:
@@ -159,7 +172,8 @@ class RsmConfig(BaseModel):
 
         return S3Store(self.bucket, endpoint_url=self.endpoint_url, region_name=self.region,
                        key_prefix=self.key_prefix, part_size_bytes=self.part_size_bytes,
-                       upload_concurrency=self.upload_concurrency, retries=self.retries,
+                       upload_concurrency=self.upload_concurrency, upload_memory_bytes=self.upload_memory_bytes,
+                       retries=self.retries,
                        create_bucket=self.create_bucket)
 
 

@@ -1,10 +1,10 @@
 """An S3 object store on boto3 (AWS or any S3-compatible endpoint).
 
-- Puts stream: chunks fill a part buffer of ``part_size_bytes``; an object that fits in one part is one
-  ``PutObject``, a larger one a multipart upload with up to ``upload_concurrency`` parts uploading at once
+- Puts stream (:mod:`rsm.store.upload`): chunks fill a part buffer of ``part_size_bytes``; an object that fits in
+  one part is one ``PutObject``, a larger one a multipart upload with ``parts_in_flight`` parts uploading at once
   (aborted on failure, so nothing partial is ever visible: S3 makes an object visible only at
-  ``PutObject``/``CompleteMultipartUpload``). Memory: ``upload_concurrency + 1`` part
-  buffers at most (a full part is handed to its upload as is, not copied).
+  ``PutObject``/``CompleteMultipartUpload``). Memory: ``upload_memory_bytes`` of part buffers per put at most
+  (``parts_in_flight + 1`` buffers, reused; a full part is handed to its upload as is, not copied).
 - Gets are ranged ``GetObject`` streams; a stream that breaks mid-body is resumed with a new ranged GET from
   the byte where it stopped. A sequential read of several blocks gets ``read_ahead_bytes`` of ranged GETs in
   flight (:mod:`rsm.format.readahead`; one connection carries only about 88 MB/s on S3).
@@ -30,7 +30,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, TypeVar
 
 import boto3
@@ -38,7 +38,8 @@ import botocore.exceptions as bexc
 from botocore.config import Config
 
 from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
-from rsm.store.base import Chunk, ObjectInfo, RequestCounter, iter_buffers
+from rsm.store.base import Chunk, ObjectInfo, RequestCounter
+from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES, put_in_parts
 
 __all__ = ["S3Store"]
 
@@ -140,16 +141,24 @@ class S3Store:
     """Objects in one S3 bucket, optionally under a key prefix."""
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, region_name: str | None = None,
-                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = 3, retries: int = 5,
-                 connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, max_pool_connections: int = 16,
-                 path_style: bool = True, checksum_when_required: bool = True, create_bucket: bool = False,
-                 read_ahead_bytes: int = 64 * MiB, client=None) -> None:
+                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = UPLOAD_CONCURRENCY,
+                 upload_memory_bytes: int = UPLOAD_MEMORY_BYTES, retries: int = 5, connect_timeout_s: float = 10.0,
+                 read_timeout_s: float = 60.0, max_pool_connections: int = 16, path_style: bool = True,
+                 checksum_when_required: bool = True, create_bucket: bool = False, read_ahead_bytes: int = 64 * MiB,
+                 client=None) -> None:
         if part_size_bytes < 5 * MiB:
             raise StoreConfigError(f"part_size_bytes {part_size_bytes} is below S3's 5 MiB minimum part size")
+        if upload_memory_bytes < 2 * part_size_bytes:
+            raise StoreConfigError(f"upload_memory_bytes {upload_memory_bytes} holds fewer than 2 parts of "
+                                   f"{part_size_bytes} bytes (one filling, one uploading)")
         self.bucket = bucket
         self.key_prefix = key_prefix
         self.part_size_bytes = part_size_bytes
         self.upload_concurrency = max(1, upload_concurrency)
+        self.upload_memory_bytes = upload_memory_bytes
+        self.parts_in_flight = min(self.upload_concurrency, upload_memory_bytes // part_size_bytes - 1)
+        """Parts of one put uploading at once: its part buffers (``upload_memory_bytes``) but the one filling, at
+        most ``upload_concurrency`` (the upload pool's threads, which every put of the store shares)."""
         self._executor: ThreadPoolExecutor | None = None
         self._root: S3Store | None = None  # the store a with_key_prefix view was made from
         self._pool_lock = threading.Lock()
@@ -231,63 +240,21 @@ class S3Store:
     # -- writes ------------------------------------------------------------------------------------------------
 
     def put(self, key: str, chunks: Iterable[Chunk]) -> int:
+        """See :class:`~rsm.store.base.Store`; the multipart upload's coordination is :mod:`rsm.store.upload`."""
         k = self._k(key)
         where = f"put s3://{self.bucket}/{k}"
-        upload_id: str | None = None
-        futures: list[Future] = []
-        in_flight = threading.BoundedSemaphore(self.upload_concurrency)
-        size = 0
-
-        def submit(number: int, data: bytearray) -> None:
-            in_flight.acquire()  # at most upload_concurrency parts in memory and on the wire
-            for f in futures:
-                if f.done() and f.exception() is not None:
-                    in_flight.release()
-                    raise f.exception()  # type: ignore[misc]
-            fut = self._pool().submit(self._upload_part, where, k, upload_id, number, data)
-            fut.add_done_callback(lambda _f: in_flight.release())
-            futures.append(fut)
-
         try:
-            part = bytearray(self.part_size_bytes)  # preallocated: filling it never reallocates
-            fill = 0
-            for chunk in iter_buffers(chunks):
-                mv = memoryview(chunk).cast("B")
-                while mv:
-                    n = min(len(mv), self.part_size_bytes - fill)
-                    part[fill:fill + n] = mv[:n]
-                    fill += n
-                    mv = mv[n:]
-                    if fill == self.part_size_bytes:
-                        if upload_id is None:
-                            upload_id = self._call(where, lambda: self.client.create_multipart_upload(
-                                Bucket=self.bucket, Key=k))["UploadId"]
-                        size += fill
-                        submit(len(futures) + 1, part)
-                        part = bytearray(self.part_size_bytes)
-                        fill = 0
-            del part[fill:]
-            if upload_id is None:
-                body = part
-                self._call(where, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=body))
-                return len(body)
-            if part:
-                size += len(part)
-                submit(len(futures) + 1, part)
-            parts = [f.result() for f in futures]
-            self._complete(where, k, upload_id, parts, size)
-            return size
-        except BaseException as err:
-            if upload_id is not None:
-                for f in futures:
-                    f.cancel()
-                wait(futures)
-                self._abort(k, upload_id)
-            if isinstance(err, RemoteStorageError | KeyboardInterrupt | SystemExit | GeneratorExit):
-                raise
-            if isinstance(err, bexc.BotoCoreError | bexc.ClientError):
-                raise RemoteStorageError(f"{where} failed: {err}") from err
-            raise
+            return put_in_parts(
+                chunks, part_size_bytes=self.part_size_bytes, parts_in_flight=self.parts_in_flight, pool=self._pool(),
+                put_whole=lambda body: self._call(where, lambda: self.client.put_object(
+                    Bucket=self.bucket, Key=k, Body=body)),
+                start=lambda: self._call(where, lambda: self.client.create_multipart_upload(
+                    Bucket=self.bucket, Key=k))["UploadId"],
+                upload_part=lambda upload_id, number, body: self._upload_part(where, k, upload_id, number, body),
+                complete=lambda upload_id, parts, size: self._complete(where, k, upload_id, parts, size),
+                abort=lambda upload_id: self._abort(k, upload_id))
+        except (bexc.BotoCoreError, bexc.ClientError) as err:
+            raise RemoteStorageError(f"{where} failed: {err}") from err
 
     def close(self) -> None:
         """Shut the upload pool down (views share their root's: closing a view closes the root's). Idempotent; a
