@@ -1,0 +1,364 @@
+"""Scale benchmark: one sidecar next to a broker with thousands of partitions (issue 26).
+
+    .venv/bin/python bench/bench_scale.py [--partitions 2000] [--topics 20] [--idle-s 60] [--profile DIR]
+    .venv/bin/python bench/bench_scale.py --partitions 4000 --topics 40
+
+One broker (KRaft, 127.0.0.1) with ``--partitions`` partitions spread over ``--topics`` topics (``segment.ms``
+1.5 s; nothing produced yet, and a segment rolls only on an append, so nothing rolls), and one sidecar, ``rlm
+serve`` in a child process (its CPU and RSS are its own: ``/proc/<pid>/stat`` and ``status``), filesystem store:
+
+1. idle, default intervals (copy 30 s, discovery 10 s): once the sidecar leads every partition and its first copy
+   runs are done, CPU % of one core over ``--idle-s`` seconds, and RSS;
+2. idle, short intervals (copy 5 s, discovery 5 s): the same;
+3. burst (short intervals, sidecar running): every partition gets ``--segments-per-partition`` rounds of 64 KiB of
+   records, 1.6 s apart, so every partition rolls that many segments (the active one is not counted); the sidecar's
+   CPU from the first record produced until every rolled segment is remote (``rlm_segments_copied_total``), per
+   rolled segment, net of its idle CPU over the same time; the time to catch up after the last record was
+   acknowledged; peak RSS.
+
+``--profile DIR`` records each idle phase with py-spy (``py-spy record --pid``, ``--idle`` off: on-CPU samples only)
+into ``DIR/idle-<phase>.txt`` (collapsed stacks; ``--top`` summarises them by function).
+
+Findings before the log-dir watcher (2026-11-25, 2,000 partitions, 2 shared cores under other test runs; py-spy over
+the idle minute, share of on-CPU samples): idle 8.9% of a core at default intervals, 24.7% at 5 s, 110 MiB RSS.
+Where it went, at 5 s: the copy jobs, 2,000 runs every interval, each asking the cluster for its leader epoch
+(ListOffsets through the coalescer, reading leader-epoch-checkpoint) and listing its directory: 24%, plus
+apscheduler's own dispatch of those runs (main loop, submit: ~20%); the gauges job's retention margins, listing every
+led partition's directory and stat-ing its segments every 5 s: 18% (28% at default intervals); discovery, describing
+every topic and its configs and reading every partition.metadata each round: 13%; the stage job listing every led
+directory: 7%; the metadata topic's consumer thread (rlmm) 6-12% and the cleaner's 4-7% (polling loops, not per
+partition).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KiB = 1024
+MiB = 1024 * KiB
+SEGMENT_BYTES = 64 * KiB  # what each partition gets per burst round: one segment each
+SEGMENT_MS = 1500  # the topics' segment.ms (segment.bytes cannot go below 1 MiB): a round rolls the previous one
+VALUE_BYTES = 1000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------------- the child process
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mib(pid: int, key: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of a process, sampled every 200 ms while running."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            try:
+                self.peak = max(self.peak, rss_mib(self.pid))
+            except (FileNotFoundError, ProcessLookupError):
+                return
+
+    def stop(self) -> float:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric_sum(text: str, name: str) -> float:
+    pat = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.M)
+    return sum(float(m[1]) for m in pat.finditer(text))
+
+
+def health(port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as err:  # 503 while not ready: the body says the same
+        return json.loads(err.read())
+
+
+def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.5):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class SidecarProcess:
+    """``rlm serve`` in a child process, its config written as YAML."""
+
+    def __init__(self, kc, work: Path, name: str, *, copy_ms: int, discovery_ms: int,  # noqa: ANN001
+                 topic_prefix: str) -> None:
+        import yaml
+
+        from devtools.devkafka import free_port
+
+        self.port = free_port()
+        self.dir = work / name
+        self.dir.mkdir()
+        cfg = {
+            "broker_id": 1,
+            "log_dirs": [str(d) for d in kc.node(1).log_dirs],
+            "staging_dir": str(self.dir / "staging"),
+            "kafka": {"bootstrap_servers": kc.bootstrap_servers},
+            "store": {"store": "fs", "root_path": str(self.dir / "remote")},
+            "metadata": {"topic": f"__rlm_md_{name}", "partitions": 10, "replication_factor": 1,
+                         "state_dir": str(self.dir / "state"), "to_be_deleted_topic": f"__rlm_tbd_{name}"},
+            "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms},
+            "topics": {"include": [f"{re.escape(topic_prefix)}.*"]},
+            "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
+            "listen": {"host": "127.0.0.1", "port": self.port},
+            "log_format": "text",
+            "log_level": "WARNING",
+        }
+        path = self.dir / "sidecar.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.log = open(self.dir / "sidecar.log", "wb")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's rlm (a worktree of an older commit too)
+        self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from rlm.cli import main; sys.exit(main())",
+                                      "serve", "--config", str(path)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.pid = self.proc.pid
+
+    def leading(self) -> int:
+        try:
+            return int(health(self.port).get("leading", 0))
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# -------------------------------------------------------------------------------------------------------- phases
+def create_topics(kc, prefix: str, topics: int, partitions: int) -> list[str]:  # noqa: ANN001
+    names = [f"{prefix}{i:03d}" for i in range(topics)]
+    per = partitions // topics
+    cfg = {"segment.ms": str(SEGMENT_MS), "retention.ms": "-1", "retention.bytes": "-1",
+           "segment.index.bytes": str(64 * KiB)}
+    for name in names:
+        kc.create_topic(name, per, config=cfg, timeout=120)
+    return names
+
+
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([str(ROOT / ".venv/bin/py-spy"), "record", "--pid", str(pid), "--duration",
+                             str(int(seconds)), "--rate", "50", "--format", "raw", "--output", str(out),
+                             "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def top_functions(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
+    """The functions most on CPU (self + children, inclusive), as a share of all samples: from py-spy's raw format."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        c = int(count)
+        total += c
+        for frame in set(stack.split(";")):
+            if "rlm/" in frame or "rsm/" in frame or "rlmm/" in frame or "apscheduler" in frame:
+                inclusive[f"{frame.split(' (')[0]} ({frame.rsplit('/', 1)[-1].split(':')[0]})"] += c
+    return [(f, c / max(1, total)) for f, c in inclusive.most_common(n)]
+
+
+def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, copy_ms: int,  # noqa: ANN001
+               discovery_ms: int, idle_s: float, profile_dir: Path | None) -> dict:
+    sc = SidecarProcess(kc, work, name, copy_ms=copy_ms, discovery_ms=discovery_ms, topic_prefix=prefix)
+    try:
+        t0 = time.monotonic()
+        wait_until(lambda: sc.leading() >= n_partitions, 300, f"the sidecar to lead {n_partitions} partitions")
+        lead_s = time.monotonic() - t0
+        # let every first copy run (and the first rounds of every job) pass: one copy interval and a bit
+        time.sleep(copy_ms / 1000 + 5)
+        spy = profile(sc.pid, idle_s, profile_dir / f"idle-{name}.txt") if profile_dir else None
+        c0, w0 = cpu_s(sc.pid), time.monotonic()
+        time.sleep(idle_s)
+        c1, w1 = cpu_s(sc.pid), time.monotonic()
+        rss = rss_mib(sc.pid)
+        if spy is not None:
+            spy.wait(idle_s + 60)
+        return {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc}
+    except BaseException:
+        sc.stop()
+        raise
+
+
+def produce_burst(bootstrap: str, topics: list[str], per_topic: int, rounds: int) -> int:
+    """``rounds`` rounds of about 64 KiB to every partition, then one record each: each round's first append rolls
+    the segment the previous round filled (``segment.ms`` passed), so every partition rolls ``rounds`` segments.
+    Partition by partition, so that a partition's round is one batch (no roll inside a round)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 128 * KiB,
+                  "compression.type": "none", "queue.buffering.max.kbytes": 512 * 1024, "acks": "1"})
+    value = os.urandom(VALUE_BYTES)
+    n = 0
+    for r in range(rounds + 1):
+        if r:
+            time.sleep(SEGMENT_MS / 1000 + 0.2)
+        for t in topics:
+            for part in range(per_topic):
+                for _ in range(SEGMENT_BYTES // (VALUE_BYTES + 70) if r < rounds else 1):
+                    while True:
+                        try:
+                            p.produce(t, value, partition=part)
+                            break
+                        except BufferError:
+                            p.poll(0.05)
+                    n += 1
+            p.poll(0)
+        if p.flush(300):
+            raise RuntimeError("burst: records left undelivered")
+    return n
+
+
+def rolled_segments(log_dir: Path, prefix: str) -> int:
+    n = 0
+    for d in log_dir.iterdir():
+        if d.name.startswith(prefix) and d.is_dir():
+            n += max(0, len(list(d.glob("*.log"))) - 1)
+    return n
+
+
+def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
+                segments_per_partition: int, idle_cpu_pct: float) -> dict:
+    peak = Sampler(sc.pid)
+    peak.start()
+    c0, w0 = cpu_s(sc.pid), time.monotonic()
+    n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, segments_per_partition)
+    produced = time.monotonic()
+    rolled = rolled_segments(kc.log_dir(), prefix)
+    copied0 = 0.0
+
+    def caught_up() -> bool:
+        return metric_sum(scrape(sc.port), "rlm_segments_copied_total") - copied0 >= rolled
+
+    wait_until(caught_up, 1800, f"the sidecar to copy {rolled} rolled segments", 0.5)
+    c1, w1 = cpu_s(sc.pid), time.monotonic()
+    cpu = (c1 - c0) - idle_cpu_pct / 100 * (w1 - w0)
+    return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
+            "ms_per_segment": 1000 * cpu / max(1, rolled), "catch_up_s": w1 - produced, "total_s": w1 - w0,
+            "peak_rss_mib": peak.stop(), "produce_s": produced - w0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--partitions", type=int, default=2000, help="partitions in all (2000; 4000 for the big run)")
+    ap.add_argument("--topics", type=int, default=20, help="topics the partitions are spread over")
+    ap.add_argument("--idle-s", type=float, default=60, help="seconds of each idle measurement")
+    ap.add_argument("--segments-per-partition", type=int, default=3, help="segments each partition rolls in the burst")
+    ap.add_argument("--skip-default", action="store_true", help="skip the idle phase at default intervals")
+    ap.add_argument("--skip-burst", action="store_true", help="skip the burst")
+    ap.add_argument("--profile", type=Path, help="record each idle phase with py-spy into this directory")
+    args = ap.parse_args()
+    if args.partitions % args.topics:
+        ap.error("--partitions must be a multiple of --topics")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+
+    from devtools.devkafka import KafkaCluster
+
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    rows: list[tuple[str, str]] = []
+    prefix = "scale-"
+    broker_cfg = {"log.flush.interval.messages": str(2**62), "num.io.threads": "4", "num.network.threads": "2"}
+    try:
+        with KafkaCluster(brokers=1, broker_config=broker_cfg, heap="2g") as kc:
+            t0 = time.monotonic()
+            topics = create_topics(kc, prefix, args.topics, args.partitions)
+            per_topic = args.partitions // args.topics
+            print(f"{args.partitions} partitions in {args.topics} topics created in {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr)
+            phases = []
+            if not args.skip_default:
+                phases.append(("default", 30_000, 10_000))
+            phases.append(("short", 5_000, 5_000))
+            idle_short: dict | None = None
+            for name, copy_ms, disc_ms in phases:
+                r = idle_phase(kc, work, name, args.partitions, prefix, copy_ms=copy_ms, discovery_ms=disc_ms,
+                               idle_s=args.idle_s, profile_dir=args.profile)
+                label = f"copy {copy_ms / 1000:.0f} s, discovery {disc_ms / 1000:.0f} s"
+                rows.append((f"idle CPU, {label}", f"{r['cpu_pct']:.1f}% of a core"))
+                rows.append((f"idle RSS, {label}", f"{r['rss_mib']:.0f} MiB"))
+                rows.append((f"start to leading all, {label}", f"{r['lead_s']:.1f} s"))
+                print(f"{name}: {r['cpu_pct']:.1f}% CPU, {r['rss_mib']:.0f} MiB", file=sys.stderr)
+                if name == "short" and not args.skip_burst:
+                    idle_short = r
+                else:
+                    r["sidecar"].stop()
+            if idle_short is not None:
+                sc = idle_short["sidecar"]
+                try:
+                    b = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
+                                    idle_short["cpu_pct"])
+                finally:
+                    sc.stop()
+                rows.append(("burst: rolled segments (64 KiB)", f"{b['segments']:,} ({b['records']:,} records, "
+                             f"produced in {b['produce_s']:.1f} s)"))
+                rows.append(("burst: sidecar CPU per rolled segment (net of idle)",
+                             f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s of {b['cpu_s']:.1f})"))
+                rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
+                rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    w = max(len(r[0]) for r in rows)
+    print(f"\n{'measure':<{w}}  value")
+    for name, value in rows:
+        print(f"{name:<{w}}  {value}")
+    print(f"\n{args.partitions} partitions ({args.topics} topics), one broker, one sidecar (child process), "
+          f"{os.cpu_count()} cores, idle over {args.idle_s:.0f} s")
+    if args.profile:
+        for f in sorted(args.profile.glob("idle-*.txt")):
+            print(f"\npy-spy, {f.stem}: share of on-CPU samples (inclusive)")
+            for fn, share in top_functions(f):
+                print(f"  {share:6.1%}  {fn}")
+
+
+if __name__ == "__main__":
+    main()
