@@ -1,6 +1,7 @@
 """The storage manager on S3 latency (issue 25): side by side with boto3's transfer manager, in one run.
 
     .venv/bin/python bench/bench_s3.py [--size-mib 256] [--reads 60] [--repeat 2] [--outlier-rate 0]
+        [--read-ahead 0,default] [--upload-memory 32MiB,default]
         [--latency-arg=--first-byte-median-ms=27 ...]
 
 s3proxy (a real S3 server over a directory, ``devtools/s3proxy.py``) behind the latency-emulating proxy
@@ -9,8 +10,10 @@ median 27 ms sigma 0.6 floor 10 ms, PUT 60 ms + 20 ms/MiB, 88 MB/s per connectio
 otherwise). A segment of ``--size-mib`` is built from synthetic record batches (64 KiB, valid CRC-32C) with sparse
 offset/time indexes, as ``bench_rsm`` builds them. Rows, each the best of ``--repeat`` runs taking turns:
 
-- copy: ``RemoteStorageManager.copy_log_segment_data`` (the store from ``RsmConfig``: its defaults) vs boto3
-  ``upload_file`` of the same three files (``TransferConfig`` defaults);
+- copy: ``RemoteStorageManager.copy_log_segment_data`` (the store from ``RsmConfig``: its defaults, and one row per
+  ``--upload-memory`` variant: default 32 MiB, i.e. 3 parts of 8 MiB in flight as before issue 25) vs boto3
+  ``upload_file`` of the same three files (``TransferConfig`` defaults), with the parts in flight and the most part
+  buffers one put held;
 - sequential read of the copied segment as a consumer catching up reads it (what ``rlm cat`` and the history
   endpoint do, through ``rsm``'s public API: ``open_segment(md).batches(start, end)``, every batch in order, on a new
   manager: cold index) vs ``download_fileobj`` of the same data object (defaults) to ``/dev/null``; one row per
@@ -121,6 +124,31 @@ class Boto3Counter:
         return dict(self.counts)
 
 
+class PartBufferPeak:
+    """The part buffers each S3 put allocates (:class:`rsm.store.upload.PartBuffers`, reused within a put: what it
+    holds at most), recorded by a subclass installed in place of the module's class."""
+
+    def __init__(self) -> None:
+        from rsm.store import upload
+
+        self.puts: list[tuple[upload.PartBuffers, int]] = []
+        peak = self
+
+        class Counted(upload.PartBuffers):
+            def take(self) -> bytearray:
+                buf = super().take()
+                if not peak.puts or peak.puts[-1][0] is not self:
+                    peak.puts.append((self, 0))
+                peak.puts[-1] = (self, self.allocated_bytes)
+                return buf
+
+        upload.PartBuffers = Counted  # type: ignore[misc]
+
+    def most(self, since: int) -> int:
+        """The most bytes one put since ``len(puts) == since`` held."""
+        return max((n for _, n in self.puts[since:]), default=0)
+
+
 def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
@@ -158,6 +186,9 @@ def main() -> None:
     ap.add_argument("--read-ahead", default="0,default",
                     help="sequential-read variants, side by side: read_ahead_bytes values (0 off, 16MiB, ...) or "
                          "'default' (the store's own)")
+    ap.add_argument("--upload-memory", default="32MiB,default",
+                    help="copy variants, side by side: upload_memory_bytes values (32MiB: 3 parts of 8 MiB in flight, "
+                         "as before issue 25) or 'default'")
     ap.add_argument("--latency-arg", action="append", default=[],
                     help="passed to devtools.s3latency as is, e.g. --latency-arg=--bandwidth-mb-per-s=60")
     args = ap.parse_args()
@@ -209,6 +240,10 @@ def main() -> None:
                                          segment_size_bytes=log_bytes)
 
         results: dict[str, list[dict]] = {}
+        part_buffers = PartBufferPeak()
+        copy_variants: list[tuple[str, int | None]] = [
+            ("" if v == "default" else f" upload memory {v}", None if v == "default" else parse_size(v))
+            for v in args.upload_memory.split(",")]
         read_variants: list[tuple[str, int | None]] = []
         for v in args.read_ahead.split(","):
             read_variants.append(("" if v == "default" else f" read-ahead {v}",
@@ -222,15 +257,18 @@ def main() -> None:
         copied: RemoteSegmentMetadata | None = None
         for run in range(args.repeat):
             # -- copy ---------------------------------------------------------------------------------------
-            rsm = RemoteStorageManager(config)
-            md = new_md()
-            before, prom_before = rsm.store.requests.snapshot(), _prom_all()
-            t0 = time.perf_counter()
-            rsm.copy_log_segment_data(md, LogSegmentData(*files, None, None, epoch))
-            record("copy/rsm", time.perf_counter() - t0, copy_bytes, _delta(rsm.store.requests.snapshot(), before),
-                   _delta(_prom_all(), prom_before))
-            rsm.close()
-            copied = copied or md
+            for variant, memory in copy_variants:
+                rsm = RemoteStorageManager(config if memory is None else
+                                           config.model_copy(update={"upload_memory_bytes": memory}))
+                md = new_md()
+                before, prom_before, puts = rsm.store.requests.snapshot(), _prom_all(), len(part_buffers.puts)
+                t0 = time.perf_counter()
+                rsm.copy_log_segment_data(md, LogSegmentData(*files, None, None, epoch))
+                record(f"copy/rsm{variant}", time.perf_counter() - t0, copy_bytes,
+                       _delta(rsm.store.requests.snapshot(), before), _delta(_prom_all(), prom_before),
+                       parts_in_flight=rsm.store.parts_in_flight, part_buffers=part_buffers.most(puts))
+                rsm.close()
+                copied = copied or md
             before = boto_count.snapshot()
             t0 = time.perf_counter()
             for f in files:
@@ -310,10 +348,14 @@ def main() -> None:
         print("|---|---|---|---|")
         rows = [(f"sequential read{v or ' (store default)'} (open_segment().batches vs download_fileobj)",
                  f"read/rsm{v}", "read/boto3") for v, _ in read_variants]
-        rows.append(("copy (copy_log_segment_data vs upload_file x3)", "copy/rsm", "copy/boto3"))
+        rows += [(f"copy{v or ' (store default)'} (copy_log_segment_data vs upload_file x3)", f"copy/rsm{v}",
+                  "copy/boto3") for v, _ in copy_variants]
         for what, row, other in rows:
             r, b = best(row), best(other)
             peak = f", read-ahead peak {r['peak_ahead'] / MiB:.0f} MiB" if "peak_ahead" in r else ""
+            if "part_buffers" in r:
+                peak = (f", {r['parts_in_flight']} parts in flight, part buffers of one put at most "
+                        f"{r['part_buffers'] / MiB:.0f} MiB")
             print(f"| {what} | {mbps(r):.0f} MB/s ({all_mbps(row)}{peak}) | {mbps(b):.0f} MB/s "
                   f"({all_mbps(other)}) | {mbps(r) / mbps(b):.2f}x |")
         r0, r1 = best("fs/rsm"), best("fs/rsm read-ahead 64MiB")
@@ -328,7 +370,7 @@ def main() -> None:
         print("| requests per GiB | this project (store.requests) | rsm_store_requests_total | boto3 |")
         print("|---|---|---|---|")
         count_rows = [(f"read{v}: GETs", f"read/rsm{v}", "read/boto3", GETS) for v, _ in read_variants]
-        count_rows.append(("copy: PUTs", "copy/rsm", "copy/boto3", PUTS))
+        count_rows += [(f"copy{v}: PUTs", f"copy/rsm{v}", "copy/boto3", PUTS) for v, _ in copy_variants]
         for label, row, other, kinds in count_rows:
             r, b = best(row), best(other)
             print(f"| {label} | {_per_gib(r['counts'], r['bytes'], kinds):.0f} {r['counts']} | "

@@ -84,6 +84,12 @@ class PartBuffers:
             self._cond.notify_all()
 
     @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the buffers allocated so far: what the put holds, at most ``size_bytes * count``."""
+        with self._cond:
+            return self._allocated * self.size_bytes
+
+    @property
     def error(self) -> BaseException | None:
         with self._cond:
             return self._error
