@@ -314,6 +314,14 @@ class HistoryAuthorizationSettings(_Frozen):
         return v
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address) as (host, port); ValueError says what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
 def is_loopback(host: str) -> bool:
     """``host`` names this machine only (localhost, 127.0.0.0/8, ::1): nothing else can connect to it."""
     if host.lower() == "localhost":
@@ -383,6 +391,64 @@ class HistoryListenerSettings(_Frozen):
     allow_sasl_plain_without_tls: bool = Field(False, description=(
         "let a listener on a non-loopback host offer SASL PLAIN without tls: every client's password then crosses "
         "the network in clear text (Kafka allows it on SASL_PLAINTEXT; we refuse unless told)"))
+    proxy: bool = Field(False, description=(
+        "the listener proxies the broker this sidecar runs next to: every request is forwarded to it, except what "
+        "the tier answers (Fetch and ListOffsets EARLIEST below the broker's log start) and the broker addresses "
+        "in Metadata / FindCoordinator / DescribeCluster, replaced by the sidecars' (peer_address, peers). Off: "
+        "the history endpoint, serving the tier alone"))
+    upstream: str | None = Field(None, description=(
+        "proxy: host:port of the broker's PLAINTEXT listener this sidecar forwards to (default: the address the "
+        "cluster's metadata gives for broker_id, when the sidecar's own Kafka client speaks PLAINTEXT)"))
+    peer_address: str | None = Field(None, description=(
+        "proxy: the listener address of the sidecar in front of each other broker, as a template of {node_id} "
+        "and {host} (the broker's advertised host), e.g. '{host}:9095' or 'rlm-{node_id}.kafka.svc:9095'. A "
+        "broker neither this nor peers names keeps its own address (clients then read it directly: no history)"))
+    peers: dict[int, str] = Field(default_factory=dict, description=(
+        "proxy: broker node id -> host:port of the sidecar listener in front of it (before peer_address)"))
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_host_port(v)
+        return v
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, v: dict[int, str]) -> dict[int, str]:
+        for node_id, address in v.items():
+            try:
+                split_host_port(address)
+            except ValueError as err:
+                raise ValueError(f"peers.{node_id}: {err}") from None
+        return v
+
+    @field_validator("peer_address")
+    @classmethod
+    def _peer_address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "{node_id}" not in v and "{host}" not in v:
+            raise ValueError(f"{v!r} names neither {{node_id}} nor {{host}}: every broker would get the same sidecar")
+        try:
+            split_host_port(v.format(node_id=1, host="broker-1"))
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"{v!r} is not a host:port template of {{node_id}} and {{host}}: {err}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _proxy_security(self) -> HistoryListenerSettings:
+        if self.proxy and self.sasl is not None:
+            raise ValueError(
+                "history_listener.proxy with history_listener.sasl: SASL pass-through to the broker is not built "
+                "yet. The proxy forwards to the broker's PLAINTEXT listener, so clients' requests would reach the "
+                "broker unauthenticated, not as the principal they authenticated as; remove sasl, or proxy")
+        if self.proxy and self.tls is not None and self.tls.client_auth:
+            raise ValueError(
+                "history_listener.proxy with history_listener.tls.cafile (client certificates): passing the "
+                "client's identity to the broker is not built yet, so its requests would reach the broker "
+                "unauthenticated; remove tls.cafile, or proxy")
+        return self
 
     @model_validator(mode="after")
     def _delay_below_idle(self) -> HistoryListenerSettings:

@@ -5,15 +5,20 @@ client's principal read, :mod:`~rlm.listener.authz`): ApiVersions, Metadata (the
 this endpoint leading every partition), DescribeCluster, ListOffsets (earliest / latest / by timestamp / max
 timestamp, from the remote tier) and Fetch (record batches as stored, read_committed with the aborted
 transactions of the uploaded transaction indexes, long polls at the tier's end) are served. Consumer groups are
-not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE.
+not: FindCoordinator answers COORDINATOR_NOT_AVAILABLE. With ``history_listener.proxy`` the listener proxies the
+broker the sidecar runs next to instead (consumer groups included), answering from the tier only what lies below
+the broker's log start (:mod:`rlm.listener.routing`).
 
 Layers, each a package or module of its own (this module only wires them, :func:`start_listener`)::
 
     protocol/   apis.py (the api keys we know), frame.py (size prefix, headers), codec.py (kio bodies)
     net/        server.py (asyncio, per-connection order, bounds), tls.py, sasl.py, principals.py (who a client is)
     authz.py    the cluster's ACLs for the client's principal
-    routing.py  the one table: api key -> who answers it
-    tier/       the answers from the tier: catalog (served topics), node, offsets, fetch, polls (long polls)
+    routing.py  the one table: api key -> who answers it (here, forwarded, rewritten, split)
+    upstream/   as a proxy: brokers.py (a connection per client to the broker), rewrite.py (broker addresses ->
+                the sidecars'), proxy.py (the forwarded, rewritten and split routes)
+    tier/       the answers from the tier: catalog (served topics), node, offsets, fetch, polls (long polls),
+                boundary (as a proxy: what lies below the broker's log start)
 
 A partition's remote chain, bounds and fetches are the tier's read model (:class:`rlm.tier.TierView`), as every
 other reader's: this package holds only the protocol.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from rlm.config import SidecarSettings, is_loopback
+from rlm.config import ConfigError, SidecarSettings, is_loopback
 from rlm.discovery import ClusterView
 from rlm.listener.authz import Authorizer
 from rlm.listener.net.principals import PrincipalMapper
@@ -35,6 +40,9 @@ from rlm.listener.routing import Router
 from rlm.listener.tier.catalog import Catalog
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.node import NodeAnswers, NodeInfo
+from rlm.listener.upstream.brokers import UpstreamError, broker_address
+from rlm.listener.upstream.proxy import Proxy
+from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.rlmm_config import make_rlmm
 from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
@@ -83,6 +91,8 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network "
                     "(history_listener.allow_sasl_plain_without_tls): configure history_listener.tls, or offer "
                     "SCRAM-SHA-512 only", extra={"host": cfg.host})
+    # As a proxy: the broker it forwards to, found before anything starts (a ConfigError when it cannot be).
+    upstream = (cfg.upstream or _upstream_of(settings)) if cfg.proxy else None
     owns = rlmm is None
     if rlmm is None:
         settings.metadata.state_dir.mkdir(parents=True, exist_ok=True)
@@ -96,10 +106,17 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     ctx = TierContext(catalog, TierView(RemoteReader(rlmm, rsm)), authorizer, fetch_max_bytes=cfg.fetch_max_bytes)
     node = NodeAnswers(ctx, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
                        sasl=sasl is not None)
-    server = ListenerServer(Router(ctx, node), cfg.host, cfg.port, workers=cfg.workers, poll_s=cfg.fetch_poll_ms / 1000,
-                           ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
-                           limits=ConnectionLimits.of(cfg),
-                           principal_mapper=PrincipalMapper(cfg.tls.principal_mapping_rules) if cfg.tls else None)
+    proxy = None
+    if upstream is not None:
+        peers = PeerAddresses(settings.broker_id, lambda: (cfg.advertised, server.port), cfg.peers,
+                              template=cfg.peer_address)
+        proxy = Proxy(ctx, peers, upstream, timeout_s=cfg.connections_max_idle_ms / 1000,
+                      max_response_bytes=cfg.queued_max_response_bytes)
+    server = ListenerServer(Router(ctx, node, proxy=proxy), cfg.host, cfg.port, workers=cfg.workers,
+                            poll_s=cfg.fetch_poll_ms / 1000,
+                            ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
+                            limits=ConnectionLimits.of(cfg),
+                            principal_mapper=PrincipalMapper(cfg.tls.principal_mapping_rules) if cfg.tls else None)
     try:
         server.start()
     except BaseException:
@@ -111,9 +128,24 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     if cfg.port == 0:  # tell clients the port actually bound
         node.node = NodeInfo(node.node.node_id, node.node.host, server.port, node.node.cluster_id)
     log.info("history endpoint listening", extra={"host": cfg.host, "port": server.port,
+                                                  "proxy": proxy.upstream if proxy is not None else None,
                                                   "advertised": f"{cfg.advertised}:{server.port}",
                                                   "security_protocol": cfg.security_protocol,
                                                   "sasl_mechanisms": list(sasl.mechanisms) if sasl else [],
                                                   "client_certificates": bool(cfg.tls and cfg.tls.client_auth),
                                                   "topics": len(catalog.topics())})
     return Listener(server, catalog, authorizer, rlmm, owns)
+
+
+def _upstream_of(settings: SidecarSettings) -> str:
+    """The broker's address for the proxy: the one the cluster's metadata gives for ``broker_id``, when the
+    sidecar's own client speaks PLAINTEXT (its listener is then the broker's PLAINTEXT one)."""
+    protocol = str(settings.kafka.client.get("security.protocol", "PLAINTEXT")).upper()
+    if protocol != "PLAINTEXT":
+        raise ConfigError(f"history_listener.proxy: the sidecar's Kafka client speaks {protocol}; set "
+                          "history_listener.upstream to the host:port of the broker's PLAINTEXT listener")
+    try:
+        host, port = broker_address(settings.kafka.client_config(), settings.broker_id)
+    except UpstreamError as err:
+        raise ConfigError(f"history_listener.proxy: {err}") from err
+    return f"{host}:{port}"

@@ -75,8 +75,9 @@ from rlm.listener.protocol.codec import (
     response_type,
 )
 from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, RequestHeader, read_header
-from rlm.listener.routing import Router
+from rlm.listener.routing import Route, Router
 from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
+from rlm.listener.upstream.brokers import Upstream, UpstreamError
 
 __all__ = ["ConnectionLimits", "GcPause", "ListenerServer"]
 
@@ -242,6 +243,9 @@ class ListenerServer:
         def gone() -> bool:  # the client closed its side (or the connection broke): a long poll stops
             return writer.is_closing() or reader.at_eof()
 
+        # As a proxy: this connection's own connection to the broker, opened at its first request.
+        upstream = self.router.proxy.connection() if self.router.proxy is not None else None
+
         try:
             while True:
                 # The next request must come (whole) within the idle limit and, before authentication, by the
@@ -259,7 +263,7 @@ class ListenerServer:
                     return
                 if frame is None:
                     return
-                response = await self._answer(frame, session, client, gone=gone)
+                response = await self._answer(frame, session, client, gone=gone, upstream=upstream)
                 if response is None:
                     return  # the session says close (e.g. failed authentication)
                 if response is NO_RESPONSE:
@@ -291,6 +295,8 @@ class ListenerServer:
             self._release(ip)
             self._writers.discard(writer)
             writer.close()
+            if upstream is not None:
+                upstream.close()
 
     def _certificate_principal(self, writer: asyncio.StreamWriter, peer: Any) -> str | None | bool:
         """``User:<mapped subject>`` of the client's certificate, None without one, False when no
@@ -394,7 +400,7 @@ class ListenerServer:
             return None
 
     async def _answer(self, frame: bytes, session: Any, client: Callable[[], Client], *,
-                      gone: Callable[[], bool] | None = None) -> bytes | None:
+                      gone: Callable[[], bool] | None = None, upstream: Upstream | None = None) -> bytes | None:
         started = time.monotonic()
         try:
             header = read_header(frame)
@@ -405,15 +411,26 @@ class ListenerServer:
                 return None
             header = err.header
         api = api_label(header.api_key)  # a closed set: the client chooses the key
-        lo_hi = self.router.offered.get(header.api_key)
         error = "none"
         try:
+            offered = self.router.offered
+            if upstream is not None:  # a proxy offers by the broker's versions, asked when its connection opens
+                try:
+                    await upstream.ready()
+                except UpstreamError as err:
+                    error = "upstream"
+                    log.warning("proxy: the broker cannot be reached, client connection closed",
+                                extra={"error": str(err)})
+                    return None
+                offered = self.router.versions(upstream.versions)
+            lo_hi = offered.get(header.api_key)
             if header.api_key == ApiKey.API_VERSIONS and (lo_hi is None or not lo_hi[0] <= header.api_version
                                                           <= lo_hi[1]):
                 # Answer at v0 so that any client can read which versions are offered (Kafka's rule).
                 from kio.schema.api_versions.v0.response import ApiVersionsResponse
                 error = "unsupported_version"
-                body = build(ApiVersionsResponse, self.router.node.api_versions(ErrorCode.unsupported_version))
+                body = build(ApiVersionsResponse, self.router.api_versions(
+                    ErrorCode.unsupported_version, broker=upstream.broker_api_versions if upstream else None))
                 return encode_response(header._replace(flexible=False), body)
             if session is not None:
                 # SASL: None serves the request; bytes are the answer instead; b"" closes without one.
@@ -429,13 +446,15 @@ class ListenerServer:
                 error = "unsupported_version"
                 BAD.labels("unsupported_version").inc()
                 return self._error_response(header, ErrorCode.unsupported_version)
+            if upstream is not None and self.router.route(header.api_key) in (Route.FORWARD, Route.REWRITE):
+                return await self._proxied(header, frame, None, client(), upstream)  # bytes, not decoded
             if len(frame) <= INLINE_FRAME_BYTES:
                 try:
                     req = decode_request(frame, header)
                 except BadRequestError as err:
                     error = "invalid_request"
                     return self._bad_body(header, api, err)
-                return await self._dispatch(header, req, client(), gone)
+                return await self._dispatch(header, req, client(), gone, frame, upstream)
             # A large body is decoded on a worker (kio's native decoder holds the GIL meanwhile, ~50 ms for 300,000
             # Fetch partitions, but the loop is free before and after), not on the event loop. Its objects (a
             # kio entity per partition, then the answer's) would make the cyclic GC run full collections of the
@@ -447,7 +466,7 @@ class ListenerServer:
                 except BadRequestError as err:
                     error = "invalid_request"
                     return self._bad_body(header, api, err)
-                response = await self._dispatch(header, req, client(), gone)
+                response = await self._dispatch(header, req, client(), gone, frame, upstream)
                 # Freed before the GC runs again (kio entities hold no cycles: their refcounts free them), on a
                 # worker: hundreds of thousands of entities take tens of ms to free.
                 box = [req]
@@ -470,7 +489,8 @@ class ListenerServer:
         return encode_response(header, error_body(rtype, code))
 
     async def _dispatch(self, header: RequestHeader, req: Any, client: Client,
-                        gone: Callable[[], bool] | None = None) -> bytes:
+                        gone: Callable[[], bool] | None = None, frame: bytes = b"",
+                        upstream: Upstream | None = None) -> bytes | None:
         """The encoded response (or NO_RESPONSE). Only ApiVersions is answered on the event loop: every other
         handler, and the build and encoding of its answer (proportional to the request or the records), runs on a
         worker, so that one connection's large request never holds the others."""
@@ -478,7 +498,10 @@ class ListenerServer:
         rtype = response_type(header)
         key = header.api_key
         if key == ApiKey.API_VERSIONS:
-            return encode_response(header, build(rtype, self.router.node.api_versions()))
+            return encode_response(header, build(rtype, self.router.api_versions(
+                broker=upstream.broker_api_versions if upstream else None)))
+        if upstream is not None:
+            return await self._proxied(header, frame, req, client, upstream)
         if key == ApiKey.FETCH:
             return await self._fetch(header, rtype, req, client, gone)
         call = self.router.answer(key)
@@ -488,6 +511,25 @@ class ListenerServer:
             return NO_RESPONSE if values is None else encode_response(header, build(rtype, values))
 
         return await loop.run_in_executor(self._pool, answer)
+
+    async def _proxied(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream
+                       ) -> bytes | None:
+        """A proxied route's answer (:mod:`rlm.listener.upstream.proxy`); None closes the client's connection: the
+        broker's failed (or its answer did not decode), as a client loses its connection when a broker goes."""
+        loop = asyncio.get_running_loop()
+
+        def run(fn: Callable[..., Any], *args: Any) -> Any:
+            return loop.run_in_executor(self._pool, fn, *args)
+
+        try:
+            answer = await self.router.proxy.answer(self.router.route(header.api_key), header, frame, req, client,
+                                                    upstream, run)
+        except (UpstreamError, BadRequestError) as err:
+            log.warning("proxy: the broker's connection failed, client connection closed",
+                        extra={"api_key": header.api_key, "error": str(err)})
+            upstream.close()
+            return None
+        return answer if answer else NO_RESPONSE
 
     async def _fetch(self, header: RequestHeader, rtype: type, req: Any, client: Client,
                      gone: Callable[[], bool] | None = None) -> bytes:

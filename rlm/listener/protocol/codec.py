@@ -34,8 +34,12 @@ __all__ = [
     "ErrorCode",
     "build",
     "decode_request",
+    "decode_response",
+    "encode_request",
+    "new_request",
     "encode_response",
     "error_body",
+    "produce_acks",
     "response_type",
 ]
 
@@ -53,6 +57,82 @@ def decode_request(frame: bytes, header: RequestHeader) -> Any:
     # Bytes after the body are ignored, as Kafka's broker does (AbstractRequest.parseRequest reads the message
     # and never checks the buffer's remainder): librdkafka's all-topics Metadata v12 carries 3 of them.
     return body
+
+
+def decode_response(frame: bytes, header: RequestHeader) -> Any:
+    """A response frame (without its size prefix) to ``header``'s request, as kio's entity of its version (a
+    broker's answer the proxy rewrites). Raises :class:`BadRequestError` when it does not decode."""
+    rtype = response_type(header)
+    if rtype is None:
+        raise BadRequestError(f"api key {header.api_key} version {header.api_version}: no response schema", header)
+    try:
+        _header, offset = entity_reader(rtype.__header_schema__)(frame, 0)
+        body, _size = entity_reader(rtype)(frame, offset)
+    except Exception as err:  # noqa: BLE001 - kio raises ValueError/IndexError/... on bad bytes
+        raise BadRequestError(f"{rtype.__name__} v{header.api_version}: cannot decode: {err}", header) from None
+    return body
+
+
+def encode_request(frame: bytes, header: RequestHeader, body: Any) -> bytes:
+    """The request frame ``frame`` (without its size prefix) with its body replaced by ``body`` (a kio entity of the
+    same api key and version), size prefix included: the header's bytes are kept as the client sent them."""
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    out.write(frame[:header.body_offset])
+    entity_writer(type(body))(out, body)
+    data = out.getbuffer()
+    SIZE.pack_into(data, 0, len(data) - 4)
+    encoded = bytes(data)
+    data.release()
+    return encoded
+
+
+def new_request(api_key: int, api_version: int, correlation_id: int, client_id: str, values: Mapping[str, Any]
+                ) -> tuple[bytes, RequestHeader]:
+    """A request of our own (the proxy asking its broker), size prefix included, and its header."""
+    rtype = load_request_schema(api_key, api_version)
+    header_type = rtype.__header_schema__
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    entity_writer(header_type)(out, build(header_type, {
+        "request_api_key": api_key, "request_api_version": api_version, "correlation_id": correlation_id,
+        "client_id": client_id}))
+    body_offset = out.tell() - 4
+    entity_writer(rtype)(out, build(rtype, values))
+    data = out.getbuffer()
+    SIZE.pack_into(data, 0, len(data) - 4)
+    encoded = bytes(data)
+    data.release()
+    return encoded, RequestHeader(api_key, api_version, correlation_id, client_id, bool(rtype.__flexible__),
+                                  body_offset)
+
+
+# Produce => transactional_id acks ...: a nullable string, int16 length (-1: null) before v9, compact (unsigned varint
+# length + 1, 0: null) from v9 (flexible); then acks int16.
+PRODUCE_FIRST_FLEXIBLE = 9
+
+
+def produce_acks(frame: bytes, header: RequestHeader) -> int:
+    """The ``acks`` of a Produce request, read without decoding its records (0: the broker sends no answer)."""
+    pos = header.body_offset
+    try:
+        if header.api_version >= PRODUCE_FIRST_FLEXIBLE:
+            n, shift = 0, 0
+            while True:
+                b = frame[pos]
+                pos += 1
+                n |= (b & 0x7F) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            pos += max(n - 1, 0)
+        else:
+            (n,) = struct.unpack_from(">h", frame, pos)
+            pos += 2 + max(n, 0)
+        (acks,) = struct.unpack_from(">h", frame, pos)
+    except (IndexError, struct.error):
+        raise BadRequestError(f"Produce v{header.api_version}: truncated before acks", header) from None
+    return acks
 
 
 def response_type(header: RequestHeader) -> type | None:

@@ -1,0 +1,2 @@
+"""The proxy's side towards the broker: one connection per client connection (:mod:`.brokers`), the broker
+addresses in answers replaced by the sidecars' (:mod:`.rewrite`), and the proxied routes (:mod:`.proxy`)."""
