@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-__all__ = ["CHUNK_BYTES", "LatencyModel", "S3Latency"]
+__all__ = ["CHUNK_BYTES", "LatencyModel", "S3Latency", "model_from_argv"]
 
 MiB = 1024 * 1024
 CHUNK_BYTES = 256 * 1024
@@ -312,12 +312,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _model(a: argparse.Namespace) -> LatencyModel:
+    return LatencyModel(a.first_byte_median_ms, a.first_byte_sigma, a.first_byte_floor_ms, a.put_base_ms,
+                        a.put_ms_per_mib, a.bandwidth_mb_per_s * 1e6, a.outlier_rate, a.outlier_min_s, a.outlier_max_s)
+
+
+def model_from_argv(argv: list[str]) -> LatencyModel:
+    """The model the command line ``argv`` (without ``--upstream``) gives: what a benchmark passing those arguments
+    to the process runs against. Raises ValueError for a model that makes no sense."""
+    return _model(_parse_args(["--upstream", "http://127.0.0.1:9", *argv]))
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     try:
-        model = LatencyModel(a.first_byte_median_ms, a.first_byte_sigma, a.first_byte_floor_ms, a.put_base_ms,
-                             a.put_ms_per_mib, a.bandwidth_mb_per_s * 1e6, a.outlier_rate, a.outlier_min_s,
-                             a.outlier_max_s)
+        model = _model(a)
     except ValueError as err:
         print(f"s3latency: {err}", file=sys.stderr)
         return 2

@@ -92,6 +92,7 @@ from rsm.log.errors import LogFormatError
 from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
+from rsm.store.hedge import HEDGE_SHARE
 from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES
 from rsm.throttle import Throttle
 
@@ -126,6 +127,8 @@ class RsmConfig(BaseModel):
     upload_memory_bytes: int = Field(UPLOAD_MEMORY_BYTES, ge=10 * MiB, description="s3 store: part buffers one "
                                      "object's upload holds at most, the one filling included: parts in flight = "
                                      "upload_memory_bytes // part_size_bytes - 1 (at most upload_concurrency)")
+    hedge_share: float = Field(HEDGE_SHARE, ge=0, le=1, description="s3 store: a GET not answered by the p95 of "
+                               "recent GETs is sent again (rsm.store.hedge), at most this share of GETs; 0 off")
     retries: int = Field(5, ge=0)
     copy_rate_bytes_per_second: float | None = Field(None, ge=0)
     fetch_rate_bytes_per_second: float | None = Field(None, ge=0)
@@ -173,8 +176,7 @@ class RsmConfig(BaseModel):
         return S3Store(self.bucket, endpoint_url=self.endpoint_url, region_name=self.region,
                        key_prefix=self.key_prefix, part_size_bytes=self.part_size_bytes,
                        upload_concurrency=self.upload_concurrency, upload_memory_bytes=self.upload_memory_bytes,
-                       retries=self.retries,
-                       create_bucket=self.create_bucket)
+                       hedge_share=self.hedge_share, retries=self.retries, create_bucket=self.create_bucket)
 
 
 class _LruCache:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ from botocore.config import Config
 from confluent_kafka import Producer
 
 from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
-from rsm.log.batch import BatchHeader, scan_batches
+from rsm.log.batch import BatchHeader, batch_crc, scan_batches
 from rsm.log.partition import PartitionDir
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
@@ -119,6 +121,35 @@ def s3_client_for(endpoint: str):
 def s3_client(s3_endpoint):
     """A client of moto's server."""
     return s3_client_for(s3_endpoint)
+
+
+def _varint(n: int) -> bytes:
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z > 0x7F:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    return bytes(out + bytes([z]))
+
+
+def synthetic_segment(tmp: Path, size_bytes: int) -> tuple[LogSegmentData, int]:
+    """A ``.log`` of about ``size_bytes`` in ``tmp`` (empty offset and time indexes): uncompressed v2 batches of one
+    60 KiB record each, valid CRC-32C, offsets 0, 1, 2 ...; its data and its last offset."""
+    rng = random.Random(5)
+    ts = 1_700_000_000_000
+    with open(tmp / "0.log", "wb") as f:
+        offset = 0
+        while offset * 61440 < size_bytes:
+            value = rng.randbytes(61440)
+            body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
+            after_len = (struct.pack(">ibI", 0, 2, 0) + struct.pack(">hiqqqhii", 0, 0, ts, ts, -1, -1, -1, 1)
+                         + _varint(len(body)) + body)
+            batch = bytearray(struct.pack(">qi", offset, len(after_len)) + after_len)
+            batch[17:21] = struct.pack(">I", batch_crc(batch))
+            f.write(batch)
+            offset += 1
+    (tmp / "0.index").write_bytes(b"")
+    (tmp / "0.timeindex").write_bytes(b"")
+    return LogSegmentData(tmp / "0.log", tmp / "0.index", tmp / "0.timeindex", None, None, b"0\n0\n"), offset - 1
 
 
 def new_bucket(s3_client) -> str:

@@ -7,7 +7,6 @@ unfinished upload, and a copy whose part fails leaves nothing under its keys."""
 from __future__ import annotations
 
 import random
-import struct
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,13 +16,12 @@ from pathlib import Path
 import botocore.exceptions as bexc
 import pytest
 
-from rsm.api import LogSegmentData, RemoteSegmentMetadata
+from rsm.api import RemoteSegmentMetadata
 from rsm.errors import CopyCancelledError, RemoteStorageError
-from rsm.log.batch import batch_crc
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store import upload
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for
+from tests.rsm.conftest import new_bucket, s3_client_for, synthetic_segment
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -197,41 +195,13 @@ def test_a_failed_part_leaves_no_object_and_no_upload_on_moto(s3_endpoint: str) 
         store.close()
 
 
-def _varint(n: int) -> bytes:
-    z, out = (n << 1) ^ (n >> 63), bytearray()
-    while z > 0x7F:
-        out.append(z & 0x7F | 0x80)
-        z >>= 7
-    return bytes(out + bytes([z]))
-
-
-def _segment(tmp: Path, size_bytes: int) -> tuple[LogSegmentData, int]:
-    """A ``.log`` of about ``size_bytes``: uncompressed v2 batches of one 60 KiB record each, valid CRC-32C."""
-    rng = random.Random(5)
-    ts = 1_700_000_000_000
-    with open(tmp / "0.log", "wb") as f:
-        offset = 0
-        while offset * 60 * KiB < size_bytes:
-            value = rng.randbytes(60 * KiB)
-            body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-            after_len = (struct.pack(">ibI", 0, 2, 0) + struct.pack(">hiqqqhii", 0, 0, ts, ts, -1, -1, -1, 1)
-                         + _varint(len(body)) + body)
-            batch = bytearray(struct.pack(">qi", offset, len(after_len)) + after_len)
-            batch[17:21] = struct.pack(">I", batch_crc(batch))
-            f.write(batch)
-            offset += 1
-    (tmp / "0.index").write_bytes(b"")
-    (tmp / "0.timeindex").write_bytes(b"")
-    return LogSegmentData(tmp / "0.log", tmp / "0.index", tmp / "0.timeindex", None, None, b"0\n0\n"), offset - 1
-
-
 @pytest.mark.s3
 def test_a_copy_whose_part_fails_leaves_nothing(s3_endpoint: str, tmp_path: Path) -> None:
     client = s3_client_for(s3_endpoint)
     bucket = new_bucket(client)
     store = S3Store(bucket, endpoint_url=s3_endpoint, region_name="us-east-1", part_size_bytes=5 * MiB)
     rsm = RemoteStorageManager(RsmConfig(store="s3", bucket=bucket, part_size_bytes=5 * MiB), store)
-    data, last = _segment(tmp_path, 11 * MiB)
+    data, last = synthetic_segment(tmp_path, 11 * MiB)
     try:
         _fail_part(store, 2)
         md = RemoteSegmentMetadata(uuid.uuid4(), uuid.uuid4(), "up", 0, 0, last)
