@@ -18,8 +18,9 @@ the entropy flag; ``rsm.format.custom_metadata``); reads and deletes of a segmen
 metadata records, so changing ``key_prefix`` / ``key_entropy`` orphans nothing (segments without custom metadata
 use the current configuration).
 
-Reads: the decoded index objects are cached (LRU), so a random read costs 2 requests cold (index + one ranged
-GET of the blocks needed) and 1 warm.
+Reads: the decoded index objects are cached (LRU, bounded by count and by memory: ``index_cache_entries``,
+``index_cache_bytes``), so a random read costs 2 requests cold (index + one ranged GET of the blocks needed) and 1
+warm.
 
 Encryption at rest (``encryption`` in the config; :mod:`rsm.encryption`, formats in :mod:`rsm.format.crypto`):
 when enabled, each copy gets a fresh data key, wrapped by the active key id; its blocks, sections and index object
@@ -96,7 +97,8 @@ from rsm.store.hedge import HEDGE_SHARE
 from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES
 from rsm.throttle import Throttle
 
-__all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "kept_range", "segment_id_of_key"]
+__all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "index_size_bytes", "kept_range",
+           "segment_id_of_key"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,11 @@ class RsmConfig(BaseModel):
     retries: int = Field(5, ge=0)
     copy_rate_bytes_per_second: float | None = Field(None, ge=0)
     fetch_rate_bytes_per_second: float | None = Field(None, ge=0)
-    index_cache_entries: int = Field(1024, ge=0)
+    index_cache_entries: int = Field(1024, ge=0, description="decoded index objects cached (a warm random read is "
+                                     "one request, a cold one two); 0 off")
+    index_cache_bytes: int = Field(128 * MiB, ge=0, description="memory the cached indexes may take (about 448 "
+                                   "bytes per block: a 1 GiB segment of 4 MiB blocks about 113 KiB, of 64 KiB blocks "
+                                   "7 MiB); the least recently used go first")
     read_ahead_bytes: int | None = Field(
         None, ge=0, description="sequential reads of several blocks: bytes of ranged GETs in flight ahead of the "
         "reader (rsm.format.readahead); 0 off; None: the store's own figure (S3: 64 MiB; filesystem: off, where "
@@ -179,31 +185,62 @@ class RsmConfig(BaseModel):
                        hedge_share=self.hedge_share, retries=self.retries, create_bucket=self.create_bucket)
 
 
+INDEX_BYTES_PER_BLOCK = 448
+"""Memory of one block's entry in a decoded index (tracemalloc of decoding: 17 / 262 / 1,046 blocks took 8.4 / 113 /
+458 KiB, 5.6-5.9x the index object's stored size)."""
+INDEX_BYTES_BASE = 1024
+"""Memory of a decoded index besides its blocks (ledger metadata, sections)."""
+
+
+def index_size_bytes(ledger: LedgerIndex) -> int:
+    """About what a decoded index holds in memory: what the index cache counts it as."""
+    return INDEX_BYTES_BASE + INDEX_BYTES_PER_BLOCK * len(ledger.blocks)
+
+
 class _LruCache:
-    def __init__(self, capacity: int) -> None:
+    """Decoded indexes, least recently used evicted first while more than ``capacity`` entries or ``capacity_bytes``
+    (by :func:`index_size_bytes`) are held. An index larger than ``capacity_bytes`` alone is not cached."""
+
+    def __init__(self, capacity: int, capacity_bytes: int) -> None:
         self._capacity = capacity
+        self._capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, LedgerIndex] = OrderedDict()
+        self._items: OrderedDict[str, tuple[LedgerIndex, int]] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def size_bytes(self) -> int:
+        """What the cached indexes hold (by :func:`index_size_bytes`)."""
+        with self._lock:
+            return self._bytes
 
     def get(self, key: str) -> LedgerIndex | None:
         with self._lock:
-            v = self._items.get(key)
-            if v is not None:
-                self._items.move_to_end(key)
-            return v
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
 
     def put(self, key: str, value: LedgerIndex) -> None:
-        if self._capacity == 0:
+        size = index_size_bytes(value)
+        if self._capacity == 0 or size > self._capacity_bytes:
             return
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self._capacity:
-                self._items.popitem(last=False)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (value, size)
+            self._bytes += size
+            while len(self._items) > self._capacity or self._bytes > self._capacity_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
 
     def drop(self, key: str) -> None:
         with self._lock:
-            self._items.pop(key, None)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
 
 
 class RemoteStorageManager(RemoteStorageManagerApi):
@@ -215,7 +252,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         self.store = store if store is not None else config.make_store()
         self.copy_throttle = copy_throttle or Throttle("copy", config.copy_rate_bytes_per_second)
         self.fetch_throttle = fetch_throttle or Throttle("fetch", config.fetch_rate_bytes_per_second)
-        self._cache = _LruCache(config.index_cache_entries)
+        self._cache = _LruCache(config.index_cache_entries, config.index_cache_bytes)
         self.layout = KeyLayout(getattr(self.store, "key_prefix", "") or "", config.key_entropy)  # PrefixedStore
         """The key layout new copies are written under (what their custom metadata records)."""
         try:  # the encoder refuses a layout past MAX_CUSTOM_METADATA_BYTES
