@@ -188,6 +188,13 @@ class Sidecar:
         if self._scheduler.running:  # a sidecar never started has no scheduler to shut down
             shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
                                         name="rlm-scheduler-shutdown")
+    def __enter__(self) -> Sidecar:
+        """``with Sidecar(settings) as sidecar:`` starts it, and stops it however the block ends."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
             shutdown.start()
             shutdown.join(timeout_s)
             clean = not shutdown.is_alive()

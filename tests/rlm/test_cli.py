@@ -146,8 +146,7 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Any
     want = {(main, 0): max(p0), (main, 1): max(p1), (txn, 0): max(committed | aborted),
             (scratch, 0): max(scratch_sent)}
     ids = {main: main_id, txn: txn_id, scratch: scratch_id}
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         for (topic, part), last in want.items():
             tp = TopicIdPartition(ids[topic], topic, part)
             wait_for(lambda tp=tp, last=last: latest_remote(sidecar, tp) >= last, 180, f"{tp} to be remote")
@@ -156,8 +155,6 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Any
             t.batches[key] = local_batches(kafka, *key)
         # The CLI runs next to this live sidecar (its own metadata cache; the sidecar keeps its RocksDB locked).
         yield t
-    finally:
-        sidecar.stop()
 
 
 # ------------------------------------------------------------------------------------------------------- ls

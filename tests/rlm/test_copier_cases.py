@@ -20,7 +20,8 @@ from rlm.tier import RemoteReader, remote_chain
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager, RsmConfig
-from tests.rlm.crafted import BASE_TS, TXN, SyncRlmm, abort_marker, batch, one_per_batch, write_partition
+from tests.support.batches import BASE_TS, TXN, abort_marker, batch, one_per_batch, write_partition
+from tests.support.rlmm import SyncRlmm
 
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 TEN_AND_ONE = {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 1, b"v")}  # [0,9] rolled, 10 active

@@ -60,12 +60,9 @@ def encrypted(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> 
                                                    "key_file": str(key_file)}})
     config = tmp / "sidecar.yaml"
     config.write_text(settings_yaml(settings))
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         tp = TopicIdPartition(topic_id, topic, 0)
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 180, f"{tp} to be remote")
-    finally:
-        sidecar.stop()
     return Encrypted(tmp, config, settings, tmp / "remote", topic, sent, key_file)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import struct
 import time
 import uuid
 from pathlib import Path
@@ -30,10 +29,10 @@ from rlmm.api import (
 )
 from rlmm.memory import InMemoryRemoteLogMetadataManager
 from rsm.api import LogSegmentData
-from rsm.log.batch import batch_crc
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import TMP_DIR, FileSystemStore
 from rsm.store.s3 import S3Store
+from tests.support.batches import batch
 
 GRACE = 60_000
 
@@ -50,23 +49,11 @@ def _lose(rlmm: RemoteLogMetadataManager, md: RemoteLogSegmentMetadata) -> None:
                                                                                state, 1))
 
 
-def _batch(base: int, n: int) -> bytes:
-    # records: attributes 0, timestamp delta 0, offset delta i, null key, value b"v", no headers (zigzag varints)
-    recs = b"".join(bytes([len(body) * 2]) + body for body in (bytes([0, 0, i * 2, 1, 2]) + b"v\x00"
-                                                             for i in range(n)))
-    ts = 1_700_000_000_000
-    tail = struct.pack(">hiqqqhii", 0, n - 1, ts, ts, -1, -1, -1, n)
-    after_len = struct.pack(">ibI", 0, 2, 0) + tail + recs
-    data = bytearray(struct.pack(">qi", base, len(after_len)) + after_len)
-    data[17:21] = struct.pack(">I", batch_crc(data))
-    return bytes(data)
-
-
 def _segment(tmp: Path, base: int, n: int = 5) -> LogSegmentData:
     d = tmp / f"local-{uuid.uuid4().hex[:6]}"
     d.mkdir()
     log = d / f"{base:020d}.log"
-    log.write_bytes(b"".join(_batch(base + i, 1) for i in range(n)))
+    log.write_bytes(b"".join(batch(base + i, [b"v"]) for i in range(n)))
     (d / "x.index").write_bytes(b"")
     (d / "x.timeindex").write_bytes(b"")
     return LogSegmentData(log, d / "x.index", d / "x.timeindex", None, None, b"0\n0\n")

@@ -170,13 +170,10 @@ def test_switching_modes_both_ways_leaves_no_gap_or_overlap(kafka: KafkaCluster,
 
     def run(settings: Any, what: str, until: int) -> RangeRecordingRsm:
         rsm = RangeRecordingRsm(settings.store)
-        sidecar = Sidecar(settings, rsm=rsm).start()
-        try:
+        with Sidecar(settings, rsm=rsm) as sidecar:
             wait_for(lambda: latest_remote(sidecar, tp) >= until, 60, what)
             assert_contiguous(remote_segments(sidecar, tp))
             assert_readable(sidecar, tp, {o: kv for o, kv in sent.items() if o <= until}, what=what)
-        finally:
-            sidecar.stop()
         return rsm
 
     # 1. Segment mode: rolled segments.
@@ -241,8 +238,7 @@ def test_sigkill_during_offload_leaves_no_gap_and_no_double_range(kafka: KafkaCl
     finally:
         stop.set()
         thread.join(30)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "everything remote after the kills")
         segs = sidecar.rlmm.list_remote_log_segments(tp)
         wait_for(lambda: all(s.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED
@@ -253,8 +249,6 @@ def test_sigkill_during_offload_leaves_no_gap_and_no_double_range(kafka: KafkaCl
         assert_readable(sidecar, tp, sent)
         assert local_logs(kafka, topic_name) == ["00000000000000000000.log"]
         assert len(segs) > rounds  # several offload segments per round, some cut by the kills
-    finally:
-        sidecar.stop()
     log_text = (tmp_path / "serve.log").read_text()
     assert log_text.count('"segment copied"') >= rounds // 2, log_text[-3000:]  # the killed processes offloaded
 
@@ -331,8 +325,7 @@ def test_retention_deletes_offload_segments_oldest_first_and_gc_keeps_live_ones(
                              offload=streaming(topic_name, offload_max_bytes=8 * 1024, offload_max_ms=300),
                              retention=[{"pattern": ".*", "retention_ms": -1, "retention_bytes": limit}],
                              tasks={"gc_grace_ms": 0})
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         sent: dict[int, tuple[bytes, bytes]] = {}
         for r in range(6):
             sent |= send(kafka, topic_name, f"r{r}", 150, **{"batch.size": 2048, "linger.ms": 0})
@@ -350,5 +343,3 @@ def test_retention_deletes_offload_segments_oldest_first_and_gc_keeps_live_ones(
         before = store_keys(tmp_path / "remote")
         assert sidecar.collect_garbage() == []
         assert store_keys(tmp_path / "remote") == before
-    finally:
-        sidecar.stop()

@@ -11,8 +11,8 @@ import pytest
 from rlm.tasks.offload import STUCK_S, StreamingOffloader
 from rlmm.api import TopicIdPartition
 from rsm.errors import RemoteStorageError
-from tests.rlm.crafted import batch, one_per_batch, write_partition
 from tests.rlm.test_copier_cases import World, world  # noqa: F401 - the fixture
+from tests.support.batches import batch, one_per_batch, write_partition
 
 BIG = 10**9
 

@@ -78,11 +78,8 @@ def tiered(kafka_sasl: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -
     produce(kc, topic, [(b"__roll__", b"r")], **kc.security_config())  # rolls the last round's segment
     settings = make_settings(kc, tmp, topics={"include": [topic]}).model_copy(update={"kafka": KafkaSettings(
         bootstrap_servers=kc.bootstrap_servers, client=kc.security_config())})
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, f"{topic} to be tiered")
-    finally:
-        sidecar.stop()
     # The minimum a reader needs (README, "Authenticated clusters"):
     bindings = [
         allow(ResourceType.TOPIC, topic, AclOperation.DESCRIBE),  # discovery, the endpoint's catalog, rlm cat

@@ -121,14 +121,11 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Tie
     settings = make_settings(kafka, tmp, topics={"include": [re.escape(topic)]})
     config = tmp / "sidecar.yaml"
     config.write_text(settings_yaml(settings))
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         for p in (0, 1):
             tp = TopicIdPartition(topic_id, topic, p)
             wait_for(lambda tp=tp, p=p: latest_remote(sidecar, tp) >= max(sent[p]), 120, f"{tp} to be remote")
             assert len(remote_segments(sidecar, tp)) >= 3
-    finally:
-        sidecar.stop()
     t = Tiered(kafka, tmp, settings, config, topic, topic_id, sent, [], uuid.UUID(int=0), uuid.UUID(int=0))
     t.ls = json_lines(ok(rlm("ls", topic, "--json", config=config)))
     rsm = RemoteStorageManager(settings.store)
@@ -197,8 +194,7 @@ def test_read_only_sidecar_writes_nothing(tiered: Tiered) -> None:
     md_ends = metadata_end_offsets(t.kafka, t.settings.metadata.topic)
     root = t.settings.store.root_path
     before = {k: (root / k).stat().st_mtime_ns for k in store_keys(root)}
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         assert sidecar.read_only
         produce_segments(t.kafka, other, 3, 50, segment_ms=300)  # rolled segments it must not copy
         tp = TopicIdPartition(t.topic_id, t.topic, 0)
@@ -207,8 +203,6 @@ def test_read_only_sidecar_writes_nothing(tiered: Tiered) -> None:
         got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0) if r.offset in t.sent[0]}
         assert got == t.sent[0]
         assert latest_remote(sidecar, TopicIdPartition(other_id, other, 0)) == -1
-    finally:
-        sidecar.stop()
     assert {k: (root / k).stat().st_mtime_ns for k in store_keys(root)} == before
     assert metadata_end_offsets(t.kafka, t.settings.metadata.topic) == md_ends
     assert metadata_end_offsets(t.kafka, settings.metadata.to_be_deleted_topic) is None

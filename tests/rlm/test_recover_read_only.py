@@ -25,7 +25,6 @@ from rlm.sidecar import Sidecar
 from rlmm.api import MetadataTopicMissingError, TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
-from tests.spark.conftest import spark  # noqa: F401 - the session's SparkSession fixture
 from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
@@ -59,13 +58,10 @@ def test_read_only_against_another_clusters_store(kafka: KafkaCluster, tmp_path:
         sent[p] = produce_segments(kafka, topic, 3, 100, segment_ms=400, roll=False, partition=p)
         produce(kafka, topic, [(b"__roll__", b"r")], partition=p)  # rolls the last segment; stays local
     settings1 = make_settings(kafka, tmp_path, topics={"include": [re.escape(topic)]})
-    sidecar = Sidecar(settings1).start()
-    try:
+    with Sidecar(settings1) as sidecar:
         for p in (0, 1):
             tp = TopicIdPartition(first_id, topic, p)
             wait_for(lambda tp=tp, p=p: latest_remote(sidecar, tp) >= max(sent[p]), 90, f"{tp} to be tiered")
-    finally:
-        sidecar.stop()
     root = settings1.store.root_path
     config1 = tmp_path / "cluster1.yaml"
     config1.write_text(settings_yaml(settings1))

@@ -41,7 +41,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.spark.conftest import spark  # noqa: F401 - the session's SparkSession fixture
 from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]

@@ -121,8 +121,7 @@ def test_lost_describe_never_purges_a_real_delete_does(kafka_sasl: KafkaCluster,
     sent = produce(kc, topic_name)
     settings = acl_settings(kc, tmp_path, topic_name)
     root = Path(settings.store.root_path)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the topic to be remote")
         segs = [s.remote_log_segment_id for s in remote_segments(sidecar, tp)]
         keys = {k for k in store_keys(root) if str(tp.topic_id) in k}
@@ -154,8 +153,6 @@ def test_lost_describe_never_purges_a_real_delete_does(kafka_sasl: KafkaCluster,
         assert time.monotonic() - deleted_at >= GRACE_MS / 1000
         wait_for(lambda: tp not in sidecar.known.all(), 30, "the purged partition to be forgotten")
         assert not {k for k in store_keys(root) if str(tp.topic_id) in k}
-    finally:
-        sidecar.stop()
 
 
 def test_recreated_topic_purges_the_old_id_only(kafka_sasl: KafkaCluster, topic_name: str,
@@ -166,8 +163,7 @@ def test_recreated_topic_purges_the_old_id_only(kafka_sasl: KafkaCluster, topic_
     sent_old = produce(kc, topic_name)
     settings = acl_settings(kc, tmp_path, topic_name)
     root = Path(settings.store.root_path)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, old) >= max(sent_old), 60, "the old topic to be remote")
         assert {k for k in store_keys(root) if str(old.topic_id) in k}
 
@@ -185,8 +181,6 @@ def test_recreated_topic_purges_the_old_id_only(kafka_sasl: KafkaCluster, topic_
         assert not {k for k in store_keys(root) if str(old.topic_id) in k}
         assert {k for k in store_keys(root) if str(new.topic_id) in k}
         assert_readable(sidecar, new, sent_new, what="the re-created topic's own records")
-    finally:
-        sidecar.stop()
 
 
 def test_topic_whose_config_cannot_be_read_is_not_tiered(kafka_sasl: KafkaCluster, topic_name: str,
@@ -204,12 +198,9 @@ def test_topic_whose_config_cannot_be_read_is_not_tiered(kafka_sasl: KafkaCluste
     sent_c = produce(kc, compacted)
     sent_p = produce(kc, plain)
     settings = acl_settings(kc, tmp_path, compacted, plain)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, p_tp) >= max(sent_p), 60, "the plain topic to be remote")
         time.sleep(1.5)  # several more discovery rounds
         assert sent_c and remote_segments(sidecar, c_tp) == []
         assert c_tp not in sidecar.known.all()
         assert sidecar.leadership.get(compacted, 0) is None
-    finally:
-        sidecar.stop()

@@ -103,12 +103,9 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
     sent = produce_segments(kafka, topic_name, 5, 150, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name), metadata={"tombstone_delay_ms": 600_000})
     root = Path(settings.store.root_path)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
         segs = remote_segments(sidecar, tp)
-    finally:
-        sidecar.stop()
     assert len(segs) >= 5
     doomed, kept = segs[:-2], segs[-2:]
 
@@ -120,8 +117,7 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
         "tasks": settings.tasks.model_copy(update={"copy_interval_ms": 3_600_000})})
     store = RefusingStore(settings.store.make_store())
     store.refuse.set()
-    sidecar = Sidecar(by_size, rsm=RemoteStorageManager(settings.store, store=store)).start()
-    try:
+    with Sidecar(by_size, rsm=RemoteStorageManager(settings.store, store=store)) as sidecar:
         def states() -> dict[uuid.UUID, RemoteLogSegmentState]:
             try:
                 return {m.remote_log_segment_id.id: m.state for m in sidecar.rlmm.list_remote_log_segments(tp)}
@@ -163,8 +159,6 @@ def test_refused_deletes_go_through_the_queue_and_finish(kafka: KafkaCluster, to
         got = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, kept[0].start_offset)}
         assert {o: got[o] for o in got if o in sent} == {o: kv for o, kv in sent.items()
                                                          if o >= kept[0].start_offset}
-    finally:
-        sidecar.stop()
 
 
 def test_cleaner_retries_through_the_delete_path() -> None:
@@ -245,8 +239,7 @@ def test_gc_removes_orphans_and_nothing_else(kafka: KafkaCluster, topic_name: st
     sent = produce_segments(kafka, topic_name, 4, 150, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name))
     root = Path(settings.store.root_path)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
         segs = remote_segments(sidecar, tp)
         pdir = partition_dir(kafka, topic_name)
@@ -269,8 +262,6 @@ def test_gc_removes_orphans_and_nothing_else(kafka: KafkaCluster, topic_name: st
         assert [s.remote_log_segment_id for s in after] == [s.remote_log_segment_id for s in segs]
         assert_contiguous(after)
         assert_readable(sidecar, tp, sent)
-    finally:
-        sidecar.stop()
 
 
 def test_cleaner_is_a_static_member_so_shutdown_sends_no_group_leave(kafka: KafkaCluster, tmp_path: Path) -> None:

@@ -69,8 +69,7 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
     produce(kafka, topic_name, [(b"last", b"roll")])  # rolls the segment holding the last round
     # Only this topic: the session broker holds every earlier test's topics, which would be tiered into the bucket too.
     settings = make_settings(kafka, tmp_path, store=remote_store, topics=only(topic_name))
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         last_sent = max(sent)
         wait_for(lambda: latest_remote(sidecar, tp) >= last_sent, 90, "every produced offset to be remote")
         segs = sidecar.rlmm.list_remote_log_segments(tp)
@@ -96,5 +95,3 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
         # Staging is emptied after the copies. (Retention may also roll and delete the active segment holding
         # the rolling record: staged from its .deleted files, it is copied and released on the next runs.)
         wait_for(lambda: sidecar.staging.staged() == [], 30, "staging to be emptied by the copies")
-    finally:
-        sidecar.stop()

@@ -64,13 +64,10 @@ def test_serve_answers_health_and_metrics(kafka: KafkaCluster, topic_name: str, 
             proc.kill()
             proc.wait(30)
     # What the process copied is there for anyone reading the metadata topic.
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         tp = TopicIdPartition(topic_id, topic_name, 0)
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the remote offsets")
         assert_readable(sidecar, tp, sent)
-    finally:
-        sidecar.stop()
 
 
 def test_sigkill_at_random_moments_loses_nothing(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
@@ -110,8 +107,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka: KafkaCluster, topic_name
     produce(kafka, topic_name, [(b"__roll__", b"r")])
     last = max(sent)
 
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= last, 90, "every produced offset to be remote")
         wait_for(lambda: sum(s.segment_size_bytes for s in remote_segments(sidecar, tp)) <= limit, 30,
                  "size retention to catch up")
@@ -134,8 +130,6 @@ def test_sigkill_at_random_moments_loses_nothing(kafka: KafkaCluster, topic_name
         assert keys and all(any(sid in k for sid in owned) for k in keys), sorted(keys)[:5]
         assert sidecar.staging.staged() == [] or all(
             s.end_offset_inclusive > last for s in sidecar.staging.staged())
-    finally:
-        sidecar.stop()
 
 
 def test_local_retention_shorter_than_copy_interval(kafka: KafkaCluster, topic_name: str,
@@ -145,24 +139,20 @@ def test_local_retention_shorter_than_copy_interval(kafka: KafkaCluster, topic_n
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name), tasks={"copy_interval_ms": 4000})
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
         sent = produce_segments(kafka, topic_name, 8, 100, segment_ms=300)
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every produced offset to be remote")
         segs = remote_segments(sidecar, tp)
         assert_contiguous(segs)
         assert_readable(sidecar, tp, sent)
-    finally:
-        sidecar.stop()
 
 
 def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     sent = produce_segments(kafka, topic_name, 3, 100, segment_ms=300)
-    sidecar = Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))).start()
-    try:
+    with Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the first segments to be remote")
         kafka.stop_node(1)
         try:
@@ -178,8 +168,6 @@ def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_pa
         segs = remote_segments(sidecar, tp)
         assert_contiguous(segs)
         assert_readable(sidecar, tp, sent)
-    finally:
-        sidecar.stop()
 
 
 class BlockingRsm(RemoteStorageManager):

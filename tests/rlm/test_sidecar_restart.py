@@ -29,19 +29,15 @@ def test_wiped_state_dir_rebuilds_and_uploads_nothing_again(kafka: KafkaCluster,
     sent = produce_segments(kafka, topic_name, 5, 150, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name))
     first = RecordingRsm(settings.store)
-    sidecar = Sidecar(settings, rsm=first).start()
-    try:
+    with Sidecar(settings, rsm=first) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "every offset remote")
         before = remote_segments(sidecar, tp)
-    finally:
-        sidecar.stop()
     assert len(first.copies) == len(before) >= 5
     assert_contiguous(before)
 
     shutil.rmtree(settings.metadata.state_dir)  # the metadata cache, known partitions, GC sightings: all gone
     second = RecordingRsm(settings.store)
-    sidecar = Sidecar(settings, rsm=second).start()
-    try:
+    with Sidecar(settings, rsm=second) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 60, "the rebuilt cache to know every segment")
         time.sleep(2.0)  # several copy runs over the same local segments
         assert second.copies == []
@@ -56,5 +52,3 @@ def test_wiped_state_dir_rebuilds_and_uploads_nothing_again(kafka: KafkaCluster,
         assert second.copies == [(s.start_offset, s.end_offset_inclusive) for s in after[len(before):]]
         assert_contiguous(after)
         assert_readable(sidecar, tp, {**sent, **more})
-    finally:
-        sidecar.stop()

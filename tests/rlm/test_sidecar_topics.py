@@ -103,8 +103,7 @@ def test_deleted_topic_is_purged_through_partition_delete_states(kafka: KafkaClu
     sent_kept = produce_segments(kafka, kept_name, 4, 150, segment_ms=300)
     settings = make_settings(kafka, tmp_path, topics=topics(doomed_name, kept_name))
     root = Path(settings.store.root_path)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, doomed) >= max(sent_doomed), 120, "the doomed topic to be remote")
         wait_for(lambda: latest_remote(sidecar, kept) >= max(sent_kept), 120, "the kept topic to be remote")
         doomed_segs = remote_segments(sidecar, doomed)
@@ -164,8 +163,6 @@ def test_deleted_topic_is_purged_through_partition_delete_states(kafka: KafkaClu
         assert_contiguous(remote_segments(sidecar, kept))
         got = read_remote(sidecar, kept, 0)
         assert {o: got[o] for o in got if o in sent_kept} == sent_kept
-    finally:
-        sidecar.stop()
 
 
 # ------------------------------------------------------------------------------------------------- paused
@@ -181,13 +178,10 @@ def test_paused_topic_copies_nothing_but_still_reads_and_expires(kafka: KafkaClu
     settings = make_settings(kafka, tmp_path, topics=topics(paused_name, live_name))
 
     # 1. Unpaused: both topics are tiered.
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, paused) >= max(old_paused), 120, "the paused topic's history")
         wait_for(lambda: latest_remote(sidecar, live) >= max(old_live), 120, "the live topic's history")
         before = remote_segments(sidecar, paused)
-    finally:
-        sidecar.stop()
     assert len(before) >= 4
     assert_contiguous(before)
     paused_end = before[-1].end_offset_inclusive
@@ -204,8 +198,7 @@ def test_paused_topic_copies_nothing_but_still_reads_and_expires(kafka: KafkaClu
                                                                 "retention_bytes": limit}),
                       settings.retention[0]]})
     assert paused_settings.topics.is_paused(paused_name) and not paused_settings.topics.is_paused(live_name)
-    sidecar = Sidecar(paused_settings).start()
-    try:
+    with Sidecar(paused_settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, live) >= max(new_live), 120, "the live topic's new records")
         wait_for(lambda: [s.remote_log_segment_id for s in remote_segments(sidecar, paused)]
                  == [s.remote_log_segment_id for s in keep], 120, "the paused topic's oldest segments to expire")
@@ -223,20 +216,15 @@ def test_paused_topic_copies_nothing_but_still_reads_and_expires(kafka: KafkaClu
         assert_contiguous(live_segs)
         got_live = read_remote(sidecar, live, 0)
         assert {o: got_live[o] for o in got_live if o in old_live or o in new_live} == {**old_live, **new_live}
-    finally:
-        sidecar.stop()
 
     # 3. Unpaused again (unlimited retention): the paused topic resumes right after its last remote offset.
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, paused) >= max(new_paused), 120, "the paused topic to catch up")
         segs = remote_segments(sidecar, paused)
         assert [s.remote_log_segment_id for s in segs[:2]] == [s.remote_log_segment_id for s in keep]
         assert_contiguous(segs, first_offset=keep[0].start_offset)
         got = read_remote(sidecar, paused, paused_end + 1)
         assert {o: got[o] for o in got if o in new_paused} == new_paused
-    finally:
-        sidecar.stop()
 
 
 # ------------------------------------------------------------------------------------------------ backfill
@@ -249,8 +237,7 @@ def test_backfill_of_a_topic_with_history(kafka: KafkaCluster, topic_name: str, 
 
     settings = make_settings(kafka, tmp_path, topics=topics(topic_name))
     rsm = RecordingRsm(settings.store)
-    sidecar = Sidecar(settings, rsm=rsm).start()
-    try:
+    with Sidecar(settings, rsm=rsm) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= local[-1][1], 180, "the whole history to be remote")
         segs = remote_segments(sidecar, tp)
         # Every rolled local segment, as it is on the broker: none skipped, none merged, none twice.
@@ -264,8 +251,6 @@ def test_backfill_of_a_topic_with_history(kafka: KafkaCluster, topic_name: str, 
         assert sorted(got) == list(range(local[-1][1] + 1))  # every offset of the history, in order
         assert {o: got[o] for o in sent} == sent
         wait_for(lambda: sidecar.staging.staged() == [], 30, "staging to be emptied")  # released after FINISHED
-    finally:
-        sidecar.stop()
 
 
 # ---------------------------------------------------------------------------------------------- log dir move

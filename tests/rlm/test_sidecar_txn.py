@@ -34,8 +34,7 @@ def test_read_committed_and_nothing_above_the_lso(kafka: KafkaCluster, topic_nam
         time.sleep(0.35)
         committed |= plain(kafka, topic_name, f"q{round_}", 30)
 
-    sidecar = Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))).start()
-    try:
+    with Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(aborted), 60, "the segments below the LSO to be remote")
         time.sleep(2.0)  # many copy runs while the transaction stays open
         below = remote_segments(sidecar, tp)
@@ -57,8 +56,6 @@ def test_read_committed_and_nothing_above_the_lso(kafka: KafkaCluster, topic_nam
         assert not got.keys() & aborted.keys()
         everything = {r.offset: (r.key, r.value) for r in sidecar.reader.read(tp, 0)}
         assert everything == want | aborted  # read_uncommitted: aborted records too, control batches never
-    finally:
-        sidecar.stop()
 
 
 def test_abort_marker_found_past_a_record_with_a_future_timestamp(kafka: KafkaCluster, topic_name: str,
@@ -83,8 +80,7 @@ def test_abort_marker_found_past_a_record_with_a_future_timestamp(kafka: KafkaCl
     tx.p.abort_transaction(30)           # the ABORT marker, and its transaction index entry, land in N
     future(b"ahead-3", 2000)             # rolls N
     future(b"ahead-4", 3000)
-    sidecar = Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))).start()
-    try:
+    with Sidecar(make_settings(kafka, tmp_path, topics=only(topic_name))) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(aborted) + 3, 60, "the marker's segment to be remote")
         segs = remote_segments(sidecar, tp)
         assert len(segs) >= 3, [(m.start_offset, m.end_offset_inclusive) for m in segs]
@@ -93,5 +89,3 @@ def test_abort_marker_found_past_a_record_with_a_future_timestamp(kafka: KafkaCl
         assert [v for _o, v in got][:2] == [b"ahead-1", b"ahead-2"], got
         everything = {r.offset for r in sidecar.reader.read(tp, 0)}
         assert aborted.keys() <= everything  # read_uncommitted still sees them
-    finally:
-        sidecar.stop()

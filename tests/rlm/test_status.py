@@ -88,13 +88,10 @@ def scene(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Scen
     config = tmp / "sidecar.yaml"
     config.write_text(settings_yaml(settings))
     produce_segments(kafka, hole, 3, 100, segment_ms=300)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         tp = TopicIdPartition(ids[hole], hole, 0)
         wait_for(lambda: latest_remote(sidecar, tp) >= 299, 60, f"{hole}-0 tiered through 299")
         remote_end = latest_remote(sidecar, tp)
-    finally:
-        sidecar.stop()
     # The copy paused (no sidecar): more segments, then a local retention shorter than the pause.
     produce_segments(kafka, hole, 3, 100, segment_ms=300)
     set_topic_config(kafka, hole, retention_ms="500")

@@ -13,14 +13,17 @@
 - ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP (fault injection uses it).
 - ``s3proxy_endpoint``: s3proxy, a real S3 server over a directory, on 127.0.0.1 (jars via Maven, cached in
   ``.cache/s3proxy/``); like the broker it never skips. ``s3_server`` runs a test once per server (moto, s3proxy).
+- ``spark``: a local SparkSession with ``kafka-remote`` registered (started on first use).
 - ``topic_name``: a unique topic name per test (uuid suffix), so tests never see each other's data.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -127,3 +130,29 @@ def s3proxy_endpoint() -> Iterator[str]:
 def s3_server(request: pytest.FixtureRequest) -> str:
     """Each S3 server in turn (the test runs once per server): moto's mock, then s3proxy; yields the URL."""
     return request.getfixturevalue("s3_endpoint" if request.param == "moto" else "s3proxy_endpoint")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local SparkSession: ``local[2]``, workers on this interpreter, modest memory, Python filter pushdown on,
+    ``kafka-remote`` registered."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    _aws_test_credentials()  # the executors' boto3 talks to moto
+    from pyspark.sql import SparkSession
+
+    from rlm.spark import register
+
+    session = (SparkSession.builder.master("local[2]").appName("rlm-spark-tests")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.driver.memory", "1g")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,7 +1,6 @@
-"""Spark tests: a local SparkSession, and remote segments the real broker wrote, tiered by the real sidecar.
+"""Spark tests: remote segments the real broker wrote, tiered by the real sidecar (the ``spark`` session
+fixture is in ``tests/support/fixtures.py``).
 
-- ``spark``: ``local[2]``, workers on this interpreter, modest memory, Python filter pushdown on, ``kafka-remote``
-  registered.
 - ``codec_data``: topic with 5 partitions, partition i produced with codec i (none, gzip, snappy, lz4, zstd):
   keys (some null), values (random bytes, some null, a few of 9000 bytes), headers (some with null values; none
   in the second round), explicit timestamps
@@ -13,12 +12,9 @@
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,32 +52,6 @@ class TieredData:
     aborted: set[int] = field(default_factory=set)            # offsets of the aborted transaction's records
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")   # the executors' boto3 talks to moto
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    from pyspark.sql import SparkSession
-
-    from rlm.spark import register
-
-    session = (SparkSession.builder.master("local[2]").appName("rlm-spark-tests")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 def _latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
     try:
         latest = sidecar.reader.latest_offset(tp)
@@ -96,8 +66,7 @@ def _tier(kafka: KafkaCluster, tmp: Path, data: TieredData, topic_id: uuid.UUID,
     settings = make_settings(kafka, tmp, store=store)
     data.options.update({"kafka.bootstrap.servers": kafka.bootstrap_servers,
                          "metadata.topic": settings.metadata.topic})
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         for p in range(partitions):
             tp = TopicIdPartition(topic_id, data.topic, p)
             last = sorted(data.records[p])[-2]
@@ -106,8 +75,6 @@ def _tier(kafka: KafkaCluster, tmp: Path, data: TieredData, topic_id: uuid.UUID,
             end = _latest_remote(sidecar, tp)
             data.records[p] = {o: r for o, r in data.records[p].items() if o <= end}
             data.segments[p] = len(sidecar.reader.segments(tp))
-    finally:
-        sidecar.stop()
 
 
 @pytest.fixture(scope="session")

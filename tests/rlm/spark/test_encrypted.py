@@ -16,7 +16,7 @@ import pytest
 
 from devtools.devkafka import KafkaCluster
 from tests.kafka_util import produce
-from tests.spark.conftest import SEGMENT_MS, Produced, TieredData, _tier
+from tests.rlm.spark.conftest import SEGMENT_MS, Produced, TieredData, _tier
 from tests.support.spark import collect, expected, load
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

@@ -12,7 +12,7 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.kafka_util import produce
 from tests.rlm.sidecar_util import latest_remote, make_settings, only, remote_segments, wait_for
-from tests.spark.conftest import Produced, TieredData
+from tests.rlm.spark.conftest import Produced, TieredData
 from tests.support.spark import collect, expected, load
 
 
@@ -34,12 +34,9 @@ def test_offload_segments_read_exactly(spark: Any, kafka: KafkaCluster, tmp_path
         for (_p, off), (k, v, _h, t) in zip(produce(kafka, topic, recs, **{"compression.type": codec,
                                                                           "batch.size": 4096}), recs, strict=True):
             data.records[0][off] = Produced(k, v, (), t)
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         wait_for(lambda: latest_remote(sidecar, tp) >= max(data.records[0]), 60, "everything offloaded")
         n_segments = len(remote_segments(sidecar, tp))
-    finally:
-        sidecar.stop()
     assert n_segments > 3
     df = load(spark, data, subscribe=topic, includeHeaders="true")
     assert collect(df) == expected(data)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rlm.spark.options import SparkSourceError, parse_options
-from tests.spark.conftest import CODECS, Produced, TieredData
+from tests.rlm.spark.conftest import CODECS, Produced, TieredData
 from tests.support.spark import collect, expected, load
 
 

@@ -20,7 +20,7 @@ from rlm.sidecar import Sidecar
 from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
 from rlmm.api import TopicIdPartition
 from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
-from tests.spark.conftest import TieredData
+from tests.rlm.spark.conftest import TieredData
 from tests.support.spark import PER_ROUND, Env, Record, start, stream
 
 
@@ -35,11 +35,8 @@ def env(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                                         {"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}])
     options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "metadata.topic": settings.metadata.topic,
                "store": "fs", "store.root_path": str(tmp / "remote")}
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         yield Env(kafka, sidecar, tag, options)
-    finally:
-        sidecar.stop()
 
 
 def sink(spark: Any, out: Path) -> dict[tuple[int, int], Record]:

@@ -49,11 +49,8 @@ def env(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tag = uuid.uuid4().hex[:8]
     tmp = tmp_path_factory.mktemp("spark-recreate")
     settings = make_settings(kafka, tmp, topics={"include": [f"recreate-{tag}-.*"]})
-    sidecar = Sidecar(settings).start()
-    try:
+    with Sidecar(settings) as sidecar:
         yield Env(kafka, sidecar, tag, _options(kafka, settings, tmp))
-    finally:
-        sidecar.stop()
 
 
 def recreate(env: Env, topic: str, partitions: int, *, deleted: bool = False) -> tuple[uuid.UUID, uuid.UUID]:

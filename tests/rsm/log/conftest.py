@@ -1,4 +1,4 @@
-"""Segments written by the real broker, made once per session and shared by the rsm_log tests.
+"""Segments written by the real broker, made once per session and shared by the rsm/log tests.
 
 One topic per codec (the producer compresses, the topic keeps the producer's codec), records with headers,
 null keys, tombstones and explicit timestamps; a several-MiB record; a topic with a committed and an aborted

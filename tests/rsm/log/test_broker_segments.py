@@ -31,7 +31,7 @@ from rsm.log import (
     scan_batches,
 )
 from rsm.log.checkpoint import parse_leader_epoch_checkpoint, parse_partition_metadata
-from tests.rsm_log.conftest import BIG_VALUE_BYTES, CODECS, ROLL_KEY
+from tests.rsm.log.conftest import BIG_VALUE_BYTES, CODECS, ROLL_KEY
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
