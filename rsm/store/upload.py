@@ -35,8 +35,11 @@ __all__ = ["UPLOAD_CONCURRENCY", "UPLOAD_MEMORY_BYTES", "PartBuffers", "new_part
 MiB = 1024 * 1024
 UPLOAD_CONCURRENCY = 10
 """Parts uploading at once, all puts of a store together (the upload pool's threads): s3transfer's default."""
-UPLOAD_MEMORY_BYTES = 64 * MiB
-"""Part buffers one put holds at most (the one filling and those uploading): with 8 MiB parts, 7 in flight."""
+UPLOAD_MEMORY_BYTES = 48 * MiB
+"""Part buffers one put holds at most (the one filling and those uploading): with 8 MiB parts, 5 in flight, about
+190 MB/s on S3's figures (38 MB/s a part's connection). A copy of 512 MiB on the latency emulator measured 60 MiB
+above idle (the part buffers, two 4 MiB blocks, the clients' own): within the design's 64 MiB per copy; at 64 MiB
+(7 in flight) 76 MiB, no faster on the 2-core machine (bench_s3)."""
 
 
 def new_part_buffer(n: int) -> bytearray:
