@@ -173,6 +173,13 @@ class Sidecar:
             self.cleaner.start()
         return self
 
+    def __enter__(self) -> Sidecar:
+        """``with Sidecar(settings) as sidecar:`` starts it, and stops it however the block ends."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, timeout_s: float = 60.0) -> bool:
         """Stop scheduling, let in-flight copies finish their current segment, close clients.
 
@@ -188,13 +195,6 @@ class Sidecar:
         if self._scheduler.running:  # a sidecar never started has no scheduler to shut down
             shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
                                         name="rlm-scheduler-shutdown")
-    def __enter__(self) -> Sidecar:
-        """``with Sidecar(settings) as sidecar:`` starts it, and stops it however the block ends."""
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
             shutdown.start()
             shutdown.join(timeout_s)
             clean = not shutdown.is_alive()
