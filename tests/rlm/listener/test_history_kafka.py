@@ -39,7 +39,7 @@ from kio.schema.produce.v9 import request as produce_v9
 from kio.serial import entity_reader, entity_writer
 from prometheus_client import REGISTRY
 
-from tests.history.conftest import (
+from tests.rlm.listener.conftest import (
     BIG_BYTES,
     CODECS,
     SEGMENT_MS,

@@ -38,9 +38,9 @@ from rlm.config import HistoryListenerSettings, KafkaSettings, SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.history.pki import Pki, make_pki
-from tests.history.raw_wire import call, plain_login
 from tests.kafka_util import grant, produce
+from tests.rlm.listener.pki import Pki, make_pki
+from tests.rlm.listener.raw_wire import call, plain_login
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 from tests.support.fixtures import SASL_READER
 

@@ -4,7 +4,7 @@ An in-process sidecar tiers two small topics once (module fixture) on the sessio
 endpoint with the settings it needs on a free port of 127.0.0.1 and talks to it with raw sockets (kio encodes and
 decodes the messages), since the requests tried here are ones a client library would not send. Every assertion is
 on behaviour: an answer with an error code, a closed connection, a partition error, what the store was asked to
-read. Self-contained: nothing from ``tests/history/conftest.py``.
+read. Self-contained: nothing from ``tests/rlm/listener/conftest.py``.
 
 Topics (``hard-<tag>-<what>``): ``a``, 2 partitions of 3 segments each (batches of 10 records of 1 KB: about 10 KB
 per batch, 64 KiB blocks); ``b``, 1 partition of 2 segments, made unreadable by the test that needs it.
@@ -33,8 +33,8 @@ from rlm.config import HistoryListenerSettings, SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.history.raw_wire import call, closed, kstr, recv_frame, request
 from tests.kafka_util import produce
+from tests.rlm.listener.raw_wire import call, closed, kstr, recv_frame, request
 from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

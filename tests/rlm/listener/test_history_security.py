@@ -4,7 +4,7 @@ unauthenticated listener other hosts can reach.
 Against the real broker: an in-process sidecar tiers a small topic once (module fixture); each test starts the
 endpoint with one security set-up on a free port of 127.0.0.1 and reads the tier with confluent-kafka (``assign``),
 and, for SCRAM, with Kafka's Java console consumer. Certificates (a CA, the endpoint's, a client's) are made here
-with ``cryptography``. Self-contained: nothing from ``tests/history/conftest.py``.
+with ``cryptography``. Self-contained: nothing from ``tests/rlm/listener/conftest.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from rlm.config import ConfigError, HistoryListenerSettings, SidecarSettings, lo
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.history.pki import Pki, make_pki
-from tests.history.raw_wire import closed, kstr, recv_frame, request
+from tests.rlm.listener.pki import Pki, make_pki
+from tests.rlm.listener.raw_wire import closed, kstr, recv_frame, request
 from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
