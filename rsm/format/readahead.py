@@ -5,11 +5,15 @@ of many blocks instead asks for them in requests of about ``request_bytes`` (who
 in flight on the process's shared I/O pool (:func:`rsm.format.crypto.worker_pool`), and hands them out in order.
 
 Bounds: a reader starts requests while the bytes it has in flight or fetched and not yet handed out stay within
-``budget_bytes``, and the process's within :data:`PROCESS_BUDGET_BYTES` (one request per reader at least, so every
-reader moves), so a reader holds at most ``budget_bytes`` ahead plus the request being parsed (its entries are views
-of it; a caller keeping an entry keeps that request's buffer). The process's total is :func:`read_ahead_bytes` and
-the gauge ``rsm_read_ahead_bytes``. The caller reads ahead only blocks that fit the budget twice over
-(:meth:`rsm.format.reader.SegmentReader.iter_entries`; larger ones stream entry by entry, as without read-ahead).
+``budget_bytes`` and within its fair share of the process's :data:`PROCESS_BUDGET_BYTES` (that budget divided by the
+readers reading now), and the process's within that budget (one request per reader at least, so every reader
+moves), so a reader holds at most ``budget_bytes`` ahead plus the request being parsed (its entries are views of it;
+a caller keeping an entry keeps that request's buffer). Fair: a reader that came first gives back what passes its
+share as it hands blocks out (it starts no request until it is under it), so one that comes later grows its window
+to its share instead of reading one request at a time behind the first. The process's total is
+:func:`read_ahead_bytes` and the gauge ``rsm_read_ahead_bytes``. The caller reads ahead only blocks that fit the
+budget twice over (:meth:`rsm.format.reader.SegmentReader.iter_entries`; larger ones stream entry by entry, as
+without read-ahead).
 
 Order and errors: blocks come out in order; a request's error is raised when its blocks are asked for, never
 earlier. Closing early (the caller stops iterating: a bounded Fetch, an early ``close``) cancels the requests not
@@ -30,7 +34,8 @@ from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo
 from rsm.store.base import Store
 
-__all__ = ["DEFAULT_REQUEST_BYTES", "PROCESS_BUDGET_BYTES", "ReadAhead", "new_block_buffer", "read_ahead_bytes"]
+__all__ = ["DEFAULT_REQUEST_BYTES", "PROCESS_BUDGET_BYTES", "ReadAhead", "fair_share_bytes", "new_block_buffer",
+           "read_ahead_bytes"]
 
 MiB = 1024 * 1024
 DEFAULT_REQUEST_BYTES = 8 * MiB
@@ -42,12 +47,25 @@ _READ_AHEAD_BYTES = Gauge("rsm_read_ahead_bytes", "Bytes of blocks read ahead: i
                           "handed to their reader")
 _lock = threading.Lock()
 _held = 0
+_readers = 0  # ReadAhead windows open now (started iterating, not yet closed)
 
 
 def read_ahead_bytes() -> int:
     """Bytes the process's read-ahead windows hold now (in flight, or fetched and not yet handed out)."""
     with _lock:
         return _held
+
+
+def fair_share_bytes() -> int:
+    """What one reader may read ahead of the process's budget now: the budget divided by the readers reading."""
+    with _lock:
+        return PROCESS_BUDGET_BYTES // max(1, _readers)
+
+
+def _reading(n: int) -> None:
+    global _readers
+    with _lock:
+        _readers += n
 
 
 def _account(n: int) -> None:
@@ -99,11 +117,18 @@ class ReadAhead:
         self._pending: deque[tuple[Future[bytearray], int, list[BlockInfo]]] = deque()
         self._in_window = 0  # bytes of this reader's pending requests (each released once, when it is dropped)
         self._closed = False
+        self._counted = False  # among the readers sharing the process's budget
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of this reader's requests in flight, or fetched and not yet handed out."""
+        return self._in_window
 
     def _fill(self) -> None:
+        budget = min(self._budget, fair_share_bytes())
         while self._units:
             length = self._units[0][1]
-            if self._pending and (self._in_window + length > self._budget
+            if self._pending and (self._in_window + length > budget
                                   or read_ahead_bytes() + length > PROCESS_BUDGET_BYTES):
                 return
             pos, length, unit = self._units.popleft()
@@ -117,6 +142,9 @@ class ReadAhead:
         _account(-length)
 
     def __iter__(self) -> Iterator[memoryview]:
+        if not self._closed and not self._counted:
+            self._counted = True
+            _reading(1)
         try:
             while not self._closed and (self._pending or self._units):
                 self._fill()
@@ -136,6 +164,9 @@ class ReadAhead:
     def close(self) -> None:
         """Stop: cancel the requests not started; a running one's buffer is released when it finishes."""
         self._closed = True
+        if self._counted:
+            self._counted = False
+            _reading(-1)
         self._units.clear()
         while self._pending:
             fut, length, _ = self._pending.popleft()

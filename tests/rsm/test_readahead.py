@@ -198,3 +198,35 @@ def _settle() -> bool:
     while readahead.read_ahead_bytes() and time.monotonic() < deadline:
         time.sleep(0.01)
     return readahead.read_ahead_bytes() == 0
+
+
+def test_readers_share_the_process_budget_fairly(tmp_path: Path, monkeypatch) -> None:
+    """A reader that comes second grows its window to its share (half the process's budget) as the first hands
+    blocks out, instead of reading one request at a time behind it; neither passes its share plus one request."""
+    store = FileSystemStore(tmp_path / "remote")
+    md, _ = _copy(store, tmp_path / "local")
+    ledger = RemoteStorageManager(RsmConfig(**SMALL), store).reader(md).ledger
+    blocks = [b for b in ledger.blocks if b.object_number == 0]
+    key = RemoteStorageManager(RsmConfig(**SMALL), store).keys(md).data(0)
+    assert len(blocks) >= 10 and max(b.block_length for b in blocks) <= 16 * KiB
+    monkeypatch.setattr(readahead, "PROCESS_BUDGET_BYTES", 64 * KiB)
+    first = readahead.ReadAhead(store, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
+    second = readahead.ReadAhead(store, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
+    a, b = iter(first), iter(second)
+    try:
+        next(a)
+        assert first.held_bytes > 32 * KiB  # alone: the whole budget
+        assert readahead.fair_share_bytes() == 64 * KiB
+        next(b)
+        assert readahead.fair_share_bytes() == 32 * KiB
+        most_second = 0
+        for _ in range(4):
+            next(a)
+            next(b)
+            most_second = max(most_second, second.held_bytes)
+            assert first.held_bytes <= 32 * KiB + 16 * KiB and second.held_bytes <= 32 * KiB + 16 * KiB
+        assert most_second > 16 * KiB  # more than one request in flight: not starved by the first
+    finally:
+        a.close()  # type: ignore[attr-defined]
+        b.close()  # type: ignore[attr-defined]
+    assert readahead.fair_share_bytes() == 64 * KiB  # both closed: no reader counted
