@@ -25,11 +25,12 @@ MiB = 1024 * 1024
 
 
 class SlowFirst:
-    """A request whose first sending, in each call, waits until a second sending starts (or ``wait_s`` passes):
-    the hedge, when one is sent, always answers first."""
+    """A request whose first sending, in each call, waits until a second sending starts (or ``wait_s`` passes);
+    with ``release`` it waits for that event instead (set once the call returned: only the hedge can answer it)."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, release: threading.Event | None = None) -> None:
         self.wait_s = wait_s
+        self.release = release
         self.discarded: list[str] = []
         self._lock = threading.Lock()
         self._calls = 0
@@ -47,7 +48,7 @@ class SlowFirst:
             else:
                 mine, first = self._second, False
         if first:
-            mine.wait(self.wait_s)
+            (self.release or mine).wait(self.wait_s)
             return "first"
         mine.set()
         return "second"
@@ -58,10 +59,14 @@ class SlowFirst:
 
 
 def test_a_slow_request_is_hedged_and_the_loser_discarded() -> None:
-    req = SlowFirst(wait_s=10)
+    release = threading.Event()
+    req = SlowFirst(wait_s=10, release=release)
     h: Hedger[str] = Hedger(1.0, req.discard, store="test", fixed_delay_s=0.001)
     won = hedge.HEDGED.labels("test", "won")._value.get()
-    assert h.call(req) == "second"  # the first waits for the second: only the hedge can end it early
+    try:
+        assert h.call(req) == "second"  # the first answers only once the call returned: the hedge must answer it
+    finally:
+        release.set()
     assert req.discard_seen.wait(10) and req.discarded == ["first"]
     assert (h.hedges, h.won) == (1, 1)
     assert hedge.HEDGED.labels("test", "won")._value.get() == won + 1
