@@ -109,6 +109,10 @@ class TaskSettings(_Frozen):
         "answering another topic id) on purge_rounds consecutive discovery rounds spanning at least this long"))
     purge_rounds: int = Field(3, ge=1, le=1000)
     discovery_interval_ms: int = Field(10 * SECOND_MS, ge=100)
+    rescan_interval_ms: int = Field(60 * SECOND_MS, ge=1000, description=(
+        "the safety net behind the log dirs' filesystem notifications: every partition directory is listed (a roll "
+        "whose event was missed is found), and a discovery round describes every topic and reads their configs "
+        "even when the cluster's metadata did not change"))
     copy_workers: int = Field(2, ge=1, le=64)
 
     @model_validator(mode="before")

@@ -37,7 +37,7 @@ from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 
 __all__ = ["Classification", "ClusterView", "LocalPartition", "PartitionInfo", "Skip", "TopicLookup", "classify",
-           "scan_log_dirs"]
+           "partition_key", "scan_log_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,13 @@ class LocalPartition:
     topic: str
     partition: int
     path: Path
+
+
+def partition_key(name: str) -> tuple[str, int] | None:
+    """``(topic, partition)`` of a partition directory's name (``<topic>-<partition>``); None for anything else
+    (checkpoint files, ``-future``, ``-delete`` and ``-stray`` directories)."""
+    m = _PARTITION_DIR.match(name)
+    return (m["topic"], int(m["partition"])) if m else None
 
 
 def scan_log_dirs(log_dirs: Iterable[Path]) -> dict[tuple[str, int], LocalPartition]:
@@ -64,10 +71,9 @@ def scan_log_dirs(log_dirs: Iterable[Path]) -> dict[tuple[str, int], LocalPartit
             log.warning("log dir missing", extra={"log_dir": str(log_dir)})
             continue
         for entry in entries:
-            m = _PARTITION_DIR.match(entry.name)
-            if not m or not entry.is_dir():
+            key = partition_key(entry.name)
+            if key is None or not entry.is_dir():
                 continue  # checkpoints, meta.properties, *-future / *-delete / *-stray directories
-            key = (m["topic"], int(m["partition"]))
             if key in found:
                 log.warning("partition in two log dirs", extra={"partition": f"{key[0]}-{key[1]}",
                                                                 "kept": str(found[key].path), "ignored": str(entry)})
@@ -228,6 +234,24 @@ class ClusterView:
                 leader = p.leader.id if p.leader is not None else -1
                 out[(name, p.id)] = PartitionInfo(name, tid, p.id, leader, tuple(r.id for r in p.replicas))
         return out
+
+    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
+        """A hash of what one Metadata request (all topics) says of ``topics``: each one's error or partitions, with
+        their leaders, replicas and errors (a topic absent from the answer hashes as absent). Equal fingerprints: the
+        leadership of these topics did not change between the two requests. Topic ids and configs are not in it (a
+        topic re-created under its name shows in the log dirs; configs are read by every full discovery round).
+        Raises when no broker answers (it proves the cluster answers, as :meth:`cluster_id`)."""
+        md = self._drained().list_topics(timeout=self.timeout_s)
+        items: list[object] = []
+        for name in sorted(set(topics)):
+            t = md.topics.get(name)
+            if t is None:
+                items.append((name, None))
+                continue
+            items.append((name, t.error.code() if t.error is not None else None, tuple(sorted(
+                (p.id, p.leader, tuple(p.replicas), p.error.code() if p.error is not None else None)
+                for p in t.partitions.values()))))
+        return hash(tuple(items))
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
         """Describe each of ``topics`` explicitly by name; every name gets an answer: its topic id or its error.

@@ -40,7 +40,7 @@ from rsm.log.partition import PartitionDir, Segment
 if TYPE_CHECKING:
     from rlm.config import HealthSettings
 
-__all__ = ["Margin", "StoreHealth", "liveness", "log_dir_problems", "readiness", "retention_margin"]
+__all__ = ["Margin", "MarginCache", "StoreHealth", "liveness", "log_dir_problems", "readiness", "retention_margin"]
 
 
 def readiness(h: HealthSettings, *, discovery_interval_ms: float, last_discovery_ok: float | None,
@@ -92,24 +92,87 @@ class Margin:
 def retention_margin(partition_dir: Path, tiered_offset: int, staged_bases: Iterable[int], *,
                      retention_ms: int | None, retention_bytes: int | None, now_ms: float | None = None) -> Margin:
     """The margin of one partition (see the module doc). ``tiered_offset``: the highest offset tiered (-1: none)."""
-    now_ms = time.time() * 1000 if now_ms is None else now_ms
-    segments = PartitionDir(partition_dir).segments()
-    staged = set(staged_bases)
-    sizes = [_size(s.log_path) for s in segments]
-    total = sum(sizes)
-    cum = 0
-    for i, seg in enumerate(segments):
-        cum += sizes[i]
-        end = segments[i + 1].base_offset - 1 if i + 1 < len(segments) else None
-        if (end is not None and end <= tiered_offset) or seg.base_offset in staged:
-            continue
-        if end is None and not sizes[i]:
-            break  # an empty active segment: nothing at risk
-        ms = math.inf if retention_ms is None or retention_ms < 0 else (
-            _largest_timestamp(seg) + retention_ms - now_ms)
-        by = math.inf if retention_bytes is None or retention_bytes < 0 else retention_bytes + cum - total
-        return Margin(ms / 1000, by, seg.base_offset)
-    return Margin(math.inf, math.inf, None)
+    return _Listing(partition_dir).margin(tiered_offset, staged_bases, retention_ms=retention_ms,
+                                          retention_bytes=retention_bytes, now_ms=now_ms)
+
+
+class MarginCache:
+    """:func:`retention_margin` of many partitions, every few seconds, without listing each directory every time.
+
+    Per partition directory, the segment list, the rolled segments' sizes and largest timestamps are kept while the
+    directory's mtime is the same (a roll, a retention rename or delete changes it); the active segment is
+    ``stat``-ed each time (appends grow it). A listing is kept only once its directory's mtime is
+    :data:`SETTLED_NS` old: two changes within one tick of the filesystem's clock may leave the same mtime.
+    Thread-safe enough for one caller (the gauges job)."""
+
+    SETTLED_NS = 2_000_000_000
+
+    def __init__(self) -> None:
+        self._listings: dict[Path, tuple[int, _Listing]] = {}
+
+    def margin(self, partition_dir: Path, tiered_offset: int, staged_bases: Iterable[int], *,
+               retention_ms: int | None, retention_bytes: int | None, now_ms: float | None = None) -> Margin:
+        """As :func:`retention_margin`; raises FileNotFoundError when the directory is gone."""
+        mtime_ns = os.stat(partition_dir).st_mtime_ns
+        kept = self._listings.get(partition_dir)
+        if kept is not None and kept[0] == mtime_ns:
+            listing = kept[1]
+        else:
+            listing = _Listing(partition_dir)
+            if time.time_ns() - mtime_ns >= self.SETTLED_NS:
+                self._listings[partition_dir] = (mtime_ns, listing)
+            else:
+                self._listings.pop(partition_dir, None)
+        return listing.margin(tiered_offset, staged_bases, retention_ms=retention_ms,
+                              retention_bytes=retention_bytes, now_ms=now_ms)
+
+    def keep_only(self, partition_dirs: Iterable[Path]) -> None:
+        """Forget the listings of every other directory (partitions no longer led)."""
+        keep = set(partition_dirs)
+        for path in set(self._listings) - keep:
+            del self._listings[path]
+
+
+class _Listing:
+    """A partition directory's segments, listed once; the rolled ones' sizes and largest timestamps read once."""
+
+    def __init__(self, partition_dir: Path) -> None:
+        self.segments = PartitionDir(partition_dir).segments()
+        self._rolled_sizes = [_size(s.log_path) for s in self.segments[:-1]]
+        self._largest: dict[int, float] = {}
+
+    def margin(self, tiered_offset: int, staged_bases: Iterable[int], *, retention_ms: int | None,
+               retention_bytes: int | None, now_ms: float | None) -> Margin:
+        now_ms = time.time() * 1000 if now_ms is None else now_ms
+        segments = self.segments
+        active: os.stat_result | None = None
+        if segments:
+            try:
+                active = segments[-1].log_path.stat()
+            except FileNotFoundError:
+                pass
+        staged = set(staged_bases)
+        sizes = [*self._rolled_sizes, active.st_size if active is not None else 0] if segments else []
+        total = sum(sizes)
+        cum = 0
+        for i, seg in enumerate(segments):
+            cum += sizes[i]
+            end = segments[i + 1].base_offset - 1 if i + 1 < len(segments) else None
+            if (end is not None and end <= tiered_offset) or seg.base_offset in staged:
+                continue
+            if end is None and not sizes[i]:
+                break  # an empty active segment: nothing at risk
+            if retention_ms is None or retention_ms < 0:
+                ms = math.inf
+            elif end is None:  # the active segment: its index is preallocated, its mtime is its newest append
+                ms = (active.st_mtime * 1000 if active is not None else now_ms) + retention_ms - now_ms
+            else:
+                if seg.base_offset not in self._largest:
+                    self._largest[seg.base_offset] = _largest_timestamp(seg)
+                ms = self._largest[seg.base_offset] + retention_ms - now_ms
+            by = math.inf if retention_bytes is None or retention_bytes < 0 else retention_bytes + cum - total
+            return Margin(ms / 1000, by, seg.base_offset)
+        return Margin(math.inf, math.inf, None)
 
 
 def _size(path: Path) -> int:
@@ -120,13 +183,12 @@ def _size(path: Path) -> int:
 
 
 def _largest_timestamp(seg: Segment) -> float:
-    """Kafka's ``LogSegment.largestTimestamp``: the time index's largest timestamp, else the file's mtime (the
-    active segment's index is preallocated: its mtime is used, as good as its newest append)."""
+    """Kafka's ``LogSegment.largestTimestamp`` of a rolled segment: its time index's largest timestamp, else the
+    file's mtime."""
     try:
-        if not seg.is_active:
-            entries = read_time_index(seg.time_index_path, seg.base_offset)
-            if entries:
-                return float(max(e.timestamp_ms for e in entries))
+        entries = read_time_index(seg.time_index_path, seg.base_offset)
+        if entries:
+            return float(max(e.timestamp_ms for e in entries))
         return seg.log_path.stat().st_mtime * 1000
     except (FileNotFoundError, ValueError):
         return time.time() * 1000

@@ -11,12 +11,20 @@ Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; e
 - ``discovery`` (``tasks.discovery_interval_ms``): partitions in the log dirs x leaders in the cluster. Starts a
   copy job for each partition this broker leads, stops the ones it no longer leads (the running copy stops between
   segments), tells the metadata manager which partitions to follow (followers keep remote state current for
-  reads), and purges the remote data of topics deleted on the cluster.
+  reads), and purges the remote data of topics deleted on the cluster. A round is *cheap* (one Metadata request,
+  the last full round's answer kept) while nothing it rests on changed: no partition directory came or went
+  (:attr:`rlm.watch.LogDirWatcher.layout_version`), the leaders and replicas of the topics are the same
+  (:meth:`rlm.discovery.ClusterView.metadata_fingerprint`), no deleted topic's evidence is being gathered, and the
+  last full round (topics described, configs read, ``partition.metadata`` files read) is less than
+  ``tasks.rescan_interval_ms`` old.
 - ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``):
   :class:`rlm.tasks.copier.PartitionCopier`; for a topic in streaming mode (``offload`` rules) every
-  ``poll_interval_ms``: :class:`rlm.tasks.offload.StreamingOffloader`.
-- ``stage`` (the shorter of the discovery and copy intervals): hard-links newly rolled segments of led
-  partitions between copy runs, so local retention shorter than the copy interval loses nothing.
+  ``poll_interval_ms``: :class:`rlm.tasks.offload.StreamingOffloader`. A segment-mode job whose run found the
+  partition caught up sleeps until its directory changes (:meth:`rlm.tasks.leadership.Leadership.sleep`).
+- ``stage`` (the shorter of the discovery and copy intervals): the partition directories the log-dir watcher saw
+  change (:mod:`rlm.watch`: inotify, and a full listing every ``tasks.rescan_interval_ms``): their newly rolled
+  segments are hard-linked between copy runs, so local retention shorter than the copy interval loses nothing, and
+  their sleeping copy jobs are woken.
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
 - ``gc`` (``tasks.gc_interval_ms``): objects no metadata owns, after a grace period.
 - ``gauges`` (every 5 s): staging bytes, metadata caught up, log dirs, retention margins.
@@ -36,7 +44,7 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
@@ -47,8 +55,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from rlm import metrics
 from rlm.coalesce import Coalescer
 from rlm.config import SidecarSettings, TaskSettings
-from rlm.discovery import ClusterView, classify, scan_log_dirs
-from rlm.health import Margin, StoreHealth, liveness, log_dir_problems, readiness, retention_margin
+from rlm.discovery import ClusterView, PartitionInfo, Skip, classify, scan_log_dirs
+from rlm.health import Margin, MarginCache, StoreHealth, liveness, log_dir_problems, readiness
 from rlm.known import KnownPartitions
 from rlm.rlmm_config import make_rlmm
 from rlm.state import StateDir
@@ -60,6 +68,7 @@ from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
 from rlm.tier import RemoteReader
+from rlm.watch import LogDirWatcher
 from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
 from rsm.errors import RemoteStorageError
 from rsm.log.errors import LogFormatError
@@ -122,8 +131,14 @@ class Sidecar:
         self.store_copies = StoreHealth()
         self._local_retention: dict[str, tuple[int | None, int | None]] = {}
         self.margins: dict[TopicIdPartition, Margin] = {}
+        self._margin_cache = MarginCache()  # each led partition's segment listing while its directory is unchanged
         metrics.MIN_RETENTION_MARGIN_SECONDS.set(s.health.min_retention_margin_ms / 1000)  # the alert's threshold
         self.log_dir_problems: dict[str, str] = log_dir_problems(s.log_dirs)
+        self.watcher = LogDirWatcher(s.log_dirs, rescan_interval_s=s.tasks.rescan_interval_ms / 1000)
+        """Which partition directories changed (inotify, and a rescan every ``tasks.rescan_interval_ms``)."""
+        self._last_full: _FullRound | None = None  # what the last full discovery round saw (cheap rounds reuse it)
+        self.full_rounds = 0
+        """Discovery rounds that described every topic (the others were cheap: see the module doc)."""
 
     # ------------------------------------------------------------------------------------------ writers
     def _open_writers(self) -> None:
@@ -208,6 +223,7 @@ class Sidecar:
         self.rlmm.close()
         if clean:
             self.view.close()  # no admin client left retrying a cluster that may be stopping too
+        self.watcher.close()
         if self._owns_rsm:
             self.rsm.close()
         log.info("sidecar stopped", extra={"clean": clean})
@@ -244,12 +260,14 @@ class Sidecar:
         if found is None:
             self.deletions.reset()
             return
-        leaders, followers = found
+        leaders, followers, full = found
         self.known.add(list(leaders) + list(followers))
         if not self._serve(leaders, followers, self.release_unled_staging):
             self.deletions.reset()
+            self._last_full = None
             return
-        self._purge_deleted_topics()
+        if full:  # a cheap round is one where no known topic left the cluster's answer and no evidence is pending
+            self._purge_deleted_topics()
         self.last_discovery_ok = time.time()
 
     def follow(self) -> None:
@@ -258,13 +276,14 @@ class Sidecar:
         found = self._discovery_round()
         if found is None:
             return
-        leaders, followers = found
+        leaders, followers, _full = found
         if self._serve({}, followers | set(leaders)):
             self.last_discovery_ok = time.time()
 
-    def _discovery_round(self) -> tuple[dict[TopicIdPartition, Path], set[TopicIdPartition]] | None:
-        """The tiered partitions in the log dirs, as (led here -> partition dir, followed), from the cluster's
-        leaders, topic ids and configs; None when stopping or the cluster did not answer (logged, in /health)."""
+    def _discovery_round(self) -> tuple[dict[TopicIdPartition, Path], set[TopicIdPartition], bool] | None:
+        """The tiered partitions in the log dirs, as (led here -> partition dir, followed, whether this round was a
+        full one), from the cluster's leaders, topic ids and configs; None when stopping or the cluster did not answer
+        (logged, in /health). A cheap round (see the module doc) answers what the last full round found."""
         if self.leadership.stopping:
             return None
         s = self.settings
@@ -272,24 +291,42 @@ class Sidecar:
         self.log_dir_problems = log_dir_problems(s.log_dirs)
         self._probe_store()
         try:
+            layout = self.watcher.poll()
+            last = self._last_full
+            now = time.monotonic()
+            if (last is not None and layout == last.layout and now - last.at < s.tasks.rescan_interval_ms / 1000
+                    and not (not self.read_only and self.deletions.pending())
+                    and self.view.metadata_fingerprint(self._fingerprinted(last.names)) == last.fingerprint):
+                return last.leaders, last.followers, False
             local = scan_log_dirs(s.log_dirs)
             candidates = {k: v for k, v in local.items() if s.topics.tiered(k[0])}
             names = {t for t, _ in candidates}
+            # before describing: a change between the two shows in the next round's fingerprint
+            fingerprint = self.view.metadata_fingerprint(self._fingerprinted(names))
+            cluster: dict[tuple[str, int], PartitionInfo] = {}
             if names:
                 cluster = self.view.partitions(names, skip_unauthorized=True)
-            else:
-                self.view.cluster_id()  # nothing to describe: still prove the cluster answers (health: broker)
-                cluster = {}
             configs = self.view.topic_configs(names) if names else {}
             compaction = self.view.compaction(names, configs)
             self._local_retention = {t: (_int(c.get("retention.ms")), _int(c.get("retention.bytes")))
                                      for t, c in configs.items() if c is not None}
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
+            self._last_full = None
             log.warning("discovery failed", extra={"error": str(err)})
             return None
         found = classify(candidates, cluster, compaction, s.broker_id)
-        return found.leaders, found.followers
+        self.full_rounds += 1
+        # A partition skipped for want of an answer (not described, config unknown, no partition.metadata yet) may
+        # get one next round with the same fingerprint: the next round is full too (as every round was before).
+        self._last_full = None if any(why in _UNANSWERED for why in found.skipped.values()) else _FullRound(
+            now, layout, fingerprint, frozenset(names), found.leaders, found.followers)
+        return found.leaders, found.followers, True
+
+    def _fingerprinted(self, names: Iterable[str]) -> set[str]:
+        """The topics whose metadata a cheap round compares: the tiered ones in the log dirs, and every topic once
+        served (a deleted one leaves the answer, and the next round is full: the deleted-topic check runs)."""
+        return set(names) | ({tp.topic for tp in self.known.all()} if not self.read_only else set())
 
     def _serve(self, leaders: dict[TopicIdPartition, Path], followers: set[TopicIdPartition],
                then: Callable[[set[TopicIdPartition]], object] | None = None) -> bool:
@@ -326,18 +363,21 @@ class Sidecar:
             return None
         return got
 
-    def _copy_run(self, led: Led) -> None:
+    def _copy_run(self, led: Led) -> bool:
+        """One copy run of ``led``; True when it ended with the partition caught up (segment mode: every rolled
+        segment tiered, nothing staged; :meth:`PartitionCopier.caught_up`): its job may sleep until the directory
+        changes."""
         tp = led.tp
         try:
             try:
                 self._wait_ready([tp])
             except PartitionNotServedError:
                 if led.stop.is_set():
-                    return  # no longer led: discovery stopped serving it while this run waited
+                    return False  # no longer led: discovery stopped serving it while this run waited
                 raise
             got = self._leader_epoch(led)
             if got is None or led.stop.is_set():
-                return  # leadership lost while this run waited (up to 30 s for the cache): a stale run does nothing
+                return False  # leadership lost while waiting (up to 30 s for the cache): a stale run does nothing
             lso, epoch = got
 
             def current_epoch() -> int | None:
@@ -348,20 +388,23 @@ class Sidecar:
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
             task = led.offloader if led.offloader is not None else led.copier
-            task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
+            result = task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
             self.store_copies.ok()
+            return (task is led.copier and not result.fenced and not result.cancelled and not led.stop.is_set()
+                    and led.copier.caught_up())
         except Exception as err:  # noqa: BLE001 - logged, counted; the next run retries
             if led.cancel.is_set():
                 # the partition went away under the run (its directory deleted with its topic, leadership moved):
                 # what failed was cut short by that, not a fault; the new leader or the purge takes over
                 log.info("copy run ended early: the partition is no longer led here", extra={
                     "partition": str(tp), "error": str(err)})
-                return
+                return False
             if isinstance(err, RemoteStorageError) or isinstance(err.__cause__, RemoteStorageError):
                 self.store_copies.failed(err)
             metrics.ERRORS.labels("copy-task").inc()
             self.last_error = f"copy {tp}: {err}"
             log.exception("copy task failed", extra={"partition": str(tp)})
+            return False
 
     def _wait_ready(self, tps: list[TopicIdPartition]) -> None:
         """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
@@ -369,9 +412,10 @@ class Sidecar:
 
     # ------------------------------------------------------------------------------------------- staging
     def stage(self) -> None:
-        """Hard-link newly rolled segments of every led partition (between copy runs: see stage_rolled); paused
-        topics are not staged (they are not copied either)."""
-        for led in self.leadership.each_led():
+        """The led partitions whose directory changed (:meth:`LogDirWatcher.changes <rlm.watch.LogDirWatcher.changes>`):
+        their sleeping copy jobs woken, their newly rolled segments hard-linked (between copy runs: see
+        stage_rolled); paused topics are not staged (they are not copied either)."""
+        for led in self.leadership.wake(self.watcher.changes().partitions):
             if self.settings.topics.is_paused(led.tp.topic):
                 continue
             try:
@@ -452,15 +496,16 @@ class Sidecar:
             metrics.LOG_DIR_OK.labels(str(d)).set(0 if str(d) in self.log_dir_problems else 1)
 
     def _refresh_margins(self) -> None:
-        """Each led partition's retention margin (:func:`rlm.health.retention_margin`), as gauges."""
+        """Each led partition's retention margin (:func:`rlm.health.retention_margin`, listings kept while a directory
+        is unchanged: :class:`rlm.health.MarginCache`), as gauges."""
         margins: dict[TopicIdPartition, Margin] = {}
         for led in self.leadership.each_led():
             tp = led.tp
             retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
             try:
-                m = retention_margin(led.path, led.copier.tiered_offset,
-                                     [x.base_offset for x in self.staging.staged(tp)],
-                                     retention_ms=retention_ms, retention_bytes=retention_bytes)
+                m = self._margin_cache.margin(led.path, led.copier.tiered_offset,
+                                              [x.base_offset for x in self.staging.staged(tp)],
+                                              retention_ms=retention_ms, retention_bytes=retention_bytes)
             except (FileNotFoundError, LogFormatError):
                 continue  # the partition dir went away (moved, deleted): the next discovery round says
             margins[tp] = m
@@ -473,6 +518,7 @@ class Sidecar:
                 except KeyError:
                     pass
         self.margins = margins
+        self._margin_cache.keep_only(led.path for led in self.leadership.each_led())
 
     def _probe_store(self) -> None:
         try:
@@ -483,6 +529,22 @@ class Sidecar:
                                                      "in_a_row": self.store_probes.consecutive_failures})
         else:
             self.store_probes.ok()
+
+
+_UNANSWERED = frozenset({Skip.NOT_DESCRIBED, Skip.CONFIG_UNKNOWN, Skip.NO_PARTITION_METADATA})
+"""Skips that the next round may answer otherwise without a change in the metadata fingerprint or the log dirs."""
+
+
+@dataclass(frozen=True, slots=True)
+class _FullRound:
+    """What a full discovery round saw, and the answer it gave (a cheap round gives it again)."""
+
+    at: float  # time.monotonic()
+    layout: int  # the watcher's layout_version
+    fingerprint: int  # ClusterView.metadata_fingerprint of the topics below (and the known ones)
+    names: frozenset[str]  # the tiered topics in the log dirs
+    leaders: dict[TopicIdPartition, Path]
+    followers: set[TopicIdPartition]
 
 
 @dataclass(frozen=True, slots=True)

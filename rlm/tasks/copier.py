@@ -121,6 +121,8 @@ class PartitionCopier:
         # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
         # at its next block and is removed (rsm CopyCancelledError), instead of running to its end to be fenced.
         self.cancel = cancel
+        # Another broker's copies left COPY_SEGMENT_STARTED that the last clean-up let be (young: maybe in flight).
+        self._unfinished_waiting = 0
 
     # --------------------------------------------------------------------------------------------- staging
     @property
@@ -211,6 +213,7 @@ class PartitionCopier:
         COPY_SEGMENT_FINISHED once we start a copy (objects a zombie still writes after this are GC's)."""
         now_ms = int(time.time() * 1000)
         n = 0
+        self._unfinished_waiting = 0
         for md in self.rlmm.list_remote_log_segments(self.tp):
             if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
                 deleting = md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
@@ -222,6 +225,7 @@ class PartitionCopier:
             fenced = leader_epoch is not None and md.broker_leader_epoch is not None \
                 and md.broker_leader_epoch < leader_epoch
             if md.broker_id != self.broker_id and not fenced and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
+                self._unfinished_waiting += 1
                 continue
             if self._delete_left(md, "unfinished-copy"):
                 n += 1
@@ -293,6 +297,16 @@ class PartitionCopier:
             self.staging.release(s)
         self.write_watermark()
         return result
+
+    def caught_up(self) -> bool:
+        """Nothing left for a later run unless the partition directory changes: a run has happened, every rolled local
+        segment is tiered (up to the last run's resume point), nothing is staged, and no other broker's young copy
+        waits for the clean-up to judge it abandoned. The sidecar lets the copy job sleep then, until the log-dir
+        watcher sees the directory change (:mod:`rlm.watch`). One listing of the partition directory."""
+        highest = self._highest
+        if highest is None or self._unfinished_waiting or self.staging.staged(self.tp):
+            return False
+        return all(end <= highest for _base, end in PartitionDir(self.partition_dir).rolled_ranges())
 
     def resume_point(self, epochs: list[EpochEntry]) -> int:
         """The highest offset tiered along this broker's lineage (-1: none): copying resumes right after it."""

@@ -13,11 +13,19 @@ followed set) and the stopping flag. Whenever it is free:
 1. the metadata manager has been told of exactly the partitions led and followed (a call that raised changed
    nothing: :class:`LeadershipChangeError`, the next round tries again), and a copy job is scheduled for each led
    partition and for no other;
-2. once :meth:`stop` has set the stopping flag (under the lock), no copy job is added or removed: apscheduler's
-   shutdown holds the scheduler's locks while it joins the job threads, and a job adding or removing one then would
-   deadlock it. :meth:`serve` refuses (returns False) from then on;
+2. once :meth:`stop` has set the stopping flag (under the lock), no copy job is added, removed, paused or woken:
+   apscheduler's shutdown holds the scheduler's locks while it joins the job threads, and a job changing one then
+   would deadlock it. :meth:`serve` refuses (returns False) from then on;
 3. a partition is ending only while its copy run holds ``running`` (the ended ones are forgotten when
    :meth:`still_running` is read).
+
+**Sleeping copy jobs.** A copy run that finds its partition caught up (every rolled segment tiered, nothing staged)
+pauses its own job (:meth:`sleep`): with thousands of partitions, running every idle one each copy interval was most
+of the sidecar's idle CPU. The stage job wakes it (:meth:`wake`: its next run now) when the log-dir watcher sees its
+directory change (a roll, retention, a rewritten checkpoint: :mod:`rlm.watch`), the watcher's slow rescan included.
+A change seen while the run goes sets ``changed``, and a run that began before it does not sleep: no roll is missed
+between a run's listing and its pause. A run that did not catch up (waiting for the last stable offset, failed,
+not leading under the cluster's epoch) keeps its interval.
 
 Every change takes the lock; readers copy what they need under it and work on the copy outside
 (:meth:`each_led`, :meth:`served`, :meth:`led_partitions`). A :class:`Led`'s ``stop`` and ``cancel`` are set under
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,11 +68,16 @@ class LeadershipChangeError(RlmError):
 
 
 class Scheduler(Protocol):
-    """What the registry needs of apscheduler's scheduler: adding and removing a copy job."""
+    """What the registry needs of apscheduler's scheduler: adding and removing a copy job, letting it sleep (pause)
+    and waking it (its next run now)."""
 
     def add_job(self, func: Callable[..., Any], trigger: str, **kwargs: Any) -> object: ...
 
     def remove_job(self, job_id: str) -> None: ...
+
+    def pause_job(self, job_id: str) -> object: ...
+
+    def modify_job(self, job_id: str, **changes: Any) -> object: ...
 
 
 @dataclass
@@ -78,6 +91,8 @@ class Led:
     stop: threading.Event = field(default_factory=threading.Event)  # no further copy starts (also at shutdown)
     cancel: threading.Event = field(default_factory=threading.Event)  # no longer led: the copy in flight stops too
     running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
+    changed: threading.Event = field(default_factory=threading.Event)  # its directory changed since its run began
+    asleep: bool = False  # its copy job is paused: caught up, until its directory changes (under the registry's lock)
 
     @property
     def job_id(self) -> str:
@@ -93,12 +108,13 @@ def copy_job_id(tp: TopicIdPartition) -> str:
 class Leadership:
     """The partitions led (a copy job each) and followed; see the module doc for what :attr:`lock` guards.
 
-    ``run``: the sidecar's copy run of one led partition (called by :meth:`run_copy`, the copy job). ``staging`` and
-    ``deleter``: the copier's; None in ``mode: read_only``, which leads nothing (it only follows)."""
+    ``run``: the sidecar's copy run of one led partition (called by :meth:`run_copy`, the copy job); it returns True
+    when the partition is caught up (nothing to do until its directory changes: the job sleeps, :meth:`wake`).
+    ``staging`` and ``deleter``: the copier's; None in ``mode: read_only``, which leads nothing (it only follows)."""
 
     def __init__(self, settings: SidecarSettings, scheduler: Scheduler, *, rlmm: RemoteLogMetadataManager,
                  rsm: RemoteStorageManager, staging: Staging | None, deleter: SegmentDeleter | None,
-                 run: Callable[[Led], None]) -> None:
+                 run: Callable[[Led], bool | None]) -> None:
         self.settings = settings
         self.lock = threading.RLock()
         self._scheduler = scheduler
@@ -262,12 +278,48 @@ class Leadership:
         if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
             return
         with led.running:
+            led.changed.clear()  # a change from now on is the next run's (see sleep)
+            caught_up = False
             try:
-                self._run(led)
+                caught_up = bool(self._run(led))
             finally:
                 if led.stop.is_set() and not self._stopping.is_set() and not self.leads_again(led):
                     self._release(led.tp)
                     _forget_gauges(led.tp)  # (a run that was starting may have set them after stop_leading)
+            if caught_up:
+                self.sleep(led)
+
+    # ---------------------------------------------------------------------------------------- sleep, wake
+    def sleep(self, led: Led) -> bool:
+        """Pause ``led``'s copy job (its run found the partition caught up): no run until :meth:`wake`. Not when its
+        directory changed since its run began (the run may not have seen it), it is no longer led, or stopping
+        (apscheduler's shutdown would deadlock). True when paused."""
+        with self.lock:
+            if (self._stopping.is_set() or led.stop.is_set() or led.changed.is_set()
+                    or self._led.get((led.tp.topic, led.tp.partition)) is not led):
+                return False
+            self._scheduler.pause_job(led.job_id)
+            led.asleep = True
+            return True
+
+    def wake(self, paths: Collection[Path]) -> list[Led]:
+        """The led partitions whose directory is in ``paths`` (they changed: :mod:`rlm.watch`): each is marked
+        changed, and a sleeping copy job runs now. Returns them (nothing when stopping)."""
+        with self.lock:
+            if self._stopping.is_set():
+                return []
+            woken = [led for led in self._led.values() if led.path in paths and not led.stop.is_set()]
+            for led in woken:
+                led.changed.set()
+                if led.asleep:
+                    self._scheduler.modify_job(led.job_id, next_run_time=datetime.now(UTC))
+                    led.asleep = False
+            return woken
+
+    def sleeping(self) -> int:
+        """How many copy jobs sleep now."""
+        with self.lock:
+            return sum(1 for led in self._led.values() if led.asleep)
 
     # -------------------------------------------------------------------------------------------- staging
     def release_unled_staging(self, leaders: set[TopicIdPartition]) -> int:

@@ -86,6 +86,14 @@ class RecordingScheduler:
     def remove_job(self, job_id: str) -> None:
         del self.jobs[job_id]
 
+    def pause_job(self, job_id: str) -> object:
+        self.jobs[job_id]["next_run_time"] = None
+        return self.jobs[job_id]
+
+    def modify_job(self, job_id: str, **changes: Any) -> object:
+        self.jobs[job_id].update(changes)
+        return self.jobs[job_id]
+
 
 class FlakyRlmm(InMemoryRemoteLogMetadataManager):
     """The in-memory metadata manager, whose ``on_partition_leadership_changes`` raises ``failures`` times first."""
@@ -179,6 +187,10 @@ class FakeView:
 
     def cluster_id(self) -> str:
         return "fake"
+
+    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
+        names = set(topics)
+        return hash(tuple(sorted((k, v.leader, v.replicas) for k, v in self.infos.items() if k[0] in names)))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,238 @@
+"""What an idle sidecar does not do (issue 26), without a broker: a discovery round while nothing changed describes no
+topic (cheap rounds, kept correct by the metadata fingerprint, the log-dir watcher's layout and the rescan interval),
+and a caught-up copy job sleeps until its partition directory changes (a real apscheduler scheduler, real inotify)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from rlm.discovery import PartitionInfo, TopicLookup
+from rlm.tasks.leadership import Leadership, Led, copy_job_id
+from rlm.tasks.staging import Staging
+from rlmm.api import TopicIdPartition
+from rlmm.memory import InMemoryRemoteLogMetadataManager
+from tests.rlm.test_discovery_rounds import BROKER, FakeView, _info, _partition_dir, _settings
+
+
+class CountingView(FakeView):
+    """The fake cluster, counting the calls a full round makes."""
+
+    def __init__(self, infos: dict[tuple[str, int], PartitionInfo]) -> None:
+        super().__init__(infos)
+        self.described = 0
+        self.configs_read = 0
+        self.missing: set[str] = set()  # topics deleted on the cluster
+
+    def partitions(self, topics: Iterable[str] | None = None, *,
+                   skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
+        self.described += 1
+        return {k: v for k, v in super().partitions(topics).items() if k[0] not in self.missing}
+
+    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str | None] | None]:
+        self.configs_read += 1
+        return super().topic_configs(topics)
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
+        from confluent_kafka import KafkaError
+
+        ids = {info.topic: info.topic_id for info in self.infos.values()}
+        return {t: TopicLookup(t, error_code=KafkaError.UNKNOWN_TOPIC_OR_PART) if t in self.missing
+                else TopicLookup(t, topic_id=ids[t]) for t in topics}
+
+    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
+        return super().metadata_fingerprint(set(topics) - self.missing)
+
+
+@pytest.fixture
+def sidecar_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    import rlm.sidecar
+    from rlm.sidecar import Sidecar
+
+    monkeypatch.setattr(rlm.sidecar, "ensure_topic", lambda *a, **k: None)  # no cluster to create the topic on
+    made: list[Sidecar] = []
+
+    def make(view: FakeView, **overrides: Any) -> Sidecar:
+        sidecar = Sidecar(_settings(tmp_path, **overrides), rlmm=InMemoryRemoteLogMetadataManager())
+        sidecar.view = view  # type: ignore[assignment]
+        made.append(sidecar)
+        return sidecar
+
+    yield make
+    for sidecar in made:
+        sidecar.stop(timeout_s=5)
+
+
+def test_rounds_describe_topics_only_when_something_changed(tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
+    tid = uuid.uuid4()
+    logs = tmp_path / "logs"
+    _partition_dir(logs, "t", 0, tid)
+    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("t", 1): _info("t", tid, 1, BROKER)})
+    sidecar = sidecar_of(view)
+    sidecar.discover()
+    assert (view.described, view.configs_read, sidecar.full_rounds) == (1, 1, 1)
+    assert sidecar.leadership.counts() == (1, 0)
+    for _ in range(3):
+        sidecar.discover()
+    assert (view.described, view.configs_read, sidecar.full_rounds) == (1, 1, 1)  # nothing changed: cheap rounds
+    assert sidecar.last_discovery_ok is not None and sidecar.leadership.counts() == (1, 0)
+
+    # leadership moved: the metadata answer differs, the round is full and follows the partition
+    view.infos[("t", 0)] = _info("t", tid, 0, 2)
+    sidecar.discover()
+    assert view.described == 2 and sidecar.leadership.counts() == (0, 1)
+    sidecar.discover()
+    assert view.described == 2
+
+    # a partition directory appears (the broker got a replica; the cluster's answer had it already): full round
+    _partition_dir(logs, "t", 1, tid)
+    sidecar.discover()
+    assert view.described == 3 and sidecar.leadership.counts() == (1, 1)
+    sidecar.discover()
+    assert view.described == 3
+
+
+def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven(
+        tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
+    tid, gone_id = uuid.uuid4(), uuid.uuid4()
+    logs = tmp_path / "logs"
+    _partition_dir(logs, "t", 0, tid)
+    gone_dir = _partition_dir(logs, "gone", 0, gone_id)
+    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("gone", 0): _info("gone", gone_id, 0, BROKER)})
+    sidecar = sidecar_of(view, tasks={"rescan_interval_ms": 1000, "purge_grace_ms": 0, "purge_rounds": 3})
+    sidecar.discover()
+    sidecar.discover()
+    assert view.described == 1
+    time.sleep(1.05)
+    sidecar.discover()  # the last full round is older than rescan_interval_ms: a config change would show now
+    assert view.described == 2
+
+    # a topic deleted: it leaves the metadata answer (full round), and while its deletion is being proven over
+    # purge_rounds rounds every round is full, until the purge
+    import shutil
+
+    view.missing.add("gone")
+    shutil.rmtree(gone_dir)
+    sidecar.discover()
+    assert view.described == 3 and sidecar.deletions.pending()
+    sidecar.discover()
+    sidecar.discover()
+    assert view.described == 5
+    assert TopicIdPartition(gone_id, "gone", 0) not in sidecar.known.all()  # purged and forgotten
+    sidecar.discover()  # its evidence is dropped by the next full round
+    assert view.described == 6 and not sidecar.deletions.pending()
+    sidecar.discover()
+    assert view.described == 6
+
+
+# ------------------------------------------------------------------------------------ sleeping copy jobs
+def _leadership(tmp_path: Path, run: Any) -> tuple[Leadership, BackgroundScheduler]:
+    scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
+                                    job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+    scheduler.start()
+    settings = _settings(tmp_path, tasks={"copy_interval_ms": 100})
+    leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
+                            staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
+                            deleter=object(), run=run)  # type: ignore[arg-type]
+    return leadership, scheduler
+
+
+def _wait(cond: Any, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_caught_up_copy_job_sleeps_until_its_directory_changes(tmp_path: Path) -> None:
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    runs: list[Led] = []
+    leadership, scheduler = _leadership(tmp_path, lambda led: runs.append(led) or True)
+    try:
+        assert leadership.serve({tp: path}, set())
+        _wait(lambda: leadership.sleeping() == 1)
+        time.sleep(0.5)  # five copy intervals
+        assert len(runs) == 1 and scheduler.get_job(copy_job_id(tp)).next_run_time is None
+        assert leadership.wake({tmp_path / "logs" / "other-0"}) == []
+        woken = leadership.wake({path})
+        assert [led.tp for led in woken] == [tp]
+        _wait(lambda: len(runs) == 2 and leadership.sleeping() == 1)
+        time.sleep(0.3)
+        assert len(runs) == 2
+    finally:
+        leadership.stop()
+        scheduler.shutdown()
+
+
+def test_a_change_seen_during_a_run_keeps_the_job_awake(tmp_path: Path) -> None:
+    """The directory changed while the run went (its listing may have missed the roll): the run does not sleep, and
+    the job runs again at its interval."""
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    runs: list[int] = []
+    leadership: Leadership
+
+    def run(led: Led) -> bool:
+        runs.append(1)
+        if len(runs) == 1:
+            leadership.wake({path})  # the stage job, seeing a roll while this run goes
+        return True  # every run thinks it caught up
+
+    leadership, scheduler = _leadership(tmp_path, run)
+    try:
+        assert leadership.serve({tp: path}, set())
+        _wait(lambda: len(runs) >= 2 and leadership.sleeping() == 1)
+        n = len(runs)
+        time.sleep(0.3)
+        assert len(runs) == n
+    finally:
+        leadership.stop()
+        scheduler.shutdown()
+
+
+def test_a_run_that_did_not_catch_up_keeps_its_interval_and_stopping_wakes_nothing(tmp_path: Path) -> None:
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    runs = threading.Semaphore(0)
+    leadership, scheduler = _leadership(tmp_path, lambda led: runs.release() and False)
+    try:
+        assert leadership.serve({tp: path}, set())
+        for _ in range(3):  # waiting for the LSO, a failed copy ...: it runs every interval
+            assert runs.acquire(timeout=5)
+        assert leadership.sleeping() == 0
+        leadership.stop()
+        assert leadership.wake({path}) == []
+    finally:
+        leadership.stop()
+        scheduler.shutdown()
+
+
+def test_the_stage_job_wakes_the_led_partition_whose_directory_changed(tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
+    """End to end without a broker: the sidecar's watcher sees a segment created in a led partition's directory, and
+    the stage job wakes that partition's sleeping copy job (its next run now), not the other one's."""
+    tid = uuid.uuid4()
+    logs = tmp_path / "logs"
+    dirs = [_partition_dir(logs, "t", p, tid) for p in (0, 1)]
+    view = CountingView({("t", p): _info("t", tid, p, BROKER) for p in (0, 1)})
+    sidecar = sidecar_of(view, tasks={"copy_interval_ms": 3_600_000})
+    sidecar.discover()
+    sidecar.stage()  # the watcher's first look: every directory
+    for led in sidecar.leadership.each_led():
+        assert led.changed.is_set() and not sidecar.leadership.sleep(led)  # changed: a run must look first
+        led.changed.clear()  # as a run does when it begins ...
+        assert sidecar.leadership.sleep(led)  # ... and, finding it caught up, sleeps
+    assert sidecar.leadership.sleeping() == 2
+    (dirs[1] / f"{0:020d}.log").touch()  # a roll
+    sidecar.stage()
+    led1 = sidecar.leadership.get("t", 1)
+    assert led1 is not None and not led1.asleep and led1.changed.is_set()
+    assert sidecar.leadership.sleeping() == 1 and sidecar.leadership.get("t", 0).asleep  # type: ignore[union-attr]
