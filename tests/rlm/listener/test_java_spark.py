@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 if __name__ == "__main__":  # the Spark child process: the checkout on sys.path, nothing else imported
     sys.path.insert(0, str(ROOT))
 

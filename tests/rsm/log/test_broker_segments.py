@@ -34,7 +34,7 @@ from rsm.log.checkpoint import parse_leader_epoch_checkpoint, parse_partition_me
 from tests.rsm.log.conftest import BIG_VALUE_BYTES, CODECS, ROLL_KEY
 
 pytestmark = pytest.mark.kafka
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _all_records(pdir: Path):
