@@ -56,8 +56,10 @@ from pathlib import Path
 from rlm.errors import RlmError
 from rlm.state import fsync_dir, write_file_durably
 from rlmm.api import TopicIdPartition
+from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import read_partition_metadata
 from rsm.log.errors import CorruptCheckpointError
+from rsm.log.indexes import KafkaIndexBuilder
 from rsm.log.partition import (
     DELETED_SUFFIX,
     SEGMENT_SUFFIXES,
@@ -296,7 +298,9 @@ class Staging:
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
             if mismatch is None:
-                if self._link_files(partition_dir, target, base, end, optional_only=True):
+                linked = self._link_files(partition_dir, target, base, end, optional_only=True)
+                # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
+                if self._rebuild_missing_indexes(tp, target, base) or linked:
                     fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
                     self._held[root][target] = _dir_bytes(target)
                 return staged
@@ -317,6 +321,7 @@ class Staging:
         try:
             if not self._link_files(partition_dir, target, base, end, optional_only=False):
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
+            self._rebuild_missing_indexes(tp, target, base)
             fsync_dir(target)
             write_file_durably(target / COMPLETE, f"{end}\n".encode())
         except BaseException:
@@ -324,6 +329,29 @@ class Staging:
             raise
         self._held[root][target] = _dir_bytes(target)
         return staged
+
+    @staticmethod
+    def _rebuild_missing_indexes(tp: TopicIdPartition, target: Path, base: int) -> bool:
+        """Write the ``.index`` / ``.timeindex`` the broker did not have (neither live nor ``.deleted``) from the
+        staged ``.log``, as Kafka rebuilds a missing index on recovery: Kafka creates a segment's index files lazily,
+        so one can be rolled (its successor's ``.log`` exists) before its index files do. Without them the segment
+        would be staged complete and its copy fail on the missing path at every run, for good once the broker
+        deleted the ``.log``. The rebuilt files are Kafka's layout at the default ``index.interval.bytes`` (a valid
+        index, perhaps denser or sparser than the broker's). A corrupt ``.log`` raises (nothing is staged). Returns
+        whether anything was written."""
+        offset_index, time_index = (target / segment_file_name(base, s) for s in (".index", ".timeindex"))
+        missing = [p for p in (offset_index, time_index) if not p.exists()]
+        if not missing:
+            return False
+        builder = KafkaIndexBuilder(base)
+        for header in scan_batches(target / segment_file_name(base, ".log")):
+            builder.add(header, header.position)
+        for path, data in ((offset_index, builder.offset_index()), (time_index, builder.time_index())):
+            if path in missing:
+                write_file_durably(path, data)
+        log.info("staged segment's index files rebuilt from its .log: the broker had not written them", extra={
+            "partition": str(tp), "base_offset": base, "rebuilt": [p.name for p in missing]})
+        return True
 
     def _check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
         try:
