@@ -15,6 +15,11 @@ to its share instead of reading one request at a time behind the first. The proc
 budget twice over (:meth:`rsm.format.reader.SegmentReader.iter_entries`; larger ones stream entry by entry, as
 without read-ahead).
 
+Adaptive: a reader's window starts at :data:`START_REQUESTS` requests and doubles, up to ``budget_bytes``, each time
+the caller asks for a request that has not arrived (the caller is faster than the window fetches: a consumer catching
+up, a Spark task); a slow caller (a live Kafka consumer) finds its requests fetched and keeps the small window, so it
+holds a fraction of the budget.
+
 Order and errors: blocks come out in order; a request's error is raised when its blocks are asked for, never
 earlier. Closing early (the caller stops iterating: a bounded Fetch, an early ``close``) cancels the requests not
 yet started; those running finish on their own and their buffers are dropped as they do (no caller waits for them).
@@ -34,14 +39,17 @@ from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo
 from rsm.store.base import Store
 
-__all__ = ["DEFAULT_REQUEST_BYTES", "PROCESS_BUDGET_BYTES", "ReadAhead", "fair_share_bytes", "new_block_buffer",
-           "read_ahead_bytes"]
+__all__ = ["DEFAULT_REQUEST_BYTES", "PROCESS_BUDGET_BYTES", "START_REQUESTS", "ReadAhead", "fair_share_bytes",
+           "new_block_buffer", "read_ahead_bytes"]
 
 MiB = 1024 * 1024
 DEFAULT_REQUEST_BYTES = 8 * MiB
 """Bytes one read-ahead GET asks for (whole blocks): boto3's transfer manager's chunk size."""
 PROCESS_BUDGET_BYTES = 256 * MiB
 """Bytes all the process's readers together read ahead, beyond one request each."""
+START_REQUESTS = 2
+"""A reader's window starts at this many requests and doubles (up to its budget) each time the caller asks for a
+request not yet fetched."""
 
 _READ_AHEAD_BYTES = Gauge("rsm_read_ahead_bytes", "Bytes of blocks read ahead: in flight, or fetched and not yet "
                           "handed to their reader")
@@ -118,14 +126,21 @@ class ReadAhead:
         self._in_window = 0  # bytes of this reader's pending requests (each released once, when it is dropped)
         self._closed = False
         self._counted = False  # among the readers sharing the process's budget
+        self._window = min(budget_bytes, START_REQUESTS * request_bytes)
+        self._handed = 0  # requests handed out
 
     @property
     def held_bytes(self) -> int:
         """Bytes of this reader's requests in flight, or fetched and not yet handed out."""
         return self._in_window
 
+    @property
+    def window_bytes(self) -> int:
+        """What this reader may hold ahead now (it grows while the caller waits; see the module doc)."""
+        return self._window
+
     def _fill(self) -> None:
-        budget = min(self._budget, fair_share_bytes())
+        budget = min(self._window, fair_share_bytes())
         while self._units:
             length = self._units[0][1]
             if self._pending and (self._in_window + length > budget
@@ -149,6 +164,9 @@ class ReadAhead:
             while not self._closed and (self._pending or self._units):
                 self._fill()
                 fut, length, unit = self._pending.popleft()
+                if self._handed and not fut.done():  # the caller is faster than the window: widen it
+                    self._window = min(self._budget, 2 * self._window)
+                self._handed += 1
                 try:
                     buf = fut.result()
                 finally:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import random
 import struct
+import threading
 import time
 import uuid
 import weakref
+from concurrent.futures import wait
 from pathlib import Path
 
 import pytest
@@ -210,6 +212,7 @@ def test_readers_share_the_process_budget_fairly(tmp_path: Path, monkeypatch) ->
     key = RemoteStorageManager(RsmConfig(**SMALL), store).keys(md).data(0)
     assert len(blocks) >= 10 and max(b.block_length for b in blocks) <= 16 * KiB
     monkeypatch.setattr(readahead, "PROCESS_BUDGET_BYTES", 64 * KiB)
+    monkeypatch.setattr(readahead, "START_REQUESTS", 4)  # windows start at their budget: only the share bounds them
     first = readahead.ReadAhead(store, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
     second = readahead.ReadAhead(store, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
     a, b = iter(first), iter(second)
@@ -230,3 +233,51 @@ def test_readers_share_the_process_budget_fairly(tmp_path: Path, monkeypatch) ->
         a.close()  # type: ignore[attr-defined]
         b.close()  # type: ignore[attr-defined]
     assert readahead.fair_share_bytes() == 64 * KiB  # both closed: no reader counted
+
+
+class _PacedStore:
+    """The filesystem store, its ranged GETs answered no sooner than ``pace_s`` apart."""
+
+    def __init__(self, inner: FileSystemStore, pace_s: float) -> None:
+        self._inner = inner
+        self._pace_s = pace_s
+        self._lock = threading.Lock()
+        self._next = time.monotonic()
+
+    def get(self, key: str, start: int = 0, end_inclusive: int | None = None):
+        with self._lock:
+            self._next = max(self._next + self._pace_s, time.monotonic())
+            due = self._next
+        time.sleep(max(0.0, due - time.monotonic()))
+        return self._inner.get(key, start, end_inclusive)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def test_the_window_grows_for_a_fast_caller_and_stays_small_for_a_slow_one(tmp_path: Path) -> None:
+    inner = FileSystemStore(tmp_path / "remote")
+    md, _ = _copy(inner, tmp_path / "local")
+    rsm = RemoteStorageManager(RsmConfig(**SMALL), inner)
+    blocks = [b for b in rsm.reader(md).ledger.blocks if b.object_number == 0]
+    key = rsm.keys(md).data(0)
+    start = readahead.START_REQUESTS * 16 * KiB
+
+    # a caller faster than the store (GETs answered 5 ms apart): it waits, and the window widens to the budget
+    fast = _PacedStore(inner, 0.005)
+    ahead = readahead.ReadAhead(fast, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
+    assert ahead.window_bytes == start
+    n = sum(1 for _ in ahead)
+    assert n == len(blocks) and ahead.window_bytes == 64 * KiB
+
+    # a slow caller: every request started has been fetched before it asks for the next block: the window stays
+    ahead = readahead.ReadAhead(inner, key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
+    it = iter(ahead)
+    try:
+        for _ in range(len(blocks)):
+            next(it)
+            wait([f for f, _, _ in ahead._pending], timeout=10)  # the caller dawdles until they are in
+            assert ahead.held_bytes <= start
+    finally:
+        it.close()  # type: ignore[attr-defined]
+    assert ahead.window_bytes == start
