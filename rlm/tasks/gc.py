@@ -27,6 +27,12 @@ layout), and an orphan is deleted through the storage manager's own delete
 it was found under), the one place that knows the order (the index object, the commit point, first): garbage
 collection only decides *what* goes.
 
+**The whole store** (``rlm gc --all-partitions``, for a lost state file): every partition stored under the configured
+key layout and the remembered ones (:meth:`GarbageCollector.sweep_targets`) is visited when its topic is on the cluster
+with the same topic id, or when the metadata proves it purged; a partition whose topic is gone and whose purge has not
+finished is left to the purge, and one the metadata knows nothing of (another cluster sharing the bucket, or metadata
+lost: ``rlm recover`` rebuilds it) is left alone. Absence from the cluster or from the metadata is never proof.
+
 Stores' own leftovers, after the same grace: temp files of killed filesystem-store writes (``<root>/.tmp``) and
 S3 multipart uploads no part was added to for the grace (a SIGKILLed copy), under each visited partition prefix.
 
@@ -41,6 +47,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rlm import metrics
@@ -175,6 +182,38 @@ class GarbageCollector:
         + base offset + id) -> its object keys (within the layout's store)."""
         found, _, _ = self._visit(tp)
         return {base: list(o.keys) for base, o in found.items()}
+
+    # -- the whole store ---------------------------------------------------------------------------------------
+
+    def sweep_targets(self, current_ids: Callable[[set[str]], Mapping[str, uuid.UUID]], *, wait_s: float = 60.0,
+                      ) -> tuple[list[TopicIdPartition], list[tuple[TopicIdPartition, str]]]:
+        """Every partition the store holds under the configured key layout and the remembered ones: (those a pass
+        may visit, those left alone with why). ``current_ids`` answers the topic id each named topic has on the
+        cluster now (a topic absent from its answer is not on the cluster). See the module doc."""
+        layouts = {self.rsm.layout, *(_layout_from_state(raw) for entry in self._partitions.values()
+                                      for raw in entry["layouts"])}
+        stored = {TopicIdPartition(sp.topic_id, sp.topic_name, sp.partition)
+                  for layout in sorted(layouts, key=lambda lay: _layout_sort_key(_layout_to_state(lay)))
+                  for sp in self.rsm.list_partitions(layout)}
+        live_ids = current_ids({tp.topic for tp in stored}) if stored else {}
+        visit = sorted((tp for tp in stored if live_ids.get(tp.topic) == tp.topic_id), key=str)
+        gone = sorted(stored.difference(visit), key=str)
+        left: list[tuple[TopicIdPartition, str]] = []
+        if gone:
+            try:
+                self.rlmm.on_partition_leadership_changes([], gone)
+                self.rlmm.wait_ready(gone, timeout_s=wait_s)
+            except Exception as err:  # noqa: BLE001 - fail closed: no metadata, no proof
+                return visit, [(tp, f"metadata not readable: {err}") for tp in gone]
+        for tp in gone:
+            if self._purged(tp):
+                visit.append(tp)
+            elif self.rlmm.list_remote_log_segments(tp) or self.rlmm.remote_partition_delete_metadata(tp):
+                left.append((tp, "topic not on the cluster with this id, its purge not finished: left to the purge"))
+            else:
+                left.append((tp, "unknown to the metadata (another cluster's data in a shared bucket, or the "
+                                 "metadata was lost: rlm recover rebuilds it): left alone"))
+        return visit, left
 
     # -- a pass ------------------------------------------------------------------------------------------------
 

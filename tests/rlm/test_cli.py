@@ -432,6 +432,38 @@ def test_gc_dry_run_lists_the_orphan_then_gc_deletes_only_it(tiered: Tiered) -> 
     assert [r["offset"] for r in got] == list(range(rows[-1]["start_offset"], rows[-1]["end_offset"] + 1))
 
 
+def test_gc_all_partitions_lists_the_whole_store(tiered: Tiered) -> None:
+    """For a lost GC state file: no topic named; every stored partition whose topic is on the cluster is visited
+    (the scratch topic's orphan goes), a partition no metadata knows (another cluster's, sharing the store) stays."""
+    t = tiered
+    rows = json_lines(ok(rlm("ls", t.scratch, "--json", config=t.config)))
+    (first_index,) = list(t.root.rglob(f"{rows[0]['start_offset']:020d}-{rows[0]['segment_id']}-index"))
+    pdir = first_index.parent  # <topic>-<topic id>/0/
+    orphan_id = uuid.uuid4()
+    orphans = [pdir / f"{rows[-1]['end_offset'] + 1:020d}-{orphan_id}{suffix}" for suffix in ("", "-index")]
+    foreign_id = uuid.uuid4()
+    foreign_dir = pdir.parent.parent / f"elsewhere-{foreign_id}" / "0"
+    foreign_dir.mkdir(parents=True)
+    foreign = [foreign_dir / f"{0:020d}-{uuid.uuid4()}{suffix}" for suffix in ("", "-index")]
+    for path in orphans + foreign:
+        path.write_bytes(b"no metadata of this cluster owns it")
+    orphan_keys = sorted(str(p.relative_to(t.root)) for p in orphans)
+
+    out = ok(rlm("gc", "--all-partitions", "--dry-run", config=t.config)).splitlines()
+    assert [line for line in out if line.startswith("left alone ")] == [
+        f"left alone elsewhere-0({foreign_id}): unknown to the metadata (another cluster's data in a shared bucket, "
+        "or the metadata was lost: rlm recover rebuilds it): left alone"]
+    assert sorted(line.removeprefix("orphan ") for line in out if line.startswith("orphan ")) == orphan_keys
+    assert out[-1] == "2 objects orphaned"
+
+    out = ok(rlm("gc", "--all-partitions", config=t.config)).splitlines()  # tasks.gc_grace_ms is 0
+    assert sorted(line.removeprefix("deleted ") for line in out if line.startswith("deleted ")) == orphan_keys
+    assert not any(p.exists() for p in orphans) and all(p.exists() for p in foreign)
+
+    both = rlm("gc", t.scratch, "--all-partitions", config=t.config)
+    assert both.returncode == 2 and "name the topics, or --all-partitions" in both.stderr, both.stderr
+
+
 # ---------------------------------------------------------------------------------------- config and help
 OPERATOR_COMMANDS = [["ls", "t"], ["cat", "t", "0"], ["offsets", "t", "0"], ["verify", "t"], ["gc", "t"]]
 

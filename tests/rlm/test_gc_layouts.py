@@ -206,6 +206,61 @@ def test_gc_collects_purged_partitions_and_fails_closed(tmp_path):
     assert len(_ids(_files(tmp_path / "remote"))) == 3
 
 
+def test_gc_all_partitions_after_a_lost_state_file(tmp_path):
+    """``rlm gc --all-partitions``: with no state file, the whole store's partitions are found; those of topics on the
+    cluster (same topic id) and of purged topics are collected; a deleted topic whose purge has not finished, a
+    partition the metadata has never heard of, and an old incarnation of a re-created topic are left alone."""
+    rlmm = _rlmm()
+    rsm = RemoteStorageManager(RsmConfig(), FileSystemStore(tmp_path / "remote", fsync=False))
+    live = TopicIdPartition(uuid.uuid4(), "live", 0)
+    purged = TopicIdPartition(uuid.uuid4(), "gone", 0)
+    pending = TopicIdPartition(uuid.uuid4(), "pending", 0)
+    unknown = TopicIdPartition(uuid.uuid4(), "elsewhere", 0)
+    old_live = TopicIdPartition(uuid.uuid4(), "live", 0)  # the name's earlier incarnation
+    kept = [_copy(rlmm, rsm, live, 0, tmp_path), _copy(rlmm, rsm, pending, 0, tmp_path),
+            _copy(None, rsm, unknown, 0, tmp_path), _copy(None, rsm, old_live, 0, tmp_path)]
+    _copy(None, rsm, live, 5, tmp_path)  # an orphan of a live topic
+    _lose(rlmm, _copy(rlmm, rsm, purged, 0, tmp_path))  # the purge's segment deletes were lost
+    now = int(time.time() * 1000)
+    for state in RemotePartitionDeleteState:
+        rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(purged, state, now, 1))
+
+    gc = GarbageCollector(rlmm, rsm, grace_ms=GRACE, state_path=tmp_path / "lost" / "gc.json")
+    asked: list[set[str]] = []
+
+    def on_cluster(names: set[str]) -> dict[str, uuid.UUID]:
+        asked.append(names)
+        return {"live": live.topic_id}  # pending, gone and elsewhere are not on the cluster
+
+    visit, left = gc.sweep_targets(on_cluster)
+    assert asked == [{"live", "gone", "pending", "elsewhere"}]
+    assert sorted(visit, key=str) == sorted([live, purged], key=str)
+    why = {tp: reason for tp, reason in left}
+    assert set(why) == {pending, unknown, old_live}
+    assert "purge not finished" in why[pending]
+    assert "unknown to the metadata" in why[unknown] and "unknown to the metadata" in why[old_live]
+
+    assert gc.run(visit, now_ms=now) == []  # the grace holds
+    deleted = gc.run(visit, now_ms=now + GRACE)
+    assert deleted and all(k.startswith((rsm.partition_prefix(live.topic, live.topic_id, 0),
+                                         rsm.partition_prefix(purged.topic, purged.topic_id, 0))) for k in deleted)
+    assert _ids(_files(tmp_path / "remote")) == {str(md.remote_log_segment_id.id) for md in kept}
+
+
+def test_gc_all_partitions_leaves_everything_when_the_metadata_is_not_readable(tmp_path):
+    rsm = RemoteStorageManager(RsmConfig(), FileSystemStore(tmp_path / "remote", fsync=False))
+    gone = TopicIdPartition(uuid.uuid4(), "gone", 0)
+    _copy(None, rsm, gone, 0, tmp_path)
+
+    class Unreadable(InMemoryRemoteLogMetadataManager):
+        def wait_ready(self, tps, timeout_s=60.0):  # noqa: ANN001, ANN202 - the manager's signature
+            raise TimeoutError("metadata partitions not caught up")
+
+    visit, left = GarbageCollector(Unreadable(), rsm, grace_ms=0, state_path=tmp_path / "gc.json").sweep_targets(
+        lambda names: {})
+    assert visit == [] and [(tp, "not readable" in why) for tp, why in left] == [(gone, True)]
+
+
 def test_gc_deletes_an_orphans_index_first(tmp_path):
     """Through the storage manager's delete: the index object (the commit point) goes before the data."""
 
