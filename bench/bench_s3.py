@@ -19,6 +19,8 @@ offset/time indexes, as ``bench_rsm`` builds them. Rows, each the best of ``--re
   manager: cold index) vs ``download_fileobj`` of the same data object (defaults) to ``/dev/null``; one row per
   ``--read-ahead`` variant (default: off, i.e. one streamed GET as before issue 25, and the store's default), with
   the peak bytes read ahead;
+- the same read one block at a time through a new handle each, as the history endpoint's Fetches read: block cache
+  (``block_cache_bytes``) off and on (the store's default);
 - the filesystem store: the same read with read-ahead off (its default) and on (64 MiB), page cache warm;
 - random cold read: one batch at a random position (``fetch_log_segment``), a new manager each time: p50 / p99 and
   requests per read;
@@ -109,6 +111,17 @@ def sequential_read(rsm, md) -> tuple[int, int]:
         n += len(data)
         peak = max(peak, read_ahead_bytes())
     return n, peak
+
+
+def fetch_like_read(rsm, md) -> int:
+    """Every batch of the copy, one block a read through a new handle each (as the history endpoint's Fetches read
+    when a Fetch asks for about a block); bytes of batches."""
+    n = 0
+    for block in range(len(rsm.reader(md).ledger.blocks)):
+        for _h, data in rsm.open_segment(md).batches(md.start_offset, md.end_offset_inclusive, first_block=block,
+                                                     last_block=block):
+            n += len(data)
+    return n
 
 
 class Boto3Counter:
@@ -292,6 +305,18 @@ def main() -> None:
                 record(f"read/rsm{variant}", seconds, n, _delta(rsm.store.requests.snapshot(), before),
                        _delta(_prom_all(), prom_before), peak_ahead=peak)
                 rsm.close()  # closes the upload pool only: rsm still reads (the data key below)
+            # one block a read, a new handle each, as history Fetches read: block cache off and on
+            for variant, cache in ((" one block a read, block cache off", 0), (" one block a read", None)):
+                rsm = RemoteStorageManager(config.model_copy(update={"block_cache_bytes": cache}))
+                before, prom_before = rsm.store.requests.snapshot(), _prom_all()
+                t0 = time.perf_counter()
+                n = fetch_like_read(rsm, copied)
+                seconds = time.perf_counter() - t0
+                if n != log_bytes:
+                    raise RuntimeError(f"read {n} bytes of batches, the segment has {log_bytes}")
+                record(f"read/rsm{variant}", seconds, n, _delta(rsm.store.requests.snapshot(), before),
+                       _delta(_prom_all(), prom_before))
+                rsm.close()
             data_key = rsm.store_for(rsm.layout_of(copied)).key_prefix + rsm.keys(copied).data(0)
             data_size = rsm.store.head(rsm.keys(copied).data(0)) or 0
             rsm.close()
@@ -375,6 +400,8 @@ def main() -> None:
         print("|---|---|---|---|")
         rows = [(f"sequential read{v or ' (store default)'} (open_segment().batches vs download_fileobj)",
                  f"read/rsm{v}", "read/boto3") for v, _ in read_variants]
+        rows += [(f"sequential read{v} (a new handle per block, as history Fetches)", f"read/rsm{v}", "read/boto3")
+                 for v in (" one block a read, block cache off", " one block a read")]
         rows += [(f"copy{v or ' (store default)'} (copy_log_segment_data vs upload_file x3)", f"copy/rsm{v}",
                   "copy/boto3") for v, _ in copy_variants]
         for what, row, other in rows:
@@ -409,6 +436,8 @@ def main() -> None:
         print("| requests per GiB | this project (store.requests) | rsm_store_requests_total | boto3 |")
         print("|---|---|---|---|")
         count_rows = [(f"read{v}: GETs", f"read/rsm{v}", "read/boto3", GETS) for v, _ in read_variants]
+        count_rows += [(f"read{v}: GETs", f"read/rsm{v}", "read/boto3", GETS)
+                       for v in (" one block a read, block cache off", " one block a read")]
         count_rows += [(f"copy{v}: PUTs", f"copy/rsm{v}", "copy/boto3", PUTS) for v, _ in copy_variants]
         for label, row, other, kinds in count_rows:
             r, b = best(row), best(other)

@@ -60,6 +60,7 @@ from rsm.api import (
 from rsm.encryption import EncryptionConfig
 from rsm.errors import CopyCancelledError, CorruptRemoteObjectError, RemoteStorageError, StoreConfigError
 from rsm.format.block import BLOCK_HEADER_LENGTH
+from rsm.format.blockcache import BlockCache
 from rsm.format.crypto import SEALED_OVERHEAD, BlockSealer, CopyCipher, decode_copy_index, new_copy_cipher
 from rsm.format.custom_metadata import decode_custom_metadata, encode_custom_metadata
 from rsm.format.index import (
@@ -104,6 +105,9 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 FILE_CHUNK_BYTES = 1 * MiB
+BLOCK_CACHE_BYTES = 64 * MiB
+"""The block cache of a store that reads ahead (S3): about 8 sequential readers of 4 MiB blocks, each holding the
+block it reads and the next."""
 
 # What an index section is written from: a local file, bytes, or a function giving the bytes once the blocks are out.
 _SectionSource = Path | bytes | Callable[[], bytes]
@@ -145,6 +149,10 @@ class RsmConfig(BaseModel):
         "it measured slower)")
     read_ahead_request_bytes: int = Field(8 * MiB, ge=1, description="bytes one read-ahead GET asks for "
                                           "(whole blocks, one at least)")
+    block_cache_bytes: int | None = Field(
+        None, ge=0, description="reads of one block at a time (a history Fetch after another): whole blocks kept and "
+        "the next one fetched ahead when the reads are sequential (rsm.format.blockcache), at most this many bytes "
+        "for the process's manager; 0 off; None: 64 MiB where the store reads ahead (S3), else off")
     fsync: bool = True
     create_bucket: bool = False
     encryption: EncryptionConfig = Field(default_factory=EncryptionConfig,
@@ -261,6 +269,11 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             raise StoreConfigError(f"key_prefix: {err}") from err
         self._stores: dict[str, Store] = {self.layout.key_prefix: self.store}
         self._stores_lock = threading.Lock()
+        cache_bytes = config.block_cache_bytes
+        if cache_bytes is None:
+            cache_bytes = BLOCK_CACHE_BYTES if getattr(self.store, "read_ahead_bytes", 0) else 0  # ReadAheadStore
+        self.block_cache = BlockCache(cache_bytes) if cache_bytes else None
+        """Whole blocks of sequential one-block reads (rsm.format.blockcache), shared by this manager's readers."""
         self.key_provider = config.encryption.key_provider()
         """The encryption keys (:mod:`rsm.encryption`), read from the key file / environment; None without."""
 
@@ -507,7 +520,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             ahead = getattr(store, "read_ahead_bytes", 0)  # ReadAheadStore
         return SegmentReader(store, keys, self.load_index(keys, store, cache_key),
                              on_bytes=self.fetch_throttle.acquire, read_ahead_bytes=ahead,
-                             read_ahead_request_bytes=self.config.read_ahead_request_bytes)
+                             read_ahead_request_bytes=self.config.read_ahead_request_bytes,
+                             block_cache=self.block_cache)
 
     def open_segment(self, segment_metadata: RemoteSegmentMetadata) -> SegmentHandle:
         """See :meth:`RemoteStorageManagerApi.open_segment`."""

@@ -40,7 +40,7 @@ from rsm.format.index import BlockInfo
 from rsm.store.base import Store
 
 __all__ = ["DEFAULT_REQUEST_BYTES", "PROCESS_BUDGET_BYTES", "START_REQUESTS", "ReadAhead", "fair_share_bytes",
-           "new_block_buffer", "read_ahead_bytes"]
+           "fetch_range", "new_block_buffer", "read_ahead_bytes"]
 
 MiB = 1024 * 1024
 DEFAULT_REQUEST_BYTES = 8 * MiB
@@ -88,7 +88,7 @@ def new_block_buffer(n: int) -> bytearray:
     return bytearray(n)
 
 
-def _fetch(store: Store, key: str, start: int, n: int) -> bytearray:
+def fetch_range(store: Store, key: str, start: int, n: int) -> bytearray:
     """Bytes ``start..start + n - 1`` of ``key``, whole, with one ranged GET (streamed into one buffer)."""
     buf = new_block_buffer(n)
     view = memoryview(buf)
@@ -149,7 +149,7 @@ class ReadAhead:
             pos, length, unit = self._units.popleft()
             _account(length)
             self._in_window += length
-            fut = worker_pool().submit(_fetch, self._store, self._key, pos, length)
+            fut = worker_pool().submit(fetch_range, self._store, self._key, pos, length)
             self._pending.append((fut, length, unit))
 
     def _release(self, length: int) -> None:

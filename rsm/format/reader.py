@@ -8,7 +8,9 @@ the byte position in the object and the Kafka offset when known; bad bytes are n
 Request costs: the index object is one GET (cache it: :class:`SegmentReader` is built from a decoded index),
 then one ranged GET per data object touched (a range inside one object is one GET, streamed); with read-ahead
 (``read_ahead_bytes``: S3 by default) a read of several blocks is instead ranged GETs of about 8 MiB each, several in
-flight (:mod:`rsm.format.readahead`), so a read of one block stays one GET.
+flight (:mod:`rsm.format.readahead`), so a read of one block stays one GET. Reads of one block at a time that follow
+each other (history Fetches) share a block cache (:mod:`rsm.format.blockcache`: S3 by default): each block is one
+GET, fetched ahead of the read that needs it.
 
 Encrypted copies (:mod:`rsm.format.crypto`): the ledger carries the copy's data key (``LedgerIndex.cipher``, set
 when the sealed index was opened); each block is read whole, authenticated and opened before any entry is parsed,
@@ -36,6 +38,7 @@ from rsm.format.block import (
     decode_block_header,
     read_block_header,
 )
+from rsm.format.blockcache import BlockCache
 from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
@@ -306,7 +309,7 @@ class SegmentReader(SegmentHandle):
 
     def __init__(self, store: Store, keys: SegmentKeys, ledger: LedgerIndex,
                  on_bytes: Callable[[int], None] | None = None, *, read_ahead_bytes: int = 0,
-                 read_ahead_request_bytes: int = DEFAULT_REQUEST_BYTES) -> None:
+                 read_ahead_request_bytes: int = DEFAULT_REQUEST_BYTES, block_cache: BlockCache | None = None) -> None:
         self.store = store
         self.keys = keys
         self.ledger = ledger
@@ -316,6 +319,8 @@ class SegmentReader(SegmentHandle):
         """Budget of a read of several blocks: ranged GETs in flight ahead of the parser (rsm.format.readahead);
         0: one GET streamed per data object."""
         self.read_ahead_request_bytes = read_ahead_request_bytes
+        self.block_cache = block_cache
+        """Whole blocks for sequential reads of one block at a time (rsm.format.blockcache); None: none."""
 
     # -- the SegmentHandle -------------------------------------------------------------------------------------
 
@@ -416,10 +421,33 @@ class SegmentReader(SegmentHandle):
                     fetched.close()  # type: ignore[attr-defined]
                 i = j + 1
                 continue
+            if i == j and self.block_cache is not None and self.ledger.cipher is None:
+                yield from self._one_block(i, self.block_cache)
+                i = j + 1
+                continue
             with self.store.get(key, start, end) as stream:
                 yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
                                               cipher=self.ledger.cipher)
             i = j + 1
+
+    def _one_block(self, i: int, cache: BlockCache) -> Iterator[EntryView]:
+        """Entries of block ``i`` of a plain copy: whole from the block cache when the read is sequential (the next
+        blocks fetched ahead), else streamed (rsm.format.blockcache)."""
+        block = self.ledger.blocks[i]
+        prefix = getattr(self.store, "key_prefix", "") or ""  # PrefixedStore
+        key = self.keys.data(block.object_number)
+        segment = prefix + self.keys.base
+        if cache.sequential(segment, prefix + key, block):
+            data = memoryview(cache.block(self.store, key, prefix + key, block, segment))
+            for nxt in self.ledger.blocks[i + 1:i + 1 + cache.depth(segment)]:
+                nxt_key = self.keys.data(nxt.object_number)
+                cache.prefetch(self.store, nxt_key, prefix + nxt_key, nxt)
+            yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
+                                      opener=_Fetched(iter([data])))
+            return
+        end = block.object_position + block.block_length - 1
+        with self.store.get(key, block.object_position, end) as stream:
+            yield from iter_block_entries(stream, [block], key=key, ledger_id=self.ledger.ledger_id)
 
     def _block_ordinal(self, block: BlockInfo) -> int:
         return block.part_id
