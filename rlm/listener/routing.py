@@ -55,7 +55,7 @@ ROUTES: dict[int, tuple[Route, Route]] = {
     ApiKey.METADATA: (H, W),
     ApiKey.DESCRIBE_CLUSTER: (H, W),
     ApiKey.FIND_COORDINATOR: (H, W),
-    ApiKey.LIST_OFFSETS: (H, S),  # EARLIEST below the broker's log start: the tier's
+    ApiKey.LIST_OFFSETS: (H, S),  # EARLIEST and timestamps below the broker's log start: the tier's
     ApiKey.FETCH: (H, S),  # partitions below the broker's log start: the tier's
     ApiKey.PRODUCE: (H, F),  # the endpoint refuses it (read-only); a proxy forwards it, up to PRODUCE_MAX_PROXIED
     ApiKey.SHARE_FETCH: (R, R),  # answers name leaders' addresses (not rewritten yet)

@@ -35,9 +35,10 @@ from rlm.tier.reader import (
     txn_search,
 )
 from rlm.tier.segments import checkpoint_epoch_at, epoch_pairs, epochs_for_range, from_rsm, to_rsm
-from rlm.tier.view import FetchResult, PartitionTier, TierView, TimestampHit, UnreadableCopyError
+from rlm.tier.view import Decided, FetchResult, PartitionTier, TierView, TimestampHit, UnreadableCopyError
 
 __all__ = [
+    "Decided",
     "FetchResult",
     "Isolation",
     "Lineage",

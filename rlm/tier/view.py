@@ -47,7 +47,7 @@ from rsm.log.batch import BATCH_HEADER_SIZE
 from rsm.log.errors import LogFormatError
 from rsm.log.records import iter_raw_records
 
-__all__ = ["FetchResult", "PartitionTier", "TierView", "TimestampHit", "UnreadableCopyError"]
+__all__ = ["Decided", "FetchResult", "PartitionTier", "TierView", "TimestampHit", "UnreadableCopyError"]
 
 FIRST_BATCH_CACHE = 16_384  # (partition, offset) -> size of a batch that did not fit: entries kept (about 2 MiB)
 
@@ -132,6 +132,17 @@ class FetchResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Decided:
+    """What the log's holder (the broker a listener proxies) says of transactions, for a read_committed fetch of the
+    tier: its ``last_stable_offset`` (every transaction that began below it is decided) and the transactions it
+    aborted that may cover the tier's records, ``aborted``: ``(producer id, first offset)``, as a Fetch answer
+    lists them."""
+
+    last_stable_offset: int
+    aborted: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TimestampHit:
     offset: int
     timestamp: int
@@ -180,10 +191,17 @@ class TierView:
 
     # --------------------------------------------------------------------------------------------- fetch
     def fetch(self, tp: TopicIdPartition, offset: int, max_bytes: int, *,
-              isolation: Isolation = Isolation.READ_UNCOMMITTED, at_least_one: bool = True) -> FetchResult:
+              isolation: Isolation = Isolation.READ_UNCOMMITTED, at_least_one: bool = True,
+              decided: Decided | None = None) -> FetchResult:
         """Whole batches from the one holding ``offset`` on, up to ``max_bytes`` (the first batch even past it when
         ``at_least_one``: Kafka's rule for the first partition of a response with data), below the high watermark
         (read_uncommitted) or the last stable offset (read_committed).
+
+        ``decided``: for read_committed, what the log's holder (a proxied broker) knows of transactions the tier
+        may not have seen decided (their markers not tiered yet): reads go up to the lower of the tier's high
+        watermark and the holder's last stable offset, and the holder's aborted transactions are sent with the
+        tier's. Pass it only when the holder's last stable offset is above its log start offset (Kafka raises a last
+        stable offset below the log start to it: equal, a transaction begun below may still be open).
 
         Nothing is read from the store when no batch can be sent: ``max_bytes`` below a batch header
         (:data:`~rsm.log.batch.BATCH_HEADER_SIZE`, 61 bytes) without ``at_least_one``, or once the bytes taken
@@ -202,6 +220,8 @@ class TierView:
         bound = tier.end_offset(isolation)
         if isolation == Isolation.READ_COMMITTED:
             out.aborted = []
+            if decided is not None:
+                bound = min(tier.high_watermark, decided.last_stable_offset)
         if offset >= bound or not self._room(max_bytes, out.size, at_least_one):
             return out
         if not at_least_one:
@@ -253,6 +273,9 @@ class TierView:
                             if key not in seen:
                                 seen.add(key)
                                 out.aborted.append(key)  # type: ignore[union-attr]
+                if decided is not None and out.aborted is not None and last_offset >= md.start_offset:
+                    seen = set(out.aborted)
+                    out.aborted += [t for t in decided.aborted if t[1] <= last_offset and t not in seen]
                 if last_offset < end and not full:
                     full = True  # the plan's byte budget ended inside this segment
         except UNREADABLE as err:

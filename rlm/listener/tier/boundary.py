@@ -10,37 +10,115 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   holding the fetch offset on, as stored; the client's next fetch offset follows the last record it got, below the
   broker's log start (the tier again) or not (the broker): no offset is skipped or served twice. The partition keeps the
   broker's high watermark and last stable offset; its log start offset is the tier's. Where the tier has nothing at the
-  fetch offset (below the tier's start, or a hole between the tier's end and the broker's log start) the broker's
-  OFFSET_OUT_OF_RANGE stands.
-- **ListOffsets EARLIEST**: the tier's log start offset (and its leader epoch) when it is below the broker's answer
-  and the client's principal may DESCRIBE the topic.
+  fetch offset (below the tier's start, or a hole) the broker's OFFSET_OUT_OF_RANGE stands. read_committed: when the
+  broker's last stable offset is above its log start, every transaction begun below it is decided, markers tiered or
+  not: the tier is read up to its high watermark and the broker's aborted transactions (of a Fetch at its log start)
+  come with the tier's (:class:`rlm.tier.Decided`); otherwise the tier's own last stable offset bounds the read.
+- **A hole**: the tier ends below the broker's log start (copy lag past local retention): offsets
+  ``tier's high watermark .. broker's log start - 1`` are nowhere. A Fetch there gets the broker's OFFSET_OUT_OF_RANGE,
+  as from Kafka; each hole is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range
+  (:class:`Holes`), when a Fetch or ListOffsets meets it.
+- **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
+  the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
+  hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
+  Kafka's after retention) and the client's principal may DESCRIBE the topic. A timestamp lookup is the tier's
+  (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes) when the first record at or after the
+  timestamp lies below the broker's log start; LATEST and the other special timestamps are the broker's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client import Counter
 
 from rlm.listener.authz import DESCRIBE
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.codec import ErrorCode, build
+from rlm.listener.tier.catalog import ServedTopic
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import fetch
-from rlm.listener.tier.offsets import EARLIEST
-from rlm.tier import UnreadableCopyError
+from rlm.listener.tier.offsets import EARLIEST, offset_of
+from rlm.tier import Decided, Isolation, PartitionTier, UnreadableCopyError
+from rlmm.api import TopicIdPartition
 
-__all__ = ["BrokerBounds", "earliest_below_log_start", "fetch_below_log_start", "out_of_range"]
+__all__ = ["BrokerBounds", "Holes", "fetch_below_log_start", "list_offsets_below_log_start",
+           "out_of_range", "served_partitions"]
+
+log = logging.getLogger(__name__)
+
+HOLES = Counter("rlm_history_tier_holes", "Holes met by the proxy: ranges below the broker's log start that the "
+                "tier does not hold (each range counted once)", ["topic"])
+REPORTED_HOLES = 10_000  # holes remembered as already counted and logged (then they are counted again)
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerBounds:
     """A partition's bounds in the broker's log, asked with ListOffsets: a Fetch answered OFFSET_OUT_OF_RANGE
-    carries none (Kafka sets them to -1 on a partition error)."""
+    carries none (Kafka sets them to -1 on a partition error). ``aborted``: for read_committed, the transactions the
+    broker aborted that began below its log start, ``(producer id, first offset)`` (asked only when needed)."""
 
     log_start_offset: int
     high_watermark: int
     last_stable_offset: int
+    aborted: tuple[tuple[int, int], ...] | None = None
+
+    def decided(self) -> Decided | None:
+        """What the broker says of transactions for a read_committed read of the tier (:class:`rlm.tier.Decided`),
+        when it says anything: its last stable offset above its log start, and its aborted transactions known."""
+        if self.aborted is None or self.last_stable_offset <= self.log_start_offset:
+            return None
+        return Decided(self.last_stable_offset, self.aborted)
+
+
+class Holes:
+    """Holes met, each counted and logged once: a hole is its partition and range, so a hole that grows (the broker's
+    log start moved on) is a new one. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def met(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int, api: str) -> None:
+        key = (tp, first_offset, last_offset_inclusive)
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen[key] = None
+            while len(self._seen) > REPORTED_HOLES:
+                self._seen.popitem(last=False)
+        HOLES.labels(tp.topic).inc()
+        log.error("proxy: a hole below the broker's log start: these offsets are neither remote nor on the broker "
+                  "(the broker's retention deleted them before they were tiered); a Fetch of them is answered "
+                  "OFFSET_OUT_OF_RANGE (logged once per hole)", extra={
+                      "topic_partition": str(tp), "first_offset": first_offset,
+                      "last_offset_inclusive": last_offset_inclusive,
+                      "offsets": last_offset_inclusive - first_offset + 1, "api": api})
+
+    def check(self, tier: PartitionTier | None, log_start_offset: int, api: str) -> bool:
+        """Whether ``tier`` ends below the broker's ``log_start_offset`` (a hole: counted and logged once)."""
+        if tier is None or tier.high_watermark >= log_start_offset:
+            return False
+        self.met(tier.tp, tier.high_watermark, log_start_offset - 1, api)
+        return True
+
+
+def served_partitions(ctx: TierContext, names: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Of ``names`` (topic name -> partitions), those the tier serves."""
+    out: dict[str, list[int]] = {}
+    for name, parts in names.items():
+        served = ctx.catalog.by_name(name)
+        if served is not None:
+            ours = [p for p in parts if p in served.partitions]
+            if ours:
+                out[name] = ours
+    return out
 
 
 def _key(topic: Any) -> Any:
@@ -68,10 +146,10 @@ def out_of_range(ctx: TierContext, req: Any, resp: Any) -> dict[tuple[Any, int],
 
 
 def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
-                          bounds: dict[tuple[Any, int], BrokerBounds]) -> Any:
+                          bounds: dict[tuple[Any, int], BrokerBounds], holes: Holes) -> Any:
     """``resp`` (the broker's Fetch answer to ``req``, kio entities) with the partitions below the broker's log start
     (``bounds``: those :func:`out_of_range` named, as the broker gives them now) answered from the tier where it
-    holds them (see the module's docstring)."""
+    holds them (see the module's docstring); a hole met is told to ``holes``."""
     asked = {(_key(t), p.partition): p for t in req.topics for p in t.partitions}
     below = {k for k, b in bounds.items() if 0 <= asked[k].fetch_offset < b.log_start_offset}
     if not below:
@@ -81,7 +159,8 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
         dataclasses.replace(t, partitions=tuple(p for p in t.partitions if (_key(t), p.partition) in below))
         for t in req.topics if any((_key(t), p.partition) in below for p in t.partitions)))
     cap = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
-    values, _size = fetch(ctx, sub, client, budget=max(cap - used, 0))
+    decided = {k: d for k in below if (d := bounds[k].decided()) is not None}
+    values, _size = fetch(ctx, sub, client, budget=max(cap - used, 0), decided=decided)
     tier: dict[tuple[Any, int], dict[str, Any]] = {}
     named = isinstance(next(iter(below))[0], str)  # the request's version names topics (before v13)
     for t in values["responses"]:
@@ -95,6 +174,9 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
         for p in t.partitions:
             got = tier.get((key, p.partition_index))
             if got is None or _nothing_there(got, asked[(key, p.partition_index)].fetch_offset):
+                if got is not None and (key, p.partition_index) in below:
+                    _hole_at(ctx, holes, key, p.partition_index, asked[(key, p.partition_index)].fetch_offset,
+                             bounds[(key, p.partition_index)].log_start_offset)
                 parts.append(p)
                 continue
             b = bounds[(key, p.partition_index)]
@@ -117,28 +199,55 @@ def _nothing_there(got: dict[str, Any], fetch_offset: int) -> bool:
     return got["error_code"] == ErrorCode.none and not got["records"] and fetch_offset >= got["high_watermark"]
 
 
-def earliest_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client) -> Any:
-    """``resp`` (the broker's ListOffsets answer to ``req``) with EARLIEST answered by the tier's log start offset
-    where it is below the broker's and the client's principal may DESCRIBE the topic."""
-    asked = {(t.name, p.partition_index) for t in req.topics for p in t.partitions if p.timestamp == EARLIEST}
-    if not asked:
+def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_offset: int, log_start: int) -> None:
+    """A Fetch the tier could not answer below the broker's log start: a hole when the tier ends below both."""
+    served = ctx.catalog.by_name(key) if isinstance(key, str) else ctx.catalog.by_id(key)
+    if served is None:
+        return
+    pt = ctx.partition_tier(served.tp(partition), "fetch")
+    if pt is not None and pt.high_watermark <= fetch_offset:
+        holes.check(pt, log_start, "fetch")
+
+
+def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
+                                 log_starts: dict[tuple[str, int], int], holes: Holes) -> Any:
+    """``resp`` (the broker's ListOffsets answer to ``req``) with EARLIEST and timestamp lookups answered by the tier
+    where the module's docstring says. ``log_starts``: the broker's log start offset of the partitions asked by
+    timestamp, (topic, partition) -> offset (EARLIEST's own answer is the broker's log start)."""
+    wanted = {(t.name, p.partition_index): p.timestamp for t in req.topics for p in t.partitions
+              if p.timestamp == EARLIEST or p.timestamp >= 0}
+    if not wanted:
         return resp
-    ok = ctx.allowed(client, DESCRIBE, {t.name for t in resp.topics if ctx.catalog.by_name(t.name) is not None})
+    isolation = Isolation.from_id(getattr(req, "isolation_level", 0))
+
+    def change(served: ServedTopic, p: Any) -> Any:
+        ts = wanted.get((served.name, p.partition_index))
+        if ts == EARLIEST:
+            pt = ctx.partition_tier(served.tp(p.partition_index), "list_offsets")
+            if pt is not None and pt.log_start_offset < p.offset and not holes.check(pt, p.offset, "list_offsets"):
+                return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
+        elif ts is not None and (served.name, p.partition_index) in log_starts:
+            try:
+                hit = offset_of(ctx, served, p.partition_index, ts, isolation)
+            except UnreadableCopyError as err:  # the broker's answer stands
+                ctx.unreadable(err, "list_offsets")
+                hit = {}
+            if "offset" in hit and hit["offset"] < log_starts[(served.name, p.partition_index)]:
+                return build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, **hit})
+        return p
+
+    return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)
+
+
+def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name: Callable[[Any], str],
+                               index: Callable[[Any], int], change: Callable[[ServedTopic, Any], Any]) -> Any:
+    """``resp`` (a broker's answer whose ``topics`` each hold ``partitions``) with every partition answered without an
+    error, of a topic the tier serves and the client's principal may DESCRIBE, replaced by ``change(topic, p)``."""
+    ok = ctx.allowed(client, DESCRIBE, {name(t) for t in resp.topics if ctx.catalog.by_name(name(t)) is not None})
     topics = []
     for t in resp.topics:
-        served = ctx.catalog.by_name(t.name) if t.name in ok else None
-        parts = []
-        for p in t.partitions:
-            if served is not None and (t.name, p.partition_index) in asked and p.error_code == ErrorCode.none \
-                    and p.partition_index in served.partitions:
-                try:
-                    pt = ctx.tier.partition(served.tp(p.partition_index))
-                except UnreadableCopyError as err:  # the broker's answer stands
-                    ctx.unreadable(err, "list_offsets")
-                    pt = None
-                if pt is not None and pt.log_start_offset < p.offset:
-                    p = dataclasses.replace(p, offset=pt.log_start_offset,
-                                            leader_epoch=pt.epoch_of(pt.log_start_offset))
-            parts.append(p)
-        topics.append(dataclasses.replace(t, partitions=tuple(parts)))
+        served = ctx.catalog.by_name(name(t)) if name(t) in ok else None
+        topics.append(dataclasses.replace(t, partitions=tuple(
+            change(served, p) if served is not None and p.error_code == ErrorCode.none
+            and index(p) in served.partitions else p for p in t.partitions)))
     return dataclasses.replace(resp, topics=tuple(topics))

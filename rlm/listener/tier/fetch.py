@@ -7,18 +7,20 @@ not READ is TOPIC_AUTHORIZATION_FAILED, and one unreadable copy is that partitio
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from rlm.listener.authz import READ
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier.context import TierContext
-from rlm.tier import FetchResult, Isolation, UnreadableCopyError
+from rlm.tier import Decided, FetchResult, Isolation, UnreadableCopyError
 
 __all__ = ["fetch", "partition_answer"]
 
 
-def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = None) -> tuple[dict[str, Any], int]:
+def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = None,
+          decided: Mapping[tuple[Any, int], Decided] | None = None) -> tuple[dict[str, Any], int]:
     """The Fetch response and the record bytes it carries (for ``min_bytes``).
 
     As Kafka's broker: the request's partitions are a map (a partition listed twice is answered once, from its
@@ -28,7 +30,8 @@ def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = No
     reached with no budget left gets its bounds (from the tier's metadata) and no records: nothing of it is
     read from the store. ``budget`` (the server's room for queued answers) lowers the cap further. A topic the
     client may not READ is TOPIC_AUTHORIZATION_FAILED for each of its partitions (an unknown topic id stays
-    UNKNOWN_TOPIC_ID: there is no name to authorize)."""
+    UNKNOWN_TOPIC_ID: there is no name to authorize). ``decided``: (topic name or id, partition) -> what a proxied
+    broker says of transactions the tier may not have seen decided (:class:`rlm.tier.Decided`), for read_committed."""
     isolation = Isolation.from_id(getattr(req, "isolation_level", 0))
     topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
     wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
@@ -63,7 +66,8 @@ def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = No
         # No budget left (and data already in the answer): the tier reads nothing (max_bytes 0).
         try:
             res = ctx.tier.fetch(topic.tp(index), p.fetch_offset, max(min(p.partition_max_bytes, left), 0),
-                                  at_least_one=total == 0, isolation=isolation)
+                                  at_least_one=total == 0, isolation=isolation,
+                                  decided=decided.get((key, index)) if decided else None)
         except UnreadableCopyError as err:  # this partition only: the others are served
             ctx.unreadable(err, "fetch")
             parts[key].append(partition_answer(index, FetchResult(), ErrorCode.kafka_storage_error))

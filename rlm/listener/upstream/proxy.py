@@ -4,13 +4,16 @@ answer brought back, rewritten (broker addresses) or split (the tier's part merg
 FORWARD keeps the bytes (only the correlation id is mapped, :class:`~rlm.listener.upstream.brokers.Upstream`): the
 request is not even decoded, so any version the broker speaks passes. A Produce with ``acks=0`` gets no answer, from
 the broker or from us. REWRITE and SPLIT decode the broker's answer (kio) on a worker, change it and encode it
-again; SPLIT also forwards a Fetch that asks for no fetch session (see the routing module).
+again; SPLIT also forwards a Fetch that asks for no fetch session (see the routing module), and asks the broker, on
+the client's own connection to it, what the merge needs: the log start offset of the partitions concerned
+(ListOffsets EARLIEST), for Fetch its high watermark and last stable offset too, and for a read_committed Fetch of a
+tier that sees a transaction open at its end the transactions the broker aborted (a Fetch at its log start).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rlm.listener.net.principals import Client
@@ -18,7 +21,14 @@ from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import ErrorCode, decode_response, encode_request, encode_response, produce_acks
 from rlm.listener.protocol.frame import SIZE, RequestHeader
 from rlm.listener.routing import Route
-from rlm.listener.tier.boundary import BrokerBounds, earliest_below_log_start, fetch_below_log_start, out_of_range
+from rlm.listener.tier.boundary import (
+    BrokerBounds,
+    Holes,
+    fetch_below_log_start,
+    list_offsets_below_log_start,
+    out_of_range,
+    served_partitions,
+)
 from rlm.listener.tier.context import TierContext
 from rlm.listener.upstream.brokers import Upstream
 from rlm.listener.upstream.rewrite import PeerAddresses
@@ -29,6 +39,7 @@ Run = Callable[..., Awaitable[Any]]  # runs a blocking function on the listener'
 NO_SESSION_ID = 0
 NO_SESSION_EPOCH = -1  # Kafka's FetchMetadata.FINAL_EPOCH with session id 0: a full fetch, no session made
 BOUNDS_LIST_OFFSETS_VERSION = 5  # the ListOffsets the proxy asks its broker for bounds (the last non-flexible one)
+ABORTED_FETCH_VERSION = 11  # the Fetch the proxy asks its broker for aborted transactions (topics by name)
 EARLIEST, LATEST = -2, -1
 
 
@@ -42,6 +53,7 @@ class Proxy:
         self.upstream = upstream
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
+        self.holes = Holes()
 
     def connection(self) -> Upstream:
         """A new client connection's connection to the broker (opened at its first request)."""
@@ -75,46 +87,98 @@ class Proxy:
                 return body, out_of_range(self.ctx, req, body)
 
             body, refused = await run(decode)
-            bounds = await self._bounds(upstream, refused, req.isolation_level) if refused else {}
+            bounds = await self._bounds(upstream, refused, req.isolation_level, run) if refused else {}
 
             def merge() -> bytes:
-                merged = fetch_below_log_start(self.ctx, req, body, client, bounds) if bounds else body
+                merged = fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes) if bounds else body
                 return encode_response(header, self.peers.fetch(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
 
             return await run(merge)
         if key == ApiKey.LIST_OFFSETS:
+            by_ts = _by_name((t.name, p.partition_index) for t in req.topics for p in t.partitions if p.timestamp >= 0)
+            starts = await self._log_starts(upstream, served_partitions(self.ctx, by_ts)) if by_ts else {}
             answer = await upstream.request(frame)
-            return await run(_rewritten, answer, header,
-                             lambda body: earliest_below_log_start(self.ctx, req, body, client))
+            return await run(_rewritten, answer, header, lambda body: list_offsets_below_log_start(
+                self.ctx, req, body, client, starts, self.holes))
         raise ValueError(f"api key {key} has no proxied route {route}")
 
+    async def _log_starts(self, upstream: Upstream, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int]:
+        """The broker's log start offset of ``partitions`` (topic -> partitions; none asked when empty)."""
+        return await _list_offsets(upstream, partitions, EARLIEST, 0) if partitions else {}
 
-    async def _bounds(self, upstream: Upstream, partitions: dict[tuple[Any, int], str], isolation: int
+
+    async def _bounds(self, upstream: Upstream, partitions: dict[tuple[Any, int], str], isolation: int, run: Run
                       ) -> dict[tuple[Any, int], BrokerBounds]:
         """The broker's log start offset, high watermark and last stable offset of ``partitions`` ((topic key,
         partition) -> topic name), by ListOffsets EARLIEST and LATEST on the client's connection to the broker; a
-        partition the broker answers with an error is left out (the tier then answers nothing for it)."""
-        by_name: dict[str, list[int]] = {}
-        for (_key, p), name in partitions.items():
-            by_name.setdefault(name, []).append(p)
-
-        async def ask(timestamp: int, isolation_level: int) -> dict[tuple[str, int], int]:
-            body = await upstream.ask(ApiKey.LIST_OFFSETS, BOUNDS_LIST_OFFSETS_VERSION, {
-                "replica_id": -1, "isolation_level": isolation_level, "topics": [
-                    {"name": name, "partitions": [{"partition_index": p, "current_leader_epoch": -1,
-                                                   "timestamp": timestamp} for p in parts]}
-                    for name, parts in by_name.items()]})
-            return {(t.name, p.partition_index): p.offset for t in body.topics for p in t.partitions
-                    if p.error_code == ErrorCode.none}
-
-        start, end = await ask(EARLIEST, 0), await ask(LATEST, 0)
-        stable = await ask(LATEST, 1) if isolation == 1 else end
+        partition the broker answers with an error is left out (the tier then answers nothing for it). For
+        read_committed (``isolation`` 1), a partition whose tier sees a transaction open at its end while the broker's
+        last stable offset is past its log start also gets the broker's aborted transactions there."""
+        by_name = _by_name((name, p) for (_key, p), name in partitions.items())
+        start = await _list_offsets(upstream, by_name, EARLIEST, 0)
+        end = await _list_offsets(upstream, by_name, LATEST, 0)
+        stable = await _list_offsets(upstream, by_name, LATEST, 1) if isolation == 1 else end
         out = {}
         for key, name in partitions.items():
             at = (name, key[1])
             if at in start and at in end and at in stable:
                 out[key] = BrokerBounds(start[at], end[at], stable[at])
+        if isolation == 1:
+            unsure = await run(self._open_in_tier, {k: partitions[k] for k, b in out.items()
+                                                    if b.last_stable_offset > b.log_start_offset})
+            for k in unsure:
+                aborted = await _aborted(upstream, partitions[k], k[1], out[k].log_start_offset)
+                if aborted is not None:
+                    out[k] = dataclasses.replace(out[k], aborted=aborted)
         return out
+
+    def _open_in_tier(self, partitions: dict[tuple[Any, int], str]) -> list[tuple[Any, int]]:
+        """Those of ``partitions`` whose tier sees a transaction still open at its end (on a worker)."""
+        out = []
+        for key, name in partitions.items():
+            served = self.ctx.catalog.by_name(name)
+            pt = self.ctx.partition_tier(served.tp(key[1]), "fetch") if served is not None else None
+            if pt is not None and pt.last_stable_offset < pt.high_watermark:
+                out.append(key)
+        return out
+
+
+def _by_name(partitions: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name, p in partitions:
+        if p not in out.setdefault(name, []):
+            out[name].append(p)
+    return out
+
+
+async def _list_offsets(upstream: Upstream, by_name: dict[str, list[int]], timestamp: int, isolation_level: int
+                        ) -> dict[tuple[str, int], int]:
+    """The broker's ListOffsets answer at ``timestamp`` for ``by_name`` (topic -> partitions), the partitions it
+    answers without an error: (topic, partition) -> offset."""
+    body = await upstream.ask(ApiKey.LIST_OFFSETS, BOUNDS_LIST_OFFSETS_VERSION, {
+        "replica_id": -1, "isolation_level": isolation_level, "topics": [
+            {"name": name, "partitions": [{"partition_index": p, "current_leader_epoch": -1,
+                                           "timestamp": timestamp} for p in parts]}
+            for name, parts in by_name.items()]})
+    return {(t.name, p.partition_index): p.offset for t in body.topics for p in t.partitions
+            if p.error_code == ErrorCode.none}
+
+
+async def _aborted(upstream: Upstream, topic: str, partition: int, log_start_offset: int
+                   ) -> tuple[tuple[int, int], ...] | None:
+    """The transactions the broker aborted that cover its log start, ``(producer id, first offset)``: its answer to a
+    read_committed Fetch there (one batch: the first partition of an answer always gets one, KIP-74), whose aborted
+    transactions are those overlapping what it read. None when it answers with an error."""
+    body = await upstream.ask(ApiKey.FETCH, ABORTED_FETCH_VERSION, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1, "isolation_level": 1, "session_id": 0,
+        "session_epoch": NO_SESSION_EPOCH, "rack_id": "", "topics": [{"topic": topic, "partitions": [
+            {"partition": partition, "fetch_offset": log_start_offset, "current_leader_epoch": -1,
+             "log_start_offset": -1, "partition_max_bytes": 1}]}]})
+    for t in body.responses:
+        for p in t.partitions:
+            if p.partition_index == partition and p.error_code == ErrorCode.none:
+                return tuple((int(a.producer_id), int(a.first_offset)) for a in p.aborted_transactions or ())
+    return None
 
 
 def _rewritten(answer: bytes | None, header: RequestHeader, change: Callable[[Any], Any]) -> bytes:

@@ -5,21 +5,28 @@ gives up the start of each partition (DeleteRecords to an offset inside the tier
 known offset: the boundary falls inside a segment): offsets below it exist only remotely. Clients connect to the
 listener alone: a ``subscribe()`` consumer group reads from offset 0 across the boundary and commits on the broker;
 raw Fetches show the crossing is exact and the answers keep the client's order.
+
+Two more topics in the same set-up: ``hole``, whose tier ends below the broker's log start (the records past the
+tier's end stay in the broker's active segment, never rolled, and DeleteRecords moves the log start past some of
+them); and ``txn``, where a committed and an aborted transaction begin in a tiered segment and end (their markers) in
+the broker's active segment, never tiered, with the broker's log start between.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from devtools.devkafka import KafkaCluster
@@ -33,12 +40,26 @@ from tests.kafka_util import produce
 from tests.rlm.listener.conftest import Rec, broker_watermarks, consume_until
 from tests.rlm.listener.raw_wire import call
 from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.txn import TxnProducer
 
 PARTITIONS = 2
 ROUNDS, PER_ROUND = 3, 40  # per partition: three segments of 40 records (batches of up to 10), then a roll
 SEGMENT_MS = 300
 LOG_START = {0: 2 * PER_ROUND - 7, 1: PER_ROUND + 3}  # the broker's log start after DeleteRecords: inside segments
 EARLIEST = -2
+TIERED = ROUNDS * PER_ROUND  # the tier's high watermark (main and hole)
+HOLE_AFTER, HOLE = 10, 5  # hole: records after the tier's end, in the active segment; the first HOLE deleted
+FUTURE_MS = 600_000  # explicit timestamps this far ahead: segments roll only where the test's timestamps say
+
+
+@dataclass
+class Txns:
+    """The txn topic: what a read_committed consumer must see, the aborted offsets, and where things are."""
+
+    committed: dict[int, tuple[bytes, bytes]]  # offset -> (key, value): plain records and the committed transaction
+    aborted: dict[int, tuple[bytes, bytes]]
+    tiered: int  # the tier's high watermark: the first offset of the active segment
+    log_start: int  # the broker's, after DeleteRecords: inside both transactions' tiered records
 
 
 @dataclass
@@ -47,6 +68,10 @@ class Proxied:
     listener: Listener
     topic: str
     sent: dict[tuple[int, int], tuple[bytes, bytes]]  # (partition, offset) -> (key, value)
+    hole_topic: str = ""
+    hole_sent: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    txn_topic: str = ""
+    txns: Txns | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -58,6 +83,12 @@ class Proxied:
             for (_part, off), rec in zip(produce(self.kafka, self.topic, recs, partition=p, **{
                     "batch.num.messages": 10}), recs, strict=True):
                 self.sent[(p, off)] = rec
+
+    def produce_hole(self, n: int, tag: str, timestamp_ms: int = 0) -> None:
+        recs = [(f"{tag}-{i}".encode(), f"{tag}-hole-{i}".encode() * 3, None, timestamp_ms) for i in range(n)]
+        for (_part, off), rec in zip(produce(self.kafka, self.hole_topic, recs, **{"batch.num.messages": 10}), recs,
+                                     strict=True):
+            self.hole_sent[off] = (rec[0], rec[1])
 
     def end(self, partition: int) -> int:
         return broker_watermarks(self.kafka, self.topic, partition)[1]
@@ -71,40 +102,96 @@ class Proxied:
 @pytest.fixture(scope="module")
 def proxied(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     tmp: Path = tmp_path_factory.mktemp("proxy")
-    topic = f"proxy-{uuid.uuid4().hex[:6]}"
+    tag = uuid.uuid4().hex[:6]
+    topic, hole_topic, txn_topic = f"proxy-{tag}", f"proxy-{tag}-hole", f"proxy-{tag}-txn"
     tid = kafka.create_topic(topic, PARTITIONS, config={"segment.ms": str(SEGMENT_MS)})
-    setup = Proxied(kafka, None, topic, {})  # type: ignore[arg-type]
+    hole_tid = kafka.create_topic(hole_topic, 1, config={"segment.ms": str(SEGMENT_MS)})
+    txn_tid = kafka.create_topic(txn_topic, 1, config={"segment.ms": str(SEGMENT_MS)})
+    setup = Proxied(kafka, None, topic, {}, hole_topic=hole_topic, txn_topic=txn_topic)  # type: ignore[arg-type]
+    tiered_txns = _transactions(kafka, txn_topic)
     for r in range(ROUNDS):
         setup.produce(PER_ROUND, f"r{r}")
+        setup.produce_hole(PER_ROUND, f"r{r}")
         time.sleep(SEGMENT_MS / 1000 + 0.05)
     for p in range(PARTITIONS):  # rolls the segment of the last round: the tier ends at ROUNDS * PER_ROUND
         produce(kafka, topic, [(b"__roll__", b"r")], partition=p)
         setup.sent[(p, ROUNDS * PER_ROUND)] = (b"__roll__", b"r")
-    settings = make_settings(kafka, tmp, topics={"include": [topic]}, history_listener={
+    # hole: the same roll, by records timestamped ahead, so that the segment they start never rolls (nothing is
+    # produced to it later): the tier ends at TIERED, the broker's log goes on to TIERED + HOLE_AFTER.
+    setup.produce_hole(HOLE_AFTER, "after", int(time.time() * 1000) + FUTURE_MS)
+    settings = make_settings(kafka, tmp, topics={"include": [topic, hole_topic, txn_topic]}, history_listener={
         "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True}})
     sidecar = Sidecar(settings).start()
     listener: Listener | None = None
     try:
         listener = setup.listener = start_listener(settings, sidecar.rsm)
         tier = listener.server.router.ctx.tier
-        for p in range(PARTITIONS):
-            tp = TopicIdPartition(tid, topic, p)
-
-            def tiered(tp: TopicIdPartition = tp) -> bool:
+        want = {TopicIdPartition(tid, topic, p): TIERED for p in range(PARTITIONS)}
+        want[TopicIdPartition(hole_tid, hole_topic, 0)] = TIERED
+        want[TopicIdPartition(txn_tid, txn_topic, 0)] = tiered_txns.tiered
+        for tp, end in want.items():
+            def tiered(tp: TopicIdPartition = tp, end: int = end) -> bool:
                 tier.refresh([tp])
                 t = tier.partition(tp)
-                return t is not None and (t.log_start_offset, t.high_watermark) == (0, ROUNDS * PER_ROUND)
-            wait_for(tiered, 60, f"{tp} tiered up to {ROUNDS * PER_ROUND}")
+                return t is not None and (t.log_start_offset, t.high_watermark) == (0, end)
+            wait_for(tiered, 60, f"{tp} tiered up to {end}")
+        # The txn topic's tier sees both transactions open at its end (their markers are not tiered).
+        t = tier.partition(TopicIdPartition(txn_tid, txn_topic, 0))
+        assert t is not None and t.last_stable_offset < t.high_watermark, t
+        starts = {(topic, p): o for p, o in LOG_START.items()}
+        starts[(hole_topic, 0)] = TIERED + HOLE
+        starts[(txn_topic, 0)] = tiered_txns.log_start
         admin = AdminClient(kafka.admin_config())
-        for fut in admin.delete_records([TopicPartition(topic, p, o) for p, o in LOG_START.items()]).values():
+        for fut in admin.delete_records([TopicPartition(t, p, o) for (t, p), o in starts.items()]).values():
             fut.result(30)
-        for p, o in LOG_START.items():
-            assert broker_watermarks(kafka, topic, p)[0] == o
+        for (t, p), o in starts.items():
+            assert broker_watermarks(kafka, t, p)[0] == o
+        setup.txns = tiered_txns
         yield setup
     finally:
         if listener is not None:
             listener.stop()
         sidecar.stop()
+
+
+def _transactions(kafka: KafkaCluster, topic: str) -> Txns:
+    """The txn topic: 20 plain records (segment 1); a committed and an aborted transaction of 10 records each
+    (segment 2); one plain record that rolls segment 3, 10 more records of each transaction, their markers and 5
+    plain records (segment 3, never rolled). Timestamps are set ahead, a second per segment, so that segments roll
+    exactly there (the markers, stamped now by the broker, roll nothing). The tier holds segments 1 and 2; the
+    broker's log start is put inside the aborted transaction's first records."""
+    base = int(time.time() * 1000) + FUTURE_MS
+    committed: dict[int, tuple[bytes, bytes]] = {}
+    aborted: dict[int, tuple[bytes, bytes]] = {}
+
+    def send(p: Any, tag: str, n: int, ts: int, into: dict[int, tuple[bytes, bytes]]) -> list[int]:
+        sent: dict[int, tuple[bytes, bytes]] = {}
+
+        def cb(err: Any, msg: Any) -> None:
+            assert err is None, err
+            sent[msg.offset()] = (msg.key(), msg.value())
+
+        for i in range(n):
+            p.produce(topic, key=f"{tag}-{i}".encode(), value=f"{tag}-value-{i}".encode() * 5, partition=0,
+                      timestamp=ts, on_delivery=cb)
+        assert p.flush(30) == 0 and len(sent) == n
+        into.update(sent)
+        return sorted(sent)
+
+    plain = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
+    yes, no = TxnProducer(kafka, topic), TxnProducer(kafka, topic)
+    send(plain, "plain-a", 20, base, committed)
+    yes.p.begin_transaction()
+    no.p.begin_transaction()
+    send(yes.p, "yes-a", 10, base + 1000, committed)
+    first_aborted = send(no.p, "no-a", 10, base + 1000, aborted)[0]
+    (tiered,) = send(plain, "plain-b", 1, base + 2000, committed)
+    send(yes.p, "yes-b", 10, base + 2000, committed)
+    send(no.p, "no-b", 10, base + 2000, aborted)
+    yes.p.commit_transaction(30)
+    no.p.abort_transaction(30)
+    send(plain, "plain-c", 5, base + 2000, committed)
+    return Txns(committed, aborted, tiered, first_aborted + 5)
 
 
 def committed(kafka: KafkaCluster, group: str, topic: str) -> dict[int, int]:
@@ -242,6 +329,116 @@ def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied)
                                    "topics": [{"name": proxied.topic, "partitions": asked}]})
             assert {p.partition_index: (p.error_code, p.offset) for p in lo.topics[0].partitions} == {
                 p: (0, o) for p, o in want.items()}, ts
+
+
+def _partition(resp: Any) -> Any:
+    (t,) = resp.responses
+    (p,) = t.partitions
+    return p
+
+
+def _list_offsets(sock: socket.socket, topic: str, timestamp: int, partition: int = 0) -> Any:
+    (t,) = call(sock, 2, 5, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
+        {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]}).topics
+    (p,) = t.partitions
+    return p
+
+
+def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
+        proxied: Proxied, caplog: pytest.LogCaptureFixture) -> None:
+    """hole's tier ends at TIERED, the broker's log starts at TIERED + HOLE: a Fetch inside the hole gets the very
+    partition answer the broker gives (OFFSET_OUT_OF_RANGE), the last tiered offset is still served; EARLIEST is the
+    broker's log start (the tier's would send a resetting consumer back below the hole, forever); the hole is counted
+    once and logged once with its range, however often it is met. A consumer positioned at 0 reads the tier, meets
+    the hole, resets to earliest as Kafka makes it, and reads the broker's log: every offset but the hole's, once."""
+    topic, start = proxied.hole_topic, TIERED + HOLE
+    before = REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic}) or 0.0
+    host, port = proxied.kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    with caplog.at_level(logging.ERROR, logger="rlm.listener.tier.boundary"), \
+            socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock, \
+            socket.create_connection((host, int(port)), timeout=30) as broker:
+        for offset in (TIERED, TIERED + 2, start - 1):
+            ours = _partition(_fetch(sock, topic, [(0, offset)]))
+            kafkas = _partition(_fetch(broker, topic, [(0, offset)]))
+            assert ours.error_code == 1 and ours == kafkas, offset  # OFFSET_OUT_OF_RANGE, the broker's very answer
+        last = _partition(_fetch(sock, topic, [(0, TIERED - 1)]))
+        assert last.error_code == 0 and _offsets(last.records, TIERED - 1) == [TIERED - 1]
+        earliest = _list_offsets(sock, topic, EARLIEST)
+        assert (earliest.error_code, earliest.offset) == (0, start)
+    holes = [(r.topic_partition, r.first_offset, r.last_offset_inclusive) for r in caplog.records  # type: ignore[attr-defined]
+             if hasattr(r, "first_offset")]
+    assert len(holes) == 1 and topic in holes[0][0] and holes[0][1:] == (TIERED, start - 1), holes
+    assert REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic}) == before + 1
+
+    c = Consumer({"bootstrap.servers": proxied.bootstrap, "group.id": f"h-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        offsets: list[int] = []
+        deadline = time.monotonic() + 60
+        while not offsets or offsets[-1] < TIERED + HOLE_AFTER - 1:
+            assert time.monotonic() < deadline, offsets[-3:]
+            for msg in c.consume(100, 0.5):
+                if msg.error() is not None:
+                    assert msg.error().code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET), \
+                        msg.error()
+                    continue
+                offsets.append(msg.offset())
+                assert (msg.key(), msg.value()) == proxied.hole_sent[msg.offset()]
+    finally:
+        c.close()
+    assert offsets == [*range(TIERED), *range(start, TIERED + HOLE_AFTER)]
+
+
+def test_list_offsets_by_timestamp_below_the_log_start_is_the_tiers(proxied: Proxied) -> None:
+    """A timestamp whose first record lies below the broker's log start is answered from the remote time indexes:
+    that record's offset, its timestamp and leader epoch (the broker alone would answer its own first record at or
+    after it, past its log start); one inside the broker's log and LATEST are the broker's."""
+    c = Consumer({"bootstrap.servers": proxied.bootstrap, "group.id": f"t-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(proxied.topic, 0, 0)])
+        recs = consume_until(c, {(proxied.topic, 0): LOG_START[0] + 5})[(proxied.topic, 0)]
+    finally:
+        c.close()
+    stamps = {r.offset: r.timestamp for r in recs}
+    host, port = proxied.kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock, \
+            socket.create_connection((host, int(port)), timeout=30) as broker:
+        for offset in (PER_ROUND + 5, LOG_START[0] - 1, LOG_START[0] + 2):
+            ts = stamps[offset]
+            want = min(o for o, t in stamps.items() if t >= ts)
+            got = _list_offsets(sock, proxied.topic, ts)
+            assert (got.error_code, got.offset, got.leader_epoch) == (0, want, 0), offset
+            assert got.timestamp == stamps[want]
+            kafkas = _list_offsets(broker, proxied.topic, ts)
+            if want < LOG_START[0]:
+                assert kafkas.offset >= LOG_START[0]  # what the broker alone says
+            else:
+                assert kafkas == got
+        latest = _list_offsets(sock, proxied.topic, -1)
+        assert latest == _list_offsets(broker, proxied.topic, -1)
+
+
+def test_read_committed_across_the_boundary_gets_the_committed_records_each_once(proxied: Proxied) -> None:
+    """txn: a committed and an aborted transaction begin in the tier and end in the broker's log, their markers never
+    tiered (the tier sees both open at its end), the broker's log start between. A read_committed consumer group
+    through the proxy gets exactly the committed records (plain ones and the committed transaction's), each once, in
+    order; none of the aborted transaction's, on either side of the boundary."""
+    txns = proxied.txns
+    assert txns is not None
+    c = Consumer({"bootstrap.servers": proxied.bootstrap, "group.id": f"rc-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed",
+                  "fetch.wait.max.ms": 100, "session.timeout.ms": 6000})
+    last = max(txns.committed)
+    try:
+        c.subscribe([proxied.txn_topic])
+        got = consume_until(c, {(proxied.txn_topic, 0): last + 1}, settle_s=0.5)[(proxied.txn_topic, 0)]
+    finally:
+        c.close()
+    assert [r.offset for r in got] == sorted(txns.committed)
+    assert {r.offset: (r.key, r.value) for r in got} == txns.committed
+    assert min(txns.aborted) < txns.log_start <= max(txns.aborted)  # the aborted one straddles the boundary
 
 
 # ------------------------------------------------------------------------------------------------ config (no broker)
