@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlm.listener.net.principals import Client
-from rlm.listener.protocol.apis import API_KEYS, SASL_API_KEYS, ApiKey
+from rlm.listener.protocol.apis import API_KEYS, PROXY_API_KEYS, SASL_API_KEYS, ApiKey
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import fetch
@@ -56,6 +56,7 @@ ROUTES: dict[int, tuple[Route, Route]] = {
     ApiKey.DESCRIBE_CLUSTER: (H, W),
     ApiKey.FIND_COORDINATOR: (H, W),
     ApiKey.LIST_OFFSETS: (H, S),  # EARLIEST and timestamps below the broker's log start: the tier's
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (R, S),  # epochs that ended below the broker's log start: the tier's lineage
     ApiKey.FETCH: (H, S),  # partitions below the broker's log start: the tier's
     ApiKey.PRODUCE: (H, F),  # the endpoint refuses it (read-only); a proxy forwards it, up to PRODUCE_MAX_PROXIED
     ApiKey.SHARE_FETCH: (R, R),  # answers name leaders' addresses (not rewritten yet)
@@ -97,7 +98,7 @@ class Router:
             if route is Route.REFUSED:
                 continue
             if route is not Route.FORWARD:
-                ours = API_KEYS.get(key)
+                ours = API_KEYS.get(key) or PROXY_API_KEYS.get(key)
                 if ours is None:
                     continue
                 lo, hi = max(lo, ours[0]), min(hi, ours[1])

@@ -70,6 +70,17 @@ class Lineage:
         r = self._ranges.get(epoch)
         return None if r is None else r[0]
 
+    def end_offset_for(self, epoch: int) -> tuple[int, int] | None:
+        """Kafka's answer to OffsetForLeaderEpoch (``LeaderEpochFileCache.endOffsetFor``) from this lineage:
+        ``(the largest epoch <= epoch, the start offset of the first epoch above it)``, the end offset exclusive.
+        An epoch below every epoch here gets ``(epoch, the first epoch's start)``, as Kafka answers. None when no
+        epoch here is above ``epoch`` (its end is past this lineage: whoever holds the log's end answers)."""
+        higher = next(((e, s) for e, s in self.entries if e > epoch), None)
+        if higher is None:
+            return None
+        floor = [e for e, _s in self.entries if e <= epoch]
+        return (floor[-1] if floor else epoch), higher[1]
+
     def bound(self, offset: int, epoch: int | None) -> int:
         """``offset``, known to hold ``epoch`` in some lineage, bounded by where that epoch ends in this one (as
         Kafka bounds the highest remote offset). An epoch this lineage does not hold is bounded by the end of the

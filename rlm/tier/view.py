@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from rlm import metrics
 from rlm.errors import RlmError
+from rlm.tier.chain import Lineage, lineage_of
 from rlm.tier.isolation import Isolation
 from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches
 from rlm.tier.segments import to_rsm
@@ -107,6 +108,11 @@ class PartitionTier:
         for offsets below the tier, the newest epoch for offsets past it)."""
         i = min(bisect.bisect_left([m.end_offset_inclusive for m in self.segments], offset), len(self.segments) - 1)
         return self.segments[i].epoch_at(offset)
+
+    @property
+    def lineage(self) -> Lineage:
+        """The leader epochs of the chain, each from its first offset in it."""
+        return lineage_of(self.segments)
 
     def end_offset(self, isolation: Isolation) -> int:
         """Where a reader at ``isolation`` stops (exclusive): the last stable offset for read_committed, else the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["API_KEYS", "API_NAMES", "SASL_API_KEYS", "ApiKey", "api_label"]
+__all__ = ["API_KEYS", "API_NAMES", "PROXY_API_KEYS", "SASL_API_KEYS", "ApiKey", "api_label"]
 
 
 class ApiKey(IntEnum):
@@ -47,6 +47,11 @@ API_KEYS: dict[int, tuple[int, int]] = {
     ApiKey.API_VERSIONS: (0, 4),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
 }
+# What a proxy decodes beyond those (it answers part of them from the tier): OffsetForLeaderEpoch from v2 (Kafka 4.x
+# serves v2 to v4; librdkafka asks v2, the Java client v4).
+PROXY_API_KEYS: dict[int, tuple[int, int]] = {
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),
+}
 SASL_API_KEYS: dict[int, tuple[int, int]] = {
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
@@ -59,7 +64,7 @@ API_NAMES: dict[int, str] = {
     ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets",
     ApiKey.METADATA: "metadata", ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
     ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
-    ApiKey.SASL_AUTHENTICATE: "sasl_authenticate"}
+    ApiKey.SASL_AUTHENTICATE: "sasl_authenticate", ApiKey.OFFSET_FOR_LEADER_EPOCH: "offset_for_leader_epoch"}
 
 
 def api_label(api_key: int) -> str:

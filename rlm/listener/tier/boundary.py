@@ -24,6 +24,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   Kafka's after retention) and the client's principal may DESCRIBE the topic. A timestamp lookup is the tier's
   (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes) when the first record at or after the
   timestamp lies below the broker's log start; LATEST and the other special timestamps are the broker's.
+- **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
+  it: Kafka then answers the requested epoch with its log start) is answered from the tier's lineage
+  (:meth:`rlm.tier.Lineage.end_offset_for`: the largest epoch at or below it and the start of the next), DESCRIBE
+  checked; the broker's answer stands for every other epoch and for every error.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from rlm.listener.tier.offsets import EARLIEST, offset_of
 from rlm.tier import Decided, Isolation, PartitionTier, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
-__all__ = ["BrokerBounds", "Holes", "fetch_below_log_start", "list_offsets_below_log_start",
+__all__ = ["BrokerBounds", "Holes", "epochs_below_log_start", "fetch_below_log_start", "list_offsets_below_log_start",
            "out_of_range", "served_partitions"]
 
 log = logging.getLogger(__name__)
@@ -237,6 +241,26 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
         return p
 
     return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)
+
+
+def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
+                           log_starts: dict[tuple[str, int], int]) -> Any:
+    """``resp`` (the broker's OffsetForLeaderEpoch answer to ``req``) with the epochs that ended below the broker's log
+    start (``log_starts``: (topic, partition) -> offset) answered from the tier's lineage, for the topics the client's
+    principal may DESCRIBE."""
+    asked = {(t.topic, p.partition): p.leader_epoch for t in req.topics for p in t.partitions if p.leader_epoch >= 0}
+
+    def change(served: ServedTopic, p: Any) -> Any:
+        epoch, start = asked.get((served.name, p.partition)), log_starts.get((served.name, p.partition))
+        if epoch is None or start is None:
+            return p
+        pt = ctx.partition_tier(served.tp(p.partition), "offset_for_leader_epoch")
+        end = pt.lineage.end_offset_for(epoch) if pt is not None else None
+        if end is None or end[1] >= start:
+            return p
+        return dataclasses.replace(p, leader_epoch=end[0], end_offset=end[1])
+
+    return _served_partitions_changed(ctx, client, resp, lambda t: t.topic, lambda p: p.partition, change)
 
 
 def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name: Callable[[Any], str],

@@ -24,6 +24,7 @@ from rlm.listener.routing import Route
 from rlm.listener.tier.boundary import (
     BrokerBounds,
     Holes,
+    epochs_below_log_start,
     fetch_below_log_start,
     list_offsets_below_log_start,
     out_of_range,
@@ -100,6 +101,12 @@ class Proxy:
             answer = await upstream.request(frame)
             return await run(_rewritten, answer, header, lambda body: list_offsets_below_log_start(
                 self.ctx, req, body, client, starts, self.holes))
+        if key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
+            asked = _by_name((t.topic, p.partition) for t in req.topics for p in t.partitions if p.leader_epoch >= 0)
+            starts = await self._log_starts(upstream, served_partitions(self.ctx, asked)) if asked else {}
+            answer = await upstream.request(frame)
+            return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
+                self.ctx, req, body, client, starts))
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _log_starts(self, upstream: Upstream, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int]:

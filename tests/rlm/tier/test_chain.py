@@ -129,3 +129,14 @@ def test_bound_by_lineage() -> None:
     assert lin.bound(4, None) == 4   # an old watermark without epoch is taken as it is
     assert Lineage(((2, 10), (4, 20))).bound(30, 3) == 19  # epoch 3 is not in it: bounded by epoch 2's end
     assert Lineage(((2, 10),)).bound(30, 1) == 9
+
+
+def test_end_offset_for_an_epoch_as_kafkas_leader_epoch_cache() -> None:
+    """(largest epoch <= asked, start of the next epoch); below every epoch: (asked, first start); no epoch above:
+    None (the log's holder answers)."""
+    lin = Lineage(((1, 0), (3, 40), (4, 70)))
+    assert lin.end_offset_for(1) == (1, 40)
+    assert lin.end_offset_for(2) == (1, 40)  # epoch 2 wrote nothing: its floor, 1, ends where 3 begins
+    assert lin.end_offset_for(3) == (3, 70)
+    assert lin.end_offset_for(0) == (0, 0)
+    assert lin.end_offset_for(4) is None and lin.end_offset_for(9) is None
