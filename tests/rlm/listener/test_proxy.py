@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -439,6 +440,33 @@ def test_read_committed_across_the_boundary_gets_the_committed_records_each_once
     assert [r.offset for r in got] == sorted(txns.committed)
     assert {r.offset: (r.key, r.value) for r in got} == txns.committed
     assert min(txns.aborted) < txns.log_start <= max(txns.aborted)  # the aborted one straddles the boundary
+
+
+def test_kafkas_console_consumer_with_a_group_reads_every_offset_from_0(
+        proxied: Proxied, tmp_path: Path) -> None:
+    """Kafka's own console consumer (the Java client, ``--group --from-beginning``) whose only bootstrap server is the
+    listener reads each partition from 0, through the tier and across the boundary to the broker's end: every offset
+    once, byte-exact; its group's commits land on the broker."""
+    ends = {p: proxied.end(p) for p in range(PARTITIONS)}
+    group = f"console-{uuid.uuid4().hex[:6]}"
+    field_end, record_end = "\x1f", "\x1d\n"
+    args = ["--bootstrap-server", proxied.bootstrap, "--topic", proxied.topic, "--group", group, "--from-beginning",
+            "--max-messages", str(sum(ends.values())), "--timeout-ms", "60000"]
+    for prop in ("print.partition=true", "print.offset=true", "print.key=true", f"key.separator={field_end}",
+                 f"line.separator={record_end}"):
+        args += ["--formatter-property", prop]
+    proc = subprocess.run(proxied.kafka.java_cmd("org.apache.kafka.tools.consumer.ConsoleConsumer", args,
+                                                 log_dir=tmp_path), capture_output=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    got: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    for line in proc.stdout.split(record_end.encode())[:-1]:
+        part, off, key, value = line.split(field_end.encode())
+        p, o = int(part.removeprefix(b"Partition:")), int(off.removeprefix(b"Offset:"))
+        got[p].append(o)
+        assert (key, value) == proxied.sent[(p, o)], (p, o)
+    assert got == {p: list(range(end)) for p, end in ends.items()}
+    assert committed(proxied.kafka, group, proxied.topic) == ends
 
 
 # ------------------------------------------------------------------------------------------------ config (no broker)
