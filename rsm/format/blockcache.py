@@ -7,12 +7,14 @@ its block from the block's start, again for every Fetch inside the same block.
 
 With a :class:`BlockCache`, a read of one block looks at what the process read recently:
 
-- when that block or the one before it of the same copy was read recently (by any reader), the read is sequential:
-  the block comes from the cache, or is fetched whole with one ranged GET and kept, and the copy's next blocks (in
-  the same data object or the next) are fetched ahead on the process's I/O pool, so the next Fetches find them in
-  memory: one block ahead at first, twice as many each time a read finds its block not yet fetched (the reader is
-  faster than one GET at a time), up to :data:`MAX_AHEAD`;
-- otherwise (a random read) it is streamed as without the cache: one GET stopping where the read ends, nothing kept.
+- when it follows the copy's last read (the same block, or the next one), the read is sequential: the block comes
+  from the cache, or is fetched whole with one ranged GET and kept, and the copy's next blocks (in the same data
+  object or the next) are fetched ahead on the process's I/O pool, so the next Fetches find them in memory: one
+  block ahead at first, twice as many each time a read finds its block not yet fetched (the reader is faster than
+  one GET at a time), up to :data:`MAX_AHEAD`;
+- a block cached or being fetched ahead is used by any read of it;
+- otherwise (a random read) it is streamed as without the cache: one GET stopping where the read ends, nothing kept,
+  nothing fetched ahead.
 
 Bounds: at most ``capacity_bytes`` of whole blocks, cached or being fetched ahead; the least recently used go first;
 a block fetched ahead is never waited for by a reader if it has not started (the reader cancels it and fetches the
@@ -40,7 +42,7 @@ MAX_AHEAD = 8
 """Blocks one copy's sequential reads fetch ahead at most (32 MiB of 4 MiB blocks: about 8 GETs in flight, as
 read-ahead keeps)."""
 RECENT_READS = 4096
-"""Blocks remembered as read recently (the copy and the block's number in it): what tells a sequential read."""
+"""Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
 
 
 class BlockCache:
@@ -54,7 +56,7 @@ class BlockCache:
         self._blocks: OrderedDict[tuple[str, int], bytearray] = OrderedDict()
         self._fetching: dict[tuple[str, int], Future[bytearray]] = {}
         self._bytes = 0  # cached and being fetched
-        self._recent: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._last: OrderedDict[str, int] = OrderedDict()  # the block each copy's last read read
         self._depth: OrderedDict[str, int] = OrderedDict()  # blocks fetched ahead, per copy read sequentially
         self.hits = 0
         """Reads served from the cache (or from a block fetched ahead)."""
@@ -67,17 +69,26 @@ class BlockCache:
         with self._lock:
             return self._bytes
 
-    def sequential(self, segment: str, key: str, block: BlockInfo) -> bool:
-        """Whether ``block`` (or the one before it) of the copy ``segment`` (its key base) was read recently, or the
-        block of data object ``key`` is cached or being fetched; notes this read."""
+    def sequential(self, segment: str, block: BlockInfo) -> bool:
+        """Whether this read of ``block`` of the copy ``segment`` (its key base) follows the copy's last read: the
+        same block or the next one. Notes this read as the copy's last; a read that does not follow starts over at
+        one block fetched ahead."""
         with self._lock:
-            seen = ((segment, block.part_id) in self._recent or (segment, block.part_id - 1) in self._recent
-                    or (key, block.object_position) in self._blocks or (key, block.object_position) in self._fetching)
-            self._recent[(segment, block.part_id)] = None
-            self._recent.move_to_end((segment, block.part_id))
-            while len(self._recent) > RECENT_READS:
-                self._recent.popitem(last=False)
-            return seen
+            last = self._last.get(segment)
+            follows = last is not None and block.part_id in (last, last + 1)
+            self._last[segment] = block.part_id
+            self._last.move_to_end(segment)
+            while len(self._last) > RECENT_READS:
+                self._last.popitem(last=False)
+            if not follows:
+                self._depth.pop(segment, None)
+            return follows
+
+    def holds(self, key: str, block: BlockInfo) -> bool:
+        """Whether ``block`` of data object ``key`` is cached or being fetched ahead."""
+        where = (key, block.object_position)
+        with self._lock:
+            return where in self._blocks or where in self._fetching
 
     def depth(self, segment: str) -> int:
         """Blocks the copy ``segment``'s reads fetch ahead now (see :meth:`block`)."""

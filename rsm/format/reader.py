@@ -437,9 +437,10 @@ class SegmentReader(SegmentHandle):
         prefix = getattr(self.store, "key_prefix", "") or ""  # PrefixedStore
         key = self.keys.data(block.object_number)
         segment = prefix + self.keys.base
-        if cache.sequential(segment, prefix + key, block):
+        sequential = cache.sequential(segment, block)
+        if sequential or cache.holds(prefix + key, block):
             data = memoryview(cache.block(self.store, key, prefix + key, block, segment))
-            for nxt in self.ledger.blocks[i + 1:i + 1 + cache.depth(segment)]:
+            for nxt in self.ledger.blocks[i + 1:i + 1 + cache.depth(segment)] if sequential else ():
                 nxt_key = self.keys.data(nxt.object_number)
                 cache.prefetch(self.store, nxt_key, prefix + nxt_key, nxt)
             yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
