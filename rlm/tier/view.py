@@ -120,8 +120,17 @@ class PartitionTier:
         return self.last_stable_offset if isolation == Isolation.READ_COMMITTED else self.high_watermark
 
     def index_of(self, offset: int) -> int:
-        """The index of the segment holding ``offset`` (which must be in the tier)."""
+        """The index of the segment holding ``offset`` (which must be in the tier), or of the first one after it
+        when ``offset`` is in a gap."""
         return bisect.bisect_left([m.end_offset_inclusive for m in self.segments], offset)
+
+    def gap_at(self, offset: int) -> tuple[int, int] | None:
+        """The chain's gap ``(first, last)`` holding ``offset`` (offsets no segment holds: lost from the tier), or
+        None."""
+        i = self.index_of(offset)
+        if 0 < i < len(self.segments) and offset < self.segments[i].start_offset:
+            return self.segments[i - 1].end_offset_inclusive + 1, self.segments[i].start_offset - 1
+        return None
 
 
 @dataclass(slots=True)
@@ -129,6 +138,7 @@ class FetchResult:
     """What one partition contributes to a Fetch response."""
 
     error: str | None = None  # None, "offset_out_of_range", "offset_not_available"
+    gap: tuple[int, int] | None = None  # with "offset_out_of_range": the chain's gap (first, last) holding the offset
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
@@ -223,6 +233,10 @@ class TierView:
         if offset < tier.log_start_offset or offset > tier.high_watermark:
             out.error = "offset_out_of_range"
             return out
+        gap = tier.gap_at(offset)
+        if gap is not None:  # lost from the tier: as Kafka's remote read of an offset no segment holds
+            out.error, out.gap = "offset_out_of_range", gap
+            return out
         bound = tier.end_offset(isolation)
         if isolation == Isolation.READ_COMMITTED:
             out.aborted = []
@@ -242,10 +256,13 @@ class TierView:
         current: RemoteLogSegmentMetadata | None = None
         started, read = time.monotonic(), False
         try:
-            for si in range(tier.index_of(offset), len(segs)):
+            first = tier.index_of(offset)
+            for si in range(first, len(segs)):
                 md = current = segs[si]
                 if md.start_offset >= bound or full or not self._room(max_bytes, out.size, at_least_one):
                     break
+                if si > first and md.start_offset > segs[si - 1].end_offset_inclusive + 1:
+                    break  # a gap: never crossed silently (the next fetch, inside it, is out of range)
                 seg = self.reader.rsm.open_segment(to_rsm(md))
                 want = max(offset, md.start_offset)
                 end = min(md.end_offset_inclusive, bound - 1)

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 UNREADABLE = Counter("rlm_history_unreadable_copies",
                      "Partitions answered without their data because a remote copy could not be read", ["api"])
 REPORTED_COPIES = 10_000  # copies remembered as already logged (then they are logged again)
+GAPS = Counter("rlm_history_tier_gaps", "Gaps of the remote chain met by a Fetch (offsets no remote segment holds, "
+               "answered OFFSET_OUT_OF_RANGE), each gap counted once", ["topic"])
 FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): history_listener.fetch_max_bytes
 
 
@@ -58,6 +60,24 @@ class TierContext:
                       "start_offset": seg.start_offset if seg else None,
                       "end_offset_inclusive": seg.end_offset_inclusive if seg else None,
                       "reason": f"{type(err.cause).__name__}: {err.cause}"})
+
+    def gap(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int) -> None:
+        """Count and log (once per gap) a Fetch of offsets lost from the tier: a gap between two segments of the
+        remote chain (copy lag past local retention while the sidecar was away)."""
+        key = f"{tp}:{first_offset}:{last_offset_inclusive}"
+        with self._reported_lock:
+            if key in self._reported:
+                return
+            self._reported[key] = None
+            while len(self._reported) > REPORTED_COPIES:
+                self._reported.popitem(last=False)
+        GAPS.labels(tp.topic).inc()
+        log.error("history endpoint: a Fetch inside a gap of the remote chain: these offsets are not remote (the "
+                  "broker deleted them before they were tiered); answered OFFSET_OUT_OF_RANGE as Kafka answers an "
+                  "offset no remote segment holds (logged once per gap; rlm status shows it)", extra={
+                      "topic_partition": str(tp), "first_offset": first_offset,
+                      "last_offset_inclusive": last_offset_inclusive,
+                      "offsets": last_offset_inclusive - first_offset + 1})
 
     def partition_tier(self, tp: TopicIdPartition, api: str) -> PartitionTier | None:
         """The partition's tier, or None when nothing of it is remote or it cannot be read (counted, logged)."""

@@ -72,6 +72,8 @@ def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = No
             ctx.unreadable(err, "fetch")
             parts[key].append(partition_answer(index, FetchResult(), ErrorCode.kafka_storage_error))
             continue
+        if res.gap is not None:
+            ctx.gap(topic.tp(index), *res.gap)
         total += res.size
         left -= res.size
         code = {None: ErrorCode.none, "offset_out_of_range": ErrorCode.offset_out_of_range,
