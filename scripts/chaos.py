@@ -181,8 +181,9 @@ class SidecarProcess:
 
 class Chaos:
     def __init__(self, work_dir: Path, *, seconds: float, seed: int = 9, partitions: int = 2,
-                 copy_rate: int = 50_000, out=print) -> None:
+                 copy_rate: int = 50_000, produce_pause_s: float = 0.05, out=print) -> None:
         self.work = Path(work_dir)
+        self.produce_pause_s = produce_pause_s  # between the main producer's batches of 10 records
         self.seconds = seconds
         self.rng = random.Random(seed)
         self.partitions = list(range(partitions))
@@ -241,7 +242,7 @@ class Chaos:
                 sidecars[node] = SidecarProcess(node, cfg, self.work / f"sidecar-{node}.log")
                 sidecars[node].start()
             prod = AckedProducer(kafka, self.topic, self.partitions, tag=f"x{tag[:4]}", value_size=200, batch=10,
-                                 pause_s=0.05, acks="all", **{"enable.idempotence": True}).start()
+                                 pause_s=self.produce_pause_s, acks="all", **{"enable.idempotence": True}).start()
             with InvariantChecker.open(settings[1], self.work / "watcher") as self.watcher:
                 self._create_rc(states)
                 rounds = self._events(kafka, states, sidecars)
@@ -568,12 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--copy-rate", type=int, default=50_000, help="copy throttle per sidecar, bytes/s")
+    ap.add_argument("--produce-pause", type=float, default=0.05,
+                    help="seconds between the main producer's batches of 10 records (higher: less to catch up)")
     ap.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir (removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (sidecar logs, store, staging)")
     args = ap.parse_args(argv)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="rlm-chaos-"))
     chaos = Chaos(work, seconds=args.minutes * 60, seed=args.seed, partitions=args.partitions,
-                  copy_rate=args.copy_rate, out=lambda m: print(m, flush=True))
+                  copy_rate=args.copy_rate, produce_pause_s=args.produce_pause, out=lambda m: print(m, flush=True))
     try:
         result = chaos.run()
     finally:
