@@ -16,7 +16,7 @@ from confluent_kafka.admin import NewTopic
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
-from tests.kafka_util import partition_dir, produce
+from tests.kafka_util import partition_dir, produce, set_topic_config
 from tests.rlm.sidecar_util import (
     AckedProducer,
     PartitionStates,
@@ -32,7 +32,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.rlm.test_sidecar_e2e import set_topic_config
 from tests.support.processes import b64, json_lines, ok, rlm, serve
 from tests.support.txn import TxnProducer
 

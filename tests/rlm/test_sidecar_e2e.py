@@ -7,21 +7,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
-from tests.kafka_util import partition_dir, produce
+from tests.kafka_util import partition_dir, produce, set_topic_config
 from tests.rlm.sidecar_util import assert_readable, make_settings, only, wait_for
-
-
-def set_topic_config(kafka: KafkaCluster, topic: str, **configs: str) -> None:
-    admin = AdminClient(kafka.admin_config())
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
-    for fut in admin.incremental_alter_configs([res]).values():
-        fut.result(30)
 
 
 def broker_earliest_offset(kafka: KafkaCluster, topic: str) -> int:

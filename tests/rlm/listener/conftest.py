@@ -39,12 +39,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient
 
 from devtools.devkafka import KafkaCluster
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from tests.kafka_util import set_topic_config
 from tests.rlm.sidecar_util import make_settings, wait_for
 from tests.support.txn import TxnProducer
 
@@ -183,15 +184,6 @@ def broker_watermarks(kafka: KafkaCluster, topic: str, partition: int = 0) -> tu
         return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
     finally:
         c.close()
-
-
-def _set_topic_config(kafka: KafkaCluster, topics: list[str], **configs: str) -> None:
-    admin = AdminClient(kafka.admin_config())
-    res = [ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
-        ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
-        for k, v in configs.items()]) for t in topics]
-    for fut in admin.incremental_alter_configs(res).values():
-        fut.result(30)
 
 
 def main_record(p: int, r: int, i: int, base_ts: int
@@ -359,7 +351,7 @@ def history(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         # The broker deletes its own copy of the static topics (retention.bytes) and, at once, moves its log start
         # offset past them (DeleteRecords): what the tests read can only come from the remote tier.
         static = [name(w) for w in ("main", "big", "txn", "open", "lat", "trim")]
-        _set_topic_config(kafka, static, retention_bytes="1")
+        set_topic_config(kafka, static, retention_bytes="1")
         admin = AdminClient(kafka.admin_config())
         gone = [TopicPartition(t, p, ends[(t, p)]) for (t, p) in produced if t in static]
         for fut in admin.delete_records(gone).values():

@@ -157,21 +157,12 @@ def broker_log_start(kafka: KafkaCluster, topic: str, partition: int) -> int:
         c.close()
 
 
-def set_topic_config(kafka: KafkaCluster, topic: str, configs: dict[str, str]) -> None:
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-
-    admin = AdminClient(kafka.admin_config())
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
-    for fut in admin.incremental_alter_configs([res]).values():
-        fut.result(30)
-
-
 @pytest.fixture(scope="module")
 def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiered]:
     from rlm.listener import start_listener
     from rlm.sidecar import Sidecar
     from rlmm.api import TopicIdPartition
+    from tests.kafka_util import set_topic_config
     from tests.rlm.sidecar_util import latest_remote, make_settings, wait_for
 
     tag = uuid.uuid4().hex[:8]
@@ -199,7 +190,7 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # Local retention down to one byte: the broker deletes every rolled segment (the active one, holding the
         # roll record, stays), so nothing read below can come from the broker's own log.
         for topic in ids:
-            set_topic_config(kafka, topic, {"retention.bytes": "1"})
+            set_topic_config(kafka, topic, retention_bytes="1")
         for (topic, p), recs in h.records.items():
             last = max(recs)
             h.broker_start[(topic, p)] = wait_for(

@@ -325,7 +325,8 @@ def test_gc_removes_stale_fs_temp_files_and_writes_state_durably(tmp_path, monke
 
 @pytest.mark.s3
 def test_gc_aborts_stale_s3_multipart_uploads(tmp_path, s3_server):
-    """On moto and on s3proxy (a real S3 server); a SIGKILLed copy's upload: tests/rlm/test_gc_killed_upload.py."""
+    """On moto and on s3proxy (a real S3 server); a SIGKILLed copy's upload:
+    tests/rlm/tasks/test_gc_killed_upload.py."""
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
                           config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
                                         response_checksum_validation="when_required"))

@@ -40,7 +40,7 @@ from tests.rlm.sidecar_util import (
 from tests.support.processes import b64, json_lines, ok, rlm
 from tests.support.txn import TxnProducer, plain
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # offset -> (key, value, headers, timestamp)
 Produced = dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]]

@@ -11,8 +11,8 @@ import pytest
 from rlm.tasks.offload import STUCK_S, StreamingOffloader
 from rlmm.api import TopicIdPartition
 from rsm.errors import RemoteStorageError
-from tests.rlm.test_copier_cases import World, world  # noqa: F401 - the fixture
 from tests.support.batches import batch, one_per_batch, write_partition
+from tests.support.world import World
 
 BIG = 10**9
 
@@ -25,7 +25,7 @@ class Clock:
         return self.now
 
 
-def offloader(world: World, tp: TopicIdPartition, clock: Clock, *, max_bytes: int = 1 << 20,  # noqa: F811
+def offloader(world: World, tp: TopicIdPartition, clock: Clock, *, max_bytes: int = 1 << 20,
               max_ms: int = 5000) -> StreamingOffloader:
     return StreamingOffloader(world.copier(1, tp), max_bytes=max_bytes, max_ms=max_ms, clock=clock)
 
@@ -34,7 +34,7 @@ def new_tp() -> TopicIdPartition:
     return TopicIdPartition(uuid.uuid4(), "t", 0)
 
 
-def test_time_bound_and_lso(world: World) -> None:  # noqa: F811
+def test_time_bound_and_lso(world: World) -> None:
     tp = new_tp()
     write_partition(world.pdir(1, tp), tp.topic_id, {0: one_per_batch(0, 20, b"v")})  # one active segment
     clock = Clock()
@@ -53,7 +53,7 @@ def test_time_bound_and_lso(world: World) -> None:  # noqa: F811
     assert [o for o, _v in world.values(tp)] == list(range(20))
 
 
-def test_byte_bound_cuts_and_spans_local_segments(world: World) -> None:  # noqa: F811
+def test_byte_bound_cuts_and_spans_local_segments(world: World) -> None:
     tp = new_tp()
     size = {o: len(b) for o, b in enumerate(one_per_batch(0, 30, b"v"))}  # "v-9" is one byte shorter than "v-10"
     # Local segments [0,9] and [10,24] rolled, [25,29] active; offload segments of 7 batches.
@@ -71,7 +71,7 @@ def test_byte_bound_cuts_and_spans_local_segments(world: World) -> None:  # noqa
     assert seg.segment_size_bytes == sum(size[o] for o in range(7, 14))
 
 
-def test_a_batch_larger_than_the_bound_is_a_segment_of_its_own(world: World) -> None:  # noqa: F811
+def test_a_batch_larger_than_the_bound_is_a_segment_of_its_own(world: World) -> None:
     tp = new_tp()
     big = batch(1, [b"x" * 3000])
     write_partition(world.pdir(1, tp), tp.topic_id, {0: [batch(0, [b"a"]), big, batch(2, [b"b"])]})
@@ -81,7 +81,7 @@ def test_a_batch_larger_than_the_bound_is_a_segment_of_its_own(world: World) -> 
     assert world.finished(tp) == [(0, 0), (1, 1)]  # 2 waits for its time bound
 
 
-def test_a_batch_the_broker_is_writing_ends_the_scan_then_is_reported(world: World, caplog) -> None:  # noqa: F811
+def test_a_batch_the_broker_is_writing_ends_the_scan_then_is_reported(world: World, caplog) -> None:
     tp = new_tp()
     write_partition(world.pdir(1, tp), tp.topic_id, {0: one_per_batch(0, 5, b"v")})
     log = world.pdir(1, tp) / f"{0:020d}.log"
@@ -107,7 +107,7 @@ def test_a_batch_the_broker_is_writing_ends_the_scan_then_is_reported(world: Wor
     assert [(m.start_offset, m.end_offset_inclusive) for m in off.run_once(6).copied] == [(5, 5)]
 
 
-def test_torn_batch_in_a_rolled_segment_is_an_error(world: World) -> None:  # noqa: F811
+def test_torn_batch_in_a_rolled_segment_is_an_error(world: World) -> None:
     tp = new_tp()
     bad = bytearray(batch(3, [b"v"]))
     bad[-1] ^= 0xFF  # not a torn tail: a rolled file does not change
@@ -124,7 +124,7 @@ def test_torn_batch_in_a_rolled_segment_is_an_error(world: World) -> None:  # no
     assert off.cut is None  # the next run starts again from the resume point
 
 
-def test_failed_copy_is_redone_with_a_new_copy_id(world: World, monkeypatch) -> None:  # noqa: F811
+def test_failed_copy_is_redone_with_a_new_copy_id(world: World, monkeypatch) -> None:
     tp = new_tp()
     write_partition(world.pdir(1, tp), tp.topic_id, {0: one_per_batch(0, 4, b"v")})
     clock = Clock()
@@ -150,7 +150,7 @@ def test_failed_copy_is_redone_with_a_new_copy_id(world: World, monkeypatch) -> 
     assert [m.state.name for m in world.rlmm.list_remote_log_segments(tp)] == ["COPY_SEGMENT_FINISHED"]
 
 
-def test_copy_lag_gauges_in_streaming_mode(world: World) -> None:  # noqa: F811
+def test_copy_lag_gauges_in_streaming_mode(world: World) -> None:
     """rlm_copy_lag_bytes / _segments follow what is local only: the open offload segment and what comes after it,
     the active segment included; after everything is remote they are 0."""
     from prometheus_client import REGISTRY
@@ -183,7 +183,7 @@ def test_copy_lag_gauges_in_streaming_mode(world: World) -> None:  # noqa: F811
     assert lag() == (0, 0)
 
 
-def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:  # noqa: F811
+def test_a_run_that_starts_after_leadership_was_lost_does_nothing(world: World) -> None:
     """As the copier's (test_copier_cases): a stale run neither cleans up, stages, reports a gap nor opens a cut."""
     import threading
 

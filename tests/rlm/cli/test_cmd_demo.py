@@ -18,7 +18,7 @@ from setuptools import find_packages
 from rlm import cli
 from rlm.cli import demo as cmd_demo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_installed_packages_leave_devtools_out() -> None:

@@ -7,57 +7,19 @@ from __future__ import annotations
 import shutil
 import struct
 import uuid
-from pathlib import Path
 
 import pytest
 
 from rlm.config import RetentionRule
-from rlm.tasks.copier import PartitionCopier
-from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.expiration import expire_partition
-from rlm.tasks.staging import Staging
-from rlm.tier import RemoteReader, remote_chain
+from rlm.tier import remote_chain
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.log.partition import PartitionDir
-from rsm.manager import RemoteStorageManager, RsmConfig
 from tests.support.batches import BASE_TS, TXN, abort_marker, batch, one_per_batch, write_partition
-from tests.support.rlmm import SyncRlmm
+from tests.support.world import World
 
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 TEN_AND_ONE = {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 1, b"v")}  # [0,9] rolled, 10 active
-
-
-class World:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.rlmm = SyncRlmm(tmp / "cache")
-        self.rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=tmp / "remote", fsync=False))
-        self.reader = RemoteReader(self.rlmm, self.rsm)
-
-    def copier(self, broker: int, tp: TopicIdPartition, *, watermark: bool = True) -> PartitionCopier:
-        logdir = self.tmp / f"logs{broker}"
-        return PartitionCopier(broker_id=broker, tp=tp, partition_dir=logdir / f"{tp.topic}-{tp.partition}",
-                               rlmm=self.rlmm, rsm=self.rsm, staging=Staging({logdir: self.tmp / f"staging{broker}"}),
-                               deleter=SegmentDeleter(broker, self.rlmm, self.rsm, None),
-                               watermark_path=self.tmp / f"wm{broker}" / f"{tp.topic_id}-{tp.partition}"
-                               if watermark else None)
-
-    def pdir(self, broker: int, tp: TopicIdPartition) -> Path:
-        return self.tmp / f"logs{broker}" / f"{tp.topic}-{tp.partition}"
-
-    def finished(self, tp: TopicIdPartition) -> list[tuple[int, int]]:
-        return [(m.start_offset, m.end_offset_inclusive) for m in self.rlmm.list_remote_log_segments(tp)
-                if m.state == FINISHED]
-
-    def values(self, tp: TopicIdPartition, offset: int = 0, **kw: object) -> list[tuple[int, bytes | None]]:
-        return [(r.offset, r.value) for r in self.reader.read(tp, offset, **kw)]  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> World:
-    w = World(tmp_path)
-    yield w
-    w.rlmm.close()
 
 
 def new_tp(topic: str = "t") -> TopicIdPartition:

@@ -32,7 +32,7 @@ from rlm.rlmm_config import sidecar_rlmm_config
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
 from tests.rlm.sidecar_util import make_settings, only, produce_segments, settings_yaml, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HARD_LIMIT_S = 60  # per process: a command that does not return by then hangs (it needs --timeout 3 and imports)
 TOPIC = "unreachable-t"
 

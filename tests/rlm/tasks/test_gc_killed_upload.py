@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 MiB = 1024 * 1024
 GRACE_MS = 3_000
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(endpoint: str, bucket: str) -> RsmConfig:
@@ -92,8 +92,8 @@ def test_one_gc_pass_after_the_grace_aborts_the_upload_of_a_killed_copy(tmp_path
     args = {"endpoint": s3_server, "bucket": bucket, "dir": str(tmp_path / "local"), "base": base, "n": n,
             "segment_id": str(segment_id), "topic_id": str(tp.topic_id), "topic": tp.topic}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-m", "tests.rlm.test_gc_killed_upload", json.dumps(args)], cwd=ROOT,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen([sys.executable, "-m", "tests.rlm.tasks.test_gc_killed_upload", json.dumps(args)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while _parts_uploaded(client, bucket, prefix) < 1:
