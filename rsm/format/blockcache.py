@@ -29,6 +29,8 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 
+from prometheus_client import Counter, Gauge
+
 from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo
 from rsm.format.readahead import fetch_range
@@ -37,6 +39,10 @@ from rsm.store.base import Store
 __all__ = ["MAX_AHEAD", "RECENT_READS", "BlockCache"]
 
 log = logging.getLogger(__name__)
+
+_BYTES = Gauge("rsm_block_cache_bytes", "Bytes of whole blocks the block caches hold, cached or being fetched ahead")
+_READS = Counter("rsm_block_cache_reads", "Reads of one block by the block cache's decision: hit (cached or fetched "
+                 "ahead), fetched (whole, by the reader: sequential), streamed (random: nothing kept)", ["result"])
 
 MAX_AHEAD = 8
 """Blocks one copy's sequential reads fetch ahead at most (32 MiB of 4 MiB blocks: about 8 GETs in flight, as
@@ -106,6 +112,7 @@ class BlockCache:
             if cached is not None:
                 self._blocks.move_to_end(where)
                 self.hits += 1
+                _READS.labels("hit").inc()
                 return cached
             pending = self._fetching.get(where)
             most = max(1, min(MAX_AHEAD, self.capacity_bytes // (4 * block.block_length)))
@@ -121,10 +128,22 @@ class BlockCache:
             if data is not None:
                 with self._lock:
                     self.hits += 1
+                _READS.labels("hit").inc()
                 return data
         data = fetch_range(store, store_key, block.object_position, block.block_length)
+        _READS.labels("fetched").inc()
         self._keep(where, data)
         return data
+
+    @staticmethod
+    def streamed() -> None:
+        """Count a read the cache left alone (random: streamed, nothing kept)."""
+        _READS.labels("streamed").inc()
+
+    def _grow(self, n: int) -> None:
+        """``n`` more bytes held (lock held)."""
+        self._bytes += n
+        _BYTES.inc(n)
 
     def prefetch(self, store: Store, store_key: str, key: str, block: BlockInfo) -> None:
         """Fetch ``block`` ahead on the I/O pool, unless cached, being fetched, or without room once the least
@@ -135,7 +154,7 @@ class BlockCache:
                 return
             if not self._make_room(block.block_length):
                 return
-            self._bytes += block.block_length
+            self._grow(block.block_length)
             fut = worker_pool().submit(fetch_range, store, store_key, block.object_position, block.block_length)
             self._fetching[where] = fut
         fut.add_done_callback(lambda f: self._fetched_ahead(where, block.block_length, f))
@@ -146,7 +165,7 @@ class BlockCache:
             log.debug("reading block %s ahead failed: %s", where, err)
         with self._lock:  # from being fetched to cached in one step: a reader never sees the block in neither
             self._fetching.pop(where, None)
-            self._bytes -= length
+            self._grow(-length)
             if not fut.cancelled() and err is None:
                 self._keep_locked(where, fut.result())
 
@@ -159,7 +178,7 @@ class BlockCache:
         if where in self._blocks or not self._make_room(len(data)):
             return
         self._blocks[where] = data
-        self._bytes += len(data)
+        self._grow(len(data))
 
     def _make_room(self, n: int) -> bool:
         """Drop the least recently used cached blocks until ``n`` more bytes fit; False if they cannot (lock held)."""
@@ -167,5 +186,5 @@ class BlockCache:
             return False
         while self._bytes + n > self.capacity_bytes and self._blocks:
             _, dropped = self._blocks.popitem(last=False)
-            self._bytes -= len(dropped)
+            self._grow(-len(dropped))
         return self._bytes + n <= self.capacity_bytes

@@ -446,6 +446,7 @@ class SegmentReader(SegmentHandle):
             yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
                                       opener=_Fetched(iter([data])))
             return
+        cache.streamed()
         end = block.object_position + block.block_length - 1
         with self.store.get(key, block.object_position, end) as stream:
             yield from iter_block_entries(stream, [block], key=key, ledger_id=self.ledger.ledger_id)

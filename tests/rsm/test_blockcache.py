@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from rsm.api import RemoteSegmentMetadata
+from rsm.format import blockcache
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from tests.rsm.conftest import synthetic_segment
@@ -60,10 +61,12 @@ def test_random_reads_stay_streamed(tmp_path: Path) -> None:
     rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
     blocks = len(rsm.reader(md).ledger.blocks)
     before = store.requests.snapshot().get("get", 0)
+    streamed = blockcache._READS.labels("streamed")._value.get()
     reads = (0, 7, 3, blocks - 1, 10, 0, 7, 3, 11, 7)  # blocks read again, but never right after their neighbour
     for b in reads:
         assert _fetch_like(rsm, md, b)
     assert store.requests.snapshot().get("get", 0) - before == len(reads)
+    assert blockcache._READS.labels("streamed")._value.get() - streamed == len(reads)  # and counted as such
     assert rsm.block_cache is not None and rsm.block_cache.fetched == 0 and rsm.block_cache.size_bytes == 0
 
 
