@@ -18,7 +18,9 @@ The rules (the state diagrams themselves live with the enums in :mod:`rlmm.api`)
   is :class:`CopyFencedError`; copies without an epoch are never fenced and never raise the fence;
 - a partition-delete step the partition diagram forbids is :class:`InvalidStateTransitionError`.
 
-A refusal of a delete that another deleter already did (a second sidecar's clean-up, a second purger) carries
+A refusal of a delete that another deleter already did (a second sidecar's clean-up, a second purger), or of a copy's
+COPY_SEGMENT_FINISHED that meets its segment being deleted (an old leader's copy finishing after the new leader began
+deleting it as abandoned or fenced: the copy is discarded, the new leader copies the segment itself), carries
 ``deleted_already = True``: normal in a cluster, logged at INFO rather than as an error.
 """
 
@@ -75,15 +77,17 @@ def refuse_segment_update(what: object, state: int, known: int | None, *, copy_e
     broker leader epoch the copy started under; ``fence_epoch()`` the partition's fence, called only when it matters
     (it may cost a lookup). ``deleted``: the unknown id was fully deleted recently (its tombstones not yet seen)."""
     deleting = state == _DELETE_STARTED or state == _DELETE_FINISHED
+    moot = deleting or state == _FINISHED  # a late deleter's record, or a copy finishing under its delete
     if known is None:
         err: UnknownSegmentError | InvalidStateTransitionError = UnknownSegmentError(
             f"{what}: no such segment (update to {RemoteLogSegmentState(state).name})")
-        err.deleted_already = deleting and deleted  # type: ignore[attr-defined]
+        err.deleted_already = moot and deleted  # type: ignore[attr-defined]
         return err
     if (known, state) not in _ALLOWED:
         err = InvalidStateTransitionError(f"{what}: invalid state transition {RemoteLogSegmentState(known).name} -> "
                                           f"{RemoteLogSegmentState(state).name}")
-        err.deleted_already = deleting and known == _DELETE_STARTED  # type: ignore[attr-defined]
+        err.deleted_already = (known == _DELETE_STARTED if deleting  # type: ignore[attr-defined]
+                               else state == _FINISHED and known in (_DELETE_STARTED, _DELETE_FINISHED))
         return err
     if state == _FINISHED and known == _STARTED and copy_epoch is not None:
         return copy_fenced(what, copy_epoch, fence_epoch())
