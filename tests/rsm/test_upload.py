@@ -152,15 +152,24 @@ def test_an_error_of_the_chunks_aborts_and_is_raised_as_is(pool: ThreadPoolExecu
     assert rec.aborted == ["upload-1"] and rec.completed is None
 
 
+class _NoClient:
+    """Stands in for a boto3 client where none is called (S3Store registers its event hooks on it)."""
+
+    class meta:  # noqa: N801 - boto3's name
+        class events:  # noqa: N801
+            @staticmethod
+            def register(*_args: object, **_kwargs: object) -> None:
+                return None
+
+
 def test_parts_in_flight_follow_the_memory_budget() -> None:
-    store = S3Store("b", endpoint_url="http://127.0.0.1:9", region_name="us-east-1", part_size_bytes=8 * MiB,
-                    upload_memory_bytes=40 * MiB, upload_concurrency=10)
+    store = S3Store("b", part_size_bytes=8 * MiB, upload_memory_bytes=40 * MiB, upload_concurrency=10,
+                    client=_NoClient())
     assert store.parts_in_flight == 4  # 5 buffers of 8 MiB: 1 filling, 4 uploading
-    assert S3Store("b", endpoint_url="http://127.0.0.1:9", region_name="us-east-1", part_size_bytes=8 * MiB,
-                   upload_memory_bytes=400 * MiB, upload_concurrency=6).parts_in_flight == 6
+    assert S3Store("b", part_size_bytes=8 * MiB, upload_memory_bytes=400 * MiB, upload_concurrency=6,
+                   client=_NoClient()).parts_in_flight == 6
     with pytest.raises(RemoteStorageError, match="fewer than 2 parts"):
-        S3Store("b", endpoint_url="http://127.0.0.1:9", region_name="us-east-1", part_size_bytes=8 * MiB,
-                upload_memory_bytes=15 * MiB)
+        S3Store("b", part_size_bytes=8 * MiB, upload_memory_bytes=15 * MiB, client=_NoClient())
     with pytest.raises(ValueError, match="2 parts of part_size_bytes"):
         RsmConfig(store="s3", bucket="b", part_size_bytes=8 * MiB, upload_memory_bytes=12 * MiB)
 
@@ -201,7 +210,7 @@ def test_a_copy_whose_part_fails_leaves_nothing(s3_endpoint: str, tmp_path: Path
     bucket = new_bucket(client)
     store = S3Store(bucket, endpoint_url=s3_endpoint, region_name="us-east-1", part_size_bytes=5 * MiB)
     rsm = RemoteStorageManager(RsmConfig(store="s3", bucket=bucket, part_size_bytes=5 * MiB), store)
-    data, last = synthetic_segment(tmp_path, 11 * MiB)
+    data, last = synthetic_segment(tmp_path, 6 * MiB)  # two parts
     try:
         _fail_part(store, 2)
         md = RemoteSegmentMetadata(uuid.uuid4(), uuid.uuid4(), "up", 0, 0, last)
