@@ -62,7 +62,7 @@ from devtools.spark_kafka import spark_kafka_jars  # noqa: E402
 from rlm.config import SidecarSettings  # noqa: E402
 from rlm.sidecar import Sidecar  # noqa: E402
 from rlmm.api import PartitionNotServedError, TopicIdPartition  # noqa: E402
-from tests.rlm.sidecar_util import make_settings, wait_for  # noqa: E402
+from tests.support.sidecar import make_settings, wait_for  # noqa: E402
 
 
 def produce(kafka: KafkaCluster, topic: str, partitions: int, n: int, value_bytes: int, codec: str) -> None:

@@ -60,7 +60,7 @@ from confluent_kafka.admin import NewTopic  # noqa: E402
 from devtools.devkafka import KafkaCluster  # noqa: E402
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition  # noqa: E402
 from tests.rlm.invariants import InvariantChecker, Report, staged_files, store_keys_of_topic_id  # noqa: E402
-from tests.rlm.sidecar_util import (  # noqa: E402
+from tests.support.sidecar import (  # noqa: E402
     AckedProducer,
     PartitionStates,
     make_settings,

@@ -23,7 +23,7 @@ from rlm.config import SidecarSettings, TaskSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.invariants import InvariantChecker, boundaries_differ, local_bases, staged_files, store_keys_of_topic_id
-from tests.rlm.sidecar_util import AckedProducer, PartitionStates, make_settings, only, reassign, wait_for
+from tests.support.sidecar import AckedProducer, PartitionStates, make_settings, only, reassign, wait_for
 
 
 # --------------------------------------------------------------------------------------------------- helpers

@@ -16,10 +16,10 @@ import yaml
 from devtools.devkafka import KafkaCluster
 from rlm.http import OpsServer
 from rlm.sidecar import Sidecar
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.kafka import produce
 from tests.support.processes import http_get
 from tests.support.promql import DASHBOARD, RULES, promql_metric_names
+from tests.support.sidecar import make_settings, wait_for
 
 PROMETHEUS_OWN = {"up"}  # series Prometheus makes itself for every scrape target
 

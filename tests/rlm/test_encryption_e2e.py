@@ -19,8 +19,8 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.format.crypto import SEALED_INDEX_MAGIC
-from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, wait_for
 from tests.support.processes import json_lines, ok, rlm
+from tests.support.sidecar import latest_remote, make_settings, produce_segments, settings_yaml, wait_for
 
 pytestmark = [pytest.mark.kafka]
 

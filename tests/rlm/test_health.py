@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 from devtools.devkafka import KafkaCluster
 from rlm.http import OpsServer
 from rlm.sidecar import Sidecar
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.kafka import produce
 from tests.support.processes import http_get
+from tests.support.sidecar import make_settings, wait_for
 
 
 def _health(ops: OpsServer, path: str = "/health") -> tuple[int, dict[str, Any]]:

@@ -16,8 +16,9 @@ from confluent_kafka.admin import NewTopic
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
-from tests.kafka_util import partition_dir, produce, set_topic_config
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import partition_dir, produce, set_topic_config
+from tests.support.processes import b64, json_lines, ok, rlm, serve
+from tests.support.sidecar import (
     AckedProducer,
     PartitionStates,
     RecordingRsm,
@@ -32,7 +33,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.support.processes import b64, json_lines, ok, rlm, serve
 from tests.support.txn import TxnProducer
 
 HOUR_MS = "3600000"

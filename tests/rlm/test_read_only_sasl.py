@@ -44,9 +44,9 @@ from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlm.state import StateDir
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import grant, produce
-from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 from tests.support.fixtures import SASL_VIEWER
+from tests.support.kafka import grant, produce
+from tests.support.sidecar import latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka]
 

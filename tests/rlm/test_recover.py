@@ -27,8 +27,9 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
 from rsm.manager import RemoteStorageManager
-from tests.kafka_util import partition_dir, produce
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import partition_dir, produce
+from tests.support.processes import json_lines, ok, rlm
+from tests.support.sidecar import (
     latest_remote,
     make_settings,
     produce_segments,
@@ -37,7 +38,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka]
 

@@ -23,9 +23,9 @@ from rlm.config import SidecarSettings
 from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import MetadataTopicMissingError, TopicIdPartition
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
+from tests.support.kafka import produce
 from tests.support.processes import json_lines, ok, rlm
+from tests.support.sidecar import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
 

@@ -29,8 +29,9 @@ from rlm.listener import start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import produce
+from tests.support.processes import json_lines, ok, rlm
+from tests.support.sidecar import (
     PartitionStates,
     latest_remote,
     make_settings,
@@ -41,7 +42,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.support.processes import json_lines, ok, rlm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 

@@ -36,9 +36,9 @@ from confluent_kafka.admin import (
 )
 
 from devtools.devkafka import KafkaCluster, free_port
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import make_settings, only, produce_segments, wait_for
 from tests.support.fixtures import SCRAM_PRINCIPAL
+from tests.support.kafka import produce
+from tests.support.sidecar import make_settings, only, produce_segments, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 180

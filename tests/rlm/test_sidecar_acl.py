@@ -25,8 +25,9 @@ from rlm import metrics
 from rlm.config import KafkaSettings, SidecarSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemotePartitionDeleteState, TopicIdPartition
-from tests.kafka_util import grant
-from tests.rlm.sidecar_util import (
+from tests.support.fixtures import SASL_PRINCIPAL
+from tests.support.kafka import grant
+from tests.support.sidecar import (
     assert_readable,
     latest_remote,
     make_settings,
@@ -36,7 +37,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.support.fixtures import SASL_PRINCIPAL
 
 PRINCIPAL = f"User:{SASL_PRINCIPAL}"
 GRACE_MS = 2000
@@ -78,7 +78,7 @@ def acl_settings(kc: KafkaCluster, tmp_path: Path, *topics: str, **overrides: An
 def produce(kc: KafkaCluster, topic: str, rounds: int = 3) -> dict[int, tuple[bytes, bytes]]:
     """``rounds`` segments, as the admin; a last one-record append rolls the last of them (produce_segments'
     own roll would produce without the security settings)."""
-    from tests.kafka_util import produce as produce_records
+    from tests.support.kafka import produce as produce_records
 
     sent = produce_segments(kc, topic, rounds, 100, segment_ms=300, roll=False, **kc.security_config())
     produce_records(kc, topic, [(b"__roll__", b"r")], **kc.security_config())

@@ -34,8 +34,8 @@ from rsm.format.keys import SegmentKeys, partition_prefix
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.manager import RemoteStorageManager
 from rsm.store.base import Store
-from tests.kafka_util import partition_dir
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import partition_dir
+from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
     latest_remote,

@@ -11,8 +11,8 @@ import pytest
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
-from tests.kafka_util import partition_dir, produce, set_topic_config
-from tests.rlm.sidecar_util import assert_readable, make_settings, only, wait_for
+from tests.support.kafka import partition_dir, produce, set_topic_config
+from tests.support.sidecar import assert_readable, make_settings, only, wait_for
 
 
 def broker_earliest_offset(kafka: KafkaCluster, topic: str) -> int:

@@ -14,8 +14,9 @@ from devtools.devkafka import KafkaCluster, free_port
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.manager import RemoteStorageManager
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import produce
+from tests.support.processes import http_get, serve
+from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
     latest_remote,
@@ -27,7 +28,6 @@ from tests.rlm.sidecar_util import (
     store_keys,
     wait_for,
 )
-from tests.support.processes import http_get, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 

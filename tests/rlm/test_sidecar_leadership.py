@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.sidecar_util import (
+from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
     latest_remote,

@@ -21,7 +21,7 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from tests.rlm.invariants import InvariantChecker, staged_files, store_keys_of_topic_id
-from tests.rlm.sidecar_util import RecordingRsm, latest_remote, make_settings, produce_segments, wait_for
+from tests.support.sidecar import RecordingRsm, latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.sidecar_util import (
+from tests.support.sidecar import (
     RecordingRsm,
     assert_contiguous,
     assert_readable,

@@ -9,7 +9,8 @@ from pathlib import Path
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.sidecar_util import (
+from tests.rlm.test_sidecar_e2e import broker_earliest_offset, set_topic_config
+from tests.support.sidecar import (
     RecordingRsm,
     assert_contiguous,
     assert_readable,
@@ -20,7 +21,6 @@ from tests.rlm.sidecar_util import (
     remote_segments,
     wait_for,
 )
-from tests.rlm.test_sidecar_e2e import broker_earliest_offset, set_topic_config
 
 
 def start(settings, rsm: RecordingRsm | None = None) -> tuple[Sidecar, RecordingRsm]:  # type: ignore[no-untyped-def]

@@ -29,8 +29,8 @@ from rlmm.api import (
 )
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
-from tests.kafka_util import partition_dir
-from tests.rlm.sidecar_util import (
+from tests.support.kafka import partition_dir
+from tests.support.sidecar import (
     RecordingRsm,
     assert_contiguous,
     latest_remote,

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.sidecar_util import assert_contiguous, latest_remote, make_settings, only, remote_segments, wait_for
+from tests.support.sidecar import assert_contiguous, latest_remote, make_settings, only, remote_segments, wait_for
 from tests.support.txn import TxnProducer, plain
 
 

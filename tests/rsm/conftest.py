@@ -20,7 +20,7 @@ from rsm.log.batch import BatchHeader, batch_crc, scan_batches
 from rsm.log.partition import PartitionDir
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
-from tests.kafka_util import partition_dir, produce, roll_and_wait
+from tests.support.kafka import partition_dir, produce, roll_and_wait
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 

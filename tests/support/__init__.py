@@ -1,5 +1,12 @@
 """What the tests share, in one place (issue 23, item 7): never import a helper from a ``test_*.py`` module.
 
+- :mod:`tests.support.fixtures`: the session fixtures, a pytest plugin (``tests/conftest.py`` loads it): the real
+  broker and clusters, the S3 servers, the SparkSession, topic names;
+- :mod:`tests.support.kafka`: producing to the real broker, rolling segments, finding its files, topic configs, ACLs;
+- :mod:`tests.support.sidecar`: a sidecar's settings against the test broker (``make_settings``; ``Sidecar`` is a
+  context manager), waiting, and what is remote;
+- :mod:`tests.support.batches`: the one record-batch builder, and crafted partition directories;
+- :mod:`tests.support.rlmm`, :mod:`tests.support.world`: the copier's crafted world (no broker);
 - :mod:`tests.support.processes`: the ``rlm`` CLI and ``rlm serve`` as their own processes, and HTTP GETs to them;
 - :mod:`tests.support.txn`: transactional and plain produce with the offsets acknowledged;
 - :mod:`tests.support.promql`: the shipped dashboard and alert rules, and the metric names a PromQL query selects;

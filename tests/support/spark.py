@@ -12,9 +12,9 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlm.spark.options import parse_options
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import latest_remote, remote_segments, wait_for
 from tests.rlm.spark.conftest import TieredData
+from tests.support.kafka import produce
+from tests.support.sidecar import latest_remote, remote_segments, wait_for
 
 __all__ = ["CODECS", "PER_ROUND", "SEGMENT_MS", "Env", "Record", "collect", "expected", "load", "options", "seg",
            "start", "stream"]

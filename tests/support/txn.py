@@ -7,7 +7,7 @@ import uuid
 from confluent_kafka import Producer
 
 from devtools.devkafka import KafkaCluster
-from tests.kafka_util import produce
+from tests.support.kafka import produce
 
 __all__ = ["TxnProducer", "plain"]
 

@@ -30,7 +30,7 @@ from devtools.devkafka import KafkaCluster, free_port
 from rlm.cli.context import EXIT_UNREACHABLE
 from rlm.rlmm_config import sidecar_rlmm_config
 from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager
-from tests.rlm.sidecar_util import make_settings, only, produce_segments, settings_yaml, wait_for
+from tests.support.sidecar import make_settings, only, produce_segments, settings_yaml, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 HARD_LIMIT_S = 60  # per process: a command that does not return by then hangs (it needs --timeout 3 and imports)

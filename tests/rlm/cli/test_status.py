@@ -36,8 +36,8 @@ from rlmm.api import (
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from tests.kafka_util import partition_dir, produce, set_topic_config
-from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, settings_yaml, wait_for
+from tests.support.kafka import partition_dir, produce, set_topic_config
+from tests.support.sidecar import latest_remote, make_settings, only, produce_segments, settings_yaml, wait_for
 
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 

@@ -45,8 +45,8 @@ from devtools.devkafka import KafkaCluster
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import set_topic_config
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.kafka import set_topic_config
+from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer
 
 __all__ = ["BIG_BYTES", "CODECS", "SEGMENT_MS", "HistorySetup", "Rec", "broker_watermarks", "consume_until",

@@ -38,11 +38,11 @@ from rlm.config import HistoryListenerSettings, KafkaSettings, SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import grant, produce
 from tests.rlm.listener.pki import Pki, make_pki
 from tests.rlm.listener.raw_wire import call, plain_login
-from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
 from tests.support.fixtures import SASL_READER
+from tests.support.kafka import grant, produce
+from tests.support.sidecar import latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ from rlmm.api import RemoteLogSegmentMetadataUpdate, RemoteLogSegmentState, Topi
 from rsm.log.batch import header_from_bytes
 from rsm.manager import RemoteStorageManager
 from tests.rlm.listener.raw_wire import call
-from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, remote_segments, wait_for
+from tests.support.sidecar import latest_remote, make_settings, only, produce_segments, remote_segments, wait_for
 
 pytestmark = [pytest.mark.kafka]
 

@@ -33,9 +33,9 @@ from rlm.config import HistoryListenerSettings, SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import produce
 from tests.rlm.listener.raw_wire import call, closed, kstr, recv_frame, request
-from tests.rlm.sidecar_util import latest_remote, make_settings, produce_segments, wait_for
+from tests.support.kafka import produce
+from tests.support.sidecar import latest_remote, make_settings, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -31,7 +31,7 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.listener.pki import Pki, make_pki
 from tests.rlm.listener.raw_wire import closed, kstr, recv_frame, request
-from tests.rlm.sidecar_util import latest_remote, make_settings, only, produce_segments, wait_for
+from tests.support.sidecar import latest_remote, make_settings, only, produce_segments, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -37,10 +37,10 @@ from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.log.batch import header_from_bytes
-from tests.kafka_util import produce
 from tests.rlm.listener.conftest import Rec, broker_watermarks, consume_until
 from tests.rlm.listener.raw_wire import call
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.kafka import produce
+from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer
 
 PARTITIONS = 2

@@ -25,10 +25,10 @@ from devtools.devkafka import KafkaCluster
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import produce
 from tests.rlm.listener.conftest import consume_until
 from tests.rlm.listener.raw_wire import call
-from tests.rlm.sidecar_util import PartitionStates, make_settings, reassign, wait_for
+from tests.support.kafka import produce
+from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for
 
 PER_EPOCH = 40
 SEGMENT_MS = 300

@@ -25,8 +25,8 @@ from confluent_kafka import Producer
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, TopicIdPartition
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import make_settings, wait_for
+from tests.support.kafka import produce
+from tests.support.sidecar import make_settings, wait_for
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ROUNDS = 3

@@ -21,7 +21,7 @@ from rlm.spark.columns import decode_columns
 from rsm.log.batch import HEADER, BatchHeader, iter_batches_with_bytes
 from rsm.log.errors import CorruptRecordBatchError
 from rsm.log.records import decode_records
-from tests.kafka_util import partition_dir, produce, roll_and_wait
+from tests.support.kafka import partition_dir, produce, roll_and_wait
 
 pytestmark = pytest.mark.kafka
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")

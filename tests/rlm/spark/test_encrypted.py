@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from devtools.devkafka import KafkaCluster
-from tests.kafka_util import produce
 from tests.rlm.spark.conftest import SEGMENT_MS, Produced, TieredData, _tier
+from tests.support.kafka import produce
 from tests.support.spark import collect, expected, load
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

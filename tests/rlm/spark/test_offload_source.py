@@ -10,9 +10,9 @@ from typing import Any
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.kafka_util import produce
-from tests.rlm.sidecar_util import latest_remote, make_settings, only, remote_segments, wait_for
 from tests.rlm.spark.conftest import Produced, TieredData
+from tests.support.kafka import produce
+from tests.support.sidecar import latest_remote, make_settings, only, remote_segments, wait_for
 from tests.support.spark import collect, expected, load
 
 

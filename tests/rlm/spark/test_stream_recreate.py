@@ -38,7 +38,7 @@ from rlmm.api import (
     TopicIdPartition,
 )
 from rsm.manager import RemoteStorageManager
-from tests.rlm.sidecar_util import latest_remote, make_settings, remote_segments, wait_for
+from tests.support.sidecar import latest_remote, make_settings, remote_segments, wait_for
 from tests.support.spark import Env, Record, start, stream
 
 Row = tuple[int, int, int, Record]  # partition, offset, timestamp (ms), record

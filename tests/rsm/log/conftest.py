@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.kafka_util import partition_dir, produce, roll_and_wait
+from tests.support.kafka import partition_dir, produce, roll_and_wait
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 MiB = 1024 * 1024

@@ -31,7 +31,7 @@ from rsm.log.producer_snapshot import (
 )
 from rsm.log.records import ControlType, control_type, decode_records
 from rsm.manager import RemoteStorageManager, RsmConfig
-from tests.kafka_util import partition_dir, produce, roll_and_wait
+from tests.support.kafka import partition_dir, produce, roll_and_wait
 
 
 # ----------------------------------------------------------------------------------------- the broker's snapshots

@@ -83,7 +83,7 @@ def produce_segments(kafka: KafkaCluster, topic: str, rounds: int, per_round: in
                      roll: bool = True, **producer_conf: Any) -> dict[int, tuple[bytes, bytes]]:
     """Produce ``rounds`` batches of records, one segment each (the topic's ``segment.ms`` <= ``segment_ms``);
     with ``roll`` a last one-record append rolls the segment holding the last round. Returns offset -> (k, v)."""
-    from tests.kafka_util import produce
+    from tests.support.kafka import produce
 
     sent: dict[int, tuple[bytes, bytes]] = {}
     tag = uuid.uuid4().hex[:6]
