@@ -95,7 +95,7 @@ def main_round(r: int, n: int, base_ts: int) -> list[Rec]:
 
 
 def send(kafka: KafkaCluster, topic: str, partition: int, recs: list[Rec], **conf: Any) -> dict[int, Rec]:
-    from tests.kafka_util import produce
+    from tests.support.kafka import produce
 
     acks = produce(kafka, topic, [(r.key, r.value, list(r.headers), r.timestamp_ms or 0) for r in recs],
                    partition=partition, **{"batch.size": 8192, **conf})
@@ -162,8 +162,8 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     from rlm.listener import start_listener
     from rlm.sidecar import Sidecar
     from rlmm.api import TopicIdPartition
-    from tests.kafka_util import set_topic_config
-    from tests.rlm.sidecar_util import latest_remote, make_settings, wait_for
+    from tests.support.kafka import set_topic_config
+    from tests.support.sidecar import latest_remote, make_settings, wait_for
 
     tag = uuid.uuid4().hex[:8]
     h = Tiered("", f"hist-java-main-{tag}", f"hist-java-codecs-{tag}", f"hist-java-txn-{tag}")
