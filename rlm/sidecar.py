@@ -499,12 +499,14 @@ class Sidecar:
         """Each led partition's retention margin (:func:`rlm.health.retention_margin`, listings kept while a directory
         is unchanged: :class:`rlm.health.MarginCache`), as gauges."""
         margins: dict[TopicIdPartition, Margin] = {}
+        staged: dict[TopicIdPartition, list[int]] = {}
+        for x in self.staging.staged():  # one walk of the staging area, not one look per led partition
+            staged.setdefault(x.tp, []).append(x.base_offset)
         for led in self.leadership.each_led():
             tp = led.tp
             retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
             try:
-                m = self._margin_cache.margin(led.path, led.copier.tiered_offset,
-                                              [x.base_offset for x in self.staging.staged(tp)],
+                m = self._margin_cache.margin(led.path, led.copier.tiered_offset, staged.get(tp, ()),
                                               retention_ms=retention_ms, retention_bytes=retention_bytes)
             except (FileNotFoundError, LogFormatError):
                 continue  # the partition dir went away (moved, deleted): the next discovery round says

@@ -23,9 +23,10 @@ followed set) and the stopping flag. Whenever it is free:
 pauses its own job (:meth:`sleep`): with thousands of partitions, running every idle one each copy interval was most
 of the sidecar's idle CPU. The stage job wakes it (:meth:`wake`: its next run now) when the log-dir watcher sees its
 directory change (a roll, retention, a rewritten checkpoint: :mod:`rlm.watch`), the watcher's slow rescan included.
-A change seen while the run goes sets ``changed``, and a run that began before it does not sleep: no roll is missed
-between a run's listing and its pause. A run that did not catch up (waiting for the last stable offset, failed,
-not leading under the cluster's epoch) keeps its interval.
+A change seen while the run goes sets ``changed``, and a run that began before it does not sleep but runs again at
+once (up to :data:`RERUNS_ON_CHANGE` times): no roll is missed between a run's listing and its pause. A job awake and
+not running is also run now by a wake. A run that did not catch up (waiting for the last stable offset, failed, not
+leading under the cluster's epoch) keeps its interval.
 
 Every change takes the lock; readers copy what they need under it and work on the copy outside
 (:meth:`each_led`, :meth:`served`, :meth:`led_partitions`). A :class:`Led`'s ``stop`` and ``cancel`` are set under
@@ -55,7 +56,7 @@ from rlm.tasks.staging import Staging
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 from rsm.manager import RemoteStorageManager
 
-__all__ = ["Leadership", "LeadershipChangeError", "Led", "Scheduler", "copy_job_id"]
+__all__ = ["RERUNS_ON_CHANGE", "Leadership", "LeadershipChangeError", "Led", "Scheduler", "copy_job_id"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,11 @@ class Led:
         """The copy job's id: by topic id, so a topic re-created under its name gets a job of its own and never waits
         for the old topic's run (apscheduler runs one instance per id)."""
         return copy_job_id(self.tp)
+
+
+RERUNS_ON_CHANGE = 3
+"""How many times a copy job that caught up runs again at once because its directory changed during the run; then it
+waits for its interval (a partition rolling faster than its runs end does not hold a worker for good)."""
 
 
 def copy_job_id(tp: TopicIdPartition) -> str:
@@ -278,16 +284,17 @@ class Leadership:
         if led.stop.is_set() or self.settings.topics.is_paused(led.tp.topic):
             return
         with led.running:
-            led.changed.clear()  # a change from now on is the next run's (see sleep)
-            caught_up = False
             try:
-                caught_up = bool(self._run(led))
+                for _ in range(RERUNS_ON_CHANGE + 1):
+                    led.changed.clear()  # a change from now on is the next run's (see sleep)
+                    if not self._run(led) or self.sleep(led) or not led.changed.is_set() or led.stop.is_set():
+                        break
+                    # caught up, but the directory changed while the run went (its listing may predate a roll): look
+                    # again now rather than at the next interval
             finally:
                 if led.stop.is_set() and not self._stopping.is_set() and not self.leads_again(led):
                     self._release(led.tp)
                     _forget_gauges(led.tp)  # (a run that was starting may have set them after stop_leading)
-            if caught_up:
-                self.sleep(led)
 
     # ---------------------------------------------------------------------------------------- sleep, wake
     def sleep(self, led: Led) -> bool:
@@ -304,14 +311,19 @@ class Leadership:
 
     def wake(self, paths: Collection[Path]) -> list[Led]:
         """The led partitions whose directory is in ``paths`` (they changed: :mod:`rlm.watch`): each is marked
-        changed, and a sleeping copy job runs now. Returns them (nothing when stopping)."""
+        changed (a run going now looks again when it ends: :meth:`run_copy`), and a job not running now runs now,
+        sleeping or not. Returns them (nothing when stopping)."""
+        if not paths:
+            return []
         with self.lock:
             if self._stopping.is_set():
                 return []
             woken = [led for led in self._led.values() if led.path in paths and not led.stop.is_set()]
             for led in woken:
                 led.changed.set()
-                if led.asleep:
+                if led.asleep or not led.running.locked():
+                    # (a run starting right now is skipped by apscheduler and rescheduled at its interval; it lists
+                    # the directory after the change anyway)
                     self._scheduler.modify_job(led.job_id, next_run_time=datetime.now(UTC))
                     led.asleep = False
             return woken

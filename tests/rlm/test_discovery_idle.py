@@ -134,11 +134,11 @@ def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven
 
 
 # ------------------------------------------------------------------------------------ sleeping copy jobs
-def _leadership(tmp_path: Path, run: Any) -> tuple[Leadership, BackgroundScheduler]:
+def _leadership(tmp_path: Path, run: Any, interval_ms: int = 100) -> tuple[Leadership, BackgroundScheduler]:
     scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
                                     job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
     scheduler.start()
-    settings = _settings(tmp_path, tasks={"copy_interval_ms": 100})
+    settings = _settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
     leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
                             staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
                             deleter=object(), run=run)  # type: ignore[arg-type]
@@ -173,9 +173,9 @@ def test_a_caught_up_copy_job_sleeps_until_its_directory_changes(tmp_path: Path)
         scheduler.shutdown()
 
 
-def test_a_change_seen_during_a_run_keeps_the_job_awake(tmp_path: Path) -> None:
-    """The directory changed while the run went (its listing may have missed the roll): the run does not sleep, and
-    the job runs again at its interval."""
+def test_a_change_seen_during_a_run_makes_it_look_again_at_once(tmp_path: Path) -> None:
+    """The directory changed while the run went (its listing may have missed the roll): the job does not sleep but
+    runs again at once (not at its interval: an hour here), then sleeps."""
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
     path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     runs: list[int] = []
@@ -187,13 +187,38 @@ def test_a_change_seen_during_a_run_keeps_the_job_awake(tmp_path: Path) -> None:
             leadership.wake({path})  # the stage job, seeing a roll while this run goes
         return True  # every run thinks it caught up
 
-    leadership, scheduler = _leadership(tmp_path, run)
+    leadership, scheduler = _leadership(tmp_path, run, interval_ms=3_600_000)
     try:
         assert leadership.serve({tp: path}, set())
-        _wait(lambda: len(runs) >= 2 and leadership.sleeping() == 1)
-        n = len(runs)
+        _wait(lambda: leadership.sleeping() == 1)
         time.sleep(0.3)
-        assert len(runs) == n
+        assert len(runs) == 2
+    finally:
+        leadership.stop()
+        scheduler.shutdown()
+
+
+def test_a_roll_during_every_run_reruns_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """A partition whose directory changes during every run: RERUNS_ON_CHANGE runs again at once, then its interval
+    (it does not hold a worker for good)."""
+    from rlm.tasks.leadership import RERUNS_ON_CHANGE
+
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    runs: list[int] = []
+    leadership: Leadership
+
+    def run(led: Led) -> bool:
+        runs.append(1)
+        leadership.wake({path})
+        return True
+
+    leadership, scheduler = _leadership(tmp_path, run, interval_ms=3_600_000)
+    try:
+        assert leadership.serve({tp: path}, set())
+        _wait(lambda: len(runs) >= RERUNS_ON_CHANGE + 1)
+        time.sleep(0.3)
+        assert len(runs) == RERUNS_ON_CHANGE + 1 and leadership.sleeping() == 0
     finally:
         leadership.stop()
         scheduler.shutdown()
@@ -236,3 +261,25 @@ def test_the_stage_job_wakes_the_led_partition_whose_directory_changed(tmp_path:
     led1 = sidecar.leadership.get("t", 1)
     assert led1 is not None and not led1.asleep and led1.changed.is_set()
     assert sidecar.leadership.sleeping() == 1 and sidecar.leadership.get("t", 0).asleep  # type: ignore[union-attr]
+
+
+@pytest.mark.kafka
+def test_a_sleeping_copy_job_copies_a_roll_within_seconds(kafka, topic_name: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """Against the real broker: with a copy interval of an hour, a partition's copy job runs once when led, finds it
+    caught up and sleeps; a roll the broker makes later is seen by the watcher and copied within seconds (before, a
+    roll waited for the next copy interval: an hour here)."""
+    from rlm.sidecar import Sidecar
+    from tests.support.kafka import produce, roll_and_wait
+    from tests.support.sidecar import make_settings, only, wait_for
+
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "200"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name),
+                             tasks={"copy_interval_ms": 3_600_000, "discovery_interval_ms": 300})
+    with Sidecar(settings) as sidecar:
+        wait_for(lambda: sidecar.leadership.sleeping() == 1, 60, "the copy job to find the partition caught up")
+        produce(kafka, topic_name, [(b"k", b"v" * 100)] * 50)
+        roll_and_wait(kafka, topic_name, rolled=1)
+        wait_for(lambda: sidecar.reader.latest_offset(tp) is not None, 30, "the rolled segment to be remote")
+        assert sidecar.reader.latest_offset(tp) >= 49
+        wait_for(lambda: sidecar.leadership.sleeping() == 1, 30, "the job to sleep again once caught up")
