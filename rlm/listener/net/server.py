@@ -5,11 +5,14 @@ order they came). Reading the store blocks, so handlers run on a thread pool; th
 decoding a request larger than ``INLINE_FRAME_BYTES``, and building and encoding every answer but ApiVersions', run
 on the pool too (a Fetch of 300,000 partitions, a 4.8 MB frame: about 50 ms to decode, seconds to build and encode
 its answer), so one connection's large request never holds another's. They still share the GIL, and what holds it
-in one piece holds the event loop that long: kio's decoder is native code (``entity_reader``: the 4.8 MB frame
-holds the GIL about 50 ms, in proportion to its size; taking that away needs a decoder in slices or another
-process), Python code holds it at most ``sys.getswitchinterval()`` (5 ms) at a time, and the cyclic GC's full
-collections held it up to 170 ms each, eight times over, as a large request's objects grew the heap: the GC is held
-off while large requests are worked on (:class:`GcPause`), and their objects are freed on a worker.
+in one piece holds the event loop that long. Python code holds it at most ``sys.getswitchinterval()`` (5 ms) at a
+time. kio's decoder is native code that held it for a whole frame (the 4.8 MB one about 50 ms, in proportion to its
+size: a second for 100 MiB), so a large request is decoded an array item at a time, and what it and its answer
+made (hundreds of thousands of objects: tens of ms to free in one deallocation) is freed a slice at a time, on a
+worker (:func:`~rlm.listener.protocol.codec.decode_request` and :func:`~rlm.listener.protocol.codec.free_gradually`).
+The cyclic GC's full collections held it up to 170 ms each, eight times over, as a large request's objects grew the
+heap: the GC is held off while large requests are worked on (:class:`GcPause`). ``bench/bench_listener_stall.py``
+measures the event loop's lag while one connection sends a large Fetch.
 A Fetch with less than ``min_bytes`` of data waits up to ``max_wait_ms`` (at most ``fetch_max_wait_ms``) for newly
 tiered data, as Kafka's DelayedFetch: it becomes one :class:`~rlm.listener.tier.polls.PendingFetch` (its partitions,
 deadline, ``min_bytes``, its connection, the tier bounds it was answered from) in the server's
@@ -50,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -72,6 +76,7 @@ from rlm.listener.protocol.codec import (
     decode_request,
     encode_response,
     error_body,
+    free_gradually,
     response_type,
 )
 from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, RequestHeader, read_header
@@ -133,7 +138,7 @@ class ListenerServer:
 
     def __init__(self, router: Router, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
                  workers: int = 8, poll_s: float = 0.2,
-                 session_factory: Callable[[Any], Any] | None = None, limits: ConnectionLimits | None = None,
+                 session_factory: Callable[[Any, Any], Any] | None = None, limits: ConnectionLimits | None = None,
                  principal_mapper: PrincipalMapper | None = None) -> None:
         self.router = router
         self.principal_mapper = principal_mapper or PrincipalMapper()
@@ -215,7 +220,10 @@ class ListenerServer:
             writer.close()
             return
         self._writers.add(writer)
-        writer.transport.set_write_buffer_limits(high=0)  # drain() waits until the answer is wholly taken
+        # drain() waits until the answer is wholly taken. asyncio's TLS transport pauses at size >= high (TCP's at
+        # size > high): high=0 paused it with nothing queued, so drain() hung until the client sent more bytes (30 s,
+        # write_timeout_ms, for a client with its next requests already pipelined: librdkafka over SASL_SSL).
+        writer.transport.set_write_buffer_limits(high=1 if self.ssl_context is not None else 0)
         sock = writer.get_extra_info("socket")
         if self.limits.socket_send_buffer_bytes > 0 and sock is not None:  # what the kernel holds of an answer
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.socket_send_buffer_bytes)
@@ -224,7 +232,10 @@ class ListenerServer:
         accepted = loop.time()
         # A session (rlm.listener.net.sasl.SaslSession) is asked before each request is served (see _answer); before
         # authentication it also bounds the frames read (max_frame_bytes).
-        session = self.session_factory(peer) if self.session_factory is not None else None
+        # As a proxy: this connection's own connection to the broker, opened at its first request (a proxy's session
+        # passes SASL through on it: rlm.listener.net.sasl.PassThroughSession).
+        upstream = self.router.proxy.connection() if self.router.proxy is not None else None
+        session = self.session_factory(peer, upstream) if self.session_factory is not None else None
         # Who the client is, for the cluster's ACLs: its SASL user once authenticated, else its certificate's mapped
         # subject (mutual TLS), else User:ANONYMOUS. A certificate no mapping rule matches is refused, as Kafka does.
         certificate_principal = self._certificate_principal(writer, peer)
@@ -242,9 +253,6 @@ class ListenerServer:
 
         def gone() -> bool:  # the client closed its side (or the connection broke): a long poll stops
             return writer.is_closing() or reader.at_eof()
-
-        # As a proxy: this connection's own connection to the broker, opened at its first request.
-        upstream = self.router.proxy.connection() if self.router.proxy is not None else None
 
         try:
             while True:
@@ -455,23 +463,25 @@ class ListenerServer:
                     error = "invalid_request"
                     return self._bad_body(header, api, err)
                 return await self._dispatch(header, req, client(), gone, frame, upstream)
-            # A large body is decoded on a worker (kio's native decoder holds the GIL meanwhile, ~50 ms for 300,000
-            # Fetch partitions, but the loop is free before and after), not on the event loop. Its objects (a
+            # A large body is decoded on a worker, not on the event loop. Its objects (a
             # kio entity per partition, then the answer's) would make the cyclic GC run full collections of the
             # growing heap, each holding the GIL, so the event loop, for up to hundreds of ms: the GC is held off
             # until the answer is made (GC_PAUSE).
+            # Decoded an array item at a time (kio's native reader would hold the GIL for the whole frame), the items
+            # also held in ``keep`` so that dropping the request only lowers their counts; then ``keep`` is freed a
+            # slice at a time (one deallocation of them all would hold the GIL for tens of ms).
+            keep: list[Any] = []
             with GC_PAUSE.held():
                 try:
-                    req = await asyncio.get_running_loop().run_in_executor(self._pool, decode_request, frame, header)
+                    req = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, functools.partial(decode_request, frame, header, keep=keep))
                 except BadRequestError as err:
                     error = "invalid_request"
+                    await asyncio.get_running_loop().run_in_executor(self._pool, free_gradually, keep)
                     return self._bad_body(header, api, err)
                 response = await self._dispatch(header, req, client(), gone, frame, upstream)
-                # Freed before the GC runs again (kio entities hold no cycles: their refcounts free them), on a
-                # worker: hundreds of thousands of entities take tens of ms to free.
-                box = [req]
-                del req
-                await asyncio.get_running_loop().run_in_executor(self._pool, box.clear)
+                del req  # the items are freed before the GC runs again (kio entities hold no cycles)
+                await asyncio.get_running_loop().run_in_executor(self._pool, free_gradually, keep)
                 return response
         finally:
             REQUESTS.labels(api, error).inc()
@@ -508,7 +518,7 @@ class ListenerServer:
 
         def answer() -> bytes:
             values = call(req, client)
-            return NO_RESPONSE if values is None else encode_response(header, build(rtype, values))
+            return NO_RESPONSE if values is None else _encoded(header, rtype, values)
 
         return await loop.run_in_executor(self._pool, answer)
 
@@ -540,7 +550,10 @@ class ListenerServer:
         ctx = router.ctx
         may_wait = max_wait_s > 0 and req.min_bytes > 0
 
-        def fetch(budget: int, first: bool) -> tuple[dict[str, Any], int, bool, frozenset[Any], dict[Any, Mark]]:
+        def fetch(budget: int, first: bool, last: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], int, bool, frozenset[Any], dict[Any, Mark]]:
+            if last is not None:
+                free_gradually(last)  # the last run's answer: freed here, not on the event loop
             # The bounds are read before the fetch: a segment tiered in between makes the next tick re-run it (once
             # more than needed), never miss it. The first run also names the partitions a poll would wait on (only
             # a Fetch that may wait: a consumer's max_wait 0 or min_bytes 0 costs nothing more).
@@ -567,7 +580,8 @@ class ListenerServer:
                     values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
                 else:
                     async with self._rerun_slots:  # waiting polls never take more than half of the workers
-                        values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False)
+                        values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False,
+                                                                                   values)
                 self._reserved += size - held
                 held = size
                 if size >= req.min_bytes or now or loop.time() >= deadline or (pending and pending.expired):
@@ -591,9 +605,7 @@ class ListenerServer:
                     n = sum(len(p["records"]) for p in t["partitions"])
                     if n:
                         RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-                data = encode_response(header, build(rtype, values))
-                values.clear()  # freed here, not on the event loop (a Fetch of many partitions: tens of ms)
-                return data
+                return _encoded(header, rtype, values)
 
             # Released on return: the caller queues the answer with no await in between (then it is counted in
             # its transport's buffer).
@@ -666,6 +678,17 @@ def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader
         extra.update(api_key=header.api_key, api_version=header.api_version)
     log.warning("history endpoint: request before authentication failed, connection closed", extra=extra)
     log.debug("history endpoint: request before authentication failed", exc_info=err, extra=extra)
+
+
+def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any]) -> bytes:
+    """The answer of ``values`` encoded; then the values and the entity built from them are freed a slice at a time
+    on this (worker) thread: freed in one piece, the answer of a Fetch of 300,000 partitions holds the GIL (so the
+    event loop) for tens of ms."""
+    keep: list[Any] = []
+    data = encode_response(header, build(rtype, values, keep))  # the entity, dropped on return, only lowers counts
+    free_gradually(values)
+    free_gradually(keep)
+    return data
 
 
 def _never() -> bool:

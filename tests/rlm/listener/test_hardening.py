@@ -723,12 +723,12 @@ def test_a_large_requests_work_does_not_hold_other_connections(tiered: Tiered,
     decode, encode = server.decode_request, server.encode_response
     gc_enabled: dict[str, bool] = {}
 
-    def held_decode(frame: bytes, header: Any) -> Any:
+    def held_decode(frame: bytes, header: Any, **kwargs: Any) -> Any:
         if header.correlation_id == big_id:
             gc_enabled["decode"] = gc.isenabled()
             reached["decode"].set()
             assert held["decode"].wait(60)
-        return decode(frame, header)
+        return decode(frame, header, **kwargs)
 
     def held_encode(header: Any, *args: Any, **kwargs: Any) -> bytes:
         if header.correlation_id == big_id:
