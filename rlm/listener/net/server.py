@@ -61,6 +61,7 @@ import socket
 import ssl
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -279,10 +280,12 @@ class ListenerServer:
                 # counted before the write: a client may read the response before the next line would run
                 BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
-                writer.write(response)
+                # A view: what the socket does not take at once is copied into the transport's buffer once (a
+                # bytes object would be sliced first: a second copy).
+                writer.write(memoryview(response))
                 # Back-pressure: the next request is read once this answer has been taken down to the transport's
                 # low-water mark; a client that stops taking it is closed (write_timeout_ms, idle limit).
-                if not await self._drain(writer):
+                if writer.transport.get_write_buffer_size() and not await self._drain(writer):
                     CLOSED.labels("not_reading").inc()
                     log.info("history endpoint: connection closed", extra={"peer": str(peer),
                                                                             "reason": "not_reading"})
@@ -551,7 +554,9 @@ class ListenerServer:
         may_wait = max_wait_s > 0 and req.min_bytes > 0
 
         def fetch(budget: int, first: bool, last: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Any], int, bool, frozenset[Any], dict[Any, Mark]]:
+                  ) -> tuple[Any, int, bool, frozenset[Any], dict[Any, Mark]]:
+            """(the answer encoded when it is final, else its values; record bytes; final; partitions a poll
+            waits on, their bounds)"""
             if last is not None:
                 free_gradually(last)  # the last run's answer: freed here, not on the event loop
             # The bounds are read before the fetch: a segment tiered in between makes the next tick re-run it (once
@@ -564,7 +569,17 @@ class ListenerServer:
                 marks = tier_marks(ctx.tier, tps)
             values, size = router.fetch(req, client, budget=budget)
             # Kafka's DelayedFetch answers at once when nothing is asked for, or on an error (or min_bytes, below).
-            return values, size, not any(t.partitions for t in req.topics) or _has_error(values), tps, marks
+            now = not any(t.partitions for t in req.topics) or _has_error(values)
+            if size >= req.min_bytes or now or loop.time() >= deadline:
+                return answer(values), size, True, tps, marks  # answered: encoded in the same worker job
+            return values, size, False, tps, marks
+
+        def answer(values: dict[str, Any]) -> bytes:
+            for t in values["responses"]:
+                n = sum(len(p["records"]) for p in t["partitions"])
+                if n:
+                    RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
+            return _encoded(header, rtype, values)
 
         pending: PendingFetch | None = None
         held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
@@ -577,14 +592,18 @@ class ListenerServer:
                            ctx.fetch_max_bytes)
                 self._reserved += held
                 if pending is None:
-                    values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
+                    values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
                 else:
                     async with self._rerun_slots:  # waiting polls never take more than half of the workers
-                        values, size, now, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False,
-                                                                                   values)
+                        values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False,
+                                                                                     values)
                 self._reserved += size - held
                 held = size
-                if size >= req.min_bytes or now or loop.time() >= deadline or (pending and pending.expired):
+                if final:
+                    # Released on return: the caller queues the answer with no await in between (then it is
+                    # counted in its transport's buffer).
+                    return typing.cast(bytes, values)
+                if pending and pending.expired:
                     break
                 if pending is None:
                     pending = PendingFetch(tps, deadline, req.min_bytes, gone or _never, marks,
@@ -599,17 +618,7 @@ class ListenerServer:
                     break  # answered with what it had: the tier did not change since (else it was woken GROWN)
             if pending is not None:
                 self._polls.discard(pending)
-
-            def answer() -> bytes:
-                for t in values["responses"]:
-                    n = sum(len(p["records"]) for p in t["partitions"])
-                    if n:
-                        RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-                return _encoded(header, rtype, values)
-
-            # Released on return: the caller queues the answer with no await in between (then it is counted in
-            # its transport's buffer).
-            return await loop.run_in_executor(self._pool, answer)
+            return await loop.run_in_executor(self._pool, answer, values)  # expired with what it had
         finally:
             self._reserved -= held
             if pending is not None:

@@ -210,3 +210,23 @@ def test_other_connections_are_answered_while_a_large_request_is_being_decoded(
         parts = resp.responses[0].partitions
         assert [p.partition_index for p in parts] == list(range(n))
         assert {p.error_code for p in parts} == {ErrorCode.unknown_topic_or_partition}
+
+
+def test_a_fetch_answered_at_once_takes_one_worker_job(server: ListenerServer,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Fetch whose answer is final on its first run (here: a topic not served) is read and encoded in one worker
+    job: each hop between the event loop and the pool costs the loop a wake-up and callbacks, per request."""
+    jobs: list[str] = []
+    submit = server._pool.submit
+
+    def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(getattr(fn, "__qualname__", repr(fn)))
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(server._pool, "submit", counted)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        resp = call(s, 1, 4, {"replica_id": -1, "max_wait": 500, "min_bytes": 1, "max_bytes": 2**20, "topics": [
+            {"topic": "not-served", "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1}]}]})
+    assert resp is not None
+    assert resp.responses[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+    assert len(jobs) == 1, jobs
