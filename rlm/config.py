@@ -32,6 +32,7 @@ __all__ = [
     "HistoryListenerSettings",
     "HistorySaslSettings",
     "HistoryTlsSettings",
+    "HistoryUpstreamTlsSettings",
     "KafkaSettings",
     "MetadataSettings",
     "OffloadRule",
@@ -261,12 +262,18 @@ class HistorySaslSettings(_Frozen):
     Passwords are :class:`~pydantic.SecretStr` (never shown by repr, str or logs); they may come from the
     environment, e.g. ``RLM_HISTORY_LISTENER__SASL__USERS__alice=...`` (names from environment variables are
     lower-cased) or ``RLM_HISTORY_LISTENER__SASL__USERS='{"Alice": "..."}'``. The endpoint keeps only SCRAM
-    credentials derived from them (salted, ``scram_iterations`` rounds), for both mechanisms."""
+    credentials derived from them (salted, ``scram_iterations`` rounds), for both mechanisms.
 
-    mechanisms: list[Literal["PLAIN", "SCRAM-SHA-512"]] = Field(
+    As a proxy (``history_listener.proxy``) the listener keeps no users: SASL is passed through to the broker, which
+    authenticates each client with its own credentials (:class:`rlm.listener.net.sasl.SaslPassThrough`); ``users``
+    is then left out, and ``mechanisms`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) are those the proxy lets through."""
+
+    mechanisms: list[Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]] = Field(
         default_factory=lambda: ["SCRAM-SHA-512"], min_length=1,
-        description="mechanisms offered: PLAIN sends the password itself, use it with TLS only")
-    users: dict[str, SecretStr] = Field(min_length=1, description="user name -> password")
+        description="mechanisms offered: PLAIN sends the password itself, use it with TLS only; SCRAM-SHA-256 as a "
+                    "proxy only (the endpoint keeps SCRAM-SHA-512 credentials)")
+    users: dict[str, SecretStr] | None = Field(None, min_length=1, description=(
+        "user name -> password (the endpoint; required there). As a proxy: none, the broker checks passwords"))
     scram_iterations: int = Field(4096, ge=4096, le=16384, description=(
         "PBKDF2 rounds of the SCRAM credentials (Kafka's clients refuse fewer than 4096; brokers allow 16384)"))
 
@@ -279,13 +286,25 @@ class HistorySaslSettings(_Frozen):
 
     @field_validator("users")
     @classmethod
-    def _users(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
-        for name, password in v.items():
+    def _users(cls, v: dict[str, SecretStr] | None) -> dict[str, SecretStr] | None:
+        for name, password in (v or {}).items():
             if not name or "\0" in name:
                 raise ValueError(f"user name {name!r} is empty or holds a NUL character")
             if not password.get_secret_value():
                 raise ValueError(f"user {name!r} has an empty password")
         return v
+
+
+class HistoryUpstreamTlsSettings(_Frozen):
+    """TLS from a proxying listener to its broker, whose listener speaks ``SSL`` or ``SASL_SSL``: the proxy is the
+    client there, and checks the broker's certificate as Kafka's clients do (``ssl.ca.location``,
+    ``ssl.endpoint.identification.algorithm=https``)."""
+
+    cafile: Path | None = Field(None, description=(
+        "CA certificates (PEM) the broker's certificate must chain to (default: the system's)"))
+    check_hostname: bool = Field(True, description=(
+        "the broker's certificate must name the upstream host (Kafka's ssl.endpoint.identification.algorithm=https, "
+        "its default); false is Kafka's empty setting"))
 
 
 class HistoryAuthorizationSettings(_Frozen):
@@ -401,14 +420,17 @@ class HistoryListenerSettings(_Frozen):
         "in Metadata / FindCoordinator / DescribeCluster, replaced by the sidecars' (peer_address, peers). Off: "
         "the history endpoint, serving the tier alone"))
     upstream: str | None = Field(None, description=(
-        "proxy: host:port of the broker's PLAINTEXT listener this sidecar forwards to (default: the address the "
-        "cluster's metadata gives for broker_id, when the sidecar's own Kafka client speaks PLAINTEXT)"))
+        "proxy: host:port of the broker's listener this sidecar forwards to, speaking upstream_security_protocol "
+        "(default: the address the cluster's metadata gives for broker_id, when the sidecar's own Kafka client "
+        "speaks that protocol)"))
     peer_address: str | None = Field(None, description=(
         "proxy: the listener address of the sidecar in front of each other broker, as a template of {node_id} "
         "and {host} (the broker's advertised host), e.g. '{host}:9095' or 'rlm-{node_id}.kafka.svc:9095'. A "
         "broker neither this nor peers names keeps its own address (clients then read it directly: no history)"))
     peers: dict[int, str] = Field(default_factory=dict, description=(
         "proxy: broker node id -> host:port of the sidecar listener in front of it (before peer_address)"))
+    upstream_tls: HistoryUpstreamTlsSettings | None = Field(None, description=(
+        "proxy: the broker's listener speaks TLS (SSL, or SASL_SSL with sasl): how the proxy checks its certificate"))
 
     @field_validator("upstream")
     @classmethod
@@ -442,16 +464,27 @@ class HistoryListenerSettings(_Frozen):
 
     @model_validator(mode="after")
     def _proxy_security(self) -> HistoryListenerSettings:
-        if self.proxy and self.sasl is not None:
+        sasl = self.sasl
+        if not self.proxy:
+            if self.upstream_tls is not None:
+                raise ValueError("history_listener.upstream_tls is the proxy's TLS to its broker: set proxy: true, "
+                                 "or remove upstream_tls")
+            if sasl is not None and not sasl.users:
+                raise ValueError("history_listener.sasl.users: the endpoint authenticates its clients itself and "
+                                 "needs users (name: password)")
+            if sasl is not None and "SCRAM-SHA-256" in sasl.mechanisms:
+                raise ValueError("history_listener.sasl.mechanisms: SCRAM-SHA-256 is passed through by a proxy only; "
+                                 "the endpoint offers SCRAM-SHA-512 and PLAIN")
+            return self
+        if sasl is not None and sasl.users:
             raise ValueError(
-                "history_listener.proxy with history_listener.sasl: SASL pass-through to the broker is not built "
-                "yet. The proxy forwards to the broker's PLAINTEXT listener, so clients' requests would reach the "
-                "broker unauthenticated, not as the principal they authenticated as; remove sasl, or proxy")
-        if self.proxy and self.tls is not None and self.tls.client_auth:
+                "history_listener.sasl.users with proxy: a proxy passes SASL through to its broker, which "
+                "authenticates each client with the cluster's credentials; remove users (and their passwords)")
+        if self.tls is not None and self.tls.client_auth:
             raise ValueError(
-                "history_listener.proxy with history_listener.tls.cafile (client certificates): passing the "
-                "client's identity to the broker is not built yet, so its requests would reach the broker "
-                "unauthenticated; remove tls.cafile, or proxy")
+                "history_listener.proxy with history_listener.tls.cafile (client certificates): a certificate's "
+                "identity cannot be passed on to the broker, so the client's requests would reach it under another "
+                "principal; authenticate clients with sasl (passed through to the broker), or remove tls.cafile")
         return self
 
     @model_validator(mode="after")
@@ -490,6 +523,12 @@ class HistoryListenerSettings(_Frozen):
     def authenticated(self) -> bool:
         """Clients prove who they are: SASL, or TLS client certificates."""
         return self.sasl is not None or (self.tls is not None and self.tls.client_auth)
+
+    @property
+    def upstream_security_protocol(self) -> str:
+        """As a proxy, what its broker's listener speaks: SASL when the listener's clients authenticate with SASL
+        (passed through), TLS with ``upstream_tls``."""
+        return ("SASL_" if self.sasl is not None else "") + ("SSL" if self.upstream_tls is not None else "PLAINTEXT")
 
     @property
     def security_protocol(self) -> str:

@@ -33,9 +33,9 @@ from rlm.config import ConfigError, SidecarSettings, is_loopback
 from rlm.discovery import ClusterView
 from rlm.listener.authz import Authorizer
 from rlm.listener.net.principals import PrincipalMapper
-from rlm.listener.net.sasl import PLAIN, SaslAuthenticator
+from rlm.listener.net.sasl import PLAIN, SaslAuthenticator, SaslPassThrough
 from rlm.listener.net.server import ConnectionLimits, ListenerServer
-from rlm.listener.net.tls import server_ssl_context
+from rlm.listener.net.tls import server_ssl_context, upstream_ssl_context
 from rlm.listener.routing import Router
 from rlm.listener.tier.catalog import Catalog
 from rlm.listener.tier.context import TierContext
@@ -84,8 +84,12 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     if cfg is None:
         raise ValueError("history_listener is not configured")
     ssl_context = server_ssl_context(cfg.tls) if cfg.tls is not None else None
-    sasl = SaslAuthenticator(cfg.sasl, failed_authentication_delay_s=cfg.connection_failed_authentication_delay_ms
-                             / 1000) if cfg.sasl is not None else None
+    sasl: SaslAuthenticator | SaslPassThrough | None = None
+    if cfg.sasl is not None and cfg.proxy:  # the broker authenticates each client, through the proxy
+        sasl = SaslPassThrough(cfg.sasl)
+    elif cfg.sasl is not None:
+        sasl = SaslAuthenticator(cfg.sasl, failed_authentication_delay_s=cfg.connection_failed_authentication_delay_ms
+                                 / 1000)
     if sasl is not None and PLAIN in sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
         # Refused by the settings unless allow_sasl_plain_without_tls says so: said at every start.
         log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network "
@@ -111,7 +115,8 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         peers = PeerAddresses(settings.broker_id, lambda: (cfg.advertised, server.port), cfg.peers,
                               template=cfg.peer_address)
         proxy = Proxy(ctx, peers, upstream, timeout_s=cfg.connections_max_idle_ms / 1000,
-                      max_response_bytes=cfg.queued_max_response_bytes)
+                      max_response_bytes=cfg.queued_max_response_bytes,
+                      ssl_context=upstream_ssl_context(cfg.upstream_tls) if cfg.upstream_tls is not None else None)
     server = ListenerServer(Router(ctx, node, proxy=proxy), cfg.host, cfg.port, workers=cfg.workers,
                             poll_s=cfg.fetch_poll_ms / 1000,
                             ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,
@@ -129,6 +134,8 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         node.node = NodeInfo(node.node.node_id, node.node.host, server.port, node.node.cluster_id)
     log.info("history endpoint listening", extra={"host": cfg.host, "port": server.port,
                                                   "proxy": proxy.upstream if proxy is not None else None,
+                                                  "upstream_security_protocol": cfg.upstream_security_protocol
+                                                  if proxy is not None else None,
                                                   "advertised": f"{cfg.advertised}:{server.port}",
                                                   "security_protocol": cfg.security_protocol,
                                                   "sasl_mechanisms": list(sasl.mechanisms) if sasl else [],
@@ -139,11 +146,15 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
 
 def _upstream_of(settings: SidecarSettings) -> str:
     """The broker's address for the proxy: the one the cluster's metadata gives for ``broker_id``, when the
-    sidecar's own client speaks PLAINTEXT (its listener is then the broker's PLAINTEXT one)."""
+    sidecar's own client speaks what the proxy speaks to the broker (``upstream_security_protocol``: its listener is
+    then the one the proxy forwards to)."""
+    cfg = settings.history_listener
+    assert cfg is not None
     protocol = str(settings.kafka.client.get("security.protocol", "PLAINTEXT")).upper()
-    if protocol != "PLAINTEXT":
-        raise ConfigError(f"history_listener.proxy: the sidecar's Kafka client speaks {protocol}; set "
-                          "history_listener.upstream to the host:port of the broker's PLAINTEXT listener")
+    if protocol != cfg.upstream_security_protocol:
+        raise ConfigError(f"history_listener.proxy: the sidecar's Kafka client speaks {protocol}, the proxy "
+                          f"{cfg.upstream_security_protocol} (history_listener.sasl, upstream_tls); set "
+                          "history_listener.upstream to the host:port of the broker's listener that speaks it")
     try:
         host, port = broker_address(settings.kafka.client_config(), settings.broker_id)
     except UpstreamError as err:

@@ -9,6 +9,9 @@ route          meaning
 ``REWRITE``    forwarded; the broker addresses in the answer replaced by the sidecars' in front of them
 ``SPLIT``      forwarded; what lies below the broker's log start answered from the tier and merged into the
                broker's answer in the client's order (:mod:`rlm.listener.tier.boundary`)
+``SASL``       as a proxy whose clients authenticate (``history_listener.sasl``): passed through to the broker on the
+               client's own connection by its SASL session, so the broker authenticates the client
+               (:class:`rlm.listener.net.sasl.PassThroughSession`); not offered without ``sasl``
 ``REFUSED``    not offered: UNSUPPORTED_VERSION
 =============  ===================================================================================================
 
@@ -43,15 +46,16 @@ class Route(enum.StrEnum):
     FORWARD = "forward"
     REWRITE = "rewrite"
     SPLIT = "split"
+    SASL = "sasl"
     REFUSED = "refused"
 
 
-H, F, W, S, R = Route.HERE, Route.FORWARD, Route.REWRITE, Route.SPLIT, Route.REFUSED
+H, F, W, S, A, R = Route.HERE, Route.FORWARD, Route.REWRITE, Route.SPLIT, Route.SASL, Route.REFUSED
 # api key: (as the history endpoint, as a proxy)
 ROUTES: dict[int, tuple[Route, Route]] = {
     ApiKey.API_VERSIONS: (H, H),
-    ApiKey.SASL_HANDSHAKE: (H, R),  # a proxy authenticates nobody yet (SASL pass-through is not built)
-    ApiKey.SASL_AUTHENTICATE: (H, R),
+    ApiKey.SASL_HANDSHAKE: (H, A),  # a proxy passes SASL through: the broker authenticates the client
+    ApiKey.SASL_AUTHENTICATE: (H, A),
     ApiKey.METADATA: (H, W),
     ApiKey.DESCRIBE_CLUSTER: (H, W),
     ApiKey.FIND_COORDINATOR: (H, W),
@@ -95,9 +99,11 @@ class Router:
         out: dict[int, tuple[int, int]] = {}
         for key, (lo, hi) in (broker or {}).items():
             route = self.route(key)
-            if route is Route.REFUSED:
+            if route is Route.REFUSED or (route is Route.SASL and not self.node.sasl):
                 continue
-            if route is not Route.FORWARD:
+            if route is Route.SASL:
+                lo, hi = max(lo, SASL_API_KEYS[key][0]), min(hi, SASL_API_KEYS[key][1])
+            elif route is not Route.FORWARD:
                 ours = API_KEYS.get(key) or PROXY_API_KEYS.get(key)
                 if ours is None:
                     continue

@@ -1,4 +1,5 @@
-"""Who may read through the history endpoint: SASL (PLAIN, SCRAM-SHA-512), as a Kafka broker does it.
+"""Who may read through the listener: SASL (PLAIN, SCRAM-SHA-512), as a Kafka broker does it; as a proxy, SASL passed
+through to the broker (:class:`SaslPassThrough`: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), which authenticates each client.
 
 TLS is the socket's (:mod:`rlm.listener.net.tls`). SASL runs inside the Kafka protocol, one :class:`SaslSession` per
 connection (:meth:`SaslAuthenticator.session` is the server's ``session_factory``), on plaintext
@@ -39,10 +40,12 @@ RFC 5802 asks; Kafka's clients do not normalize, which differs only for password
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -55,21 +58,36 @@ from scramp import ScramException, ScramMechanism
 
 from rlm.config import ConfigError, HistorySaslSettings
 from rlm.listener.protocol.apis import SASL_API_KEYS, ApiKey, api_label
-from rlm.listener.protocol.codec import ErrorCode, build, decode_request, encode_response, error_body, response_type
-from rlm.listener.protocol.frame import BadRequestError, RequestHeader
+from rlm.listener.protocol.codec import (
+    ErrorCode,
+    build,
+    decode_request,
+    decode_response,
+    encode_response,
+    error_body,
+    response_type,
+)
+from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader
+from rlm.listener.upstream.brokers import UpstreamError
 
 __all__ = [
     "MAX_PRE_AUTH_FRAME_BYTES",
     "PLAIN",
+    "SCRAM_SHA_256",
     "SCRAM_SHA_512",
-    "ScramCredentials",
+    "PassThroughSession",
     "SaslAuthenticator",
+    "SaslPassThrough",
     "SaslSession",
+    "ScramCredentials",
+    "plain_user",
+    "scram_user",
 ]
 
 log = logging.getLogger(__name__)
 
 PLAIN = "PLAIN"
+SCRAM_SHA_256 = "SCRAM-SHA-256"
 SCRAM_SHA_512 = "SCRAM-SHA-512"
 SASL_HANDSHAKE_V1 = 1  # the first SaslHandshake version followed by SaslAuthenticate requests (KIP-152)
 MAX_PRE_AUTH_FRAME_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size default
@@ -155,10 +173,10 @@ class SaslAuthenticator:
 
     def __init__(self, settings: HistorySaslSettings, *, failed_authentication_delay_s: float = 0.1) -> None:
         self.mechanisms: tuple[str, ...] = tuple(settings.mechanisms)
-        self.credentials = ScramCredentials(settings.users, settings.scram_iterations)
+        self.credentials = ScramCredentials(settings.users or {}, settings.scram_iterations)
         self.failed_authentication_delay_s = failed_authentication_delay_s
 
-    def session(self, peer: Any = None) -> SaslSession:
+    def session(self, peer: Any = None, upstream: Any = None) -> SaslSession:  # noqa: ARG002 - the factory's shape
         return SaslSession(self, peer)
 
 
@@ -169,19 +187,20 @@ class State(enum.Enum):
     CLOSED = "closed"  # refused: the connection is closed after the response in flight
 
 
-class SaslSession:
-    """One connection's SASL state. The server awaits :meth:`gate` before serving each request; ``None`` lets the
-    request through, bytes are the response sent instead (then the connection closes when
-    ``close_after_response`` is set), ``b""`` closes the connection without an answer."""
+class _Gate:
+    """What every connection's SASL session shares (:class:`SaslSession`, :class:`PassThroughSession`): its state, the
+    gate the server awaits before serving each request, the pre-authentication frame bound and the SaslHandshake
+    checks. :meth:`gate` returns ``None`` to let the request through, bytes to send instead (then the connection
+    closes when ``close_after_response`` is set), ``b""`` to close the connection without an answer."""
 
-    def __init__(self, authenticator: SaslAuthenticator, peer: Any = None) -> None:
-        self.authenticator = authenticator
+    who = "history endpoint"  # log lines' prefix
+
+    def __init__(self, mechanisms: tuple[str, ...], peer: Any) -> None:
+        self.mechanisms = mechanisms
         self.peer = peer
         self.state = State.HANDSHAKE
         self.mechanism: str | None = None
         self.principal: str | None = None
-        self._scram: Any = None  # scramp's ScramServer during a SCRAM exchange
-        self._claimed_user: str | None = None
 
     @property
     def authenticated(self) -> bool:
@@ -207,49 +226,91 @@ class SaslSession:
         if key == ApiKey.API_VERSIONS and self.state is State.HANDSHAKE:
             return None
         if key == ApiKey.SASL_HANDSHAKE and self.state is State.HANDSHAKE:
-            return self._handshake(header, frame)
+            return await self._on_handshake(header, frame)
         if key == ApiKey.SASL_AUTHENTICATE and self.state is State.AUTHENTICATE:
             return await self._authenticate(header, frame)
         REFUSED.labels(api_label(key)).inc()  # a closed set: no label per attacker-chosen key
-        log.warning("history endpoint: request before SASL authentication, connection closed",
+        log.warning(f"{self.who}: request before SASL authentication, connection closed",
                     extra={"peer": str(self.peer), "api_key": key, "api_version": header.api_version,
                            "state": self.state.value})
         self.state = State.CLOSED
         return b""
 
-    # ------------------------------------------------------------------------------------------- steps
-    def _handshake(self, header: RequestHeader, frame: bytes) -> bytes:
-        enabled = list(self.authenticator.mechanisms)
+    async def _on_handshake(self, header: RequestHeader, frame: bytes) -> bytes:
+        raise NotImplementedError
+
+    async def _authenticate(self, header: RequestHeader, frame: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _handshake_request(self, header: RequestHeader, frame: bytes) -> tuple[Any, bytes]:
+        """A SaslHandshake to go on with: (its request, b""); or refused, the connection closed after the answer:
+        (None, the answer, b"" for none)."""
+        enabled = list(self.mechanisms)
         if not _offered(header) or header.api_version < SASL_HANDSHAKE_V1:
             self.state = State.CLOSED
-            log.warning("history endpoint: SaslHandshake version refused (v1 with SaslAuthenticate is required)",
+            log.warning(f"{self.who}: SaslHandshake version refused (v1 with SaslAuthenticate is required)",
                         extra={"peer": str(self.peer), "api_version": header.api_version})
             if response_type(header) is None:
                 # A version past the ones kio knows: answered with v1's body (every SaslHandshake version so far
                 # starts with error_code, then the mechanisms) and a v0 response header, as Kafka answers an
                 # ApiVersions it does not know at v0 so that any client can read it.
                 header = header._replace(api_version=SASL_HANDSHAKE_V1, flexible=False)
-            return _response(header, {"error_code": ErrorCode.unsupported_version, "mechanisms": enabled})
+            return None, _response(header, {"error_code": ErrorCode.unsupported_version, "mechanisms": enabled})
         req = self._decode(header, frame)
         if req is None:
-            return b""
+            return None, b""
         if req.mechanism not in enabled:
             self.state = State.CLOSED
-            log.warning("history endpoint: SASL mechanism not enabled", extra={
+            log.warning(f"{self.who}: SASL mechanism not enabled", extra={
                 "peer": str(self.peer), "mechanism": req.mechanism, "enabled": enabled})
-            return _response(header, {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": enabled})
-        self.mechanism = req.mechanism
-        self.state = State.AUTHENTICATE
-        return _response(header, {"error_code": ErrorCode.none, "mechanisms": enabled})
+            return None, _response(header, {"error_code": ErrorCode.unsupported_sasl_mechanism,
+                                            "mechanisms": enabled})
+        return req, b""
 
-    async def _authenticate(self, header: RequestHeader, frame: bytes) -> bytes:
+    def _auth_token(self, header: RequestHeader, frame: bytes) -> tuple[bytes | None, bytes]:
+        """A SaslAuthenticate's token: (its bytes, b""); or refused, the connection closed after the answer: (None,
+        the answer, b"" for none)."""
         if not _offered(header):
             self.state = State.CLOSED
-            return _error(header, ErrorCode.unsupported_version, None)
+            return None, _error(header, ErrorCode.unsupported_version, None)
         req = self._decode(header, frame)
+        return (None, b"") if req is None else (bytes(req.auth_bytes), b"")
+
+    def _decode(self, header: RequestHeader, frame: bytes) -> Any:
+        try:
+            return decode_request(frame, header)
+        except BadRequestError as err:
+            log.warning(f"{self.who}: SASL request does not decode, connection closed",
+                        extra={"peer": str(self.peer), "error": str(err)})
+            self.state = State.CLOSED
+            return None
+
+
+class SaslSession(_Gate):
+    """One connection's SASL, authenticated here against the configured users (see :class:`_Gate`)."""
+
+    def __init__(self, authenticator: SaslAuthenticator, peer: Any = None) -> None:
+        super().__init__(authenticator.mechanisms, peer)
+        self.authenticator = authenticator
+        self._scram: Any = None  # scramp's ScramServer during a SCRAM exchange
+        self._claimed_user: str | None = None
+
+    # ------------------------------------------------------------------------------------------- steps
+    async def _on_handshake(self, header: RequestHeader, frame: bytes) -> bytes:
+        return self._handshake(header, frame)
+
+    def _handshake(self, header: RequestHeader, frame: bytes) -> bytes:
+        req, refused = self._handshake_request(header, frame)
         if req is None:
-            return b""
-        token = bytes(req.auth_bytes)
+            return refused
+        self.mechanism = req.mechanism
+        self.state = State.AUTHENTICATE
+        return _response(header, {"error_code": ErrorCode.none, "mechanisms": list(self.mechanisms)})
+
+    async def _authenticate(self, header: RequestHeader, frame: bytes) -> bytes:
+        token, refused = self._auth_token(header, frame)
+        if token is None:
+            return refused
         if self.mechanism == PLAIN:
             user = await asyncio.to_thread(self._plain, token)
             answer = self._done(header, user, b"")
@@ -317,14 +378,165 @@ class SaslSession:
         return _response(header, {"error_code": ErrorCode.none, "error_message": None, "auth_bytes": auth_bytes,
                                   "session_lifetime": timedelta(0)})
 
-    def _decode(self, header: RequestHeader, frame: bytes) -> Any:
+
+
+# ------------------------------------------------------------------------------------ SASL as a proxy
+# Kafka's ScramMessages.ClientFirstMessage: gs2 header ("n," + optional authzid + ","), an optional reserved m=
+# attribute, the user (RFC 5802's saslname, ASCII, "," and "=" escaped as =2C and =3D), the nonce, then extensions.
+_SASLNAME = r"(?:[\x01-\x2B\x2D-\x3C\x3E-\x7F]|=2C|=3D)+"
+_SCRAM_CLIENT_FIRST = re.compile(
+    rf"n,(?:a=(?P<authzid>{_SASLNAME}))?,(?:m=[\x01-\x2B\x2D-\x7F]+,)?n=(?P<saslname>{_SASLNAME}),"
+    r"r=(?P<nonce>[\x21-\x2B\x2D-\x7E]+)(?P<extensions>.*)", re.DOTALL)
+
+
+def plain_user(token: bytes) -> str | None:
+    """The user a PLAIN token (RFC 4616: ``[authzid] NUL authcid NUL passwd``) authenticates as, read as Kafka's
+    ``PlainSaslServer`` reads it (its authorization id is the authcid; an authzid, if any, must be the same), or None
+    when the broker would refuse it or reads it otherwise (not UTF-8: Java would decode it with replacement
+    characters)."""
+    parts = token.split(b"\0")
+    if len(parts) != 3:
+        return None
+    try:
+        authzid, user, _password = (p.decode("utf-8") for p in parts)
+    except UnicodeDecodeError:
+        return None
+    if not user or (authzid and authzid != user):
+        return None
+    return user
+
+
+def scram_user(client_first: bytes) -> str | None:
+    """The user a SCRAM client-first message authenticates as: its ``n=`` saslname unescaped once (``=2C`` -> ``,``,
+    ``=3D`` -> ``=``), as Kafka's ``ScramFormatter.username``; None when Kafka would refuse the message, when its
+    authzid is another user, or when it carries extensions (``tokenauth=true`` authenticates a delegation token,
+    whose principal is the token's owner, not the name here: not let through)."""
+    try:
+        message = client_first.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    m = _SCRAM_CLIENT_FIRST.fullmatch(message)
+    if m is None or m["extensions"]:
+        return None
+    name = m["saslname"].replace("=2C", ",")
+    if "=" in name.replace("=3D", ""):
+        return None
+    user = name.replace("=3D", "=")
+    authzid = m["authzid"]
+    if authzid is not None and authzid.replace("=2C", ",").replace("=3D", "=") != user:
+        return None
+    return user
+
+
+class SaslPassThrough:
+    """SASL of a proxying listener: each client authenticates with the broker itself, on its own connection to it.
+
+    The proxy keeps no credentials and checks no password: SaslHandshake and SaslAuthenticate go to the broker
+    unchanged, on the client's connection to the broker (:class:`~rlm.listener.upstream.brokers.Upstream`), and the
+    broker's answers come back unchanged. So every request the client sends afterwards reaches the broker on a
+    connection the broker authenticated as the client: the broker's authorizer decides them for the client's own
+    principal, and the sidecar's principal carries none of them. The proxy learns the principal from the exchange
+    the broker accepted (:func:`plain_user`, :func:`scram_user`) for the tier's ACL checks: ``User:<name>``, which
+    is what Kafka's default principal builder makes of a PLAIN or SCRAM authentication (a broker with a custom
+    ``principal.builder.class`` or SASL callback handler that maps names otherwise is not supported)."""
+
+    def __init__(self, settings: HistorySaslSettings) -> None:
+        self.mechanisms: tuple[str, ...] = tuple(settings.mechanisms)
+
+    def session(self, peer: Any = None, upstream: Any = None) -> PassThroughSession:
+        if upstream is None:
+            raise ValueError("SASL pass-through needs the client's connection to the broker")
+        return PassThroughSession(self, peer, upstream)
+
+
+class PassThroughSession(_Gate):
+    """One client connection's SASL, passed through to its broker connection ``upstream``. The same interface as
+    :class:`SaslSession` for the server (:meth:`gate`, ``principal``, ``authenticated``...)::
+
+        HANDSHAKE     --SaslHandshake v1, mechanism enabled, the broker answers NONE-->    AUTHENTICATE
+        AUTHENTICATE  --SaslAuthenticate, the broker answers NONE (PLAIN: 1 round; SCRAM: 2)--> AUTHENTICATED
+        any state     --the broker refuses, a token the proxy cannot read, an unexpected request--> closed
+
+    Before the broker said the authentication succeeded, only ApiVersions (answered by the proxy from the broker's
+    versions, asked on the client's connection before it authenticates, which Kafka allows) and the SASL requests
+    are read; anything else closes the connection without an answer, as :class:`SaslSession`. A token whose user
+    cannot be read exactly as the broker reads it is refused here (SASL_AUTHENTICATION_FAILED), not forwarded. A
+    failed authentication is the broker's answer (its message, its ``connection.failed.authentication.delay.ms``),
+    then both connections close. Re-authentication (KIP-368) is declined: a session lifetime the broker grants is
+    answered as 0, so the client never re-authenticates; the broker closes the connection when the lifetime ends and
+    the client reconnects and authenticates again (later SASL requests get ILLEGAL_SASL_STATE)."""
+
+    who = "proxy"
+
+    def __init__(self, passthrough: SaslPassThrough, peer: Any, upstream: Any) -> None:
+        super().__init__(passthrough.mechanisms, peer)
+        self.upstream = upstream
+        self._user: str | None = None  # the user of the exchange under way (SCRAM: from its client-first message)
+
+    async def _on_handshake(self, header: RequestHeader, frame: bytes) -> bytes:
+        req, refused = self._handshake_request(header, frame)
+        if req is None:
+            return refused
+        answer, body = await self._forward(header, frame)
+        if body is None or body.error_code != ErrorCode.none:
+            self.state = State.CLOSED  # the broker refused the mechanism: its answer, then closed (as it closes)
+        else:
+            self.mechanism = req.mechanism
+            self.state = State.AUTHENTICATE
+        return answer
+
+    async def _authenticate(self, header: RequestHeader, frame: bytes) -> bytes:
+        token, refused = self._auth_token(header, frame)
+        if token is None:
+            return refused
+        first = self._user is None
+        if first:  # PLAIN's only round, SCRAM's client-first: who is authenticating, read as the broker reads it
+            self._user = plain_user(token) if self.mechanism == PLAIN else scram_user(token)
+            if self._user is None:
+                return self._failed(header, "a token the proxy cannot read as the broker would")
+        answer, body = await self._forward(header, frame)
+        if body is None:
+            return answer
+        if body.error_code != ErrorCode.none:
+            AUTHENTICATIONS.labels(self.mechanism or "?", "failed").inc()
+            log.warning("proxy: the broker refused the client's SASL authentication, connection closed", extra={
+                "peer": str(self.peer), "mechanism": self.mechanism, "user": self._user,
+                "error": body.error_code.name})
+            self.state = State.CLOSED
+            return answer
+        if self.mechanism != PLAIN and first:
+            return answer  # SCRAM's server-first: the client's proof comes next
+        AUTHENTICATIONS.labels(self.mechanism or "?", "ok").inc()
+        log.info("proxy: client authenticated by the broker", extra={
+            "peer": str(self.peer), "mechanism": self.mechanism, "user": self._user})
+        self.principal = self._user
+        self.state = State.AUTHENTICATED
+        lifetime = getattr(body, "session_lifetime", None)
+        if lifetime is not None and lifetime.total_seconds() > 0:  # KIP-368 declined (see the class)
+            return encode_response(header, dataclasses.replace(body, session_lifetime=timedelta(0)))
+        return answer
+
+    async def _forward(self, header: RequestHeader, frame: bytes) -> tuple[bytes, Any]:
+        """The broker's answer to the client's SASL request (size prefix included) and its decoded body; (b"",
+        None) when the broker's connection failed or its answer does not decode (the connection is closed)."""
         try:
-            return decode_request(frame, header)
-        except BadRequestError as err:
-            log.warning("history endpoint: SASL request does not decode, connection closed",
+            answer = await self.upstream.request(frame)
+            assert answer is not None
+            body = decode_response(answer, header)
+        except (UpstreamError, BadRequestError) as err:
+            log.warning("proxy: the broker's connection failed during SASL authentication, connection closed",
                         extra={"peer": str(self.peer), "error": str(err)})
             self.state = State.CLOSED
-            return None
+            return b"", None
+        return SIZE.pack(len(answer)) + answer, body
+
+    def _failed(self, header: RequestHeader, why: str) -> bytes:
+        AUTHENTICATIONS.labels(self.mechanism or "?", "failed").inc()
+        log.warning("proxy: SASL token refused, connection closed", extra={
+            "peer": str(self.peer), "mechanism": self.mechanism, "reason": why})
+        self.state = State.CLOSED
+        return _error(header, ErrorCode.sasl_authentication_failed, FAILED_MESSAGE)
+
 
 
 def _offered(header: RequestHeader) -> bool:

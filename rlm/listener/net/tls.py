@@ -1,4 +1,5 @@
-"""The listener's TLS: the server context built from ``history_listener.tls``.
+"""The listener's TLS: the server context built from ``history_listener.tls``, and as a proxy the client context of its
+connections to the broker (``history_listener.upstream_tls``).
 
 With a ``cafile`` every client must present a certificate that chains to it (mutual TLS, which counts as
 authentication: :mod:`rlm.listener.net.principals` names the client from its subject).
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import ssl
 
-from rlm.config import ConfigError, HistoryTlsSettings
+from rlm.config import ConfigError, HistoryTlsSettings, HistoryUpstreamTlsSettings
 
-__all__ = ["server_ssl_context"]
+__all__ = ["server_ssl_context", "upstream_ssl_context"]
 
 
 def server_ssl_context(tls: HistoryTlsSettings) -> ssl.SSLContext:
@@ -36,4 +37,17 @@ def server_ssl_context(tls: HistoryTlsSettings) -> ssl.SSLContext:
             ctx.set_ciphers(tls.ciphers)
         except ssl.SSLError as err:
             raise ConfigError(f"history_listener.tls.ciphers: {err}") from err
+    return ctx
+
+
+def upstream_ssl_context(tls: HistoryUpstreamTlsSettings) -> ssl.SSLContext:
+    """The proxy's TLS context towards its broker, as a Kafka client's: the broker's certificate must chain to
+    ``cafile`` (the system's CAs without it) and, with ``check_hostname``, name the upstream host. Raises
+    :class:`ConfigError` naming ``history_listener.upstream_tls.cafile`` when it cannot be loaded."""
+    try:
+        ctx = ssl.create_default_context(cafile=str(tls.cafile) if tls.cafile is not None else None)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"history_listener.upstream_tls.cafile: cannot load {tls.cafile}: {err}") from err
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = tls.check_hostname
     return ctx

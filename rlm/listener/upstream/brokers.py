@@ -2,9 +2,12 @@
 
 Each client connection of a proxying listener gets its own connection to the broker, opened at its first request
 and closed with it, so that the broker sees one connection per client (its quotas, its per-connection order and its
-fetch long polls stay per client). The broker's PLAINTEXT listener: forwarded requests reach it unauthenticated
-(``User:ANONYMOUS``); a listener that authenticates its clients refuses proxy mode at config validation, since their
-identity cannot be passed on yet.
+fetch long polls stay per client). The connection speaks what the broker's listener speaks
+(``history_listener.upstream_security_protocol``): TLS as a Kafka client does it (``upstream_tls``: the broker's
+certificate checked against its CA and host name), and SASL as the client's own: the proxy does not authenticate to
+the broker, the client does, through it (:class:`rlm.listener.net.sasl.PassThroughSession`), so every request on the
+connection is the client's principal's, the proxy's own included (its ListOffsets for the tier's bounds). Without
+``sasl`` the listener forwards to a PLAINTEXT (or SSL) listener, where every client is ``User:ANONYMOUS``.
 
 Correlation ids are ours on this connection: a forwarded request gets the connection's next id, and its answer goes
 back with the client's, so the proxy's own requests (ApiVersions at connect) share the connection without clashing.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,16 +56,18 @@ def broker_address(client_config: Mapping[str, Any], broker_id: int, timeout_s: 
     b = brokers.get(broker_id)
     if b is None:
         raise UpstreamError(f"the cluster's metadata lists no broker {broker_id} (it lists {sorted(brokers)}): "
-                            "set history_listener.upstream to the broker's PLAINTEXT listener")
+                            "set history_listener.upstream to the broker's listener")
     return b.host, b.port
 
 
 class Upstream:
     """One client connection's connection to the broker (on the listener's event loop only)."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float, max_response_bytes: int) -> None:
+    def __init__(self, host: str, port: int, *, timeout_s: float, max_response_bytes: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context  # TLS to the broker (upstream_tls), else plaintext
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
         self.versions: dict[int, tuple[int, int]] = {}  # the broker's api key -> (min, max), once connected
@@ -71,9 +77,10 @@ class Upstream:
         self._next_id = 0
 
     @classmethod
-    def of(cls, address: str, *, timeout_s: float, max_response_bytes: int) -> Upstream:
+    def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
+           ssl_context: ssl.SSLContext | None = None) -> Upstream:
         host, port = split_host_port(address)
-        return cls(host, port, timeout_s=timeout_s, max_response_bytes=max_response_bytes)
+        return cls(host, port, timeout_s=timeout_s, max_response_bytes=max_response_bytes, ssl_context=ssl_context)
 
     async def ready(self) -> None:
         """Connected, and the broker's versions known (asked once per connection: a restarted broker may differ)."""
@@ -81,8 +88,10 @@ class Upstream:
             return
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=1 << 20), self.timeout_s)
-        except (OSError, TimeoutError) as err:
+                asyncio.open_connection(self.host, self.port, limit=1 << 20, ssl=self.ssl_context,
+                                        server_hostname=self.host if self.ssl_context is not None else None),
+                self.timeout_s)
+        except (OSError, TimeoutError) as err:  # ssl.SSLError (a certificate refused) is an OSError
             raise UpstreamError(f"cannot connect to the broker at {self.host}:{self.port}: {err}") from err
         frame, header = new_request(ApiKey.API_VERSIONS, BROKER_API_VERSIONS_VERSION, self._correlation_id(),
                                     CLIENT_ID, {"client_software_name": CLIENT_ID, "client_software_version": "1"})

@@ -13,6 +13,7 @@ tier that sees a transaction open at its end the transactions the broker aborted
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -48,17 +49,19 @@ class Proxy:
     """What a proxying listener needs beyond the endpoint: where its broker is and who stands for each broker."""
 
     def __init__(self, ctx: TierContext, peers: PeerAddresses, upstream: str, *, timeout_s: float,
-                 max_response_bytes: int) -> None:
+                 max_response_bytes: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self.ctx = ctx
         self.peers = peers
         self.upstream = upstream
+        self.ssl_context = ssl_context  # TLS to the broker (history_listener.upstream_tls)
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
         self.holes = Holes()
 
     def connection(self) -> Upstream:
         """A new client connection's connection to the broker (opened at its first request)."""
-        return Upstream.of(self.upstream, timeout_s=self.timeout_s, max_response_bytes=self.max_response_bytes)
+        return Upstream.of(self.upstream, timeout_s=self.timeout_s, max_response_bytes=self.max_response_bytes,
+                           ssl_context=self.ssl_context)
 
     async def answer(self, route: Route, header: RequestHeader, frame: bytes, req: Any, client: Client,
                      upstream: Upstream, run: Run) -> bytes | None:

@@ -470,9 +470,9 @@ def test_kafkas_console_consumer_with_a_group_reads_every_offset_from_0(
 
 
 # ------------------------------------------------------------------------------------------------ config (no broker)
-def test_proxy_is_off_by_default_and_refused_with_sasl() -> None:
+def test_proxy_is_off_by_default_and_keeps_no_sasl_users() -> None:
     assert HistoryListenerSettings().proxy is False
-    with pytest.raises(ValidationError, match="SASL pass-through to the broker is not built yet"):
+    with pytest.raises(ValidationError, match="passes SASL through to its broker"):  # test_proxy_sasl.py: the rest
         HistoryListenerSettings(proxy=True, sasl={"users": {"a": "secret"}})
     HistoryListenerSettings(sasl={"users": {"a": "secret"}})  # the endpoint alone still takes SASL
     for bad in ({"peer_address": "sidecar:9095"}, {"peer_address": "{node}:9095"}, {"peer_address": "{host}"},
