@@ -8,7 +8,8 @@ One set-up for the module: two tiered topics, A and B, whose broker log start is
 everything). Its listener proxies the broker with SASL passed through (``history_listener.sasl`` without users), TLS
 towards clients (its own certificate) and towards the broker (``upstream_tls``: the cluster's CA). Two SCRAM users
 made for the module: ``reader`` (READ on A only) and ``nobody`` (no ACL). Clients are confluent-kafka and raw requests
-(kio) where the exact answer matters.
+(kio) where the exact answer matters. PLAIN is passed through the same way in front of the SASL_PLAINTEXT/PLAIN cluster
+(``kafka_sasl``), by a second listener sharing the module's store and metadata manager (live data only there).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.listener.conftest import consume_until
 from tests.rlm.listener.pki import Pki, make_pki
-from tests.rlm.listener.raw_wire import call, closed
+from tests.rlm.listener.raw_wire import call, closed, plain_login
+from tests.support.fixtures import SASL_READER, SASL_VIEWER
 from tests.support.kafka import grant, produce
 from tests.support.sidecar import latest_remote, make_settings, produce_segments, wait_for
 
@@ -67,6 +69,7 @@ class Proxied:
     users: dict[str, str]  # "reader", "nobody" -> (the SCRAM user, its password)
     names: dict[str, str]
     sidecar_client: dict[str, Any]
+    sidecar: Sidecar
 
     @property
     def bootstrap(self) -> str:
@@ -124,7 +127,7 @@ def proxied(kafka_sasl_ssl: KafkaCluster, tmp_path_factory: pytest.TempPathFacto
         # The broker applies it at once, the listener's ACL cache within its TTL.
         wait_for(lambda: listener.authorizer.allowed(f"User:{names['reader']}", "127.0.0.1", "READ", [a]), 30,
                  "the listener's ACL cache to see reader's READ on A")
-        yield Proxied(kc, listener, pki, a, b, sent[a], users, names, sidecar_client)
+        yield Proxied(kc, listener, pki, a, b, sent[a], users, names, sidecar_client, sidecar)
     finally:
         if listener is not None:
             listener.stop()
@@ -286,6 +289,42 @@ def _read_assigned(c: Consumer, end: int, timeout_s: float = 60.0) -> tuple[list
                 continue
             got.append((msg.offset(), (msg.key(), msg.value())))
     return got, refused
+
+
+def test_plain_is_passed_through_as_well(proxied: Proxied, kafka_sasl: KafkaCluster, tmp_path: Path) -> None:
+    """PLAIN, on the SASL_PLAINTEXT/PLAIN cluster (``kafka_sasl``): a second proxy listener in front of its broker
+    (the module's store and metadata manager; the topic here is live only). The broker checks the password; reader
+    (READ on the topic) reads it, viewer (no ACL on it) gets TOPIC_AUTHORIZATION_FAILED; a wrong password is
+    refused."""
+    kc, topic = kafka_sasl, proxied.a.removesuffix("-a") + "-plain"
+    kc.create_topic(topic, 1)
+    recs = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(3)]
+    produce(kc, topic, recs, **kc.security_config())
+    grant(kc, AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{SASL_READER}", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW))
+    settings = make_settings(kc, tmp_path, history_listener={
+        "port": 0, "proxy": True, "sasl": {"mechanisms": ["PLAIN"]}, "authorization": {"acl_cache_ttl_ms": 2000}})
+    settings = settings.model_copy(update={"kafka": KafkaSettings(bootstrap_servers=kc.bootstrap_servers,
+                                                                  client=kc.security_config())})
+    listener = start_listener(settings, proxied.sidecar.rsm, rlmm=proxied.sidecar.rlmm)
+    try:
+        def connect() -> socket.socket:
+            return socket.create_connection(("127.0.0.1", listener.port), timeout=30)
+
+        with connect() as sock:
+            assert plain_login(sock, SASL_READER, kc.sasl_users[SASL_READER])
+            assert list_offsets(sock, topic, LATEST) == (0, len(recs))
+            error, records = fetch(sock, topic, 0)
+            assert error == 0 and base_offset(records) == 0
+        with connect() as sock:
+            assert plain_login(sock, SASL_VIEWER, kc.sasl_users[SASL_VIEWER])
+            assert fetch(sock, topic, 0)[0] == TOPIC_AUTHORIZATION_FAILED
+            assert list_offsets(sock, topic, LATEST)[0] == TOPIC_AUTHORIZATION_FAILED
+        with connect() as sock:
+            assert not plain_login(sock, SASL_READER, "not-the-password")
+            assert closed(sock)
+    finally:
+        listener.stop()
 
 
 # ------------------------------------------------------------------------------------------------ no broker
