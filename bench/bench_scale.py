@@ -12,22 +12,36 @@ serve`` in a child process (its CPU and RSS are its own: ``/proc/<pid>/stat`` an
 2. idle, short intervals (copy 5 s, discovery 5 s): the same;
 3. burst (short intervals, sidecar running): every partition gets ``--segments-per-partition`` rounds of 64 KiB of
    records, 1.6 s apart, so every partition rolls that many segments (the active one is not counted); the sidecar's
-   CPU from the first record produced until every rolled segment is remote (``rlm_segments_copied_total``), per
-   rolled segment, net of its idle CPU over the same time; the time to catch up after the last record was
+   CPU from the first record produced until every rolled segment is remote (its index object in the store), per
+   rolled segment, and the same net of its idle CPU over that time; the time to catch up after the last record was
    acknowledged; peak RSS.
 
-``--profile DIR`` records each idle phase with py-spy (``py-spy record --pid``, ``--idle`` off: on-CPU samples only)
-into ``DIR/idle-<phase>.txt`` (collapsed stacks; ``--top`` summarises them by function).
+``--profile DIR`` records each idle phase and the burst with py-spy (``py-spy record --pid``, ``--idle`` off: on-CPU
+samples only) into ``DIR/idle-<phase>.txt`` and ``DIR/burst.txt`` (collapsed stacks), and prints the functions most
+on CPU of each.
 
-Findings before the log-dir watcher (2026-11-25, 2,000 partitions, 2 shared cores under other test runs; py-spy over
-the idle minute, share of on-CPU samples): idle 8.9% of a core at default intervals, 24.7% at 5 s, 110 MiB RSS.
-Where it went, at 5 s: the copy jobs, 2,000 runs every interval, each asking the cluster for its leader epoch
-(ListOffsets through the coalescer, reading leader-epoch-checkpoint) and listing its directory: 24%, plus
-apscheduler's own dispatch of those runs (main loop, submit: ~20%); the gauges job's retention margins, listing every
-led partition's directory and stat-ing its segments every 5 s: 18% (28% at default intervals); discovery, describing
-every topic and its configs and reading every partition.metadata each round: 13%; the stage job listing every led
-directory: 7%; the metadata topic's consumer thread (rlmm) 6-12% and the cleaner's 4-7% (polling loops, not per
-partition).
+Findings (2026-11-25/26, 2,000 partitions, a 2-core machine shared with other test runs, load 3-29; py-spy shares are of
+on-CPU samples). Before the log-dir watcher (db57b37): idle 8.6-9.2% of a core at default intervals, 24.7-25.3% at
+5 s, 105-112 MiB RSS. Where it went, at 5 s: the copy jobs, 2,000 runs every interval, each asking the cluster for
+its leader epoch (ListOffsets through the coalescer, the checkpoint read) and listing its directory: 24%, plus
+apscheduler's own dispatch of those runs (~20%); the gauges job's retention margins, listing every led directory and
+stat-ing its segments every 5 s: 18% (28% at default intervals); discovery, describing every topic and its configs
+and reading every partition.metadata each round: 13%; the stage job listing every led directory: 7%; the metadata
+topic's consumer thread (rlmm, a poll every 50 ms) 6-12% and the cleaner's 4-7%.
+
+After (rlm/watch.py; sleeping copy jobs; cheap discovery rounds; margin listings kept): 1.8-1.9% at default
+intervals, 2.0-2.3% at 5 s, 113-116 MiB (the watcher's listings and the margins' kept listings). What is left: the
+metadata consumer's polling (~31-34%), the cleaner's (~11%), the margins (two stats per led partition every 5 s,
+~20%), discovery (one Metadata request a round and one full round a minute, ~13-20%). 4,000 partitions in 40 topics,
+after: 4.3% / 4.4%, 148-151 MiB (load 22-29).
+
+The burst (6,000 segments of 64 KiB) is unchanged: 11.1-11.9 ms of CPU per rolled segment from the first record to
+the last copy (before 11.9, after 11.1-11.5), catch-up 150-185 s, peak RSS 165-193 MiB (runs differ by the
+machine's load more than by the code). Where it goes (py-spy): the store's copy 34% (of which the ledger writer's
+zero-filled block buffers, allocated per 64 KiB segment, 13%), staging's hard links 19% (directories made per
+segment 5%), directory fsyncs 12% (the copy watermark's durable write per run 9%), the metadata writes and their
+read-your-writes waits 10%, the fencing ListOffsets 6%. The "net of idle" figure subtracts the idle rate over the
+whole burst: before the watcher that idle work was copy runs that did the burst's work too, so it flatters before.
 """
 
 from __future__ import annotations
@@ -92,16 +106,6 @@ class Sampler(threading.Thread):
         self._done.set()
         self.join()
         return self.peak
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def metric_sum(text: str, name: str) -> float:
-    pat = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.M)
-    return sum(float(m[1]) for m in pat.finditer(text))
 
 
 def health(port: int) -> dict:
@@ -186,10 +190,13 @@ def create_topics(kc, prefix: str, topics: int, partitions: int) -> list[str]:  
     return names
 
 
-def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(ROOT / ".venv/bin/py-spy"), "record", "--pid", str(pid), "--duration",
-                             str(int(seconds)), "--rate", "50", "--format", "raw", "--output", str(out),
-                             "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def profile(pid: int, seconds: float | None, out: Path) -> subprocess.Popen:
+    """py-spy on ``pid`` for ``seconds`` (None: until sent SIGINT), raw collapsed stacks into ``out``."""
+    duration = ["--duration", str(int(seconds))] if seconds is not None else []
+    spy = Path(sys.executable).parent / "py-spy"  # installed in the venv
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), *duration, "--rate", "50",
+                             "--format", "raw", "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def top_functions(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
@@ -222,7 +229,8 @@ def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, cop
         rss = rss_mib(sc.pid)
         if spy is not None:
             spy.wait(idle_s + 60)
-        return {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc}
+        return {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc,
+                "load": os.getloadavg()[0]}
     except BaseException:
         sc.stop()
         raise
@@ -266,24 +274,31 @@ def rolled_segments(log_dir: Path, prefix: str) -> int:
 
 
 def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
-                segments_per_partition: int, idle_cpu_pct: float) -> dict:
+                segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None) -> dict:
     peak = Sampler(sc.pid)
     peak.start()
+    spy = profile(sc.pid, None, profile_dir / "burst.txt") if profile_dir else None
+    load0 = os.getloadavg()[0]
     c0, w0 = cpu_s(sc.pid), time.monotonic()
     n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, segments_per_partition)
     produced = time.monotonic()
     rolled = rolled_segments(kc.log_dir(), prefix)
-    copied0 = 0.0
 
     def caught_up() -> bool:
-        return metric_sum(scrape(sc.port), "rlm_segments_copied_total") - copied0 >= rolled
+        # the store's index objects (a copy's commit point), counted by this process: scraping the sidecar's /metrics
+        # (thousands of labelled series) every second cost it about a tenth of its CPU in the burst
+        return sum(1 for _ in (sc.dir / "remote").rglob("*-index")) >= rolled
 
-    wait_until(caught_up, 1800, f"the sidecar to copy {rolled} rolled segments", 0.5)
+    wait_until(caught_up, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
     c1, w1 = cpu_s(sc.pid), time.monotonic()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     cpu = (c1 - c0) - idle_cpu_pct / 100 * (w1 - w0)
     return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
-            "ms_per_segment": 1000 * cpu / max(1, rolled), "catch_up_s": w1 - produced, "total_s": w1 - w0,
-            "peak_rss_mib": peak.stop(), "produce_s": produced - w0}
+            "ms_per_segment": 1000 * cpu / max(1, rolled), "gross_ms_per_segment": 1000 * (c1 - c0) / max(1, rolled),
+            "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
+            "produce_s": produced - w0, "load": (load0, os.getloadavg()[0])}
 
 
 def main() -> None:
@@ -323,7 +338,7 @@ def main() -> None:
                 r = idle_phase(kc, work, name, args.partitions, prefix, copy_ms=copy_ms, discovery_ms=disc_ms,
                                idle_s=args.idle_s, profile_dir=args.profile)
                 label = f"copy {copy_ms / 1000:.0f} s, discovery {disc_ms / 1000:.0f} s"
-                rows.append((f"idle CPU, {label}", f"{r['cpu_pct']:.1f}% of a core"))
+                rows.append((f"idle CPU, {label}", f"{r['cpu_pct']:.1f}% of a core (machine load {r['load']:.1f})"))
                 rows.append((f"idle RSS, {label}", f"{r['rss_mib']:.0f} MiB"))
                 rows.append((f"start to leading all, {label}", f"{r['lead_s']:.1f} s"))
                 print(f"{name}: {r['cpu_pct']:.1f}% CPU, {r['rss_mib']:.0f} MiB", file=sys.stderr)
@@ -335,15 +350,18 @@ def main() -> None:
                 sc = idle_short["sidecar"]
                 try:
                     b = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
-                                    idle_short["cpu_pct"])
+                                    idle_short["cpu_pct"], args.profile)
                 finally:
                     sc.stop()
                 rows.append(("burst: rolled segments (64 KiB)", f"{b['segments']:,} ({b['records']:,} records, "
                              f"produced in {b['produce_s']:.1f} s)"))
-                rows.append(("burst: sidecar CPU per rolled segment (net of idle)",
-                             f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s of {b['cpu_s']:.1f})"))
+                rows.append(("burst: sidecar CPU per rolled segment", f"{b['gross_ms_per_segment']:.2f} ms "
+                             f"({b['cpu_s']:.1f} CPU s from the first record produced to the last segment copied)"))
+                rows.append(("burst: the same, net of idle CPU over that time",
+                             f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s)"))
                 rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
                 rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
+                rows.append(("burst: machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -354,7 +372,7 @@ def main() -> None:
     print(f"\n{args.partitions} partitions ({args.topics} topics), one broker, one sidecar (child process), "
           f"{os.cpu_count()} cores, idle over {args.idle_s:.0f} s")
     if args.profile:
-        for f in sorted(args.profile.glob("idle-*.txt")):
+        for f in [*sorted(args.profile.glob("idle-*.txt")), *args.profile.glob("burst.txt")]:
             print(f"\npy-spy, {f.stem}: share of on-CPU samples (inclusive)")
             for fn, share in top_functions(f):
                 print(f"  {share:6.1%}  {fn}")

@@ -4,10 +4,11 @@ and a caught-up copy job sleeps until its partition directory changes (a real ap
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,15 +135,26 @@ def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven
 
 
 # ------------------------------------------------------------------------------------ sleeping copy jobs
-def _leadership(tmp_path: Path, run: Any, interval_ms: int = 100) -> tuple[Leadership, BackgroundScheduler]:
+@contextlib.contextmanager
+def led_partition(tmp_path: Path, run: Any, interval_ms: int = 100,
+                  ) -> Iterator[tuple[Leadership, BackgroundScheduler, TopicIdPartition, Path]]:
+    """One partition led by a registry on a real (started) apscheduler scheduler, whose copy run is
+    ``run(led, leadership)``."""
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
                                     job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
     scheduler.start()
     settings = _settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
     leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
                             staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
-                            deleter=object(), run=run)  # type: ignore[arg-type]
-    return leadership, scheduler
+                            deleter=object(), run=lambda led: run(led, leadership))  # type: ignore[arg-type]
+    try:
+        assert leadership.serve({tp: path}, set())
+        yield leadership, scheduler, tp, path
+    finally:
+        leadership.stop()
+        scheduler.shutdown()
 
 
 def _wait(cond: Any, timeout_s: float = 10) -> None:
@@ -153,12 +165,8 @@ def _wait(cond: Any, timeout_s: float = 10) -> None:
 
 
 def test_a_caught_up_copy_job_sleeps_until_its_directory_changes(tmp_path: Path) -> None:
-    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     runs: list[Led] = []
-    leadership, scheduler = _leadership(tmp_path, lambda led: runs.append(led) or True)
-    try:
-        assert leadership.serve({tp: path}, set())
+    with led_partition(tmp_path, lambda led, _l: runs.append(led) or True) as (leadership, scheduler, tp, path):
         _wait(lambda: leadership.sleeping() == 1)
         time.sleep(0.5)  # five copy intervals
         assert len(runs) == 1 and scheduler.get_job(copy_job_id(tp)).next_run_time is None
@@ -168,34 +176,27 @@ def test_a_caught_up_copy_job_sleeps_until_its_directory_changes(tmp_path: Path)
         _wait(lambda: len(runs) == 2 and leadership.sleeping() == 1)
         time.sleep(0.3)
         assert len(runs) == 2
-    finally:
-        leadership.stop()
-        scheduler.shutdown()
+
+
+def _waking_run(runs: list[int], wake_in_runs: int) -> Any:
+    """A copy run that thinks it caught up, during whose first ``wake_in_runs`` runs the directory changes (the stage
+    job wakes the partition while the run goes)."""
+    def run(led: Led, leadership: Leadership) -> bool:
+        runs.append(1)
+        if len(runs) <= wake_in_runs:
+            leadership.wake({led.path})
+        return True
+    return run
 
 
 def test_a_change_seen_during_a_run_makes_it_look_again_at_once(tmp_path: Path) -> None:
     """The directory changed while the run went (its listing may have missed the roll): the job does not sleep but
     runs again at once (not at its interval: an hour here), then sleeps."""
-    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     runs: list[int] = []
-    leadership: Leadership
-
-    def run(led: Led) -> bool:
-        runs.append(1)
-        if len(runs) == 1:
-            leadership.wake({path})  # the stage job, seeing a roll while this run goes
-        return True  # every run thinks it caught up
-
-    leadership, scheduler = _leadership(tmp_path, run, interval_ms=3_600_000)
-    try:
-        assert leadership.serve({tp: path}, set())
+    with led_partition(tmp_path, _waking_run(runs, 1), interval_ms=3_600_000) as (leadership, _s, _tp, _path):
         _wait(lambda: leadership.sleeping() == 1)
         time.sleep(0.3)
         assert len(runs) == 2
-    finally:
-        leadership.stop()
-        scheduler.shutdown()
 
 
 def test_a_roll_during_every_run_reruns_a_bounded_number_of_times(tmp_path: Path) -> None:
@@ -203,42 +204,21 @@ def test_a_roll_during_every_run_reruns_a_bounded_number_of_times(tmp_path: Path
     (it does not hold a worker for good)."""
     from rlm.tasks.leadership import RERUNS_ON_CHANGE
 
-    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     runs: list[int] = []
-    leadership: Leadership
-
-    def run(led: Led) -> bool:
-        runs.append(1)
-        leadership.wake({path})
-        return True
-
-    leadership, scheduler = _leadership(tmp_path, run, interval_ms=3_600_000)
-    try:
-        assert leadership.serve({tp: path}, set())
+    with led_partition(tmp_path, _waking_run(runs, 1_000), interval_ms=3_600_000) as (leadership, _s, _tp, _path):
         _wait(lambda: len(runs) >= RERUNS_ON_CHANGE + 1)
         time.sleep(0.3)
         assert len(runs) == RERUNS_ON_CHANGE + 1 and leadership.sleeping() == 0
-    finally:
-        leadership.stop()
-        scheduler.shutdown()
 
 
 def test_a_run_that_did_not_catch_up_keeps_its_interval_and_stopping_wakes_nothing(tmp_path: Path) -> None:
-    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     runs = threading.Semaphore(0)
-    leadership, scheduler = _leadership(tmp_path, lambda led: runs.release() and False)
-    try:
-        assert leadership.serve({tp: path}, set())
+    with led_partition(tmp_path, lambda led, _l: runs.release() and False) as (leadership, _s, _tp, path):
         for _ in range(3):  # waiting for the LSO, a failed copy ...: it runs every interval
             assert runs.acquire(timeout=5)
         assert leadership.sleeping() == 0
         leadership.stop()
         assert leadership.wake({path}) == []
-    finally:
-        leadership.stop()
-        scheduler.shutdown()
 
 
 def test_the_stage_job_wakes_the_led_partition_whose_directory_changed(tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
