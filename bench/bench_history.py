@@ -71,7 +71,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +90,22 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14, 15 of proc(5))
+
+
+def cpu_by_thread_group(pid: int) -> dict[str, float]:
+    """User + system CPU seconds so far of a process's live threads, by group: ``librdkafka`` (threads named
+    ``rdk:*``: the endpoint's Kafka clients, i.e. the metadata consumer, the catalog's and the ACL cache's admin
+    clients) and ``python`` (the rest: event loop, workers, refreshers). Threads that ended are not counted."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue
+        fields = rest.split()
+        group = "librdkafka" if comm.startswith("rdk:") else "python"
+        out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return out
 
 
 def produce(bootstrap: str, topics: list[str], total_bytes: int, codec: str) -> int:
@@ -127,6 +143,7 @@ class Run:
     client_cpu_s: float
     fetches: int = 0    # Fetch requests the endpoint answered (endpoint runs only)
     fetch_s: float = 0  # the time it took answering them, frame read to response built (Fetch waits included)
+    server_cpu_groups: dict[str, float] = field(default_factory=dict)  # server CPU by thread group (see above)
 
 
 def consume(kc, bootstrap: str, topic: str, records: int, server_pid: int, fetch_mib: int | None,  # noqa: ANN001
@@ -150,6 +167,7 @@ def consume(kc, bootstrap: str, topic: str, records: int, server_pid: int, fetch
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     mark: list[tuple[float, float]] = []  # (wall clock of the reset, server CPU then)
+    groups: dict[str, float] = {}  # server CPU by thread group then
     done = threading.Event()
 
     def watch() -> None:
@@ -162,6 +180,7 @@ def consume(kc, bootstrap: str, topic: str, records: int, server_pid: int, fetch
                 for line in chunk.splitlines():
                     if POSITION_RESET in line:
                         cpu = cpu_seconds(server_pid)
+                        groups.update(cpu_by_thread_group(server_pid))
                         stamp = line[1:line.index(b"]")].decode()
                         mark.append((datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(), cpu))
                         return
@@ -173,6 +192,7 @@ def consume(kc, bootstrap: str, topic: str, records: int, server_pid: int, fetch
     stderr = proc.stderr.read()  # type: ignore[union-attr]
     _pid, status, usage = os.wait4(proc.pid, 0)
     end_wall, end_cpu, end = time.time(), cpu_seconds(server_pid), time.monotonic()
+    end_groups = cpu_by_thread_group(server_pid)
     proc.returncode = os.waitstatus_to_exitcode(status)
     done.set()
     watcher.join(10)
@@ -185,7 +205,8 @@ def consume(kc, bootstrap: str, topic: str, records: int, server_pid: int, fetch
     if got != records:
         raise RuntimeError(f"console consumer on {topic} read {got} records, expected {records}:\n{err[-3000:]}")
     t0, c0 = mark[0]
-    return Run(records, end_wall - t0, end - started, end_cpu - c0, usage.ru_utime + usage.ru_stime)
+    return Run(records, end_wall - t0, end - started, end_cpu - c0, usage.ru_utime + usage.ru_stime,
+               server_cpu_groups={k: v - groups.get(k, 0.0) for k, v in end_groups.items()})
 
 
 class Endpoint:
@@ -529,7 +550,9 @@ def main() -> None:
                             spy.wait(60)
                         results.setdefault(name, []).append(run)
                         print(f"  {name}: {run.window_s:.2f}s ({run.total_s:.2f}s with JVM start), server CPU "
-                              f"{run.server_cpu_s:.2f}s", file=sys.stderr)
+                              f"{run.server_cpu_s:.2f}s (" + ", ".join(
+                                  f"{k} {v:.2f}s" for k, v in sorted(run.server_cpu_groups.items())) + ")",
+                              file=sys.stderr)
                 load.append(os.getloadavg()[0])
                 memory = {ep.name: (proc_status_kib(ep.pid, "VmRSS"), proc_status_kib(ep.pid, "VmHWM"))
                           for ep in endpoints}
