@@ -13,11 +13,12 @@ Two measures, per round, idle and during the large Fetch:
 
 - ``ping``: the ApiVersions round trips the client saw (wall clock, p50/p99/max);
 - ``lag``: an event-loop lag probe inside the server (:class:`LagProbe`): a task on the server's loop that sleeps
-  1 ms and records how late it wakes (wall clock), and ``lag gil``: the part of each lateness the loop thread spent
-  neither on a CPU nor waiting for one (its schedstat: asleep, i.e. waiting for the GIL), capped at the CPU time the
-  process's other threads ran meanwhile (what held the GIL ran on a CPU: a holder preempted by the machine's
-  scheduler does not count). On a shared, loaded machine the wall-clock columns are noise-bound (compare idle with
-  during); ``lag gil`` takes most of the machine's scheduler out.
+  1 ms and records how late it wakes.
+
+Both are wall-clock: on a shared, loaded machine they are noise-bound (compare idle with during; run it when the
+load is low). A round trip takes the GIL back after each system call the loop makes (epoll, recv, send): with a
+worker running Python each costs up to ``sys.getswitchinterval()`` (5 ms), so ``ping`` counts several of those where
+``lag`` counts one; ``--switch-interval-ms`` sets it for the server process.
 
 ``--tree PATH`` imports ``rlm`` from another checkout (e.g. a git worktree of an older commit) to compare.
 """
@@ -111,44 +112,21 @@ def client(port: int, partitions: int, idle_s: float) -> None:
 
 # ------------------------------------------------------------------------------------------------- server
 class LagProbe:
-    """A task on the server's loop: sleeps 1 ms, records (wall time, lateness, lateness spent waiting for the GIL).
-
-    The loop thread's ``/proc/self/task/<tid>/schedstat`` gives its time on a CPU and its time runnable but waiting
-    for one (the machine's scheduler); what is left of the lateness, the thread asleep when it should have run, is
-    the wait for the GIL held by another thread of ours."""
+    """A task on the server's loop: sleeps 1 ms, records (wall time, lateness). Nothing else: any system call it
+    made would release the GIL and wait up to a switch interval to take it back, delaying the loop itself."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float]] = []
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        me = threading.get_native_id()
         while True:
-            t, before = loop.time(), schedstats()
+            t = loop.time()
             await asyncio.sleep(0.001)
-            late = loop.time() - t - 0.001
-            after = schedstats()
-            cpu, queued = (after[me][i] - before[me][i] for i in (0, 1))
-            asleep = late - (cpu + queued) / 1e9  # neither on a CPU nor waiting for one: waiting for the GIL
-            others = sum(after[tid][0] - before[tid][0] for tid in after if tid != me and tid in before) / 1e9
-            self.samples.append((time.time(), late, min(max(asleep, 0.0), others)))
+            self.samples.append((time.time(), loop.time() - t - 0.001))
 
-    def window(self, start: float, end: float) -> tuple[list[float], list[float]]:
-        inside = [s for s in self.samples if start <= s[0] <= end]
-        return [s[1] for s in inside], [s[2] for s in inside]
-
-
-def schedstats() -> dict[int, tuple[int, int]]:
-    """Each thread of this process: (ns on a CPU, ns runnable waiting for one), from /proc/self/task/*/schedstat."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                on_cpu, waiting, _slices = f.read().split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(on_cpu), int(waiting))
-    return out
+    def window(self, start: float, end: float) -> list[float]:
+        return [late for at, late in self.samples if start <= at <= end]
 
 
 def start_server() -> Any:
@@ -218,20 +196,19 @@ def main() -> None:
     print(f"rlm from {Path(rlm.__file__).parent.parent}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores; Fetch v4 of {args.partitions} partitions; switch interval "
           f"{sys.getswitchinterval() * 1000:g} ms; times in ms")
-    worst: dict[str, list[float]] = {"ping": [], "lag": [], "lag gil": []}
+    worst: dict[str, list[float]] = {"ping": [], "lag": []}
     try:
         for r in range(args.rounds):
             out = subprocess.run([sys.executable, __file__, "--client", str(srv.port), "--partitions",
                                   str(args.partitions), "--idle-s", str(args.idle_s)],
                                  capture_output=True, text=True, check=True)
             res = json.loads(out.stdout.strip().splitlines()[-1])
-            lag_idle, cpu_idle = probe.window(res["idle_start"], res["during_start"])
-            lag_during, cpu_during = probe.window(res["during_start"], res["during_end"])
+            lag_idle = probe.window(res["idle_start"], res["during_start"])
+            lag_during = probe.window(res["during_start"], res["during_end"])
             print(f"\nround {r + 1}: frame {res['frame_bytes'] / 1e6:.1f} MB, answered in {res['s']:.1f} s "
                   f"({res['bytes'] / 1e6:.1f} MB)")
             print(f"{'':<9} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8}")
-            for name, idle, during in (("ping", res["idle"], res["during"]), ("lag", lag_idle, lag_during),
-                                       ("lag gil", cpu_idle, cpu_during)):
+            for name, idle, during in (("ping", res["idle"], res["during"]), ("lag", lag_idle, lag_during)):
                 print(row(f"{name}", idle) + "   idle")
                 print(row(f"{name}", during) + "   during the large Fetch")
                 worst[name].append(max(during, default=0) * 1000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
+import sys
 import threading
 import typing
 import uuid
@@ -172,6 +173,7 @@ def test_other_connections_are_answered_while_a_large_request_is_being_decoded(
     reached, release = threading.Event(), threading.Event()
     native = codec.entity_reader
     seen = {"items": 0}
+    switch = {"before": sys.getswitchinterval()}
 
     def entity_reader_(entity_type: Any, *args: Any) -> Any:
         read = native(entity_type, *args)
@@ -181,6 +183,7 @@ def test_other_connections_are_answered_while_a_large_request_is_being_decoded(
         def held(frame: Any, offset: int) -> Any:
             seen["items"] += 1
             if seen["items"] == middle:
+                switch["during"] = sys.getswitchinterval()
                 reached.set()
                 assert release.wait(60)
             return read(frame, offset)
@@ -210,6 +213,29 @@ def test_other_connections_are_answered_while_a_large_request_is_being_decoded(
         parts = resp.responses[0].partitions
         assert [p.partition_index for p in parts] == list(range(n))
         assert {p.error_code for p in parts} == {ErrorCode.unknown_topic_or_partition}
+    # The interpreter switched threads every 1 ms while the large request was worked on, as before once answered.
+    assert switch["during"] == 0.001 and sys.getswitchinterval() == switch["before"] > 0.001
+
+
+def test_the_switch_interval_is_lowered_while_large_requests_are_worked_on() -> None:
+    """GcPause lowers the interpreter's switch interval while any large request is held, restores it when the last
+    one is answered, and leaves an interval already as low alone."""
+    from rlm.listener.net.server import GcPause
+
+    default = sys.getswitchinterval()
+    pause = GcPause(switch_interval_s=0.001)
+    with pause.held():
+        with pause.held():
+            assert sys.getswitchinterval() == 0.001
+        assert sys.getswitchinterval() == 0.001  # the first holder still works
+    assert sys.getswitchinterval() == default
+    sys.setswitchinterval(0.0005)
+    try:
+        with pause.held():
+            assert sys.getswitchinterval() == 0.0005
+        assert sys.getswitchinterval() == 0.0005
+    finally:
+        sys.setswitchinterval(default)
 
 
 def test_a_fetch_answered_at_once_takes_one_worker_job(server: ListenerServer,
