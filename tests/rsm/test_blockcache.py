@@ -52,7 +52,9 @@ def test_sequential_one_block_reads_get_each_block_once(tmp_path: Path) -> None:
     assert got == want
     assert plain_gets == 2 * blocks
     assert cached_gets == blocks + 1  # the first read streamed, then every block fetched once, whole
-    assert cached.block_cache.hits >= blocks  # type: ignore[union-attr]
+    # Every block's second read is a hit but block 0's (the one that made the reads sequential); a first read is a
+    # hit too when its block's fetch ahead had started (not always on a loaded machine: the reader then fetches it).
+    assert cached.block_cache.hits >= blocks - 1  # type: ignore[union-attr]
     assert cached.block_cache.size_bytes <= 256 * KiB  # type: ignore[union-attr]
 
 
@@ -81,7 +83,7 @@ def test_the_cache_holds_at_most_its_capacity(tmp_path: Path) -> None:
         for _ in range(2):
             seen.append(_fetch_like(rsm, md, b))
             assert cache.size_bytes <= 130 * KiB
-    assert cache.hits >= blocks
+    assert cache.hits >= blocks - 1  # every second read but block 0's, as above
     plain = RemoteStorageManager(RsmConfig(**SMALL), store)  # the filesystem store: no cache by default
     assert plain.block_cache is None
     assert seen == [_fetch_like(plain, md, b) for b in range(blocks) for _ in range(2)]
