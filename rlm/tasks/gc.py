@@ -199,12 +199,12 @@ class GarbageCollector:
         visit = sorted((tp for tp in stored if live_ids.get(tp.topic) == tp.topic_id), key=str)
         gone = sorted(stored.difference(visit), key=str)
         left: list[tuple[TopicIdPartition, str]] = []
-        if gone:
+        if stored:  # every partition's metadata, the live ones' too: a pass reads what each owns
             try:
-                self.rlmm.on_partition_leadership_changes([], gone)
-                self.rlmm.wait_ready(gone, timeout_s=wait_s)
+                self.rlmm.on_partition_leadership_changes([], sorted(stored, key=str))
+                self.rlmm.wait_ready(sorted(stored, key=str), timeout_s=wait_s)
             except Exception as err:  # noqa: BLE001 - fail closed: no metadata, no proof
-                return visit, [(tp, f"metadata not readable: {err}") for tp in gone]
+                return [], [(tp, f"metadata not readable: {err}") for tp in sorted(stored, key=str)]
         for tp in gone:
             if self._purged(tp):
                 visit.append(tp)

@@ -256,9 +256,26 @@ def test_gc_all_partitions_leaves_everything_when_the_metadata_is_not_readable(t
         def wait_ready(self, tps, timeout_s=60.0):  # noqa: ANN001, ANN202 - the manager's signature
             raise TimeoutError("metadata partitions not caught up")
 
+    live = TopicIdPartition(uuid.uuid4(), "live", 0)
+    _copy(None, rsm, live, 0, tmp_path)
     visit, left = GarbageCollector(Unreadable(), rsm, grace_ms=0, state_path=tmp_path / "gc.json").sweep_targets(
-        lambda names: {})
-    assert visit == [] and [(tp, "not readable" in why) for tp, why in left] == [(gone, True)]
+        lambda names: {"live": live.topic_id})
+    assert visit == [] and sorted((str(tp), "not readable" in why) for tp, why in left) == sorted(
+        [(str(gone), True), (str(live), True)])
+
+
+def test_gc_all_partitions_reads_the_metadata_of_live_partitions_too(tmp_path):
+    """The live partitions found in the store are served by the metadata manager before the pass reads them (the CLI
+    gets a manager serving nothing: a pass over unserved partitions skipped them all, silently keeping orphans)."""
+    rsm = RemoteStorageManager(RsmConfig(), FileSystemStore(tmp_path / "remote", fsync=False))
+    live = TopicIdPartition(uuid.uuid4(), "live", 0)
+    rlmm = InMemoryRemoteLogMetadataManager()  # serves only what it is told to
+    _copy(None, rsm, live, 0, tmp_path)  # an orphan
+    gc = GarbageCollector(rlmm, rsm, grace_ms=0, state_path=tmp_path / "gc.json")
+    visit, left = gc.sweep_targets(lambda names: {"live": live.topic_id})
+    assert visit == [live] and left == []
+    assert rlmm.is_ready(live)
+    assert gc.run(visit, dry_run=True)  # the orphan is listed
 
 
 def test_gc_deletes_an_orphans_index_first(tmp_path):
