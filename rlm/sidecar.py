@@ -441,8 +441,20 @@ class Sidecar:
                 # yet would judge segments by a stale lineage.
                 if self._leader_epoch(led) is None:
                     continue
+                pdir = PartitionDir(led.path)
+                try:
+                    same = pdir.topic_id == led.tp.topic_id
+                except (FileNotFoundError, NotADirectoryError):
+                    same = False
+                if not same:
+                    # The directory is gone, or is another incarnation's (the topic deleted and re-created under its
+                    # name): its checkpoint is not this partition's lineage. The next discovery round stops leading
+                    # it; a deleted topic's segments are the purge's.
+                    log.info("expiration skipped: the partition's directory is not this topic id's", extra={
+                        "partition": str(led.tp), "path": str(led.path)})
+                    continue
                 expire_partition(self.rlmm, self.deleter, led.tp, self.settings.retention_for(led.tp.topic),
-                                 local_epochs=PartitionDir(led.path).leader_epochs())
+                                 local_epochs=pdir.leader_epochs())
             except Exception as err:  # noqa: BLE001
                 if led.cancel.is_set():  # the partition went away under the run: not a fault
                     log.info("expiration ended early: the partition is no longer led here", extra={

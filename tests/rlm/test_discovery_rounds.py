@@ -265,3 +265,47 @@ def test_staging_a_partition_whose_directory_is_gone_is_no_failure(tmp_path: Pat
         assert "staging skipped: the partition's directory is gone" in [r.getMessage() for r in caplog.records]
     finally:
         sidecar.stop(timeout_s=5)
+
+
+def test_expiration_never_reads_another_incarnations_lineage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A led partition whose directory now belongs to the topic's next incarnation (deleted and re-created under its
+    name, seen in an 8-minute chaos run): expiration skips it at INFO. Before, it merged the new incarnation's
+    leader-epoch checkpoint into the old partition's lineage, found every segment outside the remote chain and
+    logged a WARNING for each (61 in that run)."""
+    import base64
+
+    import rlm.sidecar
+    from rlm.sidecar import Sidecar
+    from rlmm.api import RemoteLogSegmentState
+    from tests.rlmm.helpers import segment, update
+
+    monkeypatch.setattr(rlm.sidecar, "ensure_topic", lambda *a, **k: None)  # no cluster to create the topic on
+    led = TopicIdPartition(uuid.uuid4(), "t", 0)
+    pdir = _partition_dir(tmp_path / "logs", led.topic, led.partition, led.topic_id)
+    (pdir / "leader-epoch-checkpoint").write_text("0\n1\n0 0\n")
+    rlmm = InMemoryRemoteLogMetadataManager(serve_all=True)
+    segs = [segment(led, 0, 9), segment(led, 10, 19)]
+    for md in segs:
+        rlmm.add_remote_log_segment_metadata(md)
+        rlmm.update_remote_log_segment_metadata(update(md, RemoteLogSegmentState.COPY_SEGMENT_FINISHED))
+    sidecar = Sidecar(_settings(tmp_path), rlmm=rlmm)
+    sidecar.view = FakeView({("t", 0): _info("t", led.topic_id, 0, BROKER)})  # type: ignore[assignment]
+    monkeypatch.setattr(sidecar, "_leader_epoch", lambda _led: (20, 0))  # leading under the checkpoint's epoch
+    try:
+        sidecar.discover()
+        assert sidecar.leadership.counts() == (1, 0)
+        # The topic is deleted and re-created: the directory is the new incarnation's, its lineage starts anew.
+        new_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        (pdir / "partition.metadata").write_text(f"version: 0\ntopic_id: {new_id}\n")
+        (pdir / "leader-epoch-checkpoint").write_text("0\n2\n0 0\n7 5\n")  # its epoch 7 from offset 5
+        with caplog.at_level(logging.INFO, logger="rlm"):
+            sidecar.expire()
+        ours = [r for r in caplog.records if r.name.startswith(("rlm.sidecar", "rlm.tasks"))]  # not librdkafka's
+        assert not [r for r in ours if r.levelno >= logging.WARNING], [r.getMessage() for r in ours]
+        assert "expiration skipped: the partition's directory is not this topic id's" in [r.getMessage() for r in ours]
+        finished = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+        assert [m.state for m in rlmm.list_remote_log_segments(led)] == [finished, finished]
+        assert sidecar.last_error is None
+    finally:
+        sidecar.stop(timeout_s=5)
