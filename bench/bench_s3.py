@@ -172,6 +172,20 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` value in KiB (``VmRSS``, ``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_peak_rss() -> int:
+    """Resets this process's peak RSS (``VmHWM := VmRSS``, proc(5) ``clear_refs``) and returns ``VmRSS`` in KiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
+
+
 def _prom_all() -> dict[str, int]:
     from prometheus_client import REGISTRY
 
@@ -204,7 +218,8 @@ def main() -> None:
                          "'default' (the store's own)")
     ap.add_argument("--upload-memory", default="32MiB,default",
                     help="copy variants, side by side: upload_memory_bytes values (32MiB: 3 parts of 8 MiB in flight, "
-                         "as before issue 25) or 'default'")
+                         "as before issue 25), optionally with part_size_bytes after a slash (48MiB/5MiB), or "
+                         "'default'")
     ap.add_argument("--latency-arg", action="append", default=[],
                     help="passed to devtools.s3latency as is, e.g. --latency-arg=--bandwidth-mb-per-s=60")
     args = ap.parse_args()
@@ -258,9 +273,13 @@ def main() -> None:
 
         results: dict[str, list[dict]] = {}
         part_buffers = PartBufferPeak()
-        copy_variants: list[tuple[str, int | None]] = [
-            ("" if v == "default" else f" upload memory {v}", None if v == "default" else parse_size(v))
-            for v in args.upload_memory.split(",")]
+        copy_variants: list[tuple[str, dict[str, int]]] = []
+        for v in args.upload_memory.split(","):
+            memory, _, part = v.partition("/")
+            update = {} if memory == "default" else {"upload_memory_bytes": parse_size(memory)}
+            if part:
+                update["part_size_bytes"] = parse_size(part)
+            copy_variants.append(("" if v == "default" else f" upload memory {v}", update))
         read_variants: list[tuple[str, int | None]] = []
         for v in args.read_ahead.split(","):
             read_variants.append(("" if v == "default" else f" read-ahead {v}",
@@ -274,16 +293,17 @@ def main() -> None:
         copied: RemoteSegmentMetadata | None = None
         for run in range(args.repeat):
             # -- copy ---------------------------------------------------------------------------------------
-            for variant, memory in copy_variants:
-                rsm = RemoteStorageManager(config if memory is None else
-                                           config.model_copy(update={"upload_memory_bytes": memory}))
+            for variant, update in copy_variants:
+                rsm = RemoteStorageManager(RsmConfig(**{**config.model_dump(), **update}))
                 md = new_md()
                 before, prom_before, puts = rsm.store.requests.snapshot(), _prom_all(), len(part_buffers.puts)
+                idle_kib = _reset_peak_rss()
                 t0 = time.perf_counter()
                 rsm.copy_log_segment_data(md, LogSegmentData(*files, None, None, epoch))
                 record(f"copy/rsm{variant}", time.perf_counter() - t0, copy_bytes,
                        _delta(rsm.store.requests.snapshot(), before), _delta(_prom_all(), prom_before),
-                       parts_in_flight=rsm.store.parts_in_flight, part_buffers=part_buffers.most(puts))
+                       parts_in_flight=rsm.store.parts_in_flight, part_buffers=part_buffers.most(puts),
+                       above_idle=(_status_kib("VmHWM") - idle_kib) * 1024)
                 rsm.close()
                 copied = copied or md
             before = boto_count.snapshot()
@@ -409,7 +429,8 @@ def main() -> None:
             peak = f", read-ahead peak {r['peak_ahead'] / MiB:.0f} MiB" if "peak_ahead" in r else ""
             if "part_buffers" in r:
                 peak = (f", {r['parts_in_flight']} parts in flight, part buffers of one put at most "
-                        f"{r['part_buffers'] / MiB:.0f} MiB")
+                        f"{r['part_buffers'] / MiB:.0f} MiB, RSS above idle at most "
+                        f"{max(x['above_idle'] for x in results[row]) / MiB:.0f} MiB")
             print(f"| {what} | {mbps(r):.0f} MB/s ({all_mbps(row)}{peak}) | {mbps(b):.0f} MB/s "
                   f"({all_mbps(other)}) | {mbps(r) / mbps(b):.2f}x |")
         r0, r1 = best("fs/rsm"), best("fs/rsm read-ahead 64MiB")

@@ -95,7 +95,7 @@ from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
 from rsm.store.hedge import HEDGE_SHARE
-from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES
+from rsm.store.upload import PART_SIZE_BYTES, UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES
 from rsm.throttle import Throttle
 
 __all__ = ["KeptRange", "KeyLayout", "RemoteStorageManager", "RsmConfig", "index_size_bytes", "kept_range",
@@ -127,7 +127,9 @@ class RsmConfig(BaseModel):
     key_entropy: bool = Field(False, description="prefix each partition's keys with 4 hex digits of a hash")
     block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
     max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
-    part_size_bytes: int = Field(8 * MiB, ge=5 * MiB)
+    part_size_bytes: int = Field(PART_SIZE_BYTES, ge=5 * MiB, description="s3 store: an upload's part "
+                                 "(by default S3's smallest, 5 MiB: the most parts in flight within "
+                                 "upload_memory_bytes)")
     upload_concurrency: int = Field(UPLOAD_CONCURRENCY, ge=1, description="s3 store: parts uploading at once, all "
                                     "copies together (the upload pool's threads)")
     upload_memory_bytes: int = Field(UPLOAD_MEMORY_BYTES, ge=10 * MiB, description="s3 store: part buffers one "

@@ -43,7 +43,7 @@ from botocore.config import Config
 from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
 from rsm.store.base import Chunk, ObjectInfo, RequestCounter
 from rsm.store.hedge import HEDGE_SHARE, Hedger
-from rsm.store.upload import UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES, put_in_parts
+from rsm.store.upload import PART_SIZE_BYTES, UPLOAD_CONCURRENCY, UPLOAD_MEMORY_BYTES, put_in_parts
 
 __all__ = ["S3Store"]
 
@@ -150,7 +150,8 @@ class S3Store:
     """Objects in one S3 bucket, optionally under a key prefix."""
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, region_name: str | None = None,
-                 key_prefix: str = "", part_size_bytes: int = 8 * MiB, upload_concurrency: int = UPLOAD_CONCURRENCY,
+                 key_prefix: str = "", part_size_bytes: int = PART_SIZE_BYTES,
+                 upload_concurrency: int = UPLOAD_CONCURRENCY,
                  upload_memory_bytes: int = UPLOAD_MEMORY_BYTES, retries: int = 5, connect_timeout_s: float = 10.0,
                  read_timeout_s: float = 60.0, max_pool_connections: int = 16, path_style: bool = True,
                  checksum_when_required: bool = True, create_bucket: bool = False, read_ahead_bytes: int = 64 * MiB,

@@ -174,6 +174,17 @@ def test_parts_in_flight_follow_the_memory_budget() -> None:
         RsmConfig(store="s3", bucket="b", part_size_bytes=8 * MiB, upload_memory_bytes=12 * MiB)
 
 
+def test_the_default_copy_puts_8_parts_in_flight_within_48_mib() -> None:
+    """The defaults (issue 25): S3's smallest parts, as many in flight as 48 MiB of part buffers holds, leaving
+    room within the design's 64 MiB per copy for the blocks and the clients' own buffers."""
+    config = RsmConfig(store="s3", bucket="b")
+    store = S3Store("b", part_size_bytes=config.part_size_bytes, upload_memory_bytes=config.upload_memory_bytes,
+                    client=_NoClient())
+    assert (config.part_size_bytes, store.parts_in_flight) == (5 * MiB, 8)
+    assert (store.parts_in_flight + 1) * store.part_size_bytes <= 48 * MiB
+    assert S3Store("b", client=_NoClient()).parts_in_flight == 8
+
+
 def _fail_part(store: S3Store, number: int) -> None:
     """Make UploadPart ``number`` of ``store``'s client fail for good (a 400: not retried)."""
     real = store.client.upload_part
