@@ -49,6 +49,7 @@ __all__ = [
     "EpochEntry",
     "IndexType",
     "KeyLayout",
+    "LargeBatch",
     "LogPiece",
     "LogRangeData",
     "LogSegmentData",
@@ -196,6 +197,37 @@ class CommittedCopy:
     name: str
 
 
+class LargeBatch:
+    """A batch stored as fragments (larger than a block, PDP-43), handed out without holding it: its header (parsed
+    once), its size, and its bytes as chunks read from the store as they are asked for (:meth:`chunks`, one pass).
+
+    Each chunk is verified before it is handed out (its fragment's CRC-32C, or its block's authentication in an
+    encrypted copy); the batch's own CRC-32C is checked across them and a mismatch raises
+    :class:`~rsm.errors.CorruptRemoteObjectError` after the last chunk. Valid only until the iteration that handed it
+    out moves on: the chunks are read from that iteration's stream (what was not taken is then read and checked)."""
+
+    __slots__ = ("_chunks", "header", "size")
+
+    def __init__(self, header: BatchHeader, chunks: Iterator[memoryview]) -> None:
+        self.header = header
+        self.size = header.size_bytes
+        self._chunks: Iterator[memoryview] | None = chunks
+
+    def __len__(self) -> int:
+        return self.size
+
+    def chunks(self) -> Iterator[memoryview]:
+        """The batch's bytes, in order, in chunks of about a block (the first holds the batch header whole); once."""
+        chunks, self._chunks = self._chunks, None
+        if chunks is None:
+            raise RuntimeError(f"the chunks of the batch at offset {self.header.base_offset} were already taken")
+        return chunks
+
+    def read(self) -> bytes:
+        """The whole batch (holds it: for batches known to be small enough only)."""
+        return b"".join(self.chunks())
+
+
 class SegmentHandle(abc.ABC):
     """Reads one remote segment copy (:meth:`RemoteStorageManagerApi.open_segment`). Block ordinals count from 0.
 
@@ -207,13 +239,18 @@ class SegmentHandle(abc.ABC):
 
     @abc.abstractmethod
     def batches(self, from_offset: int, end_offset_inclusive: int, *, first_block: int | None = None,
-                last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview]]:
+                last_block: int | None = None, large: bool = False,
+                ) -> Iterator[tuple[BatchHeader, memoryview | LargeBatch]]:
         """The batches holding offsets ``from_offset..end_offset_inclusive``, in order: the header (parsed once;
         ``position`` is the batch's position in the original ``.log``) and the batch's bytes.
 
         Streams blocks ``first_block..last_block`` (inclusive; default: from the block holding ``from_offset`` to
         the last), one ranged GET per data object. Batches are whole: the first may start below ``from_offset``,
-        the last end past ``end_offset_inclusive``; records outside are the caller's to drop."""
+        the last end past ``end_offset_inclusive``; records outside are the caller's to drop.
+
+        A batch stored as fragments (larger than a block) is put together whole in memory, unless ``large``: then
+        it is a :class:`LargeBatch` (read in chunks, never held whole). Only a caller that handles
+        :class:`LargeBatch` passes ``large``; all batches small enough for a block are memoryviews either way."""
 
     @abc.abstractmethod
     def block_plan(self, from_offset: int, end_offset_inclusive: int, max_log_bytes: int, *,

@@ -125,7 +125,7 @@ class RsmConfig(BaseModel):
     region: str | None = None
     key_prefix: str = Field("", description="s3 store: prefix of every key in the bucket")
     key_entropy: bool = Field(False, description="prefix each partition's keys with 4 hex digits of a hash")
-    block_size_bytes: int = Field(4 * MiB, ge=BLOCK_HEADER_LENGTH + 64)
+    block_size_bytes: int = Field(4 * MiB, ge=LedgerWriter.MIN_BLOCK_SIZE_BYTES)
     max_data_object_bytes: int = Field(1024 * MiB, ge=4096)
     part_size_bytes: int = Field(PART_SIZE_BYTES, ge=5 * MiB, description="s3 store: an upload's part "
                                  "(by default S3's smallest, 5 MiB: the most parts in flight within "
@@ -422,14 +422,17 @@ class RemoteStorageManager(RemoteStorageManagerApi):
                     break
                 draft, block = item
                 stored = draft.block_length if cipher is None else draft.block_length + SEALED_OVERHEAD
-                if pos > 0 and pos + stored > limit:
+                # objects split between batches: a batch's fragments stay in one object (which may then pass
+                # the limit by up to that batch)
+                if pos > 0 and pos + stored > limit and draft.fragment_number == 0:
                     state["pending"] = item
                     if sealer is not None and (sealed := sealer.flush()) is not None:
                         yield sealed
                     return
                 blocks.append(BlockInfo(draft.first_entry_id, draft.part_id, obj, pos, stored,
                                         draft.entry_count, draft.first_offset, draft.last_offset,
-                                        draft.max_timestamp_ms, draft.log_position, draft.log_bytes))
+                                        draft.max_timestamp_ms, draft.log_position, draft.log_bytes,
+                                        draft.fragment_number, draft.fragment_count))
                 paid(stored)
                 if sealer is None:
                     yield block

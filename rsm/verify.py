@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Iterator, Sequence
 
-from rsm.api import IndexType, VerifyReport
+from rsm.api import IndexType, LargeBatch, VerifyReport
 from rsm.encryption import KeyProvider
 from rsm.errors import CorruptRemoteObjectError
 from rsm.format.crypto import decode_copy_index
@@ -55,11 +55,14 @@ def verify_segment(store: Store, keys: SegmentKeys, *, key_provider: KeyProvider
                                                    key=keys.data(n), position=min(actual, expected))
             reader = SegmentReader(store, keys, ledger)
             last_block = -1
-            for e in reader.iter_entries():
+            for e in reader.iter_entries(large=True):
                 if e.block.part_id != last_block:
-                    blocks += 1
+                    blocks += 1 + max(0, e.block.fragment_count - 1)  # a batch in fragments: all its blocks
                     last_block = e.block.part_id
                 entries += 1
+                if isinstance(e.data, LargeBatch):
+                    for _ in e.data.chunks():  # each fragment checked, then the batch's CRC-32C across them
+                        pass
                 checked += len(e.data)
             if entries != ledger.metadata.entry_count:
                 raise CorruptRemoteObjectError(

@@ -3,7 +3,11 @@
 A data object is a run of blocks, back to back. Each block is a 128-byte header and a payload of entries; an
 entry is one Kafka record batch, verbatim (its CRC-32C still checks and it can be served to a client as is).
 In an encrypted copy each block is stored sealed (:mod:`rsm.format.crypto`); opened, it is this format.
-Blocks are not padded to a fixed size: ``block_len`` is the exact length. This module is the only place that
+Blocks are not padded to a fixed size: ``block_len`` is the exact length. A batch larger than a block (less its
+headers) is stored as *fragments* (PDP-43, issue 26): a run of blocks, one per fragment, each holding one entry
+whose bytes are that fragment of the batch (entry id: the batch's, in every fragment block), the fragment fields of
+the header saying which. Copies written before fragments existed have zeros there (a block of whole entries), so
+they read as before. This module is the only place that
 knows how blocks and entries are framed: :func:`frame_block` (used by :mod:`rsm.format.ledger`, which reads the
 entries into the places it leaves) and :func:`encode_block` write them,
 :func:`read_block_header` and :class:`EntryReader` (used by :mod:`rsm.format.reader`) read them back. What an
@@ -17,13 +21,17 @@ Layout (big-endian)::
       block_len => int64            (header included)
       first_entry_id => int64       (entry id of the first entry in the block)
       ledger_id => int64
+      fragment_number => int32      (0 unless fragment_count > 0: which fragment of the entry this block holds)
+      fragment_count => int32       (0: whole entries; n > 0: one fragment of an entry cut into n blocks)
+      entry_length => int64         (fragments: the whole entry's length; else 0)
+      fragment_crc32c => uint32     (fragments: CRC-32C of this block's entry_data; else 0)
       padding => bytes              (zeros up to header_len)
-      entries => [Entry]            (until block_len)
+      entries => [Entry]            (until block_len; a fragment block holds exactly one)
 
     Entry =>
       entry_len => int32            (length of entry_data)
       entry_id => int64             (0, 1, 2 ... in file order within the ledger)
-      entry_data => bytes           (one Kafka record batch)
+      entry_data => bytes           (one Kafka record batch, or in a fragment block one fragment of it)
 """
 
 from __future__ import annotations
@@ -46,7 +54,10 @@ __all__ = [
     "EntryReader",
     "decode_block_header",
     "encode_block",
+    "fragment_payload",
     "frame_block",
+    "frame_fragment",
+    "set_fragment_crc",
     "read_block_header",
 ]
 
@@ -60,8 +71,13 @@ _BLOCK_HEADER_FIELDS = (
     "q"  # block_len
     "q"  # first_entry_id
     "q"  # ledger_id
+    "i"  # fragment_number
+    "i"  # fragment_count
+    "q"  # entry_length
+    "I"  # fragment_crc32c
 )
 BLOCK_HEADER = struct.Struct(_BLOCK_HEADER_FIELDS + f"{BLOCK_HEADER_LENGTH - struct.calcsize(_BLOCK_HEADER_FIELDS)}x")
+_FRAGMENT_CRC_OFFSET = struct.calcsize(">Iqqqqiiq")  # 52
 _HEADER_LEN_OFFSET = struct.calcsize(">I")  # 4
 _BLOCK_LEN_OFFSET = struct.calcsize(">Iq")  # 12
 LEDGER_ID_OFFSET = struct.calcsize(">Iqqq")  # 28
@@ -83,6 +99,16 @@ class BlockHeader:
     block_length: int
     first_entry_id: int
     ledger_id: int
+    fragment_number: int = 0
+    fragment_count: int = 0
+    """0: the block holds whole entries; else it holds fragment ``fragment_number`` of an entry cut in this many."""
+    entry_length: int = 0
+    fragment_crc32c: int = 0
+
+
+def fragment_payload(block_size_bytes: int) -> int:
+    """Bytes of an entry one fragment block of at most ``block_size_bytes`` holds."""
+    return block_size_bytes - BLOCK_HEADER_LENGTH - ENTRY_HEADER_LENGTH
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
@@ -103,8 +129,26 @@ def frame_block(buf: bytearray | memoryview, ledger_id: int, first_entry_id: int
         pos += ENTRY_HEADER_LENGTH
         append((pos, n))
         pos += n
-    BLOCK_HEADER.pack_into(buf, 0, BLOCK_MAGIC, BLOCK_HEADER_LENGTH, pos, first_entry_id, ledger_id)
+    BLOCK_HEADER.pack_into(buf, 0, BLOCK_MAGIC, BLOCK_HEADER_LENGTH, pos, first_entry_id, ledger_id, 0, 0, 0, 0)
     return pos, places
+
+
+def frame_fragment(buf: bytearray | memoryview, ledger_id: int, entry_id: int, fragment_number: int,
+                   fragment_count: int, entry_length: int, length: int) -> tuple[int, int]:
+    """Frame a fragment block in ``buf``: fragment ``fragment_number`` (of ``fragment_count``) of entry
+    ``entry_id`` (``entry_length`` bytes in all), ``length`` bytes of it. The fragment's bytes are the caller's, at
+    the returned position, and so is its CRC (:func:`set_fragment_crc`, once they are there). Returns
+    ``(block length, position of the fragment's bytes)``."""
+    ENTRY_HEADER.pack_into(buf, BLOCK_HEADER_LENGTH, length, entry_id)
+    end = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH + length
+    BLOCK_HEADER.pack_into(buf, 0, BLOCK_MAGIC, BLOCK_HEADER_LENGTH, end, entry_id, ledger_id, fragment_number,
+                           fragment_count, entry_length, 0)
+    return end, BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH
+
+
+def set_fragment_crc(buf: bytearray | memoryview, crc32c: int) -> None:
+    """Write a fragment block's ``fragment_crc32c`` (the CRC-32C of its entry_data)."""
+    struct.pack_into(">I", buf, _FRAGMENT_CRC_OFFSET, crc32c)
 
 
 def encode_block(ledger_id: int, first_entry_id: int, entries: Sequence[bytes | memoryview]) -> bytes:
@@ -125,7 +169,8 @@ def decode_block_header(buf: bytes | bytearray | memoryview, *, key: str, positi
         raise CorruptRemoteObjectError(
             f"truncated block header: expected {BLOCK_HEADER_LENGTH} bytes, found {len(buf)}", key=key,
             position=position)
-    magic, header_len, block_len, first_entry_id, ledger_id = BLOCK_HEADER.unpack_from(buf, 0)
+    (magic, header_len, block_len, first_entry_id, ledger_id, fragment_number, fragment_count, entry_length,
+     fragment_crc) = BLOCK_HEADER.unpack_from(buf, 0)
     if magic != BLOCK_MAGIC:
         raise CorruptRemoteObjectError(f"bad block magic 0x{magic:08X}, expected 0x{BLOCK_MAGIC:08X}", key=key,
                                        position=position)
@@ -135,7 +180,13 @@ def decode_block_header(buf: bytes | bytearray | memoryview, *, key: str, positi
     if block_len < BLOCK_HEADER_LENGTH:
         raise CorruptRemoteObjectError(f"bad block_len {block_len} (< header length)", key=key,
                                        position=position + _BLOCK_LEN_OFFSET)
-    return BlockHeader(header_len, block_len, first_entry_id, ledger_id)
+    if fragment_count < 0 or not (0 <= fragment_number < max(fragment_count, 1)) or (
+            fragment_count and entry_length <= 0):
+        raise CorruptRemoteObjectError(
+            f"bad fragment fields: fragment {fragment_number} of {fragment_count}, entry length {entry_length}",
+            key=key, position=position + LEDGER_ID_OFFSET + 8)
+    return BlockHeader(header_len, block_len, first_entry_id, ledger_id, fragment_number, fragment_count,
+                       entry_length, fragment_crc)
 
 
 def _read_exactly(stream: BinaryIO, n: int) -> bytearray:

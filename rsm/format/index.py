@@ -27,7 +27,7 @@ Layout (big-endian)::
       offset => int64                   (position of the block in its data object)
 
     LedgerMetadata =>                   (our binary encoding; PIP-76 uses protobuf here)
-      version => int16                  (0)
+      version => int16                  (0; 1 when a block holds a fragment: BlockMeta then has the fragment fields)
       remote_segment_id => uuid         (16 bytes)
       topic_id => uuid
       partition => int32
@@ -58,6 +58,13 @@ Layout (big-endian)::
       max_timestamp_ms => int64
       log_position => int64             (position of the first batch in the original .log file)
       log_bytes => int64                (bytes of the original .log held by the block)
+      fragment_number => int32          (version 1 only: as the block's header, rsm.format.block)
+      fragment_count => int32           (version 1 only: 0 for a block of whole entries)
+
+A batch stored as fragments (rsm.format.block) is a run of ``fragment_count`` blocks: each has the batch's entry id
+as ``entry_id`` and an ``entry_count`` of 1, the batch's offsets and max timestamp, and ``log_position`` /
+``log_bytes`` of its own fragment (so a position maps to the fragment holding it). Only copies holding a fragment
+are written as version 1: the others stay byte-identical to what readers before fragments wrote and read.
 
 A copy holds the batches of ``[start_offset, end_offset_inclusive]`` only. When the local segment straddled the
 highest remote offset (a new leader's replica rolled at other offsets), its leading batches below
@@ -111,6 +118,7 @@ __all__ = [
 INDEX_MAGIC = 0x3D1FB0BC
 INDEX_KEY_SUFFIX = "-index"
 LEDGER_METADATA_VERSION = 0
+FRAGMENTS_METADATA_VERSION = 1  # BlockMeta carries the fragment fields
 
 _HEADER = struct.Struct(
     ">"
@@ -172,6 +180,11 @@ _BLOCK_META = struct.Struct(
     "q"  # log_position
     "q"  # log_bytes
 )
+_BLOCK_FRAGMENT = struct.Struct(
+    ">"
+    "i"  # fragment_number
+    "i"  # fragment_count
+)
 _CRC = struct.Struct(">I")
 
 
@@ -190,6 +203,9 @@ class BlockInfo:
     max_timestamp_ms: int
     log_position: int
     log_bytes: int
+    fragment_number: int = 0
+    fragment_count: int = 0
+    """0: whole entries; else the block holds fragment ``fragment_number`` of a batch cut in this many blocks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +284,7 @@ class LedgerIndex:
         i = bisect.bisect_right(self.blocks, entry_id, key=lambda b: b.first_entry_id) - 1
         if i < 0:
             return None
+        i -= self.blocks[i].fragment_number  # a batch in fragments: its first block
         b = self.blocks[i]
         return b if entry_id < b.first_entry_id + b.entry_count else None
 
@@ -290,8 +307,10 @@ class IndexObject:
 def _encode_metadata(ledger: LedgerIndex) -> bytes:
     m = ledger.metadata
     name = m.topic_name.encode("utf-8")
+    fragments = any(b.fragment_count for b in ledger.blocks)
+    version = FRAGMENTS_METADATA_VERSION if fragments else LEDGER_METADATA_VERSION
     parts = [
-        _META_FIXED.pack(LEDGER_METADATA_VERSION, m.remote_segment_id.bytes, m.topic_id.bytes, m.partition,
+        _META_FIXED.pack(version, m.remote_segment_id.bytes, m.topic_id.bytes, m.partition,
                          m.start_offset, m.end_offset_inclusive, m.max_timestamp_ms, m.event_timestamp_ms,
                          m.broker_id, m.segment_size_bytes, m.entry_count, len(name)),
         name,
@@ -303,7 +322,9 @@ def _encode_metadata(ledger: LedgerIndex) -> bytes:
         *(_SECTION.pack(int(s.index_type), s.object_number, s.position, s.length, s.crc32c) for s in m.sections),
         _COUNT.pack(len(ledger.blocks)),
         *(_BLOCK_META.pack(b.object_number, b.block_length, b.entry_count, b.first_offset, b.last_offset,
-                           b.max_timestamp_ms, b.log_position, b.log_bytes) for b in ledger.blocks),
+                           b.max_timestamp_ms, b.log_position, b.log_bytes)
+          + (_BLOCK_FRAGMENT.pack(b.fragment_number, b.fragment_count) if fragments else b"")
+          for b in ledger.blocks),
     ]
     return b"".join(parts)
 
@@ -361,7 +382,7 @@ def _decode_ledger(c: _Cursor, index_entry_count: int, ledger_id: int,
                    block_indices: Sequence[tuple[int, int, int]], meta_start: int) -> LedgerIndex:
     (version, seg_id, topic_id, partition, start, end, max_ts, event_ts, broker, size, entries,
      name_len) = c.take(_META_FIXED, "ledger metadata")
-    if version != LEDGER_METADATA_VERSION:
+    if version not in (LEDGER_METADATA_VERSION, FRAGMENTS_METADATA_VERSION):
         raise CorruptRemoteObjectError(f"unknown ledger metadata version {version}", key=c.key,
                                        position=meta_start)
     try:
@@ -388,13 +409,30 @@ def _decode_ledger(c: _Cursor, index_entry_count: int, ledger_id: int,
     next_entry = 0
     for i in range(n_blocks):
         obj, blen, ecount, first, last, bmax, lpos, lbytes = c.take(_BLOCK_META, "block metadata")
+        frag, frags = (c.take(_BLOCK_FRAGMENT, "block fragment fields") if version == FRAGMENTS_METADATA_VERSION
+                       else (0, 0))
         entry_id, part_id, offset = block_indices[i]
         if part_id != i or entry_id != next_entry:
             raise CorruptRemoteObjectError(
                 f"ledger {ledger_id}: block {i} has part_id {part_id} and first entry {entry_id}, expected {i} and "
                 f"{next_entry}", key=c.key, position=c.pos - _BLOCK_META.size)
-        next_entry = entry_id + ecount
-        blocks.append(BlockInfo(entry_id, part_id, obj, offset, blen, ecount, first, last, bmax, lpos, lbytes))
+        prev = blocks[-1] if blocks else None
+        expected = (prev.fragment_number + 1 if prev is not None and prev.fragment_number + 1 < prev.fragment_count
+                    else 0)
+        if frag != expected or (frags > 0) != (ecount == 1 and frags > 0) or (frags == 1) or (
+                frag and (frags != prev.fragment_count or (first, last) != (prev.first_offset, prev.last_offset))):
+            raise CorruptRemoteObjectError(
+                f"ledger {ledger_id}: block {i} is fragment {frag} of {frags} ({ecount} entries, offsets {first}.."
+                f"{last}); expected fragment {expected} after the block before it", key=c.key,
+                position=c.pos - _BLOCK_FRAGMENT.size)
+        # the fragments of one batch share its entry id: the next entry starts after the last of them
+        next_entry = entry_id + (ecount if frag + 1 >= frags else 0)
+        blocks.append(BlockInfo(entry_id, part_id, obj, offset, blen, ecount, first, last, bmax, lpos, lbytes, frag,
+                                frags))
+    if blocks and blocks[-1].fragment_number + 1 < blocks[-1].fragment_count:
+        raise CorruptRemoteObjectError(
+            f"ledger {ledger_id}: the last block is fragment {blocks[-1].fragment_number} of "
+            f"{blocks[-1].fragment_count}", key=c.key, position=c.pos)
     meta = LedgerMetadata(uuid.UUID(bytes=seg_id), uuid.UUID(bytes=topic_id), name, partition, start, end, max_ts,
                           event_ts, broker, size, entries, epochs, objects, tuple(sections))
     return LedgerIndex(ledger_id, meta, tuple(blocks))

@@ -1,7 +1,10 @@
 """Writing a segment as one ledger: Kafka record batches -> entries -> blocks of a bounded size.
 
 Entry ids run 0, 1, 2 ... in file order; one entry is one record batch, verbatim. A block closes when the
-next entry would take it past ``block_size_bytes`` (a batch larger than that gets a block of its own).
+next entry would take it past ``block_size_bytes``. A batch that does not fit in a block of its own is stored as
+fragments (:mod:`rsm.format.block`; PDP-43, issue 26): a run of blocks of at most ``block_size_bytes``, each read
+from the file into the same block buffers, its CRC-32C taken as it is read (the batch's own CRC is checked across
+them when the last is read), so a batch of hundreds of MiB is copied in the memory of two blocks.
 
 A copy may start above the file's first batch (``start_offset``): a new leader's local segment can straddle the
 highest remote offset H, since replicas roll at different offsets. Batches whose last offset is below
@@ -35,8 +38,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rsm.format.block import BLOCK_HEADER_LENGTH, ENTRY_HEADER_LENGTH, frame_block
-from rsm.log.batch import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, CRC_OFFSET, BatchHeader, scan_batches
+from rsm.format.block import (
+    BLOCK_HEADER_LENGTH,
+    ENTRY_HEADER_LENGTH,
+    fragment_payload,
+    frame_block,
+    frame_fragment,
+    set_fragment_crc,
+)
+from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER_SIZE,
+    BATCH_LENGTH_OFFSET,
+    CRC_OFFSET,
+    BatchHeader,
+    scan_batches,
+)
 from rsm.store.base import IOV_MAX
 
 
@@ -80,6 +98,9 @@ class BlockDraft:
     max_timestamp_ms: int
     log_position: int
     log_bytes: int
+    fragment_number: int = 0
+    fragment_count: int = 0
+    """0: whole entries; else the block holds fragment ``fragment_number`` of a batch cut in this many blocks."""
 
 
 class LedgerChangedError(ValueError):
@@ -163,9 +184,13 @@ def kept_range(log_path: str | os.PathLike[str], start_offset: int | None = None
 class LedgerWriter:
     """Packs the record batches of one ``.log`` into blocks; iterate :meth:`blocks` once."""
 
+    MIN_BLOCK_SIZE_BYTES = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH + BATCH_HEADER_SIZE
+    """A block holds at least a batch header (the first fragment of a large batch holds its header whole)."""
+
     def __init__(self, ledger_id: int, block_size_bytes: int) -> None:
-        if block_size_bytes < BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH:
-            raise ValueError(f"block_size_bytes {block_size_bytes} is smaller than one block header and entry")
+        if block_size_bytes < self.MIN_BLOCK_SIZE_BYTES:
+            raise ValueError(f"block_size_bytes {block_size_bytes} is smaller than one block header, entry header and "
+                             f"batch header ({self.MIN_BLOCK_SIZE_BYTES})")
         self.ledger_id = ledger_id
         self.block_size_bytes = block_size_bytes
         self.entry_count = 0
@@ -188,6 +213,14 @@ class LedgerWriter:
         with open(log_path, "rb", buffering=0) as f:
             for header in _kept_headers(log_path, start_offset, end_offset_inclusive, verify_crc=verify_crc):
                 need = ENTRY_HEADER_LENGTH + header.size_bytes
+                if BLOCK_HEADER_LENGTH + need > self.block_size_bytes:
+                    if plan:
+                        yield self._emit(f, log_path, plan, part_id)
+                        part_id += 1
+                        plan = []
+                        planned = BLOCK_HEADER_LENGTH
+                    part_id = yield from self._fragments(f, log_path, header, part_id, header.position)
+                    continue
                 if plan and planned + need > self.block_size_bytes:
                     yield self._emit(f, log_path, plan, part_id)
                     part_id += 1
@@ -224,7 +257,8 @@ class LedgerWriter:
                             f"{where}: batch at byte {header.position} holds offsets {header.base_offset}.."
                             f"{header.last_offset}, not within {prev_last + 1}..{end_offset_inclusive}")
                     need = ENTRY_HEADER_LENGTH + header.size_bytes
-                    if plan and planned + need > self.block_size_bytes:
+                    if plan and (planned + need > self.block_size_bytes
+                                 or BLOCK_HEADER_LENGTH + need > self.block_size_bytes):
                         yield self._emit(f, piece.log_path, plan, part_id, block_position)
                         part_id += 1
                         plan = []
@@ -232,6 +266,12 @@ class LedgerWriter:
                         block_position = out_position
                     if on_batch is not None:
                         on_batch(header, out_position)
+                    if BLOCK_HEADER_LENGTH + need > self.block_size_bytes:
+                        part_id = yield from self._fragments(f, piece.log_path, header, part_id, out_position)
+                        out_position += header.size_bytes
+                        prev_last = header.last_offset
+                        block_position = out_position
+                        continue
                     plan.append(header)
                     planned += need
                     out_position += header.size_bytes
@@ -239,21 +279,59 @@ class LedgerWriter:
                 if i == len(pieces) - 1 and prev_last != end_offset_inclusive:
                     raise SegmentRangeError(f"offsets {start_offset}..{end_offset_inclusive}: the pieces end at "
                                             f"offset {prev_last}")
-                yield self._emit(f, piece.log_path, plan, part_id, block_position)
-                part_id += 1
+                if plan:
+                    yield self._emit(f, piece.log_path, plan, part_id, block_position)
+                    part_id += 1
 
     def _start_buffers(self) -> None:
         self._bufs = [bytearray(self.block_size_bytes), bytearray(self.block_size_bytes)]
         self._turn = 0
 
+    def _fragments(self, f, log_path: str | os.PathLike[str], h: BatchHeader, part_id: int,
+                   log_position: int) -> Iterator[tuple[BlockDraft, memoryview]]:
+        """Yield the fragment blocks of batch ``h`` (too large for a block), each read into the next block buffer;
+        returns the part id after them. ``log_position`` is the batch's position in the copy's positions."""
+        payload = fragment_payload(self.block_size_bytes)
+        size = h.size_bytes
+        count = -(-size // payload)
+        entry_id = self.entry_count
+        crc = 0  # the batch's, from Attributes on, across the fragments
+        for k in range(count):
+            lo = k * payload
+            n = min(payload, size - lo)
+            self._turn ^= 1
+            buf = self._bufs[self._turn]
+            view = memoryview(buf)
+            block_length, at = frame_fragment(view, self.ledger_id, entry_id, k, count, size, n)
+            _read_scattered(f, log_path, [view[at:at + n]], h.position + lo)
+            address = buffer_address(buf)
+            set_fragment_crc(view, crc32c_at(buf, address, at, n))
+            if k == 0:
+                raw = view[at:at + BATCH_HEADER_SIZE]
+                if (int.from_bytes(raw[_BASE_OFFSET_FIELD], "big", signed=True) != h.base_offset
+                        or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
+                    raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
+                crc = crc32c_at(buf, address, at + ATTRIBUTES_OFFSET, n - ATTRIBUTES_OFFSET)
+            else:
+                crc = crc32c_at(buf, address, at, n, crc)
+            if k == count - 1 and crc != h.crc:
+                raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position}: CRC-32C "
+                                         f"0x{crc:08x} across its fragments, 0x{h.crc:08x} when scanned)")
+            yield BlockDraft(entry_id, part_id + k, 1, block_length, h.base_offset, h.last_offset, h.max_timestamp,
+                             log_position + lo, n, k, count), view[:block_length]
+        self.entry_count += 1
+        self.log_bytes += size
+        if self.first_offset is None:
+            self.first_offset = h.base_offset
+        self.last_offset = h.last_offset
+        self.max_timestamp_ms = max(self.max_timestamp_ms, h.max_timestamp)
+        return part_id + count
+
     def _emit(self, f, log_path: str | os.PathLike[str], plan: list[BatchHeader],
               part_id: int, log_position: int | None = None) -> tuple[BlockDraft, memoryview]:
         start = plan[0].position
         n = plan[-1].end_position - start
-        need = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH * len(plan) + n
         self._turn ^= 1
-        if len(self._bufs[self._turn]) < need:
-            self._bufs[self._turn] = bytearray(need)  # one batch larger than a block: a bigger buffer from now on
         view = memoryview(self._bufs[self._turn])
         first_entry_id = self.entry_count
         block_length, places = frame_block(view, self.ledger_id, first_entry_id, [h.size_bytes for h in plan])

@@ -25,15 +25,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
+from itertools import chain, islice
 from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 
-from rsm.api import BlockRange, IndexType, SegmentHandle
+from rsm.api import BlockRange, IndexType, LargeBatch, SegmentHandle
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError
 from rsm.format.block import (
+    BLOCK_HEADER_LENGTH,
     ENTRY_HEADER_LENGTH,
     LEDGER_ID_OFFSET,
+    BlockHeader,
     EntryReader,
     decode_block_header,
     read_block_header,
@@ -44,7 +47,8 @@ from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
 from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead
-from rsm.log.batch import BatchHeader, batch_crc, header_from_bytes
+from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log.batch import ATTRIBUTES_OFFSET, CRC_OFFSET, BatchHeader, batch_crc, header_from_bytes
 from rsm.log.errors import CorruptIndexError, CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
 from rsm.log.producer_snapshot import ProducerStateEntry, parse_producer_snapshot
@@ -62,13 +66,14 @@ _POOL = 4  # opened-block buffers an encrypted read keeps for reuse (_Opener._fr
 @dataclass(frozen=True, slots=True)
 class EntryView:
     """One verified entry: where it is and the batch it holds (``data`` is the batch, verbatim; ``header`` its
-    header, parsed once, ``position`` being the batch's position in the original ``.log``)."""
+    header, parsed once, ``position`` being the batch's position in the original ``.log``). A batch stored as
+    fragments read with ``large`` is a :class:`~rsm.api.LargeBatch` (``block`` is then its first fragment's)."""
 
     block: BlockInfo
     entry_id: int
     object_position: int  # position of the entry header in the data object
     header: BatchHeader
-    data: memoryview
+    data: memoryview | LargeBatch
 
     @property
     def log_position(self) -> int:
@@ -91,14 +96,22 @@ class EntryView:
 def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, log_position: int) -> BatchHeader:
     """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return its header (the
     batch's ``position`` being ``log_position``, where it was in the original ``.log``)."""
-    try:
-        h = header_from_bytes(data, log_position, key)
-    except CorruptRecordBatchError as err:
-        raise CorruptRemoteObjectError(f"bad record batch: {err}", key=key, position=position) from err
+    h = _check_header(data, block, key=key, position=position, log_position=log_position)
     actual = batch_crc(data)
     if actual != h.crc:
         raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{h.crc:08X}", key=key,
                                        position=position, kafka_offset=h.base_offset)
+    return h
+
+
+def _check_header(data: bytearray | memoryview, block: BlockInfo, *, key: str, position: int, log_position: int,
+                  size: int | None = None) -> BatchHeader:
+    """The header of the batch that ``data`` holds (or, with ``size``, begins: its first fragment), checked as far
+    as it goes without the CRC and against the block's offsets."""
+    try:
+        h = header_from_bytes(data, log_position, key, size=size)
+    except CorruptRecordBatchError as err:
+        raise CorruptRemoteObjectError(f"bad record batch: {err}", key=key, position=position) from err
     if h.base_offset < block.first_offset or h.last_offset > block.last_offset:
         raise CorruptRemoteObjectError(
             f"batch offsets {h.base_offset}..{h.last_offset} outside the block's "
@@ -198,7 +211,7 @@ class _Opener:
 
 
 def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, ledger_id: int,
-                       cipher: CopyCipher | None = None) -> Iterator[EntryView]:
+                       cipher: CopyCipher | None = None, large: bool = False) -> Iterator[EntryView]:
     """Verified entries of consecutive ``blocks`` of one object; ``stream`` starts at the first block.
 
     The framing is read by :mod:`rsm.format.block`; here each block is checked against the index and each entry
@@ -207,7 +220,7 @@ def iter_block_entries(stream: BinaryIO, blocks: list[BlockInfo], *, key: str, l
     opened block."""
     opener = None if cipher is None else _Opener(cipher, stream, blocks, key=key, ledger_id=ledger_id)
     try:
-        yield from _block_entries(stream, blocks, key=key, ledger_id=ledger_id, opener=opener)
+        yield from _block_entries(stream, blocks, key=key, ledger_id=ledger_id, opener=opener, large=large)
     finally:
         if opener is not None:
             opener.close()
@@ -227,8 +240,12 @@ class _Fetched:
 
 
 def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str, ledger_id: int,
-                   opener: _Opener | _Fetched | None) -> Iterator[EntryView]:
-    for block in blocks:
+                   opener: _Opener | _Fetched | None, large: bool = False) -> Iterator[EntryView]:
+    """Verified entries of ``blocks`` (read from ``stream``, or whole from ``opener``). A batch stored as fragments
+    (its run of blocks must be in ``blocks`` whole) is put together, or with ``large`` handed out as a
+    :class:`~rsm.api.LargeBatch` whose chunks are read from the same source when asked for (:func:`_fragments`)."""
+
+    def open_block(block: BlockInfo) -> tuple[BinaryIO | memoryview, BlockHeader]:
         pos = block.object_position
         src: BinaryIO | memoryview
         if opener is None:
@@ -246,6 +263,44 @@ def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str
         if hdr.ledger_id != ledger_id:
             raise CorruptRemoteObjectError(f"block of ledger {hdr.ledger_id}, expected {ledger_id}", key=key,
                                            position=pos + LEDGER_ID_OFFSET, kafka_offset=block.first_offset)
+        if (hdr.fragment_number, hdr.fragment_count) != (block.fragment_number, block.fragment_count):
+            raise CorruptRemoteObjectError(
+                f"block header says fragment {hdr.fragment_number} of {hdr.fragment_count}; the index says "
+                f"{block.fragment_number} of {block.fragment_count}", key=key, position=pos + LEDGER_ID_OFFSET + 8,
+                kafka_offset=block.first_offset)
+        return src, hdr
+
+    it = iter(blocks)
+    for block in it:
+        pos = block.object_position
+        src, hdr = open_block(block)
+        if hdr.fragment_count:
+            if hdr.fragment_number != 0:
+                raise CorruptRemoteObjectError(
+                    f"a read starts at fragment {hdr.fragment_number} of a batch (block {block.part_id})", key=key,
+                    position=pos, kafka_offset=block.first_offset)
+            run = [block, *islice(it, hdr.fragment_count - 1)]
+            if len(run) != hdr.fragment_count:
+                raise CorruptRemoteObjectError(
+                    f"a read ends inside a batch in {hdr.fragment_count} fragments (block {run[-1].part_id})",
+                    key=key, position=pos, kafka_offset=block.first_offset)
+            chunks = _fragments(run, src, hdr, open_block, key=key)
+            first = next(chunks)
+            h = _check_header(first, block, key=key, position=pos + BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH,
+                              log_position=block.log_position, size=hdr.entry_length)
+            if large:
+                yield EntryView(block, block.first_entry_id, pos + BLOCK_HEADER_LENGTH, h,
+                                LargeBatch(h, chain((first,), chunks)))  # type: ignore[arg-type]
+                for _ in chunks:  # what the caller did not take: read (the source stays in step) and checked
+                    pass
+            else:
+                whole = bytearray(h.size_bytes)
+                at = 0
+                for c in chain((first,), chunks):
+                    whole[at:at + len(c)] = c
+                    at += len(c)
+                yield EntryView(block, block.first_entry_id, pos + BLOCK_HEADER_LENGTH, h, memoryview(whole))
+            continue
         entries = EntryReader(src, hdr, key=key, position=pos)
         entries.kafka_offset = block.first_offset
         log_pos = block.log_position
@@ -272,6 +327,64 @@ def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str
                 f"block content ({count} entries, .log bytes {log_pos - block.log_position}, last offset "
                 f"{prev_last}) does not match the index ({block.entry_count}, {block.log_bytes}, "
                 f"{block.last_offset})", key=key, position=pos, kafka_offset=block.first_offset)
+
+
+def _crc32c(view: memoryview, crc: int = 0) -> int:
+    """CRC-32C of ``view`` extending ``crc``, without a copy (a writable view through its address)."""
+    if view.readonly:
+        return google_crc32c.extend(crc, view)
+    return crc32c_at(view, buffer_address(view), 0, len(view), crc)  # type: ignore[arg-type]
+
+
+def _fragments(run: list[BlockInfo], src: BinaryIO | memoryview, hdr: BlockHeader,
+               open_block: Callable[[BlockInfo], tuple[BinaryIO | memoryview, BlockHeader]], *,
+               key: str) -> Iterator[memoryview]:
+    """The fragments of one batch, in order, each checked (its entry, length and CRC-32C) before it is yielded; the
+    first block is already open (``src``, ``hdr``), the others are opened here as they are reached. After the last,
+    the batch's CRC-32C across them is checked against its header's."""
+    total = hdr.entry_length
+    got = 0
+    crc = stored_crc = 0
+    for k, block in enumerate(run):
+        if k:
+            src, hdr = open_block(block)
+            if hdr.entry_length != total:
+                raise CorruptRemoteObjectError(
+                    f"fragment {k} says its batch has {hdr.entry_length} bytes, fragment 0 said {total}", key=key,
+                    position=block.object_position, kafka_offset=block.first_offset)
+        entries = EntryReader(src, hdr, key=key, position=block.object_position)
+        entries.kafka_offset = block.first_offset
+        frags = list(entries)
+        if len(frags) != 1:
+            raise CorruptRemoteObjectError(f"fragment block holds {len(frags)} entries, not 1", key=key,
+                                           position=block.object_position, kafka_offset=block.first_offset)
+        _, p, data = frags[0]
+        data_pos = p + ENTRY_HEADER_LENGTH
+        view = memoryview(data)
+        if len(view) != block.log_bytes or block.log_position != run[0].log_position + got:
+            raise CorruptRemoteObjectError(
+                f"fragment {k} holds {len(view)} bytes at batch byte {got}; the index says {block.log_bytes} at "
+                f"{block.log_position - run[0].log_position}", key=key, position=data_pos,
+                kafka_offset=block.first_offset)
+        actual = _crc32c(view)
+        if actual != hdr.fragment_crc32c:
+            raise CorruptRemoteObjectError(
+                f"fragment {k} CRC-32C 0x{actual:08X} does not match stored 0x{hdr.fragment_crc32c:08X}", key=key,
+                position=data_pos, kafka_offset=block.first_offset)
+        if k == 0:
+            stored_crc = int.from_bytes(view[CRC_OFFSET:ATTRIBUTES_OFFSET], "big")
+            crc = _crc32c(view[ATTRIBUTES_OFFSET:])
+        else:
+            crc = _crc32c(view, crc)
+        got += len(view)
+        if got > total or (k == len(run) - 1 and got != total):
+            raise CorruptRemoteObjectError(f"fragments hold {got} bytes of a {total}-byte batch", key=key,
+                                           position=data_pos, kafka_offset=block.first_offset)
+        if k == len(run) - 1 and crc != stored_crc:
+            raise CorruptRemoteObjectError(
+                f"batch CRC-32C 0x{crc:08X} across its {len(run)} fragments does not match stored 0x{stored_crc:08X}",
+                key=key, position=run[0].object_position, kafka_offset=block.first_offset)
+        yield view
 
 
 class _ChunkStream(io.RawIOBase):
@@ -325,14 +438,15 @@ class SegmentReader(SegmentHandle):
     # -- the SegmentHandle -------------------------------------------------------------------------------------
 
     def batches(self, from_offset: int, end_offset_inclusive: int, *, first_block: int | None = None,
-                last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview]]:
+                last_block: int | None = None, large: bool = False,
+                ) -> Iterator[tuple[BatchHeader, memoryview | LargeBatch]]:
         """See :meth:`rsm.api.SegmentHandle.batches`."""
         if first_block is None:
             block = self.ledger.block_for_offset(from_offset)
             if block is None:
                 return
             first_block = block.part_id
-        for e in self.iter_entries(first_block, last_block):
+        for e in self.iter_entries(first_block, last_block, large=large):
             h = e.header
             if h.last_offset < from_offset:
                 continue
@@ -349,7 +463,8 @@ class SegmentReader(SegmentHandle):
             if b.last_offset < from_offset or b.first_offset > end_offset_inclusive or (
                     min_timestamp_ms is not None and b.max_timestamp_ms < min_timestamp_ms):
                 continue
-            if groups and groups[-1][-1].part_id + 1 == b.part_id and size + b.log_bytes <= max_log_bytes:
+            if groups and groups[-1][-1].part_id + 1 == b.part_id and (
+                    size + b.log_bytes <= max_log_bytes or b.fragment_number > 0):  # a batch's fragments: one run
                 groups[-1].append(b)
                 size += b.log_bytes
             else:
@@ -394,12 +509,19 @@ class SegmentReader(SegmentHandle):
 
     # -- entries -----------------------------------------------------------------------------------------------
 
-    def iter_entries(self, first_block: int = 0, last_block: int | None = None) -> Iterator[EntryView]:
+    def iter_entries(self, first_block: int = 0, last_block: int | None = None, *,
+                     large: bool = False) -> Iterator[EntryView]:
         """Verified entries of blocks ``first_block..last_block`` (inclusive): one GET per data object streamed, or
         with :attr:`read_ahead_bytes` (a plain copy, several blocks, each within half the budget) ranged GETs of
-        about :attr:`read_ahead_request_bytes` each, in flight within that budget."""
+        about :attr:`read_ahead_request_bytes` each, in flight within that budget. A bound inside a batch stored as
+        fragments is widened to the whole batch (its fragments are in one data object); such a batch is put
+        together whole, or with ``large`` handed out as a :class:`~rsm.api.LargeBatch`."""
         blocks = self.ledger.blocks
         last_block = len(blocks) - 1 if last_block is None else last_block
+        if blocks:
+            first_block -= blocks[first_block].fragment_number
+            b = blocks[last_block]
+            last_block += max(0, b.fragment_count - 1 - b.fragment_number)
         i = first_block
         while i <= last_block:
             obj = blocks[i].object_number
@@ -416,7 +538,7 @@ class SegmentReader(SegmentHandle):
                 fetched = iter(ahead)
                 try:
                     yield from _block_entries(None, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
-                                              opener=_Fetched(fetched))
+                                              opener=_Fetched(fetched), large=large)
                 finally:
                     fetched.close()  # type: ignore[attr-defined]
                 i = j + 1
@@ -427,7 +549,7 @@ class SegmentReader(SegmentHandle):
                 continue
             with self.store.get(key, start, end) as stream:
                 yield from iter_block_entries(stream, list(blocks[i:j + 1]), key=key, ledger_id=self.ledger.ledger_id,
-                                              cipher=self.ledger.cipher)
+                                              cipher=self.ledger.cipher, large=large)
             i = j + 1
 
     def _one_block(self, i: int, cache: BlockCache) -> Iterator[EntryView]:
@@ -525,17 +647,25 @@ class SegmentReader(SegmentHandle):
                                  READ_CHUNK_BYTES)  # type: ignore[return-value]
 
     def _log_chunks(self, first: int, last: int, start: int, end: int) -> Iterator[memoryview]:
-        for e in self.iter_entries(first, last):
+        for e in self.iter_entries(first, last, large=True):
             e_end = e.log_position + len(e.data)
             if e_end <= start:
                 continue
             if e.log_position > end:
                 return
-            lo = max(start, e.log_position) - e.log_position
-            hi = min(end + 1, e_end) - e.log_position
-            if self._on_bytes is not None:
-                self._on_bytes(hi - lo)
-            yield e.data[lo:hi]
+            pieces = e.data.chunks() if isinstance(e.data, LargeBatch) else (e.data,)
+            at = e.log_position  # of the piece in the original .log
+            for piece in pieces:
+                p_end = at + len(piece)
+                if p_end > start and at <= end:
+                    lo = max(start, at) - at
+                    hi = min(end + 1, p_end) - at
+                    if self._on_bytes is not None:
+                        self._on_bytes(hi - lo)
+                    yield piece[lo:hi]
+                if p_end > end:
+                    return  # the rest of the batch is not needed
+                at = p_end
             if e_end > end:
                 return  # stop reading the object: the rest of the range is not needed
 

@@ -349,8 +349,9 @@ def _check_zero_tail(f: BinaryIO, path: str | os.PathLike[str], view: memoryview
 
 
 def header_from_bytes(data: bytes | memoryview, position: int = 0,
-                      path: str | os.PathLike[str] = "<batch bytes>") -> BatchHeader:
-    """The header of the batch whose verbatim bytes are ``data`` (e.g. a remote entry), found at ``position``.
+                      path: str | os.PathLike[str] = "<batch bytes>", *, size: int | None = None) -> BatchHeader:
+    """The header of the batch whose verbatim bytes are ``data`` (e.g. a remote entry), found at ``position``;
+    with ``size``, ``data`` is only the batch's start (a large batch's first fragment) and ``size`` its length.
 
     Checks what the scan checks short of the CRC: magic, length against ``len(data)``, offsets. Raises
     :class:`CorruptRecordBatchError` naming ``path`` and ``position``.
@@ -362,16 +363,17 @@ def header_from_bytes(data: bytes | memoryview, position: int = 0,
      count) = HEADER.unpack_from(data, 0)
     if magic != CURRENT_MAGIC:
         raise CorruptRecordBatchError(path, position, f"expected magic {CURRENT_MAGIC}, found {magic}")
-    if length + LOG_OVERHEAD != len(data) or length < MIN_BATCH_LENGTH:
+    total = len(data) if size is None else size
+    if length + LOG_OVERHEAD != total or length < MIN_BATCH_LENGTH:
         raise CorruptRecordBatchError(path, position, f"batch length {length} + {LOG_OVERHEAD} does not match "
-                                      f"the {len(data)} bytes given")
+                                      f"the {total} bytes given")
     if attrs & _CODEC_MASK > _MAX_CODEC:
         raise CorruptRecordBatchError(path, position, f"unknown compression codec {attrs & _CODEC_MASK} in "
                                       f"attributes 0x{attrs & 0xFFFF:04x}")
     if base < 0 or last_delta < 0 or count < 0 or count > last_delta + 1:
         raise CorruptRecordBatchError(path, position, f"impossible offsets: base offset {base}, last offset delta "
                                       f"{last_delta}, record count {count}")
-    return _make_header(position, base, base + last_delta, len(data), epoch, magic, crc, attrs, base_ts, max_ts,
+    return _make_header(position, base, base + last_delta, total, epoch, magic, crc, attrs, base_ts, max_ts,
                        pid, pepoch, bseq, count)
 
 

@@ -1,0 +1,96 @@
+"""A record batch of hundreds of MiB, written and checked without holding it, and peak memory of a child process.
+
+Issue 26 (PDP-43): a batch larger than a block is copied and read back in bounded memory. The batch here is one
+uncompressed record whose value is :func:`value_chunks` (a deterministic pattern, regenerated to check a read
+byte-exact); the segment around it holds small batches (:mod:`tests.support.batches`). The memory is measured in
+a child process (:func:`run_measured`): the peak resident set above the process's idle size, from ``/proc``
+(``VmHWM`` after resetting it through ``/proc/self/clear_refs``), so the test's own buffers do not count.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from rsm.log._crc32c import buffer_address, crc32c_at
+from tests.support.batches import BASE_TS, _zigzag, one_per_batch
+
+__all__ = ["CHUNK", "big_batch_segment", "peak_above_idle", "reset_peak", "run_measured", "value_chunks"]
+
+CHUNK = 1 << 20
+MiB = 1 << 20
+
+
+def value_chunks(size: int) -> Iterator[bytes]:
+    """The big record's value, ``CHUNK`` bytes at a time: chunk ``k`` is its index, then a fixed pattern (so a
+    misplaced chunk is seen)."""
+    pattern = bytes(range(256)) * (CHUNK // 256)
+    for k in range(0, size, CHUNK):
+        n = min(CHUNK, size - k)
+        yield (struct.pack(">q", k) + pattern)[:n]
+
+
+def _write_big_batch(f, base_offset: int, value_size: int) -> int:
+    """Append a v2 batch of one record (no key, ``value_size`` bytes of :func:`value_chunks`) to ``f``; its CRC
+    is computed as it is written. Returns the batch's size."""
+    body_head = b"\x00" + _zigzag(0) + _zigzag(0) + _zigzag(-1) + _zigzag(value_size)
+    body_len = len(body_head) + value_size + 1  # + the header count (0)
+    record_head = _zigzag(body_len) + body_head
+    tail = struct.pack(">hiqqqhii", 0, 0, BASE_TS, BASE_TS, -1, -1, -1, 1)
+    batch_length = 4 + 1 + 4 + len(tail) + len(record_head) + value_size + 1
+    start = f.tell()
+    f.write(struct.pack(">qiibI", base_offset, batch_length, 0, 2, 0))
+    crc = 0
+    for part in (tail, record_head, *value_chunks(value_size), b"\x00"):
+        buf = bytearray(part)
+        crc = crc32c_at(buf, buffer_address(buf), 0, len(buf), crc)
+        f.write(buf)
+    end = f.tell()
+    f.seek(start + 17)
+    f.write(struct.pack(">I", crc))
+    f.seek(end)
+    return end - start
+
+
+def big_batch_segment(path: Path, value_size: int, *, small_before: int = 10, small_after: int = 10) -> dict:
+    """A ``.log`` at ``path``: ``small_before`` one-record batches from offset 0, the big batch, then
+    ``small_after`` more. Returns its offsets: ``{"big_offset", "end_offset", "big_size"}``."""
+    with open(path, "wb") as f:
+        for b in one_per_batch(0, small_before, b"before"):
+            f.write(b)
+        size = _write_big_batch(f, small_before, value_size)
+        for b in one_per_batch(small_before + 1, small_after, b"after"):
+            f.write(b)
+    return {"big_offset": small_before, "end_offset": small_before + small_after, "big_size": size}
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
+
+
+def reset_peak() -> int:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS; returns that RSS in KiB (the idle size)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
+
+
+def peak_above_idle(idle_kib: int) -> int:
+    """Bytes the peak RSS reached above ``idle_kib`` since :func:`reset_peak`."""
+    return (_status_kib("VmHWM") - idle_kib) * 1024
+
+
+def run_measured(code: str, *, timeout: float = 600) -> dict:
+    """Run ``code`` in a child Python (this checkout on its path); it prints one JSON object as its last line,
+    which is returned. The code measures itself with :func:`reset_peak` / :func:`peak_above_idle`."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise AssertionError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
