@@ -25,6 +25,7 @@ from __future__ import annotations
 from rlm.tier.chain import Lineage, chain_gaps, lineage_of, remote_chain, unchained
 from rlm.tier.isolation import Isolation
 from rlm.tier.reader import (
+    LargeRemoteRecord,
     OffsetOutOfRangeError,
     RemoteReader,
     RemoteRecord,
@@ -41,6 +42,7 @@ __all__ = [
     "Decided",
     "FetchResult",
     "Isolation",
+    "LargeRemoteRecord",
     "Lineage",
     "OffsetOutOfRangeError",
     "PartitionTier",

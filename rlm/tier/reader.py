@@ -38,12 +38,13 @@ from rlm.tier.chain import remote_chain
 from rlm.tier.isolation import Isolation
 from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
-from rsm.api import BlockRange, RemoteStorageManagerApi, SegmentHandle
-from rsm.log.batch import BatchHeader
+from rsm.api import BlockRange, LargeBatch, RemoteStorageManagerApi, SegmentHandle
+from rsm.log.batch import BatchHeader, Codec
 from rsm.log.indexes import AbortedTxn
-from rsm.log.records import iter_raw_records
+from rsm.log.records import StreamedRecord, iter_raw_records, iter_streamed_records
 
 __all__ = [
+    "LargeRemoteRecord",
     "OffsetOutOfRangeError",
     "RemoteReader",
     "RemoteRecord",
@@ -72,6 +73,37 @@ class RemoteRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     leader_epoch: int
+
+
+class LargeRemoteRecord:
+    """A record whose value is too large to hold (over :data:`rsm.log.records.INLINE_VALUE_BYTES`, in a batch
+    stored as fragments): as :class:`RemoteRecord`, but the value is :meth:`value_chunks` (``value_size`` bytes) and
+    the headers :meth:`headers` (they follow the value in the batch). Both must be taken before the next record is
+    asked for (:meth:`RemoteReader.read` with ``large``)."""
+
+    __slots__ = ("key", "leader_epoch", "offset", "partition", "record", "timestamp", "timestamp_type", "topic")
+
+    def __init__(self, topic: str, partition: int, record: StreamedRecord, timestamp_type: int,
+                 leader_epoch: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = record.offset
+        self.timestamp = record.timestamp
+        self.timestamp_type = timestamp_type
+        self.key = record.key
+        self.leader_epoch = leader_epoch
+        self.record = record
+
+    @property
+    def value_size(self) -> int:
+        return self.record.value_size
+
+    def value_chunks(self) -> Iterator[memoryview]:
+        """The value's bytes, in chunks (each valid until the next is asked for); once."""
+        return self.record.value_chunks()
+
+    def headers(self) -> tuple[tuple[str, bytes | None], ...]:
+        return tuple(self.record.headers())
 
 
 class RemoteReader:
@@ -122,11 +154,17 @@ class RemoteReader:
     # -------------------------------------------------------------------------------------------- reads
     def read(self, tp: TopicIdPartition, from_offset: int, *, max_bytes: int | None = None,
              max_records: int | None = None, isolation: Isolation = Isolation.READ_UNCOMMITTED,
-             to_offset_inclusive: int | None = None) -> Iterator[RemoteRecord]:
+             to_offset_inclusive: int | None = None,
+             large: bool = False) -> Iterator[RemoteRecord | LargeRemoteRecord]:
         """Records from ``from_offset`` on, in offset order, across segments.
 
         ``max_bytes`` bounds the batch bytes read (at least one batch is always returned, as Kafka does);
         raises :class:`OffsetOutOfRangeError` when ``from_offset`` is outside the remote tier.
+
+        With ``large``, a batch stored as fragments (larger than a block) is read in chunks, never held whole: when
+        uncompressed its records are decoded from the chunks and one whose value is over
+        :data:`rsm.log.records.INLINE_VALUE_BYTES` is a :class:`LargeRemoteRecord` (its value in chunks); a
+        compressed one is still decompressed whole. Without it every record is a :class:`RemoteRecord`.
         """
         started = time.monotonic()
         segs = self.segments(tp)
@@ -147,7 +185,8 @@ class RemoteReader:
                 seg = self.rsm.open_segment(to_rsm(md))
                 want = max(from_offset, md.start_offset)
                 key = seg.name
-                for h, data, visible in iter_segment_batches(seg, want, md.end_offset_inclusive, aborted=aborted):
+                for h, data, visible in iter_segment_batches(seg, want, md.end_offset_inclusive, aborted=aborted,
+                                                             large=large):
                     if max_bytes is not None and read_bytes > 0 and read_bytes + h.size_bytes > max_bytes:
                         return
                     read_bytes += h.size_bytes
@@ -155,6 +194,27 @@ class RemoteReader:
                     if not visible:
                         continue
                     ts_type = 1 if h.timestamp_type else 0
+                    if isinstance(data, LargeBatch):
+                        if h.codec == Codec.NONE:
+                            for sr in iter_streamed_records(h, data.chunks(), path=key):
+                                off = sr.offset
+                                if off < want or off > md.end_offset_inclusive:
+                                    continue
+                                if to_offset_inclusive is not None and off > to_offset_inclusive:
+                                    return
+                                if sr.streamed:
+                                    yield LargeRemoteRecord(tp.topic, tp.partition, sr, ts_type,
+                                                            h.partition_leader_epoch)
+                                else:
+                                    hdrs = sr.headers()
+                                    yield RemoteRecord(tp.topic, tp.partition, off, sr.timestamp, ts_type, sr.key,
+                                                       sr.value, tuple(hdrs) if hdrs else (),
+                                                       h.partition_leader_epoch)
+                                n_records += 1
+                                if max_records is not None and n_records >= max_records:
+                                    return
+                            continue
+                        data = memoryview(data.read())  # compressed: decoded whole
                     for r in iter_raw_records(h, data, path=key):
                         off = r.offset
                         if off < want or off > md.end_offset_inclusive:
@@ -173,7 +233,8 @@ class RemoteReader:
 
 def iter_segment_batches(seg: SegmentHandle, from_offset: int, end_offset_inclusive: int, *,
                          aborted: Sequence[AbortedTxn] = (), first_block: int | None = None,
-                         last_block: int | None = None) -> Iterator[tuple[BatchHeader, memoryview, bool]]:
+                         last_block: int | None = None,
+                         large: bool = False) -> Iterator[tuple[BatchHeader, memoryview | LargeBatch, bool]]:
     """The verified batches of one remote segment that hold offsets ``from_offset..end_offset_inclusive``, in
     order: ``(header, batch bytes, visible)``, where ``visible`` says a consumer sees the batch's records (it is
     not a control batch and not in one of the ``aborted`` transactions: pass those only for read_committed).
@@ -181,9 +242,11 @@ def iter_segment_batches(seg: SegmentHandle, from_offset: int, end_offset_inclus
     Reads blocks ``first_block..last_block`` (default: from the block holding ``from_offset`` to the last) with
     one ranged GET per data object; the caller still drops records outside the range inside the edge batches.
     The one decision of what a reader sees: :meth:`RemoteReader.read`, the tier view's fetches and the Spark
-    executors (:mod:`rlm.spark`).
+    executors (:mod:`rlm.spark`). With ``large``, a batch stored as fragments is a :class:`rsm.api.LargeBatch`
+    (:meth:`rsm.api.SegmentHandle.batches`).
     """
-    for h, data in seg.batches(from_offset, end_offset_inclusive, first_block=first_block, last_block=last_block):
+    for h, data in seg.batches(from_offset, end_offset_inclusive, first_block=first_block, last_block=last_block,
+                               large=large):
         yield h, data, not h.is_control and not (
             aborted and h.is_transactional and is_aborted(aborted, h.producer_id, h.base_offset))
 

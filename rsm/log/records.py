@@ -26,6 +26,10 @@ the codecs') are wrapped into :class:`CorruptRecordBatchError` naming ``path`` (
 passes it) and the batch's position in it.
 :func:`iter_raw_records` hands out aiokafka's own record objects (no copy into our dataclass) for hot paths;
 :func:`decode_records` returns frozen :class:`Record` values.
+
+A batch too large to hold (stored as fragments, read as :class:`rsm.api.LargeBatch` chunks; PDP-43) is decoded
+from its chunks by :func:`iter_streamed_records` when uncompressed: each record's key and headers are bytes, a
+value over ``inline_bytes`` is handed out in chunks (:class:`StreamedRecord`), never held whole.
 """
 
 from __future__ import annotations
@@ -56,9 +60,11 @@ __all__ = [
     "ControlType",
     "Record",
     "RecordView",
+    "StreamedRecord",
     "control_type",
     "decode_records",
     "iter_raw_records",
+    "iter_streamed_records",
 ]
 
 CONTROL_KEY = struct.Struct(
@@ -191,3 +197,169 @@ def control_type(batch: BatchHeader, data: bytes | memoryview, *,
             path, batch.position, f"control record key: expected version 0 and type 0/1, found version "
             f"{version} type {kind}")
     return ControlType(kind)
+
+
+# -- records of a batch read in chunks (uncompressed) -------------------------------------------------------------
+
+INLINE_VALUE_BYTES = 1 << 20
+"""Values up to this size are bytes in a :class:`StreamedRecord`; larger ones are handed out in chunks."""
+
+
+class _Chunked:
+    """Sequential reads over an iterator of byte chunks; ``consumed`` counts the bytes taken."""
+
+    __slots__ = ("_chunks", "_cur", "_fail", "consumed")
+
+    def __init__(self, chunks: Iterator[memoryview], fail) -> None:  # type: ignore[no-untyped-def]
+        self._chunks = chunks
+        self._cur = memoryview(b"")
+        self._fail = fail
+        self.consumed = 0
+
+    def _more(self) -> bool:
+        while not self._cur:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return False
+            self._cur = memoryview(nxt).cast("B")
+        return True
+
+    def at_end(self) -> bool:
+        return not self._more()
+
+    def byte(self) -> int:
+        if not self._more():
+            raise self._fail("the batch ends inside a record")
+        b = self._cur[0]
+        self._cur = self._cur[1:]
+        self.consumed += 1
+        return b
+
+    def varint(self) -> int:
+        """A zigzag varint (Kafka's Varint / Varlong)."""
+        shift = raw = 0
+        while True:
+            b = self.byte()
+            raw |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return (raw >> 1) ^ -(raw & 1)
+            shift += 7
+            if shift > 63:
+                raise self._fail("a varint longer than 10 bytes")
+
+    def take(self, n: int) -> bytes:
+        return b"".join(bytes(c) for c in self.pieces(n))
+
+    def pieces(self, n: int) -> Iterator[memoryview]:
+        """The next ``n`` bytes, as views of the chunks (valid until the next read)."""
+        while n > 0:
+            if not self._more():
+                raise self._fail(f"the batch ends {n} bytes before the end of a field")
+            k = min(n, len(self._cur))
+            piece, self._cur = self._cur[:k], self._cur[k:]
+            self.consumed += k
+            n -= k
+            yield piece
+
+
+class StreamedRecord:
+    """A record of a batch read in chunks (:func:`iter_streamed_records`). ``value`` is the value's bytes (None: a
+    tombstone) unless it is over the inline size: then ``value`` is None, ``value_size`` its length and
+    :meth:`value_chunks` its bytes, once, before the next record. :meth:`headers` come after the value in the
+    batch: asking for them reads past what of the value was not taken."""
+
+    __slots__ = ("_headers", "_rest", "_src", "_value_left", "key", "offset", "timestamp", "value", "value_size")
+
+    def __init__(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None, value_size: int,
+                 src: _Chunked | None, rest) -> None:  # type: ignore[no-untyped-def]
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.value_size = value_size
+        self._src = src
+        self._value_left = value_size if src is not None else 0
+        self._rest = rest
+        self._headers: list[tuple[str, bytes | None]] | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the value is handed out in chunks (:meth:`value_chunks`) rather than as ``value``."""
+        return self._src is not None
+
+    def value_chunks(self) -> Iterator[memoryview]:
+        """The value's bytes in chunks (views valid until the next is asked for); once."""
+        if self._src is None:
+            if self.value is not None:
+                yield memoryview(self.value)
+            return
+        src, self._src = self._src, None
+        for piece in src.pieces(self._value_left):
+            self._value_left -= len(piece)
+            yield piece
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        """The record's headers (read after the rest of the value, which is skipped if not taken)."""
+        if self._headers is None:
+            for _ in self.value_chunks():
+                pass
+            self._headers = self._rest()
+        return self._headers
+
+
+def iter_streamed_records(batch: BatchHeader, chunks: Iterator[memoryview], *,
+                          path: str | os.PathLike[str] = "<batch bytes>",
+                          inline_bytes: int = INLINE_VALUE_BYTES) -> Iterator[StreamedRecord]:
+    """The records of an uncompressed batch whose verbatim bytes are ``chunks`` (the batch header included), each
+    taken in turn: a record's value and headers must be read (or are skipped) before the next record is asked for.
+    Raises :class:`CorruptRecordBatchError` as :func:`iter_raw_records` does (during the iteration: the batch is
+    not held), and ``ValueError`` for a compressed batch (decode those whole)."""
+    if batch.codec != 0:
+        raise ValueError(f"the batch at offset {batch.base_offset} is compressed ({batch.codec.name.lower()}): "
+                         "streamed records are read from uncompressed batches only")
+
+    def fail(detail: str) -> CorruptRecordBatchError:
+        return CorruptRecordBatchError(path, batch.position, f"records of the batch at offset {batch.base_offset}: "
+                                       f"{detail} (at batch byte {src.consumed})")
+
+    src = _Chunked(chunks, fail)
+    for _ in src.pieces(HEADER.size):
+        pass
+    log_append = bool(batch.timestamp_type)
+    prev = batch.base_offset - 1
+    for _ in range(batch.record_count):
+        length = src.varint()
+        start = src.consumed
+        src.byte()  # attributes
+        ts_delta = src.varint()
+        offset = batch.base_offset + src.varint()
+        if offset <= prev or offset > batch.last_offset:
+            raise fail(f"record offset {offset} is outside {prev + 1}..{batch.last_offset}")
+        prev = offset
+        key_len = src.varint()
+        key = None if key_len < 0 else src.take(key_len)
+        value_len = src.varint()
+
+        def rest(start: int = start, length: int = length, offset: int = offset) -> list[tuple[str, bytes | None]]:
+            headers = []
+            for _ in range(src.varint()):
+                name = src.take(src.varint())
+                vlen = src.varint()
+                try:
+                    headers.append((name.decode("utf-8"), None if vlen < 0 else src.take(vlen)))
+                except UnicodeDecodeError as err:
+                    raise fail(f"a header key of the record at offset {offset} is not UTF-8") from err
+            if src.consumed - start != length:
+                raise fail(f"record at offset {offset} has {src.consumed - start} bytes, its length says {length}")
+            return headers
+
+        timestamp = batch.max_timestamp if log_append else batch.base_timestamp + ts_delta
+        if value_len > inline_bytes:
+            record = StreamedRecord(offset, timestamp, key, None, value_len, src, rest)
+        else:
+            value = None if value_len < 0 else src.take(value_len)
+            record = StreamedRecord(offset, timestamp, key, value, max(value_len, 0), None, rest)
+        yield record
+        record.headers()  # what the caller did not read of the record
+    if not src.at_end():
+        raise fail(f"bytes after the last of {batch.record_count} records")

@@ -16,10 +16,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy as _Builder
+
 from rsm.log._crc32c import buffer_address, crc32c_at
 from tests.support.batches import BASE_TS, _zigzag, one_per_batch
 
-__all__ = ["CHUNK", "big_batch_segment", "peak_above_idle", "reset_peak", "run_measured", "value_chunks"]
+__all__ = ["CHUNK", "RECORDS", "big_batch_segment", "chunked", "make_batch", "peak_above_idle", "reset_peak",
+           "run_measured", "value_chunks"]
 
 CHUNK = 1 << 20
 MiB = 1 << 20
@@ -94,3 +97,29 @@ def run_measured(code: str, *, timeout: float = 600) -> dict:
     if out.returncode != 0:
         raise AssertionError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+RECORDS = [
+    (b"k0", b"small", [("h", b"x"), ("null", None)]),
+    (None, None, []),  # a tombstone without a key
+    (b"big", bytes(range(256)) * 40, [("after", b"the value")]),  # 10 KiB: streamed at inline_bytes=1000
+    (b"", "é€😀 text split across chunks ".encode() * 50, []),
+    (b"k4", b"", [("", b"")]),
+]
+"""Records of every shape (keys, tombstones, headers, multi-byte UTF-8) for :func:`make_batch`."""
+
+
+def make_batch(records: list, *, compression: int = 0, base_offset: int = 100) -> bytes:
+    """A v2 batch (aiokafka's builder) of ``(key, value, headers)`` records, offsets from ``base_offset``."""
+    b = _Builder(magic=2, compression_type=compression, is_transactional=0, producer_id=-1, producer_epoch=-1,
+                 base_sequence=-1, batch_size=1 << 30)
+    for i, (key, value, headers) in enumerate(records):
+        b.append(i, 1_700_000_000_000 + i, key, value, headers)
+    raw = bytearray(b.build())
+    raw[0:8] = base_offset.to_bytes(8, "big")  # not covered by the CRC
+    return bytes(raw)
+
+
+def chunked(raw: bytes, n: int) -> Iterator[memoryview]:
+    """``raw`` in views of ``n`` bytes (the last shorter)."""
+    return (memoryview(raw)[i:i + n] for i in range(0, len(raw), n))
