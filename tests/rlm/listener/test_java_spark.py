@@ -16,31 +16,24 @@ rolled segment: its log start offset is past every offset read here (asserted). 
 (:func:`rlm.listener.start_listener`) serves the tier on a free port.
 
 The clients run as their own processes, at once: the console consumer prints with control-character separators
-and ``null.literal`` (raw bytes: no deserializer), Spark runs in a child Python process (this file, run as a
-script) whose JVM gets the connector's jars at launch, and writes its rows as JSON.
+and ``null.literal`` (raw bytes: no deserializer), Spark runs in a child Python process
+(:mod:`tests.support.spark_kafka_child`) whose JVM gets the connector's jars at launch, and writes its rows as JSON.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-if __name__ == "__main__":  # the Spark child process: the checkout on sys.path, nothing else imported
-    sys.path.insert(0, str(ROOT))
-
-from devtools.devkafka import KafkaCluster  # noqa: E402
+from devtools.devkafka import KafkaCluster
+from tests.support import spark_kafka_child
 
 MiB = 1024 * 1024
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -266,15 +259,11 @@ def runs(tiered: Tiered, kafka: KafkaCluster, tmp_path_factory: pytest.TempPathF
     h = tiered
     tmp = tmp_path_factory.mktemp("history-clients")
     version, jars = spark_kafka_jars(pyspark.__version__)
-    spec = tmp / "spark.json"
-    spec.write_text(json.dumps({"jars": [str(j) for j in jars], "reads": spark_reads(h),
-                                "out": str(tmp / "spark-rows.json")}))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
     before = _requests(REQUESTS)
     started = time.monotonic()
     spark_log = open(tmp / "spark.log", "wb")  # noqa: SIM115 - closed below
-    procs = {"spark": subprocess.Popen([sys.executable, __file__, str(spec)], cwd=ROOT, env=env,
-                                       stdout=spark_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)}
+    procs = {"spark": spark_kafka_child.start(jars, spark_reads(h), tmp / "spark-rows.json", tmp / "spark.json",
+                                              spark_log)}
     n_main = len(h.records[(h.main, 0)])
     consoles = {"main": (h.main, n_main, "read_uncommitted"),
                 "codecs": (h.codecs, len(h.records[(h.codecs, 0)]), "read_uncommitted"),
@@ -302,7 +291,7 @@ def runs(tiered: Tiered, kafka: KafkaCluster, tmp_path_factory: pytest.TempPathF
         spark_log.close()
     after = _requests(REQUESTS)
     return Runs({name: parse_console(out[name][0]) for name in consoles},
-                json.loads((tmp / "spark-rows.json").read_text()), version, seconds,
+                spark_kafka_child.load(tmp / "spark-rows.json"), version, seconds,
                 {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)})
 
 
@@ -361,80 +350,25 @@ def _spark_expected(h: Tiered, tps: list[tuple[str, int]], *, timestamps: bool =
             for t, p in tps for o, r in h.records[(t, p)].items() if keep((t, p), o)}
 
 
-def _spark_got(rows: list[dict[str, Any]], *, timestamps: bool = True) -> dict[tuple[str, int, int], tuple]:
-    out: dict[tuple[str, int, int], tuple] = {}
-    for r in rows:
-        k = (r["topic"], r["partition"], r["offset"])
-        assert k not in out, f"{k} returned twice"
-        hdrs = None if r["headers"] is None else tuple((hk, _unb64(hv)) for hk, hv in r["headers"])
-        out[k] = (_unb64(r["key"]), _unb64(r["value"]), hdrs, r["ts"] if timestamps else None, r["timestampType"])
-    return out
-
-
 def test_spark_kafka_source_reads_every_row(tiered: Tiered, runs: Runs) -> None:
     h = tiered
     want = _spark_expected(h, [(h.main, 0), (h.main, 1), (h.codecs, 0)])
-    got = _spark_got(runs.spark["subscribe"])
+    got = spark_kafka_child.rows(runs.spark["subscribe"])
     assert len(got) == len(want)
     assert got == want
-    assigned = _spark_got(runs.spark["assign"])
+    assigned = spark_kafka_child.rows(runs.spark["assign"])
     assert assigned == _spark_expected(h, [(h.main, 1), (h.codecs, 0)])
 
 
 def test_spark_kafka_source_read_committed(tiered: Tiered, runs: Runs) -> None:
     h = tiered
-    got = _spark_got(runs.spark["read_committed"], timestamps=False)
+    got = spark_kafka_child.rows(runs.spark["read_committed"], timestamps=False)
     assert got == _spark_expected(h, [(h.txn, 0)], timestamps=False, keep=lambda _tp, o: o in h.committed)
 
 
 def test_spark_kafka_source_starting_offsets_by_timestamp(tiered: Tiered, runs: Runs) -> None:
     h = tiered
     _ts, first = h.round_start[2]
-    got = _spark_got(runs.spark["by_timestamp"])
+    got = spark_kafka_child.rows(runs.spark["by_timestamp"])
     assert min(o for _t, _p, o in got) == first
     assert got == _spark_expected(h, [(h.main, 0)], keep=lambda _tp, o: o >= first)
-
-
-# --------------------------------------------------------------------------------------- the Spark child
-def _b64(v: bytes | bytearray | None) -> str | None:
-    return None if v is None else base64.b64encode(bytes(v)).decode()
-
-
-def _unb64(v: str | None) -> bytes | None:
-    return None if v is None else base64.b64decode(v)
-
-
-def spark_child(spec_path: str) -> None:
-    """Run every read of the spec in one local SparkSession (its JVM started with the connector's jars); write
-    ``{name: [row, ...]}`` as JSON to the spec's ``out``."""
-    spec = json.loads(Path(spec_path).read_text())
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("rlm-history-java-spark")
-             .config("spark.jars", ",".join(spec["jars"]))
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.driver.memory", "1g")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
-    out: dict[str, list[dict[str, Any]]] = {}
-    try:
-        for name, options in spec["reads"].items():
-            df = spark.read.format("kafka").options(**options).load()
-            rows = df.selectExpr("*", "unix_millis(timestamp) AS ts").collect()
-            out[name] = [{"topic": r["topic"], "partition": r["partition"], "offset": r["offset"], "ts": r["ts"],
-                          "timestampType": r["timestampType"], "key": _b64(r["key"]), "value": _b64(r["value"]),
-                          "headers": None if r["headers"] is None else [[x["key"], _b64(x["value"])]
-                                                                        for x in r["headers"]]}
-                         for r in rows]
-    finally:
-        spark.stop()
-    tmp = Path(spec["out"]).with_suffix(".partial")
-    tmp.write_text(json.dumps(out))
-    tmp.rename(spec["out"])
-
-
-if __name__ == "__main__":
-    spark_child(sys.argv[1])
