@@ -79,6 +79,22 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_split(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid`` so far: ``user`` and ``system`` (every thread, ended ones too), and of its live threads
+    by group, ``librdkafka`` (threads named ``rdk:*``: the metadata topic's producer and consumer, the cluster view's
+    clients) and ``python`` (the rest: copy workers, the metadata consumer task, the scheduler)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    out = {"user": int(fields[11]) / CLK_TCK, "system": int(fields[12]) / CLK_TCK, "librdkafka": 0.0, "python": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue  # ended meanwhile
+        f = rest.split()
+        out["librdkafka" if comm.startswith("rdk:") else "python"] += (int(f[11]) + int(f[12])) / CLK_TCK
+    return out
+
+
 def rss_mib(pid: int, key: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -190,9 +206,18 @@ def create_topics(kc, prefix: str, topics: int, partitions: int) -> list[str]:  
     return names
 
 
+PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
+
+
 def profile(pid: int, seconds: float | None, out: Path) -> subprocess.Popen:
-    """py-spy on ``pid`` for ``seconds`` (None: until sent SIGINT), raw collapsed stacks into ``out``."""
+    """py-spy on ``pid`` for ``seconds`` (None: until sent SIGINT), raw collapsed stacks into ``out``. Without
+    ``--gil``, py-spy counts a thread as on CPU when it is not in a known idle wait: a thread blocked in fsync, in
+    librdkafka's flush or runnable behind the GIL on a loaded machine is counted, so shares are of wall time more than
+    of CPU; with ``PROFILE_GIL`` only the thread holding the GIL is sampled (Python's CPU, not the kernel's work in
+    system calls made without the GIL, nor librdkafka's threads)."""
     duration = ["--duration", str(int(seconds))] if seconds is not None else []
+    if PROFILE_GIL:
+        duration.append("--gil")
     spy = Path(sys.executable).parent / "py-spy"  # installed in the venv
     return subprocess.Popen([str(spy), "record", "--pid", str(pid), *duration, "--rate", "50",
                              "--format", "raw", "--output", str(out), "--nonblocking"],
@@ -279,7 +304,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     peak.start()
     spy = profile(sc.pid, None, profile_dir / "burst.txt") if profile_dir else None
     load0 = os.getloadavg()[0]
-    c0, w0 = cpu_s(sc.pid), time.monotonic()
+    c0, w0, split0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
     n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, segments_per_partition)
     produced = time.monotonic()
     rolled = rolled_segments(kc.log_dir(), prefix)
@@ -290,7 +315,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
         return sum(1 for _ in (sc.dir / "remote").rglob("*-index")) >= rolled
 
     wait_until(caught_up, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
-    c1, w1 = cpu_s(sc.pid), time.monotonic()
+    c1, w1, split1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
@@ -298,7 +323,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
             "ms_per_segment": 1000 * cpu / max(1, rolled), "gross_ms_per_segment": 1000 * (c1 - c0) / max(1, rolled),
             "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
-            "produce_s": produced - w0, "load": (load0, os.getloadavg()[0])}
+            "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]),
+            "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0}}
 
 
 def main() -> None:
@@ -310,7 +336,10 @@ def main() -> None:
     ap.add_argument("--skip-default", action="store_true", help="skip the idle phase at default intervals")
     ap.add_argument("--skip-burst", action="store_true", help="skip the burst")
     ap.add_argument("--profile", type=Path, help="record each idle phase with py-spy into this directory")
+    ap.add_argument("--profile-gil", action="store_true", help="py-spy samples only the thread holding the GIL")
     args = ap.parse_args()
+    global PROFILE_GIL
+    PROFILE_GIL = args.profile_gil
     if args.partitions % args.topics:
         ap.error("--partitions must be a multiple of --topics")
     if args.profile:
@@ -359,6 +388,10 @@ def main() -> None:
                              f"({b['cpu_s']:.1f} CPU s from the first record produced to the last segment copied)"))
                 rows.append(("burst: the same, net of idle CPU over that time",
                              f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s)"))
+                sp = b["split_ms_per_segment"]
+                rows.append(("burst: the same, user / system", f"{sp['user']:.2f} / {sp['system']:.2f} ms"))
+                rows.append(("burst: the same, python / librdkafka threads (live ones)",
+                             f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"))
                 rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
                 rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
                 rows.append(("burst: machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"))

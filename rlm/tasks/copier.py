@@ -7,7 +7,10 @@ One run (:meth:`PartitionCopier.run_once`):
    a *gap*: counted (``rlm_segment_gaps``) and logged with its offsets, never silent.
 2. Clean up copies that were left COPY_SEGMENT_STARTED (a crashed or abandoned attempt): delete them.
 3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
-   transaction is ever uploaded): COPY_SEGMENT_STARTED, the store's copy, COPY_SEGMENT_FINISHED; release staging.
+   transaction is ever uploaded), in *batches* of up to :data:`COPY_BATCH_SEGMENTS` segments
+   (:meth:`PartitionCopier.commit_copies`): COPY_SEGMENT_STARTED of the batch in one metadata write, the store's
+   copies one after the other, one fencing check, COPY_SEGMENT_FINISHED of the batch in one metadata write (one
+   produce flush and one read-your-writes wait each, instead of one per segment); release staging.
 
 Where to resume: the end of the remote chain of this broker's leader-epoch lineage (:mod:`rlm.tier.chain`; as Kafka's
 ``findHighestRemoteOffset``), so a new leader continues where the old one stopped, and offsets a diverged lineage
@@ -26,6 +29,14 @@ Fencing, as Kafka's copy task: a copy carries the leader epoch it started under 
 COPY_SEGMENT_FINISHED the copier asks again; once the partition's leader epoch has moved on (or leadership is
 lost), the copy is deleted instead of finished. The metadata manager refuses a FINISHED whose epoch is below one
 a later copy started under (:class:`rlmm.api.CopyFencedError`), which closes the window between check and write.
+In a batch the one check is made after the batch's last copy, so it comes after each segment's copy and before its
+FINISHED, as a check per segment would; the metadata's refusal is per record.
+
+A batch and a crash: whatever point a crash interrupts, the batch's segments are COPY_SEGMENT_STARTED (copied or
+not yet: the next run's clean-up deletes them, as it deletes any copy of ours left STARTED, and deleting a copy
+whose objects were never written deletes nothing) or COPY_SEGMENT_FINISHED (copied, checked). A failure in a batch
+finishes the segments before it (they are copied and checked) and removes the failing one and every later one,
+FINISHED ones included: the remote chain never gets a hole that a later segment would hide from the resume point.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -68,6 +79,11 @@ __all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_o
 log = logging.getLogger(__name__)
 
 ABANDONED_COPY_MS = 10 * 60 * 1000  # another broker's COPY_SEGMENT_STARTED older than this is abandoned
+COPY_BATCH_SEGMENTS = 16
+"""The most segments one batch copies (:meth:`PartitionCopier.commit_copies`): their FINISHED waits for the batch's
+last copy, so a backfill of many segments still makes them readable 16 at a time."""
+COPY_BATCH_BYTES = 64 * 1024 * 1024
+"""A batch closes once its segments hold this many bytes (a large segment is a batch of its own)."""
 
 
 @dataclass
@@ -262,41 +278,68 @@ class PartitionCopier:
         lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(staged))
         metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(lag_bytes)
+        batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
+        planned = highest  # the end of the batch's last segment: where the next one starts
         for s in staged:
             if stop is not None and stop.is_set():
+                batch = []  # not started: nothing written for it yet
                 break
-            if s.end_offset_inclusive <= highest:
+            if s.end_offset_inclusive <= planned:
                 # Remote already, by a copy earlier in this run: the same offsets staged twice (a replica moved
                 # between log dirs leaves them staged from the old dir and from the new one).
-                self.staging.release(s)
-                continue
+                if not batch:
+                    self.staging.release(s)
+                continue  # (one staged twice beside a pending batch: released by the next run, once remote)
             if s.end_offset_inclusive >= last_stable_offset:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
-            start = max(s.base_offset, highest + 1)
-            try:
-                md = self.copy_segment(s, start, epochs, leader_epoch=leader_epoch,
-                                       current_leader_epoch=current_leader_epoch)
-            except CopyFencedError as err:
-                metrics.ERRORS.labels("copy-fenced").inc()
-                log.warning("copy fenced: the partition's leader epoch moved on; copy deleted", extra={
-                    "partition": str(self.tp), "base_offset": s.base_offset, "error": str(err)})
-                result.fenced = True
-                break
-            except CopyCancelledError:
-                result.cancelled = True
-                break
-            if md is None:
-                self.staging.release(s)  # nothing worth copying (expired already); not a gap
-                highest = s.end_offset_inclusive
+            prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch)
+            if prepared is None:
+                # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
+                if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                    break
+                batch = []
+                self.staging.release(s)
+                highest = planned = s.end_offset_inclusive
                 self.tiered(highest, checkpoint_epoch_at(epochs, highest))
                 continue
-            result.copied.append(md)
-            highest = md.end_offset_inclusive
-            self.tiered(highest, md.epoch_at(highest))
-            self.staging.release(s)
+            batch.append((s, *prepared))
+            planned = s.end_offset_inclusive
+            if len(batch) >= COPY_BATCH_SEGMENTS or \
+                    sum(md.segment_size_bytes for _s, md, _c in batch) >= COPY_BATCH_BYTES:
+                if not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                    batch = []
+                    break
+                batch = []
+        if batch:
+            self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
         self.write_watermark()
         return result
+
+    def _commit_batch(self, batch: Sequence[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
+                      result: CopyResult, leader_epoch: int | None,
+                      current_leader_epoch: Callable[[], int | None] | None, stop: threading.Event | None) -> bool:
+        """Copy one batch of :meth:`run_once` (:meth:`commit_copies`); what was copied is tiered and its staging
+        released. False when the run stops here (fenced, cancelled, stopped); any other failure raises, after the
+        segments before it are tiered."""
+        finished, err = self.commit_copies([(md, copy) for _s, md, copy in batch], leader_epoch=leader_epoch,
+                                           current_leader_epoch=current_leader_epoch, stop=stop)
+        for (s, _md, _copy), md in zip(batch, finished, strict=False):
+            result.copied.append(md)
+            self.tiered(md.end_offset_inclusive, md.epoch_at(md.end_offset_inclusive))
+            self.staging.release(s)
+        if err is None:
+            return len(finished) == len(batch)  # less: stopped (leadership lost), the rest removed
+        if isinstance(err, CopyFencedError):
+            metrics.ERRORS.labels("copy-fenced").inc()
+            log.warning("copy fenced: the partition's leader epoch moved on; copy deleted", extra={
+                "partition": str(self.tp), "base_offset": batch[len(finished)][0].base_offset, "error": str(err)})
+            result.fenced = True
+            return False
+        if isinstance(err, CopyCancelledError):
+            result.cancelled = True
+            return False
+        raise err
 
     def caught_up(self) -> bool:
         """Nothing left for a later run unless the partition directory changes: a run has happened, every rolled local
@@ -369,6 +412,15 @@ class PartitionCopier:
                      ) -> RemoteLogSegmentMetadata | None:
         """Copy ``s`` from ``start_offset`` on; None when it is older than remote retention. Raises
         :class:`CopyFencedError` (after deleting the copy) when the leader epoch moved on meanwhile."""
+        prepared = self._prepare(s, start_offset, epochs, leader_epoch)
+        if prepared is None:
+            return None
+        return self.commit_copy(*prepared, leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
+
+    def _prepare(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], leader_epoch: int | None,
+                 ) -> tuple[RemoteLogSegmentMetadata, Callable[[], bytes | None]] | None:
+        """The COPY_SEGMENT_STARTED metadata of ``s`` from ``start_offset`` on and its store copy (not run yet);
+        None when it is older than remote retention."""
         seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
         if not seg_epochs:
             # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
@@ -406,53 +458,106 @@ class PartitionCopier:
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
-        return self.commit_copy(md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel),
-                                leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
+        return md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel)
 
     def commit_copy(self, md: RemoteLogSegmentMetadata, copy: Callable[[], bytes | None], *,
                     leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None,
                     ) -> RemoteLogSegmentMetadata:
         """COPY_SEGMENT_STARTED, ``copy()`` (the store's copy; returns custom metadata), the fencing check,
-        COPY_SEGMENT_FINISHED. Anything failing removes the copy (never left STARTED behind us) and raises;
-        :class:`CopyFencedError` when the leader epoch moved on, :class:`~rsm.errors.CopyCancelledError` when
-        :attr:`cancel` stopped the store's copy. Returns the FINISHED metadata."""
-        self.rlmm.add_remote_log_segment_metadata(md)
-        started = time.monotonic()
-        try:
-            custom = copy()
-        except CopyCancelledError:
-            log.info("copy cancelled: the partition is no longer led here; the attempt is removed", extra={
-                "partition": str(self.tp), "start_offset": md.start_offset, "segment": str(md.remote_log_segment_id)})
-            self._remove(md, "cancelled-copy")
-            raise
-        except Exception as err:
-            metrics.ERRORS.labels("copy").inc()
-            log.error("copy failed; removing the attempt", extra={
-                "partition": str(self.tp), "start_offset": md.start_offset, "segment": str(md.remote_log_segment_id),
-                "error": str(err)})
-            self._remove(md, "failed-copy")
-            raise
-        elapsed = time.monotonic() - started
-        copied = replace(md, custom_metadata=custom)
+        COPY_SEGMENT_FINISHED (:meth:`commit_copies` of one copy). Anything failing removes the copy (never left
+        STARTED behind us) and raises; :class:`CopyFencedError` when the leader epoch moved on,
+        :class:`~rsm.errors.CopyCancelledError` when :attr:`cancel` stopped the store's copy. Returns the FINISHED
+        metadata."""
+        finished, err = self.commit_copies([(md, copy)], leader_epoch=leader_epoch,
+                                           current_leader_epoch=current_leader_epoch)
+        if err is not None:
+            raise err
+        return finished[0]
+
+    def commit_copies(self, copies: Sequence[tuple[RemoteLogSegmentMetadata, Callable[[], bytes | None]]], *,
+                      leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None,
+                      stop: threading.Event | None = None,
+                      ) -> tuple[list[RemoteLogSegmentMetadata], Exception | None]:
+        """Copy a batch, in order: COPY_SEGMENT_STARTED of every copy in one metadata write, each ``copy()`` (the
+        store's copy; returns custom metadata) one after the other, one fencing check (``current_leader_epoch()``
+        must still answer ``leader_epoch``), COPY_SEGMENT_FINISHED of the copies made in one metadata write.
+
+        Returns the FINISHED metadata of a prefix of the batch, and None or the first failure: the metadata's
+        refusal of a STARTED or FINISHED record, the store's copy failing (:class:`~rsm.errors.CopyCancelledError`
+        when :attr:`cancel` stopped it), :class:`CopyFencedError` when the leader epoch moved on. The copies before
+        the failing one are finished when they can be; the failing one and every later one are removed (never
+        left STARTED behind us; a FINISHED one after a refused one too, so the remote chain has no hole). ``stop``
+        set (leadership lost) before a copy: no more copies, the rest removed, no failure."""
+        if not copies or (stop is not None and stop.is_set()):
+            return [], None
+        mds = [md for md, _copy in copies]
+        refusals = self.rlmm.write_segment_metadata_many(mds)
+        error: Exception | None = next((e for e in refusals if e is not None), None)
+        copied: list[RemoteLogSegmentMetadata] = []
+        elapsed: list[float] = []
+        copy_failed = False  # the copy after the last of ``copied`` failed (and is removed)
+        for (md, copy), refusal in zip(copies, refusals, strict=True):
+            if refusal is not None or (stop is not None and stop.is_set()):
+                break
+            started = time.monotonic()
+            try:
+                custom = copy()
+            except CopyCancelledError as err:
+                log.info("copy cancelled: the partition is no longer led here; the attempt is removed", extra={
+                    "partition": str(self.tp), "start_offset": md.start_offset,
+                    "segment": str(md.remote_log_segment_id)})
+                error, copy_failed = err, True
+                self._remove(md, "cancelled-copy")
+                break
+            except Exception as err:  # noqa: BLE001 - returned: the caller raises it
+                metrics.ERRORS.labels("copy").inc()
+                log.error("copy failed; removing the attempt", extra={
+                    "partition": str(self.tp), "start_offset": md.start_offset,
+                    "segment": str(md.remote_log_segment_id), "error": str(err)})
+                error, copy_failed = err, True
+                self._remove(md, "failed-copy")
+                break
+            elapsed.append(time.monotonic() - started)
+            copied.append(replace(md, custom_metadata=custom))
+        finished, finish_error = self._finish(copied, leader_epoch, current_leader_epoch)
+        if finish_error is not None:
+            error = finish_error  # about a segment before any later failure
+            for md in copied[len(finished):]:  # copied, not recorded FINISHED
+                self._remove(md, "fenced-copy" if isinstance(error, CopyFencedError) else "failed-copy")
+        tried = len(copied) + (1 if copy_failed else 0)
+        for md, refusal in zip(mds[tried:], refusals[tried:], strict=True):
+            if refusal is None:  # STARTED written, never copied: nothing stored to delete but the record
+                self._remove(md, "unfinished-copy")
+        for md, seconds in zip(finished, elapsed, strict=False):
+            metrics.COPY_SECONDS.observe(seconds)
+            metrics.BYTES_COPIED.labels(self.tp.topic).inc(md.segment_size_bytes)
+            metrics.SEGMENTS_COPIED.labels(self.tp.topic).inc()
+            log.info("segment copied", extra={
+                "partition": str(self.tp), "start_offset": md.start_offset, "end_offset": md.end_offset_inclusive,
+                "bytes": md.segment_size_bytes, "seconds": round(seconds, 3), "segment": str(md.remote_log_segment_id)})
+        return finished, error
+
+    def _finish(self, copied: list[RemoteLogSegmentMetadata], leader_epoch: int | None,
+                current_leader_epoch: Callable[[], int | None] | None,
+                ) -> tuple[list[RemoteLogSegmentMetadata], Exception | None]:
+        """The fencing check, then COPY_SEGMENT_FINISHED of ``copied`` in one write: the FINISHED metadata of all of
+        them, or of the prefix before the first one refused and the failure (none finished: the check failed)."""
+        if not copied:
+            return [], None
         try:
             now_epoch = current_leader_epoch() if current_leader_epoch is not None else leader_epoch
             if now_epoch != leader_epoch:
-                raise CopyFencedError(f"{md.remote_log_segment_id}: started under leader epoch {leader_epoch}, the "
-                                      f"partition's leader epoch is now {now_epoch} (None: not led by this broker)")
-            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
-                md.remote_log_segment_id, int(time.time() * 1000), custom,
-                RemoteLogSegmentState.COPY_SEGMENT_FINISHED, self.broker_id))
-        except Exception as err:
-            # Never leave a copy COPY_SEGMENT_STARTED behind us: another leader would take it for one in flight.
-            self._remove(copied, "fenced-copy" if isinstance(err, CopyFencedError) else "failed-copy")
-            raise
-        metrics.COPY_SECONDS.observe(elapsed)
-        metrics.BYTES_COPIED.labels(self.tp.topic).inc(md.segment_size_bytes)
-        metrics.SEGMENTS_COPIED.labels(self.tp.topic).inc()
-        log.info("segment copied", extra={
-            "partition": str(self.tp), "start_offset": md.start_offset, "end_offset": md.end_offset_inclusive,
-            "bytes": md.segment_size_bytes, "seconds": round(elapsed, 3), "segment": str(md.remote_log_segment_id)})
-        return replace(copied, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+                raise CopyFencedError(f"{copied[0].remote_log_segment_id}: started under leader epoch {leader_epoch}, "
+                                      f"the partition's leader epoch is now {now_epoch} (None: not led by this broker)")
+            now_ms = int(time.time() * 1000)
+            refusals = self.rlmm.write_segment_metadata_many([RemoteLogSegmentMetadataUpdate(
+                md.remote_log_segment_id, now_ms, md.custom_metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+                self.broker_id) for md in copied])
+        except Exception as err:  # noqa: BLE001 - returned: the caller removes the copies and raises it
+            return [], err
+        done = [replace(md, state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED) for md in copied]
+        refused = next((i for i, e in enumerate(refusals) if e is not None), None)
+        return (done, None) if refused is None else (done[:refused], refusals[refused])
 
     def _aborted_index(self, s: StagedSegment, start_offset: int) -> Path | None:
         """The transaction index to upload with ``s`` (see the module docstring), written next to its staged
