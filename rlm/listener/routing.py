@@ -38,7 +38,8 @@ from rlm.listener.tier.fetch import fetch
 from rlm.listener.tier.node import NodeAnswers
 from rlm.listener.tier.offsets import list_offsets
 
-__all__ = ["NOT_NAMED", "PRODUCE_MAX_PROXIED", "ROUTES", "Answer", "Route", "Router"]
+__all__ = ["NOT_NAMED", "PRODUCE_MAX_PROXIED", "ROUTES", "TXN_V2_FEATURE", "TXN_V2_MIN_PRODUCE", "Answer", "Route",
+           "Router"]
 
 
 class Route(enum.StrEnum):
@@ -69,6 +70,12 @@ ROUTES: dict[int, tuple[Route, Route]] = {
 NOT_NAMED = (R, F)
 # Produce v10+ answers may carry the new leader's address (KIP-951 node_endpoints), which is not rewritten yet.
 PRODUCE_MAX_PROXIED = 9
+# Transactions V2 (KIP-890): a client that sees the finalized feature transaction.version >= 2 skips
+# AddPartitionsToTxn and lets Produce v12+ add the partition; through Produce v9 the broker then refuses its records
+# (INVALID_TXN_STATE, "Partition was not added to the transaction"). So while the proxy offers Produce below v12, its
+# ApiVersions answer says transaction.version 1 at most: clients use V1 (AddPartitionsToTxn), which a broker with V2
+# finalized still serves (as it does for older clients).
+TXN_V2_FEATURE, TXN_V2_MIN_PRODUCE = "transaction.version", 12
 
 Answer = Callable[[Any, Client], dict[str, Any] | None]  # (decoded request, client) -> response values, or none
 
@@ -123,6 +130,11 @@ class Router:
         offered = self.versions({int(k.api_key): (int(k.min_version), int(k.max_version)) for k in broker.api_keys})
         values["api_keys"] = [{"api_key": k, "min_version": lo, "max_version": hi}
                               for k, (lo, hi) in sorted(offered.items())]
+        if offered.get(ApiKey.PRODUCE, (0, -1))[1] < TXN_V2_MIN_PRODUCE:
+            values["finalized_features"] = [
+                {**f, "min_version_level": min(f["min_version_level"], 1),
+                 "max_version_level": min(f["max_version_level"], 1)} if f["name"] == TXN_V2_FEATURE else f
+                for f in values["finalized_features"]]
         return values
 
     def answer(self, api_key: int) -> Answer:

@@ -4,10 +4,11 @@
 //   java -cp <classes>:<kafka-streams libs>/* StreamsCount BOOTSTRAP APP_ID INPUT OUTPUT EXPECTED TIMEOUT_MS STATE_DIR
 //
 // The topology re-keys the stream (selectKey, the key unchanged) so that Streams makes a repartition topic, and
-// counts into an in-memory store (changelogged): both internal topics are created through BOOTSTRAP, like the
-// output. Record caching is off, so every count reaches the output topic and the tracking below. Once the counts
-// add up to EXPECTED records (or at TIMEOUT_MS), the app prints one line per key, "COUNT<TAB>key<TAB>count",
-// keys as hex, then "TOTAL<TAB>n", closes Streams and exits 0 (2 on timeout, 1 if Streams died).
+// counts into an in-memory store (changelogged), exactly once (transactions): both internal topics are created
+// through BOOTSTRAP, like the output. Record caching is off, so every count reaches the output topic and the
+// tracking below. Once the counts add up to EXPECTED records (or at TIMEOUT_MS), the app prints one line per key,
+// "COUNT<TAB>key<TAB>count", keys as hex, then "TOTAL<TAB>n", closes Streams and exits 0 (2 on timeout, 1 if
+// Streams died).
 import java.time.Duration;
 import java.util.HexFormat;
 import java.util.Map;
@@ -45,6 +46,9 @@ public final class StreamsCount {
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 200);
         props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
+        // Transactions through the proxy too (InitProducerId, AddPartitionsToTxn, TxnOffsetCommit, EndTxn), and
+        // read_committed on the repartition topic; no record is counted twice.
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG), 100);
 
