@@ -36,7 +36,15 @@ from rlm.tier.reader import (
     txn_search,
 )
 from rlm.tier.segments import checkpoint_epoch_at, epoch_pairs, epochs_for_range, from_rsm, to_rsm
-from rlm.tier.view import Decided, FetchResult, PartitionTier, TierView, TimestampHit, UnreadableCopyError
+from rlm.tier.view import (
+    Decided,
+    FetchResult,
+    PartitionTier,
+    StreamedBatch,
+    TierView,
+    TimestampHit,
+    UnreadableCopyError,
+)
 
 __all__ = [
     "Decided",
@@ -48,6 +56,7 @@ __all__ = [
     "PartitionTier",
     "RemoteReader",
     "RemoteRecord",
+    "StreamedBatch",
     "TierView",
     "TimestampHit",
     "TxnIndexes",

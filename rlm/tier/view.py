@@ -21,6 +21,10 @@ uploaded transaction indexes (:class:`rlm.tier.reader.TxnIndexes`, Kafka's searc
 decided by :func:`rlm.tier.reader.iter_segment_batches`, as for every other reader. The leader epoch of an offset is
 :meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at` of the chain segment holding it (:meth:`PartitionTier.epoch_of`).
 
+A batch too large to hold (stored as fragments, PDP-43) is not read into a fetch's answer: the answer carries it as
+a :class:`StreamedBatch` (its size, and where to read it), which the endpoint reads again and writes to the socket a
+chunk at a time; such a batch is the only one of its partition in an answer.
+
 A copy that cannot be read (a key id no longer configured, a corrupt object, a store error) raises
 :class:`UnreadableCopyError` naming the partition, the segment and the cause: the endpoint answers that partition
 with an error and serves the others.
@@ -43,12 +47,14 @@ from rlm.tier.isolation import Isolation
 from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches
 from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
+from rsm.api import LargeBatch, RemoteStorageManagerApi
 from rsm.errors import RemoteStorageError
-from rsm.log.batch import BATCH_HEADER_SIZE
+from rsm.log.batch import BATCH_HEADER_SIZE, BatchHeader
 from rsm.log.errors import LogFormatError
 from rsm.log.records import iter_raw_records
 
-__all__ = ["Decided", "FetchResult", "PartitionTier", "TierView", "TimestampHit", "UnreadableCopyError"]
+__all__ = ["Decided", "FetchResult", "PartitionTier", "StreamedBatch", "TierView", "TimestampHit",
+           "UnreadableCopyError"]
 
 FIRST_BATCH_CACHE = 16_384  # (partition, offset) -> size of a batch that did not fit: entries kept (about 2 MiB)
 
@@ -133,6 +139,46 @@ class PartitionTier:
         return None
 
 
+class StreamedBatch:
+    """A batch of a fetch's answer that is too large to hold (a :class:`rsm.api.LargeBatch` when it was met): its
+    size, and :meth:`chunks`, which reads it again from the store a chunk (a fragment) at a time, each verified
+    before it is handed out. ``bytes()`` of it reads it whole (for callers that splice answers: the proxy's)."""
+
+    __slots__ = ("_first_block", "_last_block", "_rsm", "_segment", "header", "tp")
+
+    def __init__(self, tp: TopicIdPartition, rsm: RemoteStorageManagerApi, segment: RemoteLogSegmentMetadata,
+                 header: BatchHeader, first_block: int, last_block: int | None) -> None:
+        self.tp = tp
+        self._rsm = rsm
+        self._segment = segment
+        self.header = header
+        self._first_block = first_block
+        self._last_block = last_block
+
+    def __len__(self) -> int:
+        return self.header.size_bytes
+
+    def chunks(self) -> Iterator[memoryview]:
+        """The batch's bytes, in order, read from the store as they are asked for. Raises
+        :class:`UnreadableCopyError` when the copy cannot be read (then what was handed out is all there is)."""
+        h = self.header
+        with _reading(self.tp, self._segment):
+            seg = self._rsm.open_segment(to_rsm(self._segment))
+            with closing(iter_segment_batches(seg, h.base_offset, h.last_offset, first_block=self._first_block,
+                                              last_block=self._last_block, large=True)) as batches:
+                for got, data, _visible in batches:
+                    if got.base_offset != h.base_offset:
+                        continue
+                    if got.size_bytes != h.size_bytes or got.crc != h.crc:
+                        raise RemoteStorageError(f"the batch at offset {h.base_offset} changed since it was planned")
+                    yield from (data.chunks() if isinstance(data, LargeBatch) else (data,))
+                    return
+            raise RemoteStorageError(f"the batch at offset {h.base_offset} is no longer in its copy")
+
+    def __bytes__(self) -> bytes:
+        return b"".join(bytes(c) for c in self.chunks())
+
+
 @dataclass(slots=True)
 class FetchResult:
     """What one partition contributes to a Fetch response."""
@@ -142,7 +188,8 @@ class FetchResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    records: bytearray = field(default_factory=bytearray)  # the whole batches, as stored, one after the other
+    records: bytearray | StreamedBatch = field(default_factory=bytearray)  # the whole batches, as stored, one after
+    # the other; or one batch too large to hold, to be read when the answer is written
     size: int = 0
     aborted: list[tuple[int, int]] | None = None  # (producer id, first offset), for read_committed
 
@@ -272,7 +319,7 @@ class TierView:
                     continue
                 read = True
                 batches = iter_segment_batches(seg, want, end, first_block=plan[0].first_block,
-                                               last_block=plan[0].last_block)
+                                               last_block=plan[0].last_block, large=True)
                 with closing(batches):
                     for h, data, _visible in batches:
                         if h.last_offset < want:
@@ -283,6 +330,16 @@ class TierView:
                         if out.size + h.size_bytes > max_bytes and (out.size or not at_least_one):
                             if not out.size:
                                 self._remember_first_batch(tp, offset, h.size_bytes)
+                            full = True
+                            break
+                        if isinstance(data, LargeBatch):  # alone in the partition's answer, read when it is sent
+                            if out.size:
+                                full = True
+                                break
+                            out.records = StreamedBatch(tp, self.reader.rsm, md, h, plan[0].first_block,
+                                                        plan[0].last_block)
+                            out.size = h.size_bytes
+                            last_offset = h.last_offset
                             full = True
                             break
                         out.records += data  # the one copy: out of the block buffer the reader reuses

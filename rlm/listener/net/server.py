@@ -71,6 +71,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
+from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
@@ -86,6 +87,7 @@ from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, 
 from rlm.listener.routing import Route, Router
 from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
+from rlm.tier import StreamedBatch, UnreadableCopyError
 
 __all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc"]
 
@@ -286,6 +288,10 @@ class ListenerServer:
                 # counted before the write: a client may read the response before the next line would run
                 BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
+                if isinstance(response, ChunkedAnswer):
+                    if not await self._write_chunked(writer, response, peer):
+                        return
+                    continue
                 # A view: what the socket does not take at once is copied into the transport's buffer once (a
                 # bytes object would be sliced first: a second copy).
                 writer.write(memoryview(response))
@@ -314,6 +320,50 @@ class ListenerServer:
             writer.close()
             if upstream is not None:
                 upstream.close()
+
+    async def _write_chunked(self, writer: asyncio.StreamWriter, answer: ChunkedAnswer, peer: Any) -> bool:
+        """Write an answer carrying batches too large to hold (:mod:`rlm.listener.net.chunked`): its encoded parts,
+        and each batch read from the store a chunk at a time on a worker, each chunk taken by the client (drained)
+        before the next is read. False when the connection was closed: the client stopped reading, or a batch could
+        not be read once part of the answer was sent (nothing else can be told then; the client retries)."""
+        loop = asyncio.get_running_loop()
+        for part in answer:
+            if not isinstance(part, StreamedBatch):
+                writer.write(part)
+                continue
+            chunks = part.chunks()
+            try:
+                sent = 0
+                while True:
+                    try:
+                        chunk = await loop.run_in_executor(self._pool, next, chunks, None)
+                    except UnreadableCopyError as err:
+                        log.warning("history endpoint: a large batch could not be read while it was sent, "
+                                    "connection closed", extra={"peer": str(peer), "error": str(err)})
+                        writer.transport.abort()
+                        return False
+                    if chunk is None:
+                        break
+                    writer.write(chunk)
+                    sent += len(chunk)
+                    if writer.transport.get_write_buffer_size() and not await self._drain(writer):
+                        CLOSED.labels("not_reading").inc()
+                        log.info("history endpoint: connection closed", extra={"peer": str(peer),
+                                                                                "reason": "not_reading"})
+                        writer.transport.abort()
+                        return False
+                if sent != len(part):
+                    log.warning("history endpoint: a large batch was shorter than planned, connection closed",
+                                extra={"peer": str(peer), "sent": sent, "planned": len(part)})
+                    writer.transport.abort()
+                    return False
+            finally:
+                await loop.run_in_executor(self._pool, chunks.close)
+        if writer.transport.get_write_buffer_size() and not await self._drain(writer):
+            CLOSED.labels("not_reading").inc()
+            writer.transport.abort()
+            return False
+        return True
 
     def _certificate_principal(self, writer: asyncio.StreamWriter, peer: Any) -> str | None | bool:
         """``User:<mapped subject>`` of the client's certificate, None without one, False when no
@@ -585,7 +635,7 @@ class ListenerServer:
                 n = sum(len(p["records"]) for p in t["partitions"])
                 if n:
                     RECORD_BYTES.labels(t["topic"] or str(t["topic_id"])).inc(n)
-            return _encoded(header, rtype, values)
+            return _encoded(header, rtype, values, fetch=True)
 
         pending: PendingFetch | None = None
         held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
@@ -727,15 +777,20 @@ def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader
     log.debug("history endpoint: request before authentication failed", exc_info=err, extra=extra)
 
 
-def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any]) -> bytes:
+def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetch: bool = False) -> bytes:
     """The answer of ``values`` encoded; then the values and the entity built from them are freed a slice at a time
     on this (worker) thread: freed in one piece, the answer of a Fetch of 300,000 partitions holds the GIL (so the
     event loop) for tens of ms."""
     keep: list[Any] = []
-    data = encode_response(header, build(rtype, values, keep))  # the entity, dropped on return, only lowers counts
+
+    def encode(v: dict[str, Any]) -> bytes:
+        return encode_response(header, build(rtype, v, keep))  # the entity, dropped on return, only lowers counts
+
+    # a Fetch answer may carry a batch too large to hold: written later, in chunks (rlm.listener.net.chunked)
+    data = encode_streamed(values, encode, flexible=header.flexible) if fetch else encode(values)
     free_gradually(values)
     free_gradually(keep)
-    return data
+    return data  # type: ignore[return-value]
 
 
 def _never() -> bool:
