@@ -11,6 +11,13 @@ reads through the storage manager's read interface (:class:`rsm.api.SegmentHandl
 aborted-transaction logic is :func:`rlm.tier.reader.iter_segment_batches` and :func:`rlm.tier.reader.aborted_covering`,
 shared with the sidecar's reader.
 
+A batch stored as fragments (larger than a block, PDP-43) is read as :class:`rsm.api.LargeBatch` chunks; when
+uncompressed its records are decoded from them (:func:`rsm.log.records.iter_streamed_records`), each value built
+once, so the executor holds about one copy of a large record, not the batch and its decoded values. A record whose
+key, value and headers pass :data:`ROW_MAX_BYTES` cannot be a Spark row: the task fails with
+:class:`RecordTooLargeError` naming its topic, partition, offset and size. An Arrow record batch is cut at
+:data:`BATCH_BYTES` of keys and values as well as at :data:`BATCH_ROWS` (its binary columns have 32-bit offsets).
+
 Storage managers are cached per store configuration in the Python worker (Spark reuses workers), so the index
 objects of the segments stay cached across tasks.
 """
@@ -32,17 +39,23 @@ from pyspark.sql.datasource import InputPartition
 from rlm.spark.columns import BatchColumns, decode_columns
 from rlm.spark.options import SparkSourceError
 from rlm.tier import aborted_covering, iter_segment_batches
-from rsm.api import RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
+from rsm.api import LargeBatch, RemoteSegmentMetadata, RemoteStorageManagerApi, SegmentHandle
 from rsm.errors import RemoteResourceNotFoundError
+from rsm.log.batch import BatchHeader, Codec
 from rsm.log.indexes import AbortedTxn
-from rsm.log.records import cyclic_gc_paused, iter_raw_records
+from rsm.log.records import Record, cyclic_gc_paused, iter_raw_records, iter_streamed_records
 from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["BATCH_ROWS", "DataLossError", "SegmentSlice", "arrow_schema", "read_slice", "storage_manager"]
+__all__ = ["BATCH_BYTES", "BATCH_ROWS", "ROW_MAX_BYTES", "DataLossError", "RecordTooLargeError", "SegmentSlice",
+           "arrow_schema", "read_slice", "storage_manager"]
 
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 65_536  # rows per Arrow record batch handed to Spark
+BATCH_BYTES = 256 * 1024 * 1024  # key and value bytes per Arrow record batch (one record may pass it alone)
+ROW_MAX_BYTES = (1 << 31) - 1024 * 1024
+"""The key, value and header bytes a Spark row may hold: an UnsafeRow is one JVM byte array (at most 2^31 - 16
+bytes), its fixed fields and offsets included (1 MiB kept for them)."""
 
 _HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 _FIELDS = [
@@ -107,6 +120,41 @@ def storage_manager(store: Mapping[str, Any]) -> RemoteStorageManager:
         return rsm
 
 
+class RecordTooLargeError(SparkSourceError):
+    """A record larger than a Spark row can hold (:data:`ROW_MAX_BYTES` of key, value and headers): the message
+    names its topic, partition, offset and size. Read it with ``rlm cat`` or through the history endpoint, which
+    stream it."""
+
+
+def _large_records(seg: RemoteSegmentMetadata, h: BatchHeader, data: LargeBatch, key: str) -> list[Any]:
+    """The records of a batch stored as fragments: decoded from its chunks when uncompressed (each value built
+    once), else from the whole batch; a record too large for a row raises :class:`RecordTooLargeError` before its
+    value is built."""
+    if h.codec != Codec.NONE:
+        records = list(iter_raw_records(h, memoryview(data.read()), path=key))
+        for r in records:
+            _check_row(seg, r.offset, len(r.key or b"") + len(r.value or b"")
+                       + sum(len(k) + len(v or b"") for k, v in r.headers or ()))
+        return records
+    out = []
+    for r in iter_streamed_records(h, data.chunks(), path=key):
+        _check_row(seg, r.offset, len(r.key or b"") + r.value_size)
+        value = b"".join(bytes(c) for c in r.value_chunks()) if r.streamed else r.value
+        headers = r.headers()
+        _check_row(seg, r.offset, len(r.key or b"") + len(value or b"")
+                   + sum(len(k) + len(v or b"") for k, v in headers))
+        out.append(Record(r.offset, r.timestamp, r.key, value, tuple(headers)))
+    return out
+
+
+def _check_row(seg: RemoteSegmentMetadata, offset: int, size: int) -> None:
+    if size > ROW_MAX_BYTES:
+        raise RecordTooLargeError(
+            f"{seg.topic_name}-{seg.partition}: the record at offset {offset} has {size} bytes of key, value and "
+            f"headers, more than a Spark row can hold ({ROW_MAX_BYTES}); read it with `rlm cat` or through the "
+            "history endpoint, which stream it")
+
+
 def _aborted(rsm: RemoteStorageManagerApi, part: SegmentSlice) -> list[AbortedTxn]:
     if not part.read_committed:
         return []
@@ -135,13 +183,14 @@ _NO_HEADER_VALUES = pa.array([], _HEADER_TYPE.value_type)
 class _Columns:
     """The pieces (one per record batch) of the Arrow record batch being built."""
 
-    __slots__ = ("headers", "pieces", "rows", "ts_types")
+    __slots__ = ("bytes", "headers", "pieces", "rows", "ts_types")
 
     def __init__(self) -> None:
         self.pieces: list[BatchColumns] = []
         self.ts_types: list[int] = []
         self.headers: list[pa.Array] = []
         self.rows = 0
+        self.bytes = 0  # of keys and values
 
     def add(self, cols: BatchColumns, ts_type: int, headers: pa.Array | None) -> None:
         self.pieces.append(cols)
@@ -149,6 +198,7 @@ class _Columns:
         if headers is not None:
             self.headers.append(headers)
         self.rows += len(cols)
+        self.bytes += _payload(cols)
 
     def to_batch(self, schema: pa.Schema, topic: str, partition: int) -> pa.RecordBatch:
         n = self.rows
@@ -170,6 +220,11 @@ class _Columns:
         if len(schema) > len(arrays):
             arrays.append(_concat(self.headers))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _payload(cols: BatchColumns) -> int:
+    """The key and value bytes of ``cols``."""
+    return cols.keys.nbytes + cols.values.nbytes
 
 
 def _concat(arrays: list[pa.Array]) -> pa.Array:
@@ -224,11 +279,13 @@ def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: Segment
     key = handle.name
     include_headers = part.include_headers
     for h, data, visible in iter_segment_batches(handle, lo, hi, aborted=_aborted(rsm, part),
-                                                 first_block=part.first_block, last_block=part.last_block):
+                                                 first_block=part.first_block, last_block=part.last_block,
+                                                 large=True):
         if not visible:
             continue
-        batch_cols = decode_columns(h, data, path=key)
-        if batch_cols is not None:
+        if isinstance(data, LargeBatch):
+            batch_cols, headers = _record_columns(_large_records(seg, h, data, key), include_headers)
+        elif (batch_cols := decode_columns(h, data, path=key)) is not None:
             headers = _no_headers(len(batch_cols)) if include_headers else None
         else:
             batch_cols, headers = _record_columns(list(iter_raw_records(h, data, path=key)), include_headers)
@@ -247,6 +304,13 @@ def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: Segment
             start_ts = None  # from the first such record on, every record is returned
         if not len(batch_cols):
             continue
+        if cols.rows and cols.bytes + _payload(batch_cols) > BATCH_BYTES:  # binary columns: 32-bit offsets
+            batch = cols.to_batch(schema, seg.topic_name, seg.partition)
+            cols = _Columns()
+            if gc_was_enabled:
+                gc.enable()
+            yield batch
+            gc.disable()
         cols.add(batch_cols, 1 if h.timestamp_type else 0, headers)
         if cols.rows >= BATCH_ROWS:
             batch = cols.to_batch(schema, seg.topic_name, seg.partition)
