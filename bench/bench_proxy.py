@@ -1,0 +1,373 @@
+"""Proxy benchmark (issue 24): the sidecar's listener as a tier-aware proxy of its broker
+(``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
+
+    ./dev bench proxy [--gib 1] [--repeat 2] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
+                      [--profile FILE]
+
+1. live: a consumer reads ``--gib`` of local (untiered) data through the proxy vs straight from the broker (goal
+   >= 0.8x). The sidecar's CPU seconds per GiB read are those of its process (``rlm serve`` with the listener, a
+   child of this script), from ``/proc/<pid>/stat``, so apart from the consumer's and the broker's.
+2. history: a group consumer reads ``--gib`` of history through the proxy, held by the tier alone (the broker's log
+   start moved past it) vs Kafka's own tiered storage (``LocalTieredStorage``, :mod:`bench.kafka_tiered`) served by
+   the broker to a consumer connected to it (goal >= 1.5x).
+3. latency: produce-to-consume latency p50 / p99 of a live tail, through the proxy vs direct, both consumers
+   reading the same records at once (goal: <= 5 ms added at p99).
+
+Set-up: one broker (KRaft, 127.0.0.1, ``devtools/devkafka``) with Kafka's tiered storage on. ``rlm serve`` (a child
+process, filesystem store) tiers the topics ``proxy-live``, ``proxy-history`` and ``proxy-tail`` and serves the
+listener as a proxy; ``proxy-kafka`` has ``remote.storage.enable=true``. The same records (1 KiB values, keys, no
+compression) go to ``proxy-live``, ``proxy-history`` and ``proxy-kafka`` (one partition each). Once both tiers hold
+every rolled segment, the broker's local copy goes: ``retention.bytes=1`` on ``proxy-history`` (the broker deletes
+every rolled segment; the tier keeps them), ``local.retention.ms`` on ``proxy-kafka``. Every read covers the rolled
+segments (offsets 0 to the end of the last rolled one; the active segment is never tiered), so the history reads
+are served from the tiers alone. The sidecar is idle during the reads (nothing left to copy).
+
+Reads: confluent-kafka (librdkafka) consumers, a process each (``bench/proxy_child.py``), with librdkafka's defaults
+but ``group.id`` (a fresh group per read) and ``auto.offset.reset`` (``earliest``; ``latest`` for the tail):
+``subscribe()``, so the proxy serves FindCoordinator, the group protocol and the commits (auto-commit, the default)
+too. The read window starts at the group's assignment and ends at the last record; MB/s counts keys + values.
+``--repeat`` reads per source, the sources taking turns (the order reversed every other round); the best counts.
+Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
+(``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
+the first second is left out (warm-up); the latency is to the record's hand-over by ``poll()`` (one record a call).
+``--profile FILE``: afterwards one more live read through a listener alone (``proxy_child.py listener``) with every
+thread under cProfile; the hot functions are printed and the stats written to FILE.
+
+The machine may be shared: the 1-minute load average before and after is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+VALUE_BYTES = 1024
+TAIL_VALUE_BYTES = 200
+CHILD = ROOT / "bench" / "proxy_child.py"
+STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
+LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
+
+
+@dataclass
+class Read:
+    window_s: float
+    records: int
+    bytes: int
+    sidecar_cpu_s: float
+    broker_cpu_s: float
+
+    @property
+    def mb_s(self) -> float:
+        return self.bytes / 1e6 / self.window_s
+
+    @property
+    def records_s(self) -> float:
+        return self.records / self.window_s
+
+
+def produce(bootstrap: str, topics: list[str], total_bytes: int) -> int:
+    """The same records, in the same order, to every topic (partition 0); returns the number of records per topic."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 256 * 1024,
+                  "compression.type": "none", "queue.buffering.max.kbytes": 512 * 1024, "acks": "1"})
+    pool = random.Random(11).randbytes(VALUE_BYTES * 64)
+    n = total_bytes // (VALUE_BYTES + 40)
+    for i in range(n):
+        j = i % 63
+        value, key = pool[j * VALUE_BYTES: (j + 1) * VALUE_BYTES], b"key-%010d" % i
+        for topic in topics:
+            while True:
+                try:
+                    p.produce(topic, value, key, partition=0)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        if i % 10_000 == 0:
+            p.poll(0)
+    if p.flush(300):
+        raise RuntimeError("messages left undelivered")
+    return n
+
+
+def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.5) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The sidecar's /metrics: (sample name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def sidecar_tiered(ops_port: int, topic: str, rolled: int) -> bool:
+    """The sidecar copied ``rolled`` segments of ``topic`` (``rlm_segments_copied``; not ``rlm_copy_lag_segments``,
+    which is set at the start of a copy run and so still counts the last run's segments once the copier sleeps)."""
+    try:
+        m = scrape(ops_port)
+    except OSError:
+        return False
+    return m.get(("rlm_segments_copied_total", (("topic", topic),)), 0.0) >= rolled
+
+
+def read(bootstrap: str, topic: str, records: int, sidecar_pid: int, broker_pid: int) -> Read:
+    """One ``proxy_child.py consume`` read of ``records`` records of ``topic`` from offset 0, a fresh group."""
+    group = f"bench-proxy-{uuid.uuid4().hex[:8]}"
+    out = subprocess.run([sys.executable, str(CHILD), "consume", bootstrap, topic, str(records),
+                          f"{sidecar_pid},{broker_pid}", group], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"the consumer of {topic} via {bootstrap} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)])
+
+
+def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
+    """Two tail consumers (through the proxy, direct) at once; this process produces ``rate`` records a second for
+    ``seconds`` (after one second of warm-up, left out) to ``TAIL``. Returns source -> latencies (ms) by seq, and
+    ``added``: the proxy's latency less the direct one's, record by record."""
+    from confluent_kafka import Producer
+
+    procs = {name: subprocess.Popen([sys.executable, str(CHILD), "tail", boot, TAIL, f"bench-tail-{uuid.uuid4().hex}"],
+                                    stdout=subprocess.PIPE, text=True)
+             for name, boot in (("proxy", proxy), ("direct", direct))}
+    try:
+        for name, p in procs.items():
+            if p.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                raise RuntimeError(f"the {name} tail consumer exited {p.wait()} before it was ready")
+        time.sleep(2.0)  # the position (latest) known before the first record
+        prod = Producer({"bootstrap.servers": direct, "linger.ms": 0, "acks": "1"})
+        pad = b"x" * (TAIL_VALUE_BYTES - STAMP.size)
+        warm = rate  # one second
+        total = warm + int(rate * seconds)
+        t0 = time.monotonic()
+        for seq in range(total):
+            due = t0 + seq / rate
+            while (now := time.monotonic()) < due:
+                prod.poll(min(due - now, 0.001))
+            prod.produce(TAIL, STAMP.pack(seq, time.monotonic_ns()) + pad, b"k", partition=0)
+            prod.poll(0)
+        prod.produce(TAIL, b"", b"end", partition=0)
+        if prod.flush(60):
+            raise RuntimeError("tail records left undelivered")
+        got = {}
+        for name, p in procs.items():
+            line = p.stdout.read()  # type: ignore[union-attr]
+            if p.wait(60) != 0:
+                raise RuntimeError(f"the {name} tail consumer exited {p.returncode}")
+            r = json.loads(line.strip().splitlines()[-1])
+            got[name] = {s: ns / 1e6 for s, ns in zip(r["seq"], r["latency_ns"], strict=True) if s >= warm}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    both = sorted(set(got["proxy"]) & set(got["direct"]))
+    missing = total - warm - len(both)
+    if missing:
+        print(f"  latency: {missing} records not seen by both consumers", file=sys.stderr)
+    return {"proxy": [got["proxy"][s] for s in both], "direct": [got["direct"][s] for s in both],
+            "added": [got["proxy"][s] - got["direct"][s] for s in both]}
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=1000, method="inclusive")[int(q * 10) - 1] if len(xs) > 1 else xs[0]
+
+
+def profile_live_read(kc, raw: dict, work: Path, records: int, out: Path) -> None:  # noqa: ANN001
+    """One more live read through a listener alone (no tiering) with every thread under cProfile; prints the hot
+    functions (own time and cumulative) and writes the stats to ``out``."""
+    import pstats
+
+    path = work / "listener.json"
+    settings = {**raw, "history_listener": {**raw["history_listener"], "port": 0},
+                "metadata": {**raw["metadata"], "state_dir": str(work / "state-profiled")}}
+    path.write_text(json.dumps(settings))
+    proc = subprocess.Popen([sys.executable, str(CHILD), "listener", str(path), str(out)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        port = json.loads(proc.stdout.readline())["port"]  # type: ignore[union-attr]
+        r = read(f"127.0.0.1:{port}", LIVE, records, proc.pid, kc.node(1).process.pid)
+        print(f"\nprofiled live read (cProfile in every thread: slower than unprofiled): {r.mb_s:.0f} MB/s, "
+              f"listener CPU {r.sidecar_cpu_s / (r.bytes / GiB):.2f} s/GiB", file=sys.stderr)
+    finally:
+        proc.stdin.close()  # type: ignore[union-attr]
+        proc.wait(60)
+    stats = pstats.Stats(str(out))
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="data per topic (GiB)")
+    ap.add_argument("--segment-mib", type=int, default=None,
+                    help="segment.bytes (default: 64 MiB, or less so that there are at least 8 segments)")
+    ap.add_argument("--repeat", type=int, default=2, help="reads per source; the best counts")
+    ap.add_argument("--latency-seconds", type=float, default=20.0, help="live-tail records produced for this long")
+    ap.add_argument("--latency-rate", type=int, default=1000, help="live-tail records per second")
+    ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                    help="afterwards, profile one live read through a listener alone (cProfile, every thread)")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
+
+    from devtools.devkafka import KafkaCluster, free_port
+    from rsm.log.partition import PartitionDir
+
+    total = int(args.gib * GiB)
+    seg_mib = args.segment_mib or max(1, min(64, total // 8 // MiB))
+    work = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    load = [os.getloadavg()]
+    results: dict[str, list[Read]] = {}
+    serve: subprocess.Popen | None = None
+    try:
+        kafka_remote = work / "kafka-remote"
+        kafka_remote.mkdir()
+        with KafkaCluster(brokers=1, broker_config=kafka_tiered_storage_config(kafka_remote), heap="1g") as kc:
+            seg = {"segment.bytes": str(seg_mib * MiB), "retention.ms": "-1", "retention.bytes": "-1"}
+            for t in (LIVE, HISTORY, TAIL):
+                kc.create_topic(t, 1, config=seg)
+            kc.create_topic(KAFKA, 1, config={**seg, "remote.storage.enable": "true"})
+
+            tag = uuid.uuid4().hex[:8]
+            ops_port, proxy_port = free_port(), free_port()
+            raw = {
+                "broker_id": 1, "log_dirs": [str(d) for d in kc.node(1).log_dirs],
+                "staging_dir": str(work / "staging"),
+                "kafka": {"bootstrap_servers": kc.bootstrap_servers},
+                "store": {"store": "fs", "root_path": str(work / "sidecar-remote")},
+                "metadata": {"topic": f"__rlm_md_{tag}", "partitions": 3, "replication_factor": 1,
+                             "state_dir": str(work / "sidecar-state"), "to_be_deleted_topic": f"__rlm_tbd_{tag}"},
+                "tasks": {"copy_interval_ms": 500, "discovery_interval_ms": 500},
+                "topics": {"include": [LIVE, HISTORY, TAIL]},
+                "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
+                "history_listener": {"host": "127.0.0.1", "port": proxy_port, "proxy": True,
+                                     "authorization": {"allow_if_no_authorizer": True}},  # dev cluster: no authorizer
+                "listen": {"host": "127.0.0.1", "port": ops_port}, "log_format": "text", "log_level": "WARNING"}
+            config = work / "sidecar.yaml"
+            config.write_text(json.dumps(raw))  # JSON is YAML
+            serve = subprocess.Popen([sys.executable, "-m", "rlm.cli", "serve", "--config", str(config)],
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # noqa: SIM115
+            proxy = f"127.0.0.1:{proxy_port}"
+
+            t0 = time.perf_counter()
+            n = produce(kc.bootstrap_servers, [LIVE, HISTORY, KAFKA], total)
+            print(f"produced {n:,} records x 3 topics in {time.perf_counter() - t0:.1f}s ({seg_mib} MiB segments)",
+                  file=sys.stderr)
+            pdirs = {t: kc.log_dir() / f"{t}-0" for t in (LIVE, HISTORY, KAFKA)}
+            rolled = {t: PartitionDir(d).rolled_ranges() for t, d in pdirs.items()}
+            records = min(r[-1][1] for r in rolled.values()) + 1
+
+            t0 = time.perf_counter()
+            for t in (LIVE, HISTORY):
+                wait_until(lambda t=t: serve.poll() is None and sidecar_tiered(ops_port, t, len(rolled[t])), 1800,
+                           f"the sidecar to tier {t} (log: {work / 'serve.log'})")
+                if serve.poll() is not None:
+                    raise RuntimeError(f"rlm serve exited {serve.returncode}: {(work / 'serve.log').read_text()}")
+            wait_until(lambda: kafka_remote_segments(kafka_remote) >= len(rolled[KAFKA]), 1800,
+                       "Kafka's tiered storage to copy every rolled segment")
+            print(f"both tiers hold every rolled segment {time.perf_counter() - t0:.1f}s later", file=sys.stderr)
+            set_topic_config(kc.bootstrap_servers, HISTORY, {"retention.bytes": "1"})
+            set_topic_config(kc.bootstrap_servers, KAFKA, {"local.retention.ms": "1000"})
+            for t in (HISTORY, KAFKA):
+                wait_until(lambda t=t: not PartitionDir(pdirs[t]).rolled_ranges(), 600,
+                           f"the broker to delete {t}'s rolled segments locally")
+
+            broker_pid = kc.node(1).process.pid  # type: ignore[union-attr]
+            sources = [("live, through the proxy", proxy, LIVE), ("live, direct", kc.bootstrap_servers, LIVE),
+                       ("history, through the proxy (tier)", proxy, HISTORY),
+                       ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA)]
+            load.append(os.getloadavg())
+            for rnd in range(args.repeat):
+                for name, boot, topic in sources if rnd % 2 == 0 else sources[::-1]:
+                    r = read(boot, topic, records, serve.pid, broker_pid)
+                    results.setdefault(name, []).append(r)
+                    print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s, sidecar CPU "
+                          f"{r.sidecar_cpu_s:.2f}s, broker CPU {r.broker_cpu_s:.2f}s", file=sys.stderr)
+            lat = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds)
+            load.append(os.getloadavg())
+            if args.profile:
+                profile_live_read(kc, raw, work, records, args.profile)
+            serve.terminate()
+            serve.wait(30)
+    finally:
+        if serve is not None and serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+    best = {name: max(runs, key=lambda r: r.mb_s) for name, runs in results.items()}
+    gib_read = best["live, direct"].bytes / GiB
+
+    def cpu(r: Read) -> str:
+        return f"{r.sidecar_cpu_s / gib_read:.2f} / {r.broker_cpu_s / gib_read:.2f}"
+
+    print()
+    print(f"{'':40} {'MB/s':>7} {'records/s':>10} {'sidecar / broker CPU s/GiB':>27}   every run MB/s")
+    for name, r in best.items():
+        every = ", ".join(f"{x.mb_s:.0f}" for x in results[name])
+        print(f"{name:40} {r.mb_s:>7.0f} {r.records_s:>10,.0f} {cpu(r):>27}   {every}")
+    print()
+    lv = best["live, through the proxy"].mb_s / best["live, direct"].mb_s
+    hi = best["history, through the proxy (tier)"].mb_s / best["history, Kafka tiered storage (direct)"].mb_s
+    p = {k: (pct(v, 50), pct(v, 99)) for k, v in lat.items()}
+    added99 = p["proxy"][1] - p["direct"][1]
+    rows = [("1. live 1x: proxy / direct", f"{lv:.2f}x", ">= 0.8x", lv >= 0.8),
+            ("2. history: proxy (tier) / Kafka tiered", f"{hi:.2f}x", ">= 1.5x", hi >= 1.5),
+            ("3. tail latency p99 added by the proxy", f"{added99:+.2f} ms", "<= 5 ms", added99 <= 5)]
+    print(f"{'comparison':42} {'result':>10} {'goal':>9}  met")
+    for label, res, goal, ok in rows:
+        print(f"{label:42} {res:>10} {goal:>9}  {'yes' if ok else 'NO'}")
+    print()
+    print(f"tail latency ms (p50 / p99 / max), {len(lat['added']):,} records at {args.latency_rate}/s: "
+          f"proxy {p['proxy'][0]:.2f} / {p['proxy'][1]:.2f} / {max(lat['proxy']):.2f}; "
+          f"direct {p['direct'][0]:.2f} / {p['direct'][1]:.2f} / {max(lat['direct']):.2f}; "
+          f"per record proxy - direct {p['added'][0]:+.2f} / {p['added'][1]:+.2f}")
+    print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
+          f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
+          f"auto.offset.reset; subscribe()), a process each; best of {args.repeat}, sources taking turns. Sidecar CPU: "
+          f"the rlm serve process (listener + idle tiering), broker CPU: its JVM, both from /proc/<pid>/stat over the "
+          f"read window, per GiB read. {os.cpu_count()} cores; load average (1/5/15 min) at start "
+          f"{_load(load[0])}, before the reads {_load(load[1])}, after {_load(load[-1])}.")
+
+
+def _load(x: tuple[float, float, float]) -> str:
+    return "/".join(f"{v:.1f}" for v in x)
+
+
+def _ck_version() -> str:
+    import confluent_kafka
+
+    return f"{confluent_kafka.__version__} (librdkafka {confluent_kafka.libversion()[0]})"
+
+
+if __name__ == "__main__":
+    main()

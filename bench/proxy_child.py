@@ -1,0 +1,183 @@
+"""The child processes of ``bench_proxy``: a reader, a live-tail reader, and a profiled listener.
+
+    python bench/proxy_child.py consume BOOTSTRAP TOPIC RECORDS PIDS GROUP
+    python bench/proxy_child.py tail BOOTSTRAP TOPIC GROUP
+    python bench/proxy_child.py listener SETTINGS_JSON PROFILE_OUT
+
+``consume`` is one confluent-kafka consumer (librdkafka defaults but ``group.id`` GROUP and
+``auto.offset.reset=earliest``) that ``subscribe()``s to TOPIC (one partition) and reads RECORDS records, checking
+that they are offsets 0.. in order, each once. The read window starts at the group's assignment (``on_assign``:
+after JoinGroup / SyncGroup, before OffsetFetch, ListOffsets and the first Fetch) and ends at the last record. At
+both ends it reads the CPU seconds of the processes PIDS (comma-separated: the sidecar's, the broker's) from
+``/proc/<pid>/stat``. It prints one JSON line ``{"window_s", "records", "bytes" (keys + values), "cpu": {pid: s}}``.
+
+``tail`` is a live-tail consumer (the same settings, ``auto.offset.reset=latest``): it prints ``ready`` once
+assigned, then ``poll()``s, and for every record whose value starts with ``seq`` (8 bytes) and the producer's
+``time.monotonic_ns()`` (8 bytes; CLOCK_MONOTONIC is one clock for every process of the machine) notes the latency
+to its arrival (when ``poll()`` hands it over); a record keyed ``end`` stops it. Prints
+``{"seq": [...], "latency_ns": [...]}``.
+
+``listener`` runs :func:`rlm.listener.start_listener` alone (no tiering) with every Python thread under
+:mod:`cProfile` (each thread its own profiler, installed by wrapping :meth:`threading.Thread.run` before the listener
+starts its threads; merged at the end), timed by the thread's CPU clock (:func:`time.thread_time`), so a thread
+waiting (epoll, a queue, a lock, librdkafka's poll) costs nothing and the times add up to CPU seconds. It prints
+``{"port": ...}``, and at the end of stdin stops and writes the merged stats to PROFILE_OUT (:mod:`pstats` format).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["consume", "listener", "tail"]
+
+TICKS = os.sysconf("SC_CLK_TCK")
+CLIENT_TIMEOUT_S = 1800
+STAMP = struct.Struct(">qq")  # seq, producer's monotonic_ns
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14, 15 of proc(5))
+
+
+def consumer_config(bootstrap: str, group: str, reset: str) -> dict[str, object]:
+    """The consumer settings of every read, through the proxy or not: librdkafka's defaults but these."""
+    return {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": reset}
+
+
+def consume(bootstrap: str, topic: str, records: int, pids: list[int], group: str) -> None:
+    from confluent_kafka import Consumer, KafkaException
+
+    c = Consumer(consumer_config(bootstrap, group, "earliest"))
+    mark: list[tuple[float, dict[int, float]]] = []
+
+    def on_assign(_consumer: object, partitions: list) -> None:
+        if partitions and not mark:
+            mark.append((time.monotonic(), {p: cpu_seconds(p) for p in pids}))
+
+    c.subscribe([topic], on_assign=on_assign)
+    start = time.monotonic()
+    n = size = 0
+    expect = 0
+    while expect < records:
+        if time.monotonic() - start > CLIENT_TIMEOUT_S:
+            raise RuntimeError(f"read {n} records of {records} in {CLIENT_TIMEOUT_S} s")
+        for m in c.consume(10_000, 1.0):
+            if m.error():
+                raise KafkaException(m.error())
+            if m.offset() != expect:
+                raise RuntimeError(f"{topic}: offset {m.offset()} where {expect} was expected")
+            expect += 1
+            n += 1
+            size += len(m.value() or b"") + len(m.key() or b"")
+            if expect == records:
+                break
+    end = time.monotonic()
+    cpu = {p: cpu_seconds(p) - mark[0][1][p] for p in pids}
+    c.close()
+    print(json.dumps({"window_s": end - mark[0][0], "records": n, "bytes": size, "cpu": cpu}), flush=True)
+
+
+def tail(bootstrap: str, topic: str, group: str) -> None:
+    from confluent_kafka import Consumer, KafkaException
+
+    c = Consumer(consumer_config(bootstrap, group, "latest"))
+    ready = threading.Event()
+    c.subscribe([topic], on_assign=lambda _c, parts: ready.set() if parts else None)
+    seqs: list[int] = []
+    lat: list[int] = []
+    announced = False
+    start = time.monotonic()
+    while True:
+        if time.monotonic() - start > CLIENT_TIMEOUT_S:
+            raise RuntimeError(f"no end record in {CLIENT_TIMEOUT_S} s")
+        m = c.poll(0.1)  # one record a call: consume(n, timeout) would wait for n records or the timeout
+        now = time.monotonic_ns()
+        msgs = [m] if m is not None else []
+        if ready.is_set() and not announced:
+            print("ready", flush=True)
+            announced = True
+        done = False
+        for m in msgs:
+            if m.error():
+                raise KafkaException(m.error())
+            if m.key() == b"end":
+                done = True
+                continue
+            seq, sent = STAMP.unpack_from(m.value())
+            seqs.append(seq)
+            lat.append(now - sent)
+        if done:
+            break
+    c.close()
+    print(json.dumps({"seq": seqs, "latency_ns": lat}), flush=True)
+
+
+def _profile_every_thread() -> list:
+    """Wrap :meth:`threading.Thread.run` so that each thread started from now on runs under a profiler of its own
+    (cProfile hooks the thread that enables it only); the list gets the profilers."""
+    import cProfile
+
+    profiles: list = []
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    return profiles
+
+
+def listener(settings_path: str, out: str) -> None:
+    import cProfile
+    import logging
+    import pstats
+
+    logging.basicConfig(level=logging.WARNING)
+    profiles = _profile_every_thread()
+    main = cProfile.Profile(time.thread_time)
+    profiles.append(main)
+    from rlm.config import SidecarSettings
+    from rlm.listener import start_listener
+    from rsm.manager import RemoteStorageManager
+
+    settings = SidecarSettings(**json.loads(Path(settings_path).read_text()))
+    main.enable()
+    served = start_listener(settings, RemoteStorageManager(settings.store))
+    main.disable()
+    print(json.dumps({"port": served.port}), flush=True)
+    sys.stdin.read()
+    served.stop()
+    time.sleep(0.5)
+    stats = None
+    for p in profiles:
+        try:
+            stats = pstats.Stats(p) if stats is None else stats.add(p)  # type: ignore[union-attr]
+        except TypeError:  # a profiler that never ran
+            continue
+    if stats is not None:
+        stats.dump_stats(out)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["consume"]:
+        consume(sys.argv[2], sys.argv[3], int(sys.argv[4]), [int(p) for p in sys.argv[5].split(",")], sys.argv[6])
+    elif sys.argv[1:2] == ["tail"]:
+        tail(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1:2] == ["listener"]:
+        listener(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit(__doc__)
