@@ -10,7 +10,8 @@ jobs, one module each, as Kafka splits its own:
 - :mod:`rlmm.topic_producer`: the producer (``acks=all``, idempotent), and the tombstones of deleted segments.
 
 What stays here: checking a write against the cache, then the one write path (:meth:`_write_many`: produce, then
-wait until the consumer task applied every record, read-your-writes), and the reads. A manager configured
+wait until the consumer task applied every record, read-your-writes; concurrent writers grouped into one such write,
+:mod:`rlmm.group_commit`), and the reads. A manager configured
 ``read_only`` (readers: the operator commands, Spark, the history endpoint, ``mode: read_only``) has no producer at
 all: it writes nothing (not even due tombstones), and its principal needs no WRITE right.
 
@@ -43,6 +44,7 @@ from rlmm.api import (
     TopicIdPartition,
 )
 from rlmm.cache import MetadataCache, SkippedRecord
+from rlmm.group_commit import GroupCommit
 from rlmm.keys import KeyKind, encode_key
 from rlmm.rules import refuse_new_segment, refuse_partition_delete, refuse_segment_update, require_new_segment
 from rlmm.topic_admin import ensure_metadata_topic
@@ -100,6 +102,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._producer = None if config.read_only else MetadataProducer(
             self.topic, {**common, **config.producer_config})
         self._served: dict[TopicIdPartition, int] = {}
+        self._group: GroupCommit[_Item, RemoteLogMetadataError | None] = GroupCommit(self._write_now)
         self._closed = False
         self._last_tombstones = 0.0
         self._consumer = ConsumerTask(found, self.cache, {**common, **config.consumer_config},
@@ -215,7 +218,12 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         """The one write path: produce every item, then wait until the consumer task applied each (read-your-writes),
         allowing ``write_timeout_s`` without progress; per item None (written and applied) or its error, among them
         the cache's refusal of the record as written (the topic's order decides). The caller holds the items'
-        metadata partitions (:meth:`_holding`)."""
+        metadata partitions (:meth:`_holding`). Writers of other threads that come while a write is in flight go
+        out together in the next one (:class:`rlmm.group_commit.GroupCommit`: one flush, one wait for all)."""
+        return self._group.write(items)
+
+    def _write_now(self, items: Sequence[_Item]) -> list[RemoteLogMetadataError | None]:
+        """:meth:`_write_many`'s write of the records of every writer of a group."""
         if self._producer is None:
             raise RemoteLogMetadataError(f"this metadata manager of {self.topic} is read-only: nothing is written")
         timeout = self.config.write_timeout_s
