@@ -9,6 +9,8 @@ a child process (:func:`run_measured`): the peak resident set above the process'
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import struct
 import subprocess
@@ -21,8 +23,8 @@ from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy as _Bui
 from rsm.log._crc32c import buffer_address, crc32c_at
 from tests.support.batches import BASE_TS, _zigzag, one_per_batch
 
-__all__ = ["CHUNK", "RECORDS", "big_batch_segment", "chunked", "make_batch", "peak_above_idle", "reset_peak",
-           "run_measured", "value_chunks"]
+__all__ = ["CHUNK", "RECORDS", "big_batch_segment", "cat_lines", "chunked", "make_batch", "peak_above_idle",
+           "peak_kib", "reset_peak", "run_measured", "value_chunks"]
 
 CHUNK = 1 << 20
 MiB = 1 << 20
@@ -71,22 +73,27 @@ def big_batch_segment(path: Path, value_size: int, *, small_before: int = 10, sm
     return {"big_offset": small_before, "end_offset": small_before + small_after, "big_size": size}
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise LookupError(field)
 
 
-def reset_peak() -> int:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; returns that RSS in KiB (the idle size)."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_kib("VmRSS")
+def reset_peak(pid: int | str = "self") -> int:
+    """Reset process ``pid``'s peak RSS (``VmHWM``) to its current RSS; returns that RSS in KiB (the idle size)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return _status_kib("VmRSS", pid)
 
 
-def peak_above_idle(idle_kib: int) -> int:
-    """Bytes the peak RSS reached above ``idle_kib`` since :func:`reset_peak`."""
-    return (_status_kib("VmHWM") - idle_kib) * 1024
+def peak_above_idle(idle_kib: int, pid: int | str = "self") -> int:
+    """Bytes process ``pid``'s peak RSS reached above ``idle_kib`` since :func:`reset_peak`."""
+    return (_status_kib("VmHWM", pid) - idle_kib) * 1024
+
+
+def peak_kib(pid: int | str = "self") -> int:
+    """Process ``pid``'s peak RSS (``VmHWM``), KiB."""
+    return _status_kib("VmHWM", pid)
 
 
 def run_measured(code: str, *, timeout: float = 600) -> dict:
@@ -123,3 +130,39 @@ def make_batch(records: list, *, compression: int = 0, base_offset: int = 100) -
 def chunked(raw: bytes, n: int) -> Iterator[memoryview]:
     """``raw`` in views of ``n`` bytes (the last shorter)."""
     return (memoryview(raw)[i:i + n] for i in range(0, len(raw), n))
+
+
+def cat_lines(path: Path) -> Iterator[tuple[dict, str, int]]:
+    """The lines ``rlm cat`` wrote to ``path``, each as ``(its object with "value" set to "", sha256 hex of the
+    value's bytes, their length)``, read in bounded memory (a value of hundreds of MiB is decoded as it is read).
+    A null value is length -1."""
+    marker = b'"value": '
+    with open(path, "rb") as f:
+        while True:
+            head = f.readline(1 << 20)
+            if not head:
+                return
+            if head.endswith(b"\n"):
+                obj = json.loads(head)
+                value = obj["value"]
+                obj["value"] = ""
+                data = b"" if value is None else base64.b64decode(value)
+                yield obj, hashlib.sha256(data).hexdigest(), -1 if value is None else len(data)
+                continue
+            i = head.index(marker) + len(marker) + 1  # past the value's opening quote
+            prefix, rest = head[:i], head[i:]
+            digest, n, carry = hashlib.sha256(), 0, b""
+            while True:
+                j = rest.find(b'"')
+                data = carry + (rest if j < 0 else rest[:j])
+                cut = len(data) if j >= 0 else len(data) - len(data) % 4
+                decoded = base64.b64decode(data[:cut])
+                digest.update(decoded)
+                n += len(decoded)
+                carry = data[cut:]
+                if j >= 0:
+                    tail = rest[j:] + (b"" if rest.endswith(b"\n") else f.readline())
+                    break
+                rest = f.readline(1 << 20)
+            obj = json.loads(prefix + tail)
+            yield obj, digest.hexdigest(), n
