@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
+from bench.proxy_child import cpu_seconds  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -66,6 +67,7 @@ VALUE_BYTES = 1024
 TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
+IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
 LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
 
 
@@ -136,6 +138,14 @@ def sidecar_tiered(ops_port: int, topic: str, rolled: int) -> bool:
     except OSError:
         return False
     return m.get(("rlm_segments_copied_total", (("topic", topic),)), 0.0) >= rolled
+
+
+def idle_cpu_rate(pid: int, seconds: float) -> float:
+    """CPU seconds per second a process uses while nobody reads through it (``rlm serve``: its copy, discovery and
+    metadata loops, the listener's refreshers), over ``seconds``."""
+    t0, c0 = time.monotonic(), cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
 def read(bootstrap: str, topic: str, records: int, sidecar_pid: int, broker_pid: int) -> Read:
@@ -306,6 +316,7 @@ def main() -> None:
                        ("history, through the proxy (tier)", proxy, HISTORY),
                        ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA)]
             load.append(os.getloadavg())
+            idle = idle_cpu_rate(serve.pid, IDLE_S)
             for rnd in range(args.repeat):
                 for name, boot, topic in sources if rnd % 2 == 0 else sources[::-1]:
                     r = read(boot, topic, records, serve.pid, broker_pid)
@@ -326,6 +337,7 @@ def main() -> None:
 
     best = {name: max(runs, key=lambda r: r.mb_s) for name, runs in results.items()}
     gib_read = best["live, direct"].bytes / GiB
+    live_window = best["live, through the proxy"].window_s
 
     def cpu(r: Read) -> str:
         return f"{r.sidecar_cpu_s / gib_read:.2f} / {r.broker_cpu_s / gib_read:.2f}"
@@ -354,9 +366,11 @@ def main() -> None:
     print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
           f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
           f"auto.offset.reset; subscribe()), a process each; best of {args.repeat}, sources taking turns. Sidecar CPU: "
-          f"the rlm serve process (listener + idle tiering), broker CPU: its JVM, both from /proc/<pid>/stat over the "
-          f"read window, per GiB read. {os.cpu_count()} cores; load average (1/5/15 min) at start "
-          f"{_load(load[0])}, before the reads {_load(load[1])}, after {_load(load[-1])}.")
+          f"the rlm serve process (listener + idle tiering, which alone takes {idle:.3f} CPU s/s, measured over "
+          f"{IDLE_S:.0f} s before the reads: {idle * live_window / gib_read:.2f} s/GiB of the live proxied read), "
+          f"broker CPU: its JVM, both from /proc/<pid>/stat over the read window, per GiB read. {os.cpu_count()} "
+          f"cores; load average (1/5/15 min) at start {_load(load[0])}, before the reads {_load(load[1])}, after "
+          f"{_load(load[-1])}.")
 
 
 def _load(x: tuple[float, float, float]) -> str:
