@@ -14,6 +14,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   broker's last stable offset is above its log start, every transaction begun below it is decided, markers tiered or
   not: the tier is read up to its high watermark and the broker's aborted transactions (of a Fetch at its log start)
   come with the tier's (:class:`rlm.tier.Decided`); otherwise the tier's own last stable offset bounds the read.
+  A broker that answers OFFSET_OUT_OF_RANGE but not the ListOffsets for its bounds (a follower, which serves a
+  consumer's Fetch v11+ but not its ListOffsets; a new leader for a moment after a leadership move:
+  OFFSET_NOT_AVAILABLE) gets its ListOffsets error passed on instead, which clients retry on: its OFFSET_OUT_OF_RANGE
+  would reset a consumer group (``auto.offset.reset``) from a position the tier holds.
 - **A hole**: the tier ends below the broker's log start (copy lag past local retention): offsets
   ``tier's high watermark .. broker's log start - 1`` are nowhere. A Fetch there gets the broker's OFFSET_OUT_OF_RANGE,
   as from Kafka; each hole is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range
@@ -150,10 +154,15 @@ def out_of_range(ctx: TierContext, req: Any, resp: Any) -> dict[tuple[Any, int],
 
 
 def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
-                          bounds: dict[tuple[Any, int], BrokerBounds], holes: Holes) -> Any:
+                          bounds: dict[tuple[Any, int], BrokerBounds], holes: Holes,
+                          unbounded: dict[tuple[Any, int], ErrorCode] | None = None) -> Any:
     """``resp`` (the broker's Fetch answer to ``req``, kio entities) with the partitions below the broker's log start
     (``bounds``: those :func:`out_of_range` named, as the broker gives them now) answered from the tier where it
-    holds them (see the module's docstring); a hole met is told to ``holes``."""
+    holds them (see the module's docstring); a hole met is told to ``holes``. ``unbounded``: those
+    :func:`out_of_range` named whose bounds the broker would not give, with its error: their OFFSET_OUT_OF_RANGE
+    is replaced by that error (:func:`_unbounded`)."""
+    if unbounded:
+        resp = _unbounded(resp, unbounded)
     asked = {(_key(t), p.partition): p for t in req.topics for p in t.partitions}
     below = {k for k, b in bounds.items() if 0 <= asked[k].fetch_offset < b.log_start_offset}
     if not below:
@@ -192,6 +201,23 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
                 "log_start_offset": min(got["log_start_offset"], b.log_start_offset)
                 if got["log_start_offset"] >= 0 else b.log_start_offset}))
         topics.append(dataclasses.replace(t, partitions=tuple(parts)))
+    return dataclasses.replace(resp, responses=tuple(topics))
+
+
+def _unbounded(resp: Any, errors: dict[tuple[Any, int], ErrorCode]) -> Any:
+    """``resp`` with the OFFSET_OUT_OF_RANGE of the partitions of ``errors`` replaced by their error. The broker's
+    OFFSET_OUT_OF_RANGE may hide an offset the tier holds, and without the broker's bounds the proxy cannot tell:
+    passed on, it would send the client back to ``auto.offset.reset`` (a consumer group to the tier's first offset,
+    or past what it has not read). The broker's own ListOffsets error says why it gave no bounds, and clients retry
+    on it: NOT_LEADER_OR_FOLLOWER (this broker follows; the client refreshes its metadata and goes to the leader's
+    proxy), OFFSET_NOT_AVAILABLE (a new leader, for a moment: the client fetches again)."""
+    topics = []
+    for t in resp.responses:
+        key = _key(t)
+        topics.append(dataclasses.replace(t, partitions=tuple(
+            dataclasses.replace(p, error_code=errors[(key, p.partition_index)], records=None)
+            if (key, p.partition_index) in errors and p.error_code == ErrorCode.offset_out_of_range else p
+            for p in t.partitions)))
     return dataclasses.replace(resp, responses=tuple(topics))
 
 

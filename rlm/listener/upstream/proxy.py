@@ -91,10 +91,12 @@ class Proxy:
                 return body, out_of_range(self.ctx, req, body)
 
             body, refused = await run(decode)
-            bounds = await self._bounds(upstream, refused, req.isolation_level, run) if refused else {}
+            bounds, unbounded = (await self._bounds(upstream, refused, req.isolation_level, run) if refused
+                                 else ({}, {}))
 
             def merge() -> bytes:
-                merged = fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes) if bounds else body
+                merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
+                          if bounds or unbounded else body)
                 return encode_response(header, self.peers.fetch(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
 
             return await run(merge)
@@ -118,21 +120,28 @@ class Proxy:
 
 
     async def _bounds(self, upstream: Upstream, partitions: dict[tuple[Any, int], str], isolation: int, run: Run
-                      ) -> dict[tuple[Any, int], BrokerBounds]:
+                      ) -> tuple[dict[tuple[Any, int], BrokerBounds], dict[tuple[Any, int], ErrorCode]]:
         """The broker's log start offset, high watermark and last stable offset of ``partitions`` ((topic key,
-        partition) -> topic name), by ListOffsets EARLIEST and LATEST on the client's connection to the broker; a
-        partition the broker answers with an error is left out (the tier then answers nothing for it). For
-        read_committed (``isolation`` 1), a partition whose tier sees a transaction open at its end while the broker's
-        last stable offset is past its log start also gets the broker's aborted transactions there."""
+        partition) -> topic name), by ListOffsets EARLIEST and LATEST on the client's connection to the broker; and
+        apart, the partitions it answers with an error, with the (first) error: a broker that is not the
+        partition's leader (NOT_LEADER_OR_FOLLOWER: a follower serves a consumer's Fetch, KIP-392, but not its
+        ListOffsets) or a new leader whose high watermark has not caught up with its epoch's start
+        (OFFSET_NOT_AVAILABLE, for a moment after a leadership move). For read_committed (``isolation`` 1), a
+        partition whose tier sees a transaction open at its end while the broker's last stable offset is past its
+        log start also gets the broker's aborted transactions there."""
         by_name = _by_name((name, p) for (_key, p), name in partitions.items())
-        start = await _list_offsets(upstream, by_name, EARLIEST, 0)
-        end = await _list_offsets(upstream, by_name, LATEST, 0)
-        stable = await _list_offsets(upstream, by_name, LATEST, 1) if isolation == 1 else end
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        start = await _list_offsets(upstream, by_name, EARLIEST, 0, errors)
+        end = await _list_offsets(upstream, by_name, LATEST, 0, errors)
+        stable = await _list_offsets(upstream, by_name, LATEST, 1, errors) if isolation == 1 else end
         out = {}
+        unbounded = {}
         for key, name in partitions.items():
             at = (name, key[1])
             if at in start and at in end and at in stable:
                 out[key] = BrokerBounds(start[at], end[at], stable[at])
+            else:  # not answered at all: as the broker says of an offset it cannot serve yet
+                unbounded[key] = errors.get(at, ErrorCode.offset_not_available)
         if isolation == 1:
             unsure = await run(self._open_in_tier, {k: partitions[k] for k, b in out.items()
                                                     if b.last_stable_offset > b.log_start_offset})
@@ -140,7 +149,7 @@ class Proxy:
                 aborted = await _aborted(upstream, partitions[k], k[1], out[k].log_start_offset)
                 if aborted is not None:
                     out[k] = dataclasses.replace(out[k], aborted=aborted)
-        return out
+        return out, unbounded
 
     def _open_in_tier(self, partitions: dict[tuple[Any, int], str]) -> list[tuple[Any, int]]:
         """Those of ``partitions`` whose tier sees a transaction still open at its end (on a worker)."""
@@ -161,15 +170,20 @@ def _by_name(partitions: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
     return out
 
 
-async def _list_offsets(upstream: Upstream, by_name: dict[str, list[int]], timestamp: int, isolation_level: int
-                        ) -> dict[tuple[str, int], int]:
+async def _list_offsets(upstream: Upstream, by_name: dict[str, list[int]], timestamp: int, isolation_level: int,
+                        errors: dict[tuple[str, int], ErrorCode] | None = None) -> dict[tuple[str, int], int]:
     """The broker's ListOffsets answer at ``timestamp`` for ``by_name`` (topic -> partitions), the partitions it
-    answers without an error: (topic, partition) -> offset."""
+    answers without an error: (topic, partition) -> offset; the others' errors into ``errors`` (the first kept)."""
     body = await upstream.ask(ApiKey.LIST_OFFSETS, BOUNDS_LIST_OFFSETS_VERSION, {
         "replica_id": -1, "isolation_level": isolation_level, "topics": [
             {"name": name, "partitions": [{"partition_index": p, "current_leader_epoch": -1,
                                            "timestamp": timestamp} for p in parts]}
             for name, parts in by_name.items()]})
+    if errors is not None:
+        for t in body.topics:
+            for p in t.partitions:
+                if p.error_code != ErrorCode.none:
+                    errors.setdefault((t.name, p.partition_index), ErrorCode(p.error_code))
     return {(t.name, p.partition_index): p.offset for t in body.topics for p in t.partitions
             if p.error_code == ErrorCode.none}
 
