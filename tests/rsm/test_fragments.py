@@ -102,9 +102,9 @@ def _check_copy(rsm: RemoteStorageManager, md: RemoteSegmentMetadata, raw: bytes
             assert f.read() == raw[start:None if end is None else end + 1]
 
 
-def test_copy_with_fragments_reads_back_byte_exact(tmp_path):
+def test_copy_with_fragments_reads_back_byte_exact(store, tmp_path):
+    """On every store: S3's reads go through read-ahead (several blocks) and the block cache (one block)."""
     md, data, raw, offsets = _segment(tmp_path)
-    store = FileSystemStore(tmp_path / "remote")
     rsm = RemoteStorageManager(RsmConfig(block_size_bytes=BLOCK, max_data_object_bytes=4096), store)
     rsm.copy_log_segment_data(md, data)
     keys = rsm.keys(md)
@@ -125,6 +125,10 @@ def test_copy_with_fragments_reads_back_byte_exact(tmp_path):
     assert [bytes(d) for _, d in seg.batches(4, 4, first_block=middle, last_block=middle)] == [offsets[4][1]]
     report = verify_segment(store, keys)
     assert report.ok and report.entries == len(offsets) and report.blocks == len(blocks)
+    # read-ahead (ranged GETs of several blocks in flight) and the block cache (one-block reads)
+    ahead = RemoteStorageManager(RsmConfig(block_size_bytes=BLOCK, read_ahead_bytes=16 * 1024,
+                                           read_ahead_request_bytes=3000, block_cache_bytes=1 << 20), store)
+    _check_copy(ahead, md, raw, offsets)
 
 
 def test_copy_without_fragments_keeps_the_old_index_version(tmp_path):
@@ -150,9 +154,8 @@ def test_encrypted_copy_with_fragments(tmp_path):
     _check_copy(rsm, md, raw, offsets)
 
 
-def test_corrupt_fragment_is_caught_before_it_is_handed_out(tmp_path):
+def test_corrupt_fragment_is_caught_before_it_is_handed_out(store, tmp_path):
     md, data, raw, offsets = _segment(tmp_path)
-    store = FileSystemStore(tmp_path / "remote")
     rsm = RemoteStorageManager(RsmConfig(block_size_bytes=BLOCK), store)
     rsm.copy_log_segment_data(md, data)
     keys = rsm.keys(md)
