@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rsm.api import EpochEntry, LargeBatch, LogSegmentData, RemoteSegmentMetadata
+from rsm.api import EpochEntry, IndexType, LargeBatch, LogPiece, LogRangeData, LogSegmentData, RemoteSegmentMetadata
 from rsm.errors import CorruptRemoteObjectError
 from rsm.format.block import BLOCK_HEADER_LENGTH, decode_block_header, frame_fragment, set_fragment_crc
 from rsm.format.index import decode_index
@@ -131,6 +131,23 @@ def test_copy_with_fragments_reads_back_byte_exact(store, tmp_path):
     _check_copy(ahead, md, raw, offsets)
 
 
+def test_offload_copy_with_fragments(tmp_path):
+    """An offload segment (PIP-76 pieces, positions from 0 across them) cut inside and around the large batches."""
+    md, data, raw, offsets = _segment(tmp_path)
+    store = FileSystemStore(tmp_path / "remote")
+    rsm = RemoteStorageManager(RsmConfig(block_size_bytes=BLOCK), store)
+    cut = offsets[4][0]  # the second large batch starts the second piece
+    pieces = (LogPiece(data.log_path, 0, cut), LogPiece(data.log_path, cut, len(raw)))
+    rsm.copy_log_range(md, LogRangeData(pieces, None, b"0\n1\n0 0\n"))
+    blocks = decode_index(store.get_bytes(rsm.keys(md).index), key="i").ledgers[0].blocks
+    assert {b.first_entry_id for b in blocks if b.fragment_count} == {3, 4}
+    _check_copy(rsm, md, raw, offsets)
+    # the offset index written for the range points at each batch's position
+    with rsm.fetch_index(md, IndexType.OFFSET) as f:
+        entries = [struct.unpack(">ii", e) for e in iter(lambda: f.read(8), b"")]
+    assert all(offsets[rel][0] == pos for rel, pos in entries) and entries
+
+
 def test_copy_without_fragments_keeps_the_old_index_version(tmp_path):
     md, data, raw, offsets = _segment(tmp_path)
     store = FileSystemStore(tmp_path / "remote")
@@ -174,7 +191,7 @@ def test_corrupt_fragment_is_caught_before_it_is_handed_out(store, tmp_path):
 _MEASURE = """
 import hashlib, json, uuid
 from pathlib import Path
-from rsm.api import EpochEntry, LargeBatch, LogSegmentData, RemoteSegmentMetadata
+from rsm.api import EpochEntry, IndexType, LargeBatch, LogPiece, LogRangeData, LogSegmentData, RemoteSegmentMetadata
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from tests.support.bigbatch import big_batch_segment, peak_above_idle, reset_peak, value_chunks
