@@ -324,6 +324,8 @@ def _fetch_one(sock: socket.socket, topic: str, partition: int, offset: int) -> 
 
 
 def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_restart(cluster: Cluster) -> None:
+    """The module's docstring: the read, the moves, the restart; the check per partition (:func:`check_partition`),
+    the group's last commits on the broker, each partition's leader changed at least twice, and a redelivery."""
     kafka, topic_name, prod, tmp_path, started = cluster.kafka, cluster.topic, cluster.prod, cluster.tmp, \
         cluster.started
     live = threading.Event()  # set: the live producer produces (at a steady rate: AckedProducer.start's is
@@ -340,6 +342,7 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
         steps.append(f"{time.monotonic() - started:5.1f}s {what}")
         print(steps[-1], flush=True)
     restarted = False
+    moved: list[tuple[dict[int, int], dict[int, int]]] = []  # (leaders before, after) of each move and the restart
     admin = AdminClient(kafka.admin_config())
     step("set-up done: history tiered, the brokers' log start moved")
     group = Group(cluster.bootstrap, topic_name)
@@ -377,7 +380,8 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
         reassign(kafka, {(topic_name, p): MOVE_1[p] for p in PARTITIONS}, tmp_path / "move-1")
         wait_for(lambda: cluster.states.elect(topic_name, list(PARTITIONS)) is not None
                  and cluster.leaders() == {p: MOVE_1[p][0] for p in PARTITIONS}, 60, "move 1's leaders")
-        step(f"move 1 at {below}: {before} -> {cluster.leaders()}")
+        moved.append((before, cluster.leaders()))
+        step(f"move 1 at {below}: {before} -> {moved[-1][1]}")
         group.slow.clear()
         group.gate.set()
         wait_for(lambda: all(group.highest[p] >= LOG_START[p] + 30 for p in PARTITIONS), 60,
@@ -389,8 +393,8 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
         try:
             wait_for(lambda: cluster.leaders().get(0, RESTARTED) not in (RESTARTED, -1), 60,
                      f"partition 0's leadership to leave broker {RESTARTED}")
-            step(f"broker {RESTARTED} stopped at {dict(group.highest)}: {before} -> "
-                         f"{cluster.leaders()}")
+            moved.append((before, cluster.leaders()))
+            step(f"broker {RESTARTED} stopped at {dict(group.highest)}: {before} -> {moved[-1][1]}")
             time.sleep(2)  # the group reads on without it
         finally:
             kafka.start_node(RESTARTED)
@@ -404,7 +408,8 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
         reassign(kafka, {(topic_name, p): MOVE_2[p] for p in PARTITIONS}, tmp_path / "move-2")
         wait_for(lambda: cluster.states.elect(topic_name, list(PARTITIONS)) is not None
                  and cluster.leaders() == {p: MOVE_2[p][0] for p in PARTITIONS}, 60, "move 2's leaders")
-        step(f"move 2 at {dict(group.highest)}: {before} -> {cluster.leaders()}")
+        moved.append((before, cluster.leaders()))
+        step(f"move 2 at {dict(group.highest)}: {before} -> {moved[-1][1]}")
         mark = dict(group.highest)
         wait_for(lambda: all(group.highest[p] >= mark[p] + 20 for p in PARTITIONS), 30,
                  "the group to read on after move 2")
@@ -437,10 +442,10 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
     print(f"errors seen by the group ({len(group.errors)}):", *group.errors[:30], sep="\n  ")
     counts = {p: check_partition(group.events, p, ends[p], value_of) for p in PARTITIONS}
     assert {tp.partition: tp.offset for tp in committed.topic_partitions} == ends  # the last commits landed
-    leaders_moved = sum(1 for s in steps if "->" in s)
-    assert leaders_moved == 3 and any(f"broker {RESTARTED} back" in s for s in steps), steps
+    changes = {p: sum(1 for before, after in moved if before[p] != after[p]) for p in PARTITIONS}
+    assert restarted and all(n >= 2 for n in changes.values()), (changes, steps)  # each leader moved twice or more
     assert all(c["redelivered"] > 0 for c in counts.values()), counts  # the rebalance redelivered from the commit
-    print(f"total {time.monotonic() - started:.1f}s; ends {ends}; {counts}",
+    print(f"total {time.monotonic() - started:.1f}s; ends {ends}; {counts}; leader changes {changes}",
           *steps, sep="\n  ")
 
 
