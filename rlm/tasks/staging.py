@@ -218,6 +218,11 @@ class Staging:
         self._lock = threading.RLock()
         # staging root -> complete segment dir -> bytes held (the size bound's count)
         self._held: dict[Path, dict[Path, int]] = {}
+        # complete segment dirs this process staged or checked -> (end offset, st_dev, st_ino of the staged .log): a
+        # segment staged again (the stage job and each copy run stage what is not remote yet) is checked by its
+        # marker and the broker's .log being that file, without resolving paths and testing each file (issue 26)
+        self._verified: dict[Path, tuple[int, int, int]] = {}
+        self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
         for log_dir, root in roots.items():
             log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
             if root == log_dir or log_dir in root.parents:
@@ -234,12 +239,18 @@ class Staging:
 
     # ------------------------------------------------------------------------------------------- layout
     def root_for(self, partition_dir: Path) -> Path:
-        log_dir = Path(partition_dir).resolve().parent
+        key = Path(partition_dir)
+        root = self._resolved.get(key)
+        if root is not None:
+            return root
+        log_dir = key.resolve().parent
         try:
-            return self._roots[log_dir]
+            root = self._roots[log_dir]
         except KeyError:
             raise StagingError(f"{partition_dir} is in no configured log dir ({sorted(map(str, self._roots))})") \
                 from None
+        self._resolved[key] = root
+        return root
 
     @staticmethod
     def _partition_path(root: Path, tp: TopicIdPartition) -> Path:
@@ -295,6 +306,19 @@ class Staging:
         stem = segment_file_name(base, "")
         target = self._partition_path(root, tp) / stem
         staged = StagedSegment(tp, base, end, target)
+        known = self._verified.get(target)
+        present = self._listing(target) if known is not None and known[0] == end else None
+        if present is not None and known is not None and target in self._held[root] \
+                and all(segment_file_name(base, x) in present for x in (".index", ".timeindex")) \
+                and _read_marker(target, base) == end \
+                and self._same_log(partition_dir, segment_file_name(base, ".log"), known[1:]):
+            # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
+            # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
+            if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
+                                present=present):
+                fsync_dir(target)
+                self._held[root][target] = _dir_bytes(target)
+            return staged
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
             if mismatch is None:
@@ -303,6 +327,7 @@ class Staging:
                 if self._rebuild_missing_indexes(tp, target, base) or linked:
                     fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
                     self._held[root][target] = _dir_bytes(target)
+                self._verify(target, end)
                 return staged
             log.info("staged segment replaced: not the local segment of that base", extra={
                 "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
@@ -328,7 +353,30 @@ class Staging:
             self._remove_segment_dir(root, target)
             raise
         self._held[root][target] = _dir_bytes(target)
+        self._verify(target, end)
         return staged
+
+    @staticmethod
+    def _listing(target: Path) -> set[str] | None:
+        try:
+            return set(os.listdir(target))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _verify(self, target: Path, end: int) -> None:
+        """Remember ``target`` as complete with end offset ``end`` and its staged ``.log`` (see ``_verified``)."""
+        st = _stat(target / segment_file_name(int(target.name), ".log"))
+        if st is not None:
+            self._verified[target] = (end, st.st_dev, st.st_ino)
+
+    def _same_log(self, partition_dir: Path, log_name: str, ours: tuple[int, int]) -> bool:
+        """The broker's ``.log`` (or ``.log.deleted``) of that name is the staged file ``ours`` (device, inode), or the
+        broker has neither any more (ours is the only copy left): as :meth:`_mismatch` judges it."""
+        for src in self._sources(partition_dir, log_name):
+            st = _stat(src)
+            if st is not None:
+                return (st.st_dev, st.st_ino) == ours
+        return True
 
     @staticmethod
     def _rebuild_missing_indexes(tp: TopicIdPartition, target: Path, base: int) -> bool:
@@ -379,8 +427,10 @@ class Staging:
             total += st.st_size if st else 0
         return total
 
-    def _link_files(self, partition_dir: Path, target: Path, base: int, end: int, optional_only: bool) -> bool:
+    def _link_files(self, partition_dir: Path, target: Path, base: int, end: int, optional_only: bool,
+                    ours: tuple[int, int] | None = None, present: set[str] | None = None) -> bool:
         """Link the segment's files not linked yet; return whether anything was linked (False: no ``.log``).
+        ``ours``: the staged ``.log``'s (device, inode), ``present``: the names in ``target``, when known.
 
         The index files come from the same generation as the ``.log``: when it was ``<base>.log.deleted``
         (a segment truncated away while a new one of the same base exists), ``*.deleted`` are preferred."""
@@ -395,11 +445,13 @@ class Staging:
                 return False
         else:
             live = _stat(partition_dir / log_name)
-            prefer_deleted = live is None or live.st_ino != os.stat(target / log_name).st_ino
+            prefer_deleted = live is None or live.st_ino != (ours[1] if ours else os.stat(target / log_name).st_ino)
         linked = not optional_only
+        if present is None:
+            present = set(os.listdir(target)) if optional_only else set()
         for name in _optional_names(base, end):
             dest = target / name
-            if dest.exists():
+            if name in present or (not optional_only and dest.exists()):
                 continue
             prefer = prefer_deleted and not name.endswith(SNAPSHOT_SUFFIX)
             for src in self._sources(partition_dir, name, prefer_deleted=prefer):
@@ -487,10 +539,13 @@ class Staging:
         gone = [d for d in held if under in d.parents]
         for d in gone:
             del held[d]
+        for d in [d for d in self._verified if under in d.parents]:
+            del self._verified[d]
         return len(gone)
 
     def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
         self._held[root].pop(seg_dir, None)
+        self._verified.pop(seg_dir, None)
         shutil.rmtree(seg_dir, ignore_errors=True)
         self._rmdir_if_empty(seg_dir.parent)  # the partition dir, if this was its last staged segment
         self._rmdir_if_empty(seg_dir.parent.parent)  # the topic id dir, likewise
