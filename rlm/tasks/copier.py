@@ -42,6 +42,8 @@ FINISHED ones included: the remote chain never gets a hole that a later segment 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 import uuid
@@ -79,6 +81,7 @@ __all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_o
 log = logging.getLogger(__name__)
 
 ABANDONED_COPY_MS = 10 * 60 * 1000  # another broker's COPY_SEGMENT_STARTED older than this is abandoned
+_TXN_INDEX_NAME = re.compile(r"(\d{20})\.txnindex")  # a segment's transaction index in the partition dir
 COPY_BATCH_SEGMENTS = 16
 """The most segments one batch copies (:meth:`PartitionCopier.commit_copies`): their FINISHED waits for the batch's
 last copy, so a backfill of many segments still makes them readable 16 at a time."""
@@ -576,8 +579,9 @@ class PartitionCopier:
         segment, local or staged (the active one is read up to its last whole entry). Every marker is there once
         the range is below the last stable offset."""
         sources = [own] if own is not None else []
-        sources += [seg.txn_index_path for seg in PartitionDir(self.partition_dir).segments()
-                    if seg.base_offset > base_offset and seg.txn_index_path is not None]
+        # the partition dir's .txnindex files by name (one listing; no Segment built per file: issue 26)
+        sources += [self.partition_dir / name for name in sorted(os.listdir(self.partition_dir))
+                    if (m := _TXN_INDEX_NAME.fullmatch(name)) is not None and int(m.group(1)) > base_offset]
         sources += [p for t in self.staging.staged(self.tp)
                     if t.base_offset > base_offset and (p := t.file(".txnindex")) is not None]
         found: dict[tuple[int, int, int], AbortedTxn] = {}
