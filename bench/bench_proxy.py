@@ -30,8 +30,10 @@ too. The read window starts at the group's assignment and ends at the last recor
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
 the first second is left out (warm-up); the latency is to the record's hand-over by ``poll()`` (one record a call).
-``--profile FILE``: afterwards one more live read through a listener alone (``proxy_child.py listener``) with every
-thread under cProfile; the hot functions are printed and the stats written to FILE.
+``--profile FILE``: afterwards one more live read and one more history read, each through a listener alone
+(``proxy_child.py listener``) with every thread under cProfile (thread CPU time); the hot functions are printed and
+the stats written to FILE.live and FILE.history. The requests each proxied read made (``rlm_history_requests`` of
+the sidecar, by api) are printed as it goes.
 
 The machine may be shared: the 1-minute load average before and after is printed with the table.
 """
@@ -211,28 +213,55 @@ def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=1000, method="inclusive")[int(q * 10) - 1] if len(xs) > 1 else xs[0]
 
 
-def profile_live_read(kc, raw: dict, work: Path, records: int, out: Path) -> None:  # noqa: ANN001
-    """One more live read through a listener alone (no tiering) with every thread under cProfile; prints the hot
-    functions (own time and cumulative) and writes the stats to ``out``."""
+def tier_earliest(bootstrap: str, topic: str) -> int:
+    """The earliest offset of ``topic`` (partition 0) as a client of ``bootstrap`` sees it (ListOffsets EARLIEST)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-proxy-offsets"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
+    finally:
+        c.close()
+
+
+def profile_reads(kc, raw: dict, work: Path, records: int, out: Path) -> None:  # noqa: ANN001
+    """One more live read and one more history read, each through a listener of its own alone (no tiering) with
+    every thread under cProfile; prints the hot functions (own time, and cumulative in rlm and kio) and writes the
+    stats to ``out``.live and ``out``.history."""
     import pstats
 
-    path = work / "listener.json"
-    settings = {**raw, "history_listener": {**raw["history_listener"], "port": 0},
-                "metadata": {**raw["metadata"], "state_dir": str(work / "state-profiled")}}
-    path.write_text(json.dumps(settings))
-    proc = subprocess.Popen([sys.executable, str(CHILD), "listener", str(path), str(out)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        port = json.loads(proc.stdout.readline())["port"]  # type: ignore[union-attr]
-        r = read(f"127.0.0.1:{port}", LIVE, records, proc.pid, kc.node(1).process.pid)
-        print(f"\nprofiled live read (cProfile in every thread: slower than unprofiled): {r.mb_s:.0f} MB/s, "
-              f"listener CPU {r.sidecar_cpu_s / (r.bytes / GiB):.2f} s/GiB", file=sys.stderr)
-    finally:
-        proc.stdin.close()  # type: ignore[union-attr]
-        proc.wait(60)
-    stats = pstats.Stats(str(out))
-    stats.sort_stats("tottime").print_stats(25)
-    stats.sort_stats("cumulative").print_stats(25)
+    for label, topic in (("live", LIVE), ("history", HISTORY)):
+        path, stats_path = work / f"listener-{label}.json", out.with_name(f"{out.name}.{label}")
+        settings = {**raw, "history_listener": {**raw["history_listener"], "port": 0},
+                    "metadata": {**raw["metadata"], "state_dir": str(work / f"state-profiled-{label}")}}
+        path.write_text(json.dumps(settings))
+        proc = subprocess.Popen([sys.executable, str(CHILD), "listener", str(path), str(stats_path)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            boot = f"127.0.0.1:{json.loads(proc.stdout.readline())['port']}"  # type: ignore[union-attr]
+            if topic == HISTORY:  # its metadata cache caught up: the tier's earliest offset shows through it
+                wait_until(lambda boot=boot: tier_earliest(boot, HISTORY) == 0, 120, "the profiled listener's tier")
+            r = read(boot, topic, records, proc.pid, kc.node(1).process.pid)
+            print(f"\nprofiled {label} read (cProfile in every thread: slower than unprofiled): {r.mb_s:.0f} MB/s, "
+                  f"listener CPU {r.sidecar_cpu_s / (r.bytes / GiB):.2f} s/GiB ({r.sidecar_cpu_s:.2f} s)",
+                  file=sys.stderr)
+        finally:
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.wait(60)
+        stats = pstats.Stats(str(stats_path), stream=sys.stderr)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(r"rlm/|kio/", 30)
+
+
+def request_counts(ops_port: int) -> dict[str, float]:
+    """Requests the sidecar's listener answered so far, by api (``rlm_history_requests``)."""
+    out: dict[str, float] = {}
+    for (name, labels), v in scrape(ops_port).items():
+        if name == "rlm_history_requests_total":
+            api = dict(labels)["api"]
+            out[api] = out.get(api, 0.0) + v
+    return out
 
 
 def main() -> None:
@@ -244,7 +273,8 @@ def main() -> None:
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="live-tail records produced for this long")
     ap.add_argument("--latency-rate", type=int, default=1000, help="live-tail records per second")
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
-                    help="afterwards, profile one live read through a listener alone (cProfile, every thread)")
+                    help="afterwards, profile a live and a history read through a listener alone (cProfile, every "
+                         "thread): FILE.live, FILE.history")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
 
@@ -319,14 +349,19 @@ def main() -> None:
             idle = idle_cpu_rate(serve.pid, IDLE_S)
             for rnd in range(args.repeat):
                 for name, boot, topic in sources if rnd % 2 == 0 else sources[::-1]:
+                    before = request_counts(ops_port)
                     r = read(boot, topic, records, serve.pid, broker_pid)
+                    asked = {k: v - before.get(k, 0.0) for k, v in request_counts(ops_port).items()}
                     results.setdefault(name, []).append(r)
                     print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s, sidecar CPU "
-                          f"{r.sidecar_cpu_s:.2f}s, broker CPU {r.broker_cpu_s:.2f}s", file=sys.stderr)
+                          f"{r.sidecar_cpu_s:.2f}s, broker CPU {r.broker_cpu_s:.2f}s" + (
+                              "; requests through the proxy: " + ", ".join(
+                                  f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
+                          file=sys.stderr)
             lat = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds)
             load.append(os.getloadavg())
             if args.profile:
-                profile_live_read(kc, raw, work, records, args.profile)
+                profile_reads(kc, raw, work, records, args.profile)
             serve.terminate()
             serve.wait(30)
     finally:

@@ -142,22 +142,17 @@ def _profile_every_thread() -> list:
 
 
 def listener(settings_path: str, out: str) -> None:
-    import cProfile
     import logging
     import pstats
 
     logging.basicConfig(level=logging.WARNING)
-    profiles = _profile_every_thread()
-    main = cProfile.Profile(time.thread_time)
-    profiles.append(main)
+    profiles = _profile_every_thread()  # the serving threads; the main thread's start-up is left out
     from rlm.config import SidecarSettings
     from rlm.listener import start_listener
     from rsm.manager import RemoteStorageManager
 
     settings = SidecarSettings(**json.loads(Path(settings_path).read_text()))
-    main.enable()
     served = start_listener(settings, RemoteStorageManager(settings.store))
-    main.disable()
     print(json.dumps({"port": served.port}), flush=True)
     sys.stdin.read()
     served.stop()
