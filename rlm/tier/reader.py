@@ -30,6 +30,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 from rlm import metrics
@@ -38,7 +39,7 @@ from rlm.tier.chain import remote_chain
 from rlm.tier.isolation import Isolation
 from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogMetadataManager, RemoteLogSegmentMetadata, TopicIdPartition
-from rsm.api import BlockRange, LargeBatch, RemoteStorageManagerApi, SegmentHandle
+from rsm.api import LargeBatch, RemoteStorageManagerApi, SegmentHandle
 from rsm.log.batch import BatchHeader, Codec
 from rsm.log.indexes import AbortedTxn
 from rsm.log.records import StreamedRecord, iter_raw_records, iter_streamed_records
@@ -52,6 +53,7 @@ __all__ = [
     "aborted_covering",
     "is_aborted",
     "iter_segment_batches",
+    "record_times",
     "txn_search",
 ]
 
@@ -140,15 +142,18 @@ class RemoteReader:
                 continue
             seg = self.rsm.open_segment(to_rsm(md))
             block = seg.block_at_timestamp(timestamp_ms)
-            found = None if block is None else _first_batch_at(seg, block, md.end_offset_inclusive, timestamp_ms)
-            if found is None:
+            if block is None:
                 continue
-            h, data = found
-            offset, ts = max(h.base_offset, md.start_offset), h.max_timestamp
-            if not h.timestamp_type:  # CreateTime: the records' own timestamps
-                offset, ts = next(((r.offset, r.timestamp) for r in iter_raw_records(h, data, path=seg.name)
-                                   if r.offset >= offset and r.timestamp >= timestamp_ms), (offset, ts))
-            return offset, md.epoch_at(offset), ts
+            with closing(seg.batches(block.first_offset, md.end_offset_inclusive, first_block=block.first_block,
+                                     large=True)) as batches:
+                for h, data in batches:  # the first batch from the block on whose max timestamp is >= T
+                    if h.max_timestamp < timestamp_ms:
+                        continue
+                    offset, ts = max(h.base_offset, md.start_offset), h.max_timestamp
+                    if not h.timestamp_type:  # CreateTime: the records' own timestamps
+                        offset, ts = next(((o, t) for o, t in record_times(h, data, path=seg.name)
+                                           if o >= offset and t >= timestamp_ms), (offset, ts))
+                    return offset, md.epoch_at(offset), ts
         return None
 
     # -------------------------------------------------------------------------------------------- reads
@@ -251,13 +256,16 @@ def iter_segment_batches(seg: SegmentHandle, from_offset: int, end_offset_inclus
             aborted and h.is_transactional and is_aborted(aborted, h.producer_id, h.base_offset))
 
 
-def _first_batch_at(seg: SegmentHandle, block: BlockRange, end_offset_inclusive: int,
-                    timestamp_ms: int) -> tuple[BatchHeader, memoryview] | None:
-    """The first batch from ``block`` on whose max timestamp is >= ``timestamp_ms``."""
-    for h, data in seg.batches(block.first_offset, end_offset_inclusive, first_block=block.first_block):
-        if h.max_timestamp >= timestamp_ms:
-            return h, data
-    return None
+def record_times(h: BatchHeader, data: memoryview | LargeBatch, *, path: str) -> Iterator[tuple[int, int]]:
+    """``(offset, timestamp)`` of the records of one batch (as :meth:`RemoteReader.find_timestamp` and the tier
+    view's MAX_TIMESTAMP look them up): decoded whole, or, for a batch read in chunks
+    (:class:`~rsm.api.LargeBatch`) that is uncompressed, decoded from its chunks with the values skipped (never
+    held); a compressed one is decompressed whole. Take them before the batches' iteration moves on."""
+    if isinstance(data, LargeBatch):
+        if h.codec == Codec.NONE:
+            return ((r.offset, r.timestamp) for r in iter_streamed_records(h, data.chunks(), path=path))
+        data = memoryview(data.read())
+    return ((r.offset, r.timestamp) for r in iter_raw_records(h, data, path=path))
 
 
 class TxnIndexes:

@@ -44,14 +44,13 @@ from rlm import metrics
 from rlm.errors import RlmError
 from rlm.tier.chain import Lineage, lineage_of
 from rlm.tier.isolation import Isolation
-from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches
+from rlm.tier.reader import RemoteReader, TxnIndexes, iter_segment_batches, record_times
 from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.api import LargeBatch, RemoteStorageManagerApi
 from rsm.errors import RemoteStorageError
 from rsm.log.batch import BATCH_HEADER_SIZE, BatchHeader
 from rsm.log.errors import LogFormatError
-from rsm.log.records import iter_raw_records
 
 __all__ = ["Decided", "FetchResult", "PartitionTier", "StreamedBatch", "TierView", "TimestampHit",
            "UnreadableCopyError"]
@@ -396,14 +395,14 @@ class TierView:
 
     def _max_timestamp(self, tier: PartitionTier, md: RemoteLogSegmentMetadata) -> TimestampHit | None:
         seg = self.reader.rsm.open_segment(to_rsm(md))
-        with closing(iter_segment_batches(seg, md.start_offset, md.end_offset_inclusive)) as batches:
+        with closing(iter_segment_batches(seg, md.start_offset, md.end_offset_inclusive, large=True)) as batches:
             for h, data, _visible in batches:
                 if h.max_timestamp != md.max_timestamp_ms:
                     continue
                 offset = max(h.base_offset, md.start_offset)
                 if not h.timestamp_type:  # CreateTime: the record that carries it
-                    offset = next((r.offset for r in iter_raw_records(h, data, path=seg.name)
-                                   if r.offset >= md.start_offset and r.timestamp == h.max_timestamp), offset)
+                    offset = next((o for o, t in record_times(h, data, path=seg.name)
+                                   if o >= md.start_offset and t == h.max_timestamp), offset)
                 return TimestampHit(offset, h.max_timestamp, tier.epoch_of(offset))
         return None
 
@@ -439,8 +438,8 @@ class TierView:
         for md in segs[start:]:  # no snapshot from here on: follow the batch headers
             with _reading(tp, md):
                 seg = rsm.open_segment(to_rsm(md))
-                with closing(seg.batches(md.start_offset, md.end_offset_inclusive)) as batches:
-                    for h, _data in batches:
+                with closing(seg.batches(md.start_offset, md.end_offset_inclusive, large=True)) as batches:
+                    for h, _data in batches:  # headers only: a batch in fragments is never put together
                         if h.last_offset < md.start_offset or not h.is_transactional:
                             continue
                         if h.is_control:

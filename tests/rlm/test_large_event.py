@@ -91,7 +91,11 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
             if err is not None:
                 errors.append(err)
 
-        p.produce(topic, key=b"big", value=value, headers=[("h", b"after the value")], on_delivery=delivered)
+        # every record before it is older (seconds): ListOffsets by this timestamp finds it (a timestamp in the
+        # future would keep its segment from rolling: segment.ms counts from a segment's first timestamp)
+        big_ts = int(time.time() * 1000)
+        p.produce(topic, key=b"big", value=value, headers=[("h", b"after the value")], timestamp=big_ts,
+                  on_delivery=delivered)
         del value
         for i in range(5):
             p.produce(topic, key=b"after%d" % i, value=b"small-after-%d" % i, on_delivery=delivered)
@@ -123,6 +127,8 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
                 v = msg.value() or b""
                 got[msg.offset()] = (msg.key(), hashlib.sha256(v).hexdigest(), len(v), msg.headers() or [])
                 del v, msg
+            # ListOffsets by timestamp lands on the big batch: its record timestamps are read, its value is not held
+            (found,) = c.offsets_for_times([TopicPartition(topic, 0, big_ts)], timeout=60)
         finally:
             c.close()
         read_peak = peak_above_idle(idle, sidecar.pid)
@@ -136,6 +142,7 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
             raise AssertionError("rlm serve did not stop within 60 s of SIGTERM") from None
 
     big = [r for r in got.values() if r[0] == b"big"]
+    assert got[found.offset][0] == b"big", found
     assert big == [(b"big", want_digest, BIG, [("h", b"after the value")])], \
         sorted((o, r[0], r[2]) for o, r in got.items())
     small = {r[0]: r[1] for r in got.values() if r[0] != b"big" and r[0] != b"__roll__"}

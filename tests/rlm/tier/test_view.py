@@ -36,7 +36,7 @@ class Seg:
     def producer_snapshot(self) -> list[ProducerStateEntry] | None:
         return self.snapshot
 
-    def batches(self, _from: int, _to: int) -> Any:
+    def batches(self, _from: int, _to: int, **_kw: Any) -> Any:  # large=: headers only here
         yield from ((h, b"") for h in self.headers)  # a generator, as the storage manager's
 
 
