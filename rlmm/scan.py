@@ -110,6 +110,8 @@ _MAGIC_FIRST = _MAGIC[0]
 _N_STATES = len(RemoteLogSegmentState)
 _N_API_KEYS = len(_Key)
 _EMPTY_TAGS = serde.EMPTY_TAGS
+# NamedTuple views built by tuple.__new__ itself: the generated __new__ and _make are Python frames, one per record
+_tuple_new = tuple.__new__
 _TXN_INDEX_EMPTY_TAGS = serde.TXN_INDEX_EMPTY_TAGS
 
 
@@ -174,7 +176,8 @@ def _scan_segment_fast(buf: bytes) -> SegmentView | None:
         return None
     if buf[p + _STATE_SIZE:] not in _TAIL_TAGS:
         return None
-    return SegmentView(buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state, broker_epoch)
+    return _tuple_new(SegmentView, (buf, tid, part, sid, start, end, tuple(epochs), broker_pos, custom_pos, p, state,
+                                    broker_epoch))
 
 
 def scan_segment(value: bytes) -> SegmentView:
@@ -224,8 +227,8 @@ def scan_update(value: bytes) -> UpdateView:
                 if c < 0x80 and 1 <= value[end] < _N_STATES and value[end + _STATE_SIZE:] == _EMPTY_TAGS \
                         and not (c > _MAGIC_SIZE and value[p + 1:p + 1 + _MAGIC_SIZE] == _MAGIC):
                     # (an envelope is canonicalised below)
-                    return UpdateView(tid, part, sid, broker, event_ts, value[p:end], value[end],
-                                      value[p + 1:end] if c else None)
+                    return _tuple_new(UpdateView, (tid, part, sid, broker, event_ts, value[p:end], value[end],
+                                                   value[p + 1:end] if c else None))
     except _SCAN_ERRORS:
         pass
     u = serde.decode(value)
@@ -238,7 +241,6 @@ def scan_update(value: bytes) -> UpdateView:
                       int(u.state), u.custom_metadata)
 
 
-_new_view = SegmentView._make
 
 
 def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
@@ -258,8 +260,8 @@ def patch_segment(view: SegmentView, update: UpdateView) -> SegmentView:
     _BROKER_ID.pack_into(buf, bp, update.broker_id)
     _EVENT_TS.pack_into(buf, bp + _EVENT_AFTER_BROKER, update.event_timestamp_ms)
     buf[sp] = update.state
-    return _new_view((bytes(buf), view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp, update.state,
-                      broker_epoch))
+    return _tuple_new(SegmentView, (bytes(buf), view[1], view[2], view[3], view[4], view[5], view[6], bp, cp, sp,
+                                    update.state, broker_epoch))
 
 
 # Value objects from a scanned (hence already validated) record, without re-running the dataclass checks.
