@@ -586,7 +586,7 @@ class SegmentReader(SegmentHandle):
         if block is None:
             raise RemoteResourceNotFoundError(f"offset {offset} is not in remote segment {self.keys.base}")
         n = self._block_ordinal(block)
-        for e in self.iter_entries(n, n):
+        for e in self.iter_entries(n, n, large=True):  # headers only: a batch in fragments is not read whole
             if e.last_offset >= offset:
                 return EntryAddress(self.ledger.ledger_id, e.entry_id, max(0, offset - e.base_offset))
         raise RemoteResourceNotFoundError(f"offset {offset} is not in remote segment {self.keys.base}")
@@ -599,7 +599,7 @@ class SegmentReader(SegmentHandle):
         if block is None:
             raise RemoteResourceNotFoundError(f"entry {address.entry_id} is not in ledger {address.ledger_id}")
         n = self._block_ordinal(block)
-        for e in self.iter_entries(n, n):
+        for e in self.iter_entries(n, n, large=True):  # headers only
             if e.entry_id == address.entry_id:
                 offset = e.base_offset + address.index_in_batch
                 if not 0 <= address.index_in_batch or offset > e.last_offset:

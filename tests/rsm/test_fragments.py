@@ -123,6 +123,11 @@ def test_copy_with_fragments_reads_back_byte_exact(store, tmp_path):
     assert plan[0].first_offset == plan[0].last_offset == 4 and plan[0].last_block - plan[0].first_block == 4
     middle = plan[0].first_block + 2  # a read asked to start inside the batch's fragments starts at its first
     assert [bytes(d) for _, d in seg.batches(4, 4, first_block=middle, last_block=middle)] == [offsets[4][1]]
+    reader = rsm.reader(md)  # offset <-> (ledger, entry, index): the entry of a batch in fragments
+    for offset in (3, 4, 5):
+        address = reader.locate(offset)
+        assert (address.entry_id, address.index_in_batch) == (offset, 0)
+        assert reader.offset_of(address) == offset
     report = verify_segment(store, keys)
     assert report.ok and report.entries == len(offsets) and report.blocks == len(blocks)
     # read-ahead (ranged GETs of several blocks in flight) and the block cache (one-block reads)
