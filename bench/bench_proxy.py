@@ -80,6 +80,7 @@ class Read:
     bytes: int
     sidecar_cpu_s: float
     broker_cpu_s: float
+    fetches: int = 0  # Fetch requests the proxy answered (proxied reads)
 
     @property
     def mb_s(self) -> float:
@@ -352,6 +353,7 @@ def main() -> None:
                     before = request_counts(ops_port)
                     r = read(boot, topic, records, serve.pid, broker_pid)
                     asked = {k: v - before.get(k, 0.0) for k, v in request_counts(ops_port).items()}
+                    r.fetches = int(asked.get("fetch", 0)) if boot == proxy else 0
                     results.setdefault(name, []).append(r)
                     print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s, sidecar CPU "
                           f"{r.sidecar_cpu_s:.2f}s, broker CPU {r.broker_cpu_s:.2f}s" + (
@@ -398,6 +400,15 @@ def main() -> None:
           f"proxy {p['proxy'][0]:.2f} / {p['proxy'][1]:.2f} / {max(lat['proxy']):.2f}; "
           f"direct {p['direct'][0]:.2f} / {p['direct'][1]:.2f} / {max(lat['direct']):.2f}; "
           f"per record proxy - direct {p['added'][0]:+.2f} / {p['added'][1]:+.2f}")
+    pairs = {"live, through the proxy": "live, direct",
+             "history, through the proxy (tier)": "history, Kafka tiered storage (direct)"}
+    for name, other in pairs.items():
+        r = best[name]
+        if r.fetches:
+            print(f"{name}, best run: {r.fetches} Fetches, one every {r.window_s / r.fetches * 1e3:.2f} ms (one in "
+                  f"flight: the consumer fetches from a broker one request at a time), "
+                  f"{r.sidecar_cpu_s / r.fetches * 1e3:.2f} ms of sidecar CPU each; {other}: "
+                  f"{best[other].window_s / r.fetches * 1e3:.2f} ms per as many bytes")
     print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
           f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
           f"auto.offset.reset; subscribe()), a process each; best of {args.repeat}, sources taking turns. Sidecar CPU: "
