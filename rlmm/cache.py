@@ -107,6 +107,7 @@ _FLOOR = struct.Struct(
     "q"    # EpochEndOffset
 )
 _pack_floor = _FLOOR.pack
+_pack_tp = _TP.pack
 _DELETED = struct.Struct(
     ">q"   # EventTimestampMs
     "i"    # BrokerId
@@ -146,6 +147,11 @@ class _SegmentName(tuple):
     def __str__(self) -> str:
         tid, part, sid = self
         return f"RemoteLogSegmentId({uuid.UUID(bytes=tid)}-{part}, {uuid.UUID(bytes=sid)})"
+
+
+def _no_fence() -> None:
+    """The fence of a segment that is not there (never asked: an unknown segment is refused first)."""
+    return None
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -231,13 +237,16 @@ class _Batch:
         wb = WriteBatch(raw_mode=True)
         for begin, end in self.ranges:
             wb.delete_range(begin, end)
+        put, delete = wb.put, wb.delete
+        # in key order: each memtable insert then lands next to the previous one (RocksDB keeps the skiplist
+        # position between the inserts of a batch), instead of a search from the top through random keys
         puts = self.puts
-        for k in sorted(puts):
+        for k in sorted(puts):     # (the keys alone: sorting (key, value) pairs costs ~3x as much)
             v = puts[k]
             if v is None:
-                wb.delete(k)
+                delete(k)
             else:
-                wb.put(k, v)
+                put(k, v)
         for k, v in extra.items():
             wb.put(k, v)
         self.db.write(wb, self.wo)
@@ -415,30 +424,31 @@ class MetadataCache:
         return view
 
     def _apply_add(self, batch: _Batch, mp: int, v: scan.SegmentView) -> None:
-        tpk = _TP.pack(mp, v.topic_id, (v.partition + _S32_FLIP) & 0xFFFFFFFF)
-        sid = v.segment_id
+        tid, part, sid = v[1], v[2], v[3]
+        tpk = _pack_tp(mp, tid, (part + _S32_FLIP) & 0xFFFFFFFF)
+        puts = batch.puts
         deleting = None
         if tpk not in batch.undeleted:
             pkey = T_PARTITION_DELETE + tpk
-            raw = batch.get(pkey) if pkey in batch.puts or self.db.key_may_exist(pkey) else None
+            raw = batch.get(pkey) if pkey in puts or self.db.key_may_exist(pkey) else None
             if raw is not None:
                 deleting = serde.decode(raw).state   # type: ignore[union-attr]
-            elif pkey not in batch.puts:
+            elif pkey not in puts:
                 batch.undeleted.add(tpk)
         skey = T_SEGMENT + tpk + sid
-        # A new id is the common case: the bloom filter answers "absent" without reading a block.
-        fresh = skey not in batch.puts and skey not in batch.views and not self.db.key_may_exist(skey)
+        views = batch.views
+        # A new id is the common case: the bloom filters (memtable's, tables') answer "absent" without a search.
+        fresh = skey not in puts and skey not in views and not self.db.key_may_exist(skey)
         old = None if fresh else self._load(batch, skey)
-        refused = refuse_new_segment(_SegmentName((v.topic_id, v.partition, sid)), v.state,
+        refused = refuse_new_segment(_SegmentName((tid, part, sid)), v.state,
                                      None if old is None else old.state, deleting)   # type: ignore[arg-type]
         if refused is not None:
             raise refused
         if old is not None:
             self._drop_segment(batch, tpk, old)
         start = v.start_offset + _S64_FLIP
-        puts = batch.puts
         puts[skey] = v.value
-        batch.views[skey] = v
+        views[skey] = v
         all_prefix = T_EPOCH_ALL + tpk
         for epoch, _o in v.epochs:
             puts[all_prefix + _pack_epoch_offset(epoch + _S32_FLIP, start) + sid] = b""
@@ -465,27 +475,31 @@ class MetadataCache:
                 batch.delete(fk)
 
     def _apply_update(self, batch: _Batch, mp: int, u: scan.UpdateView) -> None:
-        tpk = _TP.pack(mp, u.topic_id, (u.partition + _S32_FLIP) & 0xFFFFFFFF)
-        sid = u.segment_id
+        tid, part, sid = u[0], u[1], u[2]
+        state = u.state
+        tpk = _pack_tp(mp, tid, (part + _S32_FLIP) & 0xFFFFFFFF)
         skey = T_SEGMENT + tpk + sid
-        old = self._load(batch, skey)
-        refused = refuse_segment_update(
-            _SegmentName((u.topic_id, u.partition, sid)), u.state, None if old is None else old.state,
-            copy_epoch=None if old is None else old.broker_leader_epoch, fence_epoch=lambda: batch.fence(tpk),
-            deleted=old is None and batch.get(T_DELETED + tpk + sid) is not None)
+        old = batch.views.get(skey) or self._load(batch, skey)
+        if old is None:
+            refused = refuse_segment_update(_SegmentName((tid, part, sid)), state, None, copy_epoch=None,
+                                            fence_epoch=_no_fence,
+                                            deleted=batch.get(T_DELETED + tpk + sid) is not None)
+        else:
+            refused = refuse_segment_update(_SegmentName((tid, part, sid)), state, old.state,
+                                            copy_epoch=old.broker_leader_epoch, fence_epoch=lambda: batch.fence(tpk))
         if refused is not None:
             raise refused
-        if u.state == _DELETE_FINISHED:
+        puts = batch.puts
+        if state == _DELETE_FINISHED:
             self._drop_segment(batch, tpk, old)
-            batch.puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
+            puts[T_DELETED + tpk + sid] = _DELETED.pack(u.event_timestamp_ms, u.broker_id)
             return
         new = scan.patch_segment(old, u)
-        batch.puts[skey] = new.value
+        puts[skey] = new.value
         batch.views[skey] = new
-        if u.state == _FINISHED and old.state != _FINISHED:
+        if state == _FINISHED and old.state != _FINISHED:
             epochs = new.epochs
             floor_prefix = T_EPOCH_FLOOR + tpk
-            puts = batch.puts
             if len(epochs) == 1:                   # the usual case
                 epoch, epoch_start = epochs[0]
                 puts[floor_prefix + _pack_epoch_offset(epoch + _S32_FLIP, epoch_start + _S64_FLIP)] = \
@@ -496,7 +510,7 @@ class MetadataCache:
                 end = epochs[i + 1][1] - 1 if i < last else new.end_offset_inclusive
                 puts[floor_prefix + _pack_epoch_offset(epoch + _S32_FLIP, epoch_start + _S64_FLIP)] = \
                     _pack_floor(sid, end)
-        elif u.state == _DELETE_STARTED and old.state == _FINISHED:
+        elif state == _DELETE_STARTED and old.state == _FINISHED:
             self._drop_floor(batch, tpk, old)
 
     def _apply_partition_delete(self, batch: _Batch, mp: int, p: RemotePartitionDeleteMetadata,
