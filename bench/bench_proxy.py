@@ -2,7 +2,7 @@
 (``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
 
     ./dev bench proxy [--gib 1] [--repeat 2] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
-                      [--profile FILE]
+                      [--profile FILE] [--listener-setting KEY=JSON ...]
 
 1. live: a consumer reads ``--gib`` of local (untiered) data through the proxy vs straight from the broker (goal
    >= 0.8x). The sidecar's CPU seconds per GiB read are those of its process (``rlm serve`` with the listener, a
@@ -206,6 +206,10 @@ def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, lis
     missing = total - warm - len(both)
     if missing:
         print(f"  latency: {missing} records not seen by both consumers", file=sys.stderr)
+    quarters = [both[i * len(both) // 4:(i + 1) * len(both) // 4] for i in range(4)]
+    print("  latency p50 ms by quarter of the run (a consumer falling behind grows it): " + "; ".join(
+        f"{name} " + " / ".join(f"{statistics.median(got[name][s] for s in q):.1f}" for q in quarters if q)
+        for name in ("proxy", "direct")), file=sys.stderr)
     return {"proxy": [got["proxy"][s] for s in both], "direct": [got["direct"][s] for s in both],
             "added": [got["proxy"][s] - got["direct"][s] for s in both]}
 
@@ -276,6 +280,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
                     help="afterwards, profile a live and a history read through a listener alone (cProfile, every "
                          "thread): FILE.live, FILE.history")
+    ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
+                    help="a history_listener setting of the proxy (repeatable), e.g. socket_send_buffer_bytes=-1")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
 
@@ -312,6 +318,9 @@ def main() -> None:
                 "history_listener": {"host": "127.0.0.1", "port": proxy_port, "proxy": True,
                                      "authorization": {"allow_if_no_authorizer": True}},  # dev cluster: no authorizer
                 "listen": {"host": "127.0.0.1", "port": ops_port}, "log_format": "text", "log_level": "WARNING"}
+            for setting in args.listener_setting:
+                key, _, value = setting.partition("=")
+                raw["history_listener"][key] = json.loads(value)
             config = work / "sidecar.yaml"
             config.write_text(json.dumps(raw))  # JSON is YAML
             serve = subprocess.Popen([sys.executable, "-m", "rlm.cli", "serve", "--config", str(config)],
@@ -416,7 +425,7 @@ def main() -> None:
           f"{IDLE_S:.0f} s before the reads: {idle * live_window / gib_read:.2f} s/GiB of the live proxied read), "
           f"broker CPU: its JVM, both from /proc/<pid>/stat over the read window, per GiB read. {os.cpu_count()} "
           f"cores; load average (1/5/15 min) at start {_load(load[0])}, before the reads {_load(load[1])}, after "
-          f"{_load(load[-1])}.")
+          f"{_load(load[-1])}." + "".join(f" history_listener.{x}." for x in args.listener_setting))
 
 
 def _load(x: tuple[float, float, float]) -> str:
