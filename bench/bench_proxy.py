@@ -30,12 +30,17 @@ too. The read window starts at the group's assignment and ends at the last recor
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
 the first second is left out (warm-up); the latency is to the record's hand-over by ``poll()`` (one record a call).
+The goal row compares the two p99s; the per-record difference (proxy - direct) is printed too, and the p50 by
+quarter of the run, which shows a machine that stalled both consumers (the latency then is the machine's).
+For each proxied read, the time per Fetch and the sidecar's CPU per Fetch: the consumer has one Fetch in flight per
+broker, so what the proxy adds to each round trip comes straight off a one-partition read's throughput.
 ``--profile FILE``: afterwards one more live read and one more history read, each through a listener alone
 (``proxy_child.py listener``) with every thread under cProfile (thread CPU time); the hot functions are printed and
 the stats written to FILE.live and FILE.history. The requests each proxied read made (``rlm_history_requests`` of
 the sidecar, by api) are printed as it goes.
 
-The machine may be shared: the 1-minute load average before and after is printed with the table.
+The machine may be shared: the load average (1, 5, 15 min) at the start, before and after the reads is printed with
+the table; on a loaded machine the ratios swing from run to run, the CPU per GiB much less.
 """
 
 from __future__ import annotations
