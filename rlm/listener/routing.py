@@ -6,7 +6,8 @@ route          meaning
 ``HERE``       answered by the listener itself: from the tier (:mod:`rlm.listener.tier`), or about itself
                (ApiVersions; as a proxy, the intersection of its versions and the broker's)
 ``FORWARD``    to the broker and back as bytes, only the correlation id mapped (:mod:`rlm.listener.upstream`)
-``REWRITE``    forwarded; the broker addresses in the answer replaced by the sidecars' in front of them
+``REWRITE``    forwarded; the broker addresses in the answer replaced by the sidecars' in front of them (a Produce
+               answer only when it names any: v10+ with ``node_endpoints``; else its bytes pass as FORWARD's)
 ``SPLIT``      forwarded; what lies below the broker's log start answered from the tier and merged into the
                broker's answer in the client's order (:mod:`rlm.listener.tier.boundary`)
 ``SASL``       as a proxy whose clients authenticate (``history_listener.sasl``): passed through to the broker on the
@@ -38,8 +39,7 @@ from rlm.listener.tier.fetch import fetch
 from rlm.listener.tier.node import NodeAnswers
 from rlm.listener.tier.offsets import list_offsets
 
-__all__ = ["NOT_NAMED", "PRODUCE_MAX_PROXIED", "ROUTES", "TXN_V2_FEATURE", "TXN_V2_MIN_PRODUCE", "Answer", "Route",
-           "Router"]
+__all__ = ["NOT_NAMED", "ROUTES", "Answer", "Route", "Router"]
 
 
 class Route(enum.StrEnum):
@@ -63,19 +63,13 @@ ROUTES: dict[int, tuple[Route, Route]] = {
     ApiKey.LIST_OFFSETS: (H, S),  # EARLIEST and timestamps below the broker's log start: the tier's
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (R, S),  # epochs that ended below the broker's log start: the tier's lineage
     ApiKey.FETCH: (H, S),  # partitions below the broker's log start: the tier's
-    ApiKey.PRODUCE: (H, F),  # the endpoint refuses it (read-only); a proxy forwards it, up to PRODUCE_MAX_PROXIED
+    ApiKey.PRODUCE: (H, W),  # the endpoint refuses it (read-only); a proxy forwards it, new leaders' addresses moved
     ApiKey.SHARE_FETCH: (R, R),  # answers name leaders' addresses (not rewritten yet)
     ApiKey.SHARE_ACKNOWLEDGE: (R, R),
 }
 NOT_NAMED = (R, F)
-# Produce v10+ answers may carry the new leader's address (KIP-951 node_endpoints), which is not rewritten yet.
-PRODUCE_MAX_PROXIED = 9
-# Transactions V2 (KIP-890): a client that sees the finalized feature transaction.version >= 2 skips
-# AddPartitionsToTxn and lets Produce v12+ add the partition; through Produce v9 the broker then refuses its records
-# (INVALID_TXN_STATE, "Partition was not added to the transaction"). So while the proxy offers Produce below v12, its
-# ApiVersions answer says transaction.version 1 at most: clients use V1 (AddPartitionsToTxn), which a broker with V2
-# finalized still serves (as it does for older clients).
-TXN_V2_FEATURE, TXN_V2_MIN_PRODUCE = "transaction.version", 12
+# Produce is offered at the broker's versions (those kio knows: PROXY_API_KEYS), so its finalized features pass as
+# they are: Transactions V2 (KIP-890, transaction.version 2) needs Produce v12+, which a broker finalizing it serves.
 
 Answer = Callable[[Any, Client], dict[str, Any] | None]  # (decoded request, client) -> response values, or none
 
@@ -111,12 +105,10 @@ class Router:
             if route is Route.SASL:
                 lo, hi = max(lo, SASL_API_KEYS[key][0]), min(hi, SASL_API_KEYS[key][1])
             elif route is not Route.FORWARD:
-                ours = API_KEYS.get(key) or PROXY_API_KEYS.get(key)
+                ours = PROXY_API_KEYS.get(key) or API_KEYS.get(key)
                 if ours is None:
                     continue
                 lo, hi = max(lo, ours[0]), min(hi, ours[1])
-            elif key == ApiKey.PRODUCE:
-                hi = min(hi, PRODUCE_MAX_PROXIED)
             if lo <= hi:
                 out[key] = (lo, hi)
         return out
@@ -130,11 +122,6 @@ class Router:
         offered = self.versions({int(k.api_key): (int(k.min_version), int(k.max_version)) for k in broker.api_keys})
         values["api_keys"] = [{"api_key": k, "min_version": lo, "max_version": hi}
                               for k, (lo, hi) in sorted(offered.items())]
-        if offered.get(ApiKey.PRODUCE, (0, -1))[1] < TXN_V2_MIN_PRODUCE:
-            values["finalized_features"] = [
-                {**f, "min_version_level": min(f["min_version_level"], 1),
-                 "max_version_level": min(f["max_version_level"], 1)} if f["name"] == TXN_V2_FEATURE else f
-                for f in values["finalized_features"]]
         return values
 
     def answer(self, api_key: int) -> Answer:

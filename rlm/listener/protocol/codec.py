@@ -53,6 +53,7 @@ __all__ = [
     "error_body",
     "free_gradually",
     "produce_acks",
+    "produce_names_leaders",
     "response_type",
 ]
 
@@ -249,6 +250,78 @@ def produce_acks(frame: bytes, header: RequestHeader) -> int:
     except (IndexError, struct.error):
         raise BadRequestError(f"Produce v{header.api_version}: truncated before acks", header) from None
     return acks
+
+
+# ProduceResponse v10+ (KIP-951): ``node_endpoints``, the addresses of the leaders named in partitions answered
+# NOT_LEADER_OR_FOLLOWER, is a top-level tagged field, after every partition's answer.
+PRODUCE_FIRST_LEADERS = 10
+PRODUCE_FIRST_TOPIC_ID = 13  # topics by id (16 bytes) instead of by name
+_PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, log_append_time_ms, log_start_offset
+_PARTITION_PLAIN_END = b"\x01\x00\x00"  # then no record_errors, a null error_message, no tagged fields
+
+
+def produce_names_leaders(answer: bytes, header: RequestHeader) -> bool:
+    """Whether a broker's Produce answer (without its size prefix) to ``header``'s request has top-level tagged
+    fields (``node_endpoints``: broker addresses), walked to without decoding it: one varint or fixed-size skip per
+    field, so the common answer (no leader moved) passes as the broker's bytes. Raises :class:`BadRequestError` on a
+    truncated answer."""
+    if header.api_version < PRODUCE_FIRST_LEADERS:
+        return False
+    by_id = header.api_version >= PRODUCE_FIRST_TOPIC_ID
+    try:
+        pos = _skip_tags(answer, 4)  # correlation id, response header v1's tagged fields
+        topics, pos = _uvarint(answer, pos)
+        for _ in range(topics - 1):
+            pos = pos + 16 if by_id else _skip_compact(answer, pos)
+            partitions, pos = _uvarint(answer, pos)
+            for _ in range(partitions - 1):
+                pos += _PARTITION_FIXED
+                if answer.startswith(_PARTITION_PLAIN_END, pos):  # the common answer: one compare
+                    pos += len(_PARTITION_PLAIN_END)
+                    continue
+                errors, pos = _uvarint(answer, pos)
+                for _ in range(errors - 1):
+                    pos = _skip_tags(answer, _skip_compact(answer, pos + 4))  # batch_index, message
+                pos = _skip_tags(answer, _skip_compact(answer, pos))  # error_message; current_leader (tag 0)
+            pos = _skip_tags(answer, pos)
+        pos += 4  # throttle_time_ms
+        tags, _pos = _uvarint(answer, pos)
+    except IndexError:
+        raise BadRequestError(f"ProduceResponse v{header.api_version}: truncated", header) from None
+    return tags > 0
+
+
+def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint at ``pos``: (value, the position after it)."""
+    n = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos
+        shift += 7
+
+
+def _skip_compact(data: bytes, pos: int) -> int:
+    """The position after a compact (nullable) string or bytes at ``pos`` (length + 1 as a varint, 0: null)."""
+    n, pos = _uvarint(data, pos)
+    end = pos + max(n - 1, 0)
+    if end > len(data):
+        raise IndexError(end)
+    return end
+
+
+def _skip_tags(data: bytes, pos: int) -> int:
+    """The position after a tagged-field section at ``pos`` (count, then each tag, size and bytes)."""
+    count, pos = _uvarint(data, pos)
+    for _ in range(count):
+        _tag, pos = _uvarint(data, pos)
+        size, pos = _uvarint(data, pos)
+        pos += size
+    if pos > len(data):
+        raise IndexError(pos)
+    return pos
 
 
 def response_type(header: RequestHeader) -> type | None:

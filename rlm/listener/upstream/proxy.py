@@ -2,10 +2,12 @@
 answer brought back, rewritten (broker addresses) or split (the tier's part merged in) on the way.
 
 FORWARD keeps the bytes (only the correlation id is mapped, :class:`~rlm.listener.upstream.brokers.Upstream`): the
-request is not even decoded, so any version the broker speaks passes. A Produce with ``acks=0`` gets no answer, from
-the broker or from us. REWRITE and SPLIT decode the broker's answer (kio) on a worker, change it and encode it
-again; SPLIT also forwards a Fetch that asks for no fetch session (see the routing module), and asks the broker, on
-the client's own connection to it, what the merge needs: the log start offset of the partitions concerned
+request is not even decoded, so any version the broker speaks passes. REWRITE and SPLIT decode the broker's answer
+(kio) on a worker, change it and encode it again; Produce (REWRITE) is forwarded as bytes too, its request never
+decoded: a Produce with ``acks=0`` gets no answer, from the broker or from us, and an answer is decoded only when it
+names leaders' addresses (v10+ ``node_endpoints``, checked by a walk over its bytes), else passed as the broker's.
+SPLIT also forwards a Fetch that asks for no fetch session (see the routing module), and asks the broker, on the
+client's own connection to it, what the merge needs: the log start offset of the partitions concerned
 (ListOffsets EARLIEST), for Fetch its high watermark and last stable offset too, and for a read_committed Fetch of a
 tier that sees a transaction open at its end the transactions the broker aborted (a Fetch at its log start).
 """
@@ -19,7 +21,14 @@ from typing import Any
 
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
-from rlm.listener.protocol.codec import ErrorCode, decode_response, encode_request, encode_response, produce_acks
+from rlm.listener.protocol.codec import (
+    ErrorCode,
+    decode_response,
+    encode_request,
+    encode_response,
+    produce_acks,
+    produce_names_leaders,
+)
 from rlm.listener.protocol.frame import SIZE, RequestHeader
 from rlm.listener.routing import Route
 from rlm.listener.tier.boundary import (
@@ -43,6 +52,7 @@ NO_SESSION_EPOCH = -1  # Kafka's FetchMetadata.FINAL_EPOCH with session id 0: a 
 BOUNDS_LIST_OFFSETS_VERSION = 5  # the ListOffsets the proxy asks its broker for bounds (the last non-flexible one)
 ABORTED_FETCH_VERSION = 11  # the Fetch the proxy asks its broker for aborted transactions (topics by name)
 EARLIEST, LATEST = -2, -1
+INLINE_PRODUCE_CHECK_BYTES = 16384  # a Produce answer up to this size (~500 partitions) is checked on the event loop
 
 
 class Proxy:
@@ -70,12 +80,11 @@ class Proxy:
         :class:`~rlm.listener.upstream.brokers.UpstreamError` when the broker fails the connection."""
         key = header.api_key
         if route is Route.FORWARD:
-            if key == ApiKey.PRODUCE and produce_acks(frame, header) == 0:
-                await upstream.request(frame, answered=False)
-                return b""
             answer = await upstream.request(frame)
             assert answer is not None
             return SIZE.pack(len(answer)) + answer
+        if key == ApiKey.PRODUCE:
+            return await self._produce(header, frame, upstream, run)
         if route is Route.REWRITE:
             answer = await upstream.request(frame)
             rewrite = {ApiKey.METADATA: self.peers.metadata, ApiKey.DESCRIBE_CLUSTER: self.peers.describe_cluster,
@@ -97,7 +106,8 @@ class Proxy:
             def merge() -> bytes:
                 merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
                           if bounds or unbounded else body)
-                return encode_response(header, self.peers.fetch(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
+                return encode_response(header, self.peers.leaders(dataclasses.replace(merged,
+                                                                                      session_id=NO_SESSION_ID)))
 
             return await run(merge)
         if key == ApiKey.LIST_OFFSETS:
@@ -113,6 +123,20 @@ class Proxy:
             return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
                 self.ctx, req, body, client, starts))
         raise ValueError(f"api key {key} has no proxied route {route}")
+
+    async def _produce(self, header: RequestHeader, frame: bytes, upstream: Upstream, run: Run) -> bytes:
+        """A Produce forwarded as bytes; its answer as the broker's bytes unless it names leaders' addresses (v10+
+        ``node_endpoints``, for partitions answered NOT_LEADER_OR_FOLLOWER): then decoded and those moved."""
+        if produce_acks(frame, header) == 0:
+            await upstream.request(frame, answered=False)
+            return b""
+        answer = await upstream.request(frame)
+        assert answer is not None
+        names = (produce_names_leaders(answer, header) if len(answer) <= INLINE_PRODUCE_CHECK_BYTES
+                 else await run(produce_names_leaders, answer, header))
+        if names:
+            return await run(_rewritten, answer, header, self.peers.leaders)
+        return SIZE.pack(len(answer)) + answer
 
     async def _log_starts(self, upstream: Upstream, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int]:
         """The broker's log start offset of ``partitions`` (topic -> partitions; none asked when empty)."""

@@ -1,8 +1,9 @@
 """Broker addresses in the broker's answers replaced by the sidecars' in front of them.
 
 A client of the proxy must come back to a proxy for every broker: the brokers listed by Metadata and
-DescribeCluster, the coordinator FindCoordinator names, and the leaders a Fetch answer names when leadership moved
-(``node_endpoints``, KIP-951, Fetch v16+) each get the listener address of the sidecar next to that broker:
+DescribeCluster, the coordinator FindCoordinator names, and the leaders a Fetch or a Produce answer names when
+leadership moved (``node_endpoints``, KIP-951: Fetch v16+, Produce v10+, with each partition answered
+NOT_LEADER_OR_FOLLOWER) each get the listener address of the sidecar next to that broker:
 
 - this sidecar's broker (``broker_id``): this listener's advertised host and port;
 - a broker named in ``history_listener.peers`` (node id -> host:port): that address;
@@ -76,7 +77,9 @@ class PeerAddresses:
             return dataclasses.replace(body, coordinators=tuple(self._moved(c, "node_id") for c in coordinators))
         return self._moved(body, "node_id")
 
-    def fetch(self, body: Any) -> Any:
+    def leaders(self, body: Any) -> Any:
+        """A Fetch or Produce answer with its ``node_endpoints`` moved (the ``current_leader`` of its partitions
+        names only node ids and epochs: left as the broker's)."""
         endpoints = getattr(body, "node_endpoints", None)
         if not endpoints:
             return body

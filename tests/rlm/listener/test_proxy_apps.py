@@ -16,8 +16,9 @@ Both apps run at once, as child processes, while the set-up waits:
   internal topics are created by Streams through the proxy (CreateTopics forwarded), the output topic by an
   AdminClient through the proxy; Streams' consumer group commits on the broker (in its transactions).
   Exactly-once failed at first (``InvalidTxnStateException: Partition was not added to the transaction``): the proxy
-  passed on the broker's ``transaction.version`` 2 while offering Produce below v12, which Transactions V2 needs;
-  :mod:`rlm.listener.routing` now says ``transaction.version`` 1 in that case.
+  passed on the broker's ``transaction.version`` 2 while offering Produce below v12, which Transactions V2 needs.
+  The proxy now offers Produce at the broker's versions (``test_proxy_produce.py``), so Streams runs Transactions V2
+  through it.
 - **Spark** (``spark-sql-kafka-0-10``, in a child process: :mod:`tests.support.spark_kafka_child`): one batch query,
   ``subscribe`` and ``startingOffsets earliest``, reading tier and broker data at once.
 """
