@@ -51,9 +51,10 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
@@ -193,6 +194,7 @@ class ApplyOutcome:
     applied: int = 0
     tombstones: int = 0
     skipped: list[SkippedRecord] | None = None
+    next_offsets: dict[int, int] = field(default_factory=dict)   # per metadata partition: after its last record
 
 
 class _Batch:
@@ -287,6 +289,8 @@ class MetadataCache:
         self._wo = WriteOptions()
         self._wo.disable_wal = not wal
         self._dirty = False
+        self._compaction: threading.Thread | None = None
+        self.compactions = 0      # full compactions started (compact_in_background), for tests and logs
         self._check_format()
 
     # ------------------------------------------------------------------------------------------ meta / open
@@ -317,8 +321,27 @@ class MetadataCache:
         self.db.flush()
 
     def close(self) -> None:
+        if self._compaction is not None:
+            self._compaction.join()
         self.db.flush()
         self.db.close()
+
+    def compact_in_background(self) -> bool:
+        """Start a full compaction on its own thread (rocksdict releases the GIL: readers and the consumer go on)
+        unless one is running; return whether it started. After a bootstrap the state is spread over L0 files and
+        levels, and a floor lookup's seek visits each of them: one sorted run cut a lookup's CPU by about a
+        quarter (1M events, 19.6 -> 14.9 us). :meth:`close` waits for it."""
+        if self._compaction is not None and self._compaction.is_alive():
+            return False
+        self._compaction = threading.Thread(target=self.db.compact_range, args=(None, None), daemon=True,
+                                            name=f"rlmm-compact-{self.topic}")
+        self._compaction.start()
+        self.compactions += 1
+        return True
+
+    def estimated_keys(self) -> int:
+        """RocksDB's estimate of the keys held (cheap: from table properties and the memtables)."""
+        return self.db.property_int_value("rocksdb.estimate-num-keys") or 0
 
     # ------------------------------------------------------------------------------------------- progress
     def progress(self, mp: int) -> Progress | None:
@@ -364,7 +387,7 @@ class MetadataCache:
         (kept as stored for partitions not in it)."""
         out = ApplyOutcome(skipped=[])
         batch = _Batch(self.db, self._wo)
-        next_offsets: dict[int, int] = {}
+        next_offsets = out.next_offsets
         api_key_of = scan.api_key_of
         scan_update, scan_segment = scan.scan_update, scan.scan_segment
         apply_update, apply_add = self._apply_update, self._apply_add

@@ -44,6 +44,11 @@ SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
                           "Metadata records skipped by the cache (undecodable or refused transitions)", ["reason"])
 APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
 
+COMPACT_AFTER_RECORDS = 100_000
+"""Once every assigned partition is caught up after at least this many records applied (a bootstrap, a rebuild),
+and at least half as many as the cache holds keys (so a steady trickle rewrites the cache rarely), the cache is
+compacted in the background: lookups then seek one sorted run (:meth:`MetadataCache.compact_in_background`)."""
+
 
 # Errors of a watermark read that pass as the cluster settles, retried like the retriable ones: leadership moving,
 # and a broker handle librdkafka destroyed under the request (a broker left the cluster's metadata; seen in the chaos
@@ -83,6 +88,7 @@ class ConsumerTask:
         self._stop = threading.Event()
         self.error: BaseException | None = None   # what killed the thread
         self.records_consumed = 0
+        self._applied_since_compaction = 0
         self.records_applied = 0
         self.skipped_records = 0
         self.skipped: collections.deque[SkippedRecord] = collections.deque(maxlen=1000)
@@ -287,20 +293,20 @@ class ConsumerTask:
         first = self._consumer.poll(0.05)
         msgs = [] if first is None else [first, *self._consumer.consume(
             num_messages=max(1, self._max_batch_records - 1), timeout=0)]
-        records = []
-        eofs = []
         assigned = self._assigned
-        for m in msgs:
-            if m.error() is not None:
+        # one comprehension over the batch (the bootstrap's hot loop: ~10,000 messages a call), errors after
+        records = [(mp, m.offset(), m.key(), m.value()) for m in msgs
+                   if m.error() is None and (mp := m.partition()) in assigned]
+        eofs = []
+        if len(records) != len(msgs):
+            for m in msgs:
                 err = m.error()
+                if err is None:
+                    continue
                 if err.code() == KafkaError._PARTITION_EOF:
                     eofs.append((m.partition(), m.offset()))
                 else:
                     log.warning("metadata consumer error: %s", err)
-                continue
-            mp = m.partition()
-            if mp in assigned:
-                records.append((mp, m.offset(), m.key(), m.value()))
         if records:
             self._apply(records)
         if eofs:
@@ -310,6 +316,12 @@ class ConsumerTask:
                         self._at_eof.add(mp)
                         self._ready.add(mp)
                 self._cond.notify_all()
+                caught_up = self._assigned <= self._at_eof
+            n = self._applied_since_compaction
+            if caught_up and n >= COMPACT_AFTER_RECORDS and n >= self.cache.estimated_keys() // 2 \
+                    and self.cache.compact_in_background():
+                log.info("metadata cache caught up after %d records: compacting it in the background", n)
+                self._applied_since_compaction = 0
 
     def _drain_to_eof(self, timeout_s: float) -> None:
         """On stop: consume until every assigned partition is at its end again (or ``timeout_s``), so the last
@@ -334,15 +346,13 @@ class ConsumerTask:
 
     def _apply(self, records: list) -> None:
         self.records_consumed += len(records)
+        self._applied_since_compaction += len(records)
         out = self.cache.apply(records, {})
         self.records_applied += out.applied
         APPLIED_RECORDS.inc(out.applied)
-        last: dict[int, int] = {}
-        for mp, offset, _k, _v in records:
-            last[mp] = offset
         with self._cond:
-            for mp, offset in last.items():
-                self._applied[mp] = offset + 1
+            for mp, nxt in out.next_offsets.items():
+                self._applied[mp] = nxt
                 self._at_eof.discard(mp)
             for s in out.skipped or ():
                 # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
