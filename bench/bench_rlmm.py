@@ -17,6 +17,11 @@ Targets (DESIGN.md section 7): >= 100k events/s applied, warm restart with 1M se
 
     .venv/bin/python bench/bench_rlmm.py                  # 1M segments = 2M events through the broker
     .venv/bin/python bench/bench_rlmm.py --segments 50000 # quick
+    .venv/bin/python bench/bench_rlmm.py --compare c58c58c --segments 50000   # apply-only: that revision vs this
+
+``--compare REV`` runs the apply-only phase (``--apply-events``) in child processes, this checkout's ``rlmm`` and
+REV's (``git archive``) taking turns ``--compare-rounds`` times, and prints the median CPU per event of each: on a
+shared machine, CPU time side by side is the comparison that holds (wall time follows the load).
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from __future__ import annotations
 import argparse
 import bisect
 import gc
+import os
 import random
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,20 +44,23 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # devtools/ lives in the checkout, not the package
+_OTHER_RLMM = "BENCH_RLMM_PACKAGE_ROOT"   # --compare's children: where another revision's rlmm is
+if os.environ.get(_OTHER_RLMM):
+    sys.path.insert(0, os.environ[_OTHER_RLMM])
 
 from devtools.devkafka import KafkaCluster  # noqa: E402
-from rlmm import serde
-from rlmm.api import (
+from rlmm import serde  # noqa: E402
+from rlmm.api import (  # noqa: E402
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
     RemoteLogSegmentMetadataUpdate,
     RemoteLogSegmentState,
     TopicIdPartition,
 )
-from rlmm.cache import MetadataCache
-from rlmm.keys import KeyKind, encode_key
-from rlmm.partitioner import metadata_partition
-from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig
+from rlmm.cache import MetadataCache  # noqa: E402
+from rlmm.keys import KeyKind, encode_key  # noqa: E402
+from rlmm.partitioner import metadata_partition  # noqa: E402
+from rlmm.topic_manager import TopicBasedRemoteLogMetadataManager, TopicBasedRlmmConfig  # noqa: E402
 
 __all__: list[str] = []
 
@@ -114,12 +125,31 @@ class DictBaseline:
         return md if offset <= end else None
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process, every thread (the consumer's, librdkafka's and RocksDB's background ones)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def rss_mib(field: str = "VmRSS") -> float:
+    """Resident memory of this process now, MiB: ``VmRSS`` (all), ``RssAnon`` (heap: memtables, block cache,
+    librdkafka's queues, Python) or ``RssFile`` (file pages mapped: RocksDB's tables, read through mmap)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def du_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / (1 << 20)
+
+
 def pct(samples_ns: list[int], q: float) -> float:
     s = sorted(samples_ns)
     return s[min(len(s) - 1, int(q * len(s)))] / 1000
 
 
-def bench_apply_only(tps, n_events: int, tmp: Path) -> dict:
+def bench_apply_only(tps, n_events: int, tmp: Path, with_dict: bool = True) -> dict:
     recs = [(mp, off, key, value) for off, (mp, key, value) in enumerate(events(tps, n_events // 2, 50))]
     cache = MetadataCache(tmp / "apply-only", topic="bench", num_partitions=50)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -129,12 +159,14 @@ def bench_apply_only(tps, n_events: int, tmp: Path) -> dict:
             raise RuntimeError(out.skipped[0])
     t_cache, c_cache = time.perf_counter() - t0, time.process_time() - c0
     cache.close()
+    n = len(recs)
+    if not with_dict:
+        return {"events": n, "cache_eps": n / t_cache, "cache_cpu_eps": n / c_cache}
     base = DictBaseline()
     t0, c0 = time.perf_counter(), time.process_time()
     for _mp, _off, _key, value in recs:
         base.apply(value)
     t_dict, c_dict = time.perf_counter() - t0, time.process_time() - c0
-    n = len(recs)
     return {"events": n, "cache_eps": n / t_cache, "dict_eps": n / t_dict, "cache_cpu_eps": n / c_cache,
             "dict_cpu_eps": n / c_dict}
 
@@ -177,14 +209,58 @@ def replay_into_dict(kafka: KafkaCluster, topic: str, total: int) -> tuple[float
     return dt, base
 
 
+def apply_only_child(n_events: int) -> None:
+    """``--child-apply``: the apply-only phase alone, CPU microseconds per event on stdout (for ``--compare``)."""
+    import rlmm.cache
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rlmm-child-"))
+    try:
+        r = bench_apply_only(user_partitions(20, 50), n_events, tmp, with_dict=False)
+        print(f"{rlmm.cache.__file__} {1e6 / r['cache_cpu_eps']:.3f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compare(rev: str, n_events: int, rounds: int) -> list[tuple[str, str, str, str]]:
+    """This checkout's apply-only CPU per event vs REV's, children taking turns; medians."""
+    root = Path(__file__).resolve().parents[1]
+    old = Path(tempfile.mkdtemp(prefix="bench-rlmm-rev-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "rlmm"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        cpu: dict[str, list[float]] = {"this": [], rev: []}
+        for i in range(rounds):
+            for name, pkg in (("this", None), (rev, old)):
+                env = {**os.environ, _OTHER_RLMM: str(pkg)} if pkg else {**os.environ, _OTHER_RLMM: ""}
+                out = subprocess.run([sys.executable, __file__, "--child-apply", str(n_events)], env=env,
+                                     capture_output=True, text=True, check=True).stdout.split()
+                if pkg and not out[0].startswith(str(pkg)):
+                    raise RuntimeError(f"the child imported {out[0]}, not REV's rlmm")
+                cpu[name].append(float(out[1]))
+                print(f"  compare round {i + 1}: {name} {out[1]} us CPU/event", flush=True)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    return [(f"apply-only CPU per event, median of {rounds} (us): this vs {rev}", f"{med['this']:.2f}",
+             f"{med[rev]:.2f} ({rev})", ""),
+            ("  as events/CPU-s", f"{1e6 / med['this']:,.0f}", f"{1e6 / med[rev]:,.0f} ({rev})", ">= 100,000")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--segments", type=int, default=1_000_000, help="segments through Kafka (2 events each)")
     ap.add_argument("--apply-events", type=int, default=400_000, help="events for the apply-only run")
     ap.add_argument("--lookups", type=int, default=100_000)
     ap.add_argument("--skip-dict-replay", action="store_true", help="skip the (slow) dict replay through Kafka")
+    ap.add_argument("--compare", metavar="REV", help="also time the apply-only phase of git revision REV's rlmm")
+    ap.add_argument("--compare-rounds", type=int, default=5)
+    ap.add_argument("--compare-only", action="store_true", help="with --compare: that alone, no broker")
+    ap.add_argument("--child-apply", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_apply:
+        apply_only_child(args.child_apply)
+        return
     tps = user_partitions(20, 50)            # 1000 user partitions
+    load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-rlmm-"))
     rows: list[tuple[str, str, str, str]] = []
     try:
@@ -194,6 +270,12 @@ def main() -> None:
                      f"{r['dict_eps']:,.0f}", ">= 100,000"))
         rows.append(("apply rate, records straight into the cache (events/CPU-s)", f"{r['cache_cpu_eps']:,.0f}",
                      f"{r['dict_cpu_eps']:,.0f}", ">= 100,000"))
+        if args.compare:
+            print(f"compare: apply-only, this checkout vs {args.compare}, {args.compare_rounds} rounds ...", flush=True)
+            rows += compare(args.compare, args.apply_events, args.compare_rounds)
+            if args.compare_only:
+                print_table(rows)
+                return
 
         # no fsync per message (the dev default): this measures the metadata path, not the disk
         with KafkaCluster(brokers=1, heap="1g",
@@ -206,10 +288,12 @@ def main() -> None:
                   flush=True)
             cfg = TopicBasedRlmmConfig(kafka.bootstrap_servers, tmp / "cache", topic=topic, num_partitions=50,
                                        replication_factor=1, serve_all=True)
-            t0 = time.perf_counter()
+            rss0, anon0 = rss_mib(), rss_mib("RssAnon")
+            t0, c0 = time.perf_counter(), cpu_s()
             m = TopicBasedRemoteLogMetadataManager(cfg)
             m.wait_ready(tps, timeout_s=3600)
-            t_boot = time.perf_counter() - t0
+            t_boot, c_boot = time.perf_counter() - t0, cpu_s() - c0
+            rss_boot, anon_boot, file_boot = rss_mib(), rss_mib("RssAnon"), rss_mib("RssFile")
             if m.records_applied != total or m.skipped_records:
                 raise RuntimeError(f"applied {m.records_applied} of {total}, skipped {m.skipped_records}")
             print(f"bootstrap through Kafka: {t_boot:.1f}s", flush=True)
@@ -220,6 +304,13 @@ def main() -> None:
                 print(f"dict replay through Kafka: {t_dict:.1f}s", flush=True)
             rows.append(("bootstrap through Kafka: consume + apply (events/s)", f"{total / t_boot:,.0f}",
                          f"{total / t_dict:,.0f}", ">= 100,000"))
+            rows.append(("bootstrap through Kafka (events per CPU-s of the process)", f"{total / c_boot:,.0f}", "-",
+                         ""))
+            rows.append(("RSS after bootstrap, above the process before it (MiB)", f"{rss_boot - rss0:,.0f}",
+                         "-", ""))
+            rows.append(("  of which heap (RssAnon) / file pages mapped (RssFile, all of the process)",
+                         f"{anon_boot - anon0:,.0f} / {file_boot:,.0f}", "-", ""))
+            rows.append(("cache on disk after bootstrap (MiB)", f"{du_mib(tmp / 'cache'):,.0f}", "-", ""))
             m.close()
 
             t0 = time.perf_counter()
@@ -246,6 +337,7 @@ def main() -> None:
             # The machine is shared: each side runs ROUNDS times over the same queries and keeps its best round
             # (by p99), as timeit keeps its best repeat.
             rounds: list[list[int]] = []
+            c0 = cpu_s()
             for _ in range(ROUNDS):
                 cur = []
                 for tp, epoch, offset in queries:
@@ -255,6 +347,7 @@ def main() -> None:
                     if md is None or not md.start_offset <= offset <= md.end_offset_inclusive:
                         raise RuntimeError(f"lookup {tp} {epoch} {offset} -> {md}")
                 rounds.append(cur)
+            c_look = cpu_s() - c0
             lat = min(rounds, key=lambda r: pct(r, 0.99))
             if base is not None:
                 rounds = []
@@ -272,10 +365,20 @@ def main() -> None:
             rows.append(("lookup latency p99 (us)", f"{pct(lat, 0.99):.1f}", dp99, "<= 100"))
             rows.append(("  lookup mean (us)", f"{statistics.fmean(lat) / 1000:.1f}",
                          f"{statistics.fmean(lat_dict) / 1000:.1f}" if lat_dict else "-", ""))
+            rows.append(("  lookup CPU per lookup, all rounds (us)", f"{c_look / (ROUNDS * len(queries)) * 1e6:.1f}",
+                         "-", ""))
+            rows.append(("RSS of the process after the lookups: all / heap / file pages (MiB)",
+                         f"{rss_mib():,.0f} / {rss_mib('RssAnon'):,.0f} / {rss_mib('RssFile'):,.0f}", "-", ""))
             m.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (at the start: {load0:.1f}); rates per CPU-s are "
+          "what to compare on a shared machine")
 
+    print_table(rows)
+
+
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
     w = max(len(r[0]) for r in rows)
     print()
     print(f"{'measure':<{w}}  {'rlmm (RocksDB)':>16}  {'dict replay':>22}  {'target':>10}")
