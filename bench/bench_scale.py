@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_scale.py [--partitions 2000] [--topics 20] [--idle-s 60] [--profile DIR]
     .venv/bin/python bench/bench_scale.py --partitions 4000 --topics 40
+    bench/bench_scale.py --partitions 500 --topics 5 --idle-s 20 --skip-default --profile-gil --profile D
 
 One broker (KRaft, 127.0.0.1) with ``--partitions`` partitions spread over ``--topics`` topics (``segment.ms``
 1.5 s; nothing produced yet, and a segment rolls only on an append, so nothing rolls), and one sidecar, ``rlm
@@ -42,6 +43,24 @@ zero-filled block buffers, allocated per 64 KiB segment, 13%), staging's hard li
 segment 5%), directory fsyncs 12% (the copy watermark's durable write per run 9%), the metadata writes and their
 read-your-writes waits 10%, the fencing ListOffsets 6%. The "net of idle" figure subtracts the idle rate over the
 whole burst: before the watcher that idle work was copy runs that did the burst's work too, so it flatters before.
+
+Those shares were of py-spy's default samples, which count a thread blocked in fsync or librdkafka's flush, or
+runnable behind the GIL on a loaded machine, as on CPU. The CPU split (``/proc``: user / system, python / librdkafka
+threads, minor faults) and ``--profile-gil`` (only the GIL holder sampled) tell otherwise (2026-11-26, 500 partitions
+in 5 topics, 1,500 segments, machine load 8-50): 11.2-12.8 ms per segment, of it 7.0-8.4 ms system time and
+0.6-0.7 ms in librdkafka's threads, 1,560-1,870 minor page faults per segment; of the GIL samples 46-53% are the ledger
+writer's two block buffers (``bytearray(block_size_bytes)`` per copy: two 4 MiB buffers zero-filled, faulted in and
+unmapped for a 64 KiB segment; another 5-8% is their release at the copy's end), the store's CRC scan 5%, the
+metadata writes 6%, staging 9%, the fencing and run-start ListOffsets 3-4%. Their cost swings by +-1.5 ms from run
+to run (the faults depend on the heap's state), which hides any other change: the copy path's own cuts (issue 26: a
+run's segments in batches, one STARTED write, one fencing check and one FINISHED write per batch; concurrent
+metadata writers grouped, :mod:`rlmm.group_commit`; a segment staged again checked cheaply) measured 10.7-13.5 ms
+against 11.2-12.8 before. With the buffers sized to the blocks they hold (an edit of ``rsm/format/ledger.py`` tried
+in a worktree, on both sides, left to the store's owner): before 8.5-9.1 ms, after the cuts 6.7-7.3 ms (metadata
+writes 1.1 -> 0.5 ms, fencing and run-start ListOffsets 0.9 -> 0.3 ms of GIL time per segment), peak RSS 149 -> 98
+MiB, catch-up 18-24 s -> 10-19 s. What is left per segment then (GIL samples): staging ~20% (the first staging's
+mkdir, links, four fsyncs, marker), the stage job's listings ~13%, the store's copy ~10%, the metadata consumer
+thread ~8%, metadata writes ~7%, and the discovery and gauges rounds that fall in the burst.
 """
 
 from __future__ import annotations
@@ -80,11 +99,13 @@ def cpu_s(pid: int) -> float:
 
 
 def cpu_split(pid: int) -> dict[str, float]:
-    """CPU seconds of ``pid`` so far: ``user`` and ``system`` (every thread, ended ones too), and of its live threads
-    by group, ``librdkafka`` (threads named ``rdk:*``: the metadata topic's producer and consumer, the cluster view's
-    clients) and ``python`` (the rest: copy workers, the metadata consumer task, the scheduler)."""
+    """CPU seconds of ``pid`` so far: ``user`` and ``system`` (every thread, ended ones too), its minor page faults
+    (``minflt``, in thousands), and the CPU seconds of its live threads by group: ``librdkafka`` (threads named
+    ``rdk:*``: the metadata topic's producer and consumer, the cluster view's clients) and ``python`` (the rest: copy
+    workers, the metadata consumer task, the scheduler)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    out = {"user": int(fields[11]) / CLK_TCK, "system": int(fields[12]) / CLK_TCK, "librdkafka": 0.0, "python": 0.0}
+    out = {"user": int(fields[11]) / CLK_TCK, "system": int(fields[12]) / CLK_TCK, "librdkafka": 0.0, "python": 0.0,
+           "minflt": int(fields[7]) / 1000}  # minor page faults, in thousands (x 1000 ms below: per segment)
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
@@ -392,6 +413,7 @@ def main() -> None:
                 rows.append(("burst: the same, user / system", f"{sp['user']:.2f} / {sp['system']:.2f} ms"))
                 rows.append(("burst: the same, python / librdkafka threads (live ones)",
                              f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"))
+                rows.append(("burst: minor page faults per rolled segment", f"{sp['minflt']:.0f}"))
                 rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
                 rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
                 rows.append(("burst: machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"))
