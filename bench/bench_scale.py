@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_scale.py [--partitions 2000] [--topics 20] [--idle-s 60] [--profile DIR]
     .venv/bin/python bench/bench_scale.py --partitions 4000 --topics 40
-    bench/bench_scale.py --partitions 500 --topics 5 --idle-s 20 --skip-default --profile-gil --profile D
+    .venv/bin/python bench/bench_scale.py --partitions 500 --topics 5 --skip-default --profile-gil --profile D
 
 One broker (KRaft, 127.0.0.1) with ``--partitions`` partitions spread over ``--topics`` topics (``segment.ms``
 1.5 s; nothing produced yet, and a segment rolls only on an append, so nothing rolls), and one sidecar, ``rlm
