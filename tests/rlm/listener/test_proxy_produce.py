@@ -11,10 +11,12 @@ lets the broker's ``transaction.version`` 2 (KIP-890, which needs Produce v12+) 
   versions and finalized ``transaction.version``; confluent-kafka's idempotent producer (acks=all; librdkafka speaks
   Produce v10+, checked in its protocol log) and a transactional one (one committed and one aborted transaction)
   produce through it, read back from the broker (read_committed).
-- ``kafka_cluster3``: a topic of one replica on broker 1; proxies in front of broker 1 and broker 3, each told the
-  other (``peers``). Produce (v10 to v13) and Fetch (v16, v17) sent to broker 3's proxy are answered
+- ``kafka_cluster3``: a topic of one replica on broker 1; a proxy in front of each broker, each told the others
+  (``peers``). Produce (v10 to v13) and Fetch (v16, v17) sent to broker 3's proxy are answered
   NOT_LEADER_OR_FOLLOWER naming broker 1 at broker 1's proxy (broker 3 itself names broker 1's own port), and the
-  same Produce sent to that address is written.
+  same Produce sent to that address is written. An idempotent producer whose bootstrap servers are the proxies
+  produces while its partition's leadership moves from broker 1 to broker 3: every record is written once, in
+  order, and the producer never connects to a broker.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition, libversion
 from confluent_kafka.admin import NewTopic
 
 from devtools.devkafka import KafkaCluster, free_port
@@ -42,7 +44,7 @@ from rlm.listener.protocol.frame import RequestHeader
 from rlm.sidecar import Sidecar
 from tests.rlm.listener.raw_wire import recv_frame
 from tests.support.batches import batch
-from tests.support.sidecar import PartitionStates, make_settings, only, wait_for
+from tests.support.sidecar import PartitionStates, make_settings, only, reassign, wait_for
 
 PRODUCE, FETCH, API_VERSIONS = 0, 1, 18
 NOT_LEADER_OR_FOLLOWER = 6
@@ -219,6 +221,7 @@ def test_an_idempotent_producer_with_acks_all_produces_through_the_proxy(single:
     assert p.flush(60) == 0 and len(acked) == 200
     p.poll(0)
     versions = _produce_versions(lines)
+    print(f"librdkafka {libversion()[0]} sent Produce {sorted(versions)} through the proxy")
     assert versions and min(versions) >= 10, versions  # KIP-951's answers, the ones the proxy may rewrite
     first = min(acked)
     assert sorted(acked) == list(range(first, first + 200))
@@ -256,6 +259,8 @@ class Moved:
     topic: str
     topic_id: uuid.UUID
     listeners: dict[int, Listener]  # broker -> the proxy in front of it
+    states: PartitionStates
+    tmp: Path
 
 
 @pytest.fixture(scope="module")
@@ -266,11 +271,11 @@ def moved(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
     states.admin.create_topics([NewTopic(topic, 1, replica_assignment=[[LEADER]])])[topic].result(30)
     wait_for(lambda: states.leader(topic, 0) == LEADER, 60, "the leader")
     tid = wait_for(lambda: states.topic_id(topic), 30, "the topic id")
-    ports = {n: free_port() for n in (LEADER, ASKED)}
+    ports = {n: free_port() for n in (1, 2, 3)}
     with ExitStack() as stack:
         listeners = {n: proxy_listener(stack, kafka, tmp, topic, node_id=n, port=ports[n], peers={
             m: f"127.0.0.1:{ports[m]}" for m in ports if m != n}) for n in ports}
-        yield Moved(kafka, topic, tid, listeners)
+        yield Moved(kafka, topic, tid, listeners, states, tmp)
 
 
 def _produce_values(version: int, topic: str, topic_id: uuid.UUID, tag: bytes) -> dict[str, Any]:
@@ -323,3 +328,44 @@ def test_a_fetch_answer_naming_the_leader_names_its_proxy(moved: Moved) -> None:
             (p,) = t.partitions
             assert p.error_code == NOT_LEADER_OR_FOLLOWER and p.current_leader.leader_id == LEADER, (version, p)
             assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(LEADER, *want)], (version, port)
+
+
+def test_a_producer_follows_a_leader_move_through_the_proxies(moved: Moved) -> None:
+    """confluent-kafka's idempotent producer (acks=all), the proxies its bootstrap servers, produces to a
+    partition (replicas 1 and 3) whose leadership moves from broker 1 to broker 3 between two rounds: each record is
+    written once, in order, and every connection it opened (librdkafka's ``broker`` debug lines) went to a proxy."""
+    kafka = moved.kafka
+    topic = f"proxy-produce-move-{uuid.uuid4().hex[:6]}"
+    moved.states.admin.create_topics([NewTopic(topic, 1, replica_assignment=[[LEADER, ASKED]])])[topic].result(30)
+    wait_for(lambda: moved.states.leader(topic, 0) == LEADER and len(moved.states.isr(topic, 0)) == 2, 60,
+             "the leader and its follower in sync")
+    log, lines = _protocol_log()
+    p = Producer({"bootstrap.servers": ",".join(f"127.0.0.1:{li.port}" for li in moved.listeners.values()),
+                  "enable.idempotence": True, "acks": "all", "linger.ms": 5, "debug": "broker,protocol",
+                  "log_level": 7, "topic.metadata.refresh.interval.ms": 600_000}, logger=log)
+    acked: dict[int, bytes] = {}
+
+    def cb(err: Any, msg: Any) -> None:
+        assert err is None, err
+        acked[msg.offset()] = msg.value()
+
+    def send(tag: str) -> None:
+        for i in range(100):
+            p.produce(topic, value=f"{tag}-{i}".encode(), partition=0, on_delivery=cb)
+        assert p.flush(60) == 0
+
+    send("before")
+    reassign(kafka, {(topic, 0): [ASKED, LEADER]}, moved.tmp / "move")
+    wait_for(lambda: moved.states.elect(topic, [0]) is not None and moved.states.leader(topic, 0) == ASKED, 60,
+             f"broker {ASKED} to lead")
+    send("after")
+    p.poll(0)
+    assert [acked[o] for o in sorted(acked)] == [f"{t}-{i}".encode() for t in ("before", "after") for i in range(100)]
+    assert sorted(acked) == list(range(200))
+    connected = {int(m.group(1)) for line in lines for m in re.finditer(r"Connecting to ipv4#127\.0\.0\.1:(\d+)",
+                                                                           line)}
+    brokers = {kafka.node(n).port for n in (1, 2, 3)}
+    proxies = {li.port for li in moved.listeners.values()}
+    assert connected and connected <= proxies and not connected & brokers, (connected, proxies, brokers)
+    print(f"Produce versions {sorted(_produce_versions(lines))}; not-leader answers: "
+          f"{sum('Not leader for partition' in line for line in lines)}; connected to {sorted(connected)}")
