@@ -46,7 +46,8 @@ APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applie
 
 COMPACT_AFTER_RECORDS = 100_000
 """Once every assigned partition is caught up after at least this many records applied (a bootstrap, a rebuild),
-and at least half as many as the cache holds keys (so a steady trickle rewrites the cache rarely), the cache is
+and at least a quarter as many as the cache holds keys (so a steady trickle rewrites the cache rarely; a bootstrap
+applies ~2 records per 3 keys, and RocksDB's key estimate counts overwrites not yet compacted), the cache is
 compacted in the background: lookups then seek one sorted run (:meth:`MetadataCache.compact_in_background`)."""
 
 
@@ -318,7 +319,7 @@ class ConsumerTask:
                 self._cond.notify_all()
                 caught_up = self._assigned <= self._at_eof
             n = self._applied_since_compaction
-            if caught_up and n >= COMPACT_AFTER_RECORDS and n >= self.cache.estimated_keys() // 2 \
+            if caught_up and n >= COMPACT_AFTER_RECORDS and n >= self.cache.estimated_keys() // 4 \
                     and self.cache.compact_in_background():
                 log.info("metadata cache caught up after %d records: compacting it in the background", n)
                 self._applied_since_compaction = 0
