@@ -284,8 +284,17 @@ class LedgerWriter:
                     part_id += 1
 
     def _start_buffers(self) -> None:
-        self._bufs = [bytearray(self.block_size_bytes), bytearray(self.block_size_bytes)]
+        self._bufs = [bytearray(0), bytearray(0)]
         self._turn = 0
+
+    def _next_buffer(self, need: int) -> bytearray:
+        """The other block buffer, at least ``need`` bytes (allocated as blocks need them, not block_size_bytes
+        each: a 64 KiB segment no longer zero-fills two 4 MiB buffers)."""
+        self._turn ^= 1
+        buf = self._bufs[self._turn]
+        if len(buf) < need:
+            buf = self._bufs[self._turn] = bytearray(min(self.block_size_bytes, max(need, 2 * len(buf))))
+        return buf
 
     def _fragments(self, f, log_path: str | os.PathLike[str], h: BatchHeader, part_id: int,
                    log_position: int) -> Iterator[tuple[BlockDraft, memoryview]]:
@@ -299,8 +308,7 @@ class LedgerWriter:
         for k in range(count):
             lo = k * payload
             n = min(payload, size - lo)
-            self._turn ^= 1
-            buf = self._bufs[self._turn]
+            buf = self._next_buffer(self.block_size_bytes)
             view = memoryview(buf)
             block_length, at = frame_fragment(view, self.ledger_id, entry_id, k, count, size, n)
             _read_scattered(f, log_path, [view[at:at + n]], h.position + lo)
@@ -331,8 +339,8 @@ class LedgerWriter:
               part_id: int, log_position: int | None = None) -> tuple[BlockDraft, memoryview]:
         start = plan[0].position
         n = plan[-1].end_position - start
-        self._turn ^= 1
-        view = memoryview(self._bufs[self._turn])
+        need = BLOCK_HEADER_LENGTH + sum(ENTRY_HEADER_LENGTH + h.size_bytes for h in plan)
+        view = memoryview(self._next_buffer(need))
         first_entry_id = self.entry_count
         block_length, places = frame_block(view, self.ledger_id, first_entry_id, [h.size_bytes for h in plan])
         entries = [view[p:p + size] for p, size in places]
