@@ -5,6 +5,7 @@ and from a broker's local log. Same records, same machine, same client.
                               [--consumer-property K=V ...] [--py-spy FILE] [--endpoint-only]
                               [--compare-before COMMIT] [--head-patch FILE] [--variant KEY=JSON ...]
                               [--clients N [--clients-through head|before|patched] [--client-property K=V ...]]
+                              [--s3-latency [--store-variant JSON ...] [--latency-arg=--first-byte-median-ms=27 ...]]
 
 One broker (KRaft, 127.0.0.1) runs with Kafka's tiered storage enabled and Kafka's ``LocalTieredStorage`` (from the
 ``kafka-storage`` test jar) as its RemoteStorageManager, as in ``bench_sidecar``. Three topics of one partition get
@@ -42,6 +43,14 @@ tree's endpoint then runs from a worktree of HEAD too (the commit, not files bei
 bound costs (``socket_send_buffer_bytes=-1``: the kernel's send buffer, auto-tuned); ``--head-patch FILE`` one of HEAD
 with a patch applied (what a fix changes).
 
+``--s3-latency`` (issue 25): the sidecar's store is S3 with real S3's latency instead of the filesystem: s3proxy
+behind ``devtools/s3latency.py`` (``bench/emulated_s3.py``; ``--latency-arg`` passed to the emulator as is), the
+tiering and every endpoint's reads through it. ``--store-variant JSON`` adds an endpoint of this tree with those
+``store`` fields changed (a JSON object, repeatable); with ``--s3-latency`` and none given, the one-connection
+figure: ``{"read_ahead_bytes": 0, "block_cache_bytes": 0}`` (one GET at a time, no block kept between Fetches),
+next to the store's defaults (S3: 64 MiB read ahead, 64 MiB block cache). Each endpoint process has its own
+storage manager, so its read-ahead budget and block cache are its own.
+
 ``--clients N``: after the single-client reads, N confluent-kafka consumers (librdkafka), a process each, read the
 whole sidecar topic from offset 0 through one endpoint at once (``--clients-through``: this tree's by default),
 started together once all are created.
@@ -57,6 +66,7 @@ by the kernel; kernel memory, not in the RSS).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
@@ -78,12 +88,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_sidecar import kafka_tiered_storage_config, set_topic_config, wait_until  # noqa: E402
+from emulated_s3 import EmulatedS3  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 VALUE_BYTES = 1024
 TICKS = os.sysconf("SC_CLK_TCK")
 POSITION_RESET = b"Resetting offset for partition"  # the consumer's INFO line once ListOffsets answered
+ONE_CONNECTION = '{"read_ahead_bytes": 0, "block_cache_bytes": 0}'  # one GET at a time, nothing kept (issue 25)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -399,7 +411,20 @@ def main() -> None:
                     help="the endpoint the --clients read through: this tree's, --compare-before's, --head-patch's")
     ap.add_argument("--client-property", action="append", default=[], metavar="KEY=VALUE",
                     help="a librdkafka setting of the --clients consumers (repeatable)")
+    ap.add_argument("--s3-latency", action="store_true",
+                    help="the sidecar's store on s3proxy behind the S3 latency emulator (devtools/s3latency.py) "
+                         "instead of the filesystem")
+    ap.add_argument("--latency-arg", action="append", default=[],
+                    help="with --s3-latency: passed to devtools.s3latency as is, e.g. "
+                         "--latency-arg=--bandwidth-mb-per-s=60")
+    ap.add_argument("--store-variant", action="append", default=[], metavar="JSON",
+                    help="one more endpoint of this tree with these store fields changed (a JSON object, "
+                         "repeatable); with --s3-latency and none given: "
+                         + ONE_CONNECTION)
     args = ap.parse_args()
+    store_variants = [json.loads(v) for v in args.store_variant]
+    if args.s3_latency and not store_variants:
+        store_variants = [json.loads(ONE_CONNECTION)]
 
     logging.basicConfig(level=logging.WARNING)
     from devtools.devkafka import KafkaCluster
@@ -409,6 +434,7 @@ def main() -> None:
     from rsm.log.partition import PartitionDir
 
     work = Path(tempfile.mkdtemp(prefix="bench-history-"))
+    stack = contextlib.ExitStack()  # the emulated S3 (--s3-latency): stopped after the endpoints
     results: dict[str, list[Run]] = {}
     worktree: Path | None = None
     trees: list[Path] = []  # git worktrees made here, removed at the end
@@ -435,6 +461,10 @@ def main() -> None:
             subprocess.run(["git", "-C", str(patched_tree), "apply", str(args.head_patch.resolve())], check=True)
         kafka_remote = work / "kafka-remote"
         kafka_remote.mkdir()
+        s3 = stack.enter_context(EmulatedS3(work / "s3proxy", bucket="bench-history",
+                                            latency_args=args.latency_arg)) if args.s3_latency else None
+        if s3 is not None:
+            print(s3.describe(), file=sys.stderr)
         with KafkaCluster(brokers=1, broker_config=kafka_tiered_storage_config(kafka_remote), heap="1g") as kc:
             seg = {"segment.bytes": str(args.segment_mib * MiB), "retention.ms": "-1", "retention.bytes": "-1"}
             ours, theirs, local = "history-sidecar", "history-kafka-tiered", "history-local"
@@ -459,7 +489,7 @@ def main() -> None:
                 "broker_id": 1, "log_dirs": [str(d) for d in kc.node(1).log_dirs],
                 "staging_dir": str(work / "staging"),
                 "kafka": {"bootstrap_servers": kc.bootstrap_servers},
-                "store": {"store": "fs", "root_path": str(work / "sidecar-remote")},
+                "store": s3.store() if s3 else {"store": "fs", "root_path": str(work / "sidecar-remote")},
                 "metadata": {"topic": f"__rlm_md_{tag}", "partitions": 3, "replication_factor": 1,
                              "state_dir": str(work / "sidecar-state"), "to_be_deleted_topic": f"__rlm_tbd_{tag}"},
                 "tasks": {"copy_interval_ms": 500, "discovery_interval_ms": 500},
@@ -502,13 +532,14 @@ def main() -> None:
             read_bytes = records * bytes_per_record  # the log bytes of the records read (estimate)
 
             # Each endpoint: a child process, its own metadata cache (state dir) caught up from the metadata topic.
-            def endpoint_settings(label: str, old: bool, **extra: object) -> dict:
+            def endpoint_settings(label: str, old: bool, store: dict | None = None, **extra: object) -> dict:
                 listener = {k: v for k, v in raw["history_listener"].items() if not (old and k == "authorization")}
                 listener.update(extra)
-                return {**raw, "history_listener": listener,
+                return {**raw, "history_listener": listener, "store": {**raw["store"], **(store or {})},
                         "metadata": {**raw["metadata"], "state_dir": str(work / f"state-{label}")}}
-            endpoints = [Endpoint(f"history endpoint, HEAD {head_rev}", head_tree, endpoint_settings("head", False),
-                                  work)]
+            store_note = ", store defaults" if store_variants else ""
+            endpoints = [Endpoint(f"history endpoint, HEAD {head_rev}{store_note}", head_tree,
+                                  endpoint_settings("head", False), work)]
             try:
                 if patched_tree is not None:
                     endpoints.append(Endpoint(f"endpoint HEAD + {args.head_patch.name}", patched_tree,
@@ -518,6 +549,10 @@ def main() -> None:
                     endpoints.append(Endpoint(f"endpoint HEAD, {key}={value}", head_tree,
                                               endpoint_settings(f"variant{i}", False, **{key: json.loads(value)}),
                                               work))
+                for i, variant in enumerate(store_variants):
+                    label = ", ".join(f"{k}={json.dumps(v)}" for k, v in variant.items())
+                    endpoints.append(Endpoint(f"endpoint HEAD, store {label}", head_tree,
+                                              endpoint_settings(f"store{i}", False, store=variant), work))
                 if worktree is not None:
                     endpoints.append(Endpoint(f"history endpoint, {old_rev} (before)", worktree,
                                               endpoint_settings("old", True), work))
@@ -566,6 +601,7 @@ def main() -> None:
                 for ep in endpoints:
                     ep.stop()
     finally:
+        stack.close()
         shutil.rmtree(work, ignore_errors=True)
         for tree in trees:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

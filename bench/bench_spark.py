@@ -31,10 +31,16 @@ Spark's connector is resolved with Maven (``devtools/spark_kafka.py``) from ``co
 ``.cache/spark-kafka/`` at the installed pyspark's version, or the newest Maven Central has (printed). Each batch
 source runs once per round, ``--repeat`` rounds; the best run counts. ``--only-remote`` runs only the two
 ``kafka-remote`` batch rows (plain and encrypted): one topic, no Kafka-tiered copy, no connector, no streaming.
+
+``--s3-latency`` (issue 25; with ``--only-remote``): the sidecar tiers into S3 with real S3's latency instead of the
+filesystem (s3proxy behind ``devtools/s3latency.py``, ``bench/emulated_s3.py``; ``--latency-arg`` passed to the
+emulator as is) and the rows are ``kafka-remote`` with the store's defaults (S3: 64 MiB read ahead per reader) vs the
+one-connection figure, ``store.read_ahead_bytes=0`` and ``store.block_cache_bytes=0`` (one GET at a time per
+executor task): the executors' reads, each against its own one-connection figure. No encrypted row then.
 Usage::
 
     .venv/bin/python bench/bench_spark.py [--records 2000000] [--partitions 2] [--codec lz4] [--cores 2]
-        [--repeat 4] [--only-remote]
+        [--repeat 4] [--only-remote [--s3-latency [--latency-arg=--first-byte-median-ms=27 ...]]]
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
+from bench.emulated_s3 import EmulatedS3  # noqa: E402
 from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
 from devtools.devkafka import KafkaCluster  # noqa: E402
 from devtools.spark_kafka import spark_kafka_jars  # noqa: E402
@@ -253,8 +260,16 @@ def main() -> None:
     ap.add_argument("--max-offsets-per-trigger", type=int, default=250_000, help="streaming rows")
     ap.add_argument("--only-remote", action="store_true",
                     help="only the kafka-remote batch rows, plain and encrypted (encryption overhead)")
+    ap.add_argument("--s3-latency", action="store_true",
+                    help="with --only-remote: the store on s3proxy behind the S3 latency emulator; kafka-remote with "
+                         "the store's defaults vs read-ahead off")
+    ap.add_argument("--latency-arg", action="append", default=[],
+                    help="with --s3-latency: passed to devtools.s3latency as is, e.g. "
+                         "--latency-arg=--bandwidth-mb-per-s=60")
     args = ap.parse_args()
     only = args.only_remote
+    if args.s3_latency and not only:
+        raise SystemExit("--s3-latency needs --only-remote (the broker rows do not read the sidecar's store)")
 
     import pyspark
 
@@ -267,6 +282,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     kafka_remote = tmp / "kafka-remote"
     kafka_remote.mkdir()
+    s3 = EmulatedS3(tmp / "s3proxy", bucket="bench-spark", latency_args=args.latency_arg) if args.s3_latency else None
+    if s3 is not None:
+        s3.__enter__()
+        print(s3.describe(), flush=True)
     kafka = KafkaCluster(brokers=1, broker_config=kafka_tiered_storage_config(kafka_remote), heap="1g")
     kafka.start()
     spark = None
@@ -294,9 +313,10 @@ def main() -> None:
             """Tier every rolled segment of ``topic`` with a new sidecar (its own store root under ``root`` and
             its own metadata topic): (settings, per-partition remote end, seconds, CPU seconds of all processes;
             the broker and the sidecar's polling intervals included)."""
-            settings = make_settings(kafka, root, store={"store": "fs", "root_path": str(root / "remote"),
-                                                         "block_size_bytes": 4 << 20, **store},
-                                     topics={"include": [topic]})
+            where = {"root_path": str(root / "remote")} if s3 is None else {**s3.store(key_prefix=f"{root.name}/"),
+                                                                            "root_path": None}
+            settings = make_settings(kafka, root, store={"store": "fs", **where, "block_size_bytes": 4 << 20,
+                                                         **store}, topics={"include": [topic]})
             c0, t0 = tree_cpu_s(), time.perf_counter()
             car = Sidecar(settings).start()
             try:
@@ -312,10 +332,13 @@ def main() -> None:
 
         settings, ours_end, tier_s, tier_cpu = tier(tmp, {})
         enc_root = tmp / "encrypted"
-        enc_settings, enc_end, enc_tier_s, enc_tier_cpu = tier(enc_root, {"encryption": encryption})
-        index = next((enc_root / "remote").rglob("*-index")).read_bytes()
-        if int.from_bytes(index[:4], "big") != 0x3D1FE5C1:
-            raise SystemExit("the encrypted store's copies are not encrypted (index object magic)")
+        if s3 is None:
+            enc_settings, enc_end, enc_tier_s, enc_tier_cpu = tier(enc_root, {"encryption": encryption})
+            index = next((enc_root / "remote").rglob("*-index")).read_bytes()
+            if int.from_bytes(index[:4], "big") != 0x3D1FE5C1:
+                raise SystemExit("the encrypted store's copies are not encrypted (index object magic)")
+        else:  # the S3 rows compare read-ahead, not encryption
+            enc_settings, enc_end, enc_tier_s, enc_tier_cpu = settings, ours_end, tier_s, tier_cpu
         print(f"sidecar tiering (one run each, polling included): plain {tier_s:.2f}s, {tier_cpu:.2f} CPU s; "
               f"encrypted {enc_tier_s:.2f}s, {enc_tier_cpu:.2f} CPU s", flush=True)
         ends = {p: min(ours_end[p], enc_end[p]) for p in ours_end}
@@ -333,8 +356,10 @@ def main() -> None:
         tiered = sum(ends.values())
         if tiered == 0:
             raise SystemExit("no segment rolled: produce more records (--records) or lower --segment-bytes")
-        print(f"tiered {tiered:,} records in every tier (sidecar store: {len(list((tmp / 'remote').rglob('*')))} "
-              f"objects, {sum(ours_end.values()):,} records; encrypted: {sum(enc_end.values()):,} records; "
+        objects = (f"{len(list((tmp / 'remote').rglob('*')))} objects" if s3 is None else
+                   f"{len(s3.server.client().list_objects_v2(Bucket=s3.bucket).get('Contents', []))} S3 objects")
+        print(f"tiered {tiered:,} records in every tier (sidecar store: {objects}, "
+              f"{sum(ours_end.values()):,} records; encrypted: {sum(enc_end.values()):,} records; "
               f"Kafka's: {rolled} segments, {sum(kt_end.values()):,} records); broker holds "
               f"{sum(broker_end(kafka, topic, p) for p in ends):,}", flush=True)
 
@@ -355,6 +380,10 @@ def main() -> None:
         remote_opts = {"subscribe": topic, "kafka.bootstrap.servers": kafka.bootstrap_servers,
                        "metadata.topic": settings.metadata.topic, "store": "fs",
                        "store.root_path": str(tmp / "remote")}
+        if s3 is not None:  # executors rebuild the store from these (rlm.spark.options: store.<RsmConfig field>)
+            remote_opts = {**{k: v for k, v in remote_opts.items() if not k.startswith("store")},
+                           **{("store" if k == "store" else f"store.{k}"): str(v)
+                              for k, v in s3.store(key_prefix=f"{tmp.name}/").items()}}
 
         def ending(t: str) -> str:
             return json.dumps({t: {str(p): e for p, e in ends.items()}})
@@ -386,6 +415,25 @@ def main() -> None:
                   f"{tier_cpu:.2f} CPU s = {(enc_tier_cpu / tier_cpu - 1) * 100:+.0f}% CPU; store bytes "
                   f"{store_bytes(enc_root / 'remote'):,} vs {store_bytes(tmp / 'remote'):,}")
 
+        if s3 is not None:
+            one_opts = {**remote_opts, "store.read_ahead_bytes": "0", "store.block_cache_bytes": "0"}
+            remote_one = (spark.read.format("kafka-remote").options(**one_opts)
+                          .option("endingOffsets", ending(topic)).load())
+            names = ["kafka-remote on S3 latency, store defaults", "kafka-remote on S3 latency, read-ahead off"]
+            results = best_of_rounds(list(zip(names, [remote, remote_one], strict=True)), args.repeat, tiered)
+            if results[0][1] != results[1][1]:
+                raise SystemExit(f"the sources disagree: {results[0][1]} vs {results[1][1]}")
+            print()
+            print(f"{args.records:,} records x {args.value_bytes} B values, codec {args.codec}, {args.partitions} "
+                  f"partitions, local[{args.cores}], pyspark {pyspark.__version__}, {os.cpu_count()} cores, best of "
+                  f"{args.repeat} rounds, load {os.getloadavg()[0]:.1f}; {s3.describe()}")
+            print(f"{'source':44} {'records':>10} {'seconds':>8} {'records/s':>11} {'CPU s':>7}")
+            notes = ["64 MiB of ranged GETs ahead per reader", "store.read_ahead_bytes=0, store.block_cache_bytes=0: "
+                     "one GET at a time (the one-connection figure)"]
+            for name, (secs, _row, cpu), note in zip(names, results, notes, strict=True):
+                print(f"{name:44} {tiered:>10,} {secs:>8.2f} {tiered / secs:>11,.0f} {cpu:>7.2f}  {note}")
+            print(f"read-ahead on / off: {results[1][0] / results[0][0]:.2f}x the records/s")
+            return
         if only:
             results = best_of_rounds([(remote_name, remote), (enc_name, remote_enc)], args.repeat, tiered, batch_runs)
             if results[0][1] != results[1][1]:
@@ -485,6 +533,8 @@ def main() -> None:
         if spark is not None:
             spark.stop()
         kafka.stop()
+        if s3 is not None:
+            s3.__exit__()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
