@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -65,6 +64,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_history import produce  # noqa: E402  (the same records as bench_history's)
 from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
 from bench.proxy_child import cpu_seconds  # noqa: E402
 
@@ -94,31 +94,6 @@ class Read:
     @property
     def records_s(self) -> float:
         return self.records / self.window_s
-
-
-def produce(bootstrap: str, topics: list[str], total_bytes: int) -> int:
-    """The same records, in the same order, to every topic (partition 0); returns the number of records per topic."""
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 256 * 1024,
-                  "compression.type": "none", "queue.buffering.max.kbytes": 512 * 1024, "acks": "1"})
-    pool = random.Random(11).randbytes(VALUE_BYTES * 64)
-    n = total_bytes // (VALUE_BYTES + 40)
-    for i in range(n):
-        j = i % 63
-        value, key = pool[j * VALUE_BYTES: (j + 1) * VALUE_BYTES], b"key-%010d" % i
-        for topic in topics:
-            while True:
-                try:
-                    p.produce(topic, value, key, partition=0)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-        if i % 10_000 == 0:
-            p.poll(0)
-    if p.flush(300):
-        raise RuntimeError("messages left undelivered")
-    return n
 
 
 def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.5) -> None:  # noqa: ANN001
@@ -334,7 +309,7 @@ def main() -> None:
             proxy = f"127.0.0.1:{proxy_port}"
 
             t0 = time.perf_counter()
-            n = produce(kc.bootstrap_servers, [LIVE, HISTORY, KAFKA], total)
+            n = produce(kc.bootstrap_servers, [LIVE, HISTORY, KAFKA], total, "none")
             print(f"produced {n:,} records x 3 topics in {time.perf_counter() - t0:.1f}s ({seg_mib} MiB segments)",
                   file=sys.stderr)
             pdirs = {t: kc.log_dir() / f"{t}-0" for t in (LIVE, HISTORY, KAFKA)}
