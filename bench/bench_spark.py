@@ -427,12 +427,17 @@ def main() -> None:
             print(f"{args.records:,} records x {args.value_bytes} B values, codec {args.codec}, {args.partitions} "
                   f"partitions, local[{args.cores}], pyspark {pyspark.__version__}, {os.cpu_count()} cores, best of "
                   f"{args.repeat} rounds, load {os.getloadavg()[0]:.1f}; {s3.describe()}")
-            print(f"{'source':44} {'records':>10} {'seconds':>8} {'records/s':>11} {'CPU s':>7}")
+            pages = s3.server.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket,
+                                                                                 Prefix=f"{tmp.name}/")
+            stored = sum(o["Size"] for page in pages for o in page.get("Contents", []))  # data and index objects
+            print(f"{'source':44} {'records':>10} {'seconds':>8} {'records/s':>11} {'MB/s':>6} {'CPU s':>7}")
             notes = ["64 MiB of ranged GETs ahead per reader", "store.read_ahead_bytes=0, store.block_cache_bytes=0: "
                      "one GET at a time (the one-connection figure)"]
             for name, (secs, _row, cpu), note in zip(names, results, notes, strict=True):
-                print(f"{name:44} {tiered:>10,} {secs:>8.2f} {tiered / secs:>11,.0f} {cpu:>7.2f}  {note}")
-            print(f"read-ahead on / off: {results[1][0] / results[0][0]:.2f}x the records/s")
+                print(f"{name:44} {tiered:>10,} {secs:>8.2f} {tiered / secs:>11,.0f} {stored / secs / 1e6:>6.0f} "
+                      f"{cpu:>7.2f}  {note}")
+            print(f"read-ahead on / off: {results[1][0] / results[0][0]:.2f}x the records/s; MB/s: the store's "
+                  f"{stored / 1e6:.0f} MB (every tiered segment, a little more than the records read) per second")
             return
         if only:
             results = best_of_rounds([(remote_name, remote), (enc_name, remote_enc)], args.repeat, tiered, batch_runs)
