@@ -397,11 +397,14 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
         below = {p: group.highest[p] for p in PARTITIONS}
         assert all(below[p] < LOG_START[p] - 10 for p in PARTITIONS), f"the history read too fast: {below}"
 
+        # Each step records the leaders its wait saw, not a describe made after it: a describe is answered by any
+        # broker, and one that has not caught up yet (the restarted one) gives the leaders before the step.
         before = cluster.leaders()
+        target = {p: MOVE_1[p][0] for p in PARTITIONS}
         reassign(kafka, {(topic_name, p): MOVE_1[p] for p in PARTITIONS}, tmp_path / "move-1")
         wait_for(lambda: cluster.states.elect(topic_name, list(PARTITIONS)) is not None
-                 and cluster.leaders() == {p: MOVE_1[p][0] for p in PARTITIONS}, 60, "move 1's leaders")
-        moved.append((before, cluster.leaders()))
+                 and cluster.leaders() == target, 60, "move 1's leaders")
+        moved.append((before, target))
         step(f"move 1 at {below}: {before} -> {moved[-1][1]}")
         group.slow.clear()
         group.gate.set()
@@ -409,12 +412,18 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
                  "both partitions read across the log start (through the new leaders' proxies)")
         step(f"across the log start {dict(group.highest)}")
 
-        before = cluster.leaders()
+        before = moved[-1][1]
         kafka.stop_node(RESTARTED)
         try:
-            wait_for(lambda: cluster.leaders().get(0, RESTARTED) not in (RESTARTED, -1), 60,
-                     f"partition 0's leadership to leave broker {RESTARTED}")
-            moved.append((before, cluster.leaders()))
+            seen: dict[int, int] = {}
+
+            def left() -> bool:
+                seen.clear()
+                seen.update(cluster.leaders())
+                return seen.get(0, RESTARTED) not in (RESTARTED, -1)
+
+            wait_for(left, 60, f"partition 0's leadership to leave broker {RESTARTED}")
+            moved.append((before, dict(seen)))
             step(f"broker {RESTARTED} stopped at {dict(group.highest)}: {before} -> {moved[-1][1]}")
             time.sleep(2)  # the group reads on without it
         finally:
@@ -425,11 +434,12 @@ def test_a_group_reads_through_three_proxies_across_leader_moves_and_a_broker_re
                  f"broker {RESTARTED} back in sync")
         step(f"broker {RESTARTED} back at {dict(group.highest)}")
 
-        before = cluster.leaders()
+        before = moved[-1][1]
+        target = {p: MOVE_2[p][0] for p in PARTITIONS}
         reassign(kafka, {(topic_name, p): MOVE_2[p] for p in PARTITIONS}, tmp_path / "move-2")
         wait_for(lambda: cluster.states.elect(topic_name, list(PARTITIONS)) is not None
-                 and cluster.leaders() == {p: MOVE_2[p][0] for p in PARTITIONS}, 60, "move 2's leaders")
-        moved.append((before, cluster.leaders()))
+                 and cluster.leaders() == target, 60, "move 2's leaders")
+        moved.append((before, target))
         step(f"move 2 at {dict(group.highest)}: {before} -> {moved[-1][1]}")
         mark = dict(group.highest)
         wait_for(lambda: all(group.highest[p] >= mark[p] + 20 for p in PARTITIONS), 30,
