@@ -11,9 +11,12 @@ the sidecar holds about a block of them whatever their size. A Fetch answer is t
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from kio.serial.writers import write_unsigned_varint
 
 from rlm.listener.protocol.frame import SIZE
 from rlm.tier import StreamedBatch
@@ -41,14 +44,10 @@ class ChunkedAnswer:
 
 
 def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    """A compact length as the protocol writes it (kio's unsigned varint)."""
+    out = io.BytesIO()
+    write_unsigned_varint(out, n)
+    return out.getvalue()
 
 
 def encode_streamed(values: dict[str, Any], encode: Callable[[dict[str, Any]], bytes], *,
