@@ -89,6 +89,13 @@ COPY_BATCH_BYTES = 64 * 1024 * 1024
 """A batch closes once its segments hold this many bytes (a large segment is a batch of its own)."""
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 @dataclass
 class CopyResult:
     copied: list[RemoteLogSegmentMetadata] = field(default_factory=list)
@@ -278,9 +285,8 @@ class PartitionCopier:
         highest = self.resume_point(epochs)
         staged, result.gaps = self.stage_new(highest, stop)
         self._highest = highest
-        lag_bytes = sum(s.log_path.stat().st_size for s in staged if s.log_path.exists())
-        metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(staged))
-        metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(lag_bytes)
+        sizes = {s.directory: _size(s.log_path) for s in staged}
+        self._set_lag(staged, sizes)
         batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
         for s in staged:
@@ -317,7 +323,18 @@ class PartitionCopier:
         if batch:
             self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
         self.write_watermark()
+        self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
         return result
+
+    def _set_lag(self, staged: Sequence[StagedSegment], sizes: dict[Path, int]) -> None:
+        """The lag gauges: the staged segments above the highest offset tiered (``sizes``: their ``.log`` bytes).
+        Set at a run's start and again at its end, so that a copier that caught up and sleeps until its directory
+        changes shows 0, not the count its last run started with."""
+        highest = self._highest if self._highest is not None else -1
+        left = [s for s in staged if s.end_offset_inclusive > highest]
+        metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(left))
+        metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(
+            sum(sizes.get(s.directory, 0) for s in left))
 
     def _commit_batch(self, batch: Sequence[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
                       result: CopyResult, leader_epoch: int | None,
