@@ -21,8 +21,9 @@ What each caller needs (README, "Authenticated clusters"):
   consumer's throw-away group, and only warns when refused);
 - ``rlm serve``: ``DESCRIBE``, ``DESCRIBE_CONFIGS``, ``READ`` and ``WRITE`` on the metadata topic, ``DESCRIBE``,
   ``READ`` and ``WRITE`` on the to-be-deleted topic, ``CREATE`` (on the cluster or the topic) while one of them
-  does not exist yet, ``READ`` on the cleaner's group (``rlm-cleaner``; not checked) and ``DESCRIBE`` on groups
-  prefixed ``rlmm-``. The tiered topics need ``DESCRIBE`` and ``DESCRIBE_CONFIGS``; without them a topic is not
+  does not exist yet, ``READ`` on the cleaner's group (``rlm-cleaner``, ``rlm-cleaner.<topic>`` for a to-be-deleted
+  topic other than the default; not checked) and ``DESCRIBE`` on groups prefixed ``rlmm-``. The tiered topics need
+  ``DESCRIBE`` and ``DESCRIBE_CONFIGS``; without them a topic is not
   tiered (logged), which is not an error of the whole sidecar. ``DESCRIBE`` on the cluster is not needed
   (DescribeCluster answers without it), except by the history endpoint;
 - a history endpoint (``history_listener``, either mode): ``DESCRIBE`` on the cluster, to read the cluster's ACLs

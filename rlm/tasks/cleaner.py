@@ -1,10 +1,10 @@
 """The cleaner: consumes the to-be-deleted topic and retries each refused delete, with backoff, until done.
 
-Every sidecar runs one, in one consumer group (``rlm-cleaner``), so each record is retried by exactly one of
-them. A record is committed only once its segment is gone from the store and DELETE_SEGMENT_FINISHED is
-recorded (or the metadata no longer knows the segment: somebody else finished it). On a refusal the consumer
-seeks back to the same record and waits (exponential backoff, ``base_backoff_s`` doubling up to
-``max_backoff_s``); records behind it wait too, which keeps deletes in order.
+Every sidecar runs one, in one consumer group per to-be-deleted topic (:func:`group_for`: ``rlm-cleaner`` for the
+default topic), so each record is retried by exactly one of them. A record is committed only once its segment is
+gone from the store and DELETE_SEGMENT_FINISHED is recorded (or the metadata no longer knows the segment: somebody
+else finished it). On a refusal the consumer seeks back to the same record and waits (exponential backoff,
+``base_backoff_s`` doubling up to ``max_backoff_s``); records behind it wait too, which keeps deletes in order.
 
 The retry is the one delete path (:meth:`rlm.tasks.deleter.SegmentDeleter.retry`): DELETE_SEGMENT_STARTED (already
 recorded for a queued segment), the store's delete, DELETE_SEGMENT_FINISHED; only a refusal is handled apart
@@ -24,6 +24,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from rlm import metrics
+from rlm.config import MetadataSettings
 from rlm.tasks.deleter import DeleteOutcome, SegmentDeleter
 from rlmm import serde
 from rlmm.api import (
@@ -35,11 +36,20 @@ from rlmm.api import (
 )
 from rsm.api import RemoteStorageManagerApi
 
-__all__ = ["Cleaner"]
+__all__ = ["Cleaner", "group_for"]
 
 log = logging.getLogger(__name__)
 
 BACKLOG_INTERVAL_S = 1.0
+DEFAULT_TOPIC = MetadataSettings.model_fields["to_be_deleted_topic"].default
+DEFAULT_GROUP = "rlm-cleaner"
+
+
+def group_for(topic: str) -> str:
+    """The cleaner's consumer group for the to-be-deleted topic ``topic``: ``rlm-cleaner`` for the default topic,
+    ``rlm-cleaner.<topic>`` for any other. Two deployments on one cluster each have their own queue, so they never
+    share a group, whose static members (``<group>-<broker id>``) would otherwise fence each other."""
+    return DEFAULT_GROUP if topic == DEFAULT_TOPIC else f"{DEFAULT_GROUP}.{topic}"
 
 
 def _backlog(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> int:
@@ -63,11 +73,11 @@ def _backlog(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> in
 
 class Cleaner:
     def __init__(self, client_config: dict[str, object], topic: str, rlmm: RemoteLogMetadataManager,
-                 rsm: RemoteStorageManagerApi, broker_id: int, *, group_id: str = "rlm-cleaner",
+                 rsm: RemoteStorageManagerApi, broker_id: int, *, group_id: str | None = None,
                  base_backoff_s: float = 0.5, max_backoff_s: float = 60.0,
                  deleter: SegmentDeleter | None = None) -> None:
-        """``deleter``: the delete path to retry through (by default one of its own, without a queue: a retry that
-        is refused again is never queued again)."""
+        """``group_id``: by default :func:`group_for` the topic. ``deleter``: the delete path to retry through (by
+        default one of its own, without a queue: a retry that is refused again is never queued again)."""
         self.topic = topic
         self.rlmm = rlmm
         self.rsm = rsm
@@ -77,6 +87,7 @@ class Cleaner:
         self.max_backoff_s = max_backoff_s
         # A static member (KIP-345), one per broker: closing sends no LeaveGroup, so a sidecar's shutdown never
         # waits on a group leave, and its restart takes its partition back without a rebalance.
+        group_id = group_id or group_for(topic)
         self._consumer_config = {**client_config, "group.id": group_id, "group.instance.id": f"{group_id}-{broker_id}",
                                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
                                  "isolation.level": "read_committed"}

@@ -335,3 +335,40 @@ def test_a_refused_delete_whose_queue_write_fails_is_queued_by_the_next_attempt(
     assert queue.put_calls == 2
     assert deleter.delete(stuck, "unfinished-delete") is False  # refused again: already queued
     assert queue.put_calls == 2
+
+
+def test_two_deployments_cleaners_on_one_cluster_do_not_fence_each_other(kafka: KafkaCluster) -> None:
+    """Two deployments on one cluster (each its own to-be-deleted topic) run a cleaner each for the same broker id:
+    each cleaner's group is its topic's, so both stay members with their own queue assigned. In one shared group
+    their static members (``<group>-<broker id>``) fence each other and one queue goes unretried."""
+    from confluent_kafka.admin import AdminClient
+
+    topics = [f"tbd-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for t in topics:
+        kafka.create_topic(t, 2)
+    cleaners = [Cleaner(kafka.client_config(), t, None, None, 7,  # type: ignore[arg-type] - never deletes here
+                        deleter=SegmentDeleter(7, None, None, None))  # type: ignore[arg-type]
+                for t in topics]
+    admin = AdminClient(kafka.admin_config())
+
+    def assigned(group: str) -> dict[str, set[tuple[str, int]]]:
+        """Static member id -> the partitions the group gave it."""
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(30)
+        except KafkaException:  # NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS before the group exists
+            return {}
+        return {m.group_instance_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
+                for m in desc.members}
+
+    for c in cleaners:
+        c.start()
+    try:
+        groups = [c._consumer_config["group.id"] for c in cleaners]
+        want = [{f"{g}-7": {(t, 0), (t, 1)}} for g, t in zip(groups, topics, strict=True)]
+        wait_for(lambda: [assigned(str(g)) for g in groups] == want, 60, "each cleaner to hold its own partitions")
+        time.sleep(2.0)  # a fencing would show within a heartbeat or two
+        assert all(c._thread.is_alive() for c in cleaners)
+        assert [assigned(str(g)) for g in groups] == want
+    finally:
+        for c in cleaners:
+            c.stop()
