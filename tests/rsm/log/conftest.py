@@ -93,8 +93,12 @@ def broker_topics(kafka) -> dict[str, ProducedTopic]:
             offsets.append(msg.offset())
 
         producer.begin_transaction()
-        for key, value, headers, ts in recs:
+        for i, (key, value, headers, ts) in enumerate(recs):
             producer.produce(name, key=key, value=value, headers=headers, partition=0, timestamp=ts, on_delivery=cb)
+            if i % 5 == 4:
+                # A batch of 5 records (~1.7 KiB), whatever the machine's speed: the segment rolls by record
+                # timestamps (7 ms apart, segment.ms=200), so it holds several batches, hence several index entries.
+                producer.flush(30)
         producer.flush(30)
         if commit:
             producer.commit_transaction(30)
