@@ -50,10 +50,13 @@ API_KEYS: dict[int, tuple[int, int]] = {
 # What a proxy decodes beyond those, or at other versions (it answers part of them from the tier, or rewrites them):
 # OffsetForLeaderEpoch from v2 (Kafka 4.x serves v2 to v4; librdkafka asks v2, the Java client v4); Produce at every
 # version up to the last kio knows (v13; Kafka 4.x lists v0 to v13), its answers decoded only when they name leaders
-# (v10+, KIP-951; below, the bytes pass). A proxy looks an api key up here before API_KEYS.
+# (v10+, KIP-951; below, the bytes pass); Fetch to v18 (v18 adds only a follower's tagged high watermark to the
+# request: its answer is v17's), which the Java client 4.x asks of a broker offering it. A proxy looks an api key up
+# here before API_KEYS.
 PROXY_API_KEYS: dict[int, tuple[int, int]] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),
     ApiKey.PRODUCE: (0, 13),
+    ApiKey.FETCH: (4, 18),
 }
 SASL_API_KEYS: dict[int, tuple[int, int]] = {
     ApiKey.SASL_HANDSHAKE: (0, 1),

@@ -47,10 +47,12 @@ __all__ = [
     "build",
     "decode_request",
     "decode_response",
-    "encode_request",
     "new_request",
     "encode_response",
     "error_body",
+    "FetchAnswer",
+    "fetch_answer",
+    "fetch_sessionless",
     "free_gradually",
     "produce_acks",
     "produce_names_leaders",
@@ -190,20 +192,6 @@ def decode_response(frame: bytes, header: RequestHeader) -> Any:
     return body
 
 
-def encode_request(frame: bytes, header: RequestHeader, body: Any) -> bytes:
-    """The request frame ``frame`` (without its size prefix) with its body replaced by ``body`` (a kio entity of the
-    same api key and version), size prefix included: the header's bytes are kept as the client sent them."""
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
-    out.write(frame[:header.body_offset])
-    entity_writer(type(body))(out, body)
-    data = out.getbuffer()
-    SIZE.pack_into(data, 0, len(data) - 4)
-    encoded = bytes(data)
-    data.release()
-    return encoded
-
-
 def new_request(api_key: int, api_version: int, correlation_id: int, client_id: str, values: Mapping[str, Any]
                 ) -> tuple[bytes, RequestHeader]:
     """A request of our own (the proxy asking its broker), size prefix included, and its header."""
@@ -289,6 +277,138 @@ def produce_names_leaders(answer: bytes, header: RequestHeader) -> bool:
     except IndexError:
         raise BadRequestError(f"ProduceResponse v{header.api_version}: truncated", header) from None
     return tags > 0
+
+
+# Fetch (the proxy's live path, :mod:`rlm.listener.upstream.proxy`): the request forwarded as the client's bytes with
+# its session fields set to "no session", the answer walked, not decoded. Request body: [replica_id int32 before
+# v15], max_wait_ms int32, min_bytes int32, max_bytes int32 (v3+), isolation_level int8 (v4+), session_id int32 and
+# session_epoch int32 (v7+), then the topics.
+FETCH_FIRST_SESSION = 7
+FETCH_FIRST_FLEXIBLE = 12
+FETCH_FIRST_TOPIC_ID = 13  # topics by id (16 bytes) instead of by name
+FETCH_FIRST_NO_REPLICA_ID = 15  # replica_id moved to a tagged field (ReplicaState)
+FETCH_FIRST_LEADERS = 16  # node_endpoints (KIP-951), a top-level tagged field
+_SESSION = struct.Struct(">ii")
+_NO_SESSION = (0, -1)  # session id 0, epoch -1 (FINAL_EPOCH): a full fetch, no session made
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+def fetch_sessionless(frame: bytes, header: RequestHeader) -> bytes:
+    """A Fetch request (without its size prefix) as ``frame`` with session id 0 and epoch -1 (a full fetch, no
+    session made: the proxy declines fetch sessions), patched in place of a copy; ``frame`` itself when it asks for
+    no session already (librdkafka) or predates sessions (before v7). Raises :class:`BadRequestError` when the
+    frame is too short to hold them."""
+    if header.api_version < FETCH_FIRST_SESSION:
+        return frame
+    at = header.body_offset + (0 if header.api_version >= FETCH_FIRST_NO_REPLICA_ID else 4) + 13
+    if at + _SESSION.size > len(frame):
+        raise BadRequestError(f"Fetch v{header.api_version}: truncated before its session fields", header)
+    if _SESSION.unpack_from(frame, at) == _NO_SESSION:
+        return frame
+    out = bytearray(frame)
+    _SESSION.pack_into(out, at, *_NO_SESSION)
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    """What the proxy needs of a broker's Fetch answer, read by :func:`fetch_answer` without decoding it."""
+
+    error_code: int  # the top-level error (v7+; 0 before)
+    errors: tuple[tuple[Any, int, int], ...]  # (topic name before v13 / id from v13, partition, error) of errors
+    names_leaders: bool  # top-level tagged fields (v16+ node_endpoints: broker addresses to rewrite)
+    size: int  # the bytes walked (the answer's length when it is whole)
+
+    def out_of_range(self) -> list[tuple[Any, int]]:
+        return [(key, p) for key, p, code in self.errors if code == ErrorCode.offset_out_of_range.value]
+
+
+def fetch_answer(answer: bytes, header: RequestHeader, *, max_partitions: int | None = None) -> FetchAnswer | None:
+    """A broker's Fetch answer (without its size prefix) to ``header``'s request (v4+), walked field by field: a
+    fixed-size skip or one length read per field, records skipped by their length, so the common answer (no error,
+    no leader moved) passes as the broker's bytes. None when it has more than ``max_partitions`` partitions (the
+    caller walks it on a worker instead of its event loop). Raises :class:`BadRequestError` on a truncated
+    answer."""
+    v = header.api_version
+    flexible = v >= FETCH_FIRST_FLEXIBLE
+    by_id = v >= FETCH_FIRST_TOPIC_ID
+    errors: list[tuple[Any, int, int]] = []
+    error_code = 0
+    names_leaders = False
+    try:
+        pos = _skip_tags(answer, 4) if flexible else 4  # correlation id (response header v1: tagged fields)
+        pos += 4  # throttle_time_ms
+        if v >= FETCH_FIRST_SESSION:
+            (error_code,) = _I16.unpack_from(answer, pos)
+            pos += 6  # error_code, session_id
+        topics, pos = _array_length(answer, pos, flexible)
+        for _ in range(topics):
+            if by_id:
+                key: Any = uuid.UUID(bytes=bytes(answer[pos:pos + 16]))
+                pos += 16
+            else:
+                key, pos = _string(answer, pos, flexible)
+            partitions, pos = _array_length(answer, pos, flexible)
+            if max_partitions is not None:
+                max_partitions -= partitions
+                if max_partitions < 0:
+                    return None
+            for _ in range(partitions):
+                index, code = _INDEX_ERROR.unpack_from(answer, pos)
+                if code:
+                    errors.append((key, index, code))
+                pos += 6 + 8 + 8 + (8 if v >= 5 else 0)  # high watermark, last stable, log start offsets
+                aborted, pos = _array_length(answer, pos, flexible)
+                for _ in range(aborted):
+                    pos += 16  # producer_id, first_offset
+                    if flexible:
+                        pos = _skip_tags(answer, pos)
+                if v >= 11:
+                    pos += 4  # preferred_read_replica
+                if flexible:
+                    pos = _skip_compact(answer, pos)  # records
+                    pos = _skip_tags(answer, pos)  # diverging_epoch, current_leader, snapshot_id
+                else:
+                    (n,) = _I32.unpack_from(answer, pos)
+                    pos += 4 + max(n, 0)
+            if flexible:
+                pos = _skip_tags(answer, pos)
+        if flexible:
+            tags, _end = _uvarint(answer, pos)
+            names_leaders = tags > 0 and v >= FETCH_FIRST_LEADERS
+            pos = _skip_tags(answer, pos)
+        if pos > len(answer):
+            raise IndexError(pos)
+    except (IndexError, struct.error):
+        raise BadRequestError(f"FetchResponse v{v}: truncated", header) from None
+    return FetchAnswer(error_code, tuple(errors), names_leaders, pos)
+
+
+_INDEX_ERROR = struct.Struct(">ih")
+
+
+def _array_length(data: bytes, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's item count at ``pos`` (0 for null) and the position after it."""
+    if flexible:
+        n, pos = _uvarint(data, pos)
+        return max(n - 1, 0), pos
+    (n,) = _I32.unpack_from(data, pos)
+    return max(n, 0), pos + 4
+
+
+def _string(data: bytes, pos: int, flexible: bool) -> tuple[str, int]:
+    """A (non-null) string at ``pos`` and the position after it."""
+    if flexible:
+        n, pos = _uvarint(data, pos)
+        n -= 1
+    else:
+        (n,) = _I16.unpack_from(data, pos)
+        pos += 2
+    end = pos + max(n, 0)
+    if end > len(data):
+        raise IndexError(end)
+    return bytes(data[pos:end]).decode("utf-8", "replace"), end
 
 
 def _uvarint(data: bytes, pos: int) -> tuple[int, int]:

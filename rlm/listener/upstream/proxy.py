@@ -24,8 +24,9 @@ from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
     ErrorCode,
     decode_response,
-    encode_request,
     encode_response,
+    fetch_answer,
+    fetch_sessionless,
     produce_acks,
     produce_names_leaders,
 )
@@ -53,6 +54,7 @@ BOUNDS_LIST_OFFSETS_VERSION = 5  # the ListOffsets the proxy asks its broker for
 ABORTED_FETCH_VERSION = 11  # the Fetch the proxy asks its broker for aborted transactions (topics by name)
 EARLIEST, LATEST = -2, -1
 INLINE_PRODUCE_CHECK_BYTES = 16384  # a Produce answer up to this size (~500 partitions) is checked on the event loop
+INLINE_FETCH_WALK_PARTITIONS = 512  # a Fetch answer of up to this many partitions is walked on the event loop
 
 
 class Proxy:
@@ -91,25 +93,7 @@ class Proxy:
                        ApiKey.FIND_COORDINATOR: self.peers.find_coordinator}[key]
             return await run(_rewritten, answer, header, rewrite)
         if key == ApiKey.FETCH:
-            sessionless = dataclasses.replace(req, session_id=NO_SESSION_ID, session_epoch=NO_SESSION_EPOCH)
-            forwarded = await run(encode_request, frame, header, sessionless)
-            answer = await upstream.request(forwarded[SIZE.size:])
-
-            def decode() -> tuple[Any, dict[tuple[Any, int], str]]:
-                body = decode_response(answer, header)
-                return body, out_of_range(self.ctx, req, body)
-
-            body, refused = await run(decode)
-            bounds, unbounded = (await self._bounds(upstream, refused, req.isolation_level, run) if refused
-                                 else ({}, {}))
-
-            def merge() -> bytes:
-                merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
-                          if bounds or unbounded else body)
-                return encode_response(header, self.peers.leaders(dataclasses.replace(merged,
-                                                                                      session_id=NO_SESSION_ID)))
-
-            return await run(merge)
+            return await self._fetch(header, frame, req, client, upstream, run)
         if key == ApiKey.LIST_OFFSETS:
             by_ts = _by_name((t.name, p.partition_index) for t in req.topics for p in t.partitions if p.timestamp >= 0)
             starts = await self._log_starts(upstream, served_partitions(self.ctx, by_ts)) if by_ts else {}
@@ -123,6 +107,53 @@ class Proxy:
             return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
                 self.ctx, req, body, client, starts))
         raise ValueError(f"api key {key} has no proxied route {route}")
+
+    async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,
+                     run: Run) -> bytes:
+        """A Fetch forwarded as the client's bytes, asking for no session (:func:`fetch_sessionless`); the broker's
+        answer walked (:func:`fetch_answer`), not decoded, and passed as its bytes unless a partition of a topic the
+        tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
+        addresses (v16+ ``node_endpoints``: decoded and those moved). A broker's answer with no fetch session asked
+        says session id 0 already."""
+        answer = await upstream.request(fetch_sessionless(frame, header))
+        assert answer is not None
+        walk = fetch_answer(answer, header, max_partitions=INLINE_FETCH_WALK_PARTITIONS)
+        if walk is None:  # many partitions: walked on a worker
+            walk = await run(fetch_answer, answer, header)
+        refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
+        if refused:
+            return await self._split_fetch(header, answer, req, client, upstream, run)
+        if walk.names_leaders:
+            return await run(_rewritten, answer, header, self.peers.leaders)
+        return SIZE.pack(len(answer)) + answer
+
+    def _served(self, partitions: list[tuple[Any, int]]) -> bool:
+        """Whether any of ``partitions`` ((topic name or id, partition)) is of a topic the tier serves."""
+        catalog = self.ctx.catalog
+        for key, _p in partitions:
+            if (catalog.by_name(key) if isinstance(key, str) else catalog.by_id(key)) is not None:
+                return True
+        return False
+
+    async def _split_fetch(self, header: RequestHeader, answer: bytes, req: Any, client: Client, upstream: Upstream,
+                           run: Run) -> bytes:
+        """The broker's Fetch ``answer`` decoded, the partitions it answers OFFSET_OUT_OF_RANGE below its log start
+        answered from the tier (:func:`fetch_below_log_start`), encoded again."""
+
+        def decode() -> tuple[Any, dict[tuple[Any, int], str]]:
+            body = decode_response(answer, header)
+            return body, out_of_range(self.ctx, req, body)
+
+        body, refused = await run(decode)
+        bounds, unbounded = (await self._bounds(upstream, refused, req.isolation_level, run) if refused
+                             else ({}, {}))
+
+        def merge() -> bytes:
+            merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
+                      if bounds or unbounded else body)
+            return encode_response(header, self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
+
+        return await run(merge)
 
     async def _produce(self, header: RequestHeader, frame: bytes, upstream: Upstream, run: Run) -> bytes:
         """A Produce forwarded as bytes; its answer as the broker's bytes unless it names leaders' addresses (v10+
