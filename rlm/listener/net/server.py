@@ -26,11 +26,15 @@ fetches, and cannot fill the pool.
 
 Answers queued to clients are bounded: a connection's next request is read only once its last answer has been
 taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure, as a broker mutes a
-channel with a response in flight); a client that
+channel with a response in flight); an answer is handed to its transport a slice (``WRITE_SLICE_BYTES``) at a time,
+so that a client that does not read holds its answer once, plus a slice at most in its transport (and the event
+loop never copies a large answer in one piece; large request frames are likewise taken ``READ_SLICE_BYTES`` at a
+time); a client that
 takes none of it for ``write_timeout_ms``, or not all of it within ``connections_max_idle_ms``, is closed
 (``not_reading``); and a Fetch answer carries no more records than what is left of ``queued_max_response_bytes``
 across all connections (the first batch still, so that consumers progress), so clients that do not read cannot make
-the sidecar hold more than that (plus a batch each). ``rlm_history_queued_response_bytes`` is what is queued now.
+the sidecar hold more than that (plus a batch each). ``rlm_history_queued_response_bytes`` is what is queued now
+(a running total, :meth:`ListenerServer.queued_response_bytes`).
 
 Connections are bounded (:class:`ConnectionLimits`, from ``history_listener``): past ``max_connections`` in all or
 ``max_connections_per_ip`` from one address a new connection is closed at once; a connection that sends no whole
@@ -105,6 +109,8 @@ CLOSED = Counter("rlm_history_closed_connections", "Connections the history endp
 # principal_mapping
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
+WRITE_SLICE_BYTES = 1 << 20  # an answer is handed to its transport at most this much at a time (ListenerServer._send)
+READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
@@ -167,6 +173,7 @@ class ListenerServer:
         self._error: BaseException | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._reserved = 0  # bytes of Fetch answers being made, held against queued_max_response_bytes (loop only)
+        self._queued = 0  # answer bytes handed to _send and not yet taken by the sockets (loop only; a running total)
         self._polls = LongPolls(router.ctx.tier, self._pool, poll_s)  # waiting Fetches (long polls)
         self._rerun_slots = asyncio.Semaphore(max(workers // 2, 1))  # workers long polls may hold at once
 
@@ -288,20 +295,12 @@ class ListenerServer:
                 # counted before the write: a client may read the response before the next line would run
                 BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
                     len(response))
+                # Back-pressure: the next request is read once this answer has been taken whole by the socket; a
+                # client that stops taking it is closed (write_timeout_ms, idle limit).
                 if isinstance(response, ChunkedAnswer):
                     if not await self._write_chunked(writer, response, peer):
                         return
-                    continue
-                # A view: what the socket does not take at once is copied into the transport's buffer once (a
-                # bytes object would be sliced first: a second copy).
-                writer.write(memoryview(response))
-                # Back-pressure: the next request is read once this answer has been taken down to the transport's
-                # low-water mark; a client that stops taking it is closed (write_timeout_ms, idle limit).
-                if writer.transport.get_write_buffer_size() and not await self._drain(writer):
-                    CLOSED.labels("not_reading").inc()
-                    log.info("history endpoint: connection closed", extra={"peer": str(peer),
-                                                                            "reason": "not_reading"})
-                    writer.transport.abort()
+                elif not await self._send(writer, response, peer, loop.time()):
                     return
                 if session is not None and session.close_after_response:
                     return  # e.g. SASL_AUTHENTICATION_FAILED sent: close, as Kafka does
@@ -329,7 +328,8 @@ class ListenerServer:
         loop = asyncio.get_running_loop()
         for part in answer:
             if not isinstance(part, StreamedBatch):
-                writer.write(part)
+                if not await self._send(writer, part, peer, loop.time()):
+                    return False
                 continue
             chunks = part.chunks()
             try:
@@ -344,14 +344,9 @@ class ListenerServer:
                         return False
                     if chunk is None:
                         break
-                    writer.write(chunk)
-                    sent += len(chunk)
-                    if writer.transport.get_write_buffer_size() and not await self._drain(writer):
-                        CLOSED.labels("not_reading").inc()
-                        log.info("history endpoint: connection closed", extra={"peer": str(peer),
-                                                                                "reason": "not_reading"})
-                        writer.transport.abort()
+                    if not await self._send(writer, chunk, peer, loop.time()):
                         return False
+                    sent += len(chunk)
                 if sent != len(part):
                     log.warning("history endpoint: a large batch was shorter than planned, connection closed",
                                 extra={"peer": str(peer), "sent": sent, "planned": len(part)})
@@ -359,10 +354,6 @@ class ListenerServer:
                     return False
             finally:
                 await loop.run_in_executor(self._pool, chunks.close)
-        if writer.transport.get_write_buffer_size() and not await self._drain(writer):
-            CLOSED.labels("not_reading").inc()
-            writer.transport.abort()
-            return False
         return True
 
     def _certificate_principal(self, writer: asyncio.StreamWriter, peer: Any) -> str | None | bool:
@@ -379,16 +370,56 @@ class ListenerServer:
                         "(history_listener.tls.principal_mapping_rules)", extra={"peer": str(peer), "error": str(err)})
             return False
 
-    async def _drain(self, writer: asyncio.StreamWriter) -> bool:
-        """Wait until the socket has taken the whole answer; False when the client took nothing of it for
-        ``write_timeout_s``, or not all of it within the idle limit."""
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes | memoryview, peer: Any, started: float
+                    ) -> bool:
+        """Write ``data`` (an answer, or a part of one begun at ``started``) and wait until the socket has taken
+        it all. False when the client was closed for not reading it: it took nothing for ``write_timeout_s``, or
+        not the whole answer within the idle limit.
+
+        ``data`` is handed to the transport a slice (``WRITE_SLICE_BYTES``) at a time, the next once the socket
+        has taken the last; the loop serves others between slices. What the socket does not take at once is
+        copied into the transport's buffer: written whole, a 9 MB answer was copied there in one piece (the event
+        loop held for ms, and the answer held twice, as ``data`` and as the copy, while a client did not read:
+        r11's 6 clients held 2 x 159 MiB where 159 were counted). Now a transport holds at most a slice, and
+        ``data`` is counted in :meth:`queued_response_bytes` until the socket has taken it."""
+        n = len(data)
+        view = memoryview(data)
+        transport = writer.transport
+        self._count_queued(n)
+        taken = 0
+        try:
+            while taken < n:
+                piece = view[taken:taken + WRITE_SLICE_BYTES]
+                writer.write(piece)
+                if transport.get_write_buffer_size():
+                    if not await self._drain(writer, started):
+                        CLOSED.labels("not_reading").inc()
+                        log.info("history endpoint: connection closed", extra={"peer": str(peer),
+                                                                                "reason": "not_reading"})
+                        transport.abort()
+                        return False
+                elif taken + len(piece) < n:
+                    await asyncio.sleep(0)  # the others' turn between slices the socket took at once
+                taken += len(piece)
+                self._count_queued(-len(piece))
+            return True
+        finally:
+            self._count_queued(taken - n)  # not taken: the connection is closed (or broke)
+
+    def _count_queued(self, delta: int) -> None:
+        if delta:
+            self._queued += delta
+            QUEUED.set(self._queued)
+
+    async def _drain(self, writer: asyncio.StreamWriter, started: float) -> bool:
+        """Wait until the socket has taken what the transport holds; False when the client took nothing of it for
+        ``write_timeout_s``, or not the whole answer (begun at ``started``) within the idle limit."""
         loop = asyncio.get_running_loop()
         transport = writer.transport
         drain = asyncio.ensure_future(writer.drain())
         drain.add_done_callback(lambda f: f.cancelled() or f.exception())  # a lost connection is no log line
-        started = progressed = loop.time()
+        progressed = loop.time()
         queued = transport.get_write_buffer_size()
-        QUEUED.set(self.queued_response_bytes())
         try:
             while True:
                 done, _ = await asyncio.wait({drain}, timeout=min(WRITE_POLL_S, self.limits.write_timeout_s))
@@ -396,7 +427,6 @@ class ListenerServer:
                     drain.result()  # a connection error is raised to the caller
                     return True
                 now, left = loop.time(), transport.get_write_buffer_size()
-                QUEUED.set(self.queued_response_bytes())
                 if left < queued:
                     queued, progressed = left, now
                 if now - progressed >= self.limits.write_timeout_s or now - started >= self.limits.idle_s:
@@ -404,15 +434,15 @@ class ListenerServer:
         finally:
             if not drain.done():
                 drain.cancel()
-            QUEUED.set(self.queued_response_bytes())
 
     def queued_response_bytes(self) -> int:
-        """Answer bytes queued to clients now, in the transports' buffers (on the event loop only)."""
-        return sum(w.transport.get_write_buffer_size() for w in self._writers if not w.transport.is_closing())
+        """Answer bytes queued to clients now, not yet taken by their sockets (on the event loop only): a running
+        total kept by :meth:`_send`, O(1)."""
+        return self._queued
 
     def _fetch_room(self) -> int:
         """What is left of ``queued_max_response_bytes`` for the next Fetch answer (on the event loop only)."""
-        return max(self.limits.queued_max_response_bytes - self.queued_response_bytes() - self._reserved, 0)
+        return max(self.limits.queued_max_response_bytes - self._queued - self._reserved, 0)
 
     def _admit(self, ip: str) -> str | None:
         """Count a new connection from ``ip`` in, or say why it is refused (it is closed at once, as Kafka closes
@@ -461,7 +491,9 @@ class ListenerServer:
                         extra={"peer": str(peer), "size": size})
             return None
         try:
-            return await reader.readexactly(size)
+            if size <= READ_SLICE_BYTES:
+                return await reader.readexactly(size)
+            return await _read_large(reader, size)
         except asyncio.IncompleteReadError:
             BAD.labels("truncated_frame").inc()
             return None
@@ -689,6 +721,22 @@ class ListenerServer:
             if topic is not None:
                 out.extend(topic.tp(p.partition) for p in t.partitions if p.partition in topic.partitions)
         return out
+
+
+async def _read_large(reader: asyncio.StreamReader, size: int) -> bytes:
+    """The next ``size`` bytes of the stream, taken a slice (``READ_SLICE_BYTES``) at a time. ``readexactly`` of a
+    4.8 MB frame let the stream's buffer grow to the whole frame (its flow control is off while it waits), then
+    copied it out in one piece on the event loop: ms in one callback. The stream's buffer now stays within its
+    limit, each slice is copied out as it comes, and the frame is joined once."""
+    parts = []
+    left = size
+    while left:
+        part = await reader.read(min(left, READ_SLICE_BYTES))
+        if not part:
+            raise asyncio.IncompleteReadError(b"", size)
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def steady_malloc(threshold_bytes: int = MALLOC_THRESHOLD_BYTES) -> bool:

@@ -848,6 +848,73 @@ def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiere
         assert api_versions_ok(h)
 
 
+def test_an_answer_is_queued_once_and_handed_to_its_transport_a_slice_at_a_time(
+        tiered: Tiered, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r11 with large answers: an answer is handed to its connection's transport a slice at a time, the next once the
+    socket has taken the last, so a client that does not read holds its answer once (counted in
+    ``rlm_history_queued_response_bytes``) plus at most a slice in its transport. Before, the transport got the whole
+    answer and copied what the socket did not take: the answer was held twice and counted once (r11: 6 clients held
+    2 x 159 MiB). Slices here are 16 KiB, the answer (both partitions of ``a``) about 370 KB: a client that reads
+    gets the same bytes as an answer written whole; one that does not is closed at ``write_timeout_ms``, and then
+    nothing is counted as queued any more (the running total gives back what the socket never took)."""
+    import asyncio
+
+    from prometheus_client import REGISTRY
+
+    import rlm.listener.net.server as server
+
+    def metric(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    from rlm.listener.protocol.codec import build
+
+    a = tiered.topic("a")
+    out = io.BytesIO()
+    entity = build(load_request_schema(1, 4), {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 2**20, "isolation_level": 0,
+        "topics": [{"topic": a, "partitions": [{"partition": p, "fetch_offset": 0, "partition_max_bytes": 2**20}
+                                               for p in (0, 1)]}]})
+    entity_writer(type(entity))(out, entity)
+    whole = request(1, 4, out.getvalue())
+    slice_bytes = 16 * 1024
+    before = metric("rlm_history_closed_connections_total", {"reason": "not_reading"})
+    with endpoint(tiered, write_timeout_ms=3000) as h:
+        loop = h.server._loop
+        assert loop is not None
+
+        def transports_hold() -> int:
+            """The most any connection's transport holds now (read on the server's event loop)."""
+            async def largest() -> int:
+                return max((w.transport.get_write_buffer_size() for w in h.server._writers), default=0)
+            return asyncio.run_coroutine_threadsafe(largest(), loop).result(10)
+
+        with connect(h) as reader:
+            reader.sendall(whole)
+            written_whole = recv_frame(reader)
+            monkeypatch.setattr(server, "WRITE_SLICE_BYTES", slice_bytes)
+            reader.sendall(whole)
+            sliced = recv_frame(reader)
+        assert written_whole is not None and len(written_whole) > 20 * slice_bytes
+        assert sliced == written_whole
+        got = answered(entity_reader(load_response_schema(1, 4))(sliced, 4)[0])
+        assert all(len(base_offsets(got[(a, p)][0].records)) > 5 for p in (0, 1))
+        deaf = socket.socket()
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deaf.settimeout(20)
+        with deaf:
+            deaf.connect(("127.0.0.1", h.port))
+            deaf.sendall(whole)
+            # what the kernel's buffers do not take (socket_send_buffer_bytes: 100 KiB, doubled) waits for the client
+            wait_for(lambda: metric("rlm_history_queued_response_bytes") > 2 * slice_bytes, 20,
+                     "the answer to queue up")
+            assert transports_hold() <= slice_bytes
+            wait_for(lambda: metric("rlm_history_closed_connections_total", {"reason": "not_reading"}) > before, 30,
+                     "the client that does not read to be closed")
+            wait_for(lambda: h.server.queued_response_bytes() == 0, 10, "nothing to be counted as queued")
+            assert metric("rlm_history_queued_response_bytes") == 0
+        assert api_versions_ok(h)
+
+
 # ------------------------------------------------------------------------------ generated frames (Hypothesis)
 def _valid_request(api_key: int, version: int) -> bytes:
     """A request body of ``api_key`` at ``version`` built by kio from empty values (b"" if kio has no schema)."""
