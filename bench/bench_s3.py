@@ -5,7 +5,8 @@
         [--latency-arg=--first-byte-median-ms=27 ...]
 
 s3proxy (a real S3 server over a directory, ``devtools/s3proxy.py``) behind the latency-emulating proxy
-(``devtools/s3latency.py``, run as its own process so its pacing does not share our interpreter: first byte lognormal
+(``devtools/s3latency.py``, run as its own process so its pacing does not share our interpreter; both started by
+``bench/emulated_s3.py``, as ``bench_history`` and ``bench_spark`` start them: first byte lognormal
 median 27 ms sigma 0.6 floor 10 ms, PUT 60 ms + 20 ms/MiB, 88 MB/s per connection, unless ``--latency-arg`` says
 otherwise). A segment of ``--size-mib`` is built from synthetic record batches (64 KiB, valid CRC-32C) with sparse
 offset/time indexes, as ``bench_rsm`` builds them. Rows, each the best of ``--repeat`` runs taking turns:
@@ -35,12 +36,12 @@ process's metrics, printed side by side) and, for boto3, from a ``before-send`` 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,15 +114,17 @@ def sequential_read(rsm, md) -> tuple[int, int]:
     return n, peak
 
 
-def fetch_like_read(rsm, md) -> int:
+def fetch_like_read(rsm, md) -> tuple[int, int]:
     """Every batch of the copy, one block a read through a new handle each (as the history endpoint's Fetches read
-    when a Fetch asks for about a block); bytes of batches."""
-    n = 0
+    when a Fetch asks for about a block); (bytes of batches, peak bytes the manager's block cache held, cached or
+    being fetched ahead, sampled per block)."""
+    n = peak = 0
     for block in range(len(rsm.reader(md).ledger.blocks)):
         for _h, data in rsm.open_segment(md).batches(md.start_offset, md.end_offset_inclusive, first_block=block,
                                                      last_block=block):
             n += len(data)
-    return n
+        peak = max(peak, rsm.block_cache.size_bytes if rsm.block_cache is not None else 0)
+    return n, peak
 
 
 class Boto3Counter:
@@ -228,34 +231,25 @@ def main() -> None:
     from bench_rsm import build_segment
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
+    from emulated_s3 import EmulatedS3
 
     from devtools.s3latency import model_from_argv
-    from devtools.s3proxy import S3ProxyServer
     from rsm.api import LogSegmentData, RemoteSegmentMetadata
     from rsm.manager import RemoteStorageManager, RsmConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
-    s3 = S3ProxyServer(directory=work / "s3proxy", heap="1g")
-    lat_proc: subprocess.Popen | None = None
+    bucket = "bench-s3"
+    s3 = EmulatedS3(work / "s3proxy", bucket=bucket, seed=args.seed,
+                    latency_args=["--outlier-rate", str(args.outlier_rate), *args.latency_arg])
     try:
         print(f"building a {args.size_mib} MiB segment ...", flush=True)
         seg = build_segment(synthetic_batches(48), args.size_mib * MiB, work / "local")
         log_bytes = seg["log"].stat().st_size
-        s3.start()
-        os.environ["AWS_ACCESS_KEY_ID"] = s3.identity
-        os.environ["AWS_SECRET_ACCESS_KEY"] = s3.credential
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        bucket = "bench-s3"
-        s3.client().create_bucket(Bucket=bucket)
-        lat_cmd = [sys.executable, "-m", "devtools.s3latency", "--upstream", s3.endpoint_url, "--seed",
-                   str(args.seed), "--outlier-rate", str(args.outlier_rate), *args.latency_arg]
-        lat_proc = subprocess.Popen(lat_cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert lat_proc.stdout is not None
-        line = lat_proc.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            raise RuntimeError(f"s3latency did not start: {line!r} {lat_proc.stderr.read() if lat_proc.stderr else ''}")
-        url = line.removeprefix("listening on ")
-        print(f"s3proxy {s3.endpoint_url}, latency emulator {url}: {' '.join(lat_cmd[2:])}", flush=True)
+        s3.__enter__()
+        url = s3.url
+        print(s3.describe(), flush=True)
+        print(f"load {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} (1, 5, 15 min)",
+              flush=True)
 
         config = RsmConfig(store="s3", bucket=bucket, endpoint_url=url, region="us-east-1")
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
@@ -330,12 +324,12 @@ def main() -> None:
                 rsm = RemoteStorageManager(config.model_copy(update={"block_cache_bytes": cache}))
                 before, prom_before = rsm.store.requests.snapshot(), _prom_all()
                 t0 = time.perf_counter()
-                n = fetch_like_read(rsm, copied)
+                n, peak = fetch_like_read(rsm, copied)
                 seconds = time.perf_counter() - t0
                 if n != log_bytes:
                     raise RuntimeError(f"read {n} bytes of batches, the segment has {log_bytes}")
                 record(f"read/rsm{variant}", seconds, n, _delta(rsm.store.requests.snapshot(), before),
-                       _delta(_prom_all(), prom_before))
+                       _delta(_prom_all(), prom_before), peak_cache=peak)
                 rsm.close()
             data_key = rsm.store_for(rsm.layout_of(copied)).key_prefix + rsm.keys(copied).data(0)
             data_size = rsm.store.head(rsm.keys(copied).data(0)) or 0
@@ -427,6 +421,8 @@ def main() -> None:
         for what, row, other in rows:
             r, b = best(row), best(other)
             peak = f", read-ahead peak {r['peak_ahead'] / MiB:.0f} MiB" if "peak_ahead" in r else ""
+            if "peak_cache" in r:
+                peak = f", block cache peak {max(x['peak_cache'] for x in results[row]) / MiB:.0f} MiB"
             if "part_buffers" in r:
                 peak = (f", {r['parts_in_flight']} parts in flight, part buffers of one put at most "
                         f"{r['part_buffers'] / MiB:.0f} MiB, RSS above idle at most "
@@ -465,16 +461,10 @@ def main() -> None:
             print(f"| {label} | {_per_gib(r['counts'], r['bytes'], kinds):.0f} {r['counts']} | "
                   f"{_per_gib(r['prom'], r['bytes'], kinds):.0f} | {_per_gib(b['counts'], b['bytes'], kinds):.0f} "
                   f"{b['counts']} |")
+        print(f"load at the end {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
     finally:
-        if lat_proc is not None:
-            lat_proc.terminate()
-            try:
-                _, err = lat_proc.communicate(timeout=10)
-                stats = [ln for ln in err.splitlines() if ln.startswith("stats:")]
-                print(f"emulator {stats[-1] if stats else err[-500:]}")
-            except subprocess.TimeoutExpired:
-                lat_proc.kill()
-        s3.stop()
+        s3.__exit__()
+        print(f"emulator stats: {json.dumps(s3.stats)}")
         shutil.rmtree(work, ignore_errors=True)
 
 

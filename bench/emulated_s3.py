@@ -9,11 +9,13 @@ The emulator's defaults are the issue's S3 Standard figures (first byte lognorma
 10 ms; PUT 60 ms + 20 ms/MiB; 88 MB/s per connection); ``latency_args`` are passed to it as they are
 (``--first-byte-median-ms=40`` ...). The credentials go into this process's environment (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) so that child processes (a history endpoint, Spark's Python
-workers) inherit them. ``bench_s3.py`` starts the same pair inline.
+workers) inherit them. ``bench_s3.py``, ``bench_history.py`` and ``bench_spark.py`` all start it through this
+module. ``stats`` holds the emulator's counts (requests by method, bytes, outliers) once it has stopped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +37,9 @@ class EmulatedS3:
         self.server = S3ProxyServer(directory=directory, heap="1g")
         self.url = ""
         self.command: list[str] = []
+        self.stats: dict[str, int] = {}
+        """The emulator's counts, read from its last ``stats:`` line once it has stopped (``__exit__``)."""
+        self._stderr = Path(directory) / "s3latency.stderr"
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> EmulatedS3:
@@ -46,8 +51,9 @@ class EmulatedS3:
             self.server.client().create_bucket(Bucket=self.bucket)
             self.command = [sys.executable, "-m", "devtools.s3latency", "--upstream", self.server.endpoint_url,
                             "--seed", str(self.seed), *self.latency_args]
-            self._proc = subprocess.Popen(self.command, cwd=ROOT, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, text=True)
+            self._stderr.parent.mkdir(parents=True, exist_ok=True)
+            with self._stderr.open("w") as err:
+                self._proc = subprocess.Popen(self.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
             line = self._proc.stdout.readline().strip()  # type: ignore[union-attr]
             if not line.startswith("listening on "):
                 raise RuntimeError(f"s3latency did not start ({self._proc.poll()}): {line!r}")
@@ -65,6 +71,10 @@ class EmulatedS3:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+            if self._stderr.exists():
+                lines = [ln for ln in self._stderr.read_text().splitlines() if ln.startswith("stats: ")]
+                if lines:
+                    self.stats = json.loads(lines[-1].removeprefix("stats: "))
         self.server.stop()
 
     def describe(self) -> str:

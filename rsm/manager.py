@@ -147,7 +147,7 @@ class RsmConfig(BaseModel):
                                    "7 MiB); the least recently used go first")
     read_ahead_bytes: int | None = Field(
         None, ge=0, description="sequential reads of several blocks: bytes of ranged GETs in flight ahead of the "
-        "reader (rsm.format.readahead); 0 off; None: the store's own figure (S3: 64 MiB; filesystem: off, where "
+        "reader (rsm.format.readahead); 0 off; None: the store's own figure (S3: 80 MiB; filesystem: off, where "
         "it measured slower)")
     read_ahead_request_bytes: int = Field(8 * MiB, ge=1, description="bytes one read-ahead GET asks for "
                                           "(whole blocks, one at least)")

@@ -11,13 +11,17 @@ With a :class:`BlockCache`, a read of one block looks at what the process read r
   from the cache, or is fetched whole with one ranged GET and kept, and the copy's next blocks (in the same data
   object or the next) are fetched ahead on the process's I/O pool, so the next Fetches find them in memory: one
   block ahead at first, twice as many each time a read finds its block not yet fetched (the reader is faster than
-  one GET at a time), up to :data:`MAX_AHEAD`;
+  one GET at a time), up to :data:`MAX_AHEAD` and the copy's fair share of the capacity (half of it divided by the
+  copies with blocks fetched ahead and not yet read: a second reader takes half of what the first had, as
+  read-ahead windows share the process's budget);
 - a block cached or being fetched ahead is used by any read of it;
 - otherwise (a random read) it is streamed as without the cache: one GET stopping where the read ends, nothing kept,
   nothing fetched ahead.
 
-Bounds: at most ``capacity_bytes`` of whole blocks, cached or being fetched ahead; the least recently used go first;
-a block fetched ahead is never waited for by a reader if it has not started (the reader cancels it and fetches the
+Bounds: at most ``capacity_bytes`` of whole blocks, cached or being fetched ahead. Room is made by dropping the least
+recently used block already read; a block fetched ahead and not yet read is dropped only for a reader's own block,
+never to fetch another ahead (that would pay a GET to throw one away); a block fetched ahead is never waited for by
+a reader if it has not started (the reader cancels it and fetches the
 block itself, so no reader waits on a pool thread its caller may hold). Cached blocks are shared read-only by
 readers (their entries are views of them). Plain copies only: an encrypted copy's blocks are opened per read.
 """
@@ -45,8 +49,10 @@ _READS = Counter("rsm_block_cache_reads", "Reads of one block by the block cache
                  "ahead), fetched (whole, by the reader: sequential), streamed (random: nothing kept)", ["result"])
 
 MAX_AHEAD = 8
-"""Blocks one copy's sequential reads fetch ahead at most (32 MiB of 4 MiB blocks: about 8 GETs in flight, as
-read-ahead keeps)."""
+"""Blocks one copy's sequential reads fetch ahead at most (32 MiB of 4 MiB blocks: 8 GETs in flight, as read-ahead
+keeps). The capacity bounds it too: a copy fetches ahead at most half the capacity divided by the copies fetching
+ahead (the default 64 MiB: 8 blocks of 4 MiB for one reader; before, a quarter of the capacity for every copy
+capped one reader at 4 blocks, 0.38x boto3's download in bench_s3)."""
 RECENT_READS = 4096
 """Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
 
@@ -64,6 +70,8 @@ class BlockCache:
         self._bytes = 0  # cached and being fetched
         self._last: OrderedDict[str, int] = OrderedDict()  # the block each copy's last read read
         self._depth: OrderedDict[str, int] = OrderedDict()  # blocks fetched ahead, per copy read sequentially
+        self._unread: dict[tuple[str, int], str] = {}  # blocks fetched ahead (or being fetched), not yet read: copy
+        self._ahead: dict[str, int] = {}  # per copy: its blocks in _unread
         self.hits = 0
         """Reads served from the cache (or from a block fetched ahead)."""
         self.fetched = 0
@@ -96,10 +104,23 @@ class BlockCache:
         with self._lock:
             return where in self._blocks or where in self._fetching
 
-    def depth(self, segment: str) -> int:
-        """Blocks the copy ``segment``'s reads fetch ahead now (see :meth:`block`)."""
+    def depth(self, segment: str, block_length: int) -> int:
+        """Blocks (of about ``block_length``) the copy ``segment``'s reads fetch ahead now: what its reads grew it to
+        (see :meth:`block`), within its fair share of the capacity (see the module doc)."""
         with self._lock:
-            return self._depth.get(segment, 1)
+            copies = len(self._ahead) + (segment not in self._ahead)
+            share = max(1, self.capacity_bytes // (2 * copies * max(1, block_length)))
+            return min(self._depth.get(segment, 1), share)
+
+    def _read_now(self, where: tuple[str, int]) -> None:
+        """``where`` was read (or dropped): no longer fetched ahead and unread (lock held)."""
+        segment = self._unread.pop(where, None)
+        if segment is not None:
+            left = self._ahead[segment] - 1
+            if left:
+                self._ahead[segment] = left
+            else:
+                del self._ahead[segment]
 
     def block(self, store: Store, store_key: str, key: str, block: BlockInfo, segment: str) -> bytearray:
         """The whole ``block`` of data object ``store_key`` (``key``: the same with the store's prefix): cached, being
@@ -111,12 +132,13 @@ class BlockCache:
             cached = self._blocks.get(where)
             if cached is not None:
                 self._blocks.move_to_end(where)
+                self._read_now(where)
                 self.hits += 1
                 _READS.labels("hit").inc()
                 return cached
             pending = self._fetching.get(where)
-            most = max(1, min(MAX_AHEAD, self.capacity_bytes // (4 * block.block_length)))
-            self._depth[segment] = min(most, 2 * self._depth.get(segment, 1))
+            self._read_now(where)
+            self._depth[segment] = min(MAX_AHEAD, 2 * self._depth.get(segment, 1))
             self._depth.move_to_end(segment)
             while len(self._depth) > RECENT_READS:
                 self._depth.popitem(last=False)
@@ -145,18 +167,20 @@ class BlockCache:
         self._bytes += n
         _BYTES.inc(n)
 
-    def prefetch(self, store: Store, store_key: str, key: str, block: BlockInfo) -> None:
-        """Fetch ``block`` ahead on the I/O pool, unless cached, being fetched, or without room once the least
-        recently used cached blocks are dropped."""
+    def prefetch(self, store: Store, store_key: str, key: str, block: BlockInfo, segment: str = "") -> None:
+        """Fetch ``block`` of the copy ``segment`` ahead on the I/O pool, unless cached, being fetched, or without
+        room once the least recently used blocks already read are dropped."""
         where = (key, block.object_position)
         with self._lock:
             if where in self._blocks or where in self._fetching:
                 return
-            if not self._make_room(block.block_length):
+            if not self._make_room(block.block_length, drop_unread=False):
                 return
             self._grow(block.block_length)
             fut = worker_pool().submit(fetch_range, store, store_key, block.object_position, block.block_length)
             self._fetching[where] = fut
+            self._unread[where] = segment
+            self._ahead[segment] = self._ahead.get(segment, 0) + 1
         fut.add_done_callback(lambda f: self._fetched_ahead(where, block.block_length, f))
 
     def _fetched_ahead(self, where: tuple[str, int], length: int, fut: Future[bytearray]) -> None:
@@ -166,25 +190,39 @@ class BlockCache:
         with self._lock:  # from being fetched to cached in one step: a reader never sees the block in neither
             self._fetching.pop(where, None)
             self._grow(-length)
-            if not fut.cancelled() and err is None:
-                self._keep_locked(where, fut.result())
+            if fut.cancelled() or err is not None or not self._keep_locked(where, fut.result(), drop_unread=False):
+                self._read_now(where)  # not kept: nothing unread
 
     def _keep(self, where: tuple[str, int], data: bytearray) -> None:
         with self._lock:
             self._keep_locked(where, data)
 
-    def _keep_locked(self, where: tuple[str, int], data: bytearray) -> None:
+    def _keep_locked(self, where: tuple[str, int], data: bytearray, *, drop_unread: bool = True) -> bool:
+        """Cache ``data`` at ``where``; whether it is cached now (lock held)."""
         self.fetched += 1
-        if where in self._blocks or not self._make_room(len(data)):
-            return
+        if where in self._blocks:
+            return True
+        if not self._make_room(len(data), drop_unread=drop_unread):
+            return False
         self._blocks[where] = data
         self._grow(len(data))
+        return True
 
-    def _make_room(self, n: int) -> bool:
-        """Drop the least recently used cached blocks until ``n`` more bytes fit; False if they cannot (lock held)."""
+    def _make_room(self, n: int, *, drop_unread: bool) -> bool:
+        """Drop the least recently used cached blocks already read (with ``drop_unread``, then those fetched ahead
+        and not yet read) until ``n`` more bytes fit; False if they cannot (lock held)."""
         if n > self.capacity_bytes:
             return False
-        while self._bytes + n > self.capacity_bytes and self._blocks:
-            _, dropped = self._blocks.popitem(last=False)
-            self._grow(-len(dropped))
+        if self._bytes + n > self.capacity_bytes:
+            for where in [w for w in self._blocks if w not in self._unread]:
+                self._drop(where)
+                if self._bytes + n <= self.capacity_bytes:
+                    return True
+            while drop_unread and self._bytes + n > self.capacity_bytes and self._blocks:
+                self._drop(next(iter(self._blocks)))
         return self._bytes + n <= self.capacity_bytes
+
+    def _drop(self, where: tuple[str, int]) -> None:
+        dropped = self._blocks.pop(where)
+        self._read_now(where)
+        self._grow(-len(dropped))

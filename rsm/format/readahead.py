@@ -15,8 +15,9 @@ to its share instead of reading one request at a time behind the first. The proc
 budget twice over (:meth:`rsm.format.reader.SegmentReader.iter_entries`; larger ones stream entry by entry, as
 without read-ahead).
 
-Adaptive: a reader's window starts at :data:`START_REQUESTS` requests and grows :data:`GROWTH` times, up to
-``budget_bytes``, each time the caller asks for a request that has not arrived (the caller is faster than the window
+Adaptive: a reader's window starts at :data:`START_REQUESTS` requests (or at ``budget_bytes / GROWTH`` when that
+is more, so that one wait takes it to the budget) and grows :data:`GROWTH` times, up to ``budget_bytes``, each time
+the caller asks for a request that has not arrived (the caller is faster than the window
 fetches: a consumer catching up, a Spark task); a slow caller (a live Kafka consumer) finds its requests fetched and
 keeps the small window, so it holds a fraction of the budget.
 
@@ -51,9 +52,9 @@ START_REQUESTS = 2
 """A reader's window starts at this many requests and grows :data:`GROWTH` times (up to its budget) each time the
 caller asks for a request not yet fetched."""
 GROWTH = 4
-"""How much a window grows when its caller waits: one wait takes the default 16 MiB to the 64 MiB budget (doubling
-took two, and a whole-segment read on the latency emulator measured 236 vs 259 MB/s, median of 5, against a window
-starting at its budget)."""
+"""How much a window grows when its caller waits: one wait takes the start (a quarter of the budget: 20 MiB of the
+S3 default 80 MiB, two 8 MiB requests) to the budget (doubling took two, and a whole-segment read on the latency
+emulator measured 236 vs 259 MB/s, median of 5, against a window starting at its budget)."""
 
 _READ_AHEAD_BYTES = Gauge("rsm_read_ahead_bytes", "Bytes of blocks read ahead: in flight, or fetched and not yet "
                           "handed to their reader")
@@ -130,7 +131,7 @@ class ReadAhead:
         self._in_window = 0  # bytes of this reader's pending requests (each released once, when it is dropped)
         self._closed = False
         self._counted = False  # among the readers sharing the process's budget
-        self._window = min(budget_bytes, START_REQUESTS * request_bytes)
+        self._window = min(budget_bytes, max(START_REQUESTS * request_bytes, budget_bytes // GROWTH))
         self._handed = 0  # requests handed out
 
     @property

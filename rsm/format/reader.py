@@ -562,9 +562,10 @@ class SegmentReader(SegmentHandle):
         sequential = cache.sequential(segment, block)
         if sequential or cache.holds(prefix + key, block):
             data = memoryview(cache.block(self.store, key, prefix + key, block, segment))
-            for nxt in self.ledger.blocks[i + 1:i + 1 + cache.depth(segment)] if sequential else ():
+            ahead = cache.depth(segment, block.block_length) if sequential else 0
+            for nxt in self.ledger.blocks[i + 1:i + 1 + ahead]:
                 nxt_key = self.keys.data(nxt.object_number)
-                cache.prefetch(self.store, nxt_key, prefix + nxt_key, nxt)
+                cache.prefetch(self.store, nxt_key, prefix + nxt_key, nxt, segment)
             yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
                                       opener=_Fetched(iter([data])))
             return

@@ -52,6 +52,18 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 _T = TypeVar("_T")
 
+READ_AHEAD_BYTES = 80 * MiB
+"""A sequential read's read-ahead budget by default: ten 8 MiB ranged GETs in flight, as boto3's transfer manager
+keeps (``max_concurrency`` 10). bench_s3 on emulated S3 latency, 256 MiB: 32 MiB read at 0.61x boto3's
+``download_fileobj``, 64 MiB (eight GETs) at 0.69-1.08x from run to run, under 0.8x in most runs on a loaded
+machine (one connection carries about 88 MB/s: eight connections against boto3's ten are 0.8x at best once the
+store's bandwidth per connection is what limits both)."""
+MAX_POOL_CONNECTIONS = 64
+"""Connections the client keeps: what the process's read-ahead budget keeps in flight
+(:data:`rsm.format.readahead.PROCESS_BUDGET_BYTES`: 32 GETs of 8 MiB), the parts of puts in flight, and hedges. With
+fewer (botocore's default is 10), the GETs past the pool's size each open a connection and close it after one request
+(urllib3: "connection pool is full, discarding connection"): on S3 a TLS handshake per GET."""
+
 # Errors worth another attempt: the connection or the stream broke, or the server said "try again".
 _TRANSIENT = (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ReadTimeoutError,
               bexc.ConnectTimeoutError, bexc.ResponseStreamingError, bexc.IncompleteReadError,
@@ -153,8 +165,9 @@ class S3Store:
                  key_prefix: str = "", part_size_bytes: int = PART_SIZE_BYTES,
                  upload_concurrency: int = UPLOAD_CONCURRENCY,
                  upload_memory_bytes: int = UPLOAD_MEMORY_BYTES, retries: int = 5, connect_timeout_s: float = 10.0,
-                 read_timeout_s: float = 60.0, max_pool_connections: int = 16, path_style: bool = True,
-                 checksum_when_required: bool = True, create_bucket: bool = False, read_ahead_bytes: int = 64 * MiB,
+                 read_timeout_s: float = 60.0, max_pool_connections: int = MAX_POOL_CONNECTIONS,
+                 path_style: bool = True, checksum_when_required: bool = True, create_bucket: bool = False,
+                 read_ahead_bytes: int = READ_AHEAD_BYTES,
                  hedge_share: float = HEDGE_SHARE, client=None) -> None:
         if part_size_bytes < 5 * MiB:
             raise StoreConfigError(f"part_size_bytes {part_size_bytes} is below S3's 5 MiB minimum part size")
@@ -174,9 +187,8 @@ class S3Store:
         self._pool_lock = threading.Lock()
         self.retries = retries
         self.read_ahead_bytes = read_ahead_bytes
-        """What a sequential read of several blocks keeps in flight by default (ReadAheadStore): eight 8 MiB ranged
-        GETs (bench_s3 on emulated S3 latency, 256 MiB: 32 MiB read at 0.61x boto3's download_fileobj, 64 MiB at
-        1.08x; boto3 itself keeps ten 8 MiB GETs in flight)."""
+        """What a sequential read of several blocks keeps in flight by default (ReadAheadStore; see
+        :data:`READ_AHEAD_BYTES`)."""
         self.requests = RequestCounter("s3")
         self.hedger: Hedger[dict] = Hedger(hedge_share, _close_body, store="s3")
         """GETs hedged after the p95 of recent ones' answer times, within ``hedge_share`` of GETs (rsm.store.hedge);
