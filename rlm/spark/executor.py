@@ -305,22 +305,20 @@ def _read_into(part: SegmentSlice, rsm: RemoteStorageManagerApi, handle: Segment
         if not len(batch_cols):
             continue
         if cols.rows and cols.bytes + _payload(batch_cols) > BATCH_BYTES:  # binary columns: 32-bit offsets
-            batch = cols.to_batch(schema, seg.topic_name, seg.partition)
+            yield from _handed_over(cols.to_batch(schema, seg.topic_name, seg.partition), gc_was_enabled)
             cols = _Columns()
-            if gc_was_enabled:
-                gc.enable()
-            yield batch
-            gc.disable()
         cols.add(batch_cols, 1 if h.timestamp_type else 0, headers)
         if cols.rows >= BATCH_ROWS:
-            batch = cols.to_batch(schema, seg.topic_name, seg.partition)
+            yield from _handed_over(cols.to_batch(schema, seg.topic_name, seg.partition), gc_was_enabled)
             cols = _Columns()
-            if gc_was_enabled:
-                gc.enable()
-            yield batch
-            gc.disable()
     if cols.rows:
-        batch = cols.to_batch(schema, seg.topic_name, seg.partition)
-        if gc_was_enabled:
-            gc.enable()
-        yield batch
+        yield from _handed_over(cols.to_batch(schema, seg.topic_name, seg.partition), gc_was_enabled)
+
+
+def _handed_over(batch: pa.RecordBatch, gc_was_enabled: bool) -> Iterator[pa.RecordBatch]:
+    """Yields ``batch`` with the cyclic collector as it was before the read (Spark's code runs meanwhile), and
+    paused again when the read goes on."""
+    if gc_was_enabled:
+        gc.enable()
+    yield batch
+    gc.disable()
