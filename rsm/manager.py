@@ -152,9 +152,10 @@ class RsmConfig(BaseModel):
     read_ahead_request_bytes: int = Field(8 * MiB, ge=1, description="bytes one read-ahead GET asks for "
                                           "(whole blocks, one at least)")
     block_cache_bytes: int | None = Field(
-        None, ge=0, description="reads of one block at a time (a history Fetch after another): whole blocks kept and "
-        "the next one fetched ahead when the reads are sequential (rsm.format.blockcache), at most this many bytes "
-        "for the process's manager; 0 off; None: 64 MiB where the store reads ahead (S3), else off")
+        None, ge=0, description="reads of one block at a time (a history Fetch after another): when they are "
+        "sequential, a stream per copy reads ahead across them (rsm.format.blockcache); bounds the streams' current "
+        "blocks (one read-ahead request each: capacity / read_ahead_request_bytes streams); 0 off; None: 64 MiB where "
+        "the store reads ahead (S3), else off")
     fsync: bool = True
     create_bucket: bool = False
     encryption: EncryptionConfig = Field(default_factory=EncryptionConfig,

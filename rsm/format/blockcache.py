@@ -1,92 +1,132 @@
-"""Whole blocks for sequential reads made one block at a time, cached and fetched one ahead (issue 25).
+"""Sequential reads made one block at a time, served by read-ahead across the reads (issue 25).
 
 A Kafka consumer reading history through the endpoint sends Fetch after Fetch, each asking for about a block
 (``max.partition.fetch.bytes``, 1 MiB by default, or a few MiB) and each opening the segment anew: no single read is
 long enough for read-ahead (:mod:`rsm.format.readahead`), so each paid a first byte (about 27 ms on S3) and streamed
 its block from the block's start, again for every Fetch inside the same block.
 
-With a :class:`BlockCache`, a read of one block looks at what the process read recently:
+With a :class:`BlockCache`, a read of one block looks at the copy's last read:
 
-- when it follows the copy's last read (the same block, or the next one), the read is sequential: the block comes
-  from the cache, or is fetched whole with one ranged GET and kept, and the copy's next blocks (in the same data
-  object or the next) are fetched ahead on the process's I/O pool, so the next Fetches find them in memory: one
-  block ahead at first, twice as many each time a read finds its block not yet fetched (the reader is faster than
-  one GET at a time), up to :data:`MAX_AHEAD` and the copy's fair share of the capacity (half of it divided by the
-  copies with blocks fetched ahead and not yet read: a second reader takes half of what the first had, as
-  read-ahead windows share the process's budget);
-- a block cached or being fetched ahead is used by any read of it;
-- otherwise (a random read) it is streamed as without the cache: one GET stopping where the read ends, nothing kept,
-  nothing fetched ahead.
+- when it follows it (the same block, or the next one), the reads are sequential: the copy gets a *stream*, a
+  :class:`~rsm.format.readahead.ReadAhead` over the rest of the block's data object, kept open across the reads, so
+  the next block is predicted and fetched ahead exactly as a long read's are (ranged GETs of about
+  ``read_ahead_request_bytes``, several blocks each; a window that grows while the reads keep waiting, within the
+  reader's ``read_ahead_bytes`` and its fair share of the process's read-ahead budget, which the streams share with
+  every other reader). The stream's current block is kept, so the Fetches inside one block read it from memory;
+- otherwise (a random read, or a read of a block the stream is not at) it is streamed as without the cache: one GET
+  stopping where the read ends, nothing kept; a stream the reads left is closed.
 
-Bounds: at most ``capacity_bytes`` of whole blocks, cached or being fetched ahead. Room is made by dropping the least
-recently used block already read; a block fetched ahead and not yet read is dropped only for a reader's own block,
-never to fetch another ahead (that would pay a GET to throw one away); a block fetched ahead is never waited for by
-a reader if it has not started (the reader cancels it and fetches the
-block itself, so no reader waits on a pool thread its caller may hold). Cached blocks are shared read-only by
-readers (their entries are views of them). Plain copies only: an encrypted copy's blocks are opened per read.
+Bounds: at most ``capacity_bytes // read_ahead_request_bytes`` streams (8 with the defaults: 64 MiB, 8 MiB; one at
+least), the least recently read closed first, and a stream not read for :data:`IDLE_S` is closed by the next read of
+any copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
+process's budget) plus its current block's request (the block is a view of it): at most ``capacity_bytes`` of
+current requests. Plain copies only: an encrypted copy's blocks are opened per read.
+
+Before: blocks were fetched ahead one GET each into an LRU of whole blocks (4, then 8, blocks ahead); bench_s3 on the
+latency emulator measured 0.34-0.38x boto3's download for 256 MiB read one block a read, at twice the GETs per GiB.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
+import time
+import weakref
 from collections import OrderedDict
-from concurrent.futures import Future
+from collections.abc import Iterator
 
 from prometheus_client import Counter, Gauge
 
-from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo
-from rsm.format.readahead import fetch_range
+from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead
 from rsm.store.base import Store
 
-__all__ = ["MAX_AHEAD", "RECENT_READS", "BlockCache"]
+__all__ = ["IDLE_S", "RECENT_READS", "BlockCache"]
 
-log = logging.getLogger(__name__)
+_BYTES = Gauge("rsm_block_cache_bytes", "Bytes the block caches' streams hold: their current blocks' requests and "
+               "what their read-ahead windows hold")
+_caches: weakref.WeakSet[BlockCache] = weakref.WeakSet()
+_BYTES.set_function(lambda: sum(c.size_bytes for c in list(_caches)))
+_READS = Counter("rsm_block_cache_reads", "Reads of one block by the block cache's decision: hit (from a stream), "
+                 "streamed (random: nothing kept)", ["result"])
 
-_BYTES = Gauge("rsm_block_cache_bytes", "Bytes of whole blocks the block caches hold, cached or being fetched ahead")
-_READS = Counter("rsm_block_cache_reads", "Reads of one block by the block cache's decision: hit (cached or fetched "
-                 "ahead), fetched (whole, by the reader: sequential), streamed (random: nothing kept)", ["result"])
-
-MAX_AHEAD = 8
-"""Blocks one copy's sequential reads fetch ahead at most (32 MiB of 4 MiB blocks: 8 GETs in flight, as read-ahead
-keeps). The capacity bounds it too: a copy fetches ahead at most half the capacity divided by the copies fetching
-ahead (the default 64 MiB: 8 blocks of 4 MiB for one reader; before, a quarter of the capacity for every copy
-capped one reader at 4 blocks, 0.38x boto3's download in bench_s3)."""
 RECENT_READS = 4096
 """Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
+IDLE_S = 10.0
+"""A stream not read for this long is closed (its consumer stopped): its window goes back to the other readers."""
+
+
+class _Stream:
+    """One copy's sequential reads: a read-ahead over blocks ``first..`` of one data object, and the block handed
+    out last (kept for the reads inside it)."""
+
+    def __init__(self, ahead: ReadAhead, blocks: list[BlockInfo], key: str) -> None:
+        self.ahead = ahead
+        self.key = key
+        self.blocks = blocks
+        self.lock = threading.Lock()
+        self.it: Iterator[memoryview] = iter(ahead)
+        self.next = 0  # index in blocks of the block the iterator hands out next
+        self.current: tuple[int, memoryview] | None = None  # (part id, whole block)
+        self.used = time.monotonic()
+
+    @property
+    def current_bytes(self) -> int:
+        """Bytes the current block keeps alive: the request it is a view of."""
+        return 0 if self.current is None else len(self.current[1].obj)  # type: ignore[arg-type]
+
+    def at(self, part_id: int) -> bool:
+        """Whether the stream can hand out block ``part_id``: its current block or the next."""
+        if self.current is not None and self.current[0] == part_id:
+            return True
+        return self.next < len(self.blocks) and self.blocks[self.next].part_id == part_id
+
+    def take(self, part_id: int) -> memoryview:
+        """Block ``part_id`` (:meth:`at` said so), whole."""
+        self.used = time.monotonic()
+        if self.current is not None and self.current[0] == part_id:
+            return self.current[1]
+        self.current = None  # the previous block's request may go
+        view = next(self.it)
+        self.next += 1
+        self.current = (part_id, view)
+        return view
+
+    def close(self) -> None:
+        self.current = None
+        self.it.close()  # type: ignore[attr-defined]
 
 
 class BlockCache:
-    """Whole blocks of sequential reads (see the module doc). Thread-safe; one per storage manager.
-
-    Keys are the data objects' full keys (with the store's key prefix), blocks their positions in them."""
+    """Streams for sequential reads of one block at a time (see the module doc). Thread-safe; one per storage
+    manager. Copies are named by their key base with the store's key prefix; keys are data objects' store keys."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
-        self._blocks: OrderedDict[tuple[str, int], bytearray] = OrderedDict()
-        self._fetching: dict[tuple[str, int], Future[bytearray]] = {}
-        self._bytes = 0  # cached and being fetched
         self._last: OrderedDict[str, int] = OrderedDict()  # the block each copy's last read read
-        self._depth: OrderedDict[str, int] = OrderedDict()  # blocks fetched ahead, per copy read sequentially
-        self._unread: dict[tuple[str, int], str] = {}  # blocks fetched ahead (or being fetched), not yet read: copy
-        self._ahead: dict[str, int] = {}  # per copy: its blocks in _unread
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self.hits = 0
-        """Reads served from the cache (or from a block fetched ahead)."""
-        self.fetched = 0
-        """Blocks fetched whole (by a reader, or ahead)."""
+        """Reads served by a stream."""
+        self.streams_opened = 0
+        """Streams opened (sequential reads detected, or a stream's data object ended and the next begun)."""
+        _caches.add(self)
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of blocks cached or being fetched ahead."""
+        """Bytes the streams hold: current blocks' requests and read-ahead windows."""
         with self._lock:
-            return self._bytes
+            streams = list(self._streams.values())
+        return sum(s.current_bytes + s.ahead.held_bytes for s in streams)
+
+    @property
+    def streams(self) -> int:
+        """Streams open now."""
+        with self._lock:
+            return len(self._streams)
 
     def sequential(self, segment: str, block: BlockInfo) -> bool:
-        """Whether this read of ``block`` of the copy ``segment`` (its key base) follows the copy's last read: the
-        same block or the next one. Notes this read as the copy's last; a read that does not follow starts over at
-        one block fetched ahead."""
+        """Whether this read of ``block`` of the copy ``segment`` follows the copy's last read: the same block or the
+        next one. Notes this read as the copy's last."""
         with self._lock:
             last = self._last.get(segment)
             follows = last is not None and block.part_id in (last, last + 1)
@@ -94,135 +134,84 @@ class BlockCache:
             self._last.move_to_end(segment)
             while len(self._last) > RECENT_READS:
                 self._last.popitem(last=False)
-            if not follows:
-                self._depth.pop(segment, None)
             return follows
 
-    def holds(self, key: str, block: BlockInfo) -> bool:
-        """Whether ``block`` of data object ``key`` is cached or being fetched ahead."""
-        where = (key, block.object_position)
-        with self._lock:
-            return where in self._blocks or where in self._fetching
-
-    def depth(self, segment: str, block_length: int) -> int:
-        """Blocks (of about ``block_length``) the copy ``segment``'s reads fetch ahead now: what its reads grew it to
-        (see :meth:`block`), within its fair share of the capacity (see the module doc)."""
-        with self._lock:
-            copies = len(self._ahead) + (segment not in self._ahead)
-            share = max(1, self.capacity_bytes // (2 * copies * max(1, block_length)))
-            return min(self._depth.get(segment, 1), share)
-
-    def _read_now(self, where: tuple[str, int]) -> None:
-        """``where`` was read (or dropped): no longer fetched ahead and unread (lock held)."""
-        segment = self._unread.pop(where, None)
-        if segment is not None:
-            left = self._ahead[segment] - 1
-            if left:
-                self._ahead[segment] = left
-            else:
-                del self._ahead[segment]
-
-    def block(self, store: Store, store_key: str, key: str, block: BlockInfo, segment: str) -> bytearray:
-        """The whole ``block`` of data object ``store_key`` (``key``: the same with the store's prefix): cached, being
-        fetched ahead (waited for once started), or fetched now with one ranged GET and kept. A read that has to wait
-        (the reader is faster than the blocks fetched ahead of it) doubles how many blocks the copy ``segment``'s
-        reads fetch ahead, up to :data:`MAX_AHEAD` and a quarter of the capacity."""
-        where = (key, block.object_position)
-        with self._lock:
-            cached = self._blocks.get(where)
-            if cached is not None:
-                self._blocks.move_to_end(where)
-                self._read_now(where)
-                self.hits += 1
-                _READS.labels("hit").inc()
-                return cached
-            pending = self._fetching.get(where)
-            self._read_now(where)
-            self._depth[segment] = min(MAX_AHEAD, 2 * self._depth.get(segment, 1))
-            self._depth.move_to_end(segment)
-            while len(self._depth) > RECENT_READS:
-                self._depth.popitem(last=False)
-        if pending is not None and not pending.cancel():
+    def read(self, store: Store, key: str, blocks: list[BlockInfo], i: int, segment: str, *, budget_bytes: int,
+             request_bytes: int = DEFAULT_REQUEST_BYTES) -> memoryview | None:
+        """Block ``blocks[i]`` of the copy ``segment`` whole, from its stream, or None: the read is random (the
+        caller streams it). ``blocks``: the copy's blocks; ``key``: the block's data object's store key;
+        ``budget_bytes`` and ``request_bytes``: a new stream's read-ahead (see :class:`ReadAhead`)."""
+        block = blocks[i]
+        sequential = self.sequential(segment, block)
+        stream, stale = self._stream(segment, block.part_id)
+        for s in stale:
+            with s.lock:
+                s.close()
+        if stream is None and sequential and 2 * block.block_length <= budget_bytes:
+            j = i
+            while j + 1 < len(blocks) and blocks[j + 1].object_number == block.object_number:
+                j += 1
+            stream = _Stream(ReadAhead(store, key, blocks[i:j + 1], budget_bytes=budget_bytes,
+                                       request_bytes=request_bytes), blocks[i:j + 1], key)
+            for s in self._open(segment, stream, request_bytes):
+                with s.lock:
+                    s.close()
+        if stream is None:
+            _READS.labels("streamed").inc()
+            return None
+        with stream.lock:
             try:
-                data = pending.result()
-            except Exception:  # noqa: BLE001 - a failed read ahead: the reader asks again, and its error counts
-                data = None
-            if data is not None:
-                with self._lock:
-                    self.hits += 1
-                _READS.labels("hit").inc()
-                return data
-        data = fetch_range(store, store_key, block.object_position, block.block_length)
-        _READS.labels("fetched").inc()
-        self._keep(where, data)
-        return data
-
-    @staticmethod
-    def streamed() -> None:
-        """Count a read the cache left alone (random: streamed, nothing kept)."""
-        _READS.labels("streamed").inc()
-
-    def _grow(self, n: int) -> None:
-        """``n`` more bytes held (lock held)."""
-        self._bytes += n
-        _BYTES.inc(n)
-
-    def prefetch(self, store: Store, store_key: str, key: str, block: BlockInfo, segment: str = "") -> None:
-        """Fetch ``block`` of the copy ``segment`` ahead on the I/O pool, unless cached, being fetched, or without
-        room once the least recently used blocks already read are dropped."""
-        where = (key, block.object_position)
+                view = stream.take(block.part_id)
+            except BaseException:
+                self._forget(segment, stream)
+                stream.close()
+                raise
         with self._lock:
-            if where in self._blocks or where in self._fetching:
-                return
-            if not self._make_room(block.block_length, drop_unread=False):
-                return
-            self._grow(block.block_length)
-            fut = worker_pool().submit(fetch_range, store, store_key, block.object_position, block.block_length)
-            self._fetching[where] = fut
-            self._unread[where] = segment
-            self._ahead[segment] = self._ahead.get(segment, 0) + 1
-        fut.add_done_callback(lambda f: self._fetched_ahead(where, block.block_length, f))
+            self.hits += 1
+        _READS.labels("hit").inc()
+        return view
 
-    def _fetched_ahead(self, where: tuple[str, int], length: int, fut: Future[bytearray]) -> None:
-        err = None if fut.cancelled() else fut.exception()
-        if err is not None:
-            log.debug("reading block %s ahead failed: %s", where, err)
-        with self._lock:  # from being fetched to cached in one step: a reader never sees the block in neither
-            self._fetching.pop(where, None)
-            self._grow(-length)
-            if fut.cancelled() or err is not None or not self._keep_locked(where, fut.result(), drop_unread=False):
-                self._read_now(where)  # not kept: nothing unread
-
-    def _keep(self, where: tuple[str, int], data: bytearray) -> None:
+    def _stream(self, segment: str, part_id: int) -> tuple[_Stream | None, list[_Stream]]:
+        """The copy's stream if it can hand out ``part_id``; and the streams to close: idle ones, and the copy's own
+        if it cannot (the reads left it)."""
+        now = time.monotonic()
+        stale: list[_Stream] = []
         with self._lock:
-            self._keep_locked(where, data)
+            for name, s in list(self._streams.items()):
+                if now - s.used > IDLE_S:
+                    stale.append(self._streams.pop(name))
+            s = self._streams.get(segment)
+            if s is not None and s.at(part_id):
+                self._streams.move_to_end(segment)
+                return s, stale
+            if s is not None:
+                stale.append(self._streams.pop(segment))
+            return None, stale
 
-    def _keep_locked(self, where: tuple[str, int], data: bytearray, *, drop_unread: bool = True) -> bool:
-        """Cache ``data`` at ``where``; whether it is cached now (lock held)."""
-        self.fetched += 1
-        if where in self._blocks:
-            return True
-        if not self._make_room(len(data), drop_unread=drop_unread):
-            return False
-        self._blocks[where] = data
-        self._grow(len(data))
-        return True
+    def _open(self, segment: str, stream: _Stream, request_bytes: int) -> list[_Stream]:
+        """Keep ``stream`` as the copy's; the streams past the most (the least recently read) are returned to close."""
+        most = max(1, self.capacity_bytes // max(1, request_bytes))
+        out = []
+        with self._lock:
+            old = self._streams.pop(segment, None)
+            if old is not None:
+                out.append(old)
+            self._streams[segment] = stream
+            while len(self._streams) > most:
+                out.append(self._streams.popitem(last=False)[1])
+            self.streams_opened += 1
+        return out
 
-    def _make_room(self, n: int, *, drop_unread: bool) -> bool:
-        """Drop the least recently used cached blocks already read (with ``drop_unread``, then those fetched ahead
-        and not yet read) until ``n`` more bytes fit; False if they cannot (lock held)."""
-        if n > self.capacity_bytes:
-            return False
-        if self._bytes + n > self.capacity_bytes:
-            for where in [w for w in self._blocks if w not in self._unread]:
-                self._drop(where)
-                if self._bytes + n <= self.capacity_bytes:
-                    return True
-            while drop_unread and self._bytes + n > self.capacity_bytes and self._blocks:
-                self._drop(next(iter(self._blocks)))
-        return self._bytes + n <= self.capacity_bytes
+    def _forget(self, segment: str, stream: _Stream) -> None:
+        with self._lock:
+            if self._streams.get(segment) is stream:
+                del self._streams[segment]
 
-    def _drop(self, where: tuple[str, int]) -> None:
-        dropped = self._blocks.pop(where)
-        self._read_now(where)
-        self._grow(-len(dropped))
+    def close(self) -> None:
+        """Close every stream (their requests not started are cancelled)."""
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for s in streams:
+            with s.lock:
+                s.close()

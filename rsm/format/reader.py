@@ -9,8 +9,8 @@ Request costs: the index object is one GET (cache it: :class:`SegmentReader` is 
 then one ranged GET per data object touched (a range inside one object is one GET, streamed); with read-ahead
 (``read_ahead_bytes``: S3 by default) a read of several blocks is instead ranged GETs of about 8 MiB each, several in
 flight (:mod:`rsm.format.readahead`), so a read of one block stays one GET. Reads of one block at a time that follow
-each other (history Fetches) share a block cache (:mod:`rsm.format.blockcache`: S3 by default): each block is one
-GET, fetched ahead of the read that needs it.
+each other (history Fetches) share a block cache (:mod:`rsm.format.blockcache`: S3 by default): the copy's reads
+are read ahead across them as one long read is (ranged GETs of about 8 MiB in flight, fetched ahead of the reads).
 
 Encrypted copies (:mod:`rsm.format.crypto`): the ledger carries the copy's data key (``LedgerIndex.cipher``, set
 when the sealed index was opened); each block is read whole, authenticated and opened before any entry is parsed,
@@ -553,23 +553,19 @@ class SegmentReader(SegmentHandle):
             i = j + 1
 
     def _one_block(self, i: int, cache: BlockCache) -> Iterator[EntryView]:
-        """Entries of block ``i`` of a plain copy: whole from the block cache when the read is sequential (the next
-        blocks fetched ahead), else streamed (rsm.format.blockcache)."""
+        """Entries of block ``i`` of a plain copy: whole from the copy's stream in the block cache when the reads
+        are sequential (read ahead across reads, within :attr:`read_ahead_bytes`, or the cache's capacity where the
+        store does not read ahead), else streamed (rsm.format.blockcache)."""
         block = self.ledger.blocks[i]
         prefix = getattr(self.store, "key_prefix", "") or ""  # PrefixedStore
         key = self.keys.data(block.object_number)
-        segment = prefix + self.keys.base
-        sequential = cache.sequential(segment, block)
-        if sequential or cache.holds(prefix + key, block):
-            data = memoryview(cache.block(self.store, key, prefix + key, block, segment))
-            ahead = cache.depth(segment, block.block_length) if sequential else 0
-            for nxt in self.ledger.blocks[i + 1:i + 1 + ahead]:
-                nxt_key = self.keys.data(nxt.object_number)
-                cache.prefetch(self.store, nxt_key, prefix + nxt_key, nxt, segment)
+        data = cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
+                          budget_bytes=self.read_ahead_bytes or cache.capacity_bytes,
+                          request_bytes=self.read_ahead_request_bytes)
+        if data is not None:
             yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
                                       opener=_Fetched(iter([data])))
             return
-        cache.streamed()
         end = block.object_position + block.block_length - 1
         with self.store.get(key, block.object_position, end) as stream:
             yield from iter_block_entries(stream, [block], key=key, ledger_id=self.ledger.ledger_id)

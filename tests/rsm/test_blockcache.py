@@ -1,30 +1,36 @@
 """The block cache (rsm/format/blockcache.py, issue 25): reads of one block at a time through new handles, as Fetch
-after Fetch makes them, get each block with one GET once they are sequential (the block kept whole, the next fetched
-ahead) instead of one GET per read; the bytes are those of the copy; random reads stay streamed and keep nothing;
-the cache holds at most its capacity."""
+after Fetch makes them, are read ahead across the reads once they are sequential (a stream per copy: ranged GETs of
+several blocks, the current block kept for the reads inside it) instead of one GET per read; the bytes are those of
+the copy; random reads stay streamed and keep nothing; streams are bounded in number, closed when left or idle, and
+give their read-ahead back to the process."""
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from rsm.api import RemoteSegmentMetadata
 from rsm.format import blockcache
+from rsm.format.readahead import read_ahead_bytes
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from tests.rsm.conftest import synthetic_segment
+from tests.support.sidecar import wait_for
 
 KiB = 1024
-# one 60 KiB batch a block, five blocks a data object: reads cross object boundaries
-SMALL = {"block_size_bytes": 64 * KiB, "max_data_object_bytes": 320 * KiB}
+# one 60 KiB batch a block, five blocks a data object: reads cross object boundaries; read-ahead GETs of two blocks
+SMALL = {"block_size_bytes": 64 * KiB, "max_data_object_bytes": 320 * KiB, "read_ahead_request_bytes": 130 * KiB}
 
 
-def _copied(tmp_path: Path) -> tuple[FileSystemStore, RemoteSegmentMetadata]:
+def _copied(tmp_path: Path, copies: int = 1) -> tuple[FileSystemStore, list[RemoteSegmentMetadata]]:
     data, last = synthetic_segment(tmp_path, 1024 * KiB)
     store = FileSystemStore(tmp_path / "remote", fsync=False)
-    md = RemoteSegmentMetadata(uuid.uuid4(), uuid.uuid4(), "bc", 0, 0, last)
-    RemoteStorageManager(RsmConfig(**SMALL), store).copy_log_segment_data(md, data)
-    return store, md
+    mds = [RemoteSegmentMetadata(uuid.uuid4(), uuid.uuid4(), "bc", 0, 0, last) for _ in range(copies)]
+    for md in mds:
+        RemoteStorageManager(RsmConfig(**SMALL), store).copy_log_segment_data(md, data)
+    return store, mds
 
 
 def _fetch_like(rsm: RemoteStorageManager, md: RemoteSegmentMetadata, block: int) -> list[tuple[int, bytes]]:
@@ -34,13 +40,16 @@ def _fetch_like(rsm: RemoteStorageManager, md: RemoteSegmentMetadata, block: int
                                                                  last_block=block)]
 
 
-def test_sequential_one_block_reads_get_each_block_once(tmp_path: Path) -> None:
-    store, md = _copied(tmp_path)
+def test_sequential_one_block_reads_are_read_ahead_across_reads(tmp_path: Path) -> None:
+    store, (md,) = _copied(tmp_path)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
     cached = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
-    blocks = len(plain.reader(md).ledger.blocks)
+    ledger = plain.reader(md).ledger
+    blocks = len(ledger.blocks)
     cached.reader(md)  # both indexes cached: only data GETs are counted
     assert blocks >= 15 and plain.block_cache is None and cached.block_cache is not None
+    per_object = Counter(b.object_number for b in ledger.blocks)
+    assert len(per_object) >= 3  # the reads cross data objects
 
     def gets(rsm: RemoteStorageManager) -> tuple[int, list]:
         before = store.requests.snapshot().get("get", 0)
@@ -51,15 +60,15 @@ def test_sequential_one_block_reads_get_each_block_once(tmp_path: Path) -> None:
     cached_gets, got = gets(cached)
     assert got == want
     assert plain_gets == 2 * blocks
-    assert cached_gets == blocks + 1  # the first read streamed, then every block fetched once, whole
-    # Every block's second read is a hit but block 0's (the one that made the reads sequential); a first read is a
-    # hit too when its block's fetch ahead had started (not always on a loaded machine: the reader then fetches it).
-    assert cached.block_cache.hits >= blocks - 1  # type: ignore[union-attr]
-    assert cached.block_cache.size_bytes <= 256 * KiB  # type: ignore[union-attr]
+    # The first read streamed (no read before it to follow); then each data object is one stream whose GETs
+    # carry two blocks each.
+    assert cached_gets == 1 + sum(math.ceil(n / 2) for n in per_object.values())
+    assert cached.block_cache.hits == 2 * blocks - 1  # type: ignore[union-attr]
+    assert cached.block_cache.streams_opened == len(per_object)  # type: ignore[union-attr]
 
 
 def test_random_reads_stay_streamed(tmp_path: Path) -> None:
-    store, md = _copied(tmp_path)
+    store, (md,) = _copied(tmp_path)
     rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
     blocks = len(rsm.reader(md).ledger.blocks)
     before = store.requests.snapshot().get("get", 0)
@@ -69,21 +78,31 @@ def test_random_reads_stay_streamed(tmp_path: Path) -> None:
         assert _fetch_like(rsm, md, b)
     assert store.requests.snapshot().get("get", 0) - before == len(reads)
     assert blockcache._READS.labels("streamed")._value.get() - streamed == len(reads)  # and counted as such
-    assert rsm.block_cache is not None and rsm.block_cache.fetched == 0 and rsm.block_cache.size_bytes == 0
+    assert rsm.block_cache is not None and rsm.block_cache.streams_opened == 0 and rsm.block_cache.size_bytes == 0
 
 
-def test_the_cache_holds_at_most_its_capacity(tmp_path: Path) -> None:
-    store, md = _copied(tmp_path)
-    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=130 * KiB), store)  # two blocks
+def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monkeypatch) -> None:
+    """Three copies read one block at a time, taking turns: a cache with room for two streams keeps two (the least
+    recently read closed), the bytes are exact, and every stream closed (left, idle, or the cache closed) gives its
+    read-ahead back to the process."""
+    store, mds = _copied(tmp_path, copies=3)
+    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=260 * KiB), store)  # two 130 KiB requests
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
     cache = rsm.block_cache
     assert cache is not None
-    blocks = len(rsm.reader(md).ledger.blocks)
-    seen = []
+    blocks = len(rsm.reader(mds[0]).ledger.blocks)
+    idle = read_ahead_bytes()
     for b in range(blocks):
-        for _ in range(2):
-            seen.append(_fetch_like(rsm, md, b))
-            assert cache.size_bytes <= 130 * KiB
-    assert cache.hits >= blocks - 1  # every second read but block 0's, as above
-    plain = RemoteStorageManager(RsmConfig(**SMALL), store)  # the filesystem store: no cache by default
-    assert plain.block_cache is None
-    assert seen == [_fetch_like(plain, md, b) for b in range(blocks) for _ in range(2)]
+        for md in mds:
+            assert _fetch_like(rsm, md, b) == _fetch_like(plain, md, b)
+            assert cache.streams <= 2
+    assert cache.streams_opened >= 3  # the copies took the two streams in turns
+    monkeypatch.setattr(blockcache, "IDLE_S", 0.0)
+    assert _fetch_like(rsm, mds[0], 0)  # a random read: every other stream is idle past IDLE_S and closed
+    assert cache.streams == 0 and cache.size_bytes == 0
+    wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed streams' GETs to finish")  # none left running
+    monkeypatch.setattr(blockcache, "IDLE_S", 10.0)
+    assert _fetch_like(rsm, mds[0], 1) and cache.streams == 1  # sequential again: a stream
+    cache.close()
+    assert cache.streams == 0
+    wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed stream's GETs to finish")
