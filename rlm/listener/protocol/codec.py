@@ -248,7 +248,7 @@ _PARTITION_FIXED = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, log_appe
 _PARTITION_PLAIN_END = b"\x01\x00\x00"  # then no record_errors, a null error_message, no tagged fields
 
 
-def produce_names_leaders(answer: bytes, header: RequestHeader) -> bool:
+def produce_names_leaders(answer: bytes | memoryview, header: RequestHeader) -> bool:
     """Whether a broker's Produce answer (without its size prefix) to ``header``'s request has top-level tagged
     fields (``node_endpoints``: broker addresses), walked to without decoding it: one varint or fixed-size skip per
     field, so the common answer (no leader moved) passes as the broker's bytes. Raises :class:`BadRequestError` on a
@@ -264,7 +264,7 @@ def produce_names_leaders(answer: bytes, header: RequestHeader) -> bool:
             partitions, pos = _uvarint(answer, pos)
             for _ in range(partitions - 1):
                 pos += _PARTITION_FIXED
-                if answer.startswith(_PARTITION_PLAIN_END, pos):  # the common answer: one compare
+                if answer[pos:pos + 3] == _PARTITION_PLAIN_END:  # the common answer: one compare
                     pos += len(_PARTITION_PLAIN_END)
                     continue
                 errors, pos = _uvarint(answer, pos)
@@ -324,7 +324,8 @@ class FetchAnswer:
         return [(key, p) for key, p, code in self.errors if code == ErrorCode.offset_out_of_range.value]
 
 
-def fetch_answer(answer: bytes, header: RequestHeader, *, max_partitions: int | None = None) -> FetchAnswer | None:
+def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
+                 max_partitions: int | None = None) -> FetchAnswer | None:
     """A broker's Fetch answer (without its size prefix) to ``header``'s request (v4+), walked field by field: a
     fixed-size skip or one length read per field, records skipped by their length, so the common answer (no error,
     no leader moved) passes as the broker's bytes. None when it has more than ``max_partitions`` partitions (the

@@ -56,8 +56,8 @@ from rlm.listener.tier.offsets import EARLIEST, offset_of
 from rlm.tier import Decided, Isolation, PartitionTier, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
-__all__ = ["BrokerBounds", "Holes", "epochs_below_log_start", "fetch_below_log_start", "list_offsets_below_log_start",
-           "out_of_range", "served_partitions"]
+__all__ = ["BrokerBounds", "Holes", "epochs_below_log_start", "fetch_below_log_start", "fetch_from_tier",
+           "list_offsets_below_log_start", "out_of_range", "served_partitions"]
 
 log = logging.getLogger(__name__)
 
@@ -192,16 +192,53 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
                              bounds[(key, p.partition_index)].log_start_offset)
                 parts.append(p)
                 continue
-            b = bounds[(key, p.partition_index)]
-            parts.append(build(type(p), {
-                **{f.name: getattr(p, f.name) for f in dataclasses.fields(p)},
-                "error_code": got["error_code"], "records": bytes(got["records"]),
-                "aborted_transactions": got["aborted_transactions"], "preferred_read_replica": -1,
-                "high_watermark": b.high_watermark, "last_stable_offset": b.last_stable_offset,
-                "log_start_offset": min(got["log_start_offset"], b.log_start_offset)
-                if got["log_start_offset"] >= 0 else b.log_start_offset}))
+            parts.append(build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)},
+                                         **_with_bounds(got, bounds[(key, p.partition_index)])}))
         topics.append(dataclasses.replace(t, partitions=tuple(parts)))
     return dataclasses.replace(resp, responses=tuple(topics))
+
+
+def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tuple[Any, int], BrokerBounds]
+                    ) -> dict[str, Any] | None:
+    """The answer (response values) to a read_uncommitted Fetch ``req`` whose every partition asks below the broker's
+    log start as the proxy knows it (``bounds``, by (topic key, partition): learned from the broker's answers a
+    moment ago), from the tier alone, without asking the broker: each partition as :func:`fetch_below_log_start`
+    answers it, the broker's high watermark the larger of the known one and the tier's end (the broker's is never
+    below the tier's). None when the tier does not answer every partition without an error and with records or
+    room for none (nothing there, a hole, an unreadable copy, a topic not readable): then only the broker can say
+    what stands, and the proxy asks it. A stale log start is only lower than the broker's (it moves up): an offset
+    below it is below the broker's too."""
+    if not req.topics:
+        return None
+    cap = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
+    asked = {(_key(t), p.partition): p.fetch_offset for t in req.topics for p in t.partitions}
+    named = getattr(req.topics[0], "topic", None) is not None  # the request's version names topics (before v13)
+    values, _size = fetch(ctx, req, client, budget=cap)
+    for t in values["responses"]:
+        key = t["topic"] if named else t["topic_id"]
+        parts = []
+        for p in t["partitions"]:
+            at = (key, p["partition_index"])
+            if at not in asked or p["error_code"] != ErrorCode.none or _nothing_there(p, asked[at]):
+                return None
+            b = bounds[at]
+            parts.append({**p, **_with_bounds(p, dataclasses.replace(
+                b, high_watermark=max(b.high_watermark, p["high_watermark"]),
+                last_stable_offset=max(b.last_stable_offset, p["last_stable_offset"])))})
+        t["partitions"] = parts
+    return values
+
+
+def _with_bounds(got: dict[str, Any], b: BrokerBounds) -> dict[str, Any]:
+    """A partition's answer from the tier (``got``) as the proxy sends it: the broker's bounds ``b``, the lower log
+    start offset of the two."""
+    records = got["records"]
+    return {"error_code": got["error_code"],
+            "records": records if isinstance(records, (bytes, bytearray)) else bytes(records),  # encoded: no copy
+            "aborted_transactions": got["aborted_transactions"], "preferred_read_replica": -1,
+            "high_watermark": b.high_watermark, "last_stable_offset": b.last_stable_offset,
+            "log_start_offset": min(got["log_start_offset"], b.log_start_offset)
+            if got["log_start_offset"] >= 0 else b.log_start_offset}
 
 
 def _unbounded(resp: Any, errors: dict[tuple[Any, int], ErrorCode]) -> Any:

@@ -14,6 +14,11 @@ back with the client's, so the proxy's own requests (ApiVersions at connect) sha
 Requests are answered in order, as Kafka answers them on one connection; an answer whose id is not the one expected,
 a broker that closes the connection or does not answer within the timeout ends the connection: the client's is
 closed too (:class:`UpstreamError`), and it reconnects as it does when a broker goes away.
+
+The broker's answers are read by a buffered protocol (:class:`_Answers`), not a stream reader: each answer lands in
+one buffer of its own, size prefix included, which the listener sends on to the client as it is (a 1 MiB Fetch
+answer is copied by no one), and the task waiting for it wakes once, when it is whole (a stream reader wakes it per
+chunk read; ``asyncio.wait_for`` made a task per wait: bench_proxy's profile had ~34 event-loop rounds per Fetch).
 """
 
 from __future__ import annotations
@@ -21,15 +26,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
+from prometheus_client import Counter
 
 from rlm.config import split_host_port
-from rlm.listener.protocol.apis import ApiKey
+from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import ErrorCode, decode_response, new_request
-from rlm.listener.protocol.frame import SIZE, BadRequestError, correlation_id_of_response, with_correlation_id
+from rlm.listener.protocol.frame import (
+    CORRELATION_ID,
+    REQUEST_CORRELATION_AT,
+    SIZE,
+    BadRequestError,
+    correlation_id_of_response,
+)
+from rlm.listener.upstream.bounds import KnownBounds
 
 __all__ = ["BROKER_API_VERSIONS_VERSION", "Upstream", "UpstreamError", "broker_address"]
 
@@ -38,6 +52,9 @@ log = logging.getLogger(__name__)
 CLIENT_ID = "rlm-proxy"
 BROKER_API_VERSIONS_VERSION = 3  # the ApiVersions we ask the broker (flexible, with its features)
 INT32_MASK = 0x7FFFFFFF
+REQUESTS = Counter("rlm_history_upstream_requests", "Requests a proxying listener sent its broker, the clients' "
+                   "forwarded and its own (ListOffsets for the tier's bounds, ApiVersions at connect)", ["api"])
+SCRATCH_BYTES = 64 * 1024  # what one read between answers takes at most (larger answers are read in place)
 
 
 class UpstreamError(Exception):
@@ -60,6 +77,107 @@ def broker_address(client_config: Mapping[str, Any], broker_id: int, timeout_s: 
     return b.host, b.port
 
 
+class _Answers(asyncio.BufferedProtocol):
+    """The broker's side of one upstream connection: its answers read straight into one buffer each, size prefix
+    included (the socket's bytes land where they are sent from to the client: no copy of a large Fetch answer but
+    the first chunk's), each handed over once whole, in order; no task woken per chunk read."""
+
+    def __init__(self, max_response_bytes: int) -> None:
+        self.max_response_bytes = max_response_bytes
+        self.transport: asyncio.Transport | None = None
+        self._scratch = bytearray(SCRATCH_BYTES)  # reads between answers: size prefixes and small answers
+        self._scratch_len = 0
+        self._frame: bytearray | None = None  # the answer being read (larger than what the scratch held)
+        self._frame_len = 0
+        self._answers: deque[bytearray] = deque()
+        self._waiter: asyncio.Future[None] | None = None  # an answer, or the connection lost
+        self._drained: asyncio.Future[None] | None = None  # writing may go on (resume_writing)
+        self.paused = False
+        self.error: UpstreamError | None = None
+
+    # ------------------------------------------------------------------ the transport's calls
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_len:]
+        return memoryview(self._scratch)[self._scratch_len:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._frame is not None:
+            self._frame_len += nbytes
+            if self._frame_len == len(self._frame):
+                frame, self._frame = self._frame, None
+                self._answered(frame)
+            return
+        self._scratch_len += nbytes
+        scratch, pos, end = self._scratch, 0, self._scratch_len
+        while end - pos >= SIZE.size:
+            (size,) = SIZE.unpack_from(scratch, pos)
+            if not 4 <= size <= self.max_response_bytes:
+                self._lost(UpstreamError(f"the broker's answer of {size} bytes is outside "
+                                         f"4..{self.max_response_bytes}"))
+                return
+            frame = bytearray(SIZE.size + size)
+            have = min(end - pos, len(frame))
+            frame[:have] = scratch[pos:pos + have]
+            pos += have
+            if have < len(frame):  # the rest is read into it directly
+                self._frame, self._frame_len = frame, have
+                break
+            self._answered(frame)
+        left = end - pos
+        if left:  # a size prefix not yet whole (same-length assignment: the buffer is exported)
+            scratch[:left] = scratch[pos:end]
+        self._scratch_len = left
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes: connection_lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(UpstreamError(f"the broker closed the connection{f': {exc}' if exc else ''}"), close=False)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # ------------------------------------------------------------------ the connection's
+    def _answered(self, frame: bytearray) -> None:
+        self._answers.append(frame)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _lost(self, err: UpstreamError, *, close: bool = True) -> None:
+        if self.error is None:
+            self.error = err
+        for fut in (self._waiter, self._drained):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        if close and self.transport is not None:
+            self.transport.abort()
+
+    def answer(self) -> bytearray | asyncio.Future[None]:
+        """The next whole answer, or a future done when one may be there (or the connection is lost)."""
+        if self._answers:
+            return self._answers.popleft()
+        if self.error is not None:
+            raise self.error
+        self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
+    def drained(self) -> asyncio.Future[None] | None:
+        """A future done once the transport takes writes again; None when it does."""
+        if not self.paused or self.error is not None:
+            return None
+        self._drained = asyncio.get_running_loop().create_future()
+        return self._drained
+
+
 class Upstream:
     """One client connection's connection to the broker (on the listener's event loop only)."""
 
@@ -72,9 +190,9 @@ class Upstream:
         self.max_response_bytes = max_response_bytes
         self.versions: dict[int, tuple[int, int]] = {}  # the broker's api key -> (min, max), once connected
         self.broker_api_versions: Any = None  # the broker's ApiVersions answer (its features), once connected
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._answers: _Answers | None = None
         self._next_id = 0
+        self.known = KnownBounds()  # the broker's bounds learned on this connection (the proxy's history Fetches)
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -84,18 +202,18 @@ class Upstream:
 
     async def ready(self) -> None:
         """Connected, and the broker's versions known (asked once per connection: a restarted broker may differ)."""
-        if self._writer is not None:
+        if self._answers is not None:
             return
+        loop = asyncio.get_running_loop()
         try:
-            self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=1 << 20, ssl=self.ssl_context,
-                                        server_hostname=self.host if self.ssl_context is not None else None),
-                self.timeout_s)
+            _transport, self._answers = await asyncio.wait_for(loop.create_connection(
+                lambda: _Answers(self.max_response_bytes), self.host, self.port, ssl=self.ssl_context,
+                server_hostname=self.host if self.ssl_context is not None else None), self.timeout_s)
         except (OSError, TimeoutError) as err:  # ssl.SSLError (a certificate refused) is an OSError
             raise UpstreamError(f"cannot connect to the broker at {self.host}:{self.port}: {err}") from err
         frame, header = new_request(ApiKey.API_VERSIONS, BROKER_API_VERSIONS_VERSION, self._correlation_id(),
                                     CLIENT_ID, {"client_software_name": CLIENT_ID, "client_software_version": "1"})
-        answer = await self._exchange(frame, header.correlation_id)
+        answer = bytes(memoryview(await self._exchange(frame, header.correlation_id))[SIZE.size:])
         try:
             body = decode_response(answer, header)
         except BadRequestError as err:
@@ -109,7 +227,7 @@ class Upstream:
         """A request of the proxy's own (kio values) on this connection; the broker's decoded answer."""
         await self.ready()
         frame, header = new_request(api_key, api_version, self._correlation_id(), CLIENT_ID, values)
-        answer = await self._exchange(frame, header.correlation_id)
+        answer = bytes(memoryview(await self._exchange(frame, header.correlation_id))[SIZE.size:])
         try:
             return decode_response(answer, header)
         except BadRequestError as err:
@@ -119,52 +237,83 @@ class Upstream:
     async def request(self, frame: bytes, *, answered: bool = True) -> bytes | None:
         """Forward one client request (a frame without its size prefix); its answer (without size prefix) with the
         client's correlation id, or None when the broker sends none (Produce with acks=0)."""
+        framed = await self.forward(frame, answered=answered)
+        return None if framed is None else bytes(memoryview(framed)[SIZE.size:])
+
+    async def forward(self, frame: bytes, *, answered: bool = True) -> bytearray | None:
+        """As :meth:`request`, the answer as it goes to the client: size prefix included, in the one buffer it was
+        read into (no copy)."""
         await self.ready()
         client_id = int.from_bytes(frame[4:8], "big", signed=True)
         ours = self._correlation_id()
-        data = SIZE.pack(len(frame)) + with_correlation_id(frame, ours, request=True)
+        data = bytearray(SIZE.size + len(frame))
+        SIZE.pack_into(data, 0, len(frame))
+        data[SIZE.size:] = frame
+        CORRELATION_ID.pack_into(data, SIZE.size + REQUEST_CORRELATION_AT, ours)
         if not answered:
             await self._send(data)
             return None
         answer = await self._exchange(data, ours)
-        return with_correlation_id(answer, client_id, request=False)
+        CORRELATION_ID.pack_into(answer, SIZE.size, client_id)
+        return answer
 
-    async def _send(self, data: bytes) -> None:
-        assert self._writer is not None
-        try:
-            self._writer.write(data)
-            await asyncio.wait_for(self._writer.drain(), self.timeout_s)
-        except (OSError, TimeoutError) as err:
+    async def _send(self, data: bytes | bytearray) -> None:
+        REQUESTS.labels(api_label(int.from_bytes(data[4:6], "big", signed=True))).inc()
+        answers = self._answers
+        assert answers is not None and answers.transport is not None
+        if answers.error is not None:
             self.close()
-            raise UpstreamError(f"the broker at {self.host}:{self.port} does not take requests: {err}") from err
+            raise answers.error
+        answers.transport.write(data)
+        drained = answers.drained()
+        if drained is not None:
+            await self._within(drained, "does not take requests")
+        if answers.error is not None:
+            self.close()
+            raise answers.error
 
-    async def _exchange(self, data: bytes, correlation_id: int) -> bytes:
+    async def _exchange(self, data: bytes | bytearray, correlation_id: int) -> bytearray:
+        """``data`` (a request, size prefix included) sent; the next answer, size prefix included."""
         await self._send(data)
-        assert self._reader is not None
+        answers = self._answers
+        assert answers is not None
         try:
-            (size,) = SIZE.unpack(await asyncio.wait_for(self._reader.readexactly(SIZE.size), self.timeout_s))
-            if not 4 <= size <= self.max_response_bytes:
-                raise UpstreamError(f"the broker's answer of {size} bytes is outside 4..{self.max_response_bytes}")
-            answer = await asyncio.wait_for(self._reader.readexactly(size), self.timeout_s)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError) as err:
-            self.close()
-            raise UpstreamError(f"the broker at {self.host}:{self.port} did not answer: "
-                                f"{type(err).__name__}: {err}") from err
+            got = answers.answer()
+            while not isinstance(got, bytearray):
+                await self._within(got, "did not answer")
+                got = answers.answer()
         except UpstreamError:
             self.close()
             raise
-        got = correlation_id_of_response(answer)
-        if got != correlation_id:
+        answer_id = correlation_id_of_response(memoryview(got)[SIZE.size:])
+        if answer_id != correlation_id:
             self.close()
-            raise UpstreamError(f"the broker answered correlation id {got}, expected {correlation_id}")
-        return answer
+            raise UpstreamError(f"the broker answered correlation id {answer_id}, expected {correlation_id}")
+        return got
+
+    async def _within(self, fut: asyncio.Future[None], what: str) -> None:
+        """``fut`` awaited for at most the timeout (a timer, not a task per wait as ``asyncio.wait_for``'s)."""
+        handle = asyncio.get_running_loop().call_later(self.timeout_s, _expire, fut)
+        try:
+            await fut
+        except TimeoutError:
+            self.close()
+            raise UpstreamError(f"the broker at {self.host}:{self.port} {what} within {self.timeout_s} s") from None
+        finally:
+            handle.cancel()
 
     def _correlation_id(self) -> int:
         self._next_id = (self._next_id + 1) & INT32_MASK
         return self._next_id
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+        if self._answers is not None and self._answers.transport is not None:
+            self._answers.transport.close()
+        self._answers = None
         self.versions = {}
+        self.known.clear()
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())

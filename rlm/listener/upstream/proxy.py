@@ -1,17 +1,26 @@
 """The proxied routes (:mod:`rlm.listener.routing`): a client request forwarded to the broker, and the broker's
 answer brought back, rewritten (broker addresses) or split (the tier's part merged in) on the way.
 
-FORWARD keeps the bytes (only the correlation id is mapped, :class:`~rlm.listener.upstream.brokers.Upstream`): the
-request is not even decoded, so any version the broker speaks passes. REWRITE and SPLIT decode the broker's answer
-(kio) on a worker, change it and encode it again; Produce (REWRITE) is forwarded as bytes too, its request never
-decoded: a Produce with ``acks=0`` gets no answer, from the broker or from us, and an answer is decoded only when it
-names leaders' addresses (v10+ ``node_endpoints``, checked by a walk over its bytes), else passed as the broker's.
-SPLIT also forwards a Fetch that asks for no fetch session (see the routing module), and asks the broker, on the
-client's own connection to it, what the merge needs: the log start offset of the partitions concerned
-(ListOffsets EARLIEST), for Fetch its high watermark and last stable offset too, and for a read_committed Fetch of a
-tier that sees a transaction open at its end the transactions the broker aborted (a Fetch at its log start).
-"""
+FORWARD keeps the bytes (only the correlation id is mapped, :class:`~rlm.listener.upstream.brokers.Upstream`, the
+answer read into one buffer and sent on from it): the request is not even decoded, so any version the broker speaks
+passes. REWRITE and SPLIT decode the broker's answer (kio) on a worker, change it and encode it again, only when it
+must change:
 
+- Produce (REWRITE) is forwarded as bytes, its request never decoded: a Produce with ``acks=0`` gets no answer, from
+  the broker or from us, and an answer is decoded only when it names leaders' addresses (v10+ ``node_endpoints``,
+  checked by a walk over its bytes), else passed as the broker's.
+- Fetch (SPLIT) is forwarded as the client's bytes with its session fields set to "no session" (see the routing
+  module), and the broker's answer walked (:func:`~rlm.listener.protocol.codec.fetch_answer`): passed as its bytes
+  unless a partition of a topic the tier serves is OFFSET_OUT_OF_RANGE (decoded, the tier's part merged in:
+  :func:`~rlm.listener.tier.boundary.fetch_below_log_start`) or it names leaders' addresses (v16+). The merge needs
+  the broker's log start offset, high watermark and last stable offset of the partitions concerned, asked on the
+  client's own connection to it (ListOffsets EARLIEST, LATEST), and for a read_committed Fetch of a tier that sees a
+  transaction open at its end the transactions the broker aborted (a Fetch at its log start). Bounds asked are
+  remembered a moment per connection (:class:`~rlm.listener.upstream.bounds.KnownBounds`): a read_uncommitted Fetch
+  whose every partition asks below a known log start is answered from the tier alone, the broker not asked.
+- ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
+  tier answers (their partitions' log start offsets asked first when the tier may answer).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -23,12 +32,14 @@ from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
     ErrorCode,
+    build,
     decode_response,
     encode_response,
     fetch_answer,
     fetch_sessionless,
     produce_acks,
     produce_names_leaders,
+    response_type,
 )
 from rlm.listener.protocol.frame import SIZE, RequestHeader
 from rlm.listener.routing import Route
@@ -37,6 +48,7 @@ from rlm.listener.tier.boundary import (
     Holes,
     epochs_below_log_start,
     fetch_below_log_start,
+    fetch_from_tier,
     list_offsets_below_log_start,
     out_of_range,
     served_partitions,
@@ -76,15 +88,13 @@ class Proxy:
                            ssl_context=self.ssl_context)
 
     async def answer(self, route: Route, header: RequestHeader, frame: bytes, req: Any, client: Client,
-                     upstream: Upstream, run: Run) -> bytes | None:
+                     upstream: Upstream, run: Run) -> bytes | bytearray | None:
         """The answer frame (size prefix included) to one client request, ``b""`` for none (Produce acks=0).
         ``req`` is the decoded request for SPLIT routes (None otherwise). Raises
         :class:`~rlm.listener.upstream.brokers.UpstreamError` when the broker fails the connection."""
         key = header.api_key
         if route is Route.FORWARD:
-            answer = await upstream.request(frame)
-            assert answer is not None
-            return SIZE.pack(len(answer)) + answer
+            return await upstream.forward(frame)
         if key == ApiKey.PRODUCE:
             return await self._produce(header, frame, upstream, run)
         if route is Route.REWRITE:
@@ -109,23 +119,61 @@ class Proxy:
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,
-                     run: Run) -> bytes:
+                     run: Run) -> bytes | bytearray:
         """A Fetch forwarded as the client's bytes, asking for no session (:func:`fetch_sessionless`); the broker's
         answer walked (:func:`fetch_answer`), not decoded, and passed as its bytes unless a partition of a topic the
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
         addresses (v16+ ``node_endpoints``: decoded and those moved). A broker's answer with no fetch session asked
         says session id 0 already."""
-        answer = await upstream.request(fetch_sessionless(frame, header))
-        assert answer is not None
+        if req.isolation_level == 0:
+            known = self._known_below(req, upstream)
+            if known is not None:  # every partition below the broker's log start as known: the tier alone
+                from_tier = await run(self._from_tier, header, req, client, known)
+                if from_tier is not None:
+                    return from_tier
+        framed = await upstream.forward(fetch_sessionless(frame, header))
+        assert framed is not None
+        answer = memoryview(framed)[SIZE.size:]
         walk = fetch_answer(answer, header, max_partitions=INLINE_FETCH_WALK_PARTITIONS)
         if walk is None:  # many partitions: walked on a worker
             walk = await run(fetch_answer, answer, header)
         refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
         if refused:
-            return await self._split_fetch(header, answer, req, client, upstream, run)
+            return await self._split_fetch(header, bytes(answer), req, client, upstream, run)
         if walk.names_leaders:
-            return await run(_rewritten, answer, header, self.peers.leaders)
-        return SIZE.pack(len(answer)) + answer
+            return await run(_rewritten, bytes(answer), header, self.peers.leaders)
+        answer.release()
+        return framed
+
+    def _known_below(self, req: Any, upstream: Upstream) -> dict[tuple[Any, int], BrokerBounds] | None:
+        """The known bounds (:class:`~rlm.listener.upstream.bounds.KnownBounds`) of every partition of ``req``,
+        (topic key, partition) -> bounds, when each asks below its known log start (and they are few enough to
+        look up on the event loop); else None."""
+        out: dict[tuple[Any, int], BrokerBounds] = {}
+        catalog = self.ctx.catalog
+        for t in req.topics:
+            name = getattr(t, "topic", None)
+            key = name if name is not None else t.topic_id
+            served = catalog.by_name(key) if name is not None else catalog.by_id(key)
+            if served is None:
+                return None
+            for p in t.partitions:
+                if len(out) >= INLINE_FETCH_WALK_PARTITIONS or p.partition not in served.partitions:
+                    return None
+                b = upstream.known.below(served.tp(p.partition), p.fetch_offset)
+                if b is None:
+                    return None
+                out[(key, p.partition)] = b
+        return out or None
+
+    def _from_tier(self, header: RequestHeader, req: Any, client: Client,
+                   known: dict[tuple[Any, int], BrokerBounds]) -> bytes | None:
+        """The answer to ``req`` from the tier alone (:func:`fetch_from_tier`), encoded; None when the broker must
+        be asked (on a worker)."""
+        values = fetch_from_tier(self.ctx, req, client, known)
+        if values is None:
+            return None
+        return encode_response(header, build(response_type(header), values))
 
     def _served(self, partitions: list[tuple[Any, int]]) -> bool:
         """Whether any of ``partitions`` ((topic name or id, partition)) is of a topic the tier serves."""
@@ -145,8 +193,18 @@ class Proxy:
             return body, out_of_range(self.ctx, req, body)
 
         body, refused = await run(decode)
-        bounds, unbounded = (await self._bounds(upstream, refused, req.isolation_level, run) if refused
-                             else ({}, {}))
+        known: dict[tuple[Any, int], BrokerBounds] = {}
+        if req.isolation_level == 0 and refused:  # a log start known above the fetch offset needs no asking
+            offsets = {(t.topic if getattr(t, "topic", None) is not None else t.topic_id, p.partition): p.fetch_offset
+                       for t in req.topics for p in t.partitions}
+            for k, name in refused.items():
+                served = self.ctx.catalog.by_name(name)
+                b = upstream.known.below(served.tp(k[1]), offsets[k]) if served is not None else None
+                if b is not None:
+                    known[k] = b
+        rest = {k: name for k, name in refused.items() if k not in known}
+        bounds, unbounded = (await self._bounds(upstream, rest, req.isolation_level, run) if rest else ({}, {}))
+        bounds.update(known)
 
         def merge() -> bytes:
             merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
@@ -155,19 +213,21 @@ class Proxy:
 
         return await run(merge)
 
-    async def _produce(self, header: RequestHeader, frame: bytes, upstream: Upstream, run: Run) -> bytes:
+    async def _produce(self, header: RequestHeader, frame: bytes, upstream: Upstream, run: Run) -> bytes | bytearray:
         """A Produce forwarded as bytes; its answer as the broker's bytes unless it names leaders' addresses (v10+
         ``node_endpoints``, for partitions answered NOT_LEADER_OR_FOLLOWER): then decoded and those moved."""
         if produce_acks(frame, header) == 0:
             await upstream.request(frame, answered=False)
             return b""
-        answer = await upstream.request(frame)
-        assert answer is not None
+        framed = await upstream.forward(frame)
+        assert framed is not None
+        answer = memoryview(framed)[SIZE.size:]
         names = (produce_names_leaders(answer, header) if len(answer) <= INLINE_PRODUCE_CHECK_BYTES
                  else await run(produce_names_leaders, answer, header))
         if names:
-            return await run(_rewritten, answer, header, self.peers.leaders)
-        return SIZE.pack(len(answer)) + answer
+            return await run(_rewritten, bytes(answer), header, self.peers.leaders)
+        answer.release()
+        return framed
 
     async def _log_starts(self, upstream: Upstream, partitions: dict[str, list[int]]) -> dict[tuple[str, int], int]:
         """The broker's log start offset of ``partitions`` (topic -> partitions; none asked when empty)."""
@@ -195,6 +255,9 @@ class Proxy:
             at = (name, key[1])
             if at in start and at in end and at in stable:
                 out[key] = BrokerBounds(start[at], end[at], stable[at])
+                served = self.ctx.catalog.by_name(name)
+                if served is not None:
+                    upstream.known.learn(served.tp(key[1]), out[key])
             else:  # not answered at all: as the broker says of an offset it cannot serve yet
                 unbounded[key] = errors.get(at, ErrorCode.offset_not_available)
         if isolation == 1:

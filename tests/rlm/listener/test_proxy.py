@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings
 from rlm.listener import Listener, start_listener
+from rlm.listener.upstream import bounds
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
@@ -310,6 +311,44 @@ def test_a_fetch_straddling_the_boundary_is_exact_and_answers_keep_the_clients_o
             position = got[-1] + 1
         assert seen == list(range(LOG_START[0] - 1, ends[0]))
         assert sources == {"tier", "broker"}
+
+
+def _upstream_requests() -> dict[str, float]:
+    return {api: REGISTRY.get_sample_value("rlm_history_upstream_requests_total", {"api": api}) or 0.0
+            for api in ("fetch", "list_offsets")}
+
+
+def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay_exact(
+        proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a partition from 0, two batches a Fetch: the first Fetch below the broker's log start asks the broker
+    (the Fetch answered OFFSET_OUT_OF_RANGE, ListOffsets EARLIEST and LATEST); every later one below the log start it
+    learned is answered from the tier alone (:class:`rlm.listener.upstream.bounds.KnownBounds`, kept fresh for the
+    whole test here), the ones at or past it are forwarded, and no ListOffsets is asked again: every offset from 0
+    to the end, once, in order, with the broker's high watermark."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    topic = proxied.topic
+    end = proxied.end(0)
+    seen: list[int] = []
+    asked: list[tuple[int, dict[str, float]]] = []  # (fetch offset, the broker's requests it took)
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        position = 0
+        while position < end:
+            before = _upstream_requests()
+            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400).responses
+            after = _upstream_requests()
+            asked.append((position, {api: after[api] - before[api] for api in after}))
+            (part,) = t.partitions
+            assert part.error_code == 0 and part.high_watermark == end, (position, part)
+            got = _offsets(part.records, position)
+            assert got, position
+            seen += got
+            position = got[-1] + 1
+    assert seen == list(range(end))
+    assert asked[0] == (0, {"fetch": 1, "list_offsets": 2}), asked[0]
+    below = [d for o, d in asked[1:] if o < LOG_START[0]]
+    above = [d for o, d in asked[1:] if o >= LOG_START[0]]
+    assert below and all(d == {"fetch": 0, "list_offsets": 0} for d in below), asked
+    assert above and all(d == {"fetch": 1, "list_offsets": 0} for d in above), asked
 
 
 def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied) -> None:

@@ -106,6 +106,7 @@ def test_the_walk_agrees_with_kio_on_every_fetch_version_and_no_session_is_made(
                     fetch_answer(answer[:-1], header)
                 assert fetch_answer(answer, header, max_partitions=3) is None  # 4 partitions
                 assert fetch_answer(answer, header, max_partitions=4) == walk
+                assert fetch_answer(memoryview(answer), header) == walk  # as the proxy reads it
         # Unpatched, the broker makes the session the request asks for: the patch is what declines it.
         frame, header = new_request(ApiKey.FETCH, versions[-1], 12, "t", _fetch_values(topic, topic_id, 0))
         assert decode_response(_send(sock, frame), header).session_id != 0

@@ -1,0 +1,76 @@
+"""The proxy's upstream connection, its parts alone (the proxy tests run them against real brokers): it reads each
+broker answer into one buffer of its own, size prefix included (:class:`rlm.listener.upstream.brokers._Answers`,
+fed here as the event loop's transport feeds it: get_buffer, then the bytes read into it): answers split across
+reads anywhere, several in one read, a size out of bounds ending the connection; and the bounds it learned
+(:class:`rlm.listener.upstream.bounds.KnownBounds`)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import uuid
+
+import pytest
+
+from rlm.listener.tier.boundary import BrokerBounds
+from rlm.listener.upstream.bounds import KnownBounds
+from rlm.listener.upstream.brokers import SCRATCH_BYTES, UpstreamError, _Answers
+from rlmm.api import TopicIdPartition
+
+
+def _frames(sizes: list[int]) -> list[bytes]:
+    return [struct.pack(">i", n) + bytes([i % 251]) * n for i, n in enumerate(sizes)]
+
+
+def _feed(answers: _Answers, data: bytes, chunk: int) -> None:
+    pos = 0
+    while pos < len(data):
+        buf = answers.get_buffer(-1)
+        n = min(chunk, len(buf), len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        answers.buffer_updated(n)
+        pos += n
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 1000, SCRATCH_BYTES, 10**7])
+def test_answers_come_whole_and_in_order_however_the_reads_split_them(chunk: int) -> None:
+    async def run() -> None:
+        frames = _frames([4, 5, 100, SCRATCH_BYTES - 4, SCRATCH_BYTES, 3 * SCRATCH_BYTES + 7, 6, 4])
+        answers = _Answers(max_response_bytes=1 << 22)
+        _feed(answers, b"".join(frames), chunk)
+        got = []
+        while True:
+            a = answers.answer()
+            if not isinstance(a, bytearray):
+                break
+            got.append(bytes(a))
+        assert got == frames
+
+    asyncio.run(run())
+
+
+def test_an_answer_of_a_size_out_of_bounds_ends_the_connection() -> None:
+    async def run() -> None:
+        answers = _Answers(max_response_bytes=100)
+        _feed(answers, struct.pack(">i", 101), 4)
+        with pytest.raises(UpstreamError, match="outside 4..100"):
+            answers.answer()
+
+    asyncio.run(run())
+
+
+def test_known_bounds_keep_the_largest_log_start_per_topic_id_and_go_stale() -> None:
+    """:class:`rlm.listener.upstream.bounds.KnownBounds`: an offset below a fresh known log start gets the bounds; a
+    log start answered lower later (a new leader's) does not lower it; a topic created again (another id) knows
+    nothing; bounds older than ``fresh_s`` are not used."""
+    now = [0.0]
+    known = KnownBounds(fresh_s=1.0, clock=lambda: now[0])
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    known.learn(tp, BrokerBounds(100, 200, 190))
+    assert known.below(tp, 99) == BrokerBounds(100, 200, 190)
+    assert known.below(tp, 100) is None and known.below(tp, -1) is None
+    known.learn(tp, BrokerBounds(50, 210, 210))
+    assert known.below(tp, 99) == BrokerBounds(100, 210, 210)
+    assert known.below(TopicIdPartition(uuid.uuid4(), "t", 0), 10) is None
+    now[0] = 1.5
+    assert known.below(tp, 10) is None
