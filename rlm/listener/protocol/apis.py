@@ -65,12 +65,22 @@ SASL_API_KEYS: dict[int, tuple[int, int]] = {
 
 
 # Metric label of each api key: a closed set (a client chooses the api key of its requests, and every label value is
-# a time series kept for the life of the process: unknown keys are all "other").
+# a time series kept for the life of the process: unknown keys are all "other"). Kafka's names (kio's module names),
+# for the APIs a client sends to a broker, so that a proxy's forwarded requests (groups, transactions, admin) are
+# told apart; broker-to-broker and controller APIs are "other".
 API_NAMES: dict[int, str] = {
-    ApiKey.PRODUCE: "produce", ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets",
-    ApiKey.METADATA: "metadata", ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.API_VERSIONS: "api_versions",
-    ApiKey.DESCRIBE_CLUSTER: "describe_cluster", ApiKey.SASL_HANDSHAKE: "sasl_handshake",
-    ApiKey.SASL_AUTHENTICATE: "sasl_authenticate", ApiKey.OFFSET_FOR_LEADER_EPOCH: "offset_for_leader_epoch"}
+    0: "produce", 1: "fetch", 2: "list_offsets", 3: "metadata", 8: "offset_commit", 9: "offset_fetch",
+    10: "find_coordinator", 11: "join_group", 12: "heartbeat", 13: "leave_group", 14: "sync_group",
+    15: "describe_groups", 16: "list_groups", 17: "sasl_handshake", 18: "api_versions", 19: "create_topics",
+    20: "delete_topics", 21: "delete_records", 22: "init_producer_id", 23: "offset_for_leader_epoch",
+    24: "add_partitions_to_txn", 25: "add_offsets_to_txn", 26: "end_txn", 28: "txn_offset_commit",
+    29: "describe_acls", 30: "create_acls", 31: "delete_acls", 32: "describe_configs", 33: "alter_configs",
+    35: "describe_log_dirs", 36: "sasl_authenticate", 37: "create_partitions", 42: "delete_groups",
+    43: "elect_leaders", 44: "incremental_alter_configs", 47: "offset_delete", 60: "describe_cluster",
+    61: "describe_producers", 65: "describe_transactions", 66: "list_transactions", 68: "consumer_group_heartbeat",
+    69: "consumer_group_describe", 71: "get_telemetry_subscriptions", 72: "push_telemetry",
+    75: "describe_topic_partitions", 76: "share_group_heartbeat", 77: "share_group_describe", 78: "share_fetch",
+    79: "share_acknowledge", 88: "streams_group_heartbeat", 89: "streams_group_describe"}
 
 
 def api_label(api_key: int) -> str:

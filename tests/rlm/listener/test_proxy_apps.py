@@ -251,9 +251,10 @@ def test_spark_kafka_source_subscribe_earliest_reads_tier_and_broker_in_one_batc
 
 def test_the_apps_needed_nothing_the_proxy_refuses(apps: Apps) -> None:
     """Every request of both apps was answered without an error of the listener's own (none UNSUPPORTED_VERSION,
-    none refused or malformed), and Fetch and ListOffsets were among them (forwarded api keys, CreateTopics
-    included, count as ``other``: Streams' internal topics on the broker are the other test's evidence)."""
+    none refused or malformed), and Fetch and ListOffsets were among them, and the forwarded CreateTopics (Streams'
+    internal topics) and TxnOffsetCommit (exactly_once_v2's commits), each counted under its own name."""
     assert {err for _api, err in apps.requests} == {"none"}, apps.requests
     assert apps.requests.get(("fetch", "none"), 0) > 0, apps.requests
     assert apps.requests.get(("list_offsets", "none"), 0) > 0, apps.requests
-    assert apps.requests.get(("other", "none"), 0) > 0, apps.requests
+    assert apps.requests.get(("create_topics", "none"), 0) > 0, apps.requests
+    assert apps.requests.get(("txn_offset_commit", "none"), 0) > 0, apps.requests
