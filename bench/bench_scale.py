@@ -3,6 +3,12 @@
     .venv/bin/python bench/bench_scale.py [--partitions 2000] [--topics 20] [--idle-s 60] [--profile DIR]
     .venv/bin/python bench/bench_scale.py --partitions 4000 --topics 40
     .venv/bin/python bench/bench_scale.py --partitions 500 --topics 5 --skip-default --profile-gil --profile D
+    .venv/bin/python bench/bench_scale.py --skip-default --skip-kafka-tiered --baseline DIR
+
+``--baseline DIR``: a checkout of another commit (``git archive <commit> | tar -x -C DIR``; the broker is this
+checkout's); its sidecar runs beside this one's in the short-interval phase and the burst, on the same broker,
+copying the same segments under the same machine load, so their CPU per segment compares side by side (runs of a
+loaded machine differ by more than most changes do).
 
 One broker (KRaft, 127.0.0.1) with ``--partitions`` partitions spread over ``--topics`` topics (``segment.ms``
 1.5 s; nothing produced yet, and a segment rolls only on an append, so nothing rolls), and one sidecar, ``rlm
@@ -15,7 +21,12 @@ serve`` in a child process (its CPU and RSS are its own: ``/proc/<pid>/stat`` an
    records, 1.6 s apart, so every partition rolls that many segments (the active one is not counted); the sidecar's
    CPU from the first record produced until every rolled segment is remote (its index object in the store), per
    rolled segment, and the same net of its idle CPU over that time; the time to catch up after the last record was
-   acknowledged; peak RSS.
+   acknowledged; peak RSS; the broker's CPU over the same time (the produce, the sidecar's requests);
+4. the same burst against Kafka's own tiered storage (``--skip-kafka-tiered`` skips it), once the first broker is
+   stopped: a broker of its own with ``LocalTieredStorage`` (:mod:`bench.kafka_tiered`), its RLM task interval 5 s
+   (the sidecar's copy interval), the same topics with ``remote.storage.enable``; the broker's CPU idle, then from
+   the first record produced until ``LocalTieredStorage`` holds every rolled segment. A last table puts both side by
+   side: CPU per rolled segment of the broker and of the sidecar, the time to catch up, peak RSS.
 
 ``--profile DIR`` records each idle phase and the burst with py-spy (``py-spy record --pid``, ``--idle`` off: on-CPU
 samples only) into ``DIR/idle-<phase>.txt`` and ``DIR/burst.txt`` (collapsed stacks), and prints the functions most
@@ -168,7 +179,7 @@ class SidecarProcess:
     """``rlm serve`` in a child process, its config written as YAML."""
 
     def __init__(self, kc, work: Path, name: str, *, copy_ms: int, discovery_ms: int,  # noqa: ANN001
-                 topic_prefix: str) -> None:
+                 topic_prefix: str, root: Path = ROOT) -> None:
         import yaml
 
         from devtools.devkafka import free_port
@@ -194,10 +205,10 @@ class SidecarProcess:
         path = self.dir / "sidecar.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "sidecar.log", "wb")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's rlm (a worktree of an older commit too)
+        env = {**os.environ, "PYTHONPATH": str(root)}  # this checkout's rlm, or --baseline's
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from rlm.cli import main; sys.exit(main())",
                                       "serve", "--config", str(path)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
         self.pid = self.proc.pid
 
     def leading(self) -> int:
@@ -217,11 +228,12 @@ class SidecarProcess:
 
 
 # -------------------------------------------------------------------------------------------------------- phases
-def create_topics(kc, prefix: str, topics: int, partitions: int) -> list[str]:  # noqa: ANN001
+def create_topics(kc, prefix: str, topics: int, partitions: int, extra: dict[str, str] | None = None,  # noqa: ANN001
+                  ) -> list[str]:
     names = [f"{prefix}{i:03d}" for i in range(topics)]
     per = partitions // topics
     cfg = {"segment.ms": str(SEGMENT_MS), "retention.ms": "-1", "retention.bytes": "-1",
-           "segment.index.bytes": str(64 * KiB)}
+           "segment.index.bytes": str(64 * KiB), **(extra or {})}
     for name in names:
         kc.create_topic(name, per, config=cfg, timeout=120)
     return names
@@ -259,26 +271,45 @@ def top_functions(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     return [(f, c / max(1, total)) for f, c in inclusive.most_common(n)]
 
 
+def broker_pid(kc) -> int:  # noqa: ANN001
+    """The broker's JVM (``devtools.devkafka`` runs ``java`` itself, no wrapper script)."""
+    return kc.node(1).process.pid
+
+
 def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, copy_ms: int,  # noqa: ANN001
-               discovery_ms: int, idle_s: float, profile_dir: Path | None) -> dict:
+               discovery_ms: int, idle_s: float, profile_dir: Path | None, baseline: Path | None = None) -> dict:
     sc = SidecarProcess(kc, work, name, copy_ms=copy_ms, discovery_ms=discovery_ms, topic_prefix=prefix)
+    base = None
     try:
+        if baseline is not None:
+            base = SidecarProcess(kc, work, f"{name}-baseline", copy_ms=copy_ms, discovery_ms=discovery_ms,
+                                  topic_prefix=prefix, root=baseline)
         t0 = time.monotonic()
         wait_until(lambda: sc.leading() >= n_partitions, 300, f"the sidecar to lead {n_partitions} partitions")
         lead_s = time.monotonic() - t0
+        if base is not None:
+            wait_until(lambda: base.leading() >= n_partitions, 300, "the baseline sidecar to lead them")
         # let every first copy run (and the first rounds of every job) pass: one copy interval and a bit
         time.sleep(copy_ms / 1000 + 5)
         spy = profile(sc.pid, idle_s, profile_dir / f"idle-{name}.txt") if profile_dir else None
-        c0, w0 = cpu_s(sc.pid), time.monotonic()
+        bpid = broker_pid(kc)
+        c0, b0, w0 = cpu_s(sc.pid), cpu_s(bpid), time.monotonic()
+        x0 = cpu_s(base.pid) if base is not None else 0.0
         time.sleep(idle_s)
-        c1, w1 = cpu_s(sc.pid), time.monotonic()
+        c1, b1, w1 = cpu_s(sc.pid), cpu_s(bpid), time.monotonic()
         rss = rss_mib(sc.pid)
         if spy is not None:
             spy.wait(idle_s + 60)
-        return {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc,
-                "load": os.getloadavg()[0]}
+        out = {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc,
+               "load": os.getloadavg()[0], "broker_cpu_pct": 100 * (b1 - b0) / (w1 - w0)}
+        if base is not None:
+            out["baseline"] = {"sidecar": base, "cpu_pct": 100 * (cpu_s(base.pid) - x0) / (w1 - w0),
+                               "rss_mib": rss_mib(base.pid)}
+        return out
     except BaseException:
         sc.stop()
+        if base is not None:
+            base.stop()
         raise
 
 
@@ -320,23 +351,40 @@ def rolled_segments(log_dir: Path, prefix: str) -> int:
 
 
 def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
-                segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None) -> dict:
+                segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None,
+                baseline: SidecarProcess | None = None) -> dict:
+    """The burst, measured on ``sc`` (and on ``baseline``, a sidecar of another checkout copying the same segments
+    beside it, until it caught up in turn: ``out["baseline"]``)."""
     peak = Sampler(sc.pid)
     peak.start()
     spy = profile(sc.pid, None, profile_dir / "burst.txt") if profile_dir else None
     load0 = os.getloadavg()[0]
+    bpid = broker_pid(kc)
+    b0 = cpu_s(bpid)
+    x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
     c0, w0, split0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
     n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, segments_per_partition)
     produced = time.monotonic()
     rolled = rolled_segments(kc.log_dir(), prefix)
 
-    def caught_up() -> bool:
+    def caught_up(s: SidecarProcess) -> bool:
         # the store's index objects (a copy's commit point), counted by this process: scraping the sidecar's /metrics
         # (thousands of labelled series) every second cost it about a tenth of its CPU in the burst
-        return sum(1 for _ in (sc.dir / "remote").rglob("*-index")) >= rolled
+        return sum(1 for _ in (s.dir / "remote").rglob("*-index")) >= rolled
 
-    wait_until(caught_up, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
+    base_done: tuple[float, float] | None = None  # (its CPU seconds, the time) when the baseline caught up
+
+    def both() -> bool:
+        nonlocal base_done
+        if baseline is not None and base_done is None and caught_up(baseline):
+            base_done = (cpu_s(baseline.pid), time.monotonic())
+        return caught_up(sc)
+
+    wait_until(both, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
     c1, w1, split1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
+    b1 = cpu_s(bpid)
+    if baseline is not None:
+        wait_until(lambda: both() and base_done is not None, 1800, "the baseline sidecar to copy them", 1.0)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
@@ -344,8 +392,79 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
             "ms_per_segment": 1000 * cpu / max(1, rolled), "gross_ms_per_segment": 1000 * (c1 - c0) / max(1, rolled),
             "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
-            "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]),
-            "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0}}
+            "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]), "broker_cpu_s": b1 - b0,
+            "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0},
+            **({"baseline": {"cpu_s": base_done[0] - x0, "catch_up_s": base_done[1] - produced}}
+               if base_done is not None else {})}
+
+
+def kafka_tiered_phase(broker_cfg: dict[str, str], work: Path, prefix: str, n_topics: int, n_partitions: int,
+                       rounds: int, idle_s: float, task_interval_ms: int) -> dict:
+    """The same burst against Kafka's own tiered storage: a broker of its own (the same settings, plus
+    :func:`bench.kafka_tiered.kafka_tiered_storage_config`: ``LocalTieredStorage``, Kafka's topic-based metadata
+    manager, the RLM task interval ``task_interval_ms``), the same topics with ``remote.storage.enable``. Its CPU
+    (the JVM's, every thread) idle over ``idle_s`` once every partition's RLM task runs, then from the first record
+    produced until ``LocalTieredStorage`` holds every rolled segment complete."""
+    from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config
+    from devtools.devkafka import KafkaCluster
+
+    remote = work / "kafka-remote"
+    remote.mkdir()
+    cfg = {**kafka_tiered_storage_config(remote, task_interval_ms), **broker_cfg}
+    with KafkaCluster(brokers=1, broker_config=cfg, heap="2g") as kc:
+        topics = create_topics(kc, prefix, n_topics, n_partitions, {"remote.storage.enable": "true"})
+        pid = broker_pid(kc)
+        time.sleep(task_interval_ms / 1000 + 20)  # every partition's RLM task scheduled, its first runs done
+        c0, w0 = cpu_s(pid), time.monotonic()
+        time.sleep(idle_s)
+        idle_pct = 100 * (cpu_s(pid) - c0) / (time.monotonic() - w0)
+        rss_idle = rss_mib(pid)
+        peak = Sampler(pid)
+        peak.start()
+        load0 = os.getloadavg()[0]
+        c0, w0 = cpu_s(pid), time.monotonic()
+        n_records = produce_burst(kc.bootstrap_servers, topics, n_partitions // n_topics, rounds)
+        produced = time.monotonic()
+        rolled = rolled_segments(kc.log_dir(), prefix)
+        wait_until(lambda: kafka_remote_segments(remote) >= rolled, 1800,
+                   f"Kafka's RLM to copy {rolled} rolled segments", 2.0)
+        c1, w1 = cpu_s(pid), time.monotonic()
+        return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0,
+                "net_cpu_s": (c1 - c0) - idle_pct / 100 * (w1 - w0), "idle_cpu_pct": idle_pct,
+                "catch_up_s": w1 - produced, "total_s": w1 - w0, "produce_s": produced - w0,
+                "peak_rss_mib": peak.stop(), "idle_rss_mib": rss_idle, "load": (load0, os.getloadavg()[0])}
+
+
+def side_by_side(b: dict, idle: dict, k: dict, interval_ms: int) -> list[tuple[str, str, str]]:
+    """Rows of the sidecar's burst (``b``, its idle phase ``idle``) beside Kafka's RLM's (``k``): CPU per rolled
+    segment of each process, gross (from the first record produced to the last segment copied) and net of its idle
+    rate over that time. The broker's CPU in the sidecar's run is the produce's and its answers to the sidecar (the
+    metadata topic, ListOffsets); in Kafka's run, the produce's and its RLM's (copies, the metadata topic): the
+    tiering's cost compares as the sum of both processes in the sidecar's run against the broker's alone."""
+    def ms(cpu_s: float, n: int) -> str:
+        return f"{1000 * cpu_s / max(1, n):.2f} ms"
+
+    n, kn = b["segments"], k["segments"]
+    b_idle = idle["broker_cpu_pct"] / 100 * b["total_s"]
+    sc_idle = idle["cpu_pct"] / 100 * b["total_s"]
+    k_idle = k["idle_cpu_pct"] / 100 * k["total_s"]
+    return [
+        ("rolled segments (64 KiB)", f"{n:,}", f"{kn:,}"),
+        (f"idle CPU, broker (copy / RLM task interval {interval_ms / 1000:.0f} s)",
+         f"{idle['broker_cpu_pct']:.1f}%", f"{k['idle_cpu_pct']:.1f}%"),
+        ("idle CPU, sidecar", f"{idle['cpu_pct']:.1f}%", "-"),
+        ("burst CPU per segment, sidecar", ms(b["cpu_s"], n), "-"),
+        ("burst CPU per segment, broker", ms(b["broker_cpu_s"], n), ms(k["cpu_s"], kn)),
+        ("burst CPU per segment, broker + sidecar", ms(b["cpu_s"] + b["broker_cpu_s"], n), ms(k["cpu_s"], kn)),
+        ("the same, net of each one's idle CPU", ms(b["cpu_s"] + b["broker_cpu_s"] - b_idle - sc_idle, n),
+         ms(k["cpu_s"] - k_idle, kn)),
+        ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s", f"{k['catch_up_s']:.1f} s"),
+        ("first record to last segment copied", f"{b['total_s']:.1f} s", f"{k['total_s']:.1f} s"),
+        ("peak RSS of the tiering process", f"{b['peak_rss_mib']:.0f} MiB (sidecar)",
+         f"{k['peak_rss_mib']:.0f} MiB (broker, 2 GiB heap; {k['idle_rss_mib']:.0f} idle)"),
+        ("machine load, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}",
+         f"{k['load'][0]:.1f} / {k['load'][1]:.1f}"),
+    ]
 
 
 def main() -> None:
@@ -358,6 +477,11 @@ def main() -> None:
     ap.add_argument("--skip-burst", action="store_true", help="skip the burst")
     ap.add_argument("--profile", type=Path, help="record each idle phase with py-spy into this directory")
     ap.add_argument("--profile-gil", action="store_true", help="py-spy samples only the thread holding the GIL")
+    ap.add_argument("--baseline", type=Path,
+                    help="another checkout (e.g. `git archive` of an older commit): its sidecar runs beside this one's "
+                         "in the short-interval phase and the burst, on the same broker and load")
+    ap.add_argument("--skip-kafka-tiered", action="store_true",
+                    help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
     global PROFILE_GIL
     PROFILE_GIL = args.profile_gil
@@ -370,6 +494,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     rows: list[tuple[str, str]] = []
+    compare: list[tuple[str, str, str]] = []
     prefix = "scale-"
     broker_cfg = {"log.flush.interval.messages": str(2**62), "num.io.threads": "4", "num.network.threads": "2"}
     try:
@@ -386,23 +511,30 @@ def main() -> None:
             idle_short: dict | None = None
             for name, copy_ms, disc_ms in phases:
                 r = idle_phase(kc, work, name, args.partitions, prefix, copy_ms=copy_ms, discovery_ms=disc_ms,
-                               idle_s=args.idle_s, profile_dir=args.profile)
+                               idle_s=args.idle_s, profile_dir=args.profile,
+                               baseline=args.baseline if name == "short" else None)
                 label = f"copy {copy_ms / 1000:.0f} s, discovery {disc_ms / 1000:.0f} s"
                 rows.append((f"idle CPU, {label}", f"{r['cpu_pct']:.1f}% of a core (machine load {r['load']:.1f})"))
                 rows.append((f"idle RSS, {label}", f"{r['rss_mib']:.0f} MiB"))
                 rows.append((f"start to leading all, {label}", f"{r['lead_s']:.1f} s"))
                 print(f"{name}: {r['cpu_pct']:.1f}% CPU, {r['rss_mib']:.0f} MiB", file=sys.stderr)
+                if "baseline" in r:
+                    rows.append((f"idle CPU, {label}, --baseline's sidecar beside it",
+                                 f"{r['baseline']['cpu_pct']:.1f}% of a core, {r['baseline']['rss_mib']:.0f} MiB"))
                 if name == "short" and not args.skip_burst:
                     idle_short = r
                 else:
                     r["sidecar"].stop()
             if idle_short is not None:
                 sc = idle_short["sidecar"]
+                base = idle_short.get("baseline", {}).get("sidecar")
                 try:
                     b = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
-                                    idle_short["cpu_pct"], args.profile)
+                                    idle_short["cpu_pct"], args.profile, base)
                 finally:
                     sc.stop()
+                    if base is not None:
+                        base.stop()
                 rows.append(("burst: rolled segments (64 KiB)", f"{b['segments']:,} ({b['records']:,} records, "
                              f"produced in {b['produce_s']:.1f} s)"))
                 rows.append(("burst: sidecar CPU per rolled segment", f"{b['gross_ms_per_segment']:.2f} ms "
@@ -417,6 +549,18 @@ def main() -> None:
                 rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
                 rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
                 rows.append(("burst: machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"))
+                rows.append(("burst: broker CPU per rolled segment (produce, the sidecar's requests)",
+                             f"{1000 * b['broker_cpu_s'] / max(1, b['segments']):.2f} ms"))
+                if "baseline" in b:
+                    x = b["baseline"]
+                    rows.append(("burst: --baseline's sidecar beside it, CPU per rolled segment",
+                                 f"{1000 * x['cpu_s'] / max(1, b['segments']):.2f} ms ({x['cpu_s']:.1f} CPU s; "
+                                 f"caught up {x['catch_up_s']:.1f} s after the last record)"))
+        if idle_short is not None and not args.skip_kafka_tiered:
+            print("the same burst against Kafka's own tiered storage (LocalTieredStorage)", file=sys.stderr)
+            k = kafka_tiered_phase(broker_cfg, work, prefix, args.topics, args.partitions,
+                                   args.segments_per_partition, args.idle_s, 5_000)
+            compare = side_by_side(b, idle_short, k, 5_000)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -426,6 +570,12 @@ def main() -> None:
         print(f"{name:<{w}}  {value}")
     print(f"\n{args.partitions} partitions ({args.topics} topics), one broker, one sidecar (child process), "
           f"{os.cpu_count()} cores, idle over {args.idle_s:.0f} s")
+    if compare:
+        head = ("the burst, side by side", "sidecar (rlm serve)", "Kafka's RLM (LocalTieredStorage)")
+        w0, w1 = (max(len(r[i]) for r in [head, *compare]) for i in (0, 1))
+        print()
+        for name, ours, theirs in [head, *compare]:
+            print(f"{name:<{w0}}  {ours:<{w1}}  {theirs}")
     if args.profile:
         for f in [*sorted(args.profile.glob("idle-*.txt")), *args.profile.glob("burst.txt")]:
             print(f"\npy-spy, {f.stem}: share of on-CPU samples (inclusive)")

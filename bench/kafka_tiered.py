@@ -3,7 +3,8 @@ and how far it has copied.
 
 ``LocalTieredStorage`` (from the ``kafka-storage`` test jar, on the broker's class path in ``devtools/devkafka``)
 is Kafka's reference RemoteStorageManager: plain files under ``rsm.config.dir``. Used by ``bench_sidecar`` (its
-tiering next to ours) and ``bench_spark`` (Spark's ``kafka`` source reading the broker's remote tier).
+tiering next to ours), ``bench_spark`` (Spark's ``kafka`` source reading the broker's remote tier), ``bench_proxy``
+and ``bench_scale`` (the burst of every partition rolling at once, the broker's CPU while its RLM copies it).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ __all__ = ["kafka_remote_segments", "kafka_tiered_storage_config", "set_topic_co
 _SEGMENT_FILES = {"log", "index", "timeindex", "leader_epoch_checkpoint", "snapshot"}
 
 
-def kafka_tiered_storage_config(remote_dir: Path) -> dict[str, str]:
+def kafka_tiered_storage_config(remote_dir: Path, task_interval_ms: int = 500) -> dict[str, str]:
     """Broker settings: Kafka's tiered storage on, ``LocalTieredStorage`` under ``remote_dir``, Kafka's topic-based
-    metadata manager, a 500 ms remote log manager task interval."""
+    metadata manager, a remote log manager task interval of ``task_interval_ms`` (500 ms; Kafka's default is 30 s:
+    ``bench_scale`` runs it at its sidecar's copy interval, as each partition's copy task runs that often)."""
     return {
         "remote.log.storage.system.enable": "true",
         "remote.log.storage.manager.class.name": "org.apache.kafka.server.log.remote.storage.LocalTieredStorage",
@@ -29,7 +31,7 @@ def kafka_tiered_storage_config(remote_dir: Path) -> dict[str, str]:
         "rlmm.config.remote.log.metadata.topic.replication.factor": "1",
         "rlmm.config.remote.log.metadata.topic.num.partitions": "5",
         "remote.log.metadata.manager.listener.name": "PLAINTEXT",
-        "remote.log.manager.task.interval.ms": "500",
+        "remote.log.manager.task.interval.ms": str(task_interval_ms),
         "log.flush.interval.messages": "1000000",
     }
 

@@ -460,9 +460,12 @@ class RemoteStorageManager(RemoteStorageManagerApi):
 
         sealer = None if cipher is None else BlockSealer(cipher)
         obj = 0
+        # The data objects' names need not be durable before the index object's: it is put into the same directory
+        # last, and on the filesystem store its put makes every name there durable (FileSystemStore.put_deferred).
+        put_data = getattr(self.store, "put_deferred", self.store.put)
         try:
             while True:
-                object_lengths.append(self.store.put(keys.data(obj), object_chunks(obj)))
+                object_lengths.append(put_data(keys.data(obj), object_chunks(obj)))
                 if state["done"]:
                     break
                 obj += 1

@@ -47,6 +47,7 @@ import re
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -85,6 +86,7 @@ _TXN_INDEX_NAME = re.compile(r"(\d{20})\.txnindex")  # a segment's transaction i
 COPY_BATCH_SEGMENTS = 16
 """The most segments one batch copies (:meth:`PartitionCopier.commit_copies`): their FINISHED waits for the batch's
 last copy, so a backfill of many segments still makes them readable 16 at a time."""
+_WATERMARK_BYTES = 64  # the copy watermark file's one record (write_watermark)
 COPY_BATCH_BYTES = 64 * 1024 * 1024
 """A batch closes once its segments hold this many bytes (a large segment is a batch of its own)."""
 
@@ -144,6 +146,7 @@ class PartitionCopier:
         self._watermark: tuple[int, int | None] | None = self._read_watermark()  # (offset, its leader epoch)
         self._persisted = self._watermark
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
+        self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
         # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
         # at its next block and is removed (rsm CopyCancelledError), instead of running to its end to be fenced.
         self.cancel = cancel
@@ -287,6 +290,20 @@ class PartitionCopier:
         self._highest = highest
         sizes = {s.directory: _size(s.log_path) for s in staged}
         self._set_lag(staged, sizes)
+        self._run_staged = staged
+        try:
+            self._copy_staged(result, staged, epochs, highest, last_stable_offset, stop, leader_epoch,
+                              current_leader_epoch)
+        finally:
+            self._run_staged = None
+        self.write_watermark()
+        self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
+        return result
+
+    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], epochs: list[EpochEntry], highest: int,
+                     last_stable_offset: int, stop: threading.Event | None, leader_epoch: int | None,
+                     current_leader_epoch: Callable[[], int | None] | None) -> None:
+        """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches."""
         batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
         for s in staged:
@@ -322,9 +339,6 @@ class PartitionCopier:
                 batch = []
         if batch:
             self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
-        self.write_watermark()
-        self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
-        return result
 
     def _set_lag(self, staged: Sequence[StagedSegment], sizes: dict[Path, int]) -> None:
         """The lag gauges: the staged segments above the highest offset tiered (``sizes``: their ``.log`` bytes).
@@ -389,13 +403,19 @@ class PartitionCopier:
 
     # ------------------------------------------------------------------------------------------ watermark
     def _read_watermark(self) -> tuple[int, int | None] | None:
-        """``<offset> <leader epoch>`` (an older sidecar wrote ``<offset>`` alone: its epoch is unknown)."""
+        """``<offset> <leader epoch or -> <CRC-32 of the two, 8 hex digits>`` (:meth:`write_watermark`); older
+        sidecars wrote ``<offset> <leader epoch>`` or ``<offset>`` alone (its epoch unknown) by replacing the file.
+        Unreadable (a torn overwrite fails its CRC): ignored, with a warning."""
         if self.watermark_path is None:
             return None
         try:
             parts = self.watermark_path.read_text().split()
+            if len(parts) == 3:
+                if f"{zlib.crc32(f'{parts[0]} {parts[1]}'.encode()):08x}" != parts[2]:
+                    raise ValueError("CRC mismatch: a torn overwrite")
+                return int(parts[0]), (None if parts[1] == "-" else int(parts[1]))
             if len(parts) not in (1, 2):
-                raise ValueError(f"expected '<offset> <epoch>', found {len(parts)} fields")
+                raise ValueError(f"expected '<offset> <epoch> <crc>', found {len(parts)} fields")
             return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
         except FileNotFoundError:
             return None
@@ -405,13 +425,30 @@ class PartitionCopier:
             return None
 
     def write_watermark(self) -> None:
-        """Persist the highest tiered offset and its epoch when they moved (:func:`rlm.state.write_file_durably`:
-        never half written, and durable before the next run relies on it)."""
+        """Persist the highest tiered offset and its epoch when they moved, durably (fsynced before this returns).
+
+        The first write makes the file (:func:`rlm.state.write_file_durably`: temp file, rename, directory fsync);
+        later ones overwrite its one record in place, at the same length, and fsync the file: no new inode, no
+        rename, no directory fsync per copy run (issue 26: a burst of 6,000 segments made as many runs, each
+        paying both). The record is 64 bytes at offset 0, inside one disk sector, so a crash leaves the old record or
+        the new one; should an overwrite tear all the same, its CRC fails and the watermark is ignored as unreadable:
+        the resume point is then the metadata's (what the watermark adds is only what remote retention deleted)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
         offset, epoch = self._watermark
-        self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_durably(self.watermark_path, (f"{offset} {epoch}" if epoch is not None else str(offset)).encode())
+        text = f"{offset} {epoch if epoch is not None else '-'}"
+        record = f"{text} {zlib.crc32(text.encode()):08x}".ljust(_WATERMARK_BYTES - 1).encode() + b"\n"
+        try:
+            fd = os.open(self.watermark_path, os.O_WRONLY)
+        except FileNotFoundError:
+            self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
+            write_file_durably(self.watermark_path, record)
+        else:
+            try:
+                os.pwrite(fd, record, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         self._persisted = self._watermark
 
     def _max_timestamp(self, s: StagedSegment) -> int:
@@ -599,8 +636,10 @@ class PartitionCopier:
         # the partition dir's .txnindex files by name (one listing; no Segment built per file: issue 26)
         sources += [self.partition_dir / name for name in sorted(os.listdir(self.partition_dir))
                     if (m := _TXN_INDEX_NAME.fullmatch(name)) is not None and int(m.group(1)) > base_offset]
-        sources += [p for t in self.staging.staged(self.tp)
-                    if t.base_offset > base_offset and (p := t.file(".txnindex")) is not None]
+        # the run's staged segments when in a run (a segment staged since is still local: retention deletes the
+        # oldest first, and this one is older), else staging's listing (which reads every marker)
+        staged = self._run_staged if self._run_staged is not None else self.staging.staged(self.tp)
+        sources += [p for t in staged if t.base_offset > base_offset and (p := t.file(".txnindex")) is not None]
         found: dict[tuple[int, int, int], AbortedTxn] = {}
         for path in sources:
             try:

@@ -34,7 +34,8 @@ deletes meanwhile is a gap the copier reports.
 **Durability.** Links are made, the directory fsynced, then the ``.complete`` marker written as a temp file, fsynced
 and renamed over, and the directory fsynced again (:func:`rlm.state.write_file_durably`); new directories are
 fsynced into their parents. After a crash a segment dir is either complete or has no marker (and is removed and
-staged again).
+staged again). Releasing a segment removes its dir only: the partition's dir stays for its next segment (made again
+per segment, it cost a mkdir and a parent fsync each time: issue 26) until :meth:`Staging.release_partition`.
 
 The staging root must not be inside a Kafka log dir (the broker refuses unknown directories there) and must be
 on the same filesystem as the log dir (hard links cannot cross filesystems): :func:`default_staging_root` picks a
@@ -187,6 +188,20 @@ def _stat(path: Path) -> os.stat_result | None:
         return os.stat(path)
     except FileNotFoundError:
         return None
+
+
+def _remove_files_dir(d: Path) -> None:
+    """Remove a staged segment's dir (files only): unlink each, then the dir; anything else (a subdirectory someone
+    put there) falls back to :func:`shutil.rmtree`. Missing: nothing to do."""
+    try:
+        for name in os.listdir(d):
+            os.unlink(os.path.join(d, name))
+        os.rmdir(d)
+    except FileNotFoundError:
+        if os.path.isdir(d):  # a file went meanwhile (never the case: staging is locked): the rest is removed below
+            shutil.rmtree(d, ignore_errors=True)
+    except OSError:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _dir_bytes(seg_dir: Path) -> int:
@@ -544,11 +559,14 @@ class Staging:
         return len(gone)
 
     def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
+        """Remove one staged segment's dir. The partition and topic id dirs above it stay, empty or not: the next
+        segment of the partition is staged into them (a rolled segment a few seconds later, typically), and making
+        them again costs a mkdir and an fsync of the parent each, per segment (issue 26: on ext4, creating an inode
+        is the dearest system call of the copy path). :meth:`release_partition` and :meth:`release_topic` remove
+        them, when the partition is no longer led here or the topic is deleted."""
         self._held[root].pop(seg_dir, None)
         self._verified.pop(seg_dir, None)
-        shutil.rmtree(seg_dir, ignore_errors=True)
-        self._rmdir_if_empty(seg_dir.parent)  # the partition dir, if this was its last staged segment
-        self._rmdir_if_empty(seg_dir.parent.parent)  # the topic id dir, likewise
+        _remove_files_dir(seg_dir)
 
     @staticmethod
     def _rmdir_if_empty(d: Path) -> None:

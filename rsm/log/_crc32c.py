@@ -3,6 +3,11 @@
 ``google_crc32c.value`` (hardware accelerated, ~11 GB/s) accepts only ``bytes``, which would force a copy of
 every batch. We call the same library's ``crc32c_extend(crc, ptr, len)`` through ctypes on the address of our
 own read buffer instead; if that library cannot be loaded we fall back to ``google_crc32c.extend`` on a copy.
+
+The library is loaded with ``ctypes.PyDLL``: calls keep the GIL. A batch's CRC takes microseconds (64 KiB: about
+20 us); releasing the GIL for it and taking it back, with a reader's ten read-ahead GETs' threads wanting it, cost
+31-74 us per call against 4-18 us held (issue 25: a sequential read's parser spent most of its CPU waiting to get the
+GIL back after each batch's CRC, and while it did, fetched requests filled its read-ahead window).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ def _load() -> Callable[[int, int, int], int] | None:
         os.path.join(pkg, "libcrc32c*")
     ):
         try:
-            lib = ctypes.CDLL(candidate)
+            lib = ctypes.PyDLL(candidate)  # the GIL kept across the call (see the module doc)
         except OSError:
             continue
         fn = lib.crc32c_extend

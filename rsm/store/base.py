@@ -180,6 +180,16 @@ class ClosableStore(Protocol):
         ...
 
 
+class DeferredNameStore(Protocol):
+    """Optional: a put whose object name is made durable by a later put into the same directory, not by its own (the
+    filesystem store: one directory fsync per copy, not one per object; ``rsm.manager`` puts a copy's data objects so,
+    its index object last, beside them). Without: the manager uses ``put``."""
+
+    def put_deferred(self, key: str, chunks: Iterable[Chunk]) -> int:
+        """:meth:`Store.put`, except that the name is durable only once a later ``put`` in its directory returned."""
+        ...
+
+
 class ReadAheadStore(Protocol):
     """Optional: the read-ahead budget a sequential read of this store gets by default (S3). Without: none."""
 
@@ -190,6 +200,6 @@ class ReadAheadStore(Protocol):
 OPTIONAL_MEMBERS: dict[str, type] = {
     "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
     "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
-    "read_ahead_bytes": ReadAheadStore,
+    "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore,
 }
 """Every optional member of a store, by name: the protocol declaring it."""

@@ -1,7 +1,9 @@
 """A filesystem object store: one file per key under a root directory.
 
 Atomic puts: the object is written to ``<root>/.tmp/<random>``, fsynced, renamed over ``<root>/<key>`` and the
-target directory fsynced; a reader opens either the old file or the complete new one. A write killed mid-way
+target directory fsynced; a reader opens either the old file or the complete new one.
+:meth:`FileSystemStore.put_deferred` leaves the directory fsync to a later put into the same directory (a copy's
+data objects, its index object last); a directory a put creates is fsynced into its parent. A write killed mid-way
 leaves its temp file; :meth:`FileSystemStore.remove_stale_temp_files` (run by garbage collection after its grace)
 removes those. Keys are ``/``-separated relative paths; ``..``, ``.``, absolute paths, empty components, a first
 component ``.tmp``, NUL, strings that are not valid unicode and components ending with ``%+`` are refused
@@ -123,6 +125,14 @@ def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview]) -> int:
     return total
 
 
+def _fsync_dir(d: Path) -> None:
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class FileSystemStore:
     """Objects as files under ``root``; ``fsync=False`` skips the fsyncs (benchmarks and tests only)."""
 
@@ -156,6 +166,18 @@ class FileSystemStore:
 
     def put(self, key: str, chunks: Iterable[Chunk]) -> int:
         """Errors of ``chunks`` itself propagate unchanged; the store's own become RemoteStorageError."""
+        return self._put(key, chunks, sync_dir=True)
+
+    def put_deferred(self, key: str, chunks: Iterable[Chunk]) -> int:
+        """:meth:`put`, except that the object's name is not made durable yet (its bytes are: fsynced before the
+        rename): the next :meth:`put` into the same directory makes it so, as its directory fsync covers every name
+        in that directory. For objects that only count once a later object of the same directory is written: a
+        copy's data objects, committed by its index object (``rsm.manager``). A crash before that later put may
+        lose the name (the copy was never committed: its clean-up deletes what is left). One directory fsync per
+        copy instead of one per object (issue 26)."""
+        return self._put(key, chunks, sync_dir=False)
+
+    def _put(self, key: str, chunks: Iterable[Chunk], *, sync_dir: bool) -> int:
         path = self._path(key)
         self.requests.add("put")
         tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
@@ -176,14 +198,13 @@ class FileSystemStore:
                     os.fsync(fd)
                 os.close(fd)
                 fd = -1
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, path)
-                if self.fsync:
-                    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-                    try:
-                        os.fsync(dfd)
-                    finally:
-                        os.close(dfd)
+                try:
+                    os.replace(tmp, path)
+                except FileNotFoundError:  # the key's directory is new (not a mkdir per put: issue 26)
+                    self._mkdirs(path.parent)
+                    os.replace(tmp, path)
+                if self.fsync and sync_dir:
+                    _fsync_dir(path.parent)
             except OSError as err:
                 raise RemoteStorageError(f"put {key} to {self.root} failed: {err}") from err
         finally:
@@ -191,6 +212,20 @@ class FileSystemStore:
                 os.close(fd)
             tmp.unlink(missing_ok=True)
         return size
+
+    def _mkdirs(self, d: Path) -> None:
+        """Create ``d`` and the missing directories above it, each made durable in its parent (with ``fsync``)."""
+        missing = []
+        while not d.is_dir():
+            missing.append(d)
+            d = d.parent
+        for m in reversed(missing):
+            try:
+                m.mkdir()
+            except FileExistsError:
+                continue  # another put made it meanwhile
+            if self.fsync:
+                _fsync_dir(m.parent)
 
     def get(self, key: str, start: int = 0, end_inclusive: int | None = None) -> BinaryIO:
         path = self._path(key)

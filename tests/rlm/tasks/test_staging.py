@@ -62,7 +62,12 @@ def test_stage_survives_broker_delete(tmp_path: Path) -> None:
     assert staging.size_bytes() == sum(len(d) for d in files.values()) == staging.held_bytes()
     staging.release(staged)
     assert staging.staged() == [] and staging.size_bytes() == 0 and staging.held_bytes() == 0
-    assert list(default_staging_root(log_dir).iterdir()) == []  # empty partition and topic id dirs go too
+    # the partition's dir stays for its next segment (made again per segment, it cost a mkdir and an fsync)
+    root = default_staging_root(log_dir)
+    assert [p.relative_to(root) for p in root.rglob("*")] == [Path(str(tp.topic_id)),
+                                                              Path(str(tp.topic_id)) / "my.topic-x-3"]
+    assert staging.release_partition(tp) == 0
+    assert list(root.iterdir()) == []  # the partition's release removes its dir, and the topic id's once empty
 
 
 def test_stage_links_renamed_deleted_files(tmp_path: Path) -> None:

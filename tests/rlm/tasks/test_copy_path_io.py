@@ -1,0 +1,138 @@
+"""The copy path's file system work per segment (issue 26: 6,000 segments rolled at once, the system calls that
+create inodes and the fsyncs were most of a copy's CPU), and that what it no longer does is not needed:
+
+- the filesystem store makes a copy's object names durable with one directory fsync, the index object's (its data
+  objects, in the same directory, are put first with :meth:`FileSystemStore.put_deferred`);
+- staging keeps a partition's dir across its segments (no mkdir and parent fsync per segment);
+- the copy watermark is overwritten in place (one fsync, no temp file, no rename), and read back; a torn record is
+  ignored as unreadable, as the legacy formats are still read.
+
+Crafted partition dirs, the in-memory metadata manager, the storage manager on the filesystem with fsync on."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlm.tasks.copier import PartitionCopier
+from rlmm.api import TopicIdPartition
+from rsm.manager import RemoteStorageManager, RsmConfig
+from rsm.store.fs import FileSystemStore
+from tests.support.batches import one_per_batch, write_partition
+from tests.support.world import World
+
+
+class Fsyncs:
+    """Every fsync from now on: ``files`` and ``dirs`` (paths of directories, through /proc/self/fd)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.files = 0
+        self.dirs: list[str] = []
+        inner = os.fsync
+
+        def counted(fd: int) -> None:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.dirs.append(os.readlink(f"/proc/self/fd/{fd}"))
+            else:
+                self.files += 1
+            inner(fd)
+
+        monkeypatch.setattr(os, "fsync", counted)
+
+
+def synced_world(tmp_path: Path) -> World:
+    world = World(tmp_path)
+    world.rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=tmp_path / "remote", fsync=True))
+    return world
+
+
+def rolled(world: World, n: int) -> TopicIdPartition:
+    """A partition of ``n`` rolled segments of five records ([0,4], [5,9] ...) and an active one."""
+    tp = TopicIdPartition(uuid.uuid4(), "io", 0)
+    segments = {base: one_per_batch(base, 5, b"v") for base in range(0, 5 * n + 1, 5)}
+    write_partition(world.pdir(1, tp), tp.topic_id, segments)
+    return tp
+
+
+def test_a_copy_makes_its_object_names_durable_with_one_directory_fsync(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    world = synced_world(tmp_path)
+    tp = rolled(world, 2)
+    copier = world.copier(1, tp)
+    staged, _gaps = copier.stage_new(-1)
+    copier.copy_segment(staged[0], 0, [])  # the first copy of the partition makes its directories
+    fsyncs = Fsyncs(monkeypatch)
+    copier.copy_segment(staged[1], 5, [])
+    index = sorted((tmp_path / "remote").rglob("*-index"))
+    assert len(index) == 2
+    assert len(list(index[1].parent.iterdir())) == 4  # each copy's data object and index object, side by side
+    assert fsyncs.dirs == [str(index[1].parent)]  # one, after the index object (the data object's before: 2)
+    assert fsyncs.files == 2  # each object's bytes
+
+
+def test_put_deferred_leaves_the_name_to_the_next_put_in_its_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileSystemStore(tmp_path / "s")
+    fsyncs = Fsyncs(monkeypatch)
+    assert store.put_deferred("a/b/x", [b"data"]) == 4
+    # a new directory is made durable in its parent (a and a/b: their parents fsynced), the object's name is not
+    assert fsyncs.dirs == [str(tmp_path / "s"), str(tmp_path / "s" / "a")] and fsyncs.files == 1
+    store.put("a/b/x-index", [b"index"])
+    assert fsyncs.dirs[2:] == [str(tmp_path / "s" / "a" / "b")]  # the one fsync covering both names
+    assert store.get_bytes("a/b/x") == b"data" and store.get_bytes("a/b/x-index") == b"index"
+
+
+def test_staging_keeps_the_partition_dir_for_its_next_segment(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    world = synced_world(tmp_path)
+    tp = rolled(world, 2)
+    copier = world.copier(1, tp)
+    assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # [5,9] waits for the LSO
+    pdir = copier.staging.staged(tp)[0].directory.parent
+    before = os.stat(pdir).st_ino
+    assert [m.end_offset_inclusive for m in copier.run_once(10).copied] == [9]
+    assert copier.staging.staged(tp) == [] and os.stat(pdir).st_ino == before  # empty, kept
+    # the next rolled segment is staged into it: one mkdir (its own dir), not two
+    (world.pdir(1, tp) / f"{15:020d}.log").write_bytes(b"".join(one_per_batch(15, 1, b"v")))
+    made: list[str] = []
+    inner = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(str(p)), inner(p, *a, **k))[1])
+    copier.staging.stage(tp, world.pdir(1, tp), 10, 14)
+    assert made == [str(pdir / f"{10:020d}")]
+    assert copier.staging.release_partition(tp) == 1 and not pdir.exists()
+
+
+def test_the_watermark_is_overwritten_in_place_and_read_back(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    tp = rolled(world, 2)
+    copier = world.copier(1, tp)
+    copier.run_once(5, leader_epoch=0)
+    path = copier.watermark_path
+    assert path is not None
+    first = os.stat(path).st_ino
+    fsyncs = Fsyncs(monkeypatch)
+    copier.tiered(9, 0)
+    copier.write_watermark()
+    assert os.stat(path).st_ino == first and not path.with_name(path.name + ".tmp").exists()
+    assert (fsyncs.files, fsyncs.dirs) == (1, [])  # the file's; no rename, so no directory fsync
+    assert len(path.read_bytes()) == 64
+    assert PartitionCopier(broker_id=1, tp=tp, partition_dir=copier.partition_dir, rlmm=copier.rlmm,
+                           rsm=copier.rsm, staging=copier.staging, deleter=copier.deleter,
+                           watermark_path=path).tiered_offset == 9
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"41 3", 41), (b"41", 41),  # written by older sidecars (temp file and rename)
+    (b"41 - " + b"%08x" % __import__("zlib").crc32(b"41 -") + b"\n", 41),  # no epoch known
+    (b"42 3 00000000" + b" " * 50 + b"\n", -1),  # a torn overwrite: its CRC fails, ignored (the metadata decides)
+])
+def test_watermark_formats(world: World, content: bytes, expected: int) -> None:
+    tp = rolled(world, 1)
+    copier = world.copier(1, tp)
+    assert copier.watermark_path is not None
+    copier.watermark_path.parent.mkdir(parents=True, exist_ok=True)
+    copier.watermark_path.write_bytes(content)
+    assert world.copier(1, tp).tiered_offset == expected
