@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.serial._implicit_defaults import get_tagged_field_default
@@ -40,7 +40,7 @@ from kio.serial._introspect import EntityTupleField, classify_field, get_field_t
 from kio.serial._parse import get_field_reader
 from kio.serial.readers import read_compact_array_length, read_legacy_array_length, read_unsigned_varint
 
-from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader, response_header
+from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader, request_schema, response_header
 
 __all__ = [
     "ErrorCode",
@@ -65,7 +65,7 @@ def decode_request(frame: bytes, header: RequestHeader, *, keep: list[Any] | Non
     decoded an item at a time, and their items appended to ``keep`` (to be freed by :func:`free_gradually` once the
     entity is dropped): for large frames, so that no one call holds the GIL for the whole frame."""
     try:
-        schema = load_request_schema(header.api_key, header.api_version)
+        schema = request_schema(header.api_key, header.api_version)
     except Exception as err:  # noqa: BLE001
         raise BadRequestError(f"api key {header.api_key} version {header.api_version}: {err}", header) from None
     try:
@@ -195,7 +195,7 @@ def decode_response(frame: bytes, header: RequestHeader) -> Any:
 def new_request(api_key: int, api_version: int, correlation_id: int, client_id: str, values: Mapping[str, Any]
                 ) -> tuple[bytes, RequestHeader]:
     """A request of our own (the proxy asking its broker), size prefix included, and its header."""
-    rtype = load_request_schema(api_key, api_version)
+    rtype = request_schema(api_key, api_version)
     header_type = rtype.__header_schema__
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
@@ -446,8 +446,15 @@ def _skip_tags(data: bytes, pos: int) -> int:
 
 
 def response_type(header: RequestHeader) -> type | None:
+    """kio's response schema answering ``header``'s request, None for an api key or version it does not know."""
+    return _response_schema(header.api_key, header.api_version)
+
+
+@functools.cache
+def _response_schema(api_key: int, version: int) -> type | None:
+    """Looked up once per api key and version (kio resolves its module path by name at each call)."""
     try:
-        return load_response_schema(header.api_key, header.api_version)
+        return load_response_schema(api_key, version)
     except Exception:  # noqa: BLE001
         return None
 

@@ -19,6 +19,7 @@ without decoding anything else (:func:`with_correlation_id`).
 
 from __future__ import annotations
 
+import functools
 import struct
 import typing
 
@@ -34,6 +35,7 @@ __all__ = [
     "RequestHeader",
     "correlation_id_of_response",
     "read_header",
+    "request_schema",
     "response_header",
     "with_correlation_id",
 ]
@@ -63,13 +65,20 @@ class RequestHeader(typing.NamedTuple):
     body_offset: int
 
 
+@functools.cache
+def request_schema(api_key: int, version: int) -> type:
+    """kio's request schema of an api key and version, looked up once (kio resolves its module path by name at each
+    call: 0.07 ms, three times per proxied request). Raises as kio does for an unknown one (not remembered)."""
+    return load_request_schema(api_key, version)
+
+
 def read_header(frame: bytes) -> RequestHeader:
     """The header of one request frame (without its size prefix)."""
     if len(frame) < HEADER_START.size + 2:
         raise BadRequestError(f"request of {len(frame)} bytes is shorter than a request header")
     api_key, version, correlation_id = HEADER_START.unpack_from(frame)
     try:
-        schema = load_request_schema(api_key, version)
+        schema = request_schema(api_key, version)
     except Exception:  # noqa: BLE001 - kio: unknown api key or version
         flexible = False
         schema = None

@@ -200,14 +200,16 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
 
 def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tuple[Any, int], BrokerBounds]
                     ) -> dict[str, Any] | None:
-    """The answer (response values) to a read_uncommitted Fetch ``req`` whose every partition asks below the broker's
-    log start as the proxy knows it (``bounds``, by (topic key, partition): learned from the broker's answers a
-    moment ago), from the tier alone, without asking the broker: each partition as :func:`fetch_below_log_start`
-    answers it, the broker's high watermark the larger of the known one and the tier's end (the broker's is never
-    below the tier's). None when the tier does not answer every partition without an error and with records or
-    room for none (nothing there, a hole, an unreadable copy, a topic not readable): then only the broker can say
-    what stands, and the proxy asks it. A stale log start is only lower than the broker's (it moves up): an offset
-    below it is below the broker's too."""
+    """The answer (response values) to a Fetch ``req`` whose every partition asks below the broker's log start as
+    the proxy knows it (``bounds``, by (topic key, partition): learned from the broker's answers a moment ago, with
+    its last stable offset for read_committed), from the tier alone, without asking the broker: each partition as
+    :func:`fetch_below_log_start` answers it, the broker's high watermark and last stable offset the larger of the
+    known ones and the tier's (the broker's are never below the tier's). None when the tier does not answer every
+    partition without an error and with records or room for none (nothing there, a hole, an unreadable copy, a topic
+    not readable), or, for read_committed, sees a transaction open at its end (only the broker knows whether it
+    was aborted): then the proxy asks the broker. A stale log start is only lower than the broker's (it moves up):
+    an offset below it is below the broker's too."""
+    committed = getattr(req, "isolation_level", 0) == 1
     if not req.topics:
         return None
     cap = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
@@ -219,7 +221,8 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
         parts = []
         for p in t["partitions"]:
             at = (key, p["partition_index"])
-            if at not in asked or p["error_code"] != ErrorCode.none or _nothing_there(p, asked[at]):
+            if at not in asked or p["error_code"] != ErrorCode.none or _nothing_there(p, asked[at]) or (
+                    committed and p["last_stable_offset"] < p["high_watermark"]):
                 return None
             b = bounds[at]
             parts.append({**p, **_with_bounds(p, dataclasses.replace(

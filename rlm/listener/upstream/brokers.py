@@ -24,6 +24,7 @@ chunk read; ``asyncio.wait_for`` made a task per wait: bench_proxy's profile had
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from collections import deque
@@ -258,7 +259,7 @@ class Upstream:
         return answer
 
     async def _send(self, data: bytes | bytearray) -> None:
-        REQUESTS.labels(api_label(int.from_bytes(data[4:6], "big", signed=True))).inc()
+        _requests(int.from_bytes(data[4:6], "big", signed=True)).inc()
         answers = self._answers
         assert answers is not None and answers.transport is not None
         if answers.error is not None:
@@ -312,6 +313,12 @@ class Upstream:
         self._answers = None
         self.versions = {}
         self.known.clear()
+
+
+@functools.cache
+def _requests(api_key: int) -> Any:
+    """The api key's child of :data:`REQUESTS` (looked up once: ``labels`` per request was 2% of the live path)."""
+    return REQUESTS.labels(api_label(api_key))
 
 
 def _expire(fut: asyncio.Future[None]) -> None:

@@ -125,12 +125,11 @@ class Proxy:
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
         addresses (v16+ ``node_endpoints``: decoded and those moved). A broker's answer with no fetch session asked
         says session id 0 already."""
-        if req.isolation_level == 0:
-            known = self._known_below(req, upstream)
-            if known is not None:  # every partition below the broker's log start as known: the tier alone
-                from_tier = await run(self._from_tier, header, req, client, known)
-                if from_tier is not None:
-                    return from_tier
+        known = self._known_below(req, upstream)
+        if known is not None:  # every partition below the broker's log start as known: the tier alone
+            from_tier = await run(self._from_tier, header, req, client, known)
+            if from_tier is not None:
+                return from_tier
         framed = await upstream.forward(fetch_sessionless(frame, header))
         assert framed is not None
         answer = memoryview(framed)[SIZE.size:]
@@ -160,7 +159,7 @@ class Proxy:
             for p in t.partitions:
                 if len(out) >= INLINE_FETCH_WALK_PARTITIONS or p.partition not in served.partitions:
                     return None
-                b = upstream.known.below(served.tp(p.partition), p.fetch_offset)
+                b = upstream.known.below(served.tp(p.partition), p.fetch_offset, stable=req.isolation_level == 1)
                 if b is None:
                     return None
                 out[(key, p.partition)] = b
@@ -257,7 +256,7 @@ class Proxy:
                 out[key] = BrokerBounds(start[at], end[at], stable[at])
                 served = self.ctx.catalog.by_name(name)
                 if served is not None:
-                    upstream.known.learn(served.tp(key[1]), out[key])
+                    upstream.known.learn(served.tp(key[1]), out[key], stable=isolation == 1)
             else:  # not answered at all: as the broker says of an offset it cannot serve yet
                 unbounded[key] = errors.get(at, ErrorCode.offset_not_available)
         if isolation == 1:

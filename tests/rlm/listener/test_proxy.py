@@ -268,10 +268,11 @@ def _offsets(records: bytes | None, position: int) -> list[int]:
     return out
 
 
-def _fetch(sock: socket.socket, topic: str, parts: list[tuple[int, int]], max_bytes: int = 1 << 20) -> Any:
+def _fetch(sock: socket.socket, topic: str, parts: list[tuple[int, int]], max_bytes: int = 1 << 20,
+           isolation: int = 0) -> Any:
     """A Fetch v11 (no session, no wait) of ``(partition, offset)`` in that order."""
     return call(sock, 1, 11, {
-        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": 0,
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": isolation,
         "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
             {"partition": p, "fetch_offset": o, "current_leader_epoch": -1, "log_start_offset": -1,
              "partition_max_bytes": max_bytes} for p, o in parts]}]})
@@ -318,13 +319,15 @@ def _upstream_requests() -> dict[str, float]:
             for api in ("fetch", "list_offsets")}
 
 
+@pytest.mark.parametrize("isolation", [0, 1])
 def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay_exact(
-        proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+        proxied: Proxied, monkeypatch: pytest.MonkeyPatch, isolation: int) -> None:
     """Reading a partition from 0, two batches a Fetch: the first Fetch below the broker's log start asks the broker
-    (the Fetch answered OFFSET_OUT_OF_RANGE, ListOffsets EARLIEST and LATEST); every later one below the log start it
-    learned is answered from the tier alone (:class:`rlm.listener.upstream.bounds.KnownBounds`, kept fresh for the
-    whole test here), the ones at or past it are forwarded, and no ListOffsets is asked again: every offset from 0
-    to the end, once, in order, with the broker's high watermark."""
+    (the Fetch answered OFFSET_OUT_OF_RANGE, ListOffsets EARLIEST and LATEST, and LATEST read_committed for a
+    read_committed Fetch); every later one below the log start it learned is answered from the tier alone
+    (:class:`rlm.listener.upstream.bounds.KnownBounds`, kept fresh for the whole test here; read_committed too: the
+    tier sees no transaction open at its end), the ones at or past it are forwarded, and no ListOffsets is asked
+    again: every offset from 0 to the end, once, in order, with the broker's high watermark."""
     monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
     topic = proxied.topic
     end = proxied.end(0)
@@ -334,17 +337,17 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
         position = 0
         while position < end:
             before = _upstream_requests()
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400).responses
+            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400, isolation=isolation).responses
             after = _upstream_requests()
             asked.append((position, {api: after[api] - before[api] for api in after}))
             (part,) = t.partitions
-            assert part.error_code == 0 and part.high_watermark == end, (position, part)
+            assert part.error_code == 0 and part.high_watermark == part.last_stable_offset == end, (position, part)
             got = _offsets(part.records, position)
             assert got, position
             seen += got
             position = got[-1] + 1
     assert seen == list(range(end))
-    assert asked[0] == (0, {"fetch": 1, "list_offsets": 2}), asked[0]
+    assert asked[0] == (0, {"fetch": 1, "list_offsets": 2 + isolation}), asked[0]
     below = [d for o, d in asked[1:] if o < LOG_START[0]]
     above = [d for o, d in asked[1:] if o >= LOG_START[0]]
     assert below and all(d == {"fetch": 0, "list_offsets": 0} for d in below), asked

@@ -61,16 +61,20 @@ def test_an_answer_of_a_size_out_of_bounds_ends_the_connection() -> None:
 
 def test_known_bounds_keep_the_largest_log_start_per_topic_id_and_go_stale() -> None:
     """:class:`rlm.listener.upstream.bounds.KnownBounds`: an offset below a fresh known log start gets the bounds; a
-    log start answered lower later (a new leader's) does not lower it; a topic created again (another id) knows
-    nothing; bounds older than ``fresh_s`` are not used."""
+    log start answered lower later (a new leader's) does not lower it; a last stable offset is given for
+    read_committed only once asked (a read_uncommitted ListOffsets keeps the one known); a topic created again
+    (another id) knows nothing; bounds older than ``fresh_s`` are not used."""
     now = [0.0]
     known = KnownBounds(fresh_s=1.0, clock=lambda: now[0])
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    known.learn(tp, BrokerBounds(100, 200, 190))
-    assert known.below(tp, 99) == BrokerBounds(100, 200, 190)
+    known.learn(tp, BrokerBounds(100, 200, 200), stable=False)
+    assert known.below(tp, 99) == BrokerBounds(100, 200, 200)
+    assert known.below(tp, 99, stable=True) is None
     assert known.below(tp, 100) is None and known.below(tp, -1) is None
-    known.learn(tp, BrokerBounds(50, 210, 210))
-    assert known.below(tp, 99) == BrokerBounds(100, 210, 210)
+    known.learn(tp, BrokerBounds(100, 200, 190), stable=True)
+    assert known.below(tp, 99, stable=True) == BrokerBounds(100, 200, 190)
+    known.learn(tp, BrokerBounds(50, 210, 210), stable=False)
+    assert known.below(tp, 99, stable=True) == BrokerBounds(100, 210, 190)
     assert known.below(TopicIdPartition(uuid.uuid4(), "t", 0), 10) is None
     now[0] = 1.5
     assert known.below(tp, 10) is None
