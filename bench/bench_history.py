@@ -393,7 +393,8 @@ def main() -> None:
     ap.add_argument("--consumer-property", action="append", default=[], metavar="KEY=VALUE",
                     help="a consumer setting for every read (repeatable), e.g. check.crcs=false")
     ap.add_argument("--py-spy", type=Path, default=None,
-                    help="record the endpoint's last read with py-spy (on PATH) into this file (collapsed stacks)")
+                    help="record each endpoint's last read with py-spy (on PATH) into this file (collapsed stacks; "
+                         "the other endpoints' into FILE.1, FILE.2, ... in the order they are listed)")
     ap.add_argument("--compare-before", metavar="COMMIT", default=None,
                     help="also read through the endpoint of COMMIT (a git worktree of it, its own child process), "
                          "taking turns with this tree's")
@@ -568,9 +569,11 @@ def main() -> None:
                 for r in range(args.repeat):
                     for name, bootstrap, topic, pid, ep in sources if r % 2 == 0 else sources[::-1]:
                         spy = None
-                        if args.py_spy and ep is endpoints[0] and r == args.repeat - 1:
+                        if args.py_spy and ep is not None and r == args.repeat - 1:
+                            out = args.py_spy if ep is endpoints[0] else args.py_spy.with_name(
+                                f"{args.py_spy.name}.{endpoints.index(ep)}")
                             spy = subprocess.Popen([shutil.which("py-spy") or "py-spy", "record", "-p", str(pid),
-                                                    "-o", str(args.py_spy), "-f", "raw", "-r", "250"],
+                                                    "-o", str(out), "-f", "raw", "-r", "250"],
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                             time.sleep(1.0)
                         before = ep.command("stats") if ep else None

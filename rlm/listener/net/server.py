@@ -62,6 +62,7 @@ import functools
 import gc
 import logging
 import math
+import mmap
 import socket
 import ssl
 import sys
@@ -72,6 +73,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kio.index import load_request_schema, load_response_schema
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
@@ -93,7 +95,7 @@ from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
 from rlm.tier import StreamedBatch, UnreadableCopyError
 
-__all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc"]
+__all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc", "warm_schemas"]
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,7 @@ class ListenerServer:
     # --------------------------------------------------------------------------------------- life
     def start(self) -> ListenerServer:
         steady_malloc()
+        warm_schemas(self.router.offered)
         self._thread = threading.Thread(target=self._run, name="rlm-history-loop", daemon=True)
         self._thread.start()
         self._ready.wait(30)
@@ -279,9 +282,8 @@ class ListenerServer:
                     left = accepted + limits.authentication_timeout_s - loop.time()
                     if left < timeout:
                         timeout, why = left, "authentication_timeout"
-                try:  # a timer, not asyncio.wait_for's task per request (3 event-loop rounds each, Python 3.11)
-                    async with asyncio.timeout(max(timeout, 0)):
-                        frame = await self._read_frame(reader, session, peer)
+                try:
+                    frame = await asyncio.wait_for(self._read_frame(reader, session, peer), max(timeout, 0))
                 except TimeoutError:
                     CLOSED.labels(why).inc()
                     log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": why})
@@ -475,8 +477,10 @@ class ListenerServer:
         else:
             self._per_ip.pop(ip, None)
 
-    async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any) -> bytes | None:
-        """The next request frame (without its size), or None when the connection is to be closed."""
+    async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any
+                          ) -> bytes | memoryview | None:
+        """The next request frame (without its size), or None when the connection is to be closed. A frame over
+        ``READ_SLICE_BYTES`` is a read-only view (:func:`_read_large`)."""
         try:
             size_bytes = await reader.readexactly(SIZE.size)
         except asyncio.IncompleteReadError:
@@ -499,9 +503,11 @@ class ListenerServer:
             BAD.labels("truncated_frame").inc()
             return None
 
-    async def _answer(self, frame: bytes, session: Any, client: Callable[[], Client], *,
+    async def _answer(self, frame: bytes | memoryview, session: Any, client: Callable[[], Client], *,
                       gone: Callable[[], bool] | None = None, upstream: Upstream | None = None) -> bytes | None:
         started = time.monotonic()
+        if upstream is not None and not isinstance(frame, bytes):
+            frame = bytes(frame)  # a proxy forwards the frame's bytes (rlm.listener.upstream)
         try:
             header = read_header(frame)
         except BadRequestError as err:
@@ -591,7 +597,7 @@ class ListenerServer:
         return encode_response(header, error_body(rtype, code))
 
     async def _dispatch(self, header: RequestHeader, req: Any, client: Client,
-                        gone: Callable[[], bool] | None = None, frame: bytes = b"",
+                        gone: Callable[[], bool] | None = None, frame: bytes | memoryview = b"",
                         upstream: Upstream | None = None) -> bytes | None:
         """The encoded response (or NO_RESPONSE). Only ApiVersions is answered on the event loop: every other
         handler, and the build and encoding of its answer (proportional to the request or the records), runs on a
@@ -602,8 +608,8 @@ class ListenerServer:
         if key == ApiKey.API_VERSIONS:
             return encode_response(header, build(rtype, self.router.api_versions(
                 broker=upstream.broker_api_versions if upstream else None)))
-        if upstream is not None:
-            return await self._proxied(header, frame, req, client, upstream)
+        if upstream is not None:  # the frame is bytes then (_answer)
+            return await self._proxied(header, typing.cast(bytes, frame), req, client, upstream)
         if key == ApiKey.FETCH:
             return await self._fetch(header, rtype, req, client, gone)
         call = self.router.answer(key)
@@ -724,20 +730,37 @@ class ListenerServer:
         return out
 
 
-async def _read_large(reader: asyncio.StreamReader, size: int) -> bytes:
-    """The next ``size`` bytes of the stream, taken a slice (``READ_SLICE_BYTES``) at a time. ``readexactly`` of a
-    4.8 MB frame let the stream's buffer grow to the whole frame (its flow control is off while it waits), then
-    copied it out in one piece on the event loop: ms in one callback. The stream's buffer now stays within its
-    limit, each slice is copied out as it comes, and the frame is joined once."""
-    parts = []
-    left = size
-    while left:
-        part = await reader.read(min(left, READ_SLICE_BYTES))
+async def _read_large(reader: asyncio.StreamReader, size: int) -> memoryview:
+    """The next ``size`` bytes of the stream, taken a slice (``READ_SLICE_BYTES``) at a time into an anonymous
+    mapping: a read-only view of it (kio reads views; bytes fields are decoded as bytes). ``readexactly`` of a 4.8 MB
+    frame let the stream's buffer grow to the whole frame (its flow control is off while it waits), then copied it
+    out in one piece on the event loop; joined into one bytes object, the frame's pages were still faulted in at
+    once (3-4 ms for 4.8 MB on a loaded machine, in proportion to size). A mapping's pages are faulted in as each
+    slice is written: no callback holds the loop for more than a slice."""
+    buf = mmap.mmap(-1, size)
+    pos = 0
+    while pos < size:
+        part = await reader.read(min(size - pos, READ_SLICE_BYTES))
         if not part:
             raise asyncio.IncompleteReadError(b"", size)
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
+        buf[pos:pos + len(part)] = part
+        pos += len(part)
+    return memoryview(buf).toreadonly()
+
+
+def warm_schemas(offered: dict[int, tuple[int, int]]) -> int:
+    """Import kio's request and response schemas of every version ``offered`` (api key -> (lowest, highest)) now;
+    how many there are. kio imports a schema's module at its first use: at a version's first request, on the event
+    loop, which each held for 5-20 ms of CPU (bench_listener_stall's first large Fetch v4: 7-8 ms; its first
+    ApiVersions: 3.7 ms). Once per process (about 0.4 s for the 118 the endpoint offers, on a loaded machine)."""
+    n = 0
+    for key, (lo, hi) in offered.items():
+        for version in range(lo, hi + 1):
+            for load in (load_request_schema, load_response_schema):
+                with contextlib.suppress(Exception):  # kio has no such schema: answered as unsupported anyway
+                    load(key, version)
+                    n += 1
+    return n
 
 
 def steady_malloc(threshold_bytes: int = MALLOC_THRESHOLD_BYTES) -> bool:

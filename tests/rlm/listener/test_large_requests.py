@@ -278,3 +278,35 @@ def test_answer_sized_buffers_are_not_faulted_in_at_each_answer(server: Listener
     worker.start()
     worker.join()
     assert faults["minor"] < 200 * 256 // 10  # a 1 MiB buffer is 256 pages: far fewer than one buffer per answer
+
+
+def test_every_schema_offered_is_imported_when_the_server_starts() -> None:
+    """kio imports a schema's module at its first use: at a version's first request, that import ran on the event
+    loop and held it 5-20 ms. A fresh interpreter that starts the server has the request and response schema modules
+    of every version it offers imported before any request is made."""
+    import subprocess
+
+    code = """
+import sys
+from kio.index import _get_entity_path, _name_from_key
+from kio.index import EntityType
+from rlm.listener.net.server import ListenerServer
+from rlm.listener.routing import Router
+from rlm.listener.tier.context import TierContext
+from rlm.listener.tier.node import NodeAnswers, NodeInfo
+
+ctx = TierContext(None, None, None)
+router = Router(ctx, NodeAnswers(ctx, NodeInfo(1, "127.0.0.1", 0, "c")))
+wanted = {_get_entity_path(_name_from_key(key), v, kind).split(":")[0]
+          for key, (lo, hi) in router.offered.items() for v in range(lo, hi + 1)
+          for kind in (EntityType.request, EntityType.response)}
+before = wanted - set(sys.modules)
+srv = ListenerServer(router, "127.0.0.1", 0).start()
+after = wanted - set(sys.modules)
+srv.stop()
+print(len(wanted), len(before), len(after))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    wanted, before, after = map(int, out.stdout.split()[-3:])
+    assert wanted > 100 and before > 100  # not imported by importing the server's modules
+    assert after == 0
