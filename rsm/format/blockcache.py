@@ -89,6 +89,8 @@ class _Stream:
         view = next(self.it)
         self.next += 1
         self.current = (part_id, view)
+        if self.next == len(self.blocks):  # the last: its window ends now (no longer a reader sharing the budget)
+            self.it.close()  # type: ignore[attr-defined]
         return view
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from rsm.api import RemoteSegmentMetadata
-from rsm.format import blockcache
+from rsm.format import blockcache, readahead
 from rsm.format.readahead import read_ahead_bytes
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
@@ -51,6 +51,8 @@ def test_sequential_one_block_reads_are_read_ahead_across_reads(tmp_path: Path) 
     per_object = Counter(b.object_number for b in ledger.blocks)
     assert len(per_object) >= 3  # the reads cross data objects
 
+    readers = readahead._readers
+
     def gets(rsm: RemoteStorageManager) -> tuple[int, list]:
         before = store.requests.snapshot().get("get", 0)
         out = [_fetch_like(rsm, md, b) for b in range(blocks) for _ in range(2)]  # each block in two Fetches
@@ -65,6 +67,9 @@ def test_sequential_one_block_reads_are_read_ahead_across_reads(tmp_path: Path) 
     assert cached_gets == 1 + sum(math.ceil(n / 2) for n in per_object.values())
     assert cached.block_cache.hits == 2 * blocks - 1  # type: ignore[union-attr]
     assert cached.block_cache.streams_opened == len(per_object)  # type: ignore[union-attr]
+    # the last stream handed its last block out: its window is closed, not counted among the readers sharing the
+    # process's budget
+    assert readahead._readers == readers
 
 
 def test_random_reads_stay_streamed(tmp_path: Path) -> None:
