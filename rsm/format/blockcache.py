@@ -68,6 +68,7 @@ class _Stream:
         self.next = 0  # index in blocks of the block the iterator hands out next
         self.current: tuple[int, memoryview] | None = None  # (part id, whole block)
         self.used = time.monotonic()
+        self.closed = False
 
     @property
     def current_bytes(self) -> int:
@@ -80,8 +81,11 @@ class _Stream:
             return True
         return self.next < len(self.blocks) and self.blocks[self.next].part_id == part_id
 
-    def take(self, part_id: int) -> memoryview:
-        """Block ``part_id`` (:meth:`at` said so), whole."""
+    def take(self, part_id: int) -> memoryview | None:
+        """Block ``part_id``, whole; None if the stream is not at it (any more: another read of the copy moved it on
+        or closed it meanwhile). Call with :attr:`lock` held."""
+        if self.closed or not self.at(part_id):
+            return None
         self.used = time.monotonic()
         if self.current is not None and self.current[0] == part_id:
             return self.current[1]
@@ -94,6 +98,8 @@ class _Stream:
         return view
 
     def close(self) -> None:
+        """End the read-ahead (call with :attr:`lock` held)."""
+        self.closed = True
         self.current = None
         self.it.close()  # type: ignore[attr-defined]
 
@@ -158,16 +164,18 @@ class BlockCache:
             for s in self._open(segment, stream, request_bytes):
                 with s.lock:
                     s.close()
-        if stream is None:
+        view = None
+        if stream is not None:
+            with stream.lock:
+                try:
+                    view = stream.take(block.part_id)
+                except BaseException:
+                    self._forget(segment, stream)
+                    stream.close()
+                    raise
+        if view is None:
             _READS.labels("streamed").inc()
             return None
-        with stream.lock:
-            try:
-                view = stream.take(block.part_id)
-            except BaseException:
-                self._forget(segment, stream)
-                stream.close()
-                raise
         with self._lock:
             self.hits += 1
         _READS.labels("hit").inc()

@@ -7,6 +7,7 @@ give their read-ahead back to the process."""
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -111,3 +112,29 @@ def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monk
     cache.close()
     assert cache.streams == 0
     wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed stream's GETs to finish")
+
+
+def test_concurrent_readers_of_one_copy_get_its_bytes(tmp_path: Path) -> None:
+    """Readers of the same copy at once (two consumers, or Fetches in parallel) move its one stream past each other's
+    blocks: a read the stream is no longer at is streamed, never handed another block."""
+    store, (md,) = _copied(tmp_path)
+    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
+    blocks = len(rsm.reader(md).ledger.blocks)
+    want = [_fetch_like(plain, md, b) for b in range(blocks)]
+    errors: list[BaseException] = []
+    results: list[list] = []
+
+    def reader() -> None:
+        try:
+            results.append([_fetch_like(rsm, md, b) for b in range(blocks) for _ in range(2)])
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results == [[w for w in want for _ in range(2)]] * 4
