@@ -48,6 +48,7 @@ __all__ = [
     "decode_request",
     "decode_response",
     "new_request",
+    "encode_fetch_response",
     "encode_response",
     "error_body",
     "FetchAnswer",
@@ -386,6 +387,82 @@ def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
     return FetchAnswer(error_code, tuple(errors), names_leaders, pos)
 
 
+def encode_fetch_response(header: RequestHeader, values: Mapping[str, Any]) -> bytes:
+    """A Fetch answer (size prefix included) to ``header``'s request (v4+) from response values as the tier's fetch
+    makes them (:func:`rlm.listener.tier.fetch.fetch`: top-level ``error_code`` and ``session_id``, ``responses``
+    of ``topic`` / ``topic_id`` and ``partitions`` of index, error code, offsets, ``aborted_transactions`` (None or
+    dicts) and ``records``), written field by field: the bytes kio's encoding of :func:`build`'s entity gives (test:
+    every version), without making the entities (build and kio's encoder were ~10% of a history Fetch's CPU).
+    Tagged fields are written empty: such answers carry none (no leaders, no diverging epochs)."""
+    v = header.api_version
+    flexible = v >= FETCH_FIRST_FLEXIBLE
+    by_id = v >= FETCH_FIRST_TOPIC_ID
+    out: list[bytes | bytearray] = [b"", _I32.pack(header.correlation_id) + (b"\0" if flexible else b"")]
+    head = _I32.pack(int(_millis(values.get("throttle_time", 0))))
+    if v >= FETCH_FIRST_SESSION:
+        head += _I16.pack(int(values.get("error_code", 0))) + _I32.pack(int(values.get("session_id", 0)))
+    responses = values["responses"]
+    out.append(head + _length(len(responses), flexible))
+    for t in responses:
+        if by_id:
+            tid = t.get("topic_id")
+            out.append(tid.bytes if tid is not None else bytes(16))
+        else:
+            name = (t.get("topic") or "").encode()
+            out.append((_uvarint_bytes(len(name) + 1) if flexible else _I16.pack(len(name))) + name)
+        parts = t["partitions"]
+        out.append(_length(len(parts), flexible))
+        for p in parts:
+            fixed = _PARTITION_HEAD.pack(p["partition_index"], int(p["error_code"]), p["high_watermark"],
+                                         p.get("last_stable_offset", -1))
+            if v >= 5:
+                fixed += _I64.pack(p.get("log_start_offset", -1))
+            aborted = p.get("aborted_transactions")
+            if aborted is None:
+                fixed += b"\0" if flexible else b"\xff\xff\xff\xff"
+            else:
+                fixed += _length(len(aborted), flexible)
+                for a in aborted:
+                    fixed += _ABORTED.pack(a["producer_id"], a["first_offset"]) + (b"\0" if flexible else b"")
+            if v >= 11:
+                fixed += _I32.pack(p.get("preferred_read_replica", -1))
+            records = p.get("records")
+            if records is None:
+                out.append(fixed + (b"\0" if flexible else b"\xff\xff\xff\xff"))
+            else:
+                out.append(fixed + (_uvarint_bytes(len(records) + 1) if flexible else _I32.pack(len(records))))
+                out.append(records)
+            if flexible:
+                out.append(b"\0")  # the partition's tagged fields
+        if flexible:
+            out.append(b"\0")  # the topic's
+    if flexible:
+        out.append(b"\0")  # the answer's (no node_endpoints)
+    size = sum(map(len, out))
+    out[0] = _I32.pack(size)
+    return b"".join(out)
+
+
+def _millis(value: Any) -> float:
+    return value.total_seconds() * 1000 if isinstance(value, datetime.timedelta) else value
+
+
+def _length(n: int, flexible: bool) -> bytes:
+    return _uvarint_bytes(n + 1) if flexible else _I32.pack(n)
+
+
+def _uvarint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_PARTITION_HEAD = struct.Struct(">ihqq")  # partition_index, error_code, high_watermark, last_stable_offset
+_ABORTED = struct.Struct(">qq")
+_I64 = struct.Struct(">q")
 _INDEX_ERROR = struct.Struct(">ih")
 
 

@@ -16,11 +16,14 @@ must change:
   the broker's log start offset, high watermark and last stable offset of the partitions concerned, asked on the
   client's own connection to it (ListOffsets EARLIEST, LATEST), and for a read_committed Fetch of a tier that sees a
   transaction open at its end the transactions the broker aborted (a Fetch at its log start). Bounds asked are
-  remembered a moment per connection (:class:`~rlm.listener.upstream.bounds.KnownBounds`): a read_uncommitted Fetch
-  whose every partition asks below a known log start is answered from the tier alone, the broker not asked.
+  remembered a moment per connection (:class:`~rlm.listener.upstream.bounds.KnownBounds`): a Fetch whose every
+  partition asks below a known log start is answered from the tier alone, the broker not asked (read_committed: when
+  no tier sees a transaction open at its end), written field by field
+  (:func:`~rlm.listener.protocol.codec.encode_fetch_response`).
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
   tier answers (their partitions' log start offsets asked first when the tier may answer).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,14 +35,13 @@ from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
     ErrorCode,
-    build,
     decode_response,
+    encode_fetch_response,
     encode_response,
     fetch_answer,
     fetch_sessionless,
     produce_acks,
     produce_names_leaders,
-    response_type,
 )
 from rlm.listener.protocol.frame import SIZE, RequestHeader
 from rlm.listener.routing import Route
@@ -172,7 +174,7 @@ class Proxy:
         values = fetch_from_tier(self.ctx, req, client, known)
         if values is None:
             return None
-        return encode_response(header, build(response_type(header), values))
+        return encode_fetch_response(header, values)
 
     def _served(self, partitions: list[tuple[Any, int]]) -> bool:
         """Whether any of ``partitions`` ((topic name or id, partition)) is of a topic the tier serves."""

@@ -20,6 +20,7 @@ from rlm.listener.protocol.codec import (
     BadRequestError,
     build,
     decode_response,
+    encode_fetch_response,
     encode_response,
     fetch_answer,
     fetch_sessionless,
@@ -130,3 +131,32 @@ def test_an_answer_naming_leaders_is_told_apart(version: int) -> None:
         walk = fetch_answer(answer, header)
         assert walk is not None and walk.names_leaders is bool(endpoints) and walk.size == len(answer)
         assert [code for _k, _p, code in walk.errors] == [6]
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+def test_the_fetch_answer_written_field_by_field_is_kios_encoding(version: int) -> None:
+    """:func:`rlm.listener.protocol.codec.encode_fetch_response` (the proxy's answers from the tier) gives the bytes
+    of kio's encoding of the same values, at every Fetch version the proxy offers; and the walk reads them back."""
+    frame, _header = new_request(ApiKey.FETCH, version, 9, "t", {"topics": []})
+    header = read_header(frame[4:])
+    rtype = response_type(header)
+    assert rtype is not None
+
+    def part(index: int, code: int, aborted: Any, records: Any) -> dict[str, Any]:
+        return {"partition_index": index, "error_code": code, "high_watermark": 1000 + index,
+                "last_stable_offset": 900 + index, "log_start_offset": 7, "aborted_transactions": aborted,
+                "preferred_read_replica": -1, "records": records}
+
+    values = {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [
+        {"topic": "a-topic", "topic_id": uuid.uuid4(), "partitions": [
+            part(0, 0, None, bytearray(b"x" * 300)),
+            part(1, 0, [], b""),
+            part(2, 0, [{"producer_id": 5, "first_offset": 17}, {"producer_id": 6, "first_offset": 40}], b"yz"),
+            part(3, 1, None, None)]},
+        {"topic": "b" * 200, "topic_id": uuid.uuid4(), "partitions": []}]}
+    ours = encode_fetch_response(header, values)
+    assert ours == encode_response(header, build(rtype, values))
+    walk = fetch_answer(ours[4:], header)
+    assert walk is not None and walk.size == len(ours) - 4
+    key = "a-topic" if version < 13 else values["responses"][0]["topic_id"]
+    assert walk.errors == ((key, 3, 1),)
