@@ -69,6 +69,7 @@ import sys
 import threading
 import time
 import typing
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,8 @@ CLOSED = Counter("rlm_history_closed_connections", "Connections the history endp
                  ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip,
 # principal_mapping
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
+_SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started and not stopped: QUEUED sums them
+QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 WRITE_SLICE_BYTES = 1 << 20  # an answer is handed to its transport at most this much at a time (ListenerServer._send)
 READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
@@ -183,6 +186,7 @@ class ListenerServer:
     def start(self) -> ListenerServer:
         steady_malloc()
         warm_schemas(self.router.offered)
+        _SERVING.add(self)
         self._thread = threading.Thread(target=self._run, name="rlm-history-loop", daemon=True)
         self._thread.start()
         self._ready.wait(30)
@@ -209,6 +213,7 @@ class ListenerServer:
             loop.close()
 
     def stop(self) -> None:
+        _SERVING.discard(self)
         loop = self._loop
         if loop is None or self._thread is None:
             return
@@ -282,9 +287,8 @@ class ListenerServer:
                     left = accepted + limits.authentication_timeout_s - loop.time()
                     if left < timeout:
                         timeout, why = left, "authentication_timeout"
-                try:  # a timer, not asyncio.wait_for's task per request (3 event-loop rounds each, Python 3.11)
-                    async with asyncio.timeout(max(timeout, 0)):
-                        frame = await self._read_frame(reader, session, peer)
+                try:
+                    frame = await asyncio.wait_for(self._read_frame(reader, session, peer), max(timeout, 0))
                 except TimeoutError:
                     CLOSED.labels(why).inc()
                     log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": why})
@@ -389,7 +393,7 @@ class ListenerServer:
         n = len(data)
         view = memoryview(data)
         transport = writer.transport
-        self._count_queued(n)
+        self._queued += n
         taken = 0
         try:
             while taken < n:
@@ -405,39 +409,34 @@ class ListenerServer:
                 elif taken + len(piece) < n:
                     await asyncio.sleep(0)  # the others' turn between slices the socket took at once
                 taken += len(piece)
-                self._count_queued(-len(piece))
+                self._queued -= len(piece)
             return True
         finally:
-            self._count_queued(taken - n)  # not taken: the connection is closed (or broke)
-
-    def _count_queued(self, delta: int) -> None:
-        if delta:
-            self._queued += delta
-            QUEUED.set(self._queued)
+            self._queued -= n - taken  # not taken: the connection is closed (or broke)
 
     async def _drain(self, writer: asyncio.StreamWriter, started: float) -> bool:
         """Wait until the socket has taken what the transport holds; False when the client took nothing of it for
-        ``write_timeout_s``, or not the whole answer (begun at ``started``) within the idle limit."""
+        ``write_timeout_s``, or not the whole answer (begun at ``started``) within the idle limit. A connection
+        error is raised to the caller. One timer per poll: a task and ``asyncio.wait`` per drain cost several
+        loop rounds per answer (each 1 MiB answer drains: the kernel's buffer, ``socket_send_buffer_bytes``, takes
+        about 200 KB at a time)."""
         loop = asyncio.get_running_loop()
         transport = writer.transport
-        drain = asyncio.ensure_future(writer.drain())
-        drain.add_done_callback(lambda f: f.cancelled() or f.exception())  # a lost connection is no log line
         progressed = loop.time()
         queued = transport.get_write_buffer_size()
-        try:
-            while True:
-                done, _ = await asyncio.wait({drain}, timeout=min(WRITE_POLL_S, self.limits.write_timeout_s))
-                if done:
-                    drain.result()  # a connection error is raised to the caller
-                    return True
-                now, left = loop.time(), transport.get_write_buffer_size()
-                if left < queued:
-                    queued, progressed = left, now
-                if now - progressed >= self.limits.write_timeout_s or now - started >= self.limits.idle_s:
-                    return False
-        finally:
-            if not drain.done():
-                drain.cancel()
+        poll = min(WRITE_POLL_S, self.limits.write_timeout_s)
+        while True:
+            try:
+                async with asyncio.timeout(poll):
+                    await writer.drain()
+                return True
+            except TimeoutError:
+                pass
+            now, left = loop.time(), transport.get_write_buffer_size()
+            if left < queued:
+                queued, progressed = left, now
+            if now - progressed >= self.limits.write_timeout_s or now - started >= self.limits.idle_s:
+                return False
 
     def queued_response_bytes(self) -> int:
         """Answer bytes queued to clients now, not yet taken by their sockets (on the event loop only): a running
