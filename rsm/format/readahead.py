@@ -17,9 +17,13 @@ without read-ahead).
 
 Adaptive: a reader's window starts at :data:`START_REQUESTS` requests (or at ``budget_bytes / GROWTH`` when that
 is more, so that one wait takes it to the budget) and grows :data:`GROWTH` times, up to ``budget_bytes``, each time
-the caller asks for a request that has not arrived (the caller is faster than the window
-fetches: a consumer catching up, a Spark task); a slow caller (a live Kafka consumer) finds its requests fetched and
-keeps the small window, so it holds a fraction of the budget.
+the caller asks for a request faster than the window fetches (a consumer catching up, a Spark task): the request has
+not arrived, or the caller spent less time on the request before than the window needs per request (the last
+request's fetch time over the requests the window holds). The second is what tells a fast caller at its second
+request already, which has arrived with the first (both started together); waiting for a request not arrived told
+it only at the third, a round trip later at a fifth of the budget. A slow caller (a live Kafka consumer) finds its
+requests fetched and takes its time on them, and keeps the small window, so it holds a fraction of the budget; one
+that stops after its first request (a broker's remote Fetch of a few MiB) never grows it.
 
 Order and errors: blocks come out in order; a request's error is raised when its blocks are asked for, never
 earlier. Closing early (the caller stops iterating: a bounded Fetch, an early ``close``) cancels the requests not
@@ -29,6 +33,7 @@ yet started; those running finish on their own and their buffers are dropped as 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -133,6 +138,8 @@ class ReadAhead:
         self._counted = False  # among the readers sharing the process's budget
         self._window = min(budget_bytes, max(START_REQUESTS * request_bytes, budget_bytes // GROWTH))
         self._handed = 0  # requests handed out
+        self._handed_at = 0.0  # when the last was (had arrived and was handed out: time.monotonic)
+        self._fetch_s = 0.0  # how long the last request that arrived took, from its start
 
     @property
     def held_bytes(self) -> int:
@@ -154,8 +161,25 @@ class ReadAhead:
             pos, length, unit = self._units.popleft()
             _account(length)
             self._in_window += length
-            fut = worker_pool().submit(fetch_range, self._store, self._key, pos, length)
+            fut = worker_pool().submit(self._fetch, pos, length)
             self._pending.append((fut, length, unit))
+
+    def _fetch(self, pos: int, length: int) -> bytearray:
+        t0 = time.monotonic()
+        buf = fetch_range(self._store, self._key, pos, length)
+        self._fetch_s = time.monotonic() - t0
+        return buf
+
+    def _caller_is_faster(self, fut: Future[bytearray], length: int) -> bool:
+        """Whether the caller, asking for the request ``fut`` (of ``length`` bytes), reads faster than the window
+        fetches: the request has not arrived, or the caller took less time on the request before than the window
+        needs to fetch one (a request's fetch time over the requests the window holds)."""
+        if not fut.done():
+            return True
+        if not self._units:  # nothing left to start: a wider window could not be used (and the caller's time on
+            return False     # its last requests, all fetched, tells nothing)
+        took = time.monotonic() - self._handed_at
+        return took * self._window < self._fetch_s * length
 
     def _release(self, length: int) -> None:
         self._in_window -= length
@@ -169,13 +193,14 @@ class ReadAhead:
             while not self._closed and (self._pending or self._units):
                 self._fill()
                 fut, length, unit = self._pending.popleft()
-                if self._handed and not fut.done():  # the caller is faster than the window: widen it
+                if self._handed and self._caller_is_faster(fut, length):  # widen the window
                     self._window = min(self._budget, GROWTH * self._window)
                 self._handed += 1
                 try:
                     buf = fut.result()
                 finally:
                     self._release(length)  # handed out (or failed): the caller's now, not the window's
+                self._handed_at = time.monotonic()  # the caller's time on this request starts
                 self._fill()  # the next request starts before this one is parsed
                 view = memoryview(buf)
                 start = unit[0].object_position

@@ -281,3 +281,44 @@ def test_the_window_grows_for_a_fast_caller_and_stays_small_for_a_slow_one(tmp_p
     finally:
         it.close()  # type: ignore[attr-defined]
     assert ahead.window_bytes == start
+
+
+class _SlowStore:
+    """The filesystem store, each ranged GET answered ``delay_s`` after it was asked (GETs in parallel overlap)."""
+
+    def __init__(self, inner: FileSystemStore, delay_s: float) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+
+    def get(self, key: str, start: int = 0, end_inclusive: int | None = None):
+        time.sleep(self._delay_s)
+        return self._inner.get(key, start, end_inclusive)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def test_a_fast_caller_widens_the_window_at_its_second_request(tmp_path: Path) -> None:
+    """The first two requests start together and arrive together: a caller that is done with the first long before
+    the window could fetch another widens the window when it asks for the second, though that one has arrived (it
+    waited only for the first: before, the window grew only when the caller waited, a round trip later)."""
+    inner = FileSystemStore(tmp_path / "remote")
+    md, _ = _copy(inner, tmp_path / "local")
+    rsm = RemoteStorageManager(RsmConfig(**SMALL), inner)
+    blocks = [b for b in rsm.reader(md).ledger.blocks if b.object_number == 0]
+    key = rsm.keys(md).data(0)
+    start = readahead.START_REQUESTS * 16 * KiB
+    ahead = readahead.ReadAhead(_SlowStore(inner, 0.3), key, blocks, budget_bytes=64 * KiB, request_bytes=16 * KiB)
+    assert len(ahead._units) > readahead.START_REQUESTS + 1
+    first_request = len(ahead._units[0][2])
+    it = iter(ahead)
+    try:
+        for _ in range(first_request):
+            next(it)
+        assert ahead.window_bytes == start
+        second = ahead._pending[0][0]
+        wait([second], timeout=30)  # arrived (it started with the first)
+        next(it)
+        assert ahead.window_bytes == 64 * KiB
+    finally:
+        it.close()  # type: ignore[attr-defined]
