@@ -20,6 +20,11 @@ load is low). A round trip takes the GIL back after each system call the loop ma
 worker running Python each costs up to ``sys.getswitchinterval()`` (5 ms), so ``ping`` counts several of those where
 ``lag`` counts one; ``--switch-interval-ms`` sets it for the server process.
 
+A third measure is not wall-clock: each callback the server's event loop runs is timed by the loop thread's CPU
+time (:class:`CallbackClock`), and the longest during the large Fetch are listed with the coroutines they left off
+in: what holds the loop itself, whatever the machine's load (the loop's GIL waits are not in it: the switch
+interval bounds those).
+
 ``--tree PATH`` imports ``rlm`` from another checkout (e.g. a git worktree of an older commit) to compare.
 """
 
@@ -111,6 +116,48 @@ def client(port: int, partitions: int, idle_s: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- server
+class CallbackClock:
+    """Times every callback the event loop of thread ``thread_name`` runs (asyncio's ``Handle._run``), by that
+    thread's CPU time; keeps those over ``min_s`` as (wall time, CPU s, what ran: the callback and, for a task, the
+    coroutines it left off in)."""
+
+    def __init__(self, thread_name: str = "rlm-history-loop", min_s: float = 0.001) -> None:
+        import asyncio.events
+
+        self.samples: list[tuple[float, float, str]] = []
+        handle_run = asyncio.events.Handle._run
+        me = self
+
+        def _run(handle: Any) -> None:
+            if threading.current_thread().name != thread_name:
+                handle_run(handle)
+                return
+            c = time.thread_time()
+            handle_run(handle)
+            cpu = time.thread_time() - c
+            if cpu > min_s:
+                me.samples.append((time.time(), cpu, me.describe(handle)))
+
+        asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+
+    @staticmethod
+    def describe(handle: Any) -> str:
+        cb = getattr(handle, "_callback", None)
+        task = getattr(cb, "__self__", None)
+        coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+        if coro is None:
+            return getattr(cb, "__qualname__", repr(cb))
+        where = []
+        while coro is not None and hasattr(coro, "cr_frame"):
+            frame = coro.cr_frame
+            where.append(f"{coro.__qualname__}" + (f":{frame.f_lineno}" if frame is not None else ""))
+            coro = coro.cr_await
+        return " > ".join(where)
+
+    def window(self, start: float, end: float) -> list[tuple[float, str]]:
+        return sorted(((cpu, what) for at, cpu, what in self.samples if start <= at <= end), reverse=True)
+
+
 class LagProbe:
     """A task on the server's loop: sleeps 1 ms, records (wall time, lateness). Nothing else: any system call it
     made would release the GIL and wait up to a switch interval to take it back, delaying the loop itself."""
@@ -190,13 +237,14 @@ def main() -> None:
 
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
+    clock = CallbackClock()
     srv = start_server()
     probe = LagProbe()
     task = asyncio.run_coroutine_threadsafe(probe.run(), srv._loop)
     print(f"rlm from {Path(rlm.__file__).parent.parent}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores; Fetch v4 of {args.partitions} partitions; switch interval "
           f"{sys.getswitchinterval() * 1000:g} ms; times in ms")
-    worst: dict[str, list[float]] = {"ping": [], "lag": []}
+    worst: dict[str, list[float]] = {"ping": [], "lag": [], "callback": []}
     try:
         for r in range(args.rounds):
             out = subprocess.run([sys.executable, __file__, "--client", str(srv.port), "--partitions",
@@ -212,6 +260,10 @@ def main() -> None:
                 print(row(f"{name}", idle) + "   idle")
                 print(row(f"{name}", during) + "   during the large Fetch")
                 worst[name].append(max(during, default=0) * 1000)
+            longest = clock.window(res["during_start"], res["during_end"])
+            worst["callback"].append(longest[0][0] * 1000 if longest else 0.0)
+            print("longest event-loop callbacks during the large Fetch, by the loop's CPU (ms): " + (
+                "; ".join(f"{cpu * 1000:.1f} ({what})" for cpu, what in longest[:3]) or "none over 1 ms"))
     finally:
         task.cancel()
         srv.stop()
