@@ -72,6 +72,32 @@ writes 1.1 -> 0.5 ms, fencing and run-start ListOffsets 0.9 -> 0.3 ms of GIL tim
 MiB, catch-up 18-24 s -> 10-19 s. What is left per segment then (GIL samples): staging ~20% (the first staging's
 mkdir, links, four fsyncs, marker), the stage job's listings ~13%, the store's copy ~10%, the metadata consumer
 thread ~8%, metadata writes ~7%, and the discovery and gauges rounds that fall in the burst.
+
+Session 11 (2026-11-26, 2,000 partitions, 6,000 segments). The copy path's file system work cut (f6d88d2: a copy's
+data object without its own directory fsync, staging keeps the partition's dir, the watermark overwritten in place):
+per segment four inodes made instead of six and eight fsyncs instead of eleven. This machine's ext4 pays most for
+making an inode (``perf``: ext4's ``recently_deleted`` scan was a quarter of a single-threaded copy's CPU). Side by
+side (``--baseline``, both sidecars copying the same burst, load 30-35): 7.49 ms per segment against 7.88 (-5%),
+catch-up 162 s against 185 s. Where it goes now (``--profile-gil``, GIL samples of the burst): the stage job 12.5%,
+the copy runs' staging 6.6%, the store's copy 8.6%, metadata writes 6.0%, fencing 2.6%, preparing 2.6%, releasing
+1.8% (the copy path, ~46%); apscheduler's dispatch of the copy jobs 11.4% and its "run time was missed" warnings
+5.2% (logged, then filtered); discovery 9.5%, gauges 6.7%, the metadata consumer 6.8%, the cleaner 4.3% (periodic
+jobs: the longer a loaded burst lasts, the more of them per segment).
+
+Against Kafka's own tiered storage (one run, load 17-30; the broker's CPU includes the produce of the burst):
+
+    the burst, side by side                          sidecar (rlm serve)  Kafka's RLM (LocalTieredStorage)
+    idle CPU, broker (copy / RLM task interval 5 s)  7.1%                 5.5%
+    idle CPU, sidecar                                2.0%                 -
+    burst CPU per segment, sidecar                   7.05 ms              -
+    burst CPU per segment, broker                    6.25 ms              9.33 ms
+    burst CPU per segment, broker + sidecar          13.30 ms             9.33 ms
+    the same, net of each one's idle CPU             10.37 ms             8.17 ms
+    catch-up after the last record acked             108.0 s              50.3 s
+    peak RSS of the tiering process                  148 MiB (sidecar)    973 MiB (broker, 2 GiB heap; 554 idle)
+
+Kafka's RLM adds about 3.1 ms of the broker's CPU per segment (9.33 - 6.25, the broker serving the produce and the
+sidecar's requests); the sidecar spends 7.05 ms of its own, about 2.3 times that, and catches up in twice the time.
 """
 
 from __future__ import annotations
