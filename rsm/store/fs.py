@@ -174,7 +174,13 @@ class FileSystemStore:
         in that directory. For objects that only count once a later object of the same directory is written: a
         copy's data objects, committed by its index object (``rsm.manager``). A crash before that later put may
         lose the name (the copy was never committed: its clean-up deletes what is left). One directory fsync per
-        copy instead of one per object (issue 26)."""
+        copy instead of one per object (issue 26).
+
+        What this gives up: on a filesystem that does not write its metadata in order (ext4 without a journal; ext4
+        with one, and xfs, log renames in order), a power cut during the later put, after its rename and before its
+        directory fsync, could keep the later name and lose this one. The copy is then not FINISHED in the metadata
+        (that is written after the put returns) and its clean-up deletes it; only a recovery from the store alone
+        (``rlm recover``, which takes an index object as committed) would meet such an index object."""
         return self._put(key, chunks, sync_dir=False)
 
     def _put(self, key: str, chunks: Iterable[Chunk], *, sync_dir: bool) -> int:
