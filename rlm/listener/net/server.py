@@ -114,7 +114,10 @@ QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clie
 _SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started and not stopped: QUEUED sums them
 QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
-WRITE_SLICE_BYTES = 1 << 20  # an answer is handed to its transport at most this much at a time (ListenerServer._send)
+# an answer is handed to its transport at most this much at a time (ListenerServer._send): above a consumer's usual
+# answer (max.partition.fetch.bytes, 1 MiB, and its headers), written in one piece
+WRITE_SLICE_BYTES = 2 << 20
+FREE_WHOLE_STRUCTS = 1024  # an answer built of at most this many structs is freed whole (_encoded)
 READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -853,7 +856,8 @@ def _unauthenticated_failure(session: Any, err: Exception, header: RequestHeader
 def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetch: bool = False) -> bytes:
     """The answer of ``values`` encoded; then the values and the entity built from them are freed a slice at a time
     on this (worker) thread: freed in one piece, the answer of a Fetch of 300,000 partitions holds the GIL (so the
-    event loop) for tens of ms."""
+    event loop) for tens of ms. An answer of at most ``FREE_WHOLE_STRUCTS`` structs (a consumer's: a few partitions)
+    is dropped whole: microseconds."""
     keep: list[Any] = []
 
     def encode(v: dict[str, Any]) -> bytes:
@@ -861,8 +865,9 @@ def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetc
 
     # a Fetch answer may carry a batch too large to hold: written later, in chunks (rlm.listener.net.chunked)
     data = encode_streamed(values, encode, flexible=header.flexible) if fetch else encode(values)
-    free_gradually(values)
-    free_gradually(keep)
+    if len(keep) > FREE_WHOLE_STRUCTS:
+        free_gradually(values)
+        free_gradually(keep)
     return data  # type: ignore[return-value]
 
 
