@@ -348,14 +348,16 @@ class Staging:
                 "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
             self._remove_segment_dir(root, target)
 
-        size = self._local_bytes(partition_dir, base, end)
+        # the .log's size, and with a bound the others' too (unbounded: not stat-ed one by one, issue 26)
+        size = self._local_bytes(partition_dir, base, end, log_only=not self.max_bytes)
         if size is None:
             raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
-        held = sum(self._held[root].values())
-        if self.max_bytes and held and held + size > self.max_bytes:
-            raise StagingFullError(
-                f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
-                f"staging_max_bytes={self.max_bytes}: not staged", held, size, self.max_bytes)
+        if self.max_bytes:
+            held = sum(self._held[root].values())
+            if held and held + size > self.max_bytes:
+                raise StagingFullError(
+                    f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
+                    f"staging_max_bytes={self.max_bytes}: not staged", held, size, self.max_bytes)
 
         self._mkdirs(root, target)
         try:
@@ -430,13 +432,15 @@ class Staging:
         live, deleted = partition_dir / name, partition_dir / f"{name}{DELETED_SUFFIX}"
         return (deleted, live) if prefer_deleted else (live, deleted)
 
-    def _local_bytes(self, partition_dir: Path, base: int, end: int) -> int | None:
-        """What staging the segment would take; None without a ``.log``."""
+    def _local_bytes(self, partition_dir: Path, base: int, end: int, log_only: bool = False) -> int | None:
+        """What staging the segment would take (``log_only``: its ``.log`` alone); None without a ``.log``."""
         log_name = segment_file_name(base, ".log")
         log_st = next((st for p in self._sources(partition_dir, log_name) if (st := _stat(p))), None)
         if log_st is None:
             return None
         total = log_st.st_size
+        if log_only:
+            return total
         for name in _optional_names(base, end):
             st = next((st for p in self._sources(partition_dir, name) if (st := _stat(p))), None)
             total += st.st_size if st else 0
@@ -466,7 +470,7 @@ class Staging:
             present = set(os.listdir(target)) if optional_only else set()
         for name in _optional_names(base, end):
             dest = target / name
-            if name in present or (not optional_only and dest.exists()):
+            if name in present:  # (a first staging links into a new, empty dir: nothing to look for)
                 continue
             prefer = prefer_deleted and not name.endswith(SNAPSHOT_SUFFIX)
             for src in self._sources(partition_dir, name, prefer_deleted=prefer):
