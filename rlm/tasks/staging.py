@@ -171,11 +171,28 @@ def _is_topic_id_dir(name: str) -> uuid.UUID | None:
     return tid if str(tid) == name else None
 
 
+_MARKER_MAX_BYTES = 4096  # a marker is "<end offset>\n": anything this long is no marker
+
+
 def _read_marker(seg_dir: Path, base_offset: int) -> int | None:
-    """The end offset in ``.complete``, or None when missing, empty, unreadable or not an offset >= base."""
+    """The end offset in ``.complete``, or None when missing, empty, unreadable or not an offset >= base.
+    Read with ``os.open`` and one ``read`` (a buffered ``open`` adds an fstat, an ioctl and lseeks: a marker is
+    read two or three times per segment, issue 26)."""
     try:
-        text = (seg_dir / COMPLETE).read_text("ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        fd = os.open(seg_dir / COMPLETE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _MARKER_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    if len(data) >= _MARKER_MAX_BYTES:
         return None
     if _END_OFFSET.fullmatch(text) is None:
         return None
