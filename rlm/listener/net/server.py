@@ -583,7 +583,15 @@ class ListenerServer:
                     return self._bad_body(header, api, err)
                 response = await self._dispatch(header, req, client(), gone, frame, upstream)
                 del req  # the items are freed before the GC runs again (kio entities hold no cycles)
-                await asyncio.get_running_loop().run_in_executor(self._pool, free_gradually, keep)
+                # The answer is held against queued_max_response_bytes meanwhile (a Fetch's reservation ended with
+                # it; _send counts it from its first write on): else that bound would not count it for as long as
+                # the request's items take to free (tens of ms for 300,000 partitions).
+                held = len(response) if response else 0
+                self._queued += held
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._pool, free_gradually, keep)
+                finally:
+                    self._queued -= held
                 return response
         finally:
             REQUESTS.labels(api, error).inc()

@@ -33,6 +33,7 @@ from rlm.listener.tier.catalog import ServedTopic
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from tests.rlm.listener.raw_wire import call, recv_frame, request
+from tests.support.sidecar import wait_for
 
 
 def sample(entity_type: type, depth: int = 0) -> dict[str, Any]:
@@ -310,3 +311,39 @@ print(len(wanted), len(before), len(after))
     wanted, before, after = map(int, out.stdout.split()[-3:])
     assert wanted > 100 and before > 100  # not imported by importing the server's modules
     assert after == 0
+
+
+def test_a_large_requests_answer_is_counted_as_queued_while_the_request_is_freed(
+        server: ListenerServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large request's items are freed (on a worker, a slice at a time) after its answer is made and before the
+    answer is written: meanwhile the answer counts in :meth:`ListenerServer.queued_response_bytes` (the bound on
+    answers queued to clients), as it does from its first write on; then nothing is counted any more."""
+    import rlm.listener.net.server as srv_module
+
+    n = 20_000
+    request_item = load_request_schema(1, 4).__dataclass_fields__["topics"].type.__args__[0]
+    request_item = request_item.__dataclass_fields__["partitions"].type.__args__[0]
+    reached, release = threading.Event(), threading.Event()
+    counted: list[int] = []
+    free = srv_module.free_gradually
+
+    def held_free(obj: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(obj, list) and obj and isinstance(obj[0], request_item):  # the request's items
+            counted.append(server.queued_response_bytes())  # read on a worker: an int, a snapshot
+            reached.set()
+            assert release.wait(60)
+        free(obj, *args, **kwargs)
+
+    monkeypatch.setattr(srv_module, "free_gradually", held_free)
+    big = request(1, 4, frame_of(1, 4, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 2**20, "topics": [
+            {"topic": "not-served", "partitions": [{"partition": i, "fetch_offset": 0, "partition_max_bytes": 1}
+                                                   for i in range(n)]}]})[struct.calcsize(">hhih") + 1:])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as large:
+        large.sendall(big)
+        assert reached.wait(30), "the large request's items were not freed"
+        release.set()
+        frame = recv_frame(large)
+    assert frame is not None
+    assert counted == [len(frame) + 4]  # the whole answer, its size prefix included
+    wait_for(lambda: server.queued_response_bytes() == 0, 10, "nothing to be counted as queued once it was taken")
