@@ -108,16 +108,18 @@ class CopyResult:
     cancelled: bool = False  # the run stopped: the copy in flight was cancelled (leadership lost, topic deleted)
 
 
-def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition,
-                          epochs: list[EpochEntry]) -> tuple[int, Lineage]:
+def highest_remote_offset(rlmm: RemoteLogMetadataManager, tp: TopicIdPartition, epochs: list[EpochEntry],
+                          segments: list[RemoteLogSegmentMetadata] | None = None) -> tuple[int, Lineage]:
     """The end of the remote chain of this broker's leader-epoch lineage (-1 when nothing is remote), and that
     lineage (the metadata's below the local checkpoint's first epoch, the checkpoint from there on).
 
     From live COPY_SEGMENT_FINISHED segments only (the metadata cache answers so, to answer the same after a rebuild
     from the compacted topic): once remote retention has deleted every segment, it no longer counts.
     :class:`PartitionCopier` keeps the highest it has tiered, in its watermark file across restarts.
+    ``segments``: the partition's metadata as just listed (None: listed here).
     """
-    segments = rlmm.list_remote_log_segments(tp)
+    if segments is None:
+        segments = rlmm.list_remote_log_segments(tp)
     lineage = lineage_of(segments).merged_with_local(epochs)
     chain = remote_chain(segments, lineage)
     return (chain[-1].end_offset_inclusive if chain else -1), lineage
@@ -147,6 +149,7 @@ class PartitionCopier:
         self._persisted = self._watermark
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
         self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
+        self._listing: list[RemoteLogSegmentMetadata] | None = None  # the last clean-up's, when it changed nothing
         # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
         # at its next block and is removed (rsm CopyCancelledError), instead of running to its end to be fenced.
         self.cancel = cancel
@@ -243,9 +246,12 @@ class PartitionCopier:
         now_ms = int(time.time() * 1000)
         n = 0
         self._unfinished_waiting = 0
-        for md in self.rlmm.list_remote_log_segments(self.tp):
+        segments = self.rlmm.list_remote_log_segments(self.tp)
+        touched = False  # a deletion was tried: the listing is stale
+        for md in segments:
             if md.state != RemoteLogSegmentState.COPY_SEGMENT_STARTED:
                 deleting = md.state == RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+                touched |= deleting
                 if deleting and self._delete_left(md, "unfinished-delete"):
                     n += 1
                 continue
@@ -256,8 +262,12 @@ class PartitionCopier:
             if md.broker_id != self.broker_id and not fenced and now_ms - md.event_timestamp_ms < ABANDONED_COPY_MS:
                 self._unfinished_waiting += 1
                 continue
+            touched = True
             if self._delete_left(md, "unfinished-copy"):
                 n += 1
+        # the run's resume point is computed from the same listing when nothing changed it (one listing of the
+        # partition's metadata per run, not two: each decodes every segment of the partition, issue 26)
+        self._listing = None if touched else segments
         return n
 
     def _delete_left(self, md: RemoteLogSegmentMetadata, reason: str) -> bool:
@@ -285,7 +295,8 @@ class PartitionCopier:
             return result
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
         epochs = PartitionDir(self.partition_dir).leader_epochs()
-        highest = self.resume_point(epochs)
+        highest = self.resume_point(epochs, self._listing)
+        self._listing = None
         staged, result.gaps = self.stage_new(highest, stop)
         self._highest = highest
         sizes = {s.directory: _size(s.log_path) for s in staged}
@@ -385,9 +396,10 @@ class PartitionCopier:
             return False
         return all(end <= highest for _base, end in PartitionDir(self.partition_dir).rolled_ranges())
 
-    def resume_point(self, epochs: list[EpochEntry]) -> int:
-        """The highest offset tiered along this broker's lineage (-1: none): copying resumes right after it."""
-        highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs)
+    def resume_point(self, epochs: list[EpochEntry], segments: list[RemoteLogSegmentMetadata] | None = None) -> int:
+        """The highest offset tiered along this broker's lineage (-1: none): copying resumes right after it.
+        ``segments``: the partition's metadata as just listed (None: listed here)."""
+        highest, lineage = highest_remote_offset(self.rlmm, self.tp, epochs, segments)
         if self._watermark is not None:
             # The metadata counts only live segments: remote retention deleted what we copied (all of it, or the
             # newest). Those offsets were tiered once; copying the still-local segments again would only feed

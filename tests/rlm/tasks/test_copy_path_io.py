@@ -136,3 +136,22 @@ def test_watermark_formats(world: World, content: bytes, expected: int) -> None:
     copier.watermark_path.parent.mkdir(parents=True, exist_ok=True)
     copier.watermark_path.write_bytes(content)
     assert world.copier(1, tp).tiered_offset == expected
+
+
+def test_a_run_lists_the_partitions_metadata_once(world: World) -> None:
+    """The clean-up's listing is the resume point's too when the clean-up deleted nothing: each listing decodes every
+    segment of the partition, and a partition holds thousands."""
+    tp = rolled(world, 2)
+    copier = world.copier(1, tp)
+    listed = []
+    inner = copier.rlmm.list_remote_log_segments
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        listed.append(1)
+        return inner(*args, **kw)
+
+    copier.rlmm.list_remote_log_segments = counted  # type: ignore[method-assign]
+    assert [m.end_offset_inclusive for m in copier.run_once(5, leader_epoch=0).copied] == [4]
+    assert len(listed) == 1
+    assert [m.end_offset_inclusive for m in copier.run_once(10, leader_epoch=0).copied] == [9]  # resumes after 4
+    assert len(listed) == 2
