@@ -648,8 +648,10 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         return [] if remove is None else remove(cutoff_ms)
 
     def close(self) -> None:
-        """See :meth:`RemoteStorageManagerApi.close`: closes the store (:class:`~rsm.store.base.ClosableStore`;
-        views of it share its resources)."""
+        """See :meth:`RemoteStorageManagerApi.close`: closes the block cache's streams (their read-ahead goes back
+        to the process) and the store (:class:`~rsm.store.base.ClosableStore`; views of it share its resources)."""
+        if self.block_cache is not None:
+            self.block_cache.close()
         close: Callable[[], None] | None = getattr(self.store, "close", None)
         if close is not None:
             close()

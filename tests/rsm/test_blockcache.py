@@ -89,7 +89,7 @@ def test_random_reads_stay_streamed(tmp_path: Path) -> None:
 
 def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monkeypatch) -> None:
     """Three copies read one block at a time, taking turns: a cache with room for two streams keeps two (the least
-    recently read closed), the bytes are exact, and every stream closed (left, idle, or the cache closed) gives its
+    recently read closed), the bytes are exact, and every stream closed (left, idle, or the manager closed) gives its
     read-ahead back to the process."""
     store, mds = _copied(tmp_path, copies=3)
     rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=260 * KiB), store)  # two 130 KiB requests
@@ -109,7 +109,7 @@ def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monk
     wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed streams' GETs to finish")  # none left running
     monkeypatch.setattr(blockcache, "IDLE_S", 10.0)
     assert _fetch_like(rsm, mds[0], 1) and cache.streams == 1  # sequential again: a stream
-    cache.close()
+    rsm.close()  # the manager's close closes its streams
     assert cache.streams == 0
     wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed stream's GETs to finish")
 
