@@ -107,8 +107,8 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 FILE_CHUNK_BYTES = 1 * MiB
 BLOCK_CACHE_BYTES = 64 * MiB
-"""The block cache of a store that reads ahead (S3): about 8 sequential readers of 4 MiB blocks, each holding the
-block it reads and the next."""
+"""The block cache of a store that reads ahead (S3): the current blocks' requests of its streams (8 of 8 MiB;
+rsm.format.blockcache), each stream's read-ahead window apart, within the process's read-ahead budget."""
 
 # What an index section is written from: a local file, bytes, or a function giving the bytes once the blocks are out.
 _SectionSource = Path | bytes | Callable[[], bytes]
