@@ -55,6 +55,7 @@ __all__ = [
     "fetch_answer",
     "fetch_sessionless",
     "free_gradually",
+    "last_offset",
     "produce_acks",
     "produce_names_leaders",
     "response_type",
@@ -441,6 +442,24 @@ def encode_fetch_response(header: RequestHeader, values: Mapping[str, Any]) -> b
     size = sum(map(len, out))
     out[0] = _I32.pack(size)
     return b"".join(out)
+
+
+def last_offset(records: bytes | bytearray | memoryview | None) -> int | None:
+    """The last offset of the last whole record batch (v2: base offset int64, batch length int32, leader epoch,
+    magic, crc, attributes, then last offset delta int32 at byte 23) in ``records``; None without one."""
+    if not records:
+        return None
+    pos, last = 0, None
+    n = len(records)
+    while pos + 27 <= n:
+        (base,) = _I64.unpack_from(records, pos)
+        (length,) = _I32.unpack_from(records, pos + 8)
+        if pos + 12 + length > n:
+            break
+        (delta,) = _I32.unpack_from(records, pos + 23)
+        last = base + delta
+        pos += 12 + length
+    return last
 
 
 def _millis(value: Any) -> float:

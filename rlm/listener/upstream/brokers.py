@@ -194,6 +194,7 @@ class Upstream:
         self._answers: _Answers | None = None
         self._next_id = 0
         self.known = KnownBounds()  # the broker's bounds learned on this connection (the proxy's history Fetches)
+        self.prefetched: Any = None  # the proxy's answer from the tier read ahead for this client's next Fetch
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -313,6 +314,7 @@ class Upstream:
         self._answers = None
         self.versions = {}
         self.known.clear()
+        self.prefetched = None
 
 
 @functools.cache

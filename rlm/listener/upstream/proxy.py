@@ -19,7 +19,9 @@ must change:
   remembered a moment per connection (:class:`~rlm.listener.upstream.bounds.KnownBounds`): a Fetch whose every
   partition asks below a known log start is answered from the tier alone, the broker not asked (read_committed: when
   no tier sees a transaction open at its end), written field by field
-  (:func:`~rlm.listener.protocol.codec.encode_fetch_response`).
+  (:func:`~rlm.listener.protocol.codec.encode_fetch_response`); the answer to the Fetch the client will send next
+  (the same partitions, each after the last record it got) is read from the tier meanwhile (:class:`Prefetched`),
+  so a consumer reading history has the tier's read overlap its own work and the answer's trip.
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
   tier answers (their partitions' log start offsets asked first when the tier may answer).
 """
@@ -31,6 +33,9 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from prometheus_client import Counter
+
+from rlm.listener.authz import READ
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
@@ -40,6 +45,7 @@ from rlm.listener.protocol.codec import (
     encode_response,
     fetch_answer,
     fetch_sessionless,
+    last_offset,
     produce_acks,
     produce_names_leaders,
 )
@@ -69,6 +75,10 @@ ABORTED_FETCH_VERSION = 11  # the Fetch the proxy asks its broker for aborted tr
 EARLIEST, LATEST = -2, -1
 INLINE_PRODUCE_CHECK_BYTES = 16384  # a Produce answer up to this size (~500 partitions) is checked on the event loop
 INLINE_FETCH_WALK_PARTITIONS = 512  # a Fetch answer of up to this many partitions is walked on the event loop
+PREFETCH_MAX_BYTES = 8 * 1024 * 1024  # an answer from the tier up to this size gets the next one read ahead
+PREFETCHES = Counter("rlm_history_proxy_prefetches", "As a proxy: answers from the tier read ahead for the Fetch a "
+                     "client was expected to send next, by what became of them: used, or missed (another Fetch came)",
+                     ["result"])
 
 
 class Proxy:
@@ -129,9 +139,10 @@ class Proxy:
         says session id 0 already."""
         known = self._known_below(req, upstream)
         if known is not None:  # every partition below the broker's log start as known: the tier alone
-            from_tier = await run(self._from_tier, header, req, client, known)
-            if from_tier is not None:
-                return from_tier
+            values = await self._tier_values(req, client, known, upstream, run)
+            if values is not None:
+                return encode_fetch_response(header, values)
+        upstream.prefetched = None
         framed = await upstream.forward(fetch_sessionless(frame, header))
         assert framed is not None
         answer = memoryview(framed)[SIZE.size:]
@@ -167,14 +178,51 @@ class Proxy:
                 out[(key, p.partition)] = b
         return out or None
 
-    def _from_tier(self, header: RequestHeader, req: Any, client: Client,
-                   known: dict[tuple[Any, int], BrokerBounds]) -> bytes | None:
-        """The answer to ``req`` from the tier alone (:func:`fetch_from_tier`), encoded; None when the broker must
-        be asked (on a worker)."""
-        values = fetch_from_tier(self.ctx, req, client, known)
-        if values is None:
-            return None
-        return encode_fetch_response(header, values)
+    async def _tier_values(self, req: Any, client: Client, known: dict[tuple[Any, int], BrokerBounds],
+                           upstream: Upstream, run: Run) -> dict[str, Any] | None:
+        """The answer (values) to ``req`` from the tier alone (:func:`fetch_from_tier`; None: the broker must be
+        asked): the one read ahead for it when the previous Fetch guessed it (:class:`Prefetched`), else read now;
+        then the next one is read ahead, on a worker, while this answer travels and the client reads it."""
+        shape = _shape(req)
+        ahead, upstream.prefetched = upstream.prefetched, None
+        values = None
+        if ahead is not None and ahead.shape == shape and self._still_readable(req, client):
+            try:
+                values = await ahead.values
+            except Exception:  # noqa: BLE001 - read again below, where an error is the request's
+                values = None
+            if values is None:
+                return None
+            PREFETCHES.labels("used").inc()
+        else:
+            if ahead is not None:
+                PREFETCHES.labels("missed").inc()
+            values = await run(fetch_from_tier, self.ctx, req, client, known)
+            if values is None:
+                return None
+        nxt = _next_request(req, values)
+        if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES:
+            ahead_known = self._known_below(nxt, upstream)
+            if ahead_known is not None:
+                future = run(fetch_from_tier, self.ctx, nxt, client, ahead_known)
+                future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error is its use's
+                upstream.prefetched = Prefetched(_shape(nxt), future)
+        return values
+
+    def _still_readable(self, req: Any, client: Client) -> bool:
+        """Whether the client's principal may still READ every topic of ``req`` (an answer read ahead was
+        authorized when it was read; the ACLs may have changed since). On the event loop: the ACLs are cached, and
+        the topics few (those :meth:`_known_below` looked up)."""
+        names = set()
+        for t in req.topics:
+            name = getattr(t, "topic", None)
+            if name is None:
+                served = self.ctx.catalog.by_id(t.topic_id)
+                if served is None:
+                    return False
+                name = served.name
+            names.add(name)
+        return self.ctx.allowed(client, READ, names) == names
 
     def _served(self, partitions: list[tuple[Any, int]]) -> bool:
         """Whether any of ``partitions`` ((topic name or id, partition)) is of a topic the tier serves."""
@@ -279,6 +327,48 @@ class Proxy:
             if pt is not None and pt.last_stable_offset < pt.high_watermark:
                 out.append(key)
         return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prefetched:
+    """An answer from the tier read ahead for the Fetch a client is expected to send next (one per connection):
+    the same partitions, sizes and isolation, each partition's fetch offset after the last record of the previous
+    answer. Used only when the next Fetch has exactly that shape (:func:`_shape`) and still asks below known log
+    starts; the tier's records never change, so the answer is the one reading it then would give (bounds a moment
+    older). A guess missed costs the read (counted: ``rlm_history_proxy_prefetches_total{result}``)."""
+
+    shape: tuple[Any, ...]
+    values: Awaitable[dict[str, Any] | None]
+
+
+def _shape(req: Any) -> tuple[Any, ...]:
+    """What an answer from the tier depends on in a Fetch request."""
+    return (req.isolation_level, req.max_bytes, tuple(
+        (getattr(t, "topic", None) or t.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes)
+        for t in req.topics for p in t.partitions))
+
+
+def _next_request(req: Any, values: dict[str, Any]) -> Any:
+    """``req`` with each partition's fetch offset after the last record of its answer in ``values`` (unchanged
+    without records); None when no partition got records (the client would not move on)."""
+    after: dict[tuple[Any, int], int] = {}
+    for t in values["responses"]:
+        for p in t["partitions"]:
+            last = last_offset(p["records"])
+            if last is not None:
+                after[(t["topic"], p["partition_index"])] = after[(t["topic_id"], p["partition_index"])] = last + 1
+    if not after:
+        return None
+    topics = []
+    for t in req.topics:
+        key = getattr(t, "topic", None) or t.topic_id
+        topics.append(dataclasses.replace(t, partitions=tuple(
+            dataclasses.replace(p, fetch_offset=after.get((key, p.partition), p.fetch_offset)) for p in t.partitions)))
+    return dataclasses.replace(req, topics=tuple(topics))
+
+
+def _answer_bytes(values: dict[str, Any]) -> int:
+    return sum(len(p["records"] or b"") for t in values["responses"] for p in t["partitions"])
 
 
 def _by_name(partitions: Iterable[tuple[str, int]]) -> dict[str, list[int]]:

@@ -331,6 +331,7 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
     monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
     topic = proxied.topic
     end = proxied.end(0)
+    used = REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0
     seen: list[int] = []
     asked: list[tuple[int, dict[str, float]]] = []  # (fetch offset, the broker's requests it took)
     with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
@@ -352,6 +353,10 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
     above = [d for o, d in asked[1:] if o >= LOG_START[0]]
     assert below and all(d == {"fetch": 0, "list_offsets": 0} for d in below), asked
     assert above and all(d == {"fetch": 1, "list_offsets": 0} for d in above), asked
+    # each answer from the tier had the next one read ahead: every Fetch below the log start after the first one
+    # from the tier alone used it (the first followed the broker's answer, which reads nothing ahead)
+    used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
+    assert used == len(below) - 1, (used, len(below))
 
 
 def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied) -> None:

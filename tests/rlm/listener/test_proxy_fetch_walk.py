@@ -24,11 +24,13 @@ from rlm.listener.protocol.codec import (
     encode_response,
     fetch_answer,
     fetch_sessionless,
+    last_offset,
     new_request,
     response_type,
 )
 from rlm.listener.protocol.frame import read_header
 from tests.rlm.listener.raw_wire import recv_frame
+from tests.support.batches import batch
 from tests.support.kafka import produce
 from tests.support.txn import TxnProducer
 
@@ -160,3 +162,12 @@ def test_the_fetch_answer_written_field_by_field_is_kios_encoding(version: int) 
     assert walk is not None and walk.size == len(ours) - 4
     key = "a-topic" if version < 13 else values["responses"][0]["topic_id"]
     assert walk.errors == ((key, 3, 1),)
+
+
+def test_the_last_offset_is_the_last_whole_batchs() -> None:
+    """:func:`rlm.listener.protocol.codec.last_offset` (where the proxy expects a client's next Fetch): the last
+    offset of the last whole batch, a batch cut at the end of the records left out, None for none."""
+    two = batch(10, [b"a", b"b", b"c"]) + batch(13, [b"d", b"e"])
+    assert last_offset(two) == 14
+    assert last_offset(two + batch(15, [b"f"])[:-3]) == 14
+    assert last_offset(bytearray(two[:40])) is None and last_offset(b"") is None and last_offset(None) is None
