@@ -98,6 +98,18 @@ Against Kafka's own tiered storage (one run, load 17-30; the broker's CPU includ
 
 Kafka's RLM adds about 3.1 ms of the broker's CPU per segment (9.33 - 6.25, the broker serving the produce and the
 sidecar's requests); the sidecar spends 7.05 ms of its own, about 2.3 times that, and catches up in twice the time.
+At 4,000 partitions in 40 topics (12,000 segments, load 10-30): sidecar 6.26 ms, broker 4.54 ms in its run; broker
+5.66 ms with its RLM (about 1.1 ms for the RLM); catch-up 247 s against 19 s; peak RSS 198 MiB against 1,140 MiB.
+``LocalTieredStorage`` never fsyncs (``Files.copy``, no ``force``): its times and CPU have no durable writes in them,
+the sidecar's store and staging eight fsyncs a segment (``--store-no-fsync`` drops the store's three).
+
+With every cut of the session (through 8242d38; ``--baseline`` at the session's start, load 4-12): 5.52 against 5.73
+ms per segment, catch-up 73 s against 78 s: the copy path's own system calls went from 272 to about 210 a segment
+(strace of a single-threaded copy), but most of a segment's CPU is elsewhere. ``perf record -g`` of the sidecar in a
+1,000-partition burst: 55% of its CPU in the kernel, of it futex waits and wakes (the GIL and locks handed between
+the copy workers, the stage job, the scheduler and the metadata consumer: every system call gives the GIL up) 16%,
+fsync 11%, ext4's inode allocation 6%; in Python (GIL samples): the stage job 17%, the store's copy 13%, the copy
+runs' staging 9%, metadata writes 8% and their consumer 8%, gauges 7%, discovery 6%, the scheduler 7%.
 """
 
 from __future__ import annotations
@@ -218,7 +230,7 @@ class SidecarProcess:
             "log_dirs": [str(d) for d in kc.node(1).log_dirs],
             "staging_dir": str(self.dir / "staging"),
             "kafka": {"bootstrap_servers": kc.bootstrap_servers},
-            "store": {"store": "fs", "root_path": str(self.dir / "remote")},
+            "store": {"store": "fs", "root_path": str(self.dir / "remote"), "fsync": STORE_FSYNC},
             "metadata": {"topic": f"__rlm_md_{name}", "partitions": 10, "replication_factor": 1,
                          "state_dir": str(self.dir / "state"), "to_be_deleted_topic": f"__rlm_tbd_{name}"},
             "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms},
@@ -265,6 +277,7 @@ def create_topics(kc, prefix: str, topics: int, partitions: int, extra: dict[str
     return names
 
 
+STORE_FSYNC = True  # --store-no-fsync: the store's fsyncs off (staging's stay); LocalTieredStorage has none
 PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
 
 
@@ -506,11 +519,14 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path,
                     help="another checkout (e.g. `git archive` of an older commit): its sidecar runs beside this one's "
                          "in the short-interval phase and the burst, on the same broker and load")
+    ap.add_argument("--store-no-fsync", action="store_true",
+                    help="the sidecar's filesystem store without fsyncs (LocalTieredStorage never fsyncs: Files.copy)")
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
-    global PROFILE_GIL
+    global PROFILE_GIL, STORE_FSYNC
     PROFILE_GIL = args.profile_gil
+    STORE_FSYNC = not args.store_no_fsync
     if args.partitions % args.topics:
         ap.error("--partitions must be a multiple of --topics")
     if args.profile:
