@@ -183,23 +183,20 @@ class Proxy:
         """The answer (values) to ``req`` from the tier alone (:func:`fetch_from_tier`; None: the broker must be
         asked): the one read ahead for it when the previous Fetch guessed it (:class:`Prefetched`), else read now;
         then the next one is read ahead, on a worker, while this answer travels and the client reads it."""
-        shape = _shape(req)
         ahead, upstream.prefetched = upstream.prefetched, None
-        values = None
-        if ahead is not None and ahead.shape == shape and self._still_readable(req, client):
+        values: dict[str, Any] | None = None
+        used = False
+        if ahead is not None and ahead.shape == _shape(req) and self._still_readable(req, client):
             try:
-                values = await ahead.values
-            except Exception:  # noqa: BLE001 - read again below, where an error is the request's
-                values = None
-            if values is None:
-                return None
-            PREFETCHES.labels("used").inc()
-        else:
-            if ahead is not None:
-                PREFETCHES.labels("missed").inc()
+                values, used = await ahead.values, True
+            except Exception:  # noqa: BLE001 - read again now, where an error is this request's
+                pass
+        if ahead is not None:
+            PREFETCHES.labels("used" if used else "missed").inc()
+        if not used:
             values = await run(fetch_from_tier, self.ctx, req, client, known)
-            if values is None:
-                return None
+        if values is None:
+            return None
         nxt = _next_request(req, values)
         if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES:
             ahead_known = self._known_below(nxt, upstream)
