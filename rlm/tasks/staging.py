@@ -221,6 +221,27 @@ def _remove_files_dir(d: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _write_marker(target: Path, end: int) -> None:
+    """The ``.complete`` marker of ``target``, durably: as :func:`rlm.state.write_file_durably` (temp file, fsync,
+    rename over, fsync of the directory), through ``os`` calls (a buffered ``open`` adds an fstat, an ioctl and an
+    lseek to each, issue 26)."""
+    tmp, path = target / f"{COMPLETE}.tmp", target / COMPLETE
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            data = f"{end}\n".encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(f"short write of {tmp}")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target)
+
+
 def _dir_bytes(seg_dir: Path) -> int:
     total = 0
     try:
@@ -248,8 +269,8 @@ class Staging:
         # stage(), release() and staged() of different partitions run on different copy threads: staged() must
         # not take a segment being staged right now for one a crash left half-done (and remove it).
         self._lock = threading.RLock()
-        # staging root -> complete segment dir -> bytes held (the size bound's count)
-        self._held: dict[Path, dict[Path, int]] = {}
+        # staging root -> complete segment dir -> bytes held (the size bound's count; None when unbounded: _bytes)
+        self._held: dict[Path, dict[Path, int | None]] = {}
         # complete segment dirs this process staged or checked -> (end offset, st_dev, st_ino of the staged .log): a
         # segment staged again (the stage job and each copy run stage what is not remote yet) is checked by its
         # marker and the broker's .log being that file, without resolving paths and testing each file (issue 26)
@@ -349,7 +370,7 @@ class Staging:
             if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
                                 present=present):
                 fsync_dir(target)
-                self._held[root][target] = _dir_bytes(target)
+                self._held[root][target] = self._bytes(target)
             return staged
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
@@ -358,7 +379,7 @@ class Staging:
                 # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
                 if self._rebuild_missing_indexes(tp, target, base) or linked:
                     fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
-                    self._held[root][target] = _dir_bytes(target)
+                    self._held[root][target] = self._bytes(target)
                 self._verify(target, end)
                 return staged
             log.info("staged segment replaced: not the local segment of that base", extra={
@@ -370,7 +391,7 @@ class Staging:
         if size is None:
             raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
         if self.max_bytes:
-            held = sum(self._held[root].values())
+            held = sum(n or 0 for n in self._held[root].values())
             if held and held + size > self.max_bytes:
                 raise StagingFullError(
                     f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
@@ -382,11 +403,11 @@ class Staging:
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
             self._rebuild_missing_indexes(tp, target, base)
             fsync_dir(target)
-            write_file_durably(target / COMPLETE, f"{end}\n".encode())
+            _write_marker(target, end)
         except BaseException:
             self._remove_segment_dir(root, target)
             raise
-        self._held[root][target] = _dir_bytes(target)
+        self._held[root][target] = self._bytes(target)
         self._verify(target, end)
         return staged
 
@@ -634,7 +655,7 @@ class Staging:
                         self._remove_segment_dir(root, seg)
                         continue
                     if seg not in self._held[root]:
-                        self._held[root][seg] = _dir_bytes(seg)
+                        self._held[root][seg] = self._bytes(seg)
                     out.append(StagedSegment(ptp, base, end, seg))
         out.sort(key=lambda s: (s.tp.topic, s.tp.partition, str(s.tp.topic_id), s.base_offset))
         return out
@@ -656,4 +677,9 @@ class Staging:
     def held_bytes(self) -> int:
         """Bytes of complete staged segments, summed over the log dirs (what the bound counts, per log dir)."""
         with self._lock:
-            return sum(sum(h.values()) for h in self._held.values())
+            return sum(_dir_bytes(d) if n is None else n for h in self._held.values() for d, n in h.items())
+
+    def _bytes(self, seg_dir: Path) -> int | None:
+        """What a staged segment holds, for the bound; None when unbounded (not counted: a scandir and a stat per
+        file, per segment staged; :meth:`held_bytes` counts those when asked)."""
+        return _dir_bytes(seg_dir) if self.max_bytes else None
