@@ -103,13 +103,15 @@ At 4,000 partitions in 40 topics (12,000 segments, load 10-30): sidecar 6.26 ms,
 ``LocalTieredStorage`` never fsyncs (``Files.copy``, no ``force``): its times and CPU have no durable writes in them,
 the sidecar's store and staging eight fsyncs a segment (``--store-no-fsync`` drops the store's three).
 
-With every cut of the session (through 8242d38; ``--baseline`` at the session's start, load 4-12): 5.52 against 5.73
-ms per segment, catch-up 73 s against 78 s: the copy path's own system calls went from 272 to about 210 a segment
-(strace of a single-threaded copy), but most of a segment's CPU is elsewhere. ``perf record -g`` of the sidecar in a
-1,000-partition burst: 55% of its CPU in the kernel, of it futex waits and wakes (the GIL and locks handed between
-the copy workers, the stage job, the scheduler and the metadata consumer: every system call gives the GIL up) 16%,
-fsync 11%, ext4's inode allocation 6%; in Python (GIL samples): the stage job 17%, the store's copy 13%, the copy
-runs' staging 9%, metadata writes 8% and their consumer 8%, gauges 7%, discovery 6%, the scheduler 7%.
+With every cut of the session (through ff239af; ``--baseline`` at the session's start a7885a8, load 5-11): 5.13
+against 5.94 ms per segment (user 2.96, system 2.17), catch-up 42 s against 45 s (through 8242d38: 5.52 against
+5.73). The copy path's own system calls went from 272 to 177 a segment (strace of a single-threaded copy: staged,
+copied, released), most of a segment's CPU is elsewhere. ``perf record -g`` of the sidecar in a 1,000-partition
+burst: 55% of its CPU in the kernel, of it futex waits and wakes (the GIL and locks handed between the copy workers,
+the stage job, the scheduler and the metadata consumer: every system call gives the GIL up) 16%, fsync 11%, ext4's
+inode allocation 6%. In Python (GIL samples, the last run): the store's copy 16%, the scheduler's dispatch 10% and
+its warnings 2%, the stage job 10%, the copy runs' staging 9%, the metadata consumer 7%, metadata writes 6%, the
+fencing check 4%, preparing 4%, the rest of the copy runs 8%, gauges, cleaner and discovery 8%.
 """
 
 from __future__ import annotations
