@@ -36,7 +36,7 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.serial._implicit_defaults import get_tagged_field_default
-from kio.serial._introspect import EntityTupleField, classify_field, get_field_tag
+from kio.serial._introspect import EntityTupleField, PrimitiveTupleField, classify_field, get_field_tag, is_optional
 from kio.serial._parse import get_field_reader
 from kio.serial.readers import read_compact_array_length, read_legacy_array_length, read_unsigned_varint
 
@@ -77,9 +77,43 @@ def decode_request(frame: bytes, header: RequestHeader, *, keep: list[Any] | Non
             body, _size = _read_sliced(schema, frame, header.body_offset, keep)
     except Exception as err:  # noqa: BLE001 - kio raises ValueError/IndexError/... on bad bytes
         raise BadRequestError(f"{schema.__name__} v{header.api_version}: cannot decode: {err}", header) from None
+    null = _null_array(body, schema)
+    if null is not None:
+        raise BadRequestError(f"{schema.__name__} v{header.api_version}: non-nullable array {null} is null", header)
     # Bytes after the body are ignored, as Kafka's broker does (AbstractRequest.parseRequest reads the message
     # and never checks the buffer's remainder): librdkafka's all-topics Metadata v12 carries 3 of them.
     return body
+
+
+@functools.cache
+def _arrays(entity_type: type) -> tuple[tuple[str, bool, type | None], ...]:
+    """The array fields of an entity type: (name, nullable, item type when it is a struct that holds arrays itself)."""
+    out = []
+    for f in fields(entity_type):
+        cls = classify_field(f)
+        if isinstance(cls, EntityTupleField):
+            out.append((f.name, is_optional(f), cls.type_ if _arrays(cls.type_) else None))
+        elif isinstance(cls, PrimitiveTupleField):
+            out.append((f.name, is_optional(f), None))
+    return tuple(out)
+
+
+def _null_array(entity: Any, entity_type: type) -> str | None:
+    """The name of the first array that is null where the schema says it may not be, else None. kio reads a null
+    array (length -1) into None whatever the schema, where Kafka's parser refuses a non-nullable one: a handler
+    iterating it would fail. Only arrays of structs that hold arrays are walked (a Fetch's topics, not its
+    hundreds of thousands of partitions)."""
+    for name, nullable, item_type in _arrays(entity_type):
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                return name
+        elif item_type is not None:
+            for item in value:
+                inner = _null_array(item, item_type)
+                if inner is not None:
+                    return f"{name}[].{inner}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

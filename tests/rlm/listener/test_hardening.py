@@ -979,3 +979,36 @@ def test_generated_frames_are_answered_or_close_the_connection(tiered: Tiered,
             one()
             assert api_versions_ok(h)
     assert no_traceback(caplog) == []
+
+
+def test_null_arrays_where_kafka_allows_none_are_bad_requests(tiered: Tiered,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A request whose non-nullable array is sent null (length -1): kio reads it as None where Kafka's parser refuses
+    it. Found by the generated frames (a ListOffsets v1 with ``topics`` -1 raised TypeError in its handler: no
+    answer, an ERROR with a traceback): now a bad request, answered as one (INVALID_REQUEST where the answer has a
+    top-level error code, else empty) for arrays at any depth, while a nullable one (Metadata's topics: every topic)
+    is still served; nothing logged at ERROR."""
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    caplog.set_level(logging.INFO)
+    invalid_request = 42
+    list_offsets_null_topics = struct.pack(">ii", -1, -1)  # v1: replica_id, topics (null)
+    # Fetch v7: replica_id, max_wait, min_bytes, max_bytes, isolation_level, session id, session epoch,
+    # topics [name, partitions (null)], forgotten topics (empty)
+    fetch_null_partitions = (struct.pack(">iiiibiii", -1, 0, 1, 1024, 0, 0, -1, 1) + kstr(tiered.topic("a"))
+                             + struct.pack(">ii", -1, 0))
+    with endpoint(tiered) as h, connect(h) as s:
+        answers = {}
+        for key, version, body in ((2, 1, list_offsets_null_topics), (1, 7, fetch_null_partitions)):
+            s.sendall(request(key, version, body, correlation_id=key))
+            frame = recv_frame(s)
+            assert frame is not None and struct.unpack_from(">i", frame)[0] == key
+            answers[key], _ = entity_reader(load_response_schema(key, version))(frame, 4)
+        assert answers[2].topics == ()
+        assert answers[1].error_code == invalid_request and answers[1].responses == ()
+        metadata = call(s, 3, 1, {"topics": None})  # nullable: every topic
+        assert metadata is not None and {t.name for t in metadata.topics} >= {tiered.topic("a"), tiered.topic("b")}
+        assert api_versions_ok(h)
+    assert no_traceback(caplog) == []
+    assert sum("request does not decode" in r.getMessage() for r in caplog.records) == 2
