@@ -643,7 +643,7 @@ class ListenerServer:
 
         try:
             answer = await self.router.proxy.answer(self.router.route(header.api_key), header, frame, req, client,
-                                                    upstream, run)
+                                                    upstream, run, self._fetch_room)
         except (UpstreamError, BadRequestError) as err:
             log.warning("proxy: the broker's connection failed, client connection closed",
                         extra={"api_key": header.api_key, "error": str(err)})

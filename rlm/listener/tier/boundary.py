@@ -155,12 +155,13 @@ def out_of_range(ctx: TierContext, req: Any, resp: Any) -> dict[tuple[Any, int],
 
 def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
                           bounds: dict[tuple[Any, int], BrokerBounds], holes: Holes,
-                          unbounded: dict[tuple[Any, int], ErrorCode] | None = None) -> Any:
+                          unbounded: dict[tuple[Any, int], ErrorCode] | None = None, budget: int | None = None) -> Any:
     """``resp`` (the broker's Fetch answer to ``req``, kio entities) with the partitions below the broker's log start
     (``bounds``: those :func:`out_of_range` named, as the broker gives them now) answered from the tier where it
     holds them (see the module's docstring); a hole met is told to ``holes``. ``unbounded``: those
     :func:`out_of_range` named whose bounds the broker would not give, with its error: their OFFSET_OUT_OF_RANGE
-    is replaced by that error (:func:`_unbounded`)."""
+    is replaced by that error (:func:`_unbounded`). ``budget``: the listener's room for queued answers (its
+    ``queued_max_response_bytes`` left), which lowers the tier's record budget further."""
     if unbounded:
         resp = _unbounded(resp, unbounded)
     asked = {(_key(t), p.partition): p for t in req.topics for p in t.partitions}
@@ -172,6 +173,8 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
         dataclasses.replace(t, partitions=tuple(p for p in t.partitions if (_key(t), p.partition) in below))
         for t in req.topics if any((_key(t), p.partition) in below for p in t.partitions)))
     cap = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
+    if budget is not None:
+        cap = min(cap, budget)
     decided = {k: d for k in below if (d := bounds[k].decided()) is not None}
     values, _size = fetch(ctx, sub, client, budget=max(cap - used, 0), decided=decided)
     tier: dict[tuple[Any, int], dict[str, Any]] = {}
@@ -198,8 +201,8 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
     return dataclasses.replace(resp, responses=tuple(topics))
 
 
-def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tuple[Any, int], BrokerBounds]
-                    ) -> dict[str, Any] | None:
+def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tuple[Any, int], BrokerBounds],
+                    budget: int | None = None) -> dict[str, Any] | None:
     """The answer (response values) to a Fetch ``req`` whose every partition asks below the broker's log start as
     the proxy knows it (``bounds``, by (topic key, partition): learned from the broker's answers a moment ago, with
     its last stable offset for read_committed), from the tier alone, without asking the broker: each partition as
@@ -208,11 +211,13 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
     partition without an error and with records or room for none (nothing there, a hole, an unreadable copy, a topic
     not readable), or, for read_committed, sees a transaction open at its end (only the broker knows whether it
     was aborted): then the proxy asks the broker. A stale log start is only lower than the broker's (it moves up):
-    an offset below it is below the broker's too."""
+    an offset below it is below the broker's too. ``budget``: as :func:`fetch_below_log_start`'s."""
     committed = getattr(req, "isolation_level", 0) == 1
     if not req.topics:
         return None
     cap = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
+    if budget is not None:
+        cap = min(cap, budget)
     asked = {(_key(t), p.partition): p.fetch_offset for t in req.topics for p in t.partitions}
     named = getattr(req.topics[0], "topic", None) is not None  # the request's version names topics (before v13)
     values, _size = fetch(ctx, req, client, budget=cap)

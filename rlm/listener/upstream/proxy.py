@@ -100,9 +100,12 @@ class Proxy:
                            ssl_context=self.ssl_context)
 
     async def answer(self, route: Route, header: RequestHeader, frame: bytes, req: Any, client: Client,
-                     upstream: Upstream, run: Run) -> bytes | bytearray | None:
+                     upstream: Upstream, run: Run, room: Callable[[], int] | None = None
+                     ) -> bytes | bytearray | None:
         """The answer frame (size prefix included) to one client request, ``b""`` for none (Produce acks=0).
-        ``req`` is the decoded request for SPLIT routes (None otherwise). Raises
+        ``req`` is the decoded request for SPLIT routes (None otherwise). ``room``: what is left of the listener's
+        bound on queued answers (``queued_max_response_bytes``), read on the event loop: the tier's part of a Fetch
+        answer carries no more records (at least one batch), and nothing is read ahead past half of it. Raises
         :class:`~rlm.listener.upstream.brokers.UpstreamError` when the broker fails the connection."""
         key = header.api_key
         if route is Route.FORWARD:
@@ -115,7 +118,7 @@ class Proxy:
                        ApiKey.FIND_COORDINATOR: self.peers.find_coordinator}[key]
             return await run(_rewritten, answer, header, rewrite)
         if key == ApiKey.FETCH:
-            return await self._fetch(header, frame, req, client, upstream, run)
+            return await self._fetch(header, frame, req, client, upstream, run, room)
         if key == ApiKey.LIST_OFFSETS:
             by_ts = _by_name((t.name, p.partition_index) for t in req.topics for p in t.partitions if p.timestamp >= 0)
             starts = await self._log_starts(upstream, served_partitions(self.ctx, by_ts)) if by_ts else {}
@@ -131,7 +134,7 @@ class Proxy:
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,
-                     run: Run) -> bytes | bytearray:
+                     run: Run, room: Callable[[], int] | None = None) -> bytes | bytearray:
         """A Fetch forwarded as the client's bytes, asking for no session (:func:`fetch_sessionless`); the broker's
         answer walked (:func:`fetch_answer`), not decoded, and passed as its bytes unless a partition of a topic the
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
@@ -139,7 +142,7 @@ class Proxy:
         says session id 0 already."""
         known = self._known_below(req, upstream)
         if known is not None:  # every partition below the broker's log start as known: the tier alone
-            values = await self._tier_values(req, client, known, upstream, run)
+            values = await self._tier_values(req, client, known, upstream, run, room)
             if values is not None:
                 return encode_fetch_response(header, values)
         upstream.prefetched = None
@@ -151,7 +154,7 @@ class Proxy:
             walk = await run(fetch_answer, answer, header)
         refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
         if refused:
-            return await self._split_fetch(header, bytes(answer), req, client, upstream, run)
+            return await self._split_fetch(header, bytes(answer), req, client, upstream, run, room)
         if walk.names_leaders:
             return await run(_rewritten, bytes(answer), header, self.peers.leaders)
         answer.release()
@@ -179,7 +182,8 @@ class Proxy:
         return out or None
 
     async def _tier_values(self, req: Any, client: Client, known: dict[tuple[Any, int], BrokerBounds],
-                           upstream: Upstream, run: Run) -> dict[str, Any] | None:
+                           upstream: Upstream, run: Run, room: Callable[[], int] | None = None
+                           ) -> dict[str, Any] | None:
         """The answer (values) to ``req`` from the tier alone (:func:`fetch_from_tier`; None: the broker must be
         asked): the one read ahead for it when the previous Fetch guessed it (:class:`Prefetched`), else read now;
         then the next one is read ahead, on a worker, while this answer travels and the client reads it."""
@@ -194,14 +198,16 @@ class Proxy:
         if ahead is not None:
             PREFETCHES.labels("used" if used else "missed").inc()
         if not used:
-            values = await run(fetch_from_tier, self.ctx, req, client, known)
+            values = await run(fetch_from_tier, self.ctx, req, client, known, room() if room else None)
         if values is None:
             return None
         nxt = _next_request(req, values)
-        if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES:
+        left = room() if room else None
+        if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES and (left is None or
+                                                                              left >= 2 * PREFETCH_MAX_BYTES):
             ahead_known = self._known_below(nxt, upstream)
             if ahead_known is not None:
-                future = run(fetch_from_tier, self.ctx, nxt, client, ahead_known)
+                future = run(fetch_from_tier, self.ctx, nxt, client, ahead_known, PREFETCH_MAX_BYTES)
                 future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error is its use's
                 upstream.prefetched = Prefetched(_shape(nxt), future)
         return values
@@ -230,7 +236,7 @@ class Proxy:
         return False
 
     async def _split_fetch(self, header: RequestHeader, answer: bytes, req: Any, client: Client, upstream: Upstream,
-                           run: Run) -> bytes:
+                           run: Run, room: Callable[[], int] | None = None) -> bytes:
         """The broker's Fetch ``answer`` decoded, the partitions it answers OFFSET_OUT_OF_RANGE below its log start
         answered from the tier (:func:`fetch_below_log_start`), encoded again."""
 
@@ -251,9 +257,10 @@ class Proxy:
         rest = {k: name for k, name in refused.items() if k not in known}
         bounds, unbounded = (await self._bounds(upstream, rest, req.isolation_level, run) if rest else ({}, {}))
         bounds.update(known)
+        budget = room() if room else None
 
         def merge() -> bytes:
-            merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded)
+            merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded, budget)
                       if bounds or unbounded else body)
             return encode_response(header, self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
 

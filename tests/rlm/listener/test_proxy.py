@@ -538,3 +538,27 @@ def test_peer_addresses() -> None:
     assert templated.of(3, "b3", 9092) == ("b3", 19095)
     assert PeerAddresses(1, lambda: ("me", 9095), {}, template="rlm-{node_id}.svc:9095").of(7, "b7", 9092) == (
         "rlm-7.svc", 9095)
+
+
+def test_history_answers_keep_within_the_listeners_room_for_queued_answers(
+        proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier's part of a proxied Fetch is bounded by what is left of the listener's ``queued_max_response_bytes``
+    (as the endpoint's answers are), whichever path answers it: the first Fetch below the broker's log start (the
+    broker asked, its answer split) and the next ones (the tier alone). With almost no room left, each answer
+    carries one batch (a consumer always progresses), however much its ``max_bytes`` asks; exact all the same."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    server = proxied.listener.server
+    monkeypatch.setattr(server, "_fetch_room", lambda: 1)
+    topic = proxied.topic
+    seen: list[int] = []
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        position = 0
+        for _ in range(4):
+            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=50 << 20).responses
+            (part,) = t.partitions
+            assert part.error_code == 0, (position, part)
+            got = _offsets(part.records, position)
+            assert 0 < len(got) <= 10, (position, got)  # one batch (the topic's batches hold up to 10 records)
+            seen += got
+            position = got[-1] + 1
+    assert seen == list(range(len(seen)))
