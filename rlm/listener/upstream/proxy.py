@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -76,6 +77,7 @@ EARLIEST, LATEST = -2, -1
 INLINE_PRODUCE_CHECK_BYTES = 16384  # a Produce answer up to this size (~500 partitions) is checked on the event loop
 INLINE_FETCH_WALK_PARTITIONS = 512  # a Fetch answer of up to this many partitions is walked on the event loop
 PREFETCH_MAX_BYTES = 8 * 1024 * 1024  # an answer from the tier up to this size gets the next one read ahead
+PREFETCHES_HELD = 8  # answers read ahead and not yet used or dropped, in the whole process (64 MiB at most)
 PREFETCHES = Counter("rlm_history_proxy_prefetches", "As a proxy: answers from the tier read ahead for the Fetch a "
                      "client was expected to send next, by what became of them: used, or missed (another Fetch came)",
                      ["result"])
@@ -93,6 +95,7 @@ class Proxy:
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
         self.holes = Holes()
+        self.prefetched: weakref.WeakSet[Prefetched] = weakref.WeakSet()  # held by connections, not yet used
 
     def connection(self) -> Upstream:
         """A new client connection's connection to the broker (opened at its first request)."""
@@ -206,10 +209,11 @@ class Proxy:
         if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES and (left is None or
                                                                               left >= 2 * PREFETCH_MAX_BYTES):
             ahead_known = self._known_below(nxt, upstream)
-            if ahead_known is not None:
+            if ahead_known is not None and len(self.prefetched) < PREFETCHES_HELD:
                 future = run(fetch_from_tier, self.ctx, nxt, client, ahead_known, PREFETCH_MAX_BYTES)
                 future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error is its use's
                 upstream.prefetched = Prefetched(_shape(nxt), future)
+                self.prefetched.add(upstream.prefetched)
         return values
 
     def _still_readable(self, req: Any, client: Client) -> bool:
@@ -333,9 +337,10 @@ class Proxy:
         return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)
 class Prefetched:
-    """An answer from the tier read ahead for the Fetch a client is expected to send next (one per connection):
+    """An answer from the tier read ahead for the Fetch a client is expected to send next (one per connection, at
+    most :data:`PREFETCHES_HELD` in the process, each of at most :data:`PREFETCH_MAX_BYTES` of records):
     the same partitions, sizes and isolation, each partition's fetch offset after the last record of the previous
     answer. Used only when the next Fetch has exactly that shape (:func:`_shape`) and still asks below known log
     starts; the tier's records never change, so the answer is the one reading it then would give (bounds a moment

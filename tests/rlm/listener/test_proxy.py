@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings
 from rlm.listener import Listener, start_listener
-from rlm.listener.upstream import bounds
+from rlm.listener.upstream import bounds, proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
@@ -562,3 +562,29 @@ def test_history_answers_keep_within_the_listeners_room_for_queued_answers(
             seen += got
             position = got[-1] + 1
     assert seen == list(range(len(seen)))
+
+
+def test_answers_read_ahead_are_capped_in_the_process(proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers read ahead from the tier for a client's next Fetch are held per connection until it comes: at most
+    ``PREFETCHES_HELD`` in the whole process (clients that stop fetching cannot make the sidecar hold more). With a
+    cap of 1, a second connection reading history while the first holds its read-ahead gets none; the first uses
+    its own: one used in all (two without the cap), every answer exact."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    monkeypatch.setattr(proxy, "PREFETCHES_HELD", 1)
+    port = proxied.listener.port
+    used = REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as a, \
+            socket.create_connection(("127.0.0.1", port), timeout=30) as b:
+        positions = {a: 0, b: 0}
+        seen: dict[socket.socket, list[int]] = {a: [], b: []}
+        for sock in (a, a, b, b, b, a):  # a holds a read-ahead from its second Fetch on; b's are refused
+            (t,) = _fetch(sock, proxied.topic, [(0, positions[sock])], max_bytes=400).responses
+            (part,) = t.partitions
+            assert part.error_code == 0, part
+            got = _offsets(part.records, positions[sock])
+            assert got
+            seen[sock] += got
+            positions[sock] = got[-1] + 1
+        assert seen[a] == list(range(len(seen[a]))) and seen[b] == list(range(len(seen[b])))
+    used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
+    assert used == 1
