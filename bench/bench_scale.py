@@ -84,21 +84,24 @@ the copy runs' staging 6.6%, the store's copy 8.6%, metadata writes 6.0%, fencin
 5.2% (logged, then filtered); discovery 9.5%, gauges 6.7%, the metadata consumer 6.8%, the cleaner 4.3% (periodic
 jobs: the longer a loaded burst lasts, the more of them per segment).
 
-Against Kafka's own tiered storage (one run, load 17-30; the broker's CPU includes the produce of the burst):
+Against Kafka's own tiered storage (one run with every cut of the session, load 2-4; the broker's CPU includes the
+produce of the burst):
 
     the burst, side by side                          sidecar (rlm serve)  Kafka's RLM (LocalTieredStorage)
-    idle CPU, broker (copy / RLM task interval 5 s)  7.1%                 5.5%
-    idle CPU, sidecar                                2.0%                 -
-    burst CPU per segment, sidecar                   7.05 ms              -
-    burst CPU per segment, broker                    6.25 ms              9.33 ms
-    burst CPU per segment, broker + sidecar          13.30 ms             9.33 ms
-    the same, net of each one's idle CPU             10.37 ms             8.17 ms
-    catch-up after the last record acked             108.0 s              50.3 s
-    peak RSS of the tiering process                  148 MiB (sidecar)    973 MiB (broker, 2 GiB heap; 554 idle)
+    idle CPU, broker (copy / RLM task interval 5 s)  11.4%                6.5%
+    idle CPU, sidecar                                1.8%                 -
+    burst CPU per segment, sidecar                   6.47 ms              -
+    burst CPU per segment, broker                    5.51 ms              7.50 ms
+    burst CPU per segment, broker + sidecar          11.98 ms             7.50 ms
+    the same, net of each one's idle CPU             10.86 ms             7.12 ms
+    catch-up after the last record acked             21.1 s               8.2 s
+    peak RSS of the tiering process                  142 MiB (sidecar)    596 MiB (broker, 2 GiB heap; 542 idle)
 
-Kafka's RLM adds about 3.1 ms of the broker's CPU per segment (9.33 - 6.25, the broker serving the produce and the
-sidecar's requests); the sidecar spends 7.05 ms of its own, about 2.3 times that, and catches up in twice the time.
-At 4,000 partitions in 40 topics (12,000 segments, load 10-30): sidecar 6.26 ms, broker 4.54 ms in its run; broker
+Kafka's RLM adds about 2 ms of the broker's CPU per segment (7.50 - 5.51, the broker serving the produce and the
+sidecar's requests); the sidecar spends 6.5 ms of its own, about three times that (an earlier run with the first
+cuts only, load 17-30: sidecar 7.05, broker 6.25 against 9.33 ms, catch-up 108 s against 50 s). Without the
+store's fsyncs (``--store-no-fsync``, another run, load 3-7): 4.24 ms a segment, catch-up 34 s. At 4,000 partitions
+in 40 topics (first cuts only, 12,000 segments, load 10-30): sidecar 6.26 ms, broker 4.54 ms in its run; broker
 5.66 ms with its RLM (about 1.1 ms for the RLM); catch-up 247 s against 19 s; peak RSS 198 MiB against 1,140 MiB.
 ``LocalTieredStorage`` never fsyncs (``Files.copy``, no ``force``): its times and CPU have no durable writes in them,
 the sidecar's store and staging eight fsyncs a segment (``--store-no-fsync`` drops the store's three).
