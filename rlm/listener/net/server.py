@@ -24,12 +24,13 @@ the polls one of whose partitions changed (a segment tiered, the log start moved
 no tier read). A waiting Fetch holds no worker thread: N polls on one partition cost one bounds read per tick, not N
 fetches, and cannot fill the pool.
 
-Answers queued to clients are bounded: a connection's next request is read only once its last answer has been
-taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure, as a broker mutes a
-channel with a response in flight); an answer is handed to its transport a slice (``WRITE_SLICE_BYTES``) at a time,
-so that a client that does not read holds its answer once, plus a slice at most in its transport (and the event
-loop never copies a large answer in one piece; large request frames are likewise taken ``READ_SLICE_BYTES`` at a
-time); a client that
+Answers queued to clients are bounded: a connection's next request is served (and a large one read) only once its
+last answer has been taken whole by the socket, whose kernel buffer is ``socket_send_buffer_bytes`` (back-pressure,
+as a broker mutes a channel with a response in flight); an answer up to ``WRITE_SLICE_BYTES`` is handed to its
+transport whole and not waited for (:class:`_QueuedAnswer`: the next request waits, if the client sends it before
+it has read the answer); a larger one a slice at a time, each waited for, so that a client that does not read
+holds its answer once, plus a slice at most in its transport (and the event loop never copies a large answer in one
+piece; large request frames are likewise taken ``READ_SLICE_BYTES`` at a time); a client that
 takes none of it for ``write_timeout_ms``, or not all of it within ``connections_max_idle_ms``, is closed
 (``not_reading``); and a Fetch answer carries no more records than what is left of ``queued_max_response_bytes``
 across all connections (the first batch still, so that consumers progress), so clients that do not read cannot make
@@ -200,8 +201,11 @@ class ListenerServer:
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
         try:
-            self._server = loop.run_until_complete(asyncio.start_server(
-                self._serve, self.host, self.port, ssl=self.ssl_context, limit=1 << 20,
+            def connection() -> _ClientProtocol:  # asyncio.start_server's, with _ClientProtocol
+                return _ClientProtocol(asyncio.StreamReader(limit=1 << 20, loop=loop), self._serve, loop)
+
+            self._server = loop.run_until_complete(loop.create_server(
+                connection, self.host, self.port, ssl=self.ssl_context,
                 ssl_handshake_timeout=self.limits.authentication_timeout_s if self.ssl_context else None))
             self.port = self._server.sockets[0].getsockname()[1]
         except BaseException as err:  # noqa: BLE001 - reported by start()
@@ -281,6 +285,7 @@ class ListenerServer:
         def gone() -> bool:  # the client closed its side (or the connection broke): a long poll stops
             return writer.is_closing() or reader.at_eof()
 
+        protocol = typing.cast(_ClientProtocol, writer.transport.get_protocol())
         try:
             while True:
                 # The next request must come (whole) within the idle limit and, before authentication, by the
@@ -292,12 +297,18 @@ class ListenerServer:
                         timeout, why = left, "authentication_timeout"
                 try:  # a timer, not asyncio.wait_for's task per request (3 event-loop rounds each, Python 3.11)
                     async with asyncio.timeout(max(timeout, 0)):
-                        frame = await self._read_frame(reader, session, peer)
+                        frame = await self._read_frame(reader, session, peer, protocol)
                 except TimeoutError:
+                    if protocol.answer is not None:  # its last answer not taken within the idle limit either
+                        why = "not_reading"
                     CLOSED.labels(why).inc()
                     log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": why})
                     return
                 if frame is None:
+                    return
+                # Back-pressure: a request is served once the last answer has been taken whole by the socket (a
+                # client that stops taking it is closed: write_timeout_ms, idle limit; _QueuedAnswer).
+                if protocol.answer is not None and not await protocol.answer.taken():
                     return
                 response = await self._answer(frame, session, client, gone=gone, upstream=upstream)
                 if response is None:
@@ -305,13 +316,12 @@ class ListenerServer:
                 if response is NO_RESPONSE:
                     continue  # Produce with acks=0, or a long poll whose client left
                 # counted before the write: a client may read the response before the next line would run
-                BYTES_SENT.labels(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(
-                    len(response))
-                # Back-pressure: the next request is read once this answer has been taken whole by the socket; a
-                # client that stops taking it is closed (write_timeout_ms, idle limit).
+                _bytes_sent(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(len(response))
                 if isinstance(response, ChunkedAnswer):
                     if not await self._write_chunked(writer, response, peer):
                         return
+                elif len(response) <= WRITE_SLICE_BYTES:
+                    self._write(writer, protocol, response, peer)  # taken, or queued (protocol.answer)
                 elif not await self._send(writer, response, peer, loop.time()):
                     return
                 if session is not None and session.close_after_response:
@@ -381,6 +391,21 @@ class ListenerServer:
             log.warning("history endpoint: client certificate refused, connection closed "
                         "(history_listener.tls.principal_mapping_rules)", extra={"peer": str(peer), "error": str(err)})
             return False
+
+    def _write(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol, data: bytes | bytearray, peer: Any
+               ) -> None:
+        """Hand an answer of at most ``WRITE_SLICE_BYTES`` to the transport whole, without waiting: what the socket
+        does not take at once is the connection's queued answer (:class:`_QueuedAnswer`, counted in
+        :meth:`queued_response_bytes` until the socket has taken it all), which the next request waits for. A
+        consumer's next Fetch comes once it has read this answer, so it seldom waits: no event-loop round per
+        answer to wake a drain, one to read the request."""
+        n = len(data)
+        self._queued += n
+        writer.write(data)
+        if not protocol.writing_paused:
+            self._queued -= n  # the socket took it all (or the connection is gone: nothing is held either)
+            return
+        protocol.answer = _QueuedAnswer(self, protocol, writer.transport, n, peer)
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes | memoryview, peer: Any, started: float
                     ) -> bool:
@@ -481,10 +506,12 @@ class ListenerServer:
         else:
             self._per_ip.pop(ip, None)
 
-    async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any
-                          ) -> bytes | memoryview | None:
+    async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any,
+                          protocol: _ClientProtocol | None = None) -> bytes | memoryview | None:
         """The next request frame (without its size), or None when the connection is to be closed. A frame over
-        ``READ_SLICE_BYTES`` is a read-only view (:func:`_read_large`)."""
+        ``READ_SLICE_BYTES`` is a read-only view (:func:`_read_large`), read only once the connection's last answer
+        has been taken (``protocol.answer``): a client that does not read cannot make the server hold a large
+        request beside its answer (a small one is in the stream's buffer already)."""
         try:
             size_bytes = await reader.readexactly(SIZE.size)
         except asyncio.IncompleteReadError:
@@ -502,6 +529,8 @@ class ListenerServer:
         try:
             if size <= READ_SLICE_BYTES:
                 return await reader.readexactly(size)
+            if protocol is not None and protocol.answer is not None and not await protocol.answer.taken():
+                return None
             return await _read_large(reader, size)
         except asyncio.IncompleteReadError:
             BAD.labels("truncated_frame").inc()
@@ -594,8 +623,8 @@ class ListenerServer:
                     self._queued -= held
                 return response
         finally:
-            REQUESTS.labels(api, error).inc()
-            LATENCY.labels(api).observe(time.monotonic() - started)
+            _requests(api, error).inc()
+            _latency(api).observe(time.monotonic() - started)
 
     def _bad_body(self, header: RequestHeader, api: str, err: BadRequestError) -> bytes:
         BAD.labels("body").inc()
@@ -758,6 +787,110 @@ async def _read_large(reader: asyncio.StreamReader, size: int) -> memoryview:
         buf[pos:pos + len(part)] = part
         pos += len(part)
     return memoryview(buf).toreadonly()
+
+
+class _ClientProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol for a client connection, which also tells when the socket has taken all that was
+    written (``resume_writing``; the transport's high-water mark is 0, or 1 with TLS: see ``_serve``) to the
+    connection's queued answer (``answer``), and whether writing is paused now (something is left to take)."""
+
+    def __init__(self, reader: asyncio.StreamReader, serve: Callable[..., Any], loop: asyncio.AbstractEventLoop
+                 ) -> None:
+        super().__init__(reader, serve, loop=loop)
+        self.answer: _QueuedAnswer | None = None  # an answer written and not yet all taken by the socket
+        self.writing_paused = False
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.writing_paused = False
+        if self.answer is not None:
+            self.answer.finish(True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.answer is not None:
+            self.answer.finish(False)
+        super().connection_lost(exc)
+
+
+class _QueuedAnswer:
+    """An answer handed whole to a connection's transport (:meth:`ListenerServer._write`) that its socket has not
+    taken all of yet: counted in the server's queued bytes until it has (the protocol's ``resume_writing``) or the
+    connection is gone. A timer checks its progress every ``WRITE_POLL_S``: a client that took nothing of it for
+    ``write_timeout_s``, or not all of it within the idle limit, is closed (``not_reading``), as by
+    :meth:`ListenerServer._drain`. The next request waits for it (:meth:`taken`)."""
+
+    __slots__ = ("_done", "_left", "_nbytes", "_peer", "_progressed", "_protocol", "_server", "_started", "_timer",
+                 "_transport", "_waiter")
+
+    def __init__(self, server: ListenerServer, protocol: _ClientProtocol, transport: asyncio.WriteTransport,
+                 nbytes: int, peer: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self._server, self._protocol, self._transport, self._nbytes, self._peer = (server, protocol, transport,
+                                                                                  nbytes, peer)
+        self._started = self._progressed = loop.time()
+        self._left = transport.get_write_buffer_size()
+        self._done: bool | None = None  # taken (True), the connection closed or lost (False); None: not yet
+        self._waiter: asyncio.Future[bool] | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(
+            min(WRITE_POLL_S, server.limits.write_timeout_s), self._check)
+
+    def finish(self, taken: bool) -> None:
+        """The socket took it all (``taken``), or the connection is closed: it is no longer queued."""
+        if self._done is not None:
+            return
+        self._done = taken
+        self._server._queued -= self._nbytes
+        if self._protocol.answer is self:
+            self._protocol.answer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(taken)
+
+    async def taken(self) -> bool:
+        """Once the socket has taken it all: True; False when the connection was closed first."""
+        if self._done is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return bool(self._done)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._done is not None:
+            return
+        loop = asyncio.get_running_loop()
+        limits = self._server.limits
+        now, left = loop.time(), self._transport.get_write_buffer_size()
+        if left < self._left:
+            self._left, self._progressed = left, now
+        if now - self._progressed >= limits.write_timeout_s or now - self._started >= limits.idle_s:
+            CLOSED.labels("not_reading").inc()
+            log.info("history endpoint: connection closed", extra={"peer": str(self._peer), "reason": "not_reading"})
+            self.finish(False)
+            self._transport.abort()
+            return
+        self._timer = loop.call_later(min(WRITE_POLL_S, limits.write_timeout_s), self._check)
+
+
+@functools.cache
+def _requests(api: str, error: str) -> Any:
+    """A child of :data:`REQUESTS` (looked up once per label set: both labels are of closed sets)."""
+    return REQUESTS.labels(api, error)
+
+
+@functools.cache
+def _latency(api: str) -> Any:
+    return LATENCY.labels(api)
+
+
+@functools.cache
+def _bytes_sent(api: str) -> Any:
+    return BYTES_SENT.labels(api)
 
 
 def warm_schemas(offered: dict[int, tuple[int, int]]) -> int:
