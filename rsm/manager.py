@@ -107,8 +107,9 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 FILE_CHUNK_BYTES = 1 * MiB
 BLOCK_CACHE_BYTES = 64 * MiB
-"""The block cache of a store that reads ahead (S3): the current blocks' requests of its streams (8 of 8 MiB;
-rsm.format.blockcache), each stream's read-ahead window apart, within the process's read-ahead budget."""
+"""The block cache: the current blocks of its streams (rsm.format.blockcache): where the store reads ahead (S3) their
+requests (8 of 8 MiB), each stream's read-ahead window apart, within the process's read-ahead budget; else the blocks
+themselves (16 of 4 MiB)."""
 
 # What an index section is written from: a local file, bytes, or a function giving the bytes once the blocks are out.
 _SectionSource = Path | bytes | Callable[[], bytes]
@@ -155,8 +156,9 @@ class RsmConfig(BaseModel):
     block_cache_bytes: int | None = Field(
         None, ge=0, description="reads of one block at a time (a history Fetch after another): when they are "
         "sequential, a stream per copy reads ahead across them (rsm.format.blockcache); bounds the streams' current "
-        "blocks (one read-ahead request each: capacity / read_ahead_request_bytes streams); 0 off; None: 64 MiB where "
-        "the store reads ahead (S3), else off")
+        "blocks (one read-ahead request each, capacity / read_ahead_request_bytes streams; where the store does "
+        "not read ahead, the block each, capacity / block size streams) and keeps each current block verified; 0 "
+        "off; None: 64 MiB")
     fsync: bool = True
     create_bucket: bool = False
     encryption: EncryptionConfig = Field(default_factory=EncryptionConfig,
@@ -275,7 +277,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         self._stores_lock = threading.Lock()
         cache_bytes = config.block_cache_bytes
         if cache_bytes is None:
-            cache_bytes = BLOCK_CACHE_BYTES if getattr(self.store, "read_ahead_bytes", 0) else 0  # ReadAheadStore
+            cache_bytes = BLOCK_CACHE_BYTES
         self.block_cache = BlockCache(cache_bytes) if cache_bytes else None
         """Whole blocks of sequential one-block reads (rsm.format.blockcache), shared by this manager's readers."""
         self.key_provider = config.encryption.key_provider()

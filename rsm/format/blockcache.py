@@ -7,20 +7,30 @@ its block from the block's start, again for every Fetch inside the same block.
 
 With a :class:`BlockCache`, a read of one block looks at the copy's last read:
 
-- when it follows it (the same block, or the next one), the reads are sequential: the copy gets a *stream*, a
-  :class:`~rsm.format.readahead.ReadAhead` over the rest of the block's data object, kept open across the reads, so
-  the next block is predicted and fetched ahead exactly as a long read's are (ranged GETs of about
-  ``read_ahead_request_bytes``, several blocks each; a window that grows while the reads keep waiting, within the
-  reader's ``read_ahead_bytes`` and its fair share of the process's read-ahead budget, which the streams share with
-  every other reader). The stream's current block is kept, so the Fetches inside one block read it from memory;
+- when it follows it (the same block, or the next one), the reads are sequential: the copy gets a *stream*, kept open
+  across the reads. Where the store reads ahead (S3: the reader's ``read_ahead_bytes``), it is a
+  :class:`~rsm.format.readahead.ReadAhead` over the rest of the block's data object, so the next block is predicted
+  and fetched ahead exactly as a long read's are (ranged GETs of about ``read_ahead_request_bytes``, several blocks
+  each; a window that grows while the reads keep waiting, within the reader's ``read_ahead_bytes`` and its fair share
+  of the process's read-ahead budget, which the streams share with every other reader); where it does not (the
+  filesystem), each block is read whole when the reads reach it (one ranged GET, into one buffer). The stream's
+  current block is kept with its entries, parsed and verified once (block framing, each batch's header and CRC-32C)
+  when the stream reached it, so the Fetches inside one block slice it from memory and check nothing again; a block
+  that fails its checks raises to the read that reached it and is not kept (the next read of it streams it and fails
+  again);
 - otherwise (a random read, or a read of a block the stream is not at) it is streamed as without the cache: one GET
   stopping where the read ends, nothing kept; a stream the reads left is closed.
 
-Bounds: at most ``capacity_bytes // read_ahead_request_bytes`` streams (8 with the defaults: 64 MiB, 8 MiB; one at
-least), the least recently read closed first, and a stream not read for :data:`IDLE_S` is closed by the next read of
-any copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
-process's budget) plus its current block's request (the block is a view of it): at most ``capacity_bytes`` of
-current requests. Plain copies only: an encrypted copy's blocks are opened per read.
+Bounds: at most ``capacity_bytes // read_ahead_request_bytes`` read-ahead streams (8 with the defaults: 64 MiB,
+8 MiB; one at least), or ``capacity_bytes // block size`` streams that read a block at a time (16 of 4 MiB blocks),
+the least recently read closed first, and a stream not read for :data:`IDLE_S` is closed by the next read of any
+copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
+process's budget) plus its current block's request (the block is a view of it) or the block itself: at most
+``capacity_bytes`` of current blocks. Plain copies only: an encrypted copy's blocks are opened per read.
+
+A history Fetch through the proxy from the filesystem store (``bench/bench_tier_read.py``, 1 MiB Fetches of 4 MiB
+blocks), before streams read a block whole and kept it verified: each Fetch streamed its block from the block's
+start, parsing and checking every batch before its fetch offset again (2.5 MiB read and checked per 1 MiB served).
 
 Before: blocks were fetched ahead one GET each into an LRU of whole blocks (4, then 8, blocks ahead); bench_s3 on the
 latency emulator measured 0.34-0.38x boto3's download for 256 MiB read one block a read, at twice the GETs per GiB.
@@ -32,12 +42,12 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import Counter, Gauge
 
 from rsm.format.index import BlockInfo
-from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead
+from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead, fetch_range
 from rsm.store.base import Store
 
 __all__ = ["IDLE_S", "RECENT_READS", "BlockCache"]
@@ -56,24 +66,29 @@ IDLE_S = 10.0
 
 
 class _Stream:
-    """One copy's sequential reads: a read-ahead over blocks ``first..`` of one data object, and the block handed
-    out last (kept for the reads inside it)."""
+    """One copy's sequential reads: blocks ``first..`` of one data object, read ahead (a :class:`ReadAhead`) or each
+    read whole when it is reached (a store that does not read ahead), and the block handed out last with its entries
+    parsed and verified (kept for the reads inside it)."""
 
-    def __init__(self, ahead: ReadAhead, blocks: list[BlockInfo], key: str) -> None:
+    def __init__(self, ahead: ReadAhead | None, blocks: list[BlockInfo], key: str, store: Store) -> None:
         self.ahead = ahead
         self.key = key
         self.blocks = blocks
         self.lock = threading.Lock()
-        self.it: Iterator[memoryview] = iter(ahead)
+        self.it: Iterator[memoryview] = iter(ahead) if ahead is not None else _each_whole(store, key, blocks)
         self.next = 0  # index in blocks of the block the iterator hands out next
-        self.current: tuple[int, memoryview] | None = None  # (part id, whole block)
+        self.current: tuple[int, memoryview, list] | None = None  # (part id, whole block, its verified entries)
         self.used = time.monotonic()
         self.closed = False
 
     @property
     def current_bytes(self) -> int:
-        """Bytes the current block keeps alive: the request it is a view of."""
+        """Bytes the current block keeps alive: the request (or the block's own buffer) it is a view of."""
         return 0 if self.current is None else len(self.current[1].obj)  # type: ignore[arg-type]
+
+    @property
+    def ahead_bytes(self) -> int:
+        return 0 if self.ahead is None else self.ahead.held_bytes
 
     def at(self, part_id: int) -> bool:
         """Whether the stream can hand out block ``part_id``: its current block or the next."""
@@ -81,27 +96,35 @@ class _Stream:
             return True
         return self.next < len(self.blocks) and self.blocks[self.next].part_id == part_id
 
-    def take(self, part_id: int) -> memoryview | None:
-        """Block ``part_id``, whole; None if the stream is not at it (any more: another read of the copy moved it on
-        or closed it meanwhile). Call with :attr:`lock` held."""
+    def take(self, part_id: int, parse: Callable[[memoryview], list]) -> list | None:
+        """The verified entries of block ``part_id`` (``parse`` of the whole block, once per block: an error it
+        raises is raised here and nothing is kept); None if the stream is not at it (any more: another read of the
+        copy moved it on or closed it meanwhile). Call with :attr:`lock` held."""
         if self.closed or not self.at(part_id):
             return None
         self.used = time.monotonic()
         if self.current is not None and self.current[0] == part_id:
-            return self.current[1]
+            return self.current[2]
         self.current = None  # the previous block's request may go
         view = next(self.it)
         self.next += 1
-        self.current = (part_id, view)
         if self.next == len(self.blocks):  # the last: its window ends now (no longer a reader sharing the budget)
             self.it.close()  # type: ignore[attr-defined]
-        return view
+        entries = parse(view)
+        self.current = (part_id, view, entries)
+        return entries
 
     def close(self) -> None:
         """End the read-ahead (call with :attr:`lock` held)."""
         self.closed = True
         self.current = None
         self.it.close()  # type: ignore[attr-defined]
+
+
+def _each_whole(store: Store, key: str, blocks: list[BlockInfo]) -> Iterator[memoryview]:
+    """Each of ``blocks`` whole, read when it is asked for (one ranged GET: a store that does not read ahead)."""
+    for b in blocks:
+        yield memoryview(fetch_range(store, key, b.object_position, b.block_length))
 
 
 class BlockCache:
@@ -124,7 +147,7 @@ class BlockCache:
         """Bytes the streams hold: current blocks' requests and read-ahead windows."""
         with self._lock:
             streams = list(self._streams.values())
-        return sum(s.current_bytes + s.ahead.held_bytes for s in streams)
+        return sum(s.current_bytes + s.ahead_bytes for s in streams)
 
     @property
     def streams(self) -> int:
@@ -145,41 +168,44 @@ class BlockCache:
             return follows
 
     def read(self, store: Store, key: str, blocks: list[BlockInfo], i: int, segment: str, *, budget_bytes: int,
-             request_bytes: int = DEFAULT_REQUEST_BYTES) -> memoryview | None:
-        """Block ``blocks[i]`` of the copy ``segment`` whole, from its stream, or None: the read is random (the
-        caller streams it). ``blocks``: the copy's blocks; ``key``: the block's data object's store key;
-        ``budget_bytes`` and ``request_bytes``: a new stream's read-ahead (see :class:`ReadAhead`)."""
+             parse: Callable[[memoryview], list], request_bytes: int = DEFAULT_REQUEST_BYTES) -> list | None:
+        """The entries of block ``blocks[i]`` of the copy ``segment``, from its stream: ``parse`` of the whole block
+        (its entries verified), run once per block and kept with it; or None: the read is random (the caller streams
+        it). ``blocks``: the copy's blocks; ``key``: the block's data object's store key; ``budget_bytes`` and
+        ``request_bytes``: a new stream's read-ahead (see :class:`ReadAhead`); 0: the store does not read ahead, a
+        stream reads each block whole when it is reached (one ranged GET: the filesystem)."""
         block = blocks[i]
         sequential = self.sequential(segment, block)
         stream, stale = self._stream(segment, block.part_id)
         for s in stale:
             with s.lock:
                 s.close()
-        if stream is None and sequential and 2 * block.block_length <= budget_bytes:
+        if stream is None and sequential and (budget_bytes <= 0 or 2 * block.block_length <= budget_bytes):
             j = i
             while j + 1 < len(blocks) and blocks[j + 1].object_number == block.object_number:
                 j += 1
-            stream = _Stream(ReadAhead(store, key, blocks[i:j + 1], budget_bytes=budget_bytes,
-                                       request_bytes=request_bytes), blocks[i:j + 1], key)
-            for s in self._open(segment, stream, request_bytes):
+            ahead = ReadAhead(store, key, blocks[i:j + 1], budget_bytes=budget_bytes,
+                              request_bytes=request_bytes) if budget_bytes > 0 else None
+            stream = _Stream(ahead, blocks[i:j + 1], key, store)
+            for s in self._open(segment, stream, request_bytes if ahead is not None else block.block_length):
                 with s.lock:
                     s.close()
-        view = None
+        entries = None
         if stream is not None:
             with stream.lock:
                 try:
-                    view = stream.take(block.part_id)
+                    entries = stream.take(block.part_id, parse)
                 except BaseException:
                     self._forget(segment, stream)
                     stream.close()
                     raise
-        if view is None:
+        if entries is None:
             _READS.labels("streamed").inc()
             return None
         with self._lock:
             self.hits += 1
         _READS.labels("hit").inc()
-        return view
+        return entries
 
     def _stream(self, segment: str, part_id: int) -> tuple[_Stream | None, list[_Stream]]:
         """The copy's stream if it can hand out ``part_id``; and the streams to close: idle ones, and the copy's own
@@ -198,9 +224,10 @@ class BlockCache:
                 stale.append(self._streams.pop(segment))
             return None, stale
 
-    def _open(self, segment: str, stream: _Stream, request_bytes: int) -> list[_Stream]:
-        """Keep ``stream`` as the copy's; the streams past the most (the least recently read) are returned to close."""
-        most = max(1, self.capacity_bytes // max(1, request_bytes))
+    def _open(self, segment: str, stream: _Stream, unit_bytes: int) -> list[_Stream]:
+        """Keep ``stream`` as the copy's; the streams past the most (the least recently read) are returned to close.
+        ``unit_bytes``: what a stream's current block keeps alive (its read-ahead request, or the block)."""
+        most = max(1, self.capacity_bytes // max(1, unit_bytes))
         out = []
         with self._lock:
             old = self._streams.pop(segment, None)

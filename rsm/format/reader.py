@@ -553,22 +553,27 @@ class SegmentReader(SegmentHandle):
             i = j + 1
 
     def _one_block(self, i: int, cache: BlockCache) -> Iterator[EntryView]:
-        """Entries of block ``i`` of a plain copy: whole from the copy's stream in the block cache when the reads
-        are sequential (read ahead across reads, within :attr:`read_ahead_bytes`, or the cache's capacity where the
-        store does not read ahead), else streamed (rsm.format.blockcache)."""
+        """Entries of block ``i`` of a plain copy: from the copy's stream in the block cache when the reads are
+        sequential (read ahead across reads within :attr:`read_ahead_bytes`; where the store does not read ahead,
+        each block read whole when it is reached), each block's entries verified once, when the stream reaches it,
+        and kept with it for the reads inside it; else streamed (rsm.format.blockcache)."""
         block = self.ledger.blocks[i]
         prefix = getattr(self.store, "key_prefix", "") or ""  # PrefixedStore
         key = self.keys.data(block.object_number)
-        data = cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
-                          budget_bytes=self.read_ahead_bytes or cache.capacity_bytes,
-                          request_bytes=self.read_ahead_request_bytes)
-        if data is not None:
-            yield from _block_entries(None, [block], key=key, ledger_id=self.ledger.ledger_id,
-                                      opener=_Fetched(iter([data])))
+        ledger_id = self.ledger.ledger_id
+
+        def parse(data: memoryview) -> list[EntryView]:
+            return list(_block_entries(None, [block], key=key, ledger_id=ledger_id, opener=_Fetched(iter([data]))))
+
+        entries = cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
+                             budget_bytes=self.read_ahead_bytes, parse=parse,
+                             request_bytes=self.read_ahead_request_bytes)
+        if entries is not None:
+            yield from entries
             return
         end = block.object_position + block.block_length - 1
         with self.store.get(key, block.object_position, end) as stream:
-            yield from iter_block_entries(stream, [block], key=key, ledger_id=self.ledger.ledger_id)
+            yield from iter_block_entries(stream, [block], key=key, ledger_id=ledger_id)
 
     def _block_ordinal(self, block: BlockInfo) -> int:
         return block.part_id

@@ -1,8 +1,9 @@
-"""The block cache (rsm/format/blockcache.py, issue 25): reads of one block at a time through new handles, as Fetch
-after Fetch makes them, are read ahead across the reads once they are sequential (a stream per copy: ranged GETs of
-several blocks, the current block kept for the reads inside it) instead of one GET per read; the bytes are those of
-the copy; random reads stay streamed and keep nothing; streams are bounded in number, closed when left or idle, and
-give their read-ahead back to the process."""
+"""The block cache (rsm/format/blockcache.py, issues 25 and 24): reads of one block at a time through new handles, as
+Fetch after Fetch makes them, are read ahead across the reads once they are sequential (a stream per copy: ranged
+GETs of several blocks, the current block kept for the reads inside it) instead of one GET per read; on a store that
+does not read ahead (the filesystem) each block is read whole once; a block's batches are checked once, and a corrupt
+block fails every read of it; the bytes are those of the copy; random reads stay streamed and keep nothing; streams
+are bounded in number, closed when left or idle, and give their read-ahead back to the process."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from rsm.api import RemoteSegmentMetadata
+from rsm.errors import CorruptRemoteObjectError
 from rsm.format import blockcache, readahead
+from rsm.format import reader as reader_module
 from rsm.format.readahead import read_ahead_bytes
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
@@ -23,6 +28,13 @@ from tests.support.sidecar import wait_for
 KiB = 1024
 # one 60 KiB batch a block, five blocks a data object: reads cross object boundaries; read-ahead GETs of two blocks
 SMALL = {"block_size_bytes": 64 * KiB, "max_data_object_bytes": 320 * KiB, "read_ahead_request_bytes": 130 * KiB}
+
+
+def _cached(store: FileSystemStore, cache_bytes: int, *, ahead: bool = True) -> RemoteStorageManager:
+    """A storage manager with a block cache of ``cache_bytes``: its streams read ahead within as much (as on S3), or
+    (``ahead`` False) read each block whole when reached (the filesystem store's default: no read-ahead)."""
+    return RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=cache_bytes,
+                                          read_ahead_bytes=cache_bytes if ahead else 0), store)
 
 
 def _copied(tmp_path: Path, copies: int = 1) -> tuple[FileSystemStore, list[RemoteSegmentMetadata]]:
@@ -44,7 +56,7 @@ def _fetch_like(rsm: RemoteStorageManager, md: RemoteSegmentMetadata, block: int
 def test_sequential_one_block_reads_are_read_ahead_across_reads(tmp_path: Path) -> None:
     store, (md,) = _copied(tmp_path)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
-    cached = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
+    cached = _cached(store, 256 * KiB)
     ledger = plain.reader(md).ledger
     blocks = len(ledger.blocks)
     cached.reader(md)  # both indexes cached: only data GETs are counted
@@ -75,7 +87,7 @@ def test_sequential_one_block_reads_are_read_ahead_across_reads(tmp_path: Path) 
 
 def test_random_reads_stay_streamed(tmp_path: Path) -> None:
     store, (md,) = _copied(tmp_path)
-    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
+    rsm = _cached(store, 256 * KiB)
     blocks = len(rsm.reader(md).ledger.blocks)
     before = store.requests.snapshot().get("get", 0)
     streamed = blockcache._READS.labels("streamed")._value.get()
@@ -92,7 +104,7 @@ def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monk
     recently read closed), the bytes are exact, and every stream closed (left, idle, or the manager closed) gives its
     read-ahead back to the process."""
     store, mds = _copied(tmp_path, copies=3)
-    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=260 * KiB), store)  # two 130 KiB requests
+    rsm = _cached(store, 260 * KiB)  # two 130 KiB requests
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
     cache = rsm.block_cache
     assert cache is not None
@@ -114,11 +126,12 @@ def test_streams_are_bounded_and_give_their_read_ahead_back(tmp_path: Path, monk
     wait_for(lambda: read_ahead_bytes() == idle, 30, "the closed stream's GETs to finish")
 
 
-def test_concurrent_readers_of_one_copy_get_its_bytes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ahead", [True, False], ids=["read-ahead", "block-at-a-time"])
+def test_concurrent_readers_of_one_copy_get_its_bytes(tmp_path: Path, ahead: bool) -> None:
     """Readers of the same copy at once (two consumers, or Fetches in parallel) move its one stream past each other's
     blocks: a read the stream is no longer at is streamed, never handed another block."""
     store, (md,) = _copied(tmp_path)
-    rsm = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=256 * KiB), store)
+    rsm = _cached(store, 256 * KiB, ahead=ahead)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
     blocks = len(rsm.reader(md).ledger.blocks)
     want = [_fetch_like(plain, md, b) for b in range(blocks)]
@@ -138,3 +151,66 @@ def test_concurrent_readers_of_one_copy_get_its_bytes(tmp_path: Path) -> None:
         t.join()
     assert errors == []
     assert results == [[w for w in want for _ in range(2)]] * 4
+
+
+class _CrcCount:
+    """Counts the batch CRC-32C checks of the reader (rsm.format.reader.batch_crc)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = reader_module.batch_crc
+
+        def counted(data: bytearray) -> int:
+            self.calls += 1
+            return real(data)
+
+        monkeypatch.setattr(reader_module, "batch_crc", counted)
+
+
+def test_without_read_ahead_each_block_is_read_whole_once_and_checked_once(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filesystem store's default (no read-ahead, the block cache on): reads of one block at a time, each block in
+    two Fetches, read each block once, whole (one GET), and check each batch once; the bytes are the copy's. Without
+    the cache each read streams its block from the block's start again and checks every batch it passes again."""
+    store, (md,) = _copied(tmp_path)
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
+    default = RemoteStorageManager(RsmConfig(**SMALL), store)
+    assert default.block_cache is not None and default.reader(md).read_ahead_bytes == 0
+    blocks = len(plain.reader(md).ledger.blocks)
+    crcs = _CrcCount(monkeypatch)
+
+    def reads(rsm: RemoteStorageManager) -> tuple[int, int, list]:
+        gets, checks = store.requests.snapshot().get("get", 0), crcs.calls
+        out = [_fetch_like(rsm, md, b) for b in range(blocks) for _ in range(2)]
+        return store.requests.snapshot().get("get", 0) - gets, crcs.calls - checks, out
+
+    plain_gets, plain_checks, want = reads(plain)
+    gets, checks, got = reads(default)
+    assert got == want
+    assert (plain_gets, plain_checks) == (2 * blocks, 2 * blocks)  # one 60 KiB batch a block
+    # the first read streamed (no read before it to follow), then every block once, whole, its batch checked once
+    assert (gets, checks) == (1 + blocks, 1 + blocks)
+    assert default.block_cache.hits == 2 * blocks - 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["read-ahead", "block-at-a-time"])
+def test_a_corrupt_block_fails_every_read_of_it(tmp_path: Path, ahead: bool) -> None:
+    """A block whose batch is corrupt in the store, reached by a stream: the read raises CorruptRemoteObjectError
+    (the proxy answers the partition KAFKA_STORAGE_ERROR), nothing of it is kept, and the reads after it (the same
+    block again, streamed) fail as well; the blocks before it read as the copy holds them."""
+    store, (md,) = _copied(tmp_path)
+    rsm = _cached(store, 256 * KiB, ahead=ahead)
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
+    reader = plain.reader(md)
+    bad = 6
+    block = reader.ledger.blocks[bad]
+    path = store._path(reader.keys.data(block.object_number))
+    data = bytearray(path.read_bytes())
+    data[block.object_position + block.block_length - 10] ^= 0xFF  # in the batch's last record: only its CRC tells
+    want = [_fetch_like(plain, md, b) for b in range(bad)]
+    path.write_bytes(data)
+    assert [_fetch_like(rsm, md, b) for b in range(bad)] == want
+    assert rsm.block_cache is not None and rsm.block_cache.streams == 1
+    for _ in range(3):
+        with pytest.raises(CorruptRemoteObjectError, match="CRC-32C"):
+            _fetch_like(rsm, md, bad)

@@ -1,0 +1,180 @@
+"""Micro-benchmark of the proxy's tier read (issue 24): history Fetches answered from the filesystem store, without
+a broker, a socket or an event loop, so what the tier read costs per GiB shows apart from the rest.
+
+    .venv/bin/python bench/bench_tier_read.py [--mib 256] [--partitions 1] [--fetch-kib 1024] [--rounds 3]
+                                              [--profile FILE]
+
+Set-up: ``--partitions`` partitions of ``--mib`` MiB each, written as a broker leaves them (crafted v2 batches of
+240 records with 1 KiB values and keys, ~250 KiB a batch as librdkafka's ``batch.size`` makes them in
+``bench_proxy``; 64 MiB segments), copied to a filesystem store by the sidecar's own copier (4 MiB blocks, the
+default), listed by the in-memory metadata manager (:class:`tests.support.rlmm.SyncRlmm`).
+
+A read: a consumer's Fetches one after the other from offset 0 to the end of every partition, each naming every
+partition at its position with ``max.partition.fetch.bytes`` ``--fetch-kib`` and librdkafka's ``fetch.max.bytes``
+(50 MiB), answered as the proxy answers a Fetch held by the tier alone (:func:`rlm.listener.tier.fetch.fetch`, the
+listener's one tier read: authorization, the tier view's fetch, the byte budget) and written as it writes it
+(:func:`rlm.listener.protocol.codec.encode_fetch_response`, Fetch v12); the next positions follow each partition's
+last offset. The answers are checked: every offset once, in order. Printed: CPU seconds per GiB of record bytes
+(this process, ``time.process_time``), MB/s, Fetches, best of ``--rounds`` reads (the page cache warm after the
+first). ``--profile FILE``: one more read under cProfile, the hot functions printed, the stats in FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+RECORDS_PER_BATCH = 240
+VALUE_BYTES = 1024
+FETCH_MAX_BYTES = 50 * MiB  # librdkafka's fetch.max.bytes default
+FETCH_VERSION = 12
+
+
+def segment_batches(records: int) -> list[bytes]:
+    """One segment's batches from offset 0 (base offsets rewritten per segment: the CRC does not cover them)."""
+    from tests.support.batches import batch, record
+
+    value = os.urandom(VALUE_BYTES)
+    out = []
+    for base in range(0, records, RECORDS_PER_BATCH):
+        n = min(RECORDS_PER_BATCH, records - base)
+        recs = b"".join(record(i, b"key-%010d" % (base + i), value) for i in range(n))
+        out.append(batch(base, [b""] * n, records=recs))
+    return out
+
+
+def rebased(batches: list[bytes], base: int) -> list[bytes]:
+    return [struct.pack(">q", struct.unpack_from(">q", b)[0] + base) + b[8:] for b in batches]
+
+
+def build(work: Path, partitions: int, mib: int, segment_mib: int = 64) -> tuple[object, list[object], int]:
+    """A tier of ``partitions`` partitions of ``mib`` MiB each; returns (world, tps, records per partition)."""
+    from rlmm.api import TopicIdPartition
+    from tests.support.batches import write_partition
+    from tests.support.world import World
+
+    per_segment = segment_mib * MiB // (VALUE_BYTES + 30)
+    per_segment -= per_segment % RECORDS_PER_BATCH
+    template = segment_batches(per_segment)
+    segments_n = max(1, mib // segment_mib)
+    world = World(work)
+    tid = uuid.uuid4()
+    tps = []
+    for p in range(partitions):
+        tp = TopicIdPartition(tid, "bench-tier", p)
+        segs = {i * per_segment: rebased(template, i * per_segment) for i in range(segments_n)}
+        active = segments_n * per_segment
+        segs[active] = rebased(template[:1], active)  # the active segment: never copied
+        write_partition(world.pdir(1, tp), tp.topic_id, segs)
+        world.copier(1, tp).run_once(active)
+        tps.append(tp)
+    return world, tps, segments_n * per_segment
+
+
+def context(world: object, tps: list[object]) -> object:
+    """The listener's tier context for the topic, every principal allowed."""
+    from rlm.listener.tier.catalog import ServedTopic
+    from rlm.listener.tier.context import TierContext
+    from rlm.tier import TierView
+
+    topic = ServedTopic(tps[0].topic, tps[0].topic_id, tuple(tp.partition for tp in tps))  # type: ignore[attr-defined]
+    catalog = SimpleNamespace(by_name=lambda n: topic if n == topic.name else None,
+                              by_id=lambda i: topic if i == topic.topic_id else None)
+    authorizer = SimpleNamespace(allowed=lambda _p, _h, _op, names: set(names))
+    return TierContext(catalog, TierView(world.reader, ttl_s=1.0), authorizer)  # type: ignore[arg-type,attr-defined]
+
+
+def read(ctx: object, tps: list[object], records: int, fetch_bytes: int) -> tuple[float, float, int, int]:
+    """One read of every partition from 0 to ``records``: (wall s, CPU s, record bytes, Fetches)."""
+    from rlm.listener.net.principals import Client
+    from rlm.listener.protocol.codec import encode_fetch_response, last_offset
+    from rlm.listener.protocol.frame import RequestHeader
+    from rlm.listener.tier.fetch import fetch
+
+    client = Client("User:bench", "127.0.0.1")  # type: ignore[call-arg]
+    header = RequestHeader(1, FETCH_VERSION, 7, "bench", True, 0)
+    pos = {tp.partition: 0 for tp in tps}  # type: ignore[attr-defined]
+    name = tps[0].topic  # type: ignore[attr-defined]
+    size = fetches = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    while any(o < records for o in pos.values()):
+        req = SimpleNamespace(max_bytes=FETCH_MAX_BYTES, isolation_level=0, topics=[SimpleNamespace(
+            topic=name, partitions=[SimpleNamespace(partition=p, fetch_offset=o, partition_max_bytes=fetch_bytes)
+                                    for p, o in pos.items() if o < records])])
+        values, n = fetch(ctx, req, client)  # type: ignore[arg-type]
+        frame = encode_fetch_response(header, values)
+        fetches += 1
+        size += n
+        for p in values["responses"][0]["partitions"]:
+            last = last_offset(p["records"])
+            if last is None or p["error_code"]:
+                raise RuntimeError(f"partition {p['partition_index']} at {pos[p['partition_index']]}: no records "
+                                   f"(error {p['error_code']})")
+            pos[p["partition_index"]] = last + 1
+        del frame
+    return time.perf_counter() - wall, time.process_time() - cpu, size, fetches
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=256, help="data per partition (MiB)")
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--fetch-kib", type=int, default=1024, help="max.partition.fetch.bytes (KiB)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", type=Path, default=None, metavar="FILE")
+    ap.add_argument("--block-cache-mib", type=int, default=None,
+                    help="the storage manager's block_cache_bytes (MiB; default: its own default for the store)")
+    args = ap.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="bench-tier-read-") as tmp:
+        t0 = time.perf_counter()
+        world, tps, records = build(Path(tmp), args.partitions, args.mib)
+        print(f"built {args.partitions} x {records:,} records in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        if args.block_cache_mib is not None:  # a storage manager of its own over the same store
+            from rlm.tier import RemoteReader
+            from rsm.manager import RemoteStorageManager, RsmConfig
+
+            rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=Path(tmp) / "remote", fsync=False,
+                                                 block_cache_bytes=args.block_cache_mib * MiB))
+            world.reader = RemoteReader(world.rlmm, rsm)  # type: ignore[attr-defined]
+        ctx = context(world, tps)
+        best = None
+        for _ in range(args.rounds):
+            wall, cpu, size, fetches = read(ctx, tps, records, args.fetch_kib * 1024)
+            print(f"  {size / 1e6 / wall:.0f} MB/s, CPU {cpu / (size / GiB):.3f} s/GiB, {fetches} Fetches, "
+                  f"{cpu / fetches * 1e3:.2f} ms CPU per Fetch", file=sys.stderr)
+            if best is None or cpu < best[1]:
+                best = (wall, cpu, size, fetches)
+        assert best is not None
+        wall, cpu, size, fetches = best
+        print(f"best of {args.rounds}: {size / 1e6 / wall:.0f} MB/s, CPU {cpu / (size / GiB):.3f} s/GiB, "
+              f"{fetches} Fetches of {args.partitions} partition(s), {args.fetch_kib} KiB each; "
+              f"load {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile(time.process_time)
+            prof.enable()
+            read(ctx, tps, records, args.fetch_kib * 1024)
+            prof.disable()
+            prof.dump_stats(str(args.profile))
+            pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
