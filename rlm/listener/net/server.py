@@ -80,6 +80,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
+from rlm.listener.net.deadline import Deadline
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
@@ -183,6 +184,8 @@ class ListenerServer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._reserved = 0  # bytes of Fetch answers being made, held against queued_max_response_bytes (loop only)
         self._queued = 0  # answer bytes handed to _send and not yet taken by the sockets (loop only; a running total)
+        self._queued_answers: set[_QueuedAnswer] = set()  # answers written whole not yet taken (_write)
+        self._queued_ticker: asyncio.TimerHandle | None = None  # checks their progress while there are any
         self._polls = LongPolls(router.ctx.tier, self._pool, poll_s)  # waiting Fetches (long polls)
         self._rerun_slots = asyncio.Semaphore(max(workers // 2, 1))  # workers long polls may hold at once
 
@@ -286,6 +289,18 @@ class ListenerServer:
             return writer.is_closing() or reader.at_eof()
 
         protocol = typing.cast(_ClientProtocol, writer.transport.get_protocol())
+        task = asyncio.current_task()
+        why = ""  # the bound the request being waited for is held to (idle, authentication_timeout)
+        expired: list[str] = []
+
+        def expire() -> None:  # the next request did not come in time: the task is cancelled (as asyncio.timeout)
+            # its last answer not taken within the idle limit either
+            expired.append("not_reading" if protocol.answer is not None else why)
+            if task is not None:
+                task.cancel()
+
+        # One timer for the connection (not asyncio.timeout's per request: Deadline)
+        deadline = Deadline(loop, expire)
         try:
             while True:
                 # The next request must come (whole) within the idle limit and, before authentication, by the
@@ -295,15 +310,9 @@ class ListenerServer:
                     left = accepted + limits.authentication_timeout_s - loop.time()
                     if left < timeout:
                         timeout, why = left, "authentication_timeout"
-                try:  # a timer, not asyncio.wait_for's task per request (3 event-loop rounds each, Python 3.11)
-                    async with asyncio.timeout(max(timeout, 0)):
-                        frame = await self._read_frame(reader, session, peer, protocol)
-                except TimeoutError:
-                    if protocol.answer is not None:  # its last answer not taken within the idle limit either
-                        why = "not_reading"
-                    CLOSED.labels(why).inc()
-                    log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": why})
-                    return
+                deadline.arm(loop.time() + max(timeout, 0))
+                frame = await self._read_frame(reader, session, peer, protocol)
+                deadline.disarm()
                 if frame is None:
                     return
                 # Back-pressure: a request is served once the last answer has been taken whole by the socket (a
@@ -327,7 +336,10 @@ class ListenerServer:
                 if session is not None and session.close_after_response:
                     return  # e.g. SASL_AUTHENTICATION_FAILED sent: close, as Kafka does
         except asyncio.CancelledError:
-            return  # stop(): the task ends normally (asyncio's stream callback logs a cancelled task as an error)
+            if expired:  # else stop(): the task ends normally (asyncio's stream callback logs a cancelled task)
+                CLOSED.labels(expired[0]).inc()
+                log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": expired[0]})
+            return
         except (ConnectionError, ssl.SSLError) as err:
             log.info("history endpoint: connection lost", extra={"peer": str(peer), "error": str(err)})
         except Exception as err:  # noqa: BLE001 - one connection's bug must not stop the server
@@ -336,6 +348,7 @@ class ListenerServer:
             else:
                 log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
         finally:
+            deadline.close()
             self._release(ip)
             self._writers.discard(writer)
             writer.close()
@@ -405,7 +418,23 @@ class ListenerServer:
         if not protocol.writing_paused:
             self._queued -= n  # the socket took it all (or the connection is gone: nothing is held either)
             return
-        protocol.answer = _QueuedAnswer(self, protocol, writer.transport, n, peer)
+        protocol.answer = answer = _QueuedAnswer(self, protocol, writer.transport, n, peer)
+        self._queued_answers.add(answer)
+        if self._queued_ticker is None:
+            self._queued_ticker = asyncio.get_running_loop().call_later(self._write_poll_s(), self._check_queued)
+
+    def _write_poll_s(self) -> float:
+        return min(WRITE_POLL_S, self.limits.write_timeout_s)
+
+    def _check_queued(self) -> None:
+        """Every ``WRITE_POLL_S`` while answers are queued (one timer for them all, not one per answer): close the
+        clients that stopped taking theirs (:meth:`_QueuedAnswer.check`)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for answer in list(self._queued_answers):
+            answer.check(now)
+        self._queued_ticker = (loop.call_later(self._write_poll_s(), self._check_queued) if self._queued_answers
+                               else None)
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes | memoryview, peer: Any, started: float
                     ) -> bool:
@@ -819,11 +848,11 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
 class _QueuedAnswer:
     """An answer handed whole to a connection's transport (:meth:`ListenerServer._write`) that its socket has not
     taken all of yet: counted in the server's queued bytes until it has (the protocol's ``resume_writing``) or the
-    connection is gone. A timer checks its progress every ``WRITE_POLL_S``: a client that took nothing of it for
+    connection is gone. The server checks its progress every ``WRITE_POLL_S``: a client that took nothing of it for
     ``write_timeout_s``, or not all of it within the idle limit, is closed (``not_reading``), as by
     :meth:`ListenerServer._drain`. The next request waits for it (:meth:`taken`)."""
 
-    __slots__ = ("_done", "_left", "_nbytes", "_peer", "_progressed", "_protocol", "_server", "_started", "_timer",
+    __slots__ = ("_done", "_left", "_nbytes", "_peer", "_progressed", "_protocol", "_server", "_started",
                  "_transport", "_waiter")
 
     def __init__(self, server: ListenerServer, protocol: _ClientProtocol, transport: asyncio.WriteTransport,
@@ -835,8 +864,6 @@ class _QueuedAnswer:
         self._left = transport.get_write_buffer_size()
         self._done: bool | None = None  # taken (True), the connection closed or lost (False); None: not yet
         self._waiter: asyncio.Future[bool] | None = None
-        self._timer: asyncio.TimerHandle | None = loop.call_later(
-            min(WRITE_POLL_S, server.limits.write_timeout_s), self._check)
 
     def finish(self, taken: bool) -> None:
         """The socket took it all (``taken``), or the connection is closed: it is no longer queued."""
@@ -844,11 +871,9 @@ class _QueuedAnswer:
             return
         self._done = taken
         self._server._queued -= self._nbytes
+        self._server._queued_answers.discard(self)
         if self._protocol.answer is self:
             self._protocol.answer = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(taken)
 
@@ -859,13 +884,12 @@ class _QueuedAnswer:
             await self._waiter
         return bool(self._done)
 
-    def _check(self) -> None:
-        self._timer = None
+    def check(self, now: float) -> None:
+        """Close the connection when its client stopped taking the answer (``not_reading``)."""
         if self._done is not None:
             return
-        loop = asyncio.get_running_loop()
         limits = self._server.limits
-        now, left = loop.time(), self._transport.get_write_buffer_size()
+        left = self._transport.get_write_buffer_size()
         if left < self._left:
             self._left, self._progressed = left, now
         if now - self._progressed >= limits.write_timeout_s or now - self._started >= limits.idle_s:
@@ -873,8 +897,6 @@ class _QueuedAnswer:
             log.info("history endpoint: connection closed", extra={"peer": str(self._peer), "reason": "not_reading"})
             self.finish(False)
             self._transport.abort()
-            return
-        self._timer = loop.call_later(min(WRITE_POLL_S, limits.write_timeout_s), self._check)
 
 
 @functools.cache

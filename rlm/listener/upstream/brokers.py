@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from rlm.config import split_host_port
+from rlm.listener.net.deadline import Deadline
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import ErrorCode, decode_response, new_request
 from rlm.listener.protocol.frame import (
@@ -225,6 +226,8 @@ class Upstream:
         self._next_id = 0
         self.known = KnownBounds()  # the broker's bounds learned on this connection (the proxy's history Fetches)
         self.prefetched: Any = None  # the proxy's answer from the tier read ahead for this client's next Fetch
+        self._deadline: Deadline | None = None  # the broker's answer (or taking a request) is awaited until then
+        self._awaited: asyncio.Future[None] | None = None
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -326,15 +329,27 @@ class Upstream:
         return got
 
     async def _within(self, fut: asyncio.Future[None], what: str) -> None:
-        """``fut`` awaited for at most the timeout (a timer, not a task per wait as ``asyncio.wait_for``'s)."""
-        handle = asyncio.get_running_loop().call_later(self.timeout_s, _expire, fut)
+        """``fut`` awaited for at most the timeout (the connection's one timer, :class:`Deadline`: not a task per
+        wait as ``asyncio.wait_for``'s, nor a timer per wait)."""
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = Deadline(loop, self._expire)
+        self._awaited = fut
+        self._deadline.arm(loop.time() + self.timeout_s)
         try:
             await fut
         except TimeoutError:
             self.close()
             raise UpstreamError(f"the broker at {self.host}:{self.port} {what} within {self.timeout_s} s") from None
         finally:
-            handle.cancel()
+            self._awaited = None
+            if self._deadline is not None:
+                self._deadline.disarm()
+
+    def _expire(self) -> None:
+        fut = self._awaited
+        if fut is not None and not fut.done():
+            fut.set_exception(TimeoutError())
 
     def _correlation_id(self) -> int:
         self._next_id = (self._next_id + 1) & INT32_MASK
@@ -347,6 +362,9 @@ class Upstream:
         self.versions = {}
         self.known.clear()
         self.prefetched = None
+        if self._deadline is not None:
+            self._deadline.close()
+            self._deadline = None
 
 
 @functools.cache
@@ -354,7 +372,3 @@ def _requests(api_key: int) -> Any:
     """The api key's child of :data:`REQUESTS` (looked up once: ``labels`` per request was 2% of the live path)."""
     return REQUESTS.labels(api_label(api_key))
 
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
