@@ -915,6 +915,44 @@ def test_an_answer_is_queued_once_and_handed_to_its_transport_a_slice_at_a_time(
         assert api_versions_ok(h)
 
 
+def test_a_reading_clients_send_buffer_is_raised_within_its_share_of_the_queued_bound(tiered: Tiered) -> None:
+    """A connection whose answer outgrows ``socket_send_buffer_bytes`` (here both partitions of ``a``, ~370 KB)
+    gets SO_SNDBUF ``SEND_BUFFER_RAISED_BYTES`` (fewer event-loop rounds per answer), counted against
+    ``queued_max_response_bytes`` (twice it: the kernel's doubling) while the raised buffers stay within their share
+    of it, and given back when it closes; with a bound too small for the share, nothing is raised. Either way the
+    client gets the same whole answer."""
+    import asyncio
+
+    import rlm.listener.net.server as server
+
+    a = tiered.topic("a")
+    both = [(a, p, 0, 2**20) for p in (0, 1)]
+    cost = 2 * server.SEND_BUFFER_RAISED_BYTES
+    answers = []
+
+    def send_buffers(h: Listener) -> list[int]:
+        """SO_SNDBUF of the endpoint's client sockets (read on its event loop)."""
+        async def read() -> list[int]:
+            return [w.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+                    for w in h.server._writers]
+        assert h.server._loop is not None
+        return asyncio.run_coroutine_threadsafe(read(), h.server._loop).result(10)
+
+    for bound, raised in ((256 * 2**20, cost), (cost * server.SEND_BUFFER_RAISED_SHARE - 1, 0)):
+        with endpoint(tiered, queued_max_response_bytes=bound) as h:
+            with connect(h) as reader:
+                for _ in range(3):
+                    got = answered(fetch_v4(reader, 2**21, both))
+                    assert all(len(base_offsets(got[(a, p)][0].records)) > 5 for p in (0, 1))
+                answers.append(got)
+                assert h.server._raised == raised
+                assert h.server._fetch_room() <= bound - raised
+                assert send_buffers(h) == [2 * server.SEND_BUFFER_RAISED_BYTES if raised else 2 * 102_400]
+            wait_for(lambda h=h: h.server._raised == 0, 10, "the raised buffer to be given back")
+    assert [[len(p.records) for p in ps] for ps in answers[0].values()] == [
+        [len(p.records) for p in ps] for ps in answers[1].values()]
+
+
 # ------------------------------------------------------------------------------ generated frames (Hypothesis)
 def _valid_request(api_key: int, version: int) -> bytes:
     """A request body of ``api_key`` at ``version`` built by kio from empty values (b"" if kio has no schema)."""
