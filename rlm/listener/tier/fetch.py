@@ -16,7 +16,7 @@ from rlm.listener.protocol.codec import ErrorCode, free_gradually
 from rlm.listener.tier.context import TierContext
 from rlm.tier import Decided, FetchResult, Isolation, UnreadableCopyError
 
-__all__ = ["fetch", "partition_answer"]
+__all__ = ["fetch", "in_request_order", "partition_answer"]
 
 FREE_STEP = 1024
 
@@ -100,3 +100,23 @@ def partition_answer(index: int, res: FetchResult, code: ErrorCode) -> dict[str,
             "aborted_transactions": None if res.aborted is None else [
                 {"producer_id": pid, "first_offset": first} for pid, first in res.aborted],
             "preferred_read_replica": -1, "records": res.records}
+
+
+def in_request_order(values: dict[str, Any], req: Any) -> dict[str, Any]:
+    """``values`` (:func:`fetch`'s answer to a Fetch naming the same partitions as ``req``, maybe in another order:
+    an answer read ahead, :mod:`rlm.listener.upstream.proxy`) ordered as :func:`fetch` answers ``req``: topics in
+    the order ``req`` first names them, each topic's partitions likewise."""
+    named = bool(req.topics) and getattr(req.topics[0], "topic", None) is not None  # by name before v13
+    topics = {}
+    parts = {}
+    for t in values["responses"]:
+        key = t["topic"] if named else t["topic_id"]
+        topics[key] = t
+        for p in t["partitions"]:
+            parts[(key, p["partition_index"])] = p
+    wanted = dict.fromkeys((getattr(t, "topic", None) or t.topic_id, p.partition) for t in req.topics
+                           for p in t.partitions)
+    ordered: dict[Any, list[dict[str, Any]]] = {}
+    for key, index in wanted:
+        ordered.setdefault(key, []).append(parts[(key, index)])
+    return {**values, "responses": [{**topics[key], "partitions": ps} for key, ps in ordered.items()]}

@@ -63,6 +63,7 @@ from rlm.listener.tier.boundary import (
     served_partitions,
 )
 from rlm.listener.tier.context import TierContext
+from rlm.listener.tier.fetch import in_request_order
 from rlm.listener.upstream.brokers import Upstream
 from rlm.listener.upstream.rewrite import PeerAddresses
 
@@ -196,6 +197,8 @@ class Proxy:
         if ahead is not None and ahead.shape == _shape(req) and self._still_readable(req, client):
             try:
                 values, used = await ahead.values, True
+                if values is not None:  # read for the same partitions, maybe named in another order
+                    values = in_request_order(values, req)
             except Exception:  # noqa: BLE001 - read again now, where an error is this request's
                 pass
         if ahead is not None:
@@ -351,8 +354,13 @@ class Prefetched:
 
 
 def _shape(req: Any) -> tuple[Any, ...]:
-    """What an answer from the tier depends on in a Fetch request."""
-    return (req.isolation_level, req.max_bytes, tuple(
+    """What an answer from the tier depends on in a Fetch request: its partitions as a set, not a list (librdkafka
+    starts each Fetch's list one partition further on, for fairness: an ordered shape never matched a consumer of
+    several partitions; the answer read ahead is put in the request's order, :func:`in_request_order`). The first
+    partition of the list read ahead may then not be the request's: the two answers differ only where a batch is
+    larger than its partition's max bytes (it comes with the first partition only), and the client fetches it
+    again."""
+    return (req.isolation_level, req.max_bytes, frozenset(
         (getattr(t, "topic", None) or t.topic_id, p.partition, p.fetch_offset, p.partition_max_bytes)
         for t in req.topics for p in t.partitions))
 

@@ -359,6 +359,40 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
     assert used == len(below) - 1, (used, len(below))
 
 
+def test_an_answer_read_ahead_serves_the_next_fetch_naming_the_partitions_in_another_order(
+        proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka starts each Fetch's partition list one partition further on (fairness): two partitions read from 0,
+    below the broker's log start, named in turns (0, 1) then (1, 0): from the third Fetch on each is answered with
+    the answer read ahead for it (read for the other order), in the request's order, every offset once per
+    partition, in order. (An ordered match never served such a consumer.)"""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    topic = proxied.topic
+    used = REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0
+    positions = {0: 0, 1: 0}
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    fetches = 0
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        while all(positions[p] < LOG_START[p] - 10 for p in positions):  # both still below the log start
+            order = [0, 1] if fetches % 2 == 0 else [1, 0]
+            (t,) = call(sock, 1, 11, {  # about two batches a partition
+                "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+                "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
+                    {"partition": p, "fetch_offset": positions[p], "current_leader_epoch": -1, "log_start_offset": -1,
+                     "partition_max_bytes": 600} for p in order]}]}).responses
+            assert [p.partition_index for p in t.partitions] == order
+            for part in t.partitions:
+                assert part.error_code == 0, part
+                got = _offsets(part.records, positions[part.partition_index])
+                assert got, (part.partition_index, positions)
+                seen[part.partition_index] += got
+                positions[part.partition_index] = got[-1] + 1
+            fetches += 1
+    assert fetches >= 4, fetches
+    assert all(seen[p] == list(range(positions[p])) for p in seen)
+    used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
+    assert used == fetches - 2, (used, fetches)  # the first asked the broker, the second read what it answered
+
+
 def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied) -> None:
     """Metadata and FindCoordinator name the listener for the broker behind it; ListOffsets EARLIEST is the tier's
     first offset (below the broker's log start), LATEST the broker's end."""
