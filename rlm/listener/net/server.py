@@ -75,7 +75,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
 from prometheus_client import Counter, Gauge, Histogram
 
 from rlm.config import HistoryListenerSettings
@@ -91,6 +90,7 @@ from rlm.listener.protocol.codec import (
     error_body,
     free_gradually,
     response_type,
+    warm_schemas,
 )
 from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, RequestHeader, read_header
 from rlm.listener.routing import Route, Router
@@ -98,7 +98,7 @@ from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
 from rlm.tier import StreamedBatch, UnreadableCopyError
 
-__all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc", "warm_schemas"]
+__all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc"]
 
 log = logging.getLogger(__name__)
 
@@ -945,21 +945,6 @@ def _latency(api: str) -> Any:
 @functools.cache
 def _bytes_sent(api: str) -> Any:
     return BYTES_SENT.labels(api)
-
-
-def warm_schemas(offered: dict[int, tuple[int, int]]) -> int:
-    """Import kio's request and response schemas of every version ``offered`` (api key -> (lowest, highest)) now;
-    how many there are. kio imports a schema's module at its first use: at a version's first request, on the event
-    loop, which each held for 5-20 ms of CPU (bench_listener_stall's first large Fetch v4: 7-8 ms; its first
-    ApiVersions: 3.7 ms). Once per process (about 0.4 s for the 118 the endpoint offers, on a loaded machine)."""
-    n = 0
-    for key, (lo, hi) in offered.items():
-        for version in range(lo, hi + 1):
-            for load in (load_request_schema, load_response_schema):
-                with contextlib.suppress(Exception):  # kio has no such schema: answered as unsupported anyway
-                    load(key, version)
-                    n += 1
-    return n
 
 
 def steady_malloc(threshold_bytes: int = MALLOC_THRESHOLD_BYTES) -> bool:

@@ -14,7 +14,7 @@ A frame on the socket (every integer big-endian; Kafka's ``RequestHeader.json`` 
 
 Whether a request's header is v1 or v2 is its schema's (kio knows which versions are flexible). The correlation id
 sits at a fixed place in both headers (request: byte 4, response: byte 0, after the size prefix): a proxy maps it
-without decoding anything else (:func:`with_correlation_id`).
+without decoding anything else (:mod:`rlm.listener.upstream.brokers`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ __all__ = [
     "read_header",
     "request_schema",
     "response_header",
-    "with_correlation_id",
 ]
 
 SIZE = struct.Struct(">i")
@@ -68,7 +67,8 @@ class RequestHeader(typing.NamedTuple):
 @functools.cache
 def request_schema(api_key: int, version: int) -> type:
     """kio's request schema of an api key and version, looked up once (kio resolves its module path by name at each
-    call: 0.07 ms, three times per proxied request). Raises as kio does for an unknown one (not remembered)."""
+    call: 0.07 ms, three times per proxied request; the offered ones are looked up at start, by
+    :func:`~rlm.listener.protocol.codec.warm_schemas`). Raises as kio does for an unknown one (not remembered)."""
     return load_request_schema(api_key, version)
 
 
@@ -109,12 +109,6 @@ def response_header(header: RequestHeader) -> bytes:
     and always for ApiVersions."""
     tags = b"\0" if header.flexible and header.api_key != ApiKey.API_VERSIONS else b""  # v1: no tagged fields
     return CORRELATION_ID.pack(header.correlation_id) + tags
-
-
-def with_correlation_id(frame: bytes, correlation_id: int, *, request: bool) -> bytes:
-    """``frame`` (a request or a response, without its size prefix) with its correlation id replaced."""
-    at = REQUEST_CORRELATION_AT if request else 0
-    return frame[:at] + CORRELATION_ID.pack(correlation_id) + frame[at + CORRELATION_ID.size:]
 
 
 def correlation_id_of_response(frame: bytes) -> int:
