@@ -238,7 +238,8 @@ class SidecarProcess:
             "store": {"store": "fs", "root_path": str(self.dir / "remote"), "fsync": STORE_FSYNC},
             "metadata": {"topic": f"__rlm_md_{name}", "partitions": 10, "replication_factor": 1,
                          "state_dir": str(self.dir / "state"), "to_be_deleted_topic": f"__rlm_tbd_{name}"},
-            "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms},
+            "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms,
+                      **({"copy_workers": COPY_WORKERS} if COPY_WORKERS and root == ROOT else {})},
             "topics": {"include": [f"{re.escape(topic_prefix)}.*"]},
             "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
             "listen": {"host": "127.0.0.1", "port": self.port},
@@ -283,6 +284,7 @@ def create_topics(kc, prefix: str, topics: int, partitions: int, extra: dict[str
 
 
 STORE_FSYNC = True  # --store-no-fsync: the store's fsyncs off (staging's stay); LocalTieredStorage has none
+COPY_WORKERS = 0  # --copy-workers: tasks.copy_workers of this checkout's sidecar (0: the default)
 PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
 
 
@@ -526,10 +528,13 @@ def main() -> None:
                          "in the short-interval phase and the burst, on the same broker and load")
     ap.add_argument("--store-no-fsync", action="store_true",
                     help="the sidecar's filesystem store without fsyncs (LocalTieredStorage never fsyncs: Files.copy)")
+    ap.add_argument("--copy-workers", type=int, default=0,
+                    help="tasks.copy_workers of this checkout's sidecar (--baseline's keeps its default)")
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
-    global PROFILE_GIL, STORE_FSYNC
+    global COPY_WORKERS, PROFILE_GIL, STORE_FSYNC
+    COPY_WORKERS = args.copy_workers
     PROFILE_GIL = args.profile_gil
     STORE_FSYNC = not args.store_no_fsync
     if args.partitions % args.topics:

@@ -5,8 +5,10 @@ registry's (:mod:`rlm.tasks.leadership`); a round's split of the log dirs into l
 is :func:`rlm.discovery.classify`; readiness and liveness are :func:`rlm.health.readiness` and
 :func:`rlm.health.liveness`; the metadata manager is :func:`rlm.rlmm_config.make_rlmm`'s.
 
-Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; every job coalesced with
-``max_instances=1``, so one run at a time). ``normal``:
+Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, a thread each; every job coalesced with
+``max_instances=1``, so one run at a time), and in ``normal`` mode a copy job per led partition on the copy jobs' own
+scheduler (:class:`rlm.tasks.dispatch.CopyJobs`: ``tasks.copy_workers`` threads; apscheduler's dispatch of thousands
+of copy jobs cost a tenth of a burst's CPU, issue 26). ``normal``:
 
 - ``discovery`` (``tasks.discovery_interval_ms``): partitions in the log dirs x leaders in the cluster. Starts a
   copy job for each partition this broker leads, stops the ones it no longer leads (the running copy stops between
@@ -17,7 +19,7 @@ Each mode runs one list of jobs, :data:`JOBS` (apscheduler 3, one thread pool; e
   (:meth:`rlm.discovery.ClusterView.metadata_fingerprint`), no deleted topic's evidence is being gathered, and the
   last full round (topics described, configs read, ``partition.metadata`` files read) is less than
   ``tasks.rescan_interval_ms`` old.
-- ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``):
+- ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``, on :class:`~rlm.tasks.dispatch.CopyJobs`):
   :class:`rlm.tasks.copier.PartitionCopier`; for a topic in streaming mode (``offload`` rules) every
   ``poll_interval_ms``: :class:`rlm.tasks.offload.StreamingOffloader`. A segment-mode job whose run found the
   partition caught up sleeps until its directory changes (:meth:`rlm.tasks.leadership.Leadership.sleep`).
@@ -41,6 +43,7 @@ the storage manager, the reader, the cluster view and health.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import types
@@ -62,6 +65,7 @@ from rlm.rlmm_config import make_rlmm
 from rlm.state import StateDir
 from rlm.tasks.cleaner import Cleaner
 from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
+from rlm.tasks.dispatch import CopyJobs
 from rlm.tasks.expiration import expire_partition
 from rlm.tasks.gc import GarbageCollector
 from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
@@ -83,7 +87,8 @@ class _SkippedRunFilter(logging.Filter):
     the normal state of a backfill (the copy lag is in the metrics): not worth a warning every interval."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "maximum number of running instances reached" not in record.getMessage()
+        # the message's template, not the message: formatting it (the job's repr) cost more than the filter saved
+        return "maximum number of running instances reached" not in str(record.msg)
 
 
 logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
@@ -113,11 +118,13 @@ class Sidecar:
         self.reader = RemoteReader(self.rlmm, self.rsm)
         if not self.read_only:
             self._open_writers()
-        self._scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(s.tasks.copy_workers + 4)},
+        self._scheduler = BackgroundScheduler(  # the periodic jobs of JOBS, a thread each
+            executors={"default": ThreadPoolExecutor(len(self.jobs))},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        self.leadership = Leadership(s, self._scheduler, rlmm=self.rlmm, rsm=self.rsm,
+        self._copy_jobs = CopyJobs(s.tasks.copy_workers)
+        """The copy jobs, one per led partition (added, paused, woken and removed by :attr:`leadership`)."""
+        self.leadership = Leadership(s, self._copy_jobs, rlmm=self.rlmm, rsm=self.rsm,
                                      staging=None if self.read_only else self.staging,
                                      deleter=None if self.read_only else self.deleter, run=self._copy_run)
         """The partitions led (a copy job each) and followed, and the lock the jobs share
@@ -178,6 +185,7 @@ class Sidecar:
                                     seconds=job.interval_ms(t) / 1000,
                                     **({"next_run_time": _now()} if job.first_run_now else {}))
         self._scheduler.start()
+        self._copy_jobs.start()
         log.info("sidecar started", extra={"broker_id": self.settings.broker_id, "mode": self.settings.mode,
                                            "jobs": [job.id for job in self.jobs],
                                            "log_dirs": [str(d) for d in self.settings.log_dirs]})
@@ -205,7 +213,8 @@ class Sidecar:
         if self.leadership.stopping:
             return True
         self.leadership.stop()  # after this, no job adds or removes jobs (apscheduler's shutdown would deadlock)
-        # apscheduler's shutdown joins the job threads without a bound: join it with one.
+        # apscheduler's shutdown joins the job threads without a bound: join it with one, the copy workers' too
+        deadline = time.monotonic() + timeout_s
         clean = True
         if self._scheduler.running:  # a sidecar never started has no scheduler to shut down
             shutdown = threading.Thread(target=self._scheduler.shutdown, kwargs={"wait": True}, daemon=True,
@@ -213,6 +222,7 @@ class Sidecar:
             shutdown.start()
             shutdown.join(timeout_s)
             clean = not shutdown.is_alive()
+        clean = self._copy_jobs.shutdown(wait=True, timeout_s=max(0.0, deadline - time.monotonic())) and clean
         if not clean:
             # Nothing is lost (what they leave is cleaned up at the next start, as after a crash): no operator action.
             log.warning("jobs still running at shutdown: abandoned, left as after a crash for the next start",
@@ -247,7 +257,7 @@ class Sidecar:
         """Liveness (``/health/live``, :func:`rlm.health.liveness`): the scheduler runs and attempted a discovery
         round lately."""
         return liveness(discovery_interval_ms=self.settings.tasks.discovery_interval_ms,
-                        scheduler_running=self._scheduler.running,
+                        scheduler_running=self._scheduler.running and self._copy_jobs.running,
                         last_discovery_attempt=self.last_discovery_attempt)
 
     # ----------------------------------------------------------------------------------------- discovery
@@ -497,7 +507,7 @@ class Sidecar:
 
     def _refresh_gauges(self) -> None:
         """``normal`` mode's gauges: staging, what reads report, retention margins."""
-        metrics.STAGING_BYTES.set(self.staging.size_bytes())
+        metrics.STAGING_BYTES.set(self.staging.held_bytes())  # (each segment's bytes counted once, not walked)
         self._refresh_read_gauges()
         self._refresh_margins()
 
@@ -511,20 +521,28 @@ class Sidecar:
         """Each led partition's retention margin (:func:`rlm.health.retention_margin`, listings kept while a directory
         is unchanged: :class:`rlm.health.MarginCache`), as gauges."""
         margins: dict[TopicIdPartition, Margin] = {}
-        staged: dict[TopicIdPartition, list[int]] = {}
-        for x in self.staging.staged():  # one walk of the staging area, not one look per led partition
-            staged.setdefault(x.tp, []).append(x.base_offset)
+        staged: dict[TopicIdPartition, list[int]] | None = None  # walked when a partition's margin needs it
         for led in self.leadership.each_led():
             tp = led.tp
             retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
-            try:
-                m = self._margin_cache.margin(led.path, led.copier.tiered_offset, staged.get(tp, ()),
-                                              retention_ms=retention_ms, retention_bytes=retention_bytes)
-            except (FileNotFoundError, LogFormatError):
-                continue  # the partition dir went away (moved, deleted): the next discovery round says
+            if _unlimited(retention_ms) and _unlimited(retention_bytes):
+                # the broker deletes nothing of it: nothing is at risk, whatever is tiered. Not listed (every 5 s, a
+                # listing of each directory that changed: in a burst, every directory, issue 26)
+                m = Margin(math.inf, math.inf, None)
+            else:
+                if staged is None:
+                    staged = {}
+                    for x in self.staging.staged():  # one walk of the staging area, not one look per led partition
+                        staged.setdefault(x.tp, []).append(x.base_offset)
+                try:
+                    m = self._margin_cache.margin(led.path, led.copier.tiered_offset, staged.get(tp, ()),
+                                                  retention_ms=retention_ms, retention_bytes=retention_bytes)
+                except (FileNotFoundError, LogFormatError):
+                    continue  # the partition dir went away (moved, deleted): the next discovery round says
             margins[tp] = m
-            metrics.RETENTION_MARGIN_SECONDS.labels(tp.topic, str(tp.partition)).set(m.seconds)
-            metrics.RETENTION_MARGIN_BYTES.labels(tp.topic, str(tp.partition)).set(m.bytes)
+            if self.margins.get(tp) != m:  # (set when it changed: two label lookups per led partition every 5 s)
+                metrics.RETENTION_MARGIN_SECONDS.labels(tp.topic, str(tp.partition)).set(m.seconds)
+                metrics.RETENTION_MARGIN_BYTES.labels(tp.topic, str(tp.partition)).set(m.bytes)
         for tp in set(self.margins) - set(margins):
             for gauge in (metrics.RETENTION_MARGIN_SECONDS, metrics.RETENTION_MARGIN_BYTES):
                 try:
@@ -595,6 +613,12 @@ it leads (:meth:`Sidecar.discover`) and runs the cleaner's thread."""
 WRITERS = frozenset({"queue", "deleter", "staging", "known", "deletions", "gc", "cleaner"})
 """The sidecar's attributes that write (the to-be-deleted topic's producer, the deletes, staging's directories,
 state files, the purge's evidence): constructed in ``normal`` mode only (:meth:`Sidecar._open_writers`)."""
+
+
+def _unlimited(retention: int | None) -> bool:
+    """A local retention (``retention.ms`` or ``retention.bytes``) that deletes nothing: -1, or unknown (None: the
+    margin counts an unknown retention as none, :func:`rlm.health.retention_margin`)."""
+    return retention is None or retention < 0
 
 
 def _int(value: str | None) -> int | None:

@@ -69,8 +69,9 @@ class LeadershipChangeError(RlmError):
 
 
 class Scheduler(Protocol):
-    """What the registry needs of apscheduler's scheduler: adding and removing a copy job, letting it sleep (pause)
-    and waking it (its next run now)."""
+    """What the registry needs of the copy jobs' scheduler (the sidecar's :class:`rlm.tasks.dispatch.CopyJobs`;
+    apscheduler's scheduler has the same calls): adding and removing a copy job, letting it sleep (pause) and waking
+    it (its next run now)."""
 
     def add_job(self, func: Callable[..., Any], trigger: str, **kwargs: Any) -> object: ...
 
@@ -344,11 +345,12 @@ class Leadership:
             return 0
         running = set(self.still_running())
         n = 0
-        for tp in {s.tp for s in self._staging.staged()} - leaders - running:
-            released = self._release(tp)
+        for tp in self._staging.partitions() - leaders - running:
+            released = self._release(tp)  # (its dir too: an empty one, kept for its next segment, is dropped)
             n += released
-            log.info("staged segments of a partition not led released", extra={"partition": str(tp),
-                                                                                "segments": released})
+            if released:
+                log.info("staged segments of a partition not led released", extra={"partition": str(tp),
+                                                                                    "segments": released})
         return n
 
     def _release(self, tp: TopicIdPartition) -> int:

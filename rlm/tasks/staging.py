@@ -266,9 +266,15 @@ class Staging:
             raise ValueError(f"max_bytes must be >= 0 (0: unbounded), not {max_bytes}")
         self.max_bytes = max_bytes
         self._roots: dict[Path, Path] = {}
-        # stage(), release() and staged() of different partitions run on different copy threads: staged() must
-        # not take a segment being staged right now for one a crash left half-done (and remove it).
+        # Locks. A partition's stage(), release() and staged() hold its own lock (_partition_lock): staged() must not
+        # take a segment being staged right now for one a crash left half-done (and remove it). Partitions do not
+        # wait for each other: one lock for all, held across each first staging's fsyncs, made a burst's copy runs
+        # wait for the stage job one segment at a time (issue 26). _lock (taken before any partition's) serializes
+        # what spans partitions (the listing of every partition, a topic's release) and, with a size bound, every
+        # staging (the bound counts every partition's bytes). _meta guards the dicts below, never held across I/O.
         self._lock = threading.RLock()
+        self._meta = threading.Lock()
+        self._partition_locks: dict[TopicIdPartition, threading.RLock] = {}
         # staging root -> complete segment dir -> bytes held (the size bound's count; None when unbounded: _bytes)
         self._held: dict[Path, dict[Path, int | None]] = {}
         # complete segment dirs this process staged or checked -> (end offset, st_dev, st_ino of the staged .log): a
@@ -305,6 +311,19 @@ class Staging:
         self._resolved[key] = root
         return root
 
+    def _partition_lock(self, tp: TopicIdPartition) -> threading.RLock:
+        """The lock of ``tp``'s staged segments (see ``__init__``); kept for the process's life (a lock dropped while
+        a thread waits for it would let a second one be made beside it)."""
+        lock = self._partition_locks.get(tp)
+        if lock is None:
+            with self._meta:
+                lock = self._partition_locks.setdefault(tp, threading.RLock())
+        return lock
+
+    def _hold(self, root: Path, seg_dir: Path, n_bytes: int | None) -> None:
+        with self._meta:
+            self._held[root][seg_dir] = n_bytes
+
     @staticmethod
     def _partition_path(root: Path, tp: TopicIdPartition) -> Path:
         return root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
@@ -322,18 +341,26 @@ class Staging:
         fsync_dir(root)
 
     def _mkdirs(self, root: Path, path: Path) -> None:
-        """Create ``path`` (below ``root``) and the missing directories above it, each fsynced into its parent."""
-        missing = []
-        p = path
-        while p != root and not p.exists():
-            missing.append(p)
-            p = p.parent
-        for d in reversed(missing):
+        """Create ``path`` (below ``root``) and the missing directories above it, each fsynced into its parent. A
+        topic id dir removed meanwhile (the release of another of its partitions, which holds another lock) is made
+        again."""
+        for attempt in range(3):
+            missing = []
+            p = path
+            while p != root and not p.exists():
+                missing.append(p)
+                p = p.parent
             try:
-                d.mkdir()
-            except FileExistsError:
-                continue
-            fsync_dir(d.parent)
+                for d in reversed(missing):
+                    try:
+                        d.mkdir()
+                    except FileExistsError:
+                        continue
+                    fsync_dir(d.parent)
+                return
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
 
     # -------------------------------------------------------------------------------------------- stage
     def stage(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int,
@@ -350,7 +377,10 @@ class Staging:
         """
         if end_offset_inclusive < base_offset:
             raise ValueError(f"end offset {end_offset_inclusive} below base offset {base_offset}")
-        with self._lock:
+        if self.max_bytes:  # the bound counts every partition's bytes: one staging at a time
+            with self._lock, self._partition_lock(tp):
+                return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive)
+        with self._partition_lock(tp):
             return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive)
 
     def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int) -> StagedSegment:
@@ -370,7 +400,7 @@ class Staging:
             if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
                                 present=present):
                 fsync_dir(target)
-                self._held[root][target] = self._bytes(target)
+                self._hold(root, target, self._bytes(target))
             return staged
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
@@ -379,7 +409,7 @@ class Staging:
                 # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
                 if self._rebuild_missing_indexes(tp, target, base) or linked:
                     fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
-                    self._held[root][target] = self._bytes(target)
+                    self._hold(root, target, self._bytes(target))
                 self._verify(target, end)
                 return staged
             log.info("staged segment replaced: not the local segment of that base", extra={
@@ -391,7 +421,8 @@ class Staging:
         if size is None:
             raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
         if self.max_bytes:
-            held = sum(n or 0 for n in self._held[root].values())
+            with self._meta:
+                held = sum(n or 0 for n in self._held[root].values())
             if held and held + size > self.max_bytes:
                 raise StagingFullError(
                     f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
@@ -407,7 +438,7 @@ class Staging:
         except BaseException:
             self._remove_segment_dir(root, target)
             raise
-        self._held[root][target] = self._bytes(target)
+        self._hold(root, target, self._bytes(target))
         self._verify(target, end)
         return staged
 
@@ -422,7 +453,8 @@ class Staging:
         """Remember ``target`` as complete with end offset ``end`` and its staged ``.log`` (see ``_verified``)."""
         st = _stat(target / segment_file_name(int(target.name), ".log"))
         if st is not None:
-            self._verified[target] = (end, st.st_dev, st.st_ino)
+            with self._meta:
+                self._verified[target] = (end, st.st_dev, st.st_ino)
 
     def _same_log(self, partition_dir: Path, log_name: str, ours: tuple[int, int]) -> bool:
         """The broker's ``.log`` (or ``.log.deleted``) of that name is the staged file ``ours`` (device, inode), or the
@@ -553,7 +585,7 @@ class Staging:
     # ------------------------------------------------------------------------------------------ release
     def release(self, staged: StagedSegment) -> None:
         """Drop the staged links (after a successful copy, or when the segment is known remote)."""
-        with self._lock:
+        with self._partition_lock(staged.tp):
             root = next((r for r in self._held if r in staged.directory.parents), None)
             if root is None:
                 shutil.rmtree(staged.directory, ignore_errors=True)
@@ -562,7 +594,7 @@ class Staging:
 
     def release_partition(self, tp: TopicIdPartition) -> int:
         """Drop everything staged for one partition (leadership lost, partition purged); return how many segments."""
-        with self._lock:
+        with self._partition_lock(tp):
             n = 0
             for root in self._held:
                 pdir = self._partition_path(root, tp)
@@ -575,29 +607,33 @@ class Staging:
         """Drop everything staged for one topic id (the topic was deleted); return how many segments."""
         with self._lock:
             n = 0
+            with self._meta:
+                tps = [tp for tp in self._partition_locks if tp.topic_id == topic_id]
+            for tp in tps:  # each partition's staging and release is over (or not begun) when its part goes
+                n += self.release_partition(tp)
             for root in self._held:
                 tdir = root / str(topic_id)
-                n += self._forget(root, tdir)
+                n += self._forget(root, tdir)  # (partitions of it this process never locked: staged before a restart)
                 shutil.rmtree(tdir, ignore_errors=True)
             return n
 
     def topic_ids(self) -> set[uuid.UUID]:
         """The topic ids with a staging dir (e.g. to release those of topics deleted while the sidecar was down)."""
-        with self._lock:
-            out = set()
-            for root in self._held:
-                for entry in root.iterdir():
-                    if entry.is_dir() and (tid := _is_topic_id_dir(entry.name)) is not None:
-                        out.add(tid)
-            return out
+        out = set()
+        for root in self._held:
+            for entry in root.iterdir():
+                if entry.is_dir() and (tid := _is_topic_id_dir(entry.name)) is not None:
+                    out.add(tid)
+        return out
 
     def _forget(self, root: Path, under: Path) -> int:
-        held = self._held[root]
-        gone = [d for d in held if under in d.parents]
-        for d in gone:
-            del held[d]
-        for d in [d for d in self._verified if under in d.parents]:
-            del self._verified[d]
+        with self._meta:
+            held = self._held[root]
+            gone = [d for d in held if under in d.parents]
+            for d in gone:
+                del held[d]
+            for d in [d for d in self._verified if under in d.parents]:
+                del self._verified[d]
         return len(gone)
 
     def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
@@ -606,8 +642,9 @@ class Staging:
         them again costs a mkdir and an fsync of the parent each, per segment (issue 26: on ext4, creating an inode
         is the dearest system call of the copy path). :meth:`release_partition` and :meth:`release_topic` remove
         them, when the partition is no longer led here or the topic is deleted."""
-        self._held[root].pop(seg_dir, None)
-        self._verified.pop(seg_dir, None)
+        with self._meta:
+            self._held[root].pop(seg_dir, None)
+            self._verified.pop(seg_dir, None)
         _remove_files_dir(seg_dir)
 
     @staticmethod
@@ -623,41 +660,65 @@ class Staging:
 
         A segment dir without a valid ``.complete`` marker (a stage a crash interrupted, an empty or unreadable
         marker) is removed here: the next :meth:`stage` of it redoes it."""
+        if tp is not None:
+            with self._partition_lock(tp):
+                return self._staged(tp)
         with self._lock:
-            return self._staged(tp)
+            return self._staged(None)
+
+    def partitions(self) -> set[TopicIdPartition]:
+        """The partitions with a staging dir (segments staged or not: a partition's dir stays between its segments),
+        from a listing of the topic id dirs alone: no segment's marker read (:meth:`staged` reads each)."""
+        return {ptp for root in self._held for ptp, _pdir in self._partition_dirs(root)}
+
+    @staticmethod
+    def _partition_dirs(root: Path) -> list[tuple[TopicIdPartition, Path]]:
+        """Each partition's staging dir under ``root``, by topic id dir (``scandir``: an entry's type without a stat;
+        every discovery round lists them, issue 26)."""
+        out = []
+        for tentry in sorted(os.scandir(root), key=lambda e: e.name):
+            tid = _is_topic_id_dir(tentry.name) if tentry.is_dir() else None
+            if tid is None:
+                continue
+            try:
+                entries = sorted(os.scandir(tentry.path), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # released meanwhile
+            tdir = root / tentry.name
+            for e in entries:
+                parsed = parse_partition_dir_name(e.name)
+                if parsed and e.is_dir():
+                    out.append((TopicIdPartition(tid, *parsed), tdir / e.name))
+        return out
 
     def _staged(self, tp: TopicIdPartition | None) -> list[StagedSegment]:
         out: list[StagedSegment] = []
         for root in self._held:
-            if tp is not None:
-                pdirs = [(tp, self._partition_path(root, tp))]
-            else:
-                pdirs = []
-                for tdir in sorted(root.iterdir()):
-                    tid = _is_topic_id_dir(tdir.name) if tdir.is_dir() else None
-                    if tid is None:
-                        continue
-                    for pdir in sorted(tdir.iterdir()):
-                        parsed = parse_partition_dir_name(pdir.name)
-                        if parsed and pdir.is_dir():
-                            pdirs.append((TopicIdPartition(tid, *parsed), pdir))
+            pdirs = [(tp, self._partition_path(root, tp))] if tp is not None else self._partition_dirs(root)
             for ptp, pdir in pdirs:
-                try:
-                    segs = sorted(p for p in pdir.iterdir() if parse_segment_stem(p.name) is not None)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                for seg in segs:
-                    base = int(seg.name)
-                    end = _read_marker(seg, base)
-                    if end is None:
-                        log.info("incomplete staged segment removed (staged again if still local)", extra={
-                            "partition": str(ptp), "base_offset": base, "directory": str(seg)})
-                        self._remove_segment_dir(root, seg)
-                        continue
-                    if seg not in self._held[root]:
-                        self._held[root][seg] = self._bytes(seg)
-                    out.append(StagedSegment(ptp, base, end, seg))
+                with self._partition_lock(ptp):  # (re-entrant: held already when tp is given)
+                    out += self._staged_in(root, ptp, pdir)
         out.sort(key=lambda s: (s.tp.topic, s.tp.partition, str(s.tp.topic_id), s.base_offset))
+        return out
+
+    def _staged_in(self, root: Path, tp: TopicIdPartition, pdir: Path) -> list[StagedSegment]:
+        """The complete staged segments in ``tp``'s dir ``pdir``; the incomplete ones removed. Under ``tp``'s lock."""
+        try:
+            segs = sorted(p for p in pdir.iterdir() if parse_segment_stem(p.name) is not None)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for seg in segs:
+            base = int(seg.name)
+            end = _read_marker(seg, base)
+            if end is None:
+                log.info("incomplete staged segment removed (staged again if still local)", extra={
+                    "partition": str(tp), "base_offset": base, "directory": str(seg)})
+                self._remove_segment_dir(root, seg)
+                continue
+            if seg not in self._held[root]:
+                self._hold(root, seg, self._bytes(seg))
+            out.append(StagedSegment(tp, base, end, seg))
         return out
 
     def size_bytes(self) -> int:
@@ -675,9 +736,20 @@ class Staging:
         return total
 
     def held_bytes(self) -> int:
-        """Bytes of complete staged segments, summed over the log dirs (what the bound counts, per log dir)."""
-        with self._lock:
-            return sum(_dir_bytes(d) if n is None else n for h in self._held.values() for d, n in h.items())
+        """Bytes of complete staged segments, summed over the log dirs (what the bound counts, per log dir). A
+        segment not counted yet (unbounded staging counts none as it stages it) is counted once and remembered (the
+        gauge asks every 5 s: walking every staged file each time was a tenth of a burst's CPU, issue 26)."""
+        with self._meta:
+            held = [(h, d, n) for h in self._held.values() for d, n in h.items()]
+        total = 0
+        for h, d, n in held:
+            if n is None:
+                n = _dir_bytes(d)
+                with self._meta:
+                    if d in h and h[d] is None:  # (not released, nor relinked, meanwhile)
+                        h[d] = n
+            total += n
+        return total
 
     def _bytes(self, seg_dir: Path) -> int | None:
         """What a staged segment holds, for the bound; None when unbounded (not counted: a scandir and a stat per

@@ -1,6 +1,6 @@
 """What an idle sidecar does not do (issue 26), without a broker: a discovery round while nothing changed describes no
 topic (cheap rounds, kept correct by the metadata fingerprint, the log-dir watcher's layout and the rescan interval),
-and a caught-up copy job sleeps until its partition directory changes (a real apscheduler scheduler, real inotify)."""
+and a caught-up copy job sleeps until its partition directory changes (the copy jobs' real scheduler, real inotify)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from rlm.discovery import PartitionInfo, TopicLookup
+from rlm.tasks.dispatch import CopyJobs
 from rlm.tasks.leadership import Leadership, Led, copy_job_id
 from rlm.tasks.staging import Staging
 from rlmm.api import TopicIdPartition
@@ -137,14 +136,12 @@ def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven
 # ------------------------------------------------------------------------------------ sleeping copy jobs
 @contextlib.contextmanager
 def led_partition(tmp_path: Path, run: Any, interval_ms: int = 100,
-                  ) -> Iterator[tuple[Leadership, BackgroundScheduler, TopicIdPartition, Path]]:
-    """One partition led by a registry on a real (started) apscheduler scheduler, whose copy run is
+                  ) -> Iterator[tuple[Leadership, CopyJobs, TopicIdPartition, Path]]:
+    """One partition led by a registry on the sidecar's (started) copy job scheduler, whose copy run is
     ``run(led, leadership)``."""
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
     path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
-    scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(4)},
-                                    job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
-    scheduler.start()
+    scheduler = CopyJobs(4).start()
     settings = _settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
     leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
                             staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
@@ -241,6 +238,37 @@ def test_the_stage_job_wakes_the_led_partition_whose_directory_changed(tmp_path:
     led1 = sidecar.leadership.get("t", 1)
     assert led1 is not None and not led1.asleep and led1.changed.is_set()
     assert sidecar.leadership.sleeping() == 1 and sidecar.leadership.get("t", 0).asleep  # type: ignore[union-attr]
+
+
+def test_the_gauges_list_no_directory_of_a_partition_without_local_retention(tmp_path: Path, sidecar_of,  # noqa: ANN001
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic whose local retention deletes nothing (``retention.ms`` and ``retention.bytes`` -1) has nothing at
+    risk: its margin is infinite without listing its directory or walking the staging area every 5 s (in a burst,
+    every led directory changed between two refreshes: listed each time, issue 26). A topic with a retention is
+    listed."""
+    import math
+
+    from rlm.health import MarginCache
+
+    tid, kept_tid = uuid.uuid4(), uuid.uuid4()
+    logs = tmp_path / "logs"
+    _partition_dir(logs, "t", 0, tid)
+    _partition_dir(logs, "kept", 0, kept_tid)
+    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("kept", 0): _info("kept", kept_tid, 0, BROKER)})
+    configs = view.topic_configs
+    view.topic_configs = lambda topics: {t: c if t != "kept" else {**(c or {}), "retention.ms": "60000"}  # type: ignore[method-assign]
+                                         for t, c in configs(topics).items()}
+    sidecar = sidecar_of(view)
+    sidecar.discover()
+    listed: list[Path] = []
+    real = MarginCache.margin
+    monkeypatch.setattr(MarginCache, "margin", lambda self, path, *a, **k: listed.append(path) or real(
+        self, path, *a, **k))
+    sidecar._refresh_gauges()
+    assert listed == [logs / "kept-0"]
+    by_topic = {tp.topic: m for tp, m in sidecar.margins.items()}
+    assert (by_topic["t"].seconds, by_topic["t"].bytes) == (math.inf, math.inf)
+    assert set(by_topic) == {"t", "kept"}
 
 
 @pytest.mark.kafka

@@ -230,10 +230,10 @@ def test_a_round_whose_metadata_manager_fails_is_a_failed_round_and_the_next_ret
         assert rlmm.is_ready(led) and rlmm.is_ready(followed)
         if mode == "normal":
             assert sidecar.leadership.counts() == (1, 1)
-            assert sidecar._scheduler.get_job(copy_job_id(led)) is not None
+            assert sidecar._copy_jobs.get_job(copy_job_id(led)) is not None
         else:  # read-only follows every partition, led here or not, and copies none
             assert sidecar.leadership.counts() == (0, 2)
-            assert sidecar._scheduler.get_jobs() == []
+            assert sidecar._copy_jobs.get_jobs() == []
         assert sidecar.health()[1]["checks"]["broker"]["ok"]  # type: ignore[index]
     finally:
         sidecar.stop(timeout_s=5)

@@ -309,3 +309,48 @@ def test_staged_segment_is_a_partition_dir_segment(tmp_path: Path) -> None:
         staged.log_path, staged.file(".index"), staged.file(".timeindex"), staged.file(".txnindex"))
     assert seg.snapshot_path is None  # <base>.snapshot: the producer snapshot staged is <end + 1>.snapshot
     assert staged.producer_snapshot_path == staged.directory / f"{100:020d}.snapshot"
+
+
+def test_a_partition_staged_while_another_waits_for_its_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions are staged independently (issue 26): while one partition's first staging waits in an fsync (a
+    loaded disk), another partition is staged, listed and released. With one lock for all, a burst's copy runs
+    waited for the stage job one fsync at a time. A partition's own listing still waits for its staging in flight
+    (it must not take the half-made dir for a crash's leftover and remove it)."""
+    import threading
+
+    import rlm.tasks.staging as staging_mod
+
+    log_dir = tmp_path / "data"
+    slow, fast = tp_of("t", 0), tp_of("t", 1)
+    make_segment(log_dir / "t-0", 0)
+    make_segment(log_dir / "t-1", 0)
+    staging = Staging({log_dir: tmp_path / "stage"})
+    in_fsync, release = threading.Event(), threading.Event()
+    real = staging_mod.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        if "t-0" in str(path):
+            in_fsync.set()
+            assert release.wait(10)
+        real(path)
+
+    monkeypatch.setattr(staging_mod, "fsync_dir", fsync_dir)
+    stager = threading.Thread(target=staging.stage, args=(slow, log_dir / "t-0", 0, 9))
+    stager.start()
+    try:
+        assert in_fsync.wait(10)
+        listed: list[object] = []
+        lister = threading.Thread(target=lambda: listed.append(staging.staged(slow)))
+        lister.start()
+        other = staging.stage(fast, log_dir / "t-1", 0, 9)  # not behind t-0's fsync
+        assert staging.staged(fast) == [other]
+        staging.release(other)
+        assert staging.staged(fast) == []
+        lister.join(0.2)
+        assert lister.is_alive() and listed == []  # t-0's own listing waits for its staging
+    finally:
+        release.set()
+        stager.join(10)
+    lister.join(10)
+    assert [s.base_offset for s in listed[0]] == [0]  # type: ignore[attr-defined]
+    assert [s.tp for s in staging.staged()] == [slow]
