@@ -15,6 +15,7 @@ applied: read-your-writes), :meth:`ConsumerTask.holding` (keep a partition consu
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import queue
 import threading
@@ -33,7 +34,7 @@ from rlmm.api import (
     RemoteLogMetadataError,
     TopicIdPartition,
 )
-from rlmm.cache import MetadataCache, Progress, SkippedRecord
+from rlmm.cache import MetadataCache, Progress, SkippedRecord, release_free_heap
 from rlmm.topic_admin import MetadataTopic
 
 __all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "ConsumerTask"]
@@ -44,10 +45,21 @@ SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
                           "Metadata records skipped by the cache (undecodable or refused transitions)", ["reason"])
 APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
 
+PREFETCH_KBYTES = 8192
+PREFETCH_MESSAGES = 20_000
+PREFETCH_BACKOFF_MS = 20
+"""librdkafka's prefetch bounds (``queued.max.messages.kbytes``, ``queued.min.messages``) and the pause of a
+partition's fetches once they are reached (``fetch.queue.backoff.ms``); ``consumer_config`` may override them. Its
+defaults (64 MiB, 100,000 messages per partition) let a bootstrap, whose apply loop falls behind the fetcher, hold
+up to the whole topic decoded in librdkafka's queue: at 1 M segments (2 M records, 50 partitions) that queue was
+~450 of the process's ~750 MiB of heap above start. With bounds, the default 1 s pause starved the loop (50 empty
+polls, 2.6 s of a 32 s bootstrap); at 20 ms it does not (2 empty polls, 0.1 s). 1 MiB and 2,000 messages starved it
+even so (a third of the rate)."""
+
 COMPACT_AFTER_RECORDS = 100_000
 """Once every assigned partition is caught up after at least this many records applied (a bootstrap, a rebuild),
 and at least a quarter as many as the cache holds keys (so a steady trickle rewrites the cache rarely; a bootstrap
-applies ~2 records per 3 keys, and RocksDB's key estimate counts overwrites not yet compacted), the cache is
+writes about one key per record, and RocksDB's key estimate counts overwrites not yet compacted), the cache is
 compacted in the background: lookups then seek one sorted run (:meth:`MetadataCache.compact_in_background`)."""
 
 
@@ -77,7 +89,9 @@ class ConsumerTask:
         self._on_idle = on_idle
         self._consumer = Consumer({"group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
                                    "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                                   "fetch.wait.max.ms": 50, **client_config})
+                                   "fetch.wait.max.ms": 50, "queued.max.messages.kbytes": PREFETCH_KBYTES,
+                                   "queued.min.messages": PREFETCH_MESSAGES,
+                                   "fetch.queue.backoff.ms": PREFETCH_BACKOFF_MS, **client_config})
         self._cond = threading.Condition()
         self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
         self._assigned: set[int] = set()
@@ -218,11 +232,11 @@ class ConsumerTask:
                 start = prog.next_offset
                 self.resumed_partitions.append(mp)
             else:
-                if prog is not None:
+                if prog is not None:   # (no progress, no state: apply writes both in one batch, wipe drops both)
                     log.info("metadata partition %d: cache away since %d ms (delete.retention.ms %d) or below log "
                              "start %d: rebuilding from the beginning", mp, prog.caught_up_wall_ms,
                              self.delete_retention_ms, low)
-                wipe.append(mp)
+                    wipe.append(mp)   # (a range delete on a fresh cache would only slow every read after it)
                 start = low
                 self.rebuilt_partitions.append(mp)
             tps.append(TopicPartition(self.topic, mp, start if start > 0 else OFFSET_BEGINNING))
@@ -292,12 +306,25 @@ class ConsumerTask:
         # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own record would
         # wait the full timeout each time. Wait for the first message only, then take what is already fetched.
         first = self._consumer.poll(0.05)
-        msgs = [] if first is None else [first, *self._consumer.consume(
-            num_messages=max(1, self._max_batch_records - 1), timeout=0)]
-        assigned = self._assigned
-        # one comprehension over the batch (the bootstrap's hot loop: ~10,000 messages a call), errors after
-        records = [(mp, m.offset(), m.key(), m.value()) for m in msgs
-                   if m.error() is None and (mp := m.partition()) in assigned]
+        if first is None:
+            msgs, records = [], []
+        else:
+            # Python's cyclic GC held off while a batch is taken and applied: every message, record tuple and
+            # segment view is a tracked object, none forms a cycle, and a collection every 700 of them (each batch
+            # promoted through the generations while it is alive) took ~11% of a bootstrap's consumer thread
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                msgs = [first, *self._consumer.consume(num_messages=max(1, self._max_batch_records - 1), timeout=0)]
+                assigned = self._assigned
+                # one comprehension over the batch (the bootstrap's hot loop: ~10,000 messages a call), errors after
+                records = [(mp, m.offset(), m.key(), m.value()) for m in msgs
+                           if m.error() is None and (mp := m.partition()) in assigned]
+                if records:
+                    self._apply(records)
+            finally:
+                if gc_was_on:
+                    gc.enable()
         eofs = []
         if len(records) != len(msgs):
             for m in msgs:
@@ -308,21 +335,21 @@ class ConsumerTask:
                     eofs.append((m.partition(), m.offset()))
                 else:
                     log.warning("metadata consumer error: %s", err)
-        if records:
-            self._apply(records)
         if eofs:
             with self._cond:
                 for mp, _off in eofs:
                     if mp in self._assigned:
                         self._at_eof.add(mp)
                         self._ready.add(mp)
+                n = self._applied_since_compaction
+                # (started before the waiters wake: one that waits for the compaction then finds it)
+                compacting = self._assigned <= self._at_eof and n >= COMPACT_AFTER_RECORDS \
+                    and n >= self.cache.estimated_keys() // 4 and self.cache.compact_in_background()
                 self._cond.notify_all()
-                caught_up = self._assigned <= self._at_eof
-            n = self._applied_since_compaction
-            if caught_up and n >= COMPACT_AFTER_RECORDS and n >= self.cache.estimated_keys() // 4 \
-                    and self.cache.compact_in_background():
+            if compacting:
                 log.info("metadata cache caught up after %d records: compacting it in the background", n)
                 self._applied_since_compaction = 0
+                release_free_heap()   # what the catch-up freed (the compaction releases its own when done)
 
     def _drain_to_eof(self, timeout_s: float) -> None:
         """On stop: consume until every assigned partition is at its end again (or ``timeout_s``), so the last

@@ -1,4 +1,5 @@
-"""Bad records are skipped and counted; the cache refuses foreign directories; stale caches rebuild."""
+"""Bad records are skipped and counted; the cache refuses foreign directories, rebuilds caches of another rlmm format;
+stale caches rebuild."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from rlmm import serde
 from rlmm.api import MetadataCacheFormatError, RemoteLogSegmentState, TopicIdPartition
-from rlmm.cache import MetadataCache
+from rlmm.cache import FORMAT_VERSION, MetadataCache
 from tests.rlmm.helpers import eventually, segment, update
 
 S = RemoteLogSegmentState
@@ -68,6 +69,29 @@ def test_cache_format_key_checked_on_open(tmp_path) -> None:
     with pytest.raises(MetadataCacheFormatError, match="partitions"):
         MetadataCache(tmp_path / "db", topic="__remote_log_metadata", num_partitions=10)
     MetadataCache(tmp_path / "db", topic="__remote_log_metadata", num_partitions=50).close()
+
+
+def test_cache_of_another_rlmm_format_is_rebuilt_on_open(tmp_path) -> None:
+    """A cache written by another rlmm format (format 1 kept an index by epoch, table 0x12) is never read as this
+    one: opened, it is destroyed and created empty (no state, no progress: every partition rebuilds from the
+    topic)."""
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    c = MetadataCache(tmp_path / "db", topic="__remote_log_metadata", num_partitions=50)
+    mp = c.mp_of(tp)
+    md = segment(tp, 0, 9)
+    c.apply([(mp, 0, b"k", serde.encode(md))], {mp: 1})
+    c.db[b"\x12stale-index-key"] = b""
+    c.db[b"\x00format"] = b"rlmm-cache-1"
+    c.close()
+    c = MetadataCache(tmp_path / "db", topic="__remote_log_metadata", num_partitions=50)
+    assert c.rebuilt_format == b"rlmm-cache-1"
+    assert c.progress(mp) is None and c.segments(tp) == [] and c.dump() == {}
+    assert c.db[b"\x00format"] == FORMAT_VERSION
+    c.apply([(mp, 0, b"k", serde.encode(md))], {mp: 1})
+    c.close()
+    c = MetadataCache(tmp_path / "db", topic="__remote_log_metadata", num_partitions=50)   # now as written
+    assert c.rebuilt_format is None and c.segments(tp) == [md] and c.segments(tp, 0) == [md]
+    c.close()
 
 
 def test_away_longer_than_delete_retention_rebuilds(rlmm_factory, topic_name: str) -> None:
