@@ -19,6 +19,10 @@ Targets (DESIGN.md section 7): >= 100k events/s applied, warm restart with 1M se
     .venv/bin/python bench/bench_rlmm.py --segments 50000 # quick
     .venv/bin/python bench/bench_rlmm.py --compare c58c58c --segments 50000   # apply-only: that revision vs this
 
+``--bootstrap-servers HOST:PORT`` uses a running cluster instead of starting one: its ``__remote_log_metadata`` topic
+is produced only when it does not hold ``--segments`` segments' events yet (a 10 M run produces for ~10 minutes: a
+second run against the same broker skips that).
+
 ``--compare REV`` runs the apply-only phase (``--apply-events``) in child processes, this checkout's ``rlmm`` and
 REV's (``git archive``) taking turns ``--compare-rounds`` times, and prints the median CPU per event of each: on a
 shared machine, CPU time side by side is the comparison that holds (wall time follows the load).
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import gc
 import os
 import random
@@ -190,6 +195,31 @@ def produce_all(kafka: KafkaCluster, topic: str, tps, segments: int) -> int:
     return n
 
 
+def existing_events(bootstrap: str, topic: str) -> int | None:
+    """Records in ``topic`` of a running cluster (end offsets summed), or None when it does not exist."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{uuid.uuid4()}"})
+    try:
+        md = c.list_topics(topic, timeout=30).topics.get(topic)
+        if md is None or md.error is not None:
+            return None
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in md.partitions)
+    finally:
+        c.close()
+
+
+class _RunningCluster:
+    """A cluster started elsewhere (``--bootstrap-servers``), with the part of ``KafkaCluster`` the bench uses."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int, config: dict[str, str]) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+        fs = AdminClient({"bootstrap.servers": self.bootstrap_servers}).create_topics(
+            [NewTopic(name, partitions, replication_factor, config=config)])
+        fs[name].result(60)
+
+
 def replay_into_dict(kafka: KafkaCluster, topic: str, total: int) -> tuple[float, DictBaseline]:
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"b-{uuid.uuid4()}",
                   "enable.auto.commit": False, "enable.partition.eof": False})
@@ -254,6 +284,7 @@ def main() -> None:
     ap.add_argument("--compare", metavar="REV", help="also time the apply-only phase of git revision REV's rlmm")
     ap.add_argument("--compare-rounds", type=int, default=5)
     ap.add_argument("--compare-only", action="store_true", help="with --compare: that alone, no broker")
+    ap.add_argument("--bootstrap-servers", help="a running cluster to use (its topic is reused when complete)")
     ap.add_argument("--child-apply", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_apply:
@@ -278,14 +309,22 @@ def main() -> None:
                 return
 
         # no fsync per message (the dev default): this measures the metadata path, not the disk
-        with KafkaCluster(brokers=1, heap="1g",
-                          broker_config={"log.flush.interval.messages": str(2**63 - 1)}) as kafka:
+        cluster = contextlib.nullcontext(_RunningCluster(args.bootstrap_servers)) if args.bootstrap_servers else \
+            KafkaCluster(brokers=1, heap="1g", broker_config={"log.flush.interval.messages": str(2**63 - 1)})
+        with cluster as kafka:
             topic = "__remote_log_metadata"
-            kafka.create_topic(topic, 50, 1, {"cleanup.policy": "compact"})
-            t0 = time.perf_counter()
-            total = produce_all(kafka, topic, tps, args.segments)
-            print(f"produced {total:,} events ({args.segments:,} segments) in {time.perf_counter() - t0:.1f}s",
-                  flush=True)
+            have = existing_events(kafka.bootstrap_servers, topic) if args.bootstrap_servers else None
+            if have == 2 * args.segments:
+                total = have
+                print(f"reusing the topic's {total:,} events ({args.segments:,} segments)", flush=True)
+            elif have is not None:
+                raise SystemExit(f"{topic} holds {have:,} events, not {2 * args.segments:,}: use another cluster")
+            else:
+                kafka.create_topic(topic, 50, 1, {"cleanup.policy": "compact"})
+                t0 = time.perf_counter()
+                total = produce_all(kafka, topic, tps, args.segments)
+                print(f"produced {total:,} events ({args.segments:,} segments) in {time.perf_counter() - t0:.1f}s",
+                      flush=True)
             cfg = TopicBasedRlmmConfig(kafka.bootstrap_servers, tmp / "cache", topic=topic, num_partitions=50,
                                        replication_factor=1, serve_all=True)
             rss0, anon0 = rss_mib(), rss_mib("RssAnon")
@@ -310,7 +349,13 @@ def main() -> None:
                          "-", ""))
             rows.append(("  of which heap (RssAnon) / file pages mapped (RssFile, all of the process)",
                          f"{anon_boot - anon0:,.0f} / {file_boot:,.0f}", "-", ""))
-            rows.append(("cache on disk after bootstrap (MiB)", f"{du_mib(tmp / 'cache'):,.0f}", "-", ""))
+            t0 = time.perf_counter()
+            m.cache.wait_for_compaction()
+            rows.append((f"  after the background compaction ({time.perf_counter() - t0:.0f} s more): all / heap "
+                         "above before it (MiB)", f"{rss_mib() - rss0:,.0f} / {rss_mib('RssAnon') - anon0:,.0f}",
+                         "-", ""))
+            rows.append(("cache on disk after bootstrap and compaction (MiB)", f"{du_mib(tmp / 'cache'):,.0f}", "-",
+                         ""))
             m.close()
 
             t0 = time.perf_counter()
