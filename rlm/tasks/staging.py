@@ -10,7 +10,8 @@ Layout, per log dir::
     <staging root>/<topic id>/<topic>-<partition>/<20-digit base offset>/
         00000000000000000042.log  .index  .timeindex  .txnindex      links named as the originals
         00000000000000000100.snapshot                                 producer state at end offset + 1 (below)
-        .complete                                                     the end offset (inclusive), written last
+        .complete-99                                                  the marker: the end offset (inclusive) in its
+                                                                      name, made last (a link of the staged .log)
 
 Staging is keyed by **topic id** (``<topic id>`` is ``str(uuid)``, e.g. ``8c1f...-...``): a topic deleted and
 re-created under the same name has a new id, so it can never be served the old one's staged bytes. A staged dir is
@@ -31,11 +32,16 @@ take it past ``max_bytes`` with :class:`StagingFullError` (nothing is staged; an
 size, so a segment larger than the bound still gets copied). What is staged is copied first; a segment the broker
 deletes meanwhile is a gap the copier reports.
 
-**Durability.** Links are made, the directory fsynced, then the ``.complete`` marker written as a temp file, fsynced
-and renamed over, and the directory fsynced again (:func:`rlm.state.write_file_durably`); new directories are
-fsynced into their parents. After a crash a segment dir is either complete or has no marker (and is removed and
-staged again). Releasing a segment removes its dir only: the partition's dir stays for its next segment (made again
-per segment, it cost a mkdir and a parent fsync each time: issue 26) until :meth:`Staging.release_partition`.
+**Durability.** Links are made, the directory fsynced, then the marker made and the directory fsynced again; new
+directories are fsynced into their parents. After a crash a segment dir is either complete or has no marker (and is
+removed and staged again). The marker is ``.complete-<end offset>``, a hard link of the staged ``.log``: its name is
+its content, so it needs no data written and fsynced, and a link makes no inode (on this project's ext4, making an
+inode is the dearest system call of the copy path; the marker was a temp file written, fsynced and renamed over
+``.complete``: an inode and an fsync more per segment, issue 26). A dir of an older sidecar, marked by a
+``.complete`` file holding the end offset, is read as before; a dir with two markers is incomplete.
+
+Releasing a segment removes its dir only: the partition's dir stays for its next segment (made again per segment, it
+cost a mkdir and a parent fsync each time: issue 26) until :meth:`Staging.release_partition`.
 
 The staging root must not be inside a Kafka log dir (the broker refuses unknown directories there) and must be
 on the same filesystem as the log dir (hard links cannot cross filesystems): :func:`default_staging_root` picks a
@@ -51,6 +57,7 @@ import re
 import shutil
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,13 +178,35 @@ def _is_topic_id_dir(name: str) -> uuid.UUID | None:
     return tid if str(tid) == name else None
 
 
-_MARKER_MAX_BYTES = 4096  # a marker is "<end offset>\n": anything this long is no marker
+_MARKER_MAX_BYTES = 4096  # an older sidecar's marker file is "<end offset>\n": anything this long is no marker
+MARKER_PREFIX = f"{COMPLETE}-"  # the marker's name: .complete-<end offset>
+_OLD_MARKER_TMP = f"{COMPLETE}.tmp"  # an older sidecar's marker being written: not a marker
 
 
-def _read_marker(seg_dir: Path, base_offset: int) -> int | None:
-    """The end offset in ``.complete``, or None when missing, empty, unreadable or not an offset >= base.
-    Read with ``os.open`` and one ``read`` (a buffered ``open`` adds an fstat, an ioctl and lseeks: a marker is
-    read two or three times per segment, issue 26)."""
+def _read_marker(seg_dir: Path, base_offset: int, names: Iterable[str] | None = None) -> int | None:
+    """The end offset the segment dir's marker says (``.complete-<end>``; an older sidecar's ``.complete`` file), or
+    None when there is none, more than one, or it is empty, unreadable or not an offset >= base. ``names``: the
+    dir's entries when listed already."""
+    if names is None:
+        try:
+            names = os.listdir(seg_dir)
+        except OSError:
+            return None
+    marks = [n for n in names if n.startswith(COMPLETE) and n != _OLD_MARKER_TMP]
+    if len(marks) != 1:
+        return None
+    if marks[0] == COMPLETE:
+        return _read_old_marker(seg_dir, base_offset)
+    text = marks[0][len(MARKER_PREFIX):] if marks[0].startswith(MARKER_PREFIX) else ""
+    if _END_OFFSET.fullmatch(text) is None:
+        return None
+    end = int(text)
+    return end if end >= base_offset else None
+
+
+def _read_old_marker(seg_dir: Path, base_offset: int) -> int | None:
+    """The end offset in an older sidecar's ``.complete`` file (see :func:`_read_marker`), read with ``os.open`` and
+    one ``read``."""
     try:
         fd = os.open(seg_dir / COMPLETE, os.O_RDONLY)
     except OSError:
@@ -221,24 +250,10 @@ def _remove_files_dir(d: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _write_marker(target: Path, end: int) -> None:
-    """The ``.complete`` marker of ``target``, durably: as :func:`rlm.state.write_file_durably` (temp file, fsync,
-    rename over, fsync of the directory), through ``os`` calls (a buffered ``open`` adds an fstat, an ioctl and an
-    lseek to each, issue 26)."""
-    tmp, path = target / f"{COMPLETE}.tmp", target / COMPLETE
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            data = f"{end}\n".encode()
-            if os.write(fd, data) != len(data):
-                raise OSError(f"short write of {tmp}")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def _write_marker(target: Path, base: int, end: int) -> None:
+    """The marker of ``target`` (``.complete-<end>``, a link of its staged ``.log``: see the module doc), durably: the
+    directory fsynced after it. The caller fsynced the directory after the links, before."""
+    os.link(target / segment_file_name(base, ".log"), target / f"{MARKER_PREFIX}{end}")
     fsync_dir(target)
 
 
@@ -393,7 +408,7 @@ class Staging:
         present = self._listing(target) if known is not None and known[0] == end else None
         if present is not None and known is not None and target in self._held[root] \
                 and all(segment_file_name(base, x) in present for x in (".index", ".timeindex")) \
-                and _read_marker(target, base) == end \
+                and _read_marker(target, base, present) == end \
                 and self._same_log(partition_dir, segment_file_name(base, ".log"), known[1:]):
             # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
             # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
@@ -434,7 +449,7 @@ class Staging:
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
             self._rebuild_missing_indexes(tp, target, base)
             fsync_dir(target)
-            _write_marker(target, end)
+            _write_marker(target, base, end)
         except BaseException:
             self._remove_segment_dir(root, target)
             raise

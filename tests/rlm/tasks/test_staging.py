@@ -186,30 +186,55 @@ def test_empty_or_unreadable_marker_is_incomplete_never_end_minus_one(tmp_path: 
 
 
 def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The links, then the directory fsynced, then the marker (``.complete-<end>``, a link of the staged .log: no
+    inode, no data to fsync), then the directory fsynced again; the new dirs fsynced into their parents."""
     log_dir = tmp_path / "data"
     make_segment(log_dir / "t-0", 0)
     staging = Staging({log_dir: tmp_path / "stage"})
-    synced: list[str] = []
-    real_fsync, real_replace = os.fsync, os.replace
+    events: list[tuple[str, str]] = []
+    real_fsync, real_link = os.fsync, os.link
 
     def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
-    replaced: list[tuple[str, str]] = []
-
-    def replace(a, b) -> None:  # noqa: ANN001
-        replaced.append((Path(a).name, Path(b).name))
-        real_replace(a, b)
+    def link(a, b) -> None:  # noqa: ANN001
+        events.append(("link", str(b)))
+        real_link(a, b)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
     s = staging.stage(tp_of(), log_dir / "t-0", 0, 9)
-    assert len(replaced) == 1 and replaced[0][1] == ".complete" and replaced[0][0].endswith(".tmp")
     d = str(s.directory)
-    assert d in synced and any(p.startswith(d + "/.complete") for p in synced)  # the links, the marker
+    marker = ("link", f"{d}/.complete-9")
+    assert events.index(marker) == len(events) - 2 and events[-1] == ("fsync", d)  # the marker last, then fsynced
+    assert events[events.index(marker) - 1] == ("fsync", d)  # the links fsynced before it
+    assert all(e[0] == "link" for e in events[:events.index(marker) - 1] if e[1].startswith(d + "/"))
+    synced = [p for kind, p in events if kind == "fsync"]
     assert str(s.directory.parent) in synced and str(s.directory.parent.parent) in synced  # the new dirs
-    assert [p.name for p in s.directory.iterdir() if p.name.startswith(".complete")] == [".complete"]
+    assert sorted(p.name for p in s.directory.iterdir() if p.name.startswith(".complete")) == [".complete-9"]
+    assert (s.directory / ".complete-9").stat().st_ino == s.log_path.stat().st_ino
+    assert staging.size_bytes() == staging.held_bytes() == s.log_path.stat().st_size + 16 + 24  # counted once
+
+
+def test_an_older_sidecar_s_marker_file_is_read_and_two_markers_are_none(tmp_path: Path) -> None:
+    """A segment dir an older sidecar staged (its ``.complete`` file holds the end offset) is complete after an
+    upgrade; a dir with both markers, or a marker name without an offset, is incomplete (removed, staged again)."""
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    make_segment(pdir, 0)
+    tp = tp_of()
+    s = Staging({log_dir: tmp_path / "stage"}).stage(tp, pdir, 0, 99)
+    (s.directory / ".complete-99").unlink()
+    (s.directory / ".complete").write_text("99\n")
+    (s.directory / ".complete.tmp").write_text("12")  # an older sidecar's marker being written: no marker
+    assert Staging({log_dir: tmp_path / "stage"}).staged() == [s]
+    os.link(s.log_path, s.directory / ".complete-99")
+    assert Staging({log_dir: tmp_path / "stage"}).staged() == []
+    staging = Staging({log_dir: tmp_path / "stage"})
+    s = staging.stage(tp, pdir, 0, 99)
+    os.rename(s.directory / ".complete-99", s.directory / ".complete-x")
+    assert staging.staged() == [] and staging.stage(tp, pdir, 0, 99) == s and staging.staged() == [s]
 
 
 def test_old_layout_removed_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
