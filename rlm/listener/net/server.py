@@ -116,8 +116,9 @@ QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clie
 _SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started and not stopped: QUEUED sums them
 QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
-# an answer is handed to its transport at most this much at a time (ListenerServer._send): above a consumer's usual
-# answer (max.partition.fetch.bytes, 1 MiB, and its headers), written in one piece
+# an answer is handed to its transport at most this much at a time (ListenerServer._send), each slice waited for;
+# one up to this size (a consumer's usual answer: max.partition.fetch.bytes, 1 MiB, and its headers) is written in
+# one piece and not waited for (ListenerServer._write)
 WRITE_SLICE_BYTES = 2 << 20
 FREE_WHOLE_STRUCTS = 1024  # an answer built of at most this many structs is freed whole (_encoded)
 READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
@@ -507,8 +508,8 @@ class ListenerServer:
         """Wait until the socket has taken what the transport holds; False when the client took nothing of it for
         ``write_timeout_s``, or not the whole answer (begun at ``started``) within the idle limit. A connection
         error is raised to the caller. One timer per poll: a task and ``asyncio.wait`` per drain cost several
-        loop rounds per answer (each 1 MiB answer drains: the kernel's buffer, ``socket_send_buffer_bytes``, takes
-        about 200 KB at a time)."""
+        loop rounds per answer. For the slices of answers above ``WRITE_SLICE_BYTES`` and the parts of chunked
+        ones: smaller answers are not waited for (:meth:`_write`)."""
         loop = asyncio.get_running_loop()
         transport = writer.transport
         progressed = loop.time()
