@@ -5,11 +5,13 @@
     python bench/proxy_child.py listener SETTINGS_JSON PROFILE_OUT
 
 ``consume`` is one confluent-kafka consumer (librdkafka defaults but ``group.id`` GROUP and
-``auto.offset.reset=earliest``) that ``subscribe()``s to TOPIC (one partition) and reads RECORDS records, checking
-that they are offsets 0.. in order, each once. The read window starts at the group's assignment (``on_assign``:
-after JoinGroup / SyncGroup, before OffsetFetch, ListOffsets and the first Fetch) and ends at the last record. At
-both ends it reads the CPU seconds of the processes PIDS (comma-separated: the sidecar's, the broker's) from
-``/proc/<pid>/stat``. It prints one JSON line ``{"window_s", "records", "bytes" (keys + values), "cpu": {pid: s}}``.
+``auto.offset.reset=earliest``) that ``subscribe()``s to TOPIC and reads RECORDS records of each partition
+(comma-separated: partition 0's, 1's, ...; one number: one partition), checking that each partition's are its offsets
+0.. in order, each once; records past a partition's count are left out (not counted). The read window starts at the
+group's assignment (``on_assign``: after JoinGroup / SyncGroup, before OffsetFetch, ListOffsets and the first Fetch)
+and ends at the last record. At both ends it reads the CPU seconds of the processes PIDS (comma-separated: the
+sidecar's, the broker's) from ``/proc/<pid>/stat``. It prints one JSON line ``{"window_s", "records", "bytes" (keys
++ values), "cpu": {pid: s}}``.
 
 ``tail`` is a live-tail consumer (the same settings, ``auto.offset.reset=latest``): it prints ``ready`` once
 assigned, then ``poll()``s, and for every record whose value starts with ``seq`` (8 bytes) and the producer's
@@ -52,7 +54,7 @@ def consumer_config(bootstrap: str, group: str, reset: str) -> dict[str, object]
     return {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": reset}
 
 
-def consume(bootstrap: str, topic: str, records: int, pids: list[int], group: str) -> None:
+def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], group: str) -> None:
     from confluent_kafka import Consumer, KafkaException
 
     c = Consumer(consumer_config(bootstrap, group, "earliest"))
@@ -65,20 +67,26 @@ def consume(bootstrap: str, topic: str, records: int, pids: list[int], group: st
     c.subscribe([topic], on_assign=on_assign)
     start = time.monotonic()
     n = size = 0
-    expect = 0
-    while expect < records:
+    expect = [0] * len(records)
+    left = len(records)  # partitions not read to their count yet
+    while left:
         if time.monotonic() - start > CLIENT_TIMEOUT_S:
-            raise RuntimeError(f"read {n} records of {records} in {CLIENT_TIMEOUT_S} s")
+            raise RuntimeError(f"read {n} records of {sum(records)} in {CLIENT_TIMEOUT_S} s")
         for m in c.consume(10_000, 1.0):
             if m.error():
                 raise KafkaException(m.error())
-            if m.offset() != expect:
-                raise RuntimeError(f"{topic}: offset {m.offset()} where {expect} was expected")
-            expect += 1
+            p = m.partition()
+            if expect[p] == records[p]:
+                continue  # past its count
+            if m.offset() != expect[p]:
+                raise RuntimeError(f"{topic}-{p}: offset {m.offset()} where {expect[p]} was expected")
+            expect[p] += 1
             n += 1
             size += len(m.value() or b"") + len(m.key() or b"")
-            if expect == records:
-                break
+            if expect[p] == records[p]:
+                left -= 1
+                if not left:
+                    break
     end = time.monotonic()
     cpu = {p: cpu_seconds(p) - mark[0][1][p] for p in pids}
     c.close()
@@ -169,7 +177,8 @@ def listener(settings_path: str, out: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["consume"]:
-        consume(sys.argv[2], sys.argv[3], int(sys.argv[4]), [int(p) for p in sys.argv[5].split(",")], sys.argv[6])
+        consume(sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4].split(",")],
+                [int(p) for p in sys.argv[5].split(",")], sys.argv[6])
     elif sys.argv[1:2] == ["tail"]:
         tail(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1:2] == ["listener"]:

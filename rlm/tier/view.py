@@ -22,8 +22,8 @@ decided by :func:`rlm.tier.reader.iter_segment_batches`, as for every other read
 :meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at` of the chain segment holding it (:meth:`PartitionTier.epoch_of`).
 
 A batch too large to hold (stored as fragments, PDP-43) is not read into a fetch's answer: the answer carries it as
-a :class:`StreamedBatch` (its size, and where to read it), which the endpoint reads again and writes to the socket a
-chunk at a time; such a batch is the only one of its partition in an answer.
+a :class:`StreamedBatch` (its size, and where to read it), which the listener (endpoint or proxy) reads again and
+writes to the socket a chunk at a time; such a batch is the only one of its partition in an answer.
 
 A copy that cannot be read (a key id no longer configured, a corrupt object, a store error) raises
 :class:`UnreadableCopyError` naming the partition, the segment and the cause: the endpoint answers that partition
@@ -141,7 +141,7 @@ class PartitionTier:
 class StreamedBatch:
     """A batch of a fetch's answer that is too large to hold (a :class:`rsm.api.LargeBatch` when it was met): its
     size, and :meth:`chunks`, which reads it again from the store a chunk (a fragment) at a time, each verified
-    before it is handed out. ``bytes()`` of it reads it whole (for callers that splice answers: the proxy's)."""
+    before it is handed out (the listener, endpoint and proxy alike, writes it so). ``bytes()`` of it reads it whole."""
 
     __slots__ = ("_first_block", "_last_block", "_rsm", "_segment", "header", "tp")
 
@@ -187,8 +187,8 @@ class FetchResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    records: bytearray | StreamedBatch = field(default_factory=bytearray)  # the whole batches, as stored, one after
-    # the other; or one batch too large to hold, to be read when the answer is written
+    # the whole batches, as stored, one after the other; or one batch too large to hold, read when the answer is written
+    records: bytes | bytearray | StreamedBatch = field(default_factory=bytearray)
     size: int = 0
     aborted: list[tuple[int, int]] | None = None  # (producer id, first offset), for read_committed
 
@@ -301,6 +301,7 @@ class TierView:
         full = False
         current: RemoteLogSegmentMetadata | None = None
         started, read = time.monotonic(), False
+        pieces: list[memoryview] = []  # the batches, views of the blocks read, joined once at the end
         try:
             first = tier.index_of(offset)
             for si in range(first, len(segs)):
@@ -341,7 +342,7 @@ class TierView:
                             last_offset = h.last_offset
                             full = True
                             break
-                        out.records += data  # the one copy: out of the block buffer the reader reuses
+                        pieces.append(data)  # type: ignore[arg-type]
                         out.size += h.size_bytes
                         last_offset = h.last_offset
                 if txns is not None and last_offset >= md.start_offset:
@@ -359,6 +360,8 @@ class TierView:
                     full = True  # the plan's byte budget ended inside this segment
         except UNREADABLE as err:
             raise UnreadableCopyError(tp, current, err) from err
+        if pieces:  # one copy out of the blocks, into one buffer of the answer's size (growing one copied it more)
+            out.records = b"".join(pieces)
         if read:  # the remote reads' metrics, as the reader counts its own (rlm_bytes_read, rlm_read_seconds)
             metrics.BYTES_READ.labels(tp.topic).inc(out.size)
             metrics.READ_SECONDS.observe(time.monotonic() - started)

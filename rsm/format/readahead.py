@@ -46,7 +46,7 @@ from rsm.format.index import BlockInfo
 from rsm.store.base import Store
 
 __all__ = ["DEFAULT_REQUEST_BYTES", "GROWTH", "PROCESS_BUDGET_BYTES", "START_REQUESTS", "ReadAhead", "fair_share_bytes",
-           "fetch_range", "new_block_buffer", "read_ahead_bytes"]
+           "fetch_into", "fetch_range", "new_block_buffer", "read_ahead_bytes"]
 
 MiB = 1024 * 1024
 DEFAULT_REQUEST_BYTES = 8 * MiB
@@ -101,7 +101,13 @@ def new_block_buffer(n: int) -> bytearray:
 def fetch_range(store: Store, key: str, start: int, n: int) -> bytearray:
     """Bytes ``start..start + n - 1`` of ``key``, whole, with one ranged GET (streamed into one buffer)."""
     buf = new_block_buffer(n)
-    view = memoryview(buf)
+    fetch_into(store, key, start, memoryview(buf))
+    return buf
+
+
+def fetch_into(store: Store, key: str, start: int, view: memoryview) -> None:
+    """Bytes ``start..start + len(view) - 1`` of ``key`` into ``view``, with one ranged GET."""
+    n = len(view)
     got = 0
     with store.get(key, start, start + n - 1) as stream:
         readinto = stream.readinto  # type: ignore[attr-defined]
@@ -111,7 +117,6 @@ def fetch_range(store: Store, key: str, start: int, n: int) -> bytearray:
                 raise CorruptRemoteObjectError(f"truncated read: expected {n} bytes, found {got}", key=key,
                                                position=start + got)
             got += k
-    return buf
 
 
 class ReadAhead:

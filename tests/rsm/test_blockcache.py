@@ -214,3 +214,32 @@ def test_a_corrupt_block_fails_every_read_of_it(tmp_path: Path, ahead: bool) -> 
     for _ in range(3):
         with pytest.raises(CorruptRemoteObjectError, match="CRC-32C"):
             _fetch_like(rsm, md, bad)
+
+
+def test_a_block_held_by_a_reader_is_never_overwritten_by_the_next(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without read-ahead a stream reads each block into its one buffer again once no view of the previous block is
+    alive (a new buffer per block costs its page faults); a reader still holding a batch of the previous block (a
+    view, not a copy: a Fetch gathering batches of two blocks) keeps its bytes: the next block goes to a new
+    buffer."""
+    store, (md,) = _copied(tmp_path)
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
+    rsm = _cached(store, 256 * KiB, ahead=False)
+    ledger = plain.reader(md).ledger
+    first_object = [b.part_id for b in ledger.blocks if b.object_number == 0]
+    assert len(first_object) >= 4
+    buffers: list[int] = []
+    real = blockcache.new_block_buffer
+    monkeypatch.setattr(blockcache, "new_block_buffer", lambda n: buffers.append(n) or real(n))
+    assert _fetch_like(rsm, md, 0) == _fetch_like(plain, md, 0)  # streamed: no stream yet
+    for b in first_object:  # a stream over the first data object; nothing held between the reads
+        assert _fetch_like(rsm, md, b) == _fetch_like(plain, md, b)
+    assert len(buffers) == 1  # one buffer, read into again for each block
+    rsm.block_cache.close()  # type: ignore[union-attr]
+    _fetch_like(rsm, md, 0)  # the next reads follow: a new stream
+    held = [d for _h, d in rsm.open_segment(md).batches(0, md.end_offset_inclusive, first_block=0, last_block=0)]
+    want = [bytes(d) for d in held]
+    for b in first_object[1:]:
+        assert _fetch_like(rsm, md, b) == _fetch_like(plain, md, b)
+    assert [bytes(d) for d in held] == want  # the views of block 0 still hold block 0
+    assert len(buffers) == 3  # the second stream's: one while block 0 was held, one after
