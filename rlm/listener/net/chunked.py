@@ -11,6 +11,7 @@ the sidecar holds about a block of them whatever their size. A Fetch answer is t
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from kio.serial.writers import write_unsigned_varint
 from rlm.listener.protocol.frame import SIZE
 from rlm.tier import StreamedBatch
 
-__all__ = ["ChunkedAnswer", "encode_streamed"]
+__all__ = ["ChunkedAnswer", "encode_streamed", "encode_streamed_response"]
 
 TAG_BYTES = 16
 
@@ -62,7 +63,31 @@ def encode_streamed(values: dict[str, Any], encode: Callable[[dict[str, Any]], b
                 tag = os.urandom(TAG_BYTES)
                 p["records"] = tag
                 streamed.append((tag, records))
-    frame = encode(values)
+    return _cut(encode(values), streamed, flexible=flexible)
+
+
+def encode_streamed_response(resp: Any, encode: Callable[[Any], bytes], *, flexible: bool) -> bytes | ChunkedAnswer:
+    """As :func:`encode_streamed`, for a Fetch response entity (kio) whose partitions' ``records`` may be
+    :class:`StreamedBatch` es (a proxy's answer, the tier's part merged into the broker's): ``encode(resp)``, each
+    such batch tagged."""
+    streamed: list[tuple[bytes, StreamedBatch]] = []
+    topics = []
+    for t in resp.responses:
+        parts = []
+        for p in t.partitions:
+            if isinstance(p.records, StreamedBatch):
+                tag = os.urandom(TAG_BYTES)
+                streamed.append((tag, p.records))
+                p = dataclasses.replace(p, records=tag)  # noqa: PLW2901
+            parts.append(p)
+        topics.append(dataclasses.replace(t, partitions=tuple(parts)))
+    if not streamed:
+        return encode(resp)
+    return _cut(encode(dataclasses.replace(resp, responses=tuple(topics))), streamed, flexible=flexible)
+
+
+def _cut(frame: bytes, streamed: list[tuple[bytes, StreamedBatch]], *, flexible: bool) -> bytes | ChunkedAnswer:
+    """``frame`` cut at the tags of ``streamed`` into a :class:`ChunkedAnswer` (see the module docstring)."""
     if not streamed:
         return frame
     old = _uvarint(TAG_BYTES + 1) if flexible else TAG_BYTES.to_bytes(4, "big")

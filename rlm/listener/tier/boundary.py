@@ -239,10 +239,10 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
 
 def _with_bounds(got: dict[str, Any], b: BrokerBounds) -> dict[str, Any]:
     """A partition's answer from the tier (``got``) as the proxy sends it: the broker's bounds ``b``, the lower log
-    start offset of the two."""
-    records = got["records"]
-    return {"error_code": got["error_code"],
-            "records": records if isinstance(records, (bytes, bytearray)) else bytes(records),  # encoded: no copy
+    start offset of the two. Its records as the tier gave them: a batch too large to hold stays a
+    :class:`rlm.tier.StreamedBatch`, read from the store when the answer is written, a chunk at a time
+    (:func:`rlm.listener.net.chunked.encode_streamed`, ``encode_streamed_response``), never whole (PDP-43)."""
+    return {"error_code": got["error_code"], "records": got["records"],
             "aborted_transactions": got["aborted_transactions"], "preferred_read_replica": -1,
             "high_watermark": b.high_watermark, "last_stable_offset": b.last_stable_offset,
             "log_start_offset": min(got["log_start_offset"], b.log_start_offset)

@@ -29,6 +29,7 @@ must change:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,6 +38,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from rlm.listener.authz import READ
+from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed, encode_streamed_response
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
@@ -66,6 +68,7 @@ from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import in_request_order
 from rlm.listener.upstream.brokers import Upstream
 from rlm.listener.upstream.rewrite import PeerAddresses
+from rlm.tier import StreamedBatch
 
 __all__ = ["NO_SESSION_EPOCH", "Proxy"]
 
@@ -105,8 +108,10 @@ class Proxy:
 
     async def answer(self, route: Route, header: RequestHeader, frame: bytes, req: Any, client: Client,
                      upstream: Upstream, run: Run, room: Callable[[], int] | None = None
-                     ) -> bytes | bytearray | None:
-        """The answer frame (size prefix included) to one client request, ``b""`` for none (Produce acks=0).
+                     ) -> bytes | bytearray | ChunkedAnswer | None:
+        """The answer frame (size prefix included) to one client request, ``b""`` for none (Produce acks=0); a
+        Fetch answer carrying a batch too large to hold is a :class:`ChunkedAnswer` (PDP-43: the batch read from the
+        store and written a chunk at a time).
         ``req`` is the decoded request for SPLIT routes (None otherwise). ``room``: what is left of the listener's
         bound on queued answers (``queued_max_response_bytes``), read on the event loop: the tier's part of a Fetch
         answer carries no more records (at least one batch), and nothing is read ahead past half of it. Raises
@@ -138,7 +143,7 @@ class Proxy:
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,
-                     run: Run, room: Callable[[], int] | None = None) -> bytes | bytearray:
+                     run: Run, room: Callable[[], int] | None = None) -> bytes | bytearray | ChunkedAnswer:
         """A Fetch forwarded as the client's bytes, asking for no session (:func:`fetch_sessionless`); the broker's
         answer walked (:func:`fetch_answer`), not decoded, and passed as its bytes unless a partition of a topic the
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
@@ -147,8 +152,9 @@ class Proxy:
         known = self._known_below(req, upstream)
         if known is not None:  # every partition below the broker's log start as known: the tier alone
             values = await self._tier_values(req, client, known, upstream, run, room)
-            if values is not None:
-                return encode_fetch_response(header, values)
+            if values is not None:  # a batch too large to hold (PDP-43) is written a chunk at a time
+                return encode_streamed(values, functools.partial(encode_fetch_response, header),
+                                       flexible=header.flexible)
         upstream.prefetched = None
         framed = await upstream.forward(fetch_sessionless(frame, header))
         assert framed is not None
@@ -243,7 +249,7 @@ class Proxy:
         return False
 
     async def _split_fetch(self, header: RequestHeader, answer: bytes, req: Any, client: Client, upstream: Upstream,
-                           run: Run, room: Callable[[], int] | None = None) -> bytes:
+                           run: Run, room: Callable[[], int] | None = None) -> bytes | ChunkedAnswer:
         """The broker's Fetch ``answer`` decoded, the partitions it answers OFFSET_OUT_OF_RANGE below its log start
         answered from the tier (:func:`fetch_below_log_start`), encoded again."""
 
@@ -266,10 +272,11 @@ class Proxy:
         bounds.update(known)
         budget = room() if room else None
 
-        def merge() -> bytes:
+        def merge() -> bytes | ChunkedAnswer:
             merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded, budget)
                       if bounds or unbounded else body)
-            return encode_response(header, self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)))
+            return encode_streamed_response(self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)),
+                                            functools.partial(encode_response, header), flexible=header.flexible)
 
         return await run(merge)
 
@@ -371,7 +378,8 @@ def _next_request(req: Any, values: dict[str, Any]) -> Any:
     after: dict[tuple[Any, int], int] = {}
     for t in values["responses"]:
         for p in t["partitions"]:
-            last = last_offset(p["records"])
+            records = p["records"]
+            last = records.header.last_offset if isinstance(records, StreamedBatch) else last_offset(records)
             if last is not None:
                 after[(t["topic"], p["partition_index"])] = after[(t["topic_id"], p["partition_index"])] = last + 1
     if not after:
