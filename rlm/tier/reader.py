@@ -177,7 +177,7 @@ class RemoteReader:
             lo = segs[0].start_offset if segs else None
             hi = segs[-1].end_offset_inclusive if segs else None
             raise OffsetOutOfRangeError(f"{tp}: offset {from_offset} is not remote (remote offsets: {lo}..{hi})")
-        i = bisect.bisect_left([m.end_offset_inclusive for m in segs], from_offset)
+        i = bisect.bisect_left(segs, from_offset, key=lambda m: m.end_offset_inclusive)
         read_bytes = 0
         n_records = 0
         txns = TxnIndexes(self.rsm, segs)
