@@ -525,13 +525,16 @@ class Sidecar:
         is unchanged: :class:`rlm.health.MarginCache`), as gauges."""
         margins: dict[TopicIdPartition, Margin] = {}
         staged: dict[TopicIdPartition, list[int]] | None = None  # walked when a partition's margin needs it
+        # Topics whose local retention deletes something: the others' partitions have nothing at risk, whatever is
+        # tiered, and are not listed (every 5 s, a listing of each directory that changed: in a burst, every one,
+        # issue 26); an unknown retention counts as none, as in rlm.health.retention_margin.
+        limited = {t: r for t, r in self._local_retention.items() if not (_unlimited(r[0]) and _unlimited(r[1]))}
+        previous = self.margins
         for led in self.leadership.each_led():
             tp = led.tp
-            retention_ms, retention_bytes = self._local_retention.get(tp.topic, (None, None))
-            if _unlimited(retention_ms) and _unlimited(retention_bytes):
-                # the broker deletes nothing of it: nothing is at risk, whatever is tiered. Not listed (every 5 s, a
-                # listing of each directory that changed: in a burst, every directory, issue 26)
-                m = Margin(math.inf, math.inf, None)
+            retention = limited.get(tp.topic)
+            if retention is None:
+                m = _NOTHING_AT_RISK
             else:
                 if staged is None:
                     staged = {}
@@ -539,14 +542,14 @@ class Sidecar:
                         staged.setdefault(x.tp, []).append(x.base_offset)
                 try:
                     m = self._margin_cache.margin(led.path, led.copier.tiered_offset, staged.get(tp, ()),
-                                                  retention_ms=retention_ms, retention_bytes=retention_bytes)
+                                                  retention_ms=retention[0], retention_bytes=retention[1])
                 except (FileNotFoundError, LogFormatError):
                     continue  # the partition dir went away (moved, deleted): the next discovery round says
             margins[tp] = m
-            if self.margins.get(tp) != m:  # (set when it changed: two label lookups per led partition every 5 s)
+            if previous.get(tp) != m:  # (set when it changed: two label lookups per led partition every 5 s)
                 metrics.RETENTION_MARGIN_SECONDS.labels(tp.topic, str(tp.partition)).set(m.seconds)
                 metrics.RETENTION_MARGIN_BYTES.labels(tp.topic, str(tp.partition)).set(m.bytes)
-        for tp in set(self.margins) - set(margins):
+        for tp in previous.keys() - margins.keys():
             for gauge in (metrics.RETENTION_MARGIN_SECONDS, metrics.RETENTION_MARGIN_BYTES):
                 try:
                     gauge.remove(tp.topic, str(tp.partition))
@@ -616,6 +619,10 @@ it leads (:meth:`Sidecar.discover`) and runs the cleaner's thread."""
 WRITERS = frozenset({"queue", "deleter", "staging", "known", "deletions", "gc", "cleaner"})
 """The sidecar's attributes that write (the to-be-deleted topic's producer, the deletes, staging's directories,
 state files, the purge's evidence): constructed in ``normal`` mode only (:meth:`Sidecar._open_writers`)."""
+
+
+_NOTHING_AT_RISK = Margin(math.inf, math.inf, None)
+"""The margin of a partition whose local retention deletes nothing."""
 
 
 def _unlimited(retention: int | None) -> bool:

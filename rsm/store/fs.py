@@ -189,6 +189,7 @@ class FileSystemStore:
         tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
         size = 0
         fd = -1
+        renamed = False
         try:
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -209,6 +210,7 @@ class FileSystemStore:
                 except FileNotFoundError:  # the key's directory is new (not a mkdir per put: issue 26)
                     self._mkdirs(path.parent)
                     os.replace(tmp, path)
+                renamed = True
                 if self.fsync and sync_dir:
                     _fsync_dir(path.parent)
             except OSError as err:
@@ -216,7 +218,8 @@ class FileSystemStore:
         finally:
             if fd >= 0:
                 os.close(fd)
-            tmp.unlink(missing_ok=True)
+            if not renamed:  # (once renamed, there is no temp file: no unlink of a missing name per put, issue 26)
+                tmp.unlink(missing_ok=True)
         return size
 
     def _mkdirs(self, d: Path) -> None:
