@@ -114,7 +114,10 @@ class TaskSettings(_Frozen):
         "the safety net behind the log dirs' filesystem notifications: every partition directory is listed (a roll "
         "whose event was missed is found), and a discovery round describes every topic and reads their configs "
         "even when the cluster's metadata did not change"))
-    copy_workers: int = Field(2, ge=1, le=64)
+    copy_workers: int = Field(6, ge=1, le=64, description=(
+        "threads running copy runs (rlm.tasks.dispatch.CopyJobs: the copy jobs' own pool, apart from the periodic "
+        "jobs'); 6 is what copy runs could use of the shared pool before (2 + 4): a burst's copy runs wait on the "
+        "metadata topic, the store and fsyncs more than they compute"))
 
     @model_validator(mode="before")
     @classmethod

@@ -134,6 +134,8 @@ class Leadership:
         self._ending: dict[TopicIdPartition, Led] = {}  # no longer led, its copy run still going (stop_leading)
         self._followed: set[TopicIdPartition] = set()
         self._stopping = threading.Event()
+        # the arguments of the last serve() that changed what is served as asked (see serve)
+        self._last_served: tuple[object, object] = (None, None)
 
     # ------------------------------------------------------------------------------------------------ reads
     @property
@@ -191,12 +193,20 @@ class Leadership:
     def serve(self, leaders: dict[TopicIdPartition, Path], followers: set[TopicIdPartition],
               then: Callable[[set[TopicIdPartition]], object] | None = None) -> bool:
         """Serve ``leaders`` (partition -> its dir; a copy job each) and ``followers``: tell the metadata manager,
-        start and stop copy jobs, then call ``then(set(leaders))`` under the same lock. False when stopping.
+        start and stop copy jobs, then call ``then(set(leaders))`` under the same lock. False when stopping. The very
+        objects of the last call that served (not mutated since: a cheap discovery round hands them again) change
+        nothing and are not compared.
 
         Raises :class:`LeadershipChangeError` when the metadata manager raised (nothing changed)."""
         with self.lock:
             if self._stopping.is_set():
                 return False  # stop() holds the scheduler's locks while it waits for us: add or remove no job now
+            if leaders is self._last_served[0] and followers is self._last_served[1]:
+                # a cheap discovery round hands the last full round's answer again (the same objects, unchanged):
+                # what it served then is served now, nothing to compare (2,000 partitions each round, issue 26)
+                if then is not None:
+                    then(set(leaders))
+                return True
             led_now = {led.tp for led in self._led.values()}
             new_served = set(leaders) | followers
             old_served = led_now | self._followed
@@ -216,6 +226,7 @@ class Leadership:
             for tp, path in leaders.items():
                 if (tp.topic, tp.partition) not in self._led:
                     self.start_leading(tp, path)
+            self._last_served = (leaders, followers)
             if then is not None:
                 then(set(leaders))
         return True
@@ -238,6 +249,7 @@ class Leadership:
             interval_ms = offload.poll_interval_ms
         led = Led(tp, path, copier, offloader, cancel=cancel)
         with self.lock:
+            self._last_served = (None, None)  # (called outside serve too: the next serve compares again)
             self._led[(tp.topic, tp.partition)] = led
             self._scheduler.add_job(self.run_copy, "interval", args=[led], id=led.job_id,
                                     seconds=interval_ms / 1000, next_run_time=datetime.now(UTC),
@@ -252,6 +264,7 @@ class Leadership:
         flight, if any, is cancelled at its next block (not run to its end only to be fenced: throttled, that took
         minutes) and removed by its run."""
         with self.lock:
+            self._last_served = (None, None)  # (called outside serve too: the next serve compares again)
             led = self._led.pop(key)
             led.stop.set()
             led.cancel.set()

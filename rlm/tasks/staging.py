@@ -297,6 +297,8 @@ class Staging:
         # marker and the broker's .log being that file, without resolving paths and testing each file (issue 26)
         self._verified: dict[Path, tuple[int, int, int]] = {}
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
+        # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
+        self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
         for log_dir, root in roots.items():
             log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
             if root == log_dir or log_dir in root.parents:
@@ -504,10 +506,25 @@ class Staging:
         return True
 
     def _check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
+        """Raise :class:`TopicIdMismatchError` when ``partition_dir``'s ``partition.metadata`` names another topic id.
+        The file is read again only when its stat changed (device, inode, mtime, size): the broker writes it once per
+        directory (a re-created topic's directory is a new one, its file a new inode), and reading and parsing it at
+        every stage call (the stage job's and each copy run's, per segment) was a sixth of staging's CPU (issue 26)."""
+        path = partition_dir / "partition.metadata"
         try:
-            tid = read_partition_metadata(partition_dir / "partition.metadata")
-        except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
             return  # not written yet, or the dir is gone (then the segment is, too)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._topic_ids.get(partition_dir)
+        if known is not None and known[0] == key:
+            tid = known[1]
+        else:
+            try:
+                tid = read_partition_metadata(path)
+            except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
+                return  # gone meanwhile, or being written
+            self._topic_ids[partition_dir] = (key, tid)
         if tid != tp.topic_id:
             raise TopicIdMismatchError(f"{partition_dir} belongs to topic id {tid}, not {tp}: the topic was "
                                        "deleted and re-created")
