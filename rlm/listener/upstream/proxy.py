@@ -213,6 +213,15 @@ class Proxy:
             values = await run(fetch_from_tier, self.ctx, req, client, known, room() if room else None)
         if values is None:
             return None
+        self._read_ahead(req, values, client, upstream, run, room)
+        return values
+
+    def _read_ahead(self, req: Any, values: dict[str, Any], client: Client, upstream: Upstream, run: Run,
+                    room: Callable[[], int] | None) -> None:
+        """Start reading, on a worker, the answer to the Fetch the client will send next after ``values`` (the
+        answer to ``req``: each partition's fetch offset after its last record), when every partition of it asks
+        below a known log start, ``values`` carries at most :data:`PREFETCH_MAX_BYTES` of records and the listener
+        has room (:class:`Prefetched`)."""
         nxt = _next_request(req, values)
         left = room() if room else None
         if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES and (left is None or
@@ -223,7 +232,6 @@ class Proxy:
                 future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error is its use's
                 upstream.prefetched = Prefetched(_shape(nxt), future)
                 self.prefetched.add(upstream.prefetched)
-        return values
 
     def _still_readable(self, req: Any, client: Client) -> bool:
         """Whether the client's principal may still READ every topic of ``req`` (an answer read ahead was
@@ -272,13 +280,18 @@ class Proxy:
         bounds.update(known)
         budget = room() if room else None
 
-        def merge() -> bytes | ChunkedAnswer:
+        def merge() -> tuple[bytes | ChunkedAnswer, Any]:
             merged = (fetch_below_log_start(self.ctx, req, body, client, bounds, self.holes, unbounded, budget)
                       if bounds or unbounded else body)
-            return encode_streamed_response(self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)),
-                                            functools.partial(encode_response, header), flexible=header.flexible)
+            framed = encode_streamed_response(self.peers.leaders(dataclasses.replace(merged, session_id=NO_SESSION_ID)),
+                                              functools.partial(encode_response, header), flexible=header.flexible)
+            return framed, merged
 
-        return await run(merge)
+        framed, merged = await run(merge)
+        if bounds:  # the tier answered: its next answer read ahead too (a history read's every bounds refresh
+            # passes here: once a second, a quarter of a slow consumer's Fetches, which then waited for the tier)
+            self._read_ahead(req, _records_of(merged), client, upstream, run, room)
+        return framed
 
     async def _produce(self, header: RequestHeader, frame: bytes, upstream: Upstream, run: Run) -> bytes | bytearray:
         """A Produce forwarded as bytes; its answer as the broker's bytes unless it names leaders' addresses (v10+
@@ -390,6 +403,13 @@ def _next_request(req: Any, values: dict[str, Any]) -> Any:
         topics.append(dataclasses.replace(t, partitions=tuple(
             dataclasses.replace(p, fetch_offset=after.get((key, p.partition), p.fetch_offset)) for p in t.partitions)))
     return dataclasses.replace(req, topics=tuple(topics))
+
+
+def _records_of(resp: Any) -> dict[str, Any]:
+    """A Fetch answer (kio entity) as the response values :func:`_next_request` and :func:`_answer_bytes` read."""
+    return {"responses": [{"topic": getattr(t, "topic", None), "topic_id": getattr(t, "topic_id", None),
+                           "partitions": [{"partition_index": p.partition_index, "records": p.records}
+                                          for p in t.partitions]} for t in resp.responses]}
 
 
 def _answer_bytes(values: dict[str, Any]) -> int:
