@@ -622,7 +622,9 @@ class ListenerServer:
                     log.warning("proxy: the broker cannot be reached, client connection closed",
                                 extra={"error": str(err)})
                     return None
-                offered = self.router.versions(upstream.versions)
+                offered = upstream.offered
+                if offered is None:
+                    offered = upstream.offered = self.router.versions(upstream.versions)
             lo_hi = offered.get(header.api_key)
             if header.api_key == ApiKey.API_VERSIONS and (lo_hi is None or not lo_hi[0] <= header.api_version
                                                           <= lo_hi[1]):

@@ -222,6 +222,9 @@ class Upstream:
         self.max_response_bytes = max_response_bytes
         self.versions: dict[int, tuple[int, int]] = {}  # the broker's api key -> (min, max), once connected
         self.broker_api_versions: Any = None  # the broker's ApiVersions answer (its features), once connected
+        # the versions the proxy offers this connection's client (routing.Router.versions of ``versions``), kept
+        # here by the listener: one memo per connection, not the router's one for all (which many clients thrash)
+        self.offered: dict[int, tuple[int, int]] | None = None
         self._answers: _Answers | None = None
         self._next_id = 0
         self.known = KnownBounds()  # the broker's bounds learned on this connection (the proxy's history Fetches)
@@ -259,6 +262,7 @@ class Upstream:
             raise UpstreamError(f"the broker answers ApiVersions with {body.error_code.name}")
         self.broker_api_versions = body
         self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
+        self.offered = None
 
     async def ask(self, api_key: int, api_version: int, values: Mapping[str, Any]) -> Any:
         """A request of the proxy's own (kio values) on this connection; the broker's decoded answer."""
@@ -360,6 +364,7 @@ class Upstream:
             self._answers.transport.close()
         self._answers = None
         self.versions = {}
+        self.offered = None
         self.known.clear()
         self.prefetched = None
         if self._deadline is not None:
