@@ -289,8 +289,9 @@ SKMEM = re.compile(r"skmem:\(([^)]*)\)")
 
 
 def socket_send_memory(port: int) -> tuple[int, int, int]:
-    """(sockets, bytes queued in their kernel send buffers, the largest SO_SNDBUF the kernel set) over the endpoint's
-    established client sockets (local port ``port``), from ``ss -tm``."""
+    """(sockets, bytes queued in their kernel send buffers, their SO_SNDBUF as the kernel set it, summed) over the
+    endpoint's established client sockets (local port ``port``), from ``ss -tm``. Summed, not the largest times
+    the sockets: the listener raises the buffers of some connections only (``SEND_BUFFER_RAISED_BYTES``)."""
     out = subprocess.run(["ss", "-tmnH", "state", "established", f"( sport = :{port} )"],
                          capture_output=True, text=True, check=False).stdout
     n = queued = sndbuf = 0
@@ -298,7 +299,7 @@ def socket_send_memory(port: int) -> tuple[int, int, int]:
         fields = dict(re.match(r"([a-z_]+)(\d+)", f).groups() for f in m.group(1).split(","))  # type: ignore[union-attr]
         n += 1
         queued += int(fields.get("w", 0))
-        sndbuf = max(sndbuf, int(fields.get("tb", 0)))
+        sndbuf += int(fields.get("tb", 0))
     return n, queued, sndbuf
 
 
@@ -314,7 +315,7 @@ class ClientsRun:
     queued_peak_bytes: float | None     # rlm_history_queued_response_bytes, peak (sampled at 100 ms)
     sockets_peak: int
     socket_queued_peak_bytes: int       # the kernel's send buffers of the endpoint's client sockets, summed, peak
-    sndbuf_bytes: int                   # SO_SNDBUF as the kernel set it (twice what was asked)
+    sndbuf_bytes: int                   # SO_SNDBUF as the kernel set it (twice what was asked), summed, peak
 
 
 def read_with_clients(endpoint: Endpoint, n: int, topic: str, records: int, read_bytes: float,
@@ -667,9 +668,8 @@ def main() -> None:
         q = "n/a" if c.queued_peak_bytes is None else f"{c.queued_peak_bytes / MiB:.1f}"
         print(f"{'queued answer bytes peak MiB':>34} {q:>8}   (rlm_history_queued_response_bytes, 100 ms samples)")
         print(f"{'kernel send buffers':>34} {c.socket_queued_peak_bytes / MiB:8.1f}   MiB queued at peak over "
-              f"{c.sockets_peak} client sockets (ss -tm, 0.5 s samples); SO_SNDBUF as set by the kernel "
-              f"{c.sndbuf_bytes:,} B each, so at most {c.sockets_peak * c.sndbuf_bytes / MiB:.1f} MiB: kernel memory, "
-              f"not in the RSS")
+              f"{c.sockets_peak} client sockets (ss -tm, 0.5 s samples); their SO_SNDBUF as set by the kernel, "
+              f"summed: at most {c.sndbuf_bytes / MiB:.1f} MiB of kernel memory, not in the RSS")
 
 
 if __name__ == "__main__":
