@@ -159,6 +159,11 @@ class _SegmentName(tuple):
         return f"RemoteLogSegmentId({uuid.UUID(bytes=tid)}-{part}, {uuid.UUID(bytes=sid)})"
 
 
+_UNNAMED = "segment"
+"""The name the apply loop gives the rules (:mod:`rlmm.rules`) first: a refused record is asked again with its
+:class:`_SegmentName` (one object per record otherwise, for messages almost never formatted)."""
+
+
 def _no_fence() -> None:
     """The fence passed for a segment that is not there or has no copy epoch (never asked: an unknown segment is
     refused first, and a copy without an epoch is never fenced)."""
@@ -472,7 +477,6 @@ class MetadataCache:
                         # and after it: later records of this call must not read the dropped state through the
                         # overlay (or the cached views), which a range delete does not cover
                         batch.write(self._progress_puts(next_offsets, caught_up))
-                out.applied += 1
             except CorruptMetadataRecordError as err:
                 out.skipped.append(SkippedRecord(mp, offset, "corrupt", str(err)))
             except (InvalidStateTransitionError, UnknownSegmentError) as err:
@@ -480,6 +484,7 @@ class MetadataCache:
                                                  getattr(err, "deleted_already", False)))
         batch.write(self._progress_puts(next_offsets, caught_up))
         self._dirty = True
+        out.applied = len(records) - out.tombstones - len(out.skipped)   # (counted once, not per record)
         return out
 
     def _progress_puts(self, next_offsets: dict[int, int], caught_up: dict[int, int]) -> dict[bytes, bytes]:
@@ -519,10 +524,9 @@ class MetadataCache:
         # A new id is the common case: the bloom filters (memtable's, tables') answer "absent" without a search.
         fresh = skey not in puts and skey not in views and not self.db.key_may_exist(skey)
         old = None if fresh else self._load(batch, skey)
-        refused = refuse_new_segment(_SegmentName((tid, part, sid)), v.state,
-                                     None if old is None else old.state, deleting)   # type: ignore[arg-type]
-        if refused is not None:
-            raise refused
+        known = None if old is None else old.state
+        if refuse_new_segment(_UNNAMED, v.state, known, deleting) is not None:   # type: ignore[arg-type]
+            raise refuse_new_segment(_SegmentName((tid, part, sid)), v.state, known, deleting)  # type: ignore[arg-type,misc]
         if old is not None:
             self._drop_segment(batch, tpk, old)
         puts[skey] = v.value
@@ -557,8 +561,11 @@ class MetadataCache:
                                             deleted=batch.get(T_DELETED + tpk + sid) is not None)
         else:
             copy_epoch = old.broker_leader_epoch   # (no epoch: the fence is never asked, and no closure is built)
-            refused = refuse_segment_update(_SegmentName((tid, part, sid)), state, old.state, copy_epoch=copy_epoch,
-                                            fence_epoch=_no_fence if copy_epoch is None else lambda: batch.fence(tpk))
+            fence_epoch = _no_fence if copy_epoch is None else lambda: batch.fence(tpk)
+            refused = refuse_segment_update(_UNNAMED, state, old.state, copy_epoch=copy_epoch, fence_epoch=fence_epoch)
+            if refused is not None:
+                refused = refuse_segment_update(_SegmentName((tid, part, sid)), state, old.state,
+                                                copy_epoch=copy_epoch, fence_epoch=fence_epoch)
         if refused is not None:
             raise refused
         puts = batch.puts
