@@ -28,7 +28,8 @@ TAG_BYTES = 16
 
 
 class ChunkedAnswer:
-    """One response frame in parts: encoded bytes (memoryviews) and :class:`StreamedBatch` es, in order."""
+    """One response frame in parts: encoded bytes (memoryviews, or the tier's record buffers) and
+    :class:`StreamedBatch` es, in order."""
 
     __slots__ = ("parts", "size")
 
@@ -42,6 +43,11 @@ class ChunkedAnswer:
 
     def __iter__(self) -> Iterator[memoryview | bytes | StreamedBatch]:
         return iter(self.parts)
+
+    def in_memory(self) -> bool:
+        """No part is a :class:`StreamedBatch`: the answer can be written without reading the store (a tier answer
+        in parts, :func:`rlm.listener.protocol.codec.fetch_response_parts`)."""
+        return not any(isinstance(p, StreamedBatch) for p in self.parts)
 
 
 def _uvarint(n: int) -> bytes:

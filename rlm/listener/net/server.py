@@ -334,7 +334,9 @@ class ListenerServer:
                 # counted before the write: a client may read the response before the next line would run
                 _bytes_sent(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(len(response))
                 if isinstance(response, ChunkedAnswer):
-                    if not await self._write_chunked(writer, response, peer):
+                    if len(response) <= WRITE_SLICE_BYTES and response.in_memory():
+                        self._write(writer, protocol, response, peer)
+                    elif not await self._write_chunked(writer, response, peer):
                         return
                 elif len(response) <= WRITE_SLICE_BYTES:
                     self._write(writer, protocol, response, peer)  # taken, or queued (protocol.answer)
@@ -370,11 +372,14 @@ class ListenerServer:
         before the next is read. False when the connection was closed: the client stopped reading, or a batch could
         not be read once part of the answer was sent (nothing else can be told then; the client retries)."""
         loop = asyncio.get_running_loop()
+        held: list[bytes | memoryview] = []  # the parts in memory up to the next streamed batch: sent together
         for part in answer:
             if not isinstance(part, StreamedBatch):
-                if not await self._send(writer, part, peer, loop.time()):
-                    return False
+                held.append(part)
                 continue
+            if held and not await self._send(writer, held, peer, loop.time()):
+                return False
+            held = []
             chunks = part.chunks()
             try:
                 sent = 0
@@ -398,7 +403,7 @@ class ListenerServer:
                     return False
             finally:
                 await loop.run_in_executor(self._pool, chunks.close)
-        return True
+        return not held or await self._send(writer, held, peer, loop.time())
 
     def _certificate_principal(self, writer: asyncio.StreamWriter, peer: Any) -> str | None | bool:
         """``User:<mapped subject>`` of the client's certificate, None without one, False when no
@@ -414,16 +419,21 @@ class ListenerServer:
                         "(history_listener.tls.principal_mapping_rules)", extra={"peer": str(peer), "error": str(err)})
             return False
 
-    def _write(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol, data: bytes | bytearray, peer: Any
-               ) -> None:
+    def _write(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol, data: bytes | bytearray | ChunkedAnswer,
+               peer: Any) -> None:
         """Hand an answer of at most ``WRITE_SLICE_BYTES`` to the transport whole, without waiting: what the socket
         does not take at once is the connection's queued answer (:class:`_QueuedAnswer`, counted in
         :meth:`queued_response_bytes` until the socket has taken it all), which the next request waits for. A
         consumer's next Fetch comes once it has read this answer, so it seldom waits: no event-loop round per
-        answer to wake a drain, one to read the request."""
+        answer to wake a drain, one to read the request. A :class:`ChunkedAnswer` (of parts in memory only) is
+        handed over a part at a time, not joined: the socket takes what it can of each straight from it."""
         n = len(data)
         self._queued += n
-        writer.write(data)
+        if isinstance(data, ChunkedAnswer):
+            for part in data:
+                writer.write(part)  # type: ignore[arg-type]  # in memory (the caller's check)
+        else:
+            writer.write(data)
         if not protocol.writing_paused:
             self._queued -= n  # the socket took it all (or the connection is gone: nothing is held either)
             return
@@ -468,27 +478,31 @@ class ListenerServer:
         self._queued_ticker = (loop.call_later(self._write_poll_s(), self._check_queued) if self._queued_answers
                                else None)
 
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes | memoryview, peer: Any, started: float
-                    ) -> bool:
-        """Write ``data`` (an answer, or a part of one begun at ``started``) and wait until the socket has taken
-        it all. False when the client was closed for not reading it: it took nothing for ``write_timeout_s``, or
-        not the whole answer within the idle limit.
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes | memoryview | list[bytes | memoryview],
+                    peer: Any, started: float) -> bool:
+        """Write ``data`` (an answer, or a part of one begun at ``started``; or such parts, in order) and wait until
+        the socket has taken it all. False when the client was closed for not reading it: it took nothing for
+        ``write_timeout_s``, or not the whole answer within the idle limit.
 
         ``data`` is handed to the transport a slice (``WRITE_SLICE_BYTES``) at a time, the next once the socket
-        has taken the last; the loop serves others between slices. What the socket does not take at once is
+        has taken the last; the loop serves others between slices; parts are sliced as one run of bytes, each
+        written from its own buffer (a tier answer's records are not joined into one frame first: issue 24).
+        What the socket does not take at once is
         copied into the transport's buffer: written whole, a 9 MB answer was copied there in one piece (the event
         loop held for ms, and the answer held twice, as ``data`` and as the copy, while a client did not read:
         r11's 6 clients held 2 x 159 MiB where 159 were counted). Now a transport holds at most a slice, and
         ``data`` is counted in :meth:`queued_response_bytes` until the socket has taken it."""
-        n = len(data)
-        view = memoryview(data)
+        parts = data if isinstance(data, list) else [data]
+        n = sum(map(len, parts))
         transport = writer.transport
         self._queued += n
         taken = 0
         try:
-            while taken < n:
-                piece = view[taken:taken + WRITE_SLICE_BYTES]
-                writer.write(piece)
+            for piece in _slices(parts, WRITE_SLICE_BYTES):
+                size = 0
+                for p in piece:
+                    writer.write(p)
+                    size += len(p)
                 if transport.get_write_buffer_size():
                     if not await self._drain(writer, started):
                         CLOSED.labels("not_reading").inc()
@@ -496,10 +510,10 @@ class ListenerServer:
                                                                                 "reason": "not_reading"})
                         transport.abort()
                         return False
-                elif taken + len(piece) < n:
+                elif taken + size < n:
                     await asyncio.sleep(0)  # the others' turn between slices the socket took at once
-                taken += len(piece)
-                self._queued -= len(piece)
+                taken += size
+                self._queued -= size
             return True
         finally:
             self._queued -= n - taken  # not taken: the connection is closed (or broke)
@@ -1052,6 +1066,25 @@ def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetc
         free_gradually(values)
         free_gradually(keep)
     return data  # type: ignore[return-value]
+
+
+def _slices(parts: list[bytes | memoryview], limit: int) -> Iterator[list[bytes | memoryview]]:
+    """``parts`` cut into runs of at most ``limit`` bytes (a part longer than what is left of a run is cut: views,
+    not copies), in order."""
+    run: list[bytes | memoryview] = []
+    room = limit
+    for part in parts:
+        pos, n = 0, len(part)
+        while pos < n:
+            take = min(room, n - pos)
+            run.append(part if take == n else memoryview(part)[pos:pos + take])
+            pos += take
+            room -= take
+            if not room:
+                yield run
+                run, room = [], limit
+    if run:
+        yield run
 
 
 def _never() -> bool:

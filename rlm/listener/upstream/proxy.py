@@ -18,10 +18,11 @@ must change:
   transaction open at its end the transactions the broker aborted (a Fetch at its log start). Bounds asked are
   remembered a moment per connection (:class:`~rlm.listener.upstream.bounds.KnownBounds`): a Fetch whose every
   partition asks below a known log start is answered from the tier alone, the broker not asked (read_committed: when
-  no tier sees a transaction open at its end), written field by field
-  (:func:`~rlm.listener.protocol.codec.encode_fetch_response`); the answer to the Fetch the client will send next
-  (the same partitions, each after the last record it got) is read from the tier meanwhile (:class:`Prefetched`),
-  so a consumer reading history has the tier's read overlap its own work and the answer's trip.
+  no tier sees a transaction open at its end), written field by field and handed to the socket as its parts, the
+  tier's buffers not joined (:func:`~rlm.listener.protocol.codec.fetch_response_parts`); the answer to the Fetch the
+  client will send next (the same partitions, each after the last record it got) is read from the tier meanwhile
+  (:class:`Prefetched`), so a consumer reading history has the tier's read overlap its own work and the answer's
+  trip.
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
   tier answers (their partitions' log start offsets asked first when the tier may answer).
 """
@@ -38,15 +39,15 @@ from typing import Any
 from prometheus_client import Counter
 
 from rlm.listener.authz import READ
-from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed, encode_streamed_response
+from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed_response
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.apis import ApiKey
 from rlm.listener.protocol.codec import (
     ErrorCode,
     decode_response,
-    encode_fetch_response,
     encode_response,
     fetch_answer,
+    fetch_response_parts,
     fetch_sessionless,
     last_offset,
     produce_acks,
@@ -152,9 +153,8 @@ class Proxy:
         known = self._known_below(req, upstream)
         if known is not None:  # every partition below the broker's log start as known: the tier alone
             values = await self._tier_values(req, client, known, upstream, run, room)
-            if values is not None:  # a batch too large to hold (PDP-43) is written a chunk at a time
-                return encode_streamed(values, functools.partial(encode_fetch_response, header),
-                                       flexible=header.flexible)
+            if values is not None:  # in parts: the tier's buffers as they are, a batch too large to hold (PDP-43)
+                return ChunkedAnswer(*fetch_response_parts(header, values))  # read and written a chunk at a time
         upstream.prefetched = None
         framed = await upstream.forward(fetch_sessionless(frame, header))
         assert framed is not None
