@@ -67,11 +67,15 @@ def broker_topics(kafka) -> dict[str, ProducedTopic]:
     topics: dict[str, ProducedTopic] = {}
     for codec in CODECS:
         name = f"rsmlog.{codec}-codec-{run}"  # '.' and '-' in topic names on purpose
-        tid = kafka.create_topic(name, 1, config=_topic_config())
+        # Batches of at most 10 records (70 ms of record timestamps) in segments of 2 s of them: each rolled segment
+        # holds ~29 batches, hence several index entries, however the producer's sends fall on a loaded machine (with
+        # librdkafka's own batching a round could be one batch, a segment one batch and its index empty).
+        tid = kafka.create_topic(name, 1, config=_topic_config(**{"segment.ms": "2000"}))
         t = ProducedTopic(name, tid)
-        for part in range(2):  # two produce rounds so there are several batches and index entries
+        for part in range(2):  # two produce rounds
             recs = _records(rng, 600, f"{codec}{part}")
-            _expect(t, recs, produce(kafka, name, recs, **{"compression.type": codec, "linger.ms": 20}))
+            _expect(t, recs, produce(kafka, name, recs, **{"compression.type": codec, "linger.ms": 20,
+                                                           "batch.num.messages": 10}))
         if codec == "none":
             big = [(b"big", os.urandom(BIG_VALUE_BYTES), [("size", b"5MiB")], TS0 + 999_999)]
             _expect(t, big, produce(kafka, name, big, **{"message.max.bytes": 10 * MiB}))

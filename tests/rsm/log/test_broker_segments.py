@@ -177,7 +177,10 @@ def _rolled_copy(broker_topics, tmp_path: Path, codec: str = "zstd"):
     shutil.copyfile(seg.log_path, dst)
     idx = tmp_path / seg.offset_index_path.name
     shutil.copyfile(seg.offset_index_path, idx)
-    return seg, dst, idx, list(scan_batches(seg.log_path))
+    headers = list(scan_batches(seg.log_path))
+    # the damage tests need a batch in the middle and index entries to cut (the conftest's batches of 10 records)
+    assert len(headers) >= 3 and idx.stat().st_size >= 16, (seg.log_path, len(headers), idx.stat().st_size)
+    return seg, dst, idx, headers
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
