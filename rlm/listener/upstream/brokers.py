@@ -19,9 +19,9 @@ The broker's answers are read by a buffered protocol (:class:`_Answers`), not a 
 one buffer of its own, size prefix included, which the listener sends on to the client as it is (a 1 MiB Fetch
 answer is copied by no one), and the task waiting for it wakes once, when it is whole (a stream reader wakes it per
 chunk read; ``asyncio.wait_for`` made a task per wait: bench_proxy's profile had ~34 event-loop rounds per Fetch).
-On a plaintext connection the rest of a large answer is awaited in the kernel (``SO_RCVLOWAT``, :data:`LOWAT_MAX_BYTES`
-at most): the socket is reported readable once that much has come, not per chunk the broker's 100 KB send buffer
-lets through (a 1 MiB answer was read in ~5 event-loop rounds, now in 2).
+:class:`_Answers` can await the rest of a large answer in the kernel (``SO_RCVLOWAT``, :data:`LOWAT_MAX_BYTES` at
+most: the socket reported readable once that much has come, not per chunk the broker's 100 KB send buffer lets
+through), but the proxy does not use it (:data:`UPSTREAM_LOW_WATER`): it saves event-loop rounds and costs latency.
 """
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ SCRATCH_BYTES = 64 * 1024  # what one read between answers takes at most (larger
 # The rest of an answer larger than the scratch is awaited in the kernel up to this much at a time (SO_RCVLOWAT; the
 # kernel grows the socket's receive buffer to hold it): one event-loop round for it, not one per chunk that arrives.
 LOWAT_MAX_BYTES = 4 * 1024 * 1024
+# Off: with the mark a 1 MiB live Fetch through the proxy took 5.25 ms a round trip instead of 1.85 ms (bench_proxy
+# --gib 0.5, quiet machine, side by side: 194 vs 547 MB/s, 0.96 vs 0.61 ms of sidecar CPU a Fetch): the answer waits
+# in the receive buffer while the broker waits for window, where reading it as it comes keeps the window open.
+UPSTREAM_LOW_WATER = False
 
 
 class UpstreamError(Exception):
@@ -244,7 +248,7 @@ class Upstream:
             return
         loop = asyncio.get_running_loop()
         try:
-            low_water = self.ssl_context is None
+            low_water = UPSTREAM_LOW_WATER and self.ssl_context is None  # plaintext only: TLS bytes would not count
             _transport, self._answers = await asyncio.wait_for(loop.create_connection(
                 lambda: _Answers(self.max_response_bytes, low_water=low_water), self.host, self.port,
                 ssl=self.ssl_context, server_hostname=self.host if self.ssl_context is not None else None),
