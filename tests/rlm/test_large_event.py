@@ -12,7 +12,6 @@ endpoint's read <= 96 MiB above idle (it was +795 MiB).
 from __future__ import annotations
 
 import hashlib
-import socket
 import subprocess
 import sys
 import time
@@ -22,9 +21,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from devtools.devkafka import KafkaCluster, free_port
-from tests.support.bigbatch import cat_lines, peak_above_idle, reset_peak, value_chunks
-from tests.support.fixtures import _running
+from devtools.devkafka import free_port
+from tests.support.bigbatch import (
+    cat_lines,
+    peak_above_idle,
+    reset_peak,
+    value_chunks,
+)
+from tests.support.bigrecord import BIG_RECORD_LIMIT, big_record_cluster, index_objects, listening
 from tests.support.kafka import partition_dir, produce, roll_and_wait, rolled_logs
 from tests.support.processes import ROOT, serve
 from tests.support.sidecar import make_settings, settings_yaml, wait_for
@@ -33,27 +37,14 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MiB = 1 << 20
 BIG = 200 * MiB
-LIMIT = 230 * MiB  # max.message.bytes and friends, above the record and its batch
+LIMIT = BIG_RECORD_LIMIT
 
 
 @pytest.fixture(scope="module")
 def big_kafka(tmp_path_factory: pytest.TempPathFactory):
-    cluster = KafkaCluster(brokers=1, base_dir=tmp_path_factory.mktemp("kafka-big"), heap="1g", broker_config={
-        "socket.request.max.bytes": str(2 * LIMIT), "message.max.bytes": str(LIMIT),
-        "replica.fetch.max.bytes": str(LIMIT)})
-    yield from _running(cluster, "the large-record Kafka broker")
+    yield from big_record_cluster(tmp_path_factory.mktemp("kafka-big"))
 
 
-def _index_objects(root: Path) -> int:
-    return sum(1 for _ in root.rglob("*-index"))
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, tmp_path):
@@ -73,11 +64,11 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
     remote = Path(settings.store.root_path)
     sidecar = serve(config, tmp_path / "serve.log")
     try:
-        wait_for(lambda: _listening(port), 120, "rlm serve's history endpoint")
+        wait_for(lambda: listening(port), 120, "rlm serve's history endpoint")
         # warm: a first small segment tiered (the copy path's imports and pools) before idle is taken
         produce(big_kafka, topic, [(b"k%d" % i, b"small-%d" % i) for i in range(10)])
         roll_and_wait(big_kafka, topic, rolled=1, segment_ms=500)
-        wait_for(lambda: _index_objects(remote) >= 1, 120, "the first segment tiered")
+        wait_for(lambda: index_objects(remote) >= 1, 120, "the first segment tiered")
         time.sleep(2)
         idle = reset_peak(sidecar.pid)
 
@@ -103,7 +94,7 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
         logs = roll_and_wait(big_kafka, topic, rolled=len(rolled_logs(partition_dir(big_kafka, topic))) + 1,
                              segment_ms=500, timeout=120)
         print(f"produced; {len(logs)} rolled segments", flush=True)
-        wait_for(lambda: _index_objects(remote) >= len(logs), 300, "the big record's segment tiered")
+        wait_for(lambda: index_objects(remote) >= len(logs), 300, "the big record's segment tiered")
         print(f"tiered: {sorted(p.name[:20] for p in remote.rglob('*-index'))}", flush=True)
         copy_peak = peak_above_idle(idle, sidecar.pid)
 

@@ -17,7 +17,6 @@ Its own broker, as ``test_large_event``'s (``socket.request.max.bytes`` is stati
 from __future__ import annotations
 
 import hashlib
-import socket
 import subprocess
 import time
 import uuid
@@ -27,9 +26,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from devtools.devkafka import KafkaCluster, free_port
-from tests.support.bigbatch import peak_above_idle, reset_peak, value_chunks
-from tests.support.fixtures import _running
+from devtools.devkafka import free_port
+from tests.support.bigbatch import (
+    peak_above_idle,
+    reset_peak,
+    value_chunks,
+)
+from tests.support.bigrecord import BIG_RECORD_LIMIT, big_record_cluster, index_objects, listening
 from tests.support.kafka import partition_dir, produce, roll_and_wait, rolled_logs
 from tests.support.processes import serve
 from tests.support.sidecar import make_settings, settings_yaml, wait_for
@@ -38,28 +41,15 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MiB = 1 << 20
 BIG = 200 * MiB
-LIMIT = 230 * MiB  # max.message.bytes and friends, above the record and its batch
+LIMIT = BIG_RECORD_LIMIT
 READ_BOUND = 96 * MiB  # the history endpoint's bound for the same read (test_large_event)
 
 
 @pytest.fixture(scope="module")
 def big_kafka(tmp_path_factory: pytest.TempPathFactory):
-    cluster = KafkaCluster(brokers=1, base_dir=tmp_path_factory.mktemp("kafka-big-proxy"), heap="1g", broker_config={
-        "socket.request.max.bytes": str(2 * LIMIT), "message.max.bytes": str(LIMIT),
-        "replica.fetch.max.bytes": str(LIMIT)})
-    yield from _running(cluster, "the large-record Kafka broker")
+    yield from big_record_cluster(tmp_path_factory.mktemp("kafka-big-proxy"))
 
 
-def _index_objects(root: Path) -> int:
-    return sum(1 for _ in root.rglob("*-index"))
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _read(port: int, topic: str, offset: int, until: bytes) -> dict[int, tuple[bytes | None, str, int]]:
@@ -102,11 +92,11 @@ def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(big_kafka,
     remote = Path(settings.store.root_path)
     sidecar = serve(config, tmp_path / "serve.log")
     try:
-        wait_for(lambda: _listening(port), 120, "rlm serve's listener")
+        wait_for(lambda: listening(port), 120, "rlm serve's listener")
         small = [(b"k%d" % i, b"small-%d" % i) for i in range(10)]
         produce(big_kafka, topic, small)
         roll_and_wait(big_kafka, topic, rolled=1, segment_ms=500)
-        wait_for(lambda: _index_objects(remote) >= 1, 120, "the first segment tiered")
+        wait_for(lambda: index_objects(remote) >= 1, 120, "the first segment tiered")
 
         value = b"".join(value_chunks(BIG))
         want_digest = hashlib.sha256(value).hexdigest()
@@ -121,7 +111,7 @@ def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(big_kafka,
         assert p.flush(120) == 0 and not errors, errors
         pdir = partition_dir(big_kafka, topic)
         logs = roll_and_wait(big_kafka, topic, rolled=len(rolled_logs(pdir)) + 1, segment_ms=500, timeout=120)
-        wait_for(lambda: _index_objects(remote) >= len(logs), 300, "the big record's segment tiered")
+        wait_for(lambda: index_objects(remote) >= len(logs), 300, "the big record's segment tiered")
         # Every tiered offset only in the tier: the broker's log start moved to its active segment's first offset.
         active = max(int(f.stem) for f in pdir.glob("*.log"))
         admin = AdminClient({"bootstrap.servers": big_kafka.bootstrap_servers})

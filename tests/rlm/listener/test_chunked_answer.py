@@ -4,7 +4,6 @@ with the batch's bytes in it: the parts around it, the records' length prefix an
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,20 +11,7 @@ from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.protocol.codec import build, encode_response, response_type
 from rlm.listener.protocol.frame import RequestHeader
 from rlm.tier import StreamedBatch
-
-
-class _Fixed(StreamedBatch):
-    """A StreamedBatch of known bytes (the framing alone is under test here)."""
-
-    def __init__(self, data: bytes) -> None:  # noqa: D107 - no store behind it
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def chunks(self) -> Iterator[memoryview]:
-        view = memoryview(self.data)
-        return (view[i:i + 1000] for i in range(0, len(view), 1000))
+from tests.support.bigrecord import KnownBatch
 
 
 def _values(records: list[object]) -> dict:
@@ -44,7 +30,7 @@ def test_chunked_fetch_answer_is_the_whole_frame(version, size):
     big = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     other = b"small records"
     plain = encode_response(header, build(rtype, _values([other, big, b"", big])))
-    got = encode_streamed(_values([other, _Fixed(big), b"", _Fixed(big)]),
+    got = encode_streamed(_values([other, KnownBatch(big, 1000), b"", KnownBatch(big, 1000)]),
                           lambda v: encode_response(header, build(rtype, v)), flexible=header.flexible)
     assert isinstance(got, ChunkedAnswer) and len(got) == len(plain)
     out = b"".join(b"".join(bytes(c) for c in p.chunks()) if isinstance(p, StreamedBatch) else bytes(p)

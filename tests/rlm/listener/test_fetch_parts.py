@@ -7,7 +7,6 @@ at every Fetch version the proxy answers. The server writes parts a slice at a t
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,20 +22,7 @@ from rlm.listener.protocol.codec import (
 )
 from rlm.listener.protocol.frame import RequestHeader
 from rlm.tier import StreamedBatch
-
-
-class _Known(StreamedBatch):
-    """A StreamedBatch of known bytes (no store behind it: the framing is under test)."""
-
-    def __init__(self, data: bytes) -> None:  # noqa: D107
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def chunks(self) -> Iterator[memoryview]:
-        view = memoryview(self.data)
-        return (view[i:i + 4096] for i in range(0, len(view), 4096))
+from tests.support.bigrecord import KnownBatch
 
 
 def _values(records: list[object]) -> dict:
@@ -61,7 +47,7 @@ def test_a_tier_answer_in_parts_is_kios_encoding_and_keeps_the_records_buffers(v
     held = bytearray(b"m" * RECORDS_PART_MIN_BYTES)
     view = memoryview(held)
     streamed = b"s" * (RECORDS_PART_MIN_BYTES + 5)
-    parts, size = fetch_response_parts(header, _values([b"small", big, None, view, _Known(streamed)]))
+    parts, size = fetch_response_parts(header, _values([b"small", big, None, view, KnownBatch(streamed)]))
     plain = encode_response(header, build(response_type(header), _values([b"small", big, None, bytes(held),
                                                                            streamed])))
     answer = ChunkedAnswer(parts, size)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,20 +18,7 @@ from rlm.listener.protocol.codec import build, encode_fetch_response, encode_res
 from rlm.listener.protocol.frame import RequestHeader
 from rlm.listener.tier.boundary import BrokerBounds, _with_bounds
 from rlm.tier import StreamedBatch
-
-
-class _Known(StreamedBatch):
-    """A StreamedBatch of known bytes (no store behind it: the framing is under test)."""
-
-    def __init__(self, data: bytes) -> None:  # noqa: D107
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def chunks(self) -> Iterator[memoryview]:
-        view = memoryview(self.data)
-        return (view[i:i + 4096] for i in range(0, len(view), 4096))
+from tests.support.bigrecord import KnownBatch
 
 
 def _values(records: list[object]) -> dict:
@@ -56,7 +42,7 @@ BIG = bytes(range(256)) * 800 + b"x" * 7  # a 3-byte varint length
 def test_an_answer_from_the_tier_alone_is_the_whole_frame(version: int) -> None:
     header = RequestHeader(1, version, 42, "c", version >= 12, 0)
     plain = encode_fetch_response(header, _values([b"small", BIG]))
-    got = encode_streamed(_values([b"small", _Known(BIG)]), functools.partial(encode_fetch_response, header),
+    got = encode_streamed(_values([b"small", KnownBatch(BIG)]), functools.partial(encode_fetch_response, header),
                           flexible=header.flexible)
     assert len(got) == len(plain) and _written(got) == plain
 
@@ -71,7 +57,7 @@ def test_an_answer_merged_into_the_brokers_is_the_whole_frame(version: int) -> N
     small, tier = t.partitions
     # the tier's part as the merge builds it: its records left as the tier gave them
     tier = build(type(tier), {**{f.name: getattr(tier, f.name) for f in dataclasses.fields(tier)},
-                              **_with_bounds({"error_code": 0, "records": _Known(BIG), "aborted_transactions": None,
+                              **_with_bounds({"error_code": 0, "records": KnownBatch(BIG), "aborted_transactions": None,
                                               "log_start_offset": 0}, BrokerBounds(5, 10, 10))})
     assert isinstance(tier.records, StreamedBatch)  # never read whole
     merged = dataclasses.replace(entity, responses=(dataclasses.replace(t, partitions=(small, tier)),))
