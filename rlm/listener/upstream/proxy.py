@@ -22,7 +22,9 @@ must change:
   tier's buffers not joined (:func:`~rlm.listener.protocol.codec.fetch_response_parts`); the answer to the Fetch the
   client will send next (the same partitions, each after the last record it got) is read from the tier meanwhile
   (:class:`Prefetched`), so a consumer reading history has the tier's read overlap its own work and the answer's
-  trip.
+  trip. A Fetch whose bounds went stale (once a second) goes to the broker; when the broker answers every
+  partition OFFSET_OUT_OF_RANGE below the log start it then gives, the answer is the tier's alone the same way (the
+  answer read ahead used, written in parts), not the broker's decoded and encoded again.
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
   tier answers (their partitions' log start offsets asked first when the tier may answer).
 """
@@ -150,12 +152,13 @@ class Proxy:
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
         addresses (v16+ ``node_endpoints``: decoded and those moved). A broker's answer with no fetch session asked
         says session id 0 already."""
+        ahead, upstream.prefetched = upstream.prefetched, None
         known = self._known_below(req, upstream)
         if known is not None:  # every partition below the broker's log start as known: the tier alone
-            values = await self._tier_values(req, client, known, upstream, run, room)
+            values = await self._tier_values(req, client, known, upstream, run, room, ahead)
             if values is not None:  # in parts: the tier's buffers as they are, a batch too large to hold (PDP-43)
                 return ChunkedAnswer(*fetch_response_parts(header, values))  # read and written a chunk at a time
-        upstream.prefetched = None
+            ahead = None  # taken (used or missed)
         framed = await upstream.forward(fetch_sessionless(frame, header))
         assert framed is not None
         answer = memoryview(framed)[SIZE.size:]
@@ -164,7 +167,7 @@ class Proxy:
             walk = await run(fetch_answer, answer, header)
         refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
         if refused:
-            return await self._split_fetch(header, bytes(answer), req, client, upstream, run, room)
+            return await self._split_fetch(header, bytes(answer), req, client, upstream, run, room, ahead)
         if walk.names_leaders:
             return await run(_rewritten, bytes(answer), header, self.peers.leaders)
         answer.release()
@@ -192,12 +195,11 @@ class Proxy:
         return out or None
 
     async def _tier_values(self, req: Any, client: Client, known: dict[tuple[Any, int], BrokerBounds],
-                           upstream: Upstream, run: Run, room: Callable[[], int] | None = None
-                           ) -> dict[str, Any] | None:
+                           upstream: Upstream, run: Run, room: Callable[[], int] | None,
+                           ahead: Prefetched | None) -> dict[str, Any] | None:
         """The answer (values) to ``req`` from the tier alone (:func:`fetch_from_tier`; None: the broker must be
-        asked): the one read ahead for it when the previous Fetch guessed it (:class:`Prefetched`), else read now;
-        then the next one is read ahead, on a worker, while this answer travels and the client reads it."""
-        ahead, upstream.prefetched = upstream.prefetched, None
+        asked): ``ahead``, the one read ahead for it when the previous Fetch guessed it (:class:`Prefetched`), else
+        read now; then the next one is read ahead, on a worker, while this answer travels and the client reads it."""
         values: dict[str, Any] | None = None
         used = False
         if ahead is not None and ahead.shape == _shape(req) and self._still_readable(req, client):
@@ -233,6 +235,22 @@ class Proxy:
                 upstream.prefetched = Prefetched(_shape(nxt), future)
                 self.prefetched.add(upstream.prefetched)
 
+    @staticmethod
+    def _all_below(req: Any, bounds: dict[tuple[Any, int], BrokerBounds]
+                   ) -> dict[tuple[Any, int], BrokerBounds] | None:
+        """``bounds`` when every partition of ``req`` has its bounds there and asks below their log start (the
+        broker answered each OFFSET_OUT_OF_RANGE there: the tier alone answers, :func:`fetch_from_tier`); else
+        None."""
+        n = 0
+        for t in req.topics:
+            key = name if (name := getattr(t, "topic", None)) is not None else t.topic_id
+            for p in t.partitions:
+                b = bounds.get((key, p.partition))
+                if b is None or not 0 <= p.fetch_offset < b.log_start_offset:
+                    return None
+                n += 1
+        return bounds if n else None
+
     def _still_readable(self, req: Any, client: Client) -> bool:
         """Whether the client's principal may still READ every topic of ``req`` (an answer read ahead was
         authorized when it was read; the ACLs may have changed since). On the event loop: the ACLs are cached, and
@@ -257,9 +275,16 @@ class Proxy:
         return False
 
     async def _split_fetch(self, header: RequestHeader, answer: bytes, req: Any, client: Client, upstream: Upstream,
-                           run: Run, room: Callable[[], int] | None = None) -> bytes | ChunkedAnswer:
+                           run: Run, room: Callable[[], int] | None = None, ahead: Prefetched | None = None
+                           ) -> bytes | ChunkedAnswer:
         """The broker's Fetch ``answer`` decoded, the partitions it answers OFFSET_OUT_OF_RANGE below its log start
-        answered from the tier (:func:`fetch_below_log_start`), encoded again."""
+        answered from the tier (:func:`fetch_below_log_start`), encoded again.
+
+        When the broker answered every partition OFFSET_OUT_OF_RANGE below the log start it then gave (a history
+        read whose known bounds went stale: once a second, :mod:`rlm.listener.upstream.bounds`), the answer is the
+        tier's alone as for known bounds (:meth:`_tier_values`): ``ahead``, the answer read ahead for it, is used,
+        and the answer is written in parts, not decoded into entities and encoded whole with its records (bench_proxy:
+        9 of 232 history Fetches, each then read the tier again and dropped the answer read ahead)."""
 
         def decode() -> tuple[Any, dict[tuple[Any, int], str]]:
             body = decode_response(answer, header)
@@ -278,6 +303,10 @@ class Proxy:
         rest = {k: name for k, name in refused.items() if k not in known}
         bounds, unbounded = (await self._bounds(upstream, rest, req.isolation_level, run) if rest else ({}, {}))
         bounds.update(known)
+        if not unbounded and (tier_alone := self._all_below(req, bounds)) is not None:
+            values = await self._tier_values(req, client, tier_alone, upstream, run, room, ahead)
+            if values is not None:
+                return ChunkedAnswer(*fetch_response_parts(header, values))
         budget = room() if room else None
 
         def merge() -> tuple[bytes | ChunkedAnswer, Any]:
@@ -288,8 +317,8 @@ class Proxy:
             return framed, merged
 
         framed, merged = await run(merge)
-        if bounds:  # the tier answered: its next answer read ahead too (a history read's every bounds refresh
-            # passes here: once a second, a quarter of a slow consumer's Fetches, which then waited for the tier)
+        if bounds:  # the tier answered: its next answer read ahead too (a Fetch the broker answered in part, or
+            # whose tier answer needs the broker's word on its transactions)
             self._read_ahead(req, _records_of(merged), client, upstream, run, room)
         return framed
 

@@ -393,6 +393,42 @@ def test_an_answer_read_ahead_serves_the_next_fetch_naming_the_partitions_in_ano
     assert used == fetches - 1, (used, fetches)  # the first asked the broker
 
 
+def test_a_fetch_whose_bounds_went_stale_asks_the_broker_and_uses_the_answer_read_ahead(
+        proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a partition from 0 below the broker's log start with the known bounds stale at every Fetch (a
+    consumer slower than ``BOUNDS_FRESH_S``): each Fetch asks the broker (the Fetch, answered OFFSET_OUT_OF_RANGE,
+    then ListOffsets EARLIEST and LATEST), and from the second on the answer is the one read ahead for it, in parts
+    as from known bounds (before: the answer read ahead was dropped, the tier read again and the broker's answer
+    decoded and encoded whole with the tier's records); every offset once, in order, with the broker's high
+    watermark and log start."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 1.0)
+    topic = proxied.topic
+    end = proxied.end(0)
+    used = REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0
+    seen: list[int] = []
+    fetches = 0
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        position = 0
+        while position < LOG_START[0] - 20:
+            if fetches:
+                time.sleep(bounds.BOUNDS_FRESH_S + 0.2)  # the bounds learned by the last Fetch are stale now
+            before = _upstream_requests()
+            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400).responses
+            after = _upstream_requests()
+            assert {api: after[api] - before[api] for api in after} == {"fetch": 1, "list_offsets": 2}, position
+            (part,) = t.partitions
+            assert part.error_code == 0 and part.high_watermark == end, (position, part)
+            assert part.log_start_offset == 0, part  # the tier's: below the broker's
+            got = _offsets(part.records, position)
+            assert got, position
+            seen += got
+            position = got[-1] + 1
+            fetches += 1
+    assert fetches >= 3 and seen == list(range(position)), (fetches, seen)
+    used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
+    assert used == fetches - 1, (used, fetches)
+
+
 def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied) -> None:
     """Metadata and FindCoordinator name the listener for the broker behind it; ListOffsets EARLIEST is the tier's
     first offset (below the broker's log start), LATEST the broker's end."""
