@@ -1,8 +1,9 @@
 """Proxy benchmark (issue 24): the sidecar's listener as a tier-aware proxy of its broker
 (``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
 
-    ./dev bench proxy [--gib 1] [--repeat 2] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
+    ./dev bench proxy [--gib 1] [--repeat 3] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
                       [--partitions N] [--profile FILE] [--listener-setting KEY=JSON ...]
+                      [--consumer-setting KEY=JSON ...]
 
 1. live: a consumer reads ``--gib`` of local (untiered) data through the proxy vs straight from the broker (goal
    >= 0.8x). The sidecar's CPU seconds per GiB read are those of its process (``rlm serve`` with the listener, a
@@ -31,10 +32,26 @@ segments (offsets 0 to the end of the last rolled one; the active segment is nev
 are served from the tiers alone. The sidecar is idle during the reads (nothing left to copy).
 
 Reads: confluent-kafka (librdkafka) consumers, a process each (``bench/proxy_child.py``), with librdkafka's defaults
-but ``group.id`` (a fresh group per read) and ``auto.offset.reset`` (``earliest``; ``latest`` for the tail):
-``subscribe()``, so the proxy serves FindCoordinator, the group protocol and the commits (auto-commit, the default)
-too. The read window starts at the group's assignment and ends at the last record; MB/s counts keys + values.
-``--repeat`` reads per source, the sources taking turns (the order reversed every other round); the best counts.
+but ``group.id`` (a fresh group per read) and ``auto.offset.reset`` (``earliest``; ``latest`` for the tail), and any
+``--consumer-setting`` (every consumer, both sides): ``subscribe()``, so the proxy serves FindCoordinator, the group
+protocol and the commits (auto-commit, the default) too. The read window starts at the group's assignment and ends at
+the last record; MB/s counts keys + values.
+
+Both sides are treated alike: every source is read once first (a quarter of its records, not counted: the broker's
+JIT compiles its fetch path, its CPU over the first GiB it served was 2.3-3.3 s, 0.6-2.8 s in the reads after; the
+proxy's connections are made, the tier's caches filled), then ``--repeat`` timed reads per source, the sources
+taking turns (the order reversed every other round). The table gives each source's median, min and max, and the CPU
+seconds per GiB of the sidecar, the broker and the consumer (medians); each goal row the median of the rounds'
+ratios (the two reads of one round, side by side) with their min and max. Each read is printed with its window, when
+its first record came, and the three CPUs: a read whose consumer's CPU is about its window is bound by the consumer
+(its poll loop takes ~1.5-2.3 CPU s per GiB of 1 KiB records), not by what serves it, and a 1 GiB direct read at
+full speed lasts ~1.5 s, so a fraction of a second lost anywhere (the broker's JIT or GC, the other processes of a
+shared machine) moves its MB/s a lot: session 12's direct reads swung 236-698 MB/s. Checked (2026-11-26, direct
+reads of the same GiB, load 5-8): librdkafka's ``fetch.queue.backoff.ms`` (1000 ms: a partition whose local queue
+exceeds ``queued.max.messages.kbytes``, 64 MiB, is not fetched again for up to that long). Its ``debug=fetch`` log
+showed the fetcher stopped 0.07-0.38 s per read at the default and 0.11-0.42 s at 10 ms, not a second per queue
+fill: a part of the swing at most, so the reads keep librdkafka's default.
+
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
 the first second is left out (warm-up); the latency is to the record's hand-over by ``poll()`` (one record a call).
@@ -83,6 +100,7 @@ TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
 IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
+WARM_UP_PART = 4  # the warm-up read of each source reads this part of its records
 LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
 HISTORY_N, KAFKA_N = "proxy-history-n", "proxy-kafka-n"  # --partitions N
 
@@ -94,6 +112,8 @@ class Read:
     bytes: int
     sidecar_cpu_s: float
     broker_cpu_s: float
+    consumer_cpu_s: float = 0.0  # the consumer process's own (its poll loop and librdkafka's threads)
+    first_s: float = 0.0  # the window's start (assignment) to the first record
     fetches: int = 0  # Fetch requests the proxy answered (proxied reads)
 
     @property
@@ -149,7 +169,8 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
     if out.returncode != 0:
         raise RuntimeError(f"the consumer of {topic} via {bootstrap} exited {out.returncode}:\n{out.stderr[-3000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)])
+    return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)],
+                r["consumer_cpu_s"], r["first_s"])
 
 
 def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
@@ -310,7 +331,7 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0, help="data per topic (GiB)")
     ap.add_argument("--segment-mib", type=int, default=None,
                     help="segment.bytes (default: 64 MiB, or less so that there are at least 8 segments)")
-    ap.add_argument("--repeat", type=int, default=2, help="reads per source; the best counts")
+    ap.add_argument("--repeat", type=int, default=3, help="timed reads per source (after one warm-up read each)")
     ap.add_argument("--latency-seconds", type=float, default=20.0, help="live-tail records produced for this long")
     ap.add_argument("--latency-rate", type=int, default=1000, help="live-tail records per second")
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
@@ -320,8 +341,13 @@ def main() -> None:
                     help="N > 1: also the history rows with --gib spread over a topic of N partitions each side")
     ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
                     help="a history_listener setting of the proxy (repeatable), e.g. socket_send_buffer_bytes=-1")
+    ap.add_argument("--consumer-setting", action="append", default=[], metavar="KEY=JSON",
+                    help="a librdkafka setting of every reading consumer, both sides (repeatable), e.g. "
+                         "fetch.queue.backoff.ms=10")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
+    consumer_settings = {k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}
+    os.environ["PROXY_BENCH_CONSUMER"] = json.dumps(consumer_settings)  # the consumer children's (both sides)
 
     from devtools.devkafka import KafkaCluster, free_port
     from rsm.log.partition import PartitionDir
@@ -424,6 +450,9 @@ def main() -> None:
                             (f"history {args.partitions}p, Kafka tiered", kc.bootstrap_servers, KAFKA_N, records_n)]
             load.append(os.getloadavg())
             idle = idle_cpu_rate(serve.pid, IDLE_S)
+            for name, boot, topic, counts in sources:  # warm-up: each path read once the same way, not counted
+                r = read(boot, topic, [max(1, c // WARM_UP_PART) for c in counts], serve.pid, broker_pid)
+                print(f"  warm-up, {name}: {r.mb_s:.0f} MB/s", file=sys.stderr)
             for rnd in range(args.repeat):
                 for name, boot, topic, counts in sources if rnd % 2 == 0 else sources[::-1]:
                     before = request_counts(ops_port)
@@ -431,8 +460,9 @@ def main() -> None:
                     asked = {k: v - before.get(k, 0.0) for k, v in request_counts(ops_port).items()}
                     r.fetches = int(asked.get("fetch", 0)) if boot == proxy else 0
                     results.setdefault(name, []).append(r)
-                    print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s, sidecar CPU "
-                          f"{r.sidecar_cpu_s:.2f}s, broker CPU {r.broker_cpu_s:.2f}s" + (
+                    print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s in {r.window_s:.2f}s (first "
+                          f"record at {r.first_s:.2f}s), CPU s: sidecar {r.sidecar_cpu_s:.2f}, broker "
+                          f"{r.broker_cpu_s:.2f}, consumer {r.consumer_cpu_s:.2f}" + (
                               "; requests through the proxy: " + ", ".join(
                                   f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
                           file=sys.stderr)
@@ -448,33 +478,45 @@ def main() -> None:
             serve.wait()
         shutil.rmtree(work, ignore_errors=True)
 
-    best = {name: max(runs, key=lambda r: r.mb_s) for name, runs in results.items()}
-    gib_read = best["live, direct"].bytes / GiB
-    live_window = best["live, through the proxy"].window_s
+    mid = {name: sorted(runs, key=lambda r: r.mb_s)[len(runs) // 2] for name, runs in results.items()}  # median
+    gib_read = mid["live, direct"].bytes / GiB
+    live_window = mid["live, through the proxy"].window_s
 
-    def cpu(r: Read) -> str:
-        return f"{r.sidecar_cpu_s / (r.bytes / GiB):.2f} / {r.broker_cpu_s / (r.bytes / GiB):.2f}"
+    def cpu(runs: list[Read]) -> str:
+        return " / ".join(f"{statistics.median(getattr(r, f) / (r.bytes / GiB) for r in runs):.2f}"
+                          for f in ("sidecar_cpu_s", "broker_cpu_s", "consumer_cpu_s"))
 
     print()
-    print(f"{'':40} {'MB/s':>7} {'records/s':>10} {'sidecar / broker CPU s/GiB':>27}   every run MB/s")
-    for name, r in best.items():
-        every = ", ".join(f"{x.mb_s:.0f}" for x in results[name])
-        print(f"{name:40} {r.mb_s:>7.0f} {r.records_s:>10,.0f} {cpu(r):>27}   {every}")
+    print(f"{'':40} {'MB/s median':>11} {'min-max':>9} {'records/s':>10} {'CPU s/GiB sidecar / broker / consumer':>38}"
+          f"   every run MB/s")
+    for name, runs in results.items():
+        mbs = [x.mb_s for x in runs]
+        print(f"{name:40} {statistics.median(mbs):>11.0f} {f'{min(mbs):.0f}-{max(mbs):.0f}':>9} "
+              f"{mid[name].records_s:>10,.0f} {cpu(runs):>38}   {', '.join(f'{x:.0f}' for x in mbs)}")
     print()
-    lv = best["live, through the proxy"].mb_s / best["live, direct"].mb_s
-    hi = best["history, through the proxy (tier)"].mb_s / best["history, Kafka tiered storage (direct)"].mb_s
+
+    def ratio(a: str, b: str) -> tuple[float, float, float]:
+        """The proxy's / the other's MB/s of the reads of one round (side by side): median, min, max."""
+        rs = [x.mb_s / y.mb_s for x, y in zip(results[a], results[b], strict=True)]
+        return statistics.median(rs), min(rs), max(rs)
+
+    lv = ratio("live, through the proxy", "live, direct")
+    hi = ratio("history, through the proxy (tier)", "history, Kafka tiered storage (direct)")
     p = {k: (pct(v, 50), pct(v, 99)) for k, v in lat.items()}
     added99 = p["proxy"][1] - p["direct"][1]
-    rows = [("1. live 1x: proxy / direct", f"{lv:.2f}x", ">= 0.8x", lv >= 0.8),
-            ("2. history: proxy (tier) / Kafka tiered", f"{hi:.2f}x", ">= 1.5x", hi >= 1.5)]
+
+    def shown(x: tuple[float, float, float]) -> str:
+        return f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})"
+
+    rows = [("1. live 1x: proxy / direct", shown(lv), ">= 0.8x", lv[0] >= 0.8),
+            ("2. history: proxy (tier) / Kafka tiered", shown(hi), ">= 1.5x", hi[0] >= 1.5)]
     if many:
-        hn = (best[f"history {args.partitions}p, through the proxy"].mb_s
-              / best[f"history {args.partitions}p, Kafka tiered"].mb_s)
-        rows.append((f"2b. history, {args.partitions} partitions", f"{hn:.2f}x", ">= 1.5x", hn >= 1.5))
+        hn = ratio(f"history {args.partitions}p, through the proxy", f"history {args.partitions}p, Kafka tiered")
+        rows.append((f"2b. history, {args.partitions} partitions", shown(hn), ">= 1.5x", hn[0] >= 1.5))
     rows.append(("3. tail latency p99 added by the proxy", f"{added99:+.2f} ms", "<= 5 ms", added99 <= 5))
-    print(f"{'comparison':42} {'result':>10} {'goal':>9}  met")
+    print(f"{'comparison (median of the rounds, min-max)':44} {'result':>20} {'goal':>9}  met")
     for label, res, goal, ok in rows:
-        print(f"{label:42} {res:>10} {goal:>9}  {'yes' if ok else 'NO'}")
+        print(f"{label:44} {res:>20} {goal:>9}  {'yes' if ok else 'NO'}")
     print()
     print(f"tail latency ms (p50 / p99 / max), {len(lat['added']):,} records at {args.latency_rate}/s: "
           f"proxy {p['proxy'][0]:.2f} / {p['proxy'][1]:.2f} / {max(lat['proxy']):.2f}; "
@@ -485,15 +527,17 @@ def main() -> None:
     if many:
         pairs[f"history {args.partitions}p, through the proxy"] = f"history {args.partitions}p, Kafka tiered"
     for name, other in pairs.items():
-        r = best[name]
+        r = mid[name]
         if r.fetches:
-            print(f"{name}, best run: {r.fetches} Fetches, one every {r.window_s / r.fetches * 1e3:.2f} ms (one in "
+            print(f"{name}, median run: {r.fetches} Fetches, one every {r.window_s / r.fetches * 1e3:.2f} ms (one in "
                   f"flight: the consumer fetches from a broker one request at a time), "
                   f"{r.sidecar_cpu_s / r.fetches * 1e3:.2f} ms of sidecar CPU each; {other}: "
-                  f"{best[other].window_s / r.fetches * 1e3:.2f} ms per as many bytes")
+                  f"{mid[other].window_s / r.fetches * 1e3:.2f} ms per as many bytes")
     print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
           f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
-          f"auto.offset.reset; subscribe()), a process each; best of {args.repeat}, sources taking turns. Sidecar CPU: "
+          f"auto.offset.reset; subscribe()), a process each; {args.repeat} rounds after a warm-up read of each source, "
+          f"sources taking turns"
+          + (f"; consumer settings {json.dumps(consumer_settings)}" if consumer_settings else "") + ". Sidecar CPU: "
           f"the rlm serve process (listener + idle tiering, which alone takes {idle:.3f} CPU s/s, measured over "
           f"{IDLE_S:.0f} s before the reads: {idle * live_window / gib_read:.2f} s/GiB of the live proxied read), "
           f"broker CPU: its JVM, both from /proc/<pid>/stat over the read window, per GiB read. {os.cpu_count()} "

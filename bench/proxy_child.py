@@ -4,14 +4,16 @@
     python bench/proxy_child.py tail BOOTSTRAP TOPIC GROUP
     python bench/proxy_child.py listener SETTINGS_JSON PROFILE_OUT
 
-``consume`` is one confluent-kafka consumer (librdkafka defaults but ``group.id`` GROUP and
-``auto.offset.reset=earliest``) that ``subscribe()``s to TOPIC and reads RECORDS records of each partition
+``consume`` is one confluent-kafka consumer (librdkafka defaults but ``group.id`` GROUP, ``auto.offset.reset=earliest``
+and ``$PROXY_BENCH_CONSUMER``) that ``subscribe()``s to TOPIC and reads RECORDS records of each partition
 (comma-separated: partition 0's, 1's, ...; one number: one partition), checking that each partition's are its offsets
 0.. in order, each once; records past a partition's count are left out (not counted). The read window starts at the
 group's assignment (``on_assign``: after JoinGroup / SyncGroup, before OffsetFetch, ListOffsets and the first Fetch)
 and ends at the last record. At both ends it reads the CPU seconds of the processes PIDS (comma-separated: the
 sidecar's, the broker's) from ``/proc/<pid>/stat``. It prints one JSON line ``{"window_s", "records", "bytes" (keys
-+ values), "cpu": {pid: s}}``.
++ values), "first_s" (the window's start to the first record: OffsetFetch, ListOffsets, the first Fetch), "cpu":
+{pid: s}, "consumer_cpu_s"}`` (its own CPU over the window: a consumer whose CPU is about its window bounds the read,
+whatever serves it).
 
 ``tail`` is a live-tail consumer (the same settings, ``auto.offset.reset=latest``): it prints ``ready`` once
 assigned, then ``poll()``s, and for every record whose value starts with ``seq`` (8 bytes) and the producer's
@@ -50,23 +52,26 @@ def cpu_seconds(pid: int) -> float:
 
 
 def consumer_config(bootstrap: str, group: str, reset: str) -> dict[str, object]:
-    """The consumer settings of every read, through the proxy or not: librdkafka's defaults but these."""
-    return {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": reset}
+    """The consumer settings of every read, through the proxy or not: librdkafka's defaults but these, and those
+    of the JSON object in ``$PROXY_BENCH_CONSUMER`` (``bench_proxy --consumer-setting``, both sides) on top."""
+    extra = json.loads(os.environ.get("PROXY_BENCH_CONSUMER") or "{}")
+    return {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": reset, **extra}
 
 
 def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], group: str) -> None:
     from confluent_kafka import Consumer, KafkaException
 
     c = Consumer(consumer_config(bootstrap, group, "earliest"))
-    mark: list[tuple[float, dict[int, float]]] = []
+    mark: list[tuple[float, dict[int, float], float]] = []
 
     def on_assign(_consumer: object, partitions: list) -> None:
         if partitions and not mark:
-            mark.append((time.monotonic(), {p: cpu_seconds(p) for p in pids}))
+            mark.append((time.monotonic(), {p: cpu_seconds(p) for p in pids}, time.process_time()))
 
     c.subscribe([topic], on_assign=on_assign)
     start = time.monotonic()
     n = size = 0
+    first = 0.0  # when the first record came
     expect = [0] * len(records)
     left = len(records)  # partitions not read to their count yet
     while left:
@@ -81,6 +86,8 @@ def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], gro
             if m.offset() != expect[p]:
                 raise RuntimeError(f"{topic}-{p}: offset {m.offset()} where {expect[p]} was expected")
             expect[p] += 1
+            if not n:
+                first = time.monotonic()
             n += 1
             size += len(m.value() or b"") + len(m.key() or b"")
             if expect[p] == records[p]:
@@ -89,8 +96,10 @@ def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], gro
                     break
     end = time.monotonic()
     cpu = {p: cpu_seconds(p) - mark[0][1][p] for p in pids}
+    own = time.process_time() - mark[0][2]
     c.close()
-    print(json.dumps({"window_s": end - mark[0][0], "records": n, "bytes": size, "cpu": cpu}), flush=True)
+    print(json.dumps({"window_s": end - mark[0][0], "first_s": first - mark[0][0], "records": n, "bytes": size,
+                      "cpu": cpu, "consumer_cpu_s": own}), flush=True)
 
 
 def tail(bootstrap: str, topic: str, group: str) -> None:
