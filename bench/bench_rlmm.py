@@ -215,8 +215,10 @@ class _RunningCluster:
 
     def create_topic(self, name: str, partitions: int, replication_factor: int, config: dict[str, str]) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
-        fs = AdminClient({"bootstrap.servers": self.bootstrap_servers}).create_topics(
-            [NewTopic(name, partitions, replication_factor, config=config)])
+        # the client held until the result is in: a temporary one is destroyed (and its request failed with
+        # _DESTROY, "Broker handle destroyed for termination") as soon as create_topics returns
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        fs = admin.create_topics([NewTopic(name, partitions, replication_factor, config=config)])
         fs[name].result(60)
 
 
