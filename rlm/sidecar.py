@@ -75,6 +75,7 @@ from rlm.tier import RemoteReader
 from rlm.watch import LogDirWatcher
 from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
 from rsm.errors import RemoteStorageError
+from rsm.log.checkpoint import EpochEntry
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 from rsm.manager import RemoteStorageManager
@@ -361,21 +362,31 @@ class Sidecar:
 
     # ---------------------------------------------------------------------------------------------- copy
     def _leader_epoch(self, led: Led) -> tuple[int, int] | None:
-        """(LSO, leader epoch) when this broker leads ``led`` now: the cluster's leader answers with an epoch that
-        is the newest in this broker's own leader-epoch checkpoint (the broker writes it when made leader). An
-        answer without an epoch (seen around elections) is no proof: None (no copy this round; a copy waiting to
-        finish is deleted and done again later)."""
-        tp = led.tp
-        key = (tp.topic, tp.partition)
+        """(LSO, leader epoch) when this broker leads ``led`` now (:meth:`_leading`)."""
+        leading = self._leading(led)
+        return None if leading is None else leading[:2]
+
+    def _cluster_epoch(self, led: Led) -> tuple[int, int] | None:
+        """(LSO, leader epoch) as the partition's leader answers now, while ``led`` is still the registry's."""
+        key = (led.tp.topic, led.tp.partition)
         got = self._stable_offsets.get([key]).get(key)
-        if got is None or self.leadership.get(*key) is not led:
+        return None if got is None or self.leadership.get(*key) is not led else got
+
+    def _leading(self, led: Led) -> tuple[int, int, list[EpochEntry]] | None:
+        """(LSO, leader epoch, this broker's leader-epoch checkpoint) when this broker leads ``led`` now: the
+        cluster's leader answers with an epoch that is the newest in this broker's own checkpoint (the broker
+        writes it when made leader). An answer without an epoch (seen around elections) is no proof: None (no copy
+        this round; a copy waiting to finish is deleted and done again later)."""
+        got = self._cluster_epoch(led)
+        if got is None:
             return None
         epochs = PartitionDir(led.path).leader_epochs()
         if not epochs or epochs[-1].epoch != got[1]:
             log.info("not leading under the cluster's leader epoch: not copying this round", extra={
-                "partition": str(tp), "leader_epoch": got[1], "local_epoch": epochs[-1].epoch if epochs else None})
+                "partition": str(led.tp), "leader_epoch": got[1],
+                "local_epoch": epochs[-1].epoch if epochs else None})
             return None
-        return got
+        return got[0], got[1], epochs
 
     def _copy_run(self, led: Led) -> bool:
         """One copy run of ``led``; True when it ended with the partition caught up (segment mode: every rolled
@@ -389,20 +400,25 @@ class Sidecar:
                 if led.stop.is_set():
                     return False  # no longer led: discovery stopped serving it while this run waited
                 raise
-            got = self._leader_epoch(led)
+            got = self._leading(led)
             if got is None or led.stop.is_set():
                 return False  # leadership lost while waiting (up to 30 s for the cache): a stale run does nothing
-            lso, epoch = got
+            lso, epoch, epochs = got
 
             def current_epoch() -> int | None:
-                now = self._leader_epoch(led)
+                # The fence before COPY_SEGMENT_FINISHED: the cluster's leader epoch now, and the registry still
+                # leading. The local checkpoint is not read again: it was checked against ``epoch`` above, and its
+                # newest epoch changes only when this broker is made leader under a new epoch, which the cluster's
+                # answer then shows (issue 26: a checkpoint read per fence, nine system calls).
+                now = self._cluster_epoch(led)
                 return None if now is None else now[1]
 
             rule = self.settings.retention_for(tp.topic)
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
             task = led.offloader if led.offloader is not None else led.copier
-            result = task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch)
+            result = task.run_once(lso, led.stop, leader_epoch=epoch, current_leader_epoch=current_epoch,
+                                   epochs=epochs)
             self.store_copies.ok()
             return (task is led.copier and not result.fenced and not result.cancelled and not led.stop.is_set()
                     and led.copier.caught_up())

@@ -149,6 +149,7 @@ class PartitionCopier:
         self._persisted = self._watermark
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
         self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
+        self._run_names: set[str] | None = None  # the partition dir's entries, listed at the run's start
         self._listing: list[RemoteLogSegmentMetadata] | None = None  # the last clean-up's, when it changed nothing
         # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
         # at its next block and is removed (rsm CopyCancelledError), instead of running to its end to be fenced.
@@ -162,21 +163,27 @@ class PartitionCopier:
         """The highest offset tiered so far by this copier (its watermark; -1 when none)."""
         return self._watermark[0] if self._watermark is not None else -1
 
-    def stage_new(self, highest: int, stop: threading.Event | None = None,
+    def stage_new(self, highest: int, stop: threading.Event | None = None, names: set[str] | None = None,
                   ) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
         """Stage the rolled local segments above ``highest``; return all staged segments and new gaps.
         ``highest`` is remembered: :meth:`stage_rolled` stages above it between runs. With ``stop`` set by the
         time the gaps are known (leadership lost meanwhile: the sidecar releases the staging of partitions it does
-        not lead, so what it held looks missing), no gap is reported: the new leader's replica decides."""
+        not lead, so what it held looks missing), no gap is reported: the new leader's replica decides.
+
+        ``names``: the partition dir's entries (None: listed here). One listing answers the segments, the rolled
+        ranges and which of a segment's optional files exist (issue 26: a run listed the directory three times, plus
+        once per segment copied)."""
         self._highest = highest
         pdir = PartitionDir(self.partition_dir)
-        segments = pdir.segments()
+        if names is None:
+            names = set(os.listdir(self.partition_dir))
+        segments = pdir.segments(names)
         gaps: list[tuple[int, int]] = []
-        for base, end in pdir.rolled_ranges():
+        for base, end in pdir.rolled_ranges(names):
             if end <= highest:
                 continue
             try:
-                self.staging.stage(self.tp, self.partition_dir, base, end)
+                self.staging.stage(self.tp, self.partition_dir, base, end, names=names)
             except SegmentGoneError:
                 gaps.append((base, end))
             except TopicIdMismatchError as err:
@@ -226,11 +233,12 @@ class PartitionCopier:
         if highest is None:
             return 0
         n = 0
-        for base, end in PartitionDir(self.partition_dir).rolled_ranges():
-            if end <= highest:
-                continue
+        names = set(os.listdir(self.partition_dir))
+        for base, end in PartitionDir(self.partition_dir).rolled_ranges(names):
+            if end <= highest or self.staging.holds(self.tp, self.partition_dir, base, end):
+                continue  # (a segment staged already: the copy run checks it again before its copy)
             try:
-                self.staging.stage(self.tp, self.partition_dir, base, end)
+                self.staging.stage(self.tp, self.partition_dir, base, end, names=names)
                 n += 1
             except SegmentGoneError:
                 continue
@@ -284,37 +292,45 @@ class PartitionCopier:
     # ----------------------------------------------------------------------------------------------- copy
     def run_once(self, last_stable_offset: int, stop: threading.Event | None = None, *,
                  leader_epoch: int | None = None,
-                 current_leader_epoch: Callable[[], int | None] | None = None) -> CopyResult:
+                 current_leader_epoch: Callable[[], int | None] | None = None,
+                 epochs: list[EpochEntry] | None = None) -> CopyResult:
         """One copy run. ``leader_epoch``: the partition's leader epoch this broker leads under (each copy carries
         it); ``current_leader_epoch``: asked before each COPY_SEGMENT_FINISHED, a different answer fences the copy.
-        ``stop`` set (leadership lost) before the run starts: it does nothing, neither clean-up nor staging nor a
-        gap report (a follower's local log start says nothing of what the leader tiered).
+        ``epochs``: the partition's leader-epoch checkpoint as the caller just read it to check ``leader_epoch``
+        against it (None: read here). ``stop`` set (leadership lost) before the run starts: it does nothing, neither
+        clean-up nor staging nor a gap report (a follower's local log start says nothing of what the leader tiered).
         """
         result = CopyResult()
         if stop is not None and stop.is_set():
             return result
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
-        epochs = PartitionDir(self.partition_dir).leader_epochs()
+        if epochs is None:
+            epochs = PartitionDir(self.partition_dir).leader_epochs()
         highest = self.resume_point(epochs, self._listing)
         self._listing = None
-        staged, result.gaps = self.stage_new(highest, stop)
-        self._highest = highest
-        sizes = {s.directory: _size(s.log_path) for s in staged}
-        self._set_lag(staged, sizes)
-        self._run_staged = staged
+        # one listing of the partition dir for the run, made after the caller asked for the last stable offset (so
+        # it names every .txnindex holding an abort below it: aborted_txns)
+        self._run_names = set(os.listdir(self.partition_dir))
         try:
-            self._copy_staged(result, staged, epochs, highest, last_stable_offset, stop, leader_epoch,
+            staged, result.gaps = self.stage_new(highest, stop, self._run_names)
+            self._highest = highest
+            sizes = {s.directory: _size(s.log_path) for s in staged}
+            self._set_lag(staged, sizes)
+            self._run_staged = staged
+            self._copy_staged(result, staged, sizes, epochs, highest, last_stable_offset, stop, leader_epoch,
                               current_leader_epoch)
         finally:
             self._run_staged = None
+            self._run_names = None
         self.write_watermark()
         self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
         return result
 
-    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], epochs: list[EpochEntry], highest: int,
-                     last_stable_offset: int, stop: threading.Event | None, leader_epoch: int | None,
-                     current_leader_epoch: Callable[[], int | None] | None) -> None:
-        """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches."""
+    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], sizes: dict[Path, int],
+                     epochs: list[EpochEntry], highest: int, last_stable_offset: int, stop: threading.Event | None,
+                     leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None) -> None:
+        """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches (``sizes``: their
+        ``.log`` bytes, by staged dir, as :meth:`run_once` read them)."""
         batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
         for s in staged:
@@ -330,7 +346,8 @@ class PartitionCopier:
             if s.end_offset_inclusive >= last_stable_offset:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
-            prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch)
+            prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
+                                     sizes.get(s.directory) or None)
             if prepared is None:
                 # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
                 if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
@@ -465,14 +482,12 @@ class PartitionCopier:
 
     def _max_timestamp(self, s: StagedSegment) -> int:
         """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""
-        tix = s.file(".timeindex")
-        if tix is not None:
-            try:
-                entries = read_time_index(tix, s.base_offset)
-                if entries:
-                    return entries[-1].timestamp_ms
-            except LogFormatError:
-                pass
+        try:
+            entries = read_time_index(s.directory / f"{s.base_offset:020d}.timeindex", s.base_offset)
+            if entries:
+                return entries[-1].timestamp_ms
+        except (FileNotFoundError, LogFormatError):
+            pass
         return max((b.max_timestamp for b in scan_batches(s.log_path)), default=-1)
 
     def copy_segment(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], *,
@@ -487,9 +502,11 @@ class PartitionCopier:
         return self.commit_copy(*prepared, leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
 
     def _prepare(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], leader_epoch: int | None,
+                 log_bytes: int | None = None,
                  ) -> tuple[RemoteLogSegmentMetadata, Callable[[], bytes | None]] | None:
         """The COPY_SEGMENT_STARTED metadata of ``s`` from ``start_offset`` on and its store copy (not run yet);
-        None when it is older than remote retention."""
+        None when it is older than remote retention. ``log_bytes``: the staged ``.log``'s size when known (a staged
+        segment is immutable)."""
         seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
         if not seg_epochs:
             # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
@@ -511,7 +528,7 @@ class PartitionCopier:
             event_timestamp_ms=now_ms,
             # A straddling segment is copied from start_offset on: the storage manager skips the batches below.
             segment_size_bytes=kept_range(s.log_path, start_offset).size_bytes if start_offset > s.base_offset
-            else s.log_path.stat().st_size,
+            else log_bytes if log_bytes is not None else s.log_path.stat().st_size,
             segment_leader_epochs=epoch_pairs(seg_epochs),
             state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
             txn_index_empty=txn_index is None,
@@ -645,8 +662,10 @@ class PartitionCopier:
         segment, local or staged (the active one is read up to its last whole entry). Every marker is there once
         the range is below the last stable offset."""
         sources = [own] if own is not None else []
-        # the partition dir's .txnindex files by name (one listing; no Segment built per file: issue 26)
-        sources += [self.partition_dir / name for name in sorted(os.listdir(self.partition_dir))
+        # the partition dir's .txnindex files by name: in a run, from its listing (made after the last stable offset
+        # was asked, so every marker below it, and its .txnindex entry, was written by then); else listed here
+        names = self._run_names if self._run_names is not None else os.listdir(self.partition_dir)
+        sources += [self.partition_dir / name for name in sorted(names)
                     if (m := _TXN_INDEX_NAME.fullmatch(name)) is not None and int(m.group(1)) > base_offset]
         # the run's staged segments when in a run (a segment staged since is still local: retention deletes the
         # oldest first, and this one is older), else staging's listing (which reads every marker)

@@ -120,20 +120,24 @@ class StreamingOffloader:
 
     def run_once(self, last_stable_offset: int, stop: threading.Event | None = None, *,
                  leader_epoch: int | None = None,
-                 current_leader_epoch: Callable[[], int | None] | None = None) -> CopyResult:
+                 current_leader_epoch: Callable[[], int | None] | None = None,
+                 epochs: list[EpochEntry] | None = None) -> CopyResult:
+        """One offload run (the arguments as :meth:`PartitionCopier.run_once`'s)."""
         try:
-            return self._run_once(last_stable_offset, stop, leader_epoch, current_leader_epoch)
+            return self._run_once(last_stable_offset, stop, leader_epoch, current_leader_epoch, epochs)
         finally:
             if self.cut is not None:
                 self._report_lag(self.cut, self._local_files())
 
     def _run_once(self, last_stable_offset: int, stop: threading.Event | None, leader_epoch: int | None,
-                  current_leader_epoch: Callable[[], int | None] | None) -> CopyResult:
+                  current_leader_epoch: Callable[[], int | None] | None,
+                  epochs: list[EpochEntry] | None) -> CopyResult:
         result = CopyResult()
         if stop is not None and stop.is_set():
             return result  # leadership lost before the run started: nothing to do (see PartitionCopier.run_once)
         copier = self.copier
-        epochs = PartitionDir(copier.partition_dir).leader_epochs()
+        if epochs is None:
+            epochs = PartitionDir(copier.partition_dir).leader_epochs()
         if self.cut is None or leader_epoch != self._epoch:
             result.cleaned_up = copier.clean_up_unfinished(leader_epoch=leader_epoch)
             self.cut = OffloadCut(copier.resume_point(epochs) + 1)

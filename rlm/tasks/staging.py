@@ -57,7 +57,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -381,7 +381,7 @@ class Staging:
 
     # -------------------------------------------------------------------------------------------- stage
     def stage(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int,
-              end_offset_inclusive: int) -> StagedSegment:
+              end_offset_inclusive: int, *, names: Collection[str] | None = None) -> StagedSegment:
         """Hard-link the segment's files into staging; idempotent for the same segment (returned as is).
 
         ``end_offset_inclusive`` (the next segment's base offset - 1) is kept with the links, so a staged segment
@@ -391,16 +391,22 @@ class Staging:
         Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more,
         :class:`StagingFullError` when the bound refuses it, :class:`TopicIdMismatchError` when ``partition_dir``
         belongs to another topic id than ``tp``'s.
+
+        ``names``: the entries of ``partition_dir`` when the caller listed it already (the copier lists it once per
+        run or stage round): a file the segment may have (``.txnindex``, the producer snapshot ...) is linked only
+        if it, or its ``.deleted`` name, is among them, not tried by a failing ``link`` each time (issue 26). The
+        ``.log`` is tried whatever they say.
         """
         if end_offset_inclusive < base_offset:
             raise ValueError(f"end offset {end_offset_inclusive} below base offset {base_offset}")
         if self.max_bytes:  # the bound counts every partition's bytes: one staging at a time
             with self._lock, self._partition_lock(tp):
-                return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive)
+                return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive, names)
         with self._partition_lock(tp):
-            return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive)
+            return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive, names)
 
-    def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int) -> StagedSegment:
+    def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int,
+               names: Collection[str] | None) -> StagedSegment:
         self._check_topic_id(tp, partition_dir)
         root = self.root_for(partition_dir)
         stem = segment_file_name(base, "")
@@ -415,14 +421,14 @@ class Staging:
             # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
             # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
             if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
-                                present=present):
+                                present=present, names=names):
                 fsync_dir(target)
                 self._hold(root, target, self._bytes(target))
             return staged
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
             if mismatch is None:
-                linked = self._link_files(partition_dir, target, base, end, optional_only=True)
+                linked = self._link_files(partition_dir, target, base, end, optional_only=True, names=names)
                 # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
                 if self._rebuild_missing_indexes(tp, target, base) or linked:
                     fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
@@ -445,11 +451,18 @@ class Staging:
                     f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
                     f"staging_max_bytes={self.max_bytes}: not staged", held, size, self.max_bytes)
 
-        self._mkdirs(root, target)
+        try:  # (known missing: checked above; its parents are there from the partition's first segment on)
+            target.mkdir()
+            fsync_dir(target.parent)
+        except FileNotFoundError:
+            self._mkdirs(root, target)
         try:
-            if not self._link_files(partition_dir, target, base, end, optional_only=False):
+            linked: set[str] = set()
+            if not self._link_files(partition_dir, target, base, end, optional_only=False, names=names,
+                                    collect=linked):
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
-            self._rebuild_missing_indexes(tp, target, base)
+            if not all(segment_file_name(base, x) in linked for x in (".index", ".timeindex")):
+                self._rebuild_missing_indexes(tp, target, base)
             fsync_dir(target)
             _write_marker(target, base, end)
         except BaseException:
@@ -458,6 +471,17 @@ class Staging:
         self._hold(root, target, self._bytes(target))
         self._verify(target, end)
         return staged
+
+    def holds(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int, end_offset_inclusive: int) -> bool:
+        """Whether this process staged (or checked) the segment complete with this end offset, still holds it, and
+        the broker's ``.log`` of that base is still the file staged (or is gone): one ``stat``, where :meth:`stage`
+        lists the staged dir and tries the files the broker may have written since. For the stage job, which runs
+        between copy runs to stage what is new before local retention can take it (a segment staged already is
+        checked again, and its late files linked, by the copy run that copies it: issue 26)."""
+        target = self._partition_path(self.root_for(partition_dir), tp) / segment_file_name(base_offset, "")
+        known = self._verified.get(target)
+        return known is not None and known[0] == end_offset_inclusive \
+            and self._same_log(Path(partition_dir), segment_file_name(base_offset, ".log"), known[1:])
 
     @staticmethod
     def _listing(target: Path) -> set[str] | None:
@@ -549,9 +573,12 @@ class Staging:
         return total
 
     def _link_files(self, partition_dir: Path, target: Path, base: int, end: int, optional_only: bool,
-                    ours: tuple[int, int] | None = None, present: set[str] | None = None) -> bool:
+                    ours: tuple[int, int] | None = None, present: set[str] | None = None,
+                    names: Collection[str] | None = None, collect: set[str] | None = None) -> bool:
         """Link the segment's files not linked yet; return whether anything was linked (False: no ``.log``).
-        ``ours``: the staged ``.log``'s (device, inode), ``present``: the names in ``target``, when known.
+        ``ours``: the staged ``.log``'s (device, inode), ``present``: the names in ``target``, ``names``: the names
+        in ``partition_dir`` (an optional file in neither of its names there is not tried), when known; ``collect``
+        gets the names of the optional files linked (or there already).
 
         The index files come from the same generation as the ``.log``: when it was ``<base>.log.deleted``
         (a segment truncated away while a new one of the same base exists), ``*.deleted`` are preferred."""
@@ -574,10 +601,14 @@ class Staging:
             dest = target / name
             if name in present:  # (a first staging links into a new, empty dir: nothing to look for)
                 continue
+            if names is not None and name not in names and f"{name}{DELETED_SUFFIX}" not in names:
+                continue
             prefer = prefer_deleted and not name.endswith(SNAPSHOT_SUFFIX)
             for src in self._sources(partition_dir, name, prefer_deleted=prefer):
                 if self._link(src, dest):
                     linked = True
+                    if collect is not None:
+                        collect.add(name)
                     break
         return linked
 

@@ -112,16 +112,18 @@ class PartitionDir:
         except FileNotFoundError:
             return []
 
-    def segments(self) -> list[Segment]:
-        """All segments, sorted by base offset; the last one is the active segment."""
-        names = set(os.listdir(self.path))
+    def segments(self, names: Collection[str] | None = None) -> list[Segment]:
+        """All segments, sorted by base offset; the last one is the active segment. ``names``: the directory's
+        entries when listed already (one listing for several questions, issue 26)."""
+        names = set(os.listdir(self.path) if names is None else names)
         bases = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
         return [Segment.in_dir(self.path, base, is_active=i == len(bases) - 1, names=names)
                 for i, base in enumerate(bases)]
 
-    def rolled_ranges(self) -> list[tuple[int, int]]:
+    def rolled_ranges(self, names: Collection[str] | None = None) -> list[tuple[int, int]]:
         """``(base offset, end offset inclusive)`` of every rolled segment, oldest first, including segments
-        retention has already renamed to ``.log.deleted`` but not removed yet.
+        retention has already renamed to ``.log.deleted`` but not removed yet. ``names``: the directory's entries
+        when listed already.
 
         Which ``.log.deleted`` files count follows from the two ways Kafka renames a segment to ``*.deleted``:
 
@@ -143,7 +145,8 @@ class PartitionDir:
         ``log.segment.delete.delay.ms`` (retention deleting the regrown live segments above it in that minute).
         The end is the next base - 1: its last offset when compaction removed nothing from the segment's tail.
         """
-        names = os.listdir(self.path)
+        if names is None:
+            names = os.listdir(self.path)
         live = sorted(int(m.group(1)) for n in names if (m := _LOG_NAME.match(n)))
         if not live:
             return []
