@@ -254,10 +254,12 @@ class SegmentHandle(abc.ABC):
 
     @abc.abstractmethod
     def block_plan(self, from_offset: int, end_offset_inclusive: int, max_log_bytes: int, *,
-                   min_timestamp_ms: int | None = None, from_block: int = 0) -> list[BlockRange]:
+                   min_timestamp_ms: int | None = None, from_block: int = 0,
+                   runs: int | None = None) -> list[BlockRange]:
         """Runs of consecutive blocks, each up to ``max_log_bytes`` of ``.log`` bytes (at least one block), covering
         the blocks from ``from_block`` on that hold offsets ``from_offset..end_offset_inclusive`` and (with
-        ``min_timestamp_ms``) a batch whose max timestamp is at least it. Reads the index only."""
+        ``min_timestamp_ms``) a batch whose max timestamp is at least it; the first ``runs`` of them only, when
+        given. Reads the index only."""
 
     @abc.abstractmethod
     def block_at_timestamp(self, timestamp_ms: int) -> BlockRange | None:

@@ -19,6 +19,7 @@ each section likewise; request costs are the same.
 
 from __future__ import annotations
 
+import bisect
 import io
 import sys
 from collections.abc import Callable, Iterator
@@ -91,6 +92,10 @@ class EntryView:
     @property
     def max_timestamp_ms(self) -> int:
         return self.header.max_timestamp
+
+
+def _last_offset(block: BlockInfo) -> int:
+    return block.last_offset
 
 
 def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, log_position: int) -> BatchHeader:
@@ -455,23 +460,32 @@ class SegmentReader(SegmentHandle):
             yield h, e.data
 
     def block_plan(self, from_offset: int, end_offset_inclusive: int, max_log_bytes: int, *,
-                   min_timestamp_ms: int | None = None, from_block: int = 0) -> list[BlockRange]:
-        """See :meth:`rsm.api.SegmentHandle.block_plan`."""
+                   min_timestamp_ms: int | None = None, from_block: int = 0,
+                   runs: int | None = None) -> list[BlockRange]:
+        """See :meth:`rsm.api.SegmentHandle.block_plan`. The scan starts at the first block holding ``from_offset``
+        (bisected: blocks are in offset order) and stops past ``end_offset_inclusive`` or after ``runs`` runs: a
+        history Fetch asks for the first run only, and listing every block to the end of a 1 GiB segment (256 of
+        4 MiB) cost it ~0.25 ms each time."""
+        blocks = self.ledger.blocks
         groups: list[list[BlockInfo]] = []
-        size = 0
-        for b in self.ledger.blocks[from_block:]:
-            if b.last_offset < from_offset or b.first_offset > end_offset_inclusive or (
-                    min_timestamp_ms is not None and b.max_timestamp_ms < min_timestamp_ms):
+        sizes: list[int] = []
+        for i in range(max(from_block, bisect.bisect_left(blocks, from_offset, key=_last_offset)), len(blocks)):
+            b = blocks[i]
+            if b.first_offset > end_offset_inclusive:
+                break  # and so are all those after it
+            if min_timestamp_ms is not None and b.max_timestamp_ms < min_timestamp_ms:
                 continue
             if groups and groups[-1][-1].part_id + 1 == b.part_id and (
-                    size + b.log_bytes <= max_log_bytes or b.fragment_number > 0):  # a batch's fragments: one run
+                    sizes[-1] + b.log_bytes <= max_log_bytes or b.fragment_number > 0):  # a batch's fragments: one run
                 groups[-1].append(b)
-                size += b.log_bytes
+                sizes[-1] += b.log_bytes
             else:
+                if runs is not None and len(groups) == runs:
+                    break
                 groups.append([b])
-                size = b.log_bytes
-        return [BlockRange(g[0].part_id, g[-1].part_id, g[0].first_offset, g[-1].last_offset,
-                           sum(b.log_bytes for b in g)) for g in groups]
+                sizes.append(b.log_bytes)
+        return [BlockRange(g[0].part_id, g[-1].part_id, g[0].first_offset, g[-1].last_offset, n)
+                for g, n in zip(groups, sizes, strict=True)]
 
     def block_at_timestamp(self, timestamp_ms: int) -> BlockRange | None:
         """See :meth:`rsm.api.SegmentHandle.block_at_timestamp`."""
