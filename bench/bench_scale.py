@@ -349,6 +349,22 @@ def broker_pid(kc) -> int:  # noqa: ANN001
     return kc.node(1).process.pid
 
 
+def settle(pid: int, window_s: float = 5.0, timeout_s: float = 60.0) -> float:
+    """Wait until ``pid``'s CPU over a window of ``window_s`` is within a quarter (or 0.5 points of a core) of the
+    window before it, at most ``timeout_s``: the first copy runs of thousands of partitions are over. Returns the
+    seconds waited."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout_s:
+        c0 = cpu_s(pid)
+        time.sleep(window_s)
+        pct = 100 * (cpu_s(pid) - c0) / window_s
+        if last is not None and abs(pct - last) <= max(0.5, 0.25 * last):
+            break
+        last = pct
+    return time.monotonic() - t0
+
+
 def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, copy_ms: int,  # noqa: ANN001
                discovery_ms: int, idle_s: float, profile_dir: Path | None, baseline: Path | None = None) -> dict:
     sc = SidecarProcess(kc, work, name, copy_ms=copy_ms, discovery_ms=discovery_ms, topic_prefix=prefix)
@@ -362,8 +378,10 @@ def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, cop
         lead_s = time.monotonic() - t0
         if base is not None:
             wait_until(lambda: base.leading() >= n_partitions, 300, "the baseline sidecar to lead them")
-        # let every first copy run (and the first rounds of every job) pass: one copy interval and a bit
+        # let every first copy run (and the first rounds of every job) pass: one copy interval and a bit, then until
+        # the sidecar's CPU settles (4,000 first runs on a loaded machine outlast that interval)
         time.sleep(copy_ms / 1000 + 5)
+        settle_s = settle(sc.pid)
         spy = profile(sc.pid, idle_s, profile_dir / f"idle-{name}.txt") if profile_dir else None
         bpid = broker_pid(kc)
         c0, b0, w0 = cpu_s(sc.pid), cpu_s(bpid), time.monotonic()
@@ -373,7 +391,8 @@ def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, cop
         rss = rss_mib(sc.pid)
         if spy is not None:
             spy.wait(idle_s + 60)
-        out = {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "sidecar": sc,
+        out = {"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "rss_mib": rss, "lead_s": lead_s, "settle_s": settle_s,
+               "sidecar": sc,
                "load": os.getloadavg()[0], "broker_cpu_pct": 100 * (b1 - b0) / (w1 - w0)}
         if base is not None:
             out["baseline"] = {"sidecar": base, "cpu_pct": 100 * (cpu_s(base.pid) - x0) / (w1 - w0),
@@ -599,7 +618,8 @@ def main() -> None:
                 label = f"copy {copy_ms / 1000:.0f} s, discovery {disc_ms / 1000:.0f} s"
                 rows.append((f"idle CPU, {label}", f"{r['cpu_pct']:.1f}% of a core (machine load {r['load']:.1f})"))
                 rows.append((f"idle RSS, {label}", f"{r['rss_mib']:.0f} MiB"))
-                rows.append((f"start to leading all, {label}", f"{r['lead_s']:.1f} s"))
+                rows.append((f"start to leading all, {label}", f"{r['lead_s']:.1f} s (then {r['settle_s']:.0f} s until "
+                             "its CPU settled)"))
                 print(f"{name}: {r['cpu_pct']:.1f}% CPU, {r['rss_mib']:.0f} MiB", file=sys.stderr)
                 if "baseline" in r:
                     rows.append((f"idle CPU, {label}, --baseline's sidecar beside it",
