@@ -74,7 +74,7 @@ from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import LogFormatError
 from rsm.log.indexes import TXN_ENTRY, AbortedTxn, format_txn_index, parse_txn_index, read_time_index
-from rsm.log.partition import PartitionDir
+from rsm.log.partition import PartitionDir, segment_file_name
 from rsm.manager import kept_range
 
 __all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_offset"]
@@ -177,9 +177,9 @@ class PartitionCopier:
         pdir = PartitionDir(self.partition_dir)
         if names is None:
             names = set(os.listdir(self.partition_dir))
-        segments = pdir.segments(names)
+        ranges = pdir.rolled_ranges(names)
         gaps: list[tuple[int, int]] = []
-        for base, end in pdir.rolled_ranges(names):
+        for base, end in ranges:
             if end <= highest:
                 continue
             try:
@@ -206,7 +206,11 @@ class PartitionCopier:
                 keep.append(s)
         # Offsets between what is remote (or staged) and the first local segment: gone before we saw them.
         expect = highest + 1
-        first_local = segments[0].base_offset if segments else None
+        # the first live segment: the oldest rolled one whose .log is live, else the active one (the next base after
+        # the rolled ones; without rolled ones, the only segment); no Segment built per file (issue 26)
+        first_local = next((b for b, _e in ranges if segment_file_name(b, ".log") in names), None)
+        if first_local is None:
+            first_local = ranges[-1][1] + 1 if ranges else next((x.base_offset for x in pdir.segments(names)), None)
         if highest >= 0 and keep and keep[0].base_offset > expect:
             gaps.append((expect, keep[0].base_offset - 1))
         elif highest >= 0 and not keep and first_local is not None and first_local > expect:
