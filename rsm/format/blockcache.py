@@ -26,7 +26,8 @@ Bounds: at most ``capacity_bytes // read_ahead_request_bytes`` read-ahead stream
 the least recently read closed first, and a stream not read for :data:`IDLE_S` is closed by the next read of any
 copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
 process's budget) plus its current block's request (the block is a view of it) or the block itself: at most
-``capacity_bytes`` of current blocks. Plain copies only: an encrypted copy's blocks are opened per read.
+``capacity_bytes`` of current blocks, and :data:`SPARE_BUFFERS` block buffers of streams that ended, kept for the
+next (counted in ``rsm_block_cache_bytes`` too). Plain copies only: an encrypted copy's blocks are opened per read.
 
 A history Fetch through the proxy from the filesystem store (``bench/bench_tier_read.py``, 1 MiB Fetches of 4 MiB
 blocks), before streams read a block whole and kept it verified: each Fetch streamed its block from the block's
@@ -64,6 +65,10 @@ RECENT_READS = 4096
 """Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
 IDLE_S = 10.0
 """A stream not read for this long is closed (its consumer stopped): its window goes back to the other readers."""
+SPARE_BUFFERS = 4
+"""Block buffers kept for the next stream that reads a block at a time (:class:`_Spares`)."""
+SPARE_ROUND_BYTES = 64 * 1024
+"""A block buffer's size is rounded up to a multiple of this: block lengths differ by a few bytes between copies."""
 
 
 class _Stream:
@@ -71,12 +76,13 @@ class _Stream:
     read whole when it is reached (a store that does not read ahead), and the block handed out last with its entries
     parsed and verified (kept for the reads inside it)."""
 
-    def __init__(self, ahead: ReadAhead | None, blocks: list[BlockInfo], key: str, store: Store) -> None:
+    def __init__(self, ahead: ReadAhead | None, blocks: list[BlockInfo], key: str, store: Store,
+                 spares: _Spares) -> None:
         self.ahead = ahead
         self.key = key
         self.blocks = blocks
         self.lock = threading.Lock()
-        self.it: Iterator[memoryview] = iter(ahead) if ahead is not None else _each_whole(store, key, blocks)
+        self.it: Iterator[memoryview] = iter(ahead) if ahead is not None else _each_whole(store, key, blocks, spares)
         self.next = 0  # index in blocks of the block the iterator hands out next
         self.current: tuple[int, memoryview, list] | None = None  # (part id, whole block, its verified entries)
         self.used = time.monotonic()
@@ -122,7 +128,40 @@ class _Stream:
         self.it.close()  # type: ignore[attr-defined]
 
 
-def _each_whole(store: Store, key: str, blocks: list[BlockInfo]) -> Iterator[memoryview]:
+class _Spares:
+    """Block buffers no stream reads into any more, handed to the next stream that needs one: a stream ends with its
+    data object (with each segment: a new one every 2 blocks of 8 MiB segments, bench_proxy's 8 partitions), and a
+    new buffer cost its page faults (1.5 ms of CPU per 4 MiB; bench_proxy's profile of that read: 56 new buffers).
+    A spare is handed out only once no view of it is alive (the entries of its last block may still be held by an
+    answer); at most :data:`SPARE_BUFFERS` are kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+
+    def take(self, n: int) -> bytearray:
+        """A buffer of at least ``n`` bytes that nothing refers to: a spare, else a new one."""
+        with self._lock:
+            for i in range(len(self._free)):
+                buf = self._free[i]
+                # references: the list's, this frame's, getrefcount's argument; each view's managed buffer one more
+                if len(buf) >= n and sys.getrefcount(buf) == 3:
+                    return self._free.pop(i)
+        return new_block_buffer(n + (-n % SPARE_ROUND_BYTES))  # rounded up: a spare fits the next copy's blocks
+
+    def give(self, buf: bytearray) -> None:
+        """Keep ``buf`` (its stream is done with it) for the next stream, if there is room."""
+        with self._lock:
+            if len(self._free) < SPARE_BUFFERS:
+                self._free.append(buf)
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(map(len, self._free))
+
+
+def _each_whole(store: Store, key: str, blocks: list[BlockInfo], spares: _Spares) -> Iterator[memoryview]:
     """Each of ``blocks`` whole, read when it is asked for (one ranged GET: a store that does not read ahead). The
     stream's one buffer is read into again for the next block once no view of the previous one is alive (its
     entries are views of it, and a read may still hold them: a Fetch gathering batches of two blocks), else a new
@@ -131,14 +170,20 @@ def _each_whole(store: Store, key: str, blocks: list[BlockInfo]) -> Iterator[mem
     reused bench_tier_read's CPU per GiB fell 10-20% (0.57-0.70 -> 0.52-0.59 s, 8 partitions; threaded runs)."""
     buf: bytearray | None = None
     largest = max((b.block_length for b in blocks), default=0)
-    for b in blocks:
-        # references: this frame's and getrefcount's argument; views of it add their managed buffer's
-        if buf is None or sys.getrefcount(buf) > 2:
-            buf = new_block_buffer(largest)
-        view = memoryview(buf)[:b.block_length]
-        fetch_into(store, key, b.object_position, view)
-        yield view
-        del view
+    try:
+        for b in blocks:
+            # references: this frame's and getrefcount's argument; views of it add their managed buffer's
+            if buf is None or sys.getrefcount(buf) > 2:
+                if buf is not None:
+                    spares.give(buf)  # free once its views are gone
+                buf = spares.take(largest)
+            view = memoryview(buf)[:b.block_length]
+            fetch_into(store, key, b.object_position, view)
+            yield view
+            del view
+    finally:
+        if buf is not None:
+            spares.give(buf)
 
 
 class BlockCache:
@@ -150,6 +195,7 @@ class BlockCache:
         self._lock = threading.Lock()
         self._last: OrderedDict[str, int] = OrderedDict()  # the block each copy's last read read
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
+        self._spares = _Spares()  # block buffers of streams that ended (_each_whole)
         self.hits = 0
         """Reads served by a stream."""
         self.streams_opened = 0
@@ -158,10 +204,10 @@ class BlockCache:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes the streams hold: current blocks' requests and read-ahead windows."""
+        """Bytes the streams hold: current blocks' requests and read-ahead windows; and the spare block buffers."""
         with self._lock:
             streams = list(self._streams.values())
-        return sum(s.current_bytes + s.ahead_bytes for s in streams)
+        return sum(s.current_bytes + s.ahead_bytes for s in streams) + self._spares.size_bytes
 
     @property
     def streams(self) -> int:
@@ -200,7 +246,7 @@ class BlockCache:
                 j += 1
             ahead = ReadAhead(store, key, blocks[i:j + 1], budget_bytes=budget_bytes,
                               request_bytes=request_bytes) if budget_bytes > 0 else None
-            stream = _Stream(ahead, blocks[i:j + 1], key, store)
+            stream = _Stream(ahead, blocks[i:j + 1], key, store, self._spares)
             for s in self._open(segment, stream, request_bytes if ahead is not None else block.block_length):
                 with s.lock:
                     s.close()

@@ -219,9 +219,9 @@ def test_a_corrupt_block_fails_every_read_of_it(tmp_path: Path, ahead: bool) -> 
 def test_a_block_held_by_a_reader_is_never_overwritten_by_the_next(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Without read-ahead a stream reads each block into its one buffer again once no view of the previous block is
-    alive (a new buffer per block costs its page faults); a reader still holding a batch of the previous block (a
-    view, not a copy: a Fetch gathering batches of two blocks) keeps its bytes: the next block goes to a new
-    buffer."""
+    alive (a new buffer per block costs its page faults), and a stream that ends leaves it to the next stream; a
+    reader still holding a batch of the previous block (a view, not a copy: a Fetch gathering batches of two blocks)
+    keeps its bytes: the next block goes to another buffer."""
     store, (md,) = _copied(tmp_path)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
     rsm = _cached(store, 256 * KiB, ahead=False)
@@ -242,4 +242,29 @@ def test_a_block_held_by_a_reader_is_never_overwritten_by_the_next(tmp_path: Pat
     for b in first_object[1:]:
         assert _fetch_like(rsm, md, b) == _fetch_like(plain, md, b)
     assert [bytes(d) for d in held] == want  # the views of block 0 still hold block 0
-    assert len(buffers) == 3  # the second stream's: one while block 0 was held, one after
+    # The second stream took the first one's buffer (a spare once that stream was closed: no new buffer's page
+    # faults), and a new one for block 1 while block 0 was held; none after.
+    assert len(buffers) == 2
+
+
+def test_a_spare_buffer_still_held_is_not_read_into(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream that ends leaves its buffer to the next stream, but a reader may still hold batches of its last block
+    (views): the next stream then reads into a new buffer, and once they are gone it takes the spare."""
+    store, (a, b) = _copied(tmp_path, copies=2)
+    plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
+    rsm = _cached(store, 256 * KiB, ahead=False)
+    buffers: list[int] = []
+    real = blockcache.new_block_buffer
+    monkeypatch.setattr(blockcache, "new_block_buffer", lambda n: buffers.append(n) or real(n))
+    for md in (a, b):
+        _fetch_like(rsm, md, 0)  # the first read of a copy is streamed; the next ones follow: a stream
+    held = [d for _h, d in rsm.open_segment(a).batches(0, a.end_offset_inclusive, first_block=1, last_block=1)]
+    want = [bytes(d) for d in held]
+    rsm.block_cache.close()  # type: ignore[union-attr]  # a's stream ends: its buffer is a spare, still held
+    assert _fetch_like(rsm, b, 1) == _fetch_like(plain, b, 1)  # b's stream: a new buffer
+    assert [bytes(d) for d in held] == want and len(buffers) == 2
+    del held
+    rsm.block_cache.close()  # type: ignore[union-attr]
+    _fetch_like(rsm, a, 0)
+    assert _fetch_like(rsm, a, 1) == _fetch_like(plain, a, 1)  # a spare, no view of it left: no new buffer
+    assert len(buffers) == 2

@@ -100,3 +100,32 @@ def test_a_corrupt_block_is_that_partitions_storage_error_at_every_fetch(tmp_pat
     for at in (offset, offset, bad.last_offset):  # the stream reaches it, then it is streamed: never served
         part = _fetch(ctx, tp, at)
         assert part["error_code"] == ErrorCode.kafka_storage_error and not part["records"]
+
+
+def test_a_segment_read_by_fetch_after_fetch_is_opened_once(tmp_path: Path) -> None:
+    """The tier view keeps the handles of the segments it reads: a consumer's Fetches of one segment open it once
+    (opening builds its keys and looks its index up: ~0.1 ms per partition per Fetch), and read the same bytes."""
+    world, tp, batches = _tier(tmp_path)
+    opened = []
+    rsm = world.rsm
+
+    class Opening:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(rsm, name)
+
+        def open_segment(self, md: Any) -> Any:
+            opened.append(md.remote_segment_id)
+            return rsm.open_segment(md)
+
+    world.reader = RemoteReader(world.rlmm, Opening())  # type: ignore[arg-type]
+    ctx = _context(world, tp)
+    got, offset = [], 0
+    while offset < BATCHES * PER_BATCH:
+        part = _fetch(ctx, tp, offset)
+        got.append(bytes(part["records"]))
+        offset = last_offset(part["records"]) + 1  # type: ignore[operator]
+        if len(got) == 1:
+            assert opened  # the first Fetch opened it (and the tier's bounds, its producer snapshot)
+            opened.clear()
+    assert b"".join(got) == b"".join(batches) and len(got) > 5
+    assert opened == []
