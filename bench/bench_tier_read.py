@@ -141,11 +141,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8,
                     help="Fetches read on a pool of this many threads and written on the main one, as the listener "
                          "does (its history_listener.workers: 8); 0: all on the main thread")
+    ap.add_argument("--parallel-reads", type=int, default=None, metavar="N",
+                    help="threads reading a Fetch's partitions at once (rlm.listener.tier.fetch.PARALLEL_READS; "
+                         "0: one after the other; default: its own)")
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE")
     ap.add_argument("--block-cache-mib", type=int, default=None,
                     help="the storage manager's block_cache_bytes (MiB; default: its own default for the store)")
     args = ap.parse_args()
     import logging
+
+    if args.parallel_reads is not None:
+        from rlm.listener.tier import fetch as tier_fetch
+
+        tier_fetch.PARALLEL_READS = args.parallel_reads
 
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-tier-read-") as tmp:

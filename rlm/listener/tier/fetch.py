@@ -25,7 +25,8 @@ __all__ = ["fetch", "in_request_order", "partition_answer"]
 FREE_STEP = 1024
 PARALLEL_READS = 4
 """Threads (in the process) reading the partitions of a Fetch ahead of the one answering it: Kafka's broker reads
-every partition of a Fetch below its local log start at once (``remote.log.reader.threads``; KAFKA-14915)."""
+every partition of a Fetch below its local log start at once (``remote.log.reader.threads``; KAFKA-14915). 0: each
+Fetch reads its partitions one after the other (``bench_tier_read --parallel-reads``)."""
 
 
 def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = None,
@@ -144,7 +145,7 @@ def _read_all(ctx: TierContext, reads: list[_Read], left: int, isolation: Isolat
     for i, r in enumerate(reads):
         r.max_bytes, r.at_least_one = r.room(plan), i == 0
         plan -= r.max_bytes
-        if i and r.max_bytes > 0:  # a read that may send records: read ahead (the first is read here at once)
+        if i and r.max_bytes > 0 and PARALLEL_READS:  # may send records: read ahead (the first is read here)
             r.future = _pool().submit(r.read, ctx, isolation)
             ahead.append(r.future)
     total = 0

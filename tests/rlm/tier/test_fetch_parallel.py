@@ -81,7 +81,10 @@ def _one_after_the_other(view: TierView, tps: list[TopicIdPartition], asks: list
     ([(2, 0, 1), (1, 0, 40 * KiB), (3, 0, 40 * KiB), (0, 0, 40 * KiB)], 50 * KiB),  # order of the request's
     ([(3, 0, 1), (2, 3, 20 * KiB), (1, 0, 100), (0, 0, 0)], 30 * KiB),  # rooms below a batch, and none
 ])
-def test_the_answer_is_that_of_reading_in_order(tmp_path: Path, asks: list[tuple[int, int, int]], cap: int) -> None:
+@pytest.mark.parametrize("parallel", [4, 0])
+def test_the_answer_is_that_of_reading_in_order(tmp_path: Path, asks: list[tuple[int, int, int]], cap: int,
+                                                parallel: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tier_fetch, "PARALLEL_READS", parallel)
     world, tps = _tier(tmp_path)
     ctx = _context(world, tps)
     want = _one_after_the_other(TierView(world.reader, ttl_s=60), tps, asks, cap)
