@@ -142,6 +142,19 @@ Python), staging 21% (the stage job's first stagings 12%, the copy runs' checks 
 topic 22% (writes 11%, the consumer thread 11%), discovery 9% (the Metadata request's 2,000 partition objects every
 round 5%, inotify's events), the fencing and run-start ListOffsets 6%, preparing 4%, gauges 3%; system time is 40%
 of the CPU (user 3.07 / system 2.08 ms in the last run: fsyncs, ext4's inode allocation, futex hand-offs).
+
+Session 13 (2026-11-26; one run each, the machine shared, load 6-26; the sidecar ran from a working tree that also
+held the copy path's uncommitted edits of that hour, so the burst figures are indicative).
+2,000 partitions: idle 1.1% at default intervals, 1.2% at 5 s (110 MiB); the burst 4.22 ms of the sidecar's CPU per
+segment (user 2.61 / system 1.61; net of idle 3.96), catch-up 93 s, peak RSS 134 MiB; side by side with Kafka's
+RLM: broker + sidecar 8.24 ms against the broker with ``LocalTieredStorage`` 8.91 ms a segment (net of idle 6.79
+against 8.26), catch-up 93 s against 23 s, peak RSS 134 against 739 MiB. 4,000 partitions: 2.9% / 4.1% measured one
+copy interval and 5 s after leading all; py-spy then showed copy runs (their run-start ListOffsets) in the idle
+window, most likely first runs of 4,000 partitions outlasting that wait on a loaded machine (a caught-up job
+sleeps), so an idle phase now also waits for the sidecar's CPU to settle (:func:`settle`); the next run (another
+run, not side by side), settled 10 s later: 2.0% / 2.8%, 138-139 MiB. Note
+that py-spy's default samples count the metadata consumer's ``poll(0.05)`` (librdkafka waiting) as on CPU: its
+~25% share of the idle samples is wall time, not CPU.
 """
 
 from __future__ import annotations
