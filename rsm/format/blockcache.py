@@ -26,8 +26,9 @@ Bounds: at most ``capacity_bytes // read_ahead_request_bytes`` read-ahead stream
 the least recently read closed first, and a stream not read for :data:`IDLE_S` is closed by the next read of any
 copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
 process's budget) plus its current block's request (the block is a view of it) or the block itself: at most
-``capacity_bytes`` of current blocks, and :data:`SPARE_BUFFERS` block buffers of streams that ended, kept for the
-next (counted in ``rsm_block_cache_bytes`` too). Plain copies only: an encrypted copy's blocks are opened per read.
+``capacity_bytes`` of current blocks, and up to :data:`SPARE_BUFFERS` block buffers of streams that ended, kept
+for the next (those free counted in ``rsm_block_cache_bytes`` too, let go after :data:`IDLE_S` unused). Plain copies
+only: an encrypted copy's blocks are opened per read.
 
 A history Fetch through the proxy from the filesystem store (``bench/bench_tier_read.py``, 1 MiB Fetches of 4 MiB
 blocks), before streams read a block whole and kept it verified: each Fetch streamed its block from the block's
@@ -43,7 +44,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 
 from prometheus_client import Counter, Gauge
@@ -65,7 +66,7 @@ RECENT_READS = 4096
 """Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
 IDLE_S = 10.0
 """A stream not read for this long is closed (its consumer stopped): its window goes back to the other readers."""
-SPARE_BUFFERS = 4
+SPARE_BUFFERS = 16
 """Block buffers kept for the next stream that reads a block at a time (:class:`_Spares`)."""
 SPARE_ROUND_BYTES = 64 * 1024
 """A block buffer's size is rounded up to a multiple of this: block lengths differ by a few bytes between copies."""
@@ -130,35 +131,45 @@ class _Stream:
 
 class _Spares:
     """Block buffers no stream reads into any more, handed to the next stream that needs one: a stream ends with its
-    data object (with each segment: a new one every 2 blocks of 8 MiB segments, bench_proxy's 8 partitions), and a
-    new buffer cost its page faults (1.5 ms of CPU per 4 MiB; bench_proxy's profile of that read: 56 new buffers).
-    A spare is handed out only once no view of it is alive (the entries of its last block may still be held by an
-    answer); at most :data:`SPARE_BUFFERS` are kept."""
+    data object (with each segment: every 2 blocks of 8 MiB segments, bench_proxy's 8 partitions), and a new buffer
+    cost its page faults (1.5 ms of CPU per 4 MiB; bench_proxy's profile of that read: 56 new buffers). A buffer is
+    given when its stream is done with it, usually while still held (the stream keeps its last block for the reads
+    inside it until the reads of the next segment push it out; an answer may hold views of it), and handed out only
+    once nothing refers to it. The :data:`SPARE_BUFFERS` last given are kept (enough for as many streams as
+    ``capacity_bytes`` allows of 4 MiB blocks); one free and not taken for :data:`IDLE_S` is let go."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: list[bytearray] = []
+        self._kept: deque[tuple[bytearray, float]] = deque(maxlen=SPARE_BUFFERS)  # (buffer, when given)
 
     def take(self, n: int) -> bytearray:
         """A buffer of at least ``n`` bytes that nothing refers to: a spare, else a new one."""
+        now = time.monotonic()
         with self._lock:
-            for i in range(len(self._free)):
-                buf = self._free[i]
-                # references: the list's, this frame's, getrefcount's argument; each view's managed buffer one more
-                if len(buf) >= n and sys.getrefcount(buf) == 3:
-                    return self._free.pop(i)
+            for entry in list(self._kept):
+                buf = entry[0]
+                # references: the entry's, this frame's, getrefcount's argument; a view's managed buffer one more
+                if sys.getrefcount(buf) != 3:
+                    continue
+                if len(buf) >= n:
+                    self._kept.remove(entry)
+                    return buf
+                if now - entry[1] > IDLE_S:
+                    self._kept.remove(entry)
         return new_block_buffer(n + (-n % SPARE_ROUND_BYTES))  # rounded up: a spare fits the next copy's blocks
 
     def give(self, buf: bytearray) -> None:
-        """Keep ``buf`` (its stream is done with it) for the next stream, if there is room."""
+        """Keep ``buf`` (its stream is done with it) for the next stream (the oldest kept let go if need be)."""
         with self._lock:
-            if len(self._free) < SPARE_BUFFERS:
-                self._free.append(buf)
+            self._kept.append((buf, time.monotonic()))
 
     @property
     def size_bytes(self) -> int:
+        """Bytes of the spares nothing else refers to (a held one is counted by what holds it)."""
         with self._lock:
-            return sum(map(len, self._free))
+            entries = list(self._kept)
+        # references: the entry's, the comprehension's, getrefcount's argument
+        return sum(len(b) for b, _t in entries if sys.getrefcount(b) == 3)
 
 
 def _each_whole(store: Store, key: str, blocks: list[BlockInfo], spares: _Spares) -> Iterator[memoryview]:

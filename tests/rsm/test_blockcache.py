@@ -268,3 +268,23 @@ def test_a_spare_buffer_still_held_is_not_read_into(tmp_path: Path, monkeypatch:
     _fetch_like(rsm, a, 0)
     assert _fetch_like(rsm, a, 1) == _fetch_like(plain, a, 1)  # a spare, no view of it left: no new buffer
     assert len(buffers) == 2
+
+
+def test_spares_are_handed_out_free_only_and_let_go_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spares: given while still held (a stream's last block, views in an answer), handed out once free; the
+    last SPARE_BUFFERS given are kept; a free one unused for IDLE_S is let go (not counted, not handed out)."""
+    now = [1000.0]
+    monkeypatch.setattr(blockcache.time, "monotonic", lambda: now[0])
+    spares = blockcache._Spares()
+    view = memoryview(spares.take(100))  # a reader's view of the buffer
+    held = id(view.obj)
+    spares.give(view.obj)  # type: ignore[arg-type]
+    assert spares.size_bytes == 0 and id(spares.take(100)) != held  # held: a new one
+    del view
+    assert spares.size_bytes == 64 * KiB and id(spares.take(100)) == held
+    for _ in range(blockcache.SPARE_BUFFERS + 3):
+        spares.give(bytearray(64 * KiB))
+    assert spares.size_bytes == blockcache.SPARE_BUFFERS * 64 * KiB
+    now[0] += blockcache.IDLE_S + 1
+    assert len(spares.take(10 * 64 * KiB)) >= 10 * 64 * KiB  # none large enough: a new one; the idle let go
+    assert spares.size_bytes == 0
