@@ -239,7 +239,7 @@ class PartitionCopier:
         n = 0
         names = set(os.listdir(self.partition_dir))
         for base, end in PartitionDir(self.partition_dir).rolled_ranges(names):
-            if end <= highest or self.staging.holds(self.tp, self.partition_dir, base, end):
+            if end <= highest or self.staging.holds(self.tp, self.partition_dir, base, end, names):
                 continue  # (a segment staged already: the copy run checks it again before its copy)
             try:
                 self.staging.stage(self.tp, self.partition_dir, base, end, names=names)

@@ -296,6 +296,9 @@ class Staging:
         # segment staged again (the stage job and each copy run stage what is not remote yet) is checked by its
         # marker and the broker's .log being that file, without resolving paths and testing each file (issue 26)
         self._verified: dict[Path, tuple[int, int, int]] = {}
+        # complete segment dirs this process staged or checked -> the names in them when it did (holds(): the stage
+        # job links a file the broker wrote after the first staging, a producer snapshot, as before)
+        self._linked: dict[Path, set[str]] = {}
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
         # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
         self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
@@ -420,14 +423,17 @@ class Staging:
                 and self._same_log(partition_dir, segment_file_name(base, ".log"), known[1:]):
             # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
             # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
+            got: set[str] = set()
             if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
-                                present=present, names=names):
+                                present=present, names=names, collect=got):
                 fsync_dir(target)
                 self._hold(root, target, self._bytes(target))
+            self._linked[target] = present | got
             return staged
         if target.exists():
             mismatch = self._mismatch(staged, partition_dir)
             if mismatch is None:
+                self._linked.pop(target, None)  # (not listed here: holds() asks stage() until it is)
                 linked = self._link_files(partition_dir, target, base, end, optional_only=True, names=names)
                 # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
                 if self._rebuild_missing_indexes(tp, target, base) or linked:
@@ -470,18 +476,24 @@ class Staging:
             raise
         self._hold(root, target, self._bytes(target))
         self._verify(target, end)
+        self._linked[target] = linked
         return staged
 
-    def holds(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int, end_offset_inclusive: int) -> bool:
-        """Whether this process staged (or checked) the segment complete with this end offset, still holds it, and
-        the broker's ``.log`` of that base is still the file staged (or is gone): one ``stat``, where :meth:`stage`
-        lists the staged dir and tries the files the broker may have written since. For the stage job, which runs
-        between copy runs to stage what is new before local retention can take it (a segment staged already is
-        checked again, and its late files linked, by the copy run that copies it: issue 26)."""
+    def holds(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int, end_offset_inclusive: int,
+              names: Collection[str]) -> bool:
+        """Whether this process staged (or checked) the segment complete with this end offset, still holds it with
+        every file of it that ``names`` (the entries of ``partition_dir``) lists, and the broker's ``.log`` of that
+        base is still the file staged (or is gone): one ``stat``, where :meth:`stage` lists the staged dir and tries
+        each file the broker may have written since. For the stage job, which runs between copy runs to stage what
+        is new before local retention can take it; False: ask :meth:`stage` (issue 26)."""
         target = self._partition_path(self.root_for(partition_dir), tp) / segment_file_name(base_offset, "")
-        known = self._verified.get(target)
-        return known is not None and known[0] == end_offset_inclusive \
-            and self._same_log(Path(partition_dir), segment_file_name(base_offset, ".log"), known[1:])
+        known, linked = self._verified.get(target), self._linked.get(target)
+        if known is None or linked is None or known[0] != end_offset_inclusive:
+            return False
+        if any(n not in linked and (n in names or f"{n}{DELETED_SUFFIX}" in names)
+               for n in _optional_names(base_offset, end_offset_inclusive)):
+            return False  # the broker wrote a file of it since (a producer snapshot): stage() links it
+        return self._same_log(Path(partition_dir), segment_file_name(base_offset, ".log"), known[1:])
 
     @staticmethod
     def _listing(target: Path) -> set[str] | None:
@@ -697,6 +709,8 @@ class Staging:
                 del held[d]
             for d in [d for d in self._verified if under in d.parents]:
                 del self._verified[d]
+            for d in [d for d in self._linked if under in d.parents]:
+                del self._linked[d]
         return len(gone)
 
     def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
@@ -708,6 +722,7 @@ class Staging:
         with self._meta:
             self._held[root].pop(seg_dir, None)
             self._verified.pop(seg_dir, None)
+            self._linked.pop(seg_dir, None)
         _remove_files_dir(seg_dir)
 
     @staticmethod

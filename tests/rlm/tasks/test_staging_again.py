@@ -74,3 +74,34 @@ def test_staging_again_after_the_broker_deleted_it_keeps_ours(tmp_path: Path) ->
             p.unlink()
     assert staging.stage(tp, pdir, 0, 99) == s
     assert s.log_path.read_bytes() == b"L" * 100 and staging.staged(tp) == [s]
+
+
+def test_holds_answers_from_memory_and_one_stat_until_the_broker_writes_a_file_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage job asks :meth:`Staging.holds` before staging a segment again (issue 26): a segment this process
+    staged, with every file the partition dir lists, is held without listing its staged dir or trying a link; a
+    producer snapshot the broker wrote since makes it not held, so the stage job's stage() links it, as before."""
+    import os
+
+    staging, tp, pdir = staged_setup(tmp_path)
+    assert not staging.holds(tp, pdir, 0, 99, set(os.listdir(pdir)))  # not staged yet
+    staging.stage(tp, pdir, 0, 99, names=set(os.listdir(pdir)))
+    names = set(os.listdir(pdir))
+    calls: list[str] = []
+    with monkeypatch.context() as m:
+        for name in ("listdir", "link", "scandir"):
+            inner = getattr(os, name)
+            m.setattr(os, name, lambda *a, _n=name, _f=inner, **kw: (calls.append(_n), _f(*a, **kw))[1])
+        assert staging.holds(tp, pdir, 0, 99, names)
+        assert not staging.holds(tp, pdir, 0, 149, names)  # another end: not this segment
+    assert calls == []
+    (pdir / f"{100:020d}.snapshot").write_bytes(b"S" * 10)
+    names = {p.name for p in pdir.iterdir()}
+    assert not staging.holds(tp, pdir, 0, 99, names)  # written since: stage() links it
+    s = staging.stage(tp, pdir, 0, 99, names=names)
+    assert s.producer_snapshot_path is not None and s.producer_snapshot_path.read_bytes() == b"S" * 10
+    assert staging.holds(tp, pdir, 0, 99, names)
+    # the broker's .log replaced under the same base (truncated and regrown): not held
+    (pdir / f"{0:020d}.log").rename(pdir / f"{0:020d}.log.deleted")
+    segment(pdir, 0, tag=b"B")
+    assert not staging.holds(tp, pdir, 0, 99, {p.name for p in pdir.iterdir()})
