@@ -145,6 +145,31 @@ def rss_mib(field: str = "VmRSS") -> float:
     return float("nan")
 
 
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of this process by id, with its kind: ``rocksdb`` (RocksDB's flush and
+    compaction pool, ``rocksdb:*``), ``librdkafka`` (``rdk:*``) or ``python`` (the rest: the metadata consumer thread,
+    the main thread waiting on it)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:        # ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        kind = "rocksdb" if comm.startswith("rocksdb") else "librdkafka" if comm.startswith("rdk:") else "python"
+        out[int(task.name)] = (kind, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def cpu_by_kind(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent between two :func:`thread_cpu_s` snapshots, summed by kind (threads live at the second)."""
+    out = {"python": 0.0, "rocksdb": 0.0, "librdkafka": 0.0}
+    for tid, (kind, cpu) in after.items():
+        out[kind] += cpu - before.get(tid, (kind, 0.0))[1]
+    return out
+
+
 def du_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / (1 << 20)
 
@@ -330,10 +355,12 @@ def main() -> None:
             cfg = TopicBasedRlmmConfig(kafka.bootstrap_servers, tmp / "cache", topic=topic, num_partitions=50,
                                        replication_factor=1, serve_all=True)
             rss0, anon0 = rss_mib(), rss_mib("RssAnon")
+            threads0 = thread_cpu_s()
             t0, c0 = time.perf_counter(), cpu_s()
             m = TopicBasedRemoteLogMetadataManager(cfg)
             m.wait_ready(tps, timeout_s=3600)
             t_boot, c_boot = time.perf_counter() - t0, cpu_s() - c0
+            split = cpu_by_kind(threads0, thread_cpu_s())
             rss_boot, anon_boot, file_boot = rss_mib(), rss_mib("RssAnon"), rss_mib("RssFile")
             if m.records_applied != total or m.skipped_records:
                 raise RuntimeError(f"applied {m.records_applied} of {total}, skipped {m.skipped_records}")
@@ -347,6 +374,14 @@ def main() -> None:
                          f"{total / t_dict:,.0f}", ">= 100,000"))
             rows.append(("bootstrap through Kafka (events per CPU-s of the process)", f"{total / c_boot:,.0f}", "-",
                          ""))
+            # The consumer thread applies every record and holds the GIL doing it (rocksdict's writes included): the
+            # wall rate is at most 1 / its CPU per event, reached only with a core to itself (session 13, 10 M
+            # segments: 7.0-7.2 us, ~140 k/s; it had 39-48% of a core on the shared machine)
+            rows.append(("  CPU per event (us): python threads (the consumer's) / RocksDB's pool / librdkafka",
+                         " / ".join(f"{1e6 * split[k] / total:.2f}" for k in ("python", "rocksdb", "librdkafka")),
+                         "-", ""))
+            rows.append(("  share of a core the python threads had during the bootstrap",
+                         f"{split['python'] / t_boot:.0%}", "-", ""))
             rows.append(("RSS after bootstrap, above the process before it (MiB)", f"{rss_boot - rss0:,.0f}",
                          "-", ""))
             rows.append(("  of which heap (RssAnon) / file pages mapped (RssFile, all of the process)",
