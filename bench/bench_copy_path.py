@@ -24,6 +24,7 @@ import argparse
 import collections
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,14 +68,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(args.checkout))
     import importlib
 
-    from rlm.tasks.copier import PartitionCopier
-    from rlm.tasks.deleter import SegmentDeleter
-    from rlm.tasks.staging import Staging
-    from rlmm.api import TopicIdPartition
-    from rsm.manager import RemoteStorageManager, RsmConfig
-    from tests.support.batches import batch, write_partition
-    from tests.support.rlmm import SyncRlmm
-
     acc: collections.Counter[str] = collections.Counter()
     if not args.child:  # (timing costs a clock_gettime per call: not when counting system calls)
         for label, module, cls, method in PARTS:
@@ -84,6 +77,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         os.fsync = _timed(acc, "fsync, all of them", fsync)  # type: ignore[assignment]
 
     root = Path(tempfile.mkdtemp(prefix="bench-copy-path-", dir=args.dir))
+    try:
+        return _copy_all(args, root, acc)
+    finally:
+        if not args.child:  # (a child's --dir is its parent's to remove: no system call of the removal counted)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _copy_all(args: argparse.Namespace, root: Path, acc: collections.Counter[str]) -> dict[str, Any]:
+    from rlm.tasks.copier import PartitionCopier
+    from rlm.tasks.deleter import SegmentDeleter
+    from rlm.tasks.staging import Staging
+    from rlmm.api import TopicIdPartition
+    from rsm.manager import RemoteStorageManager, RsmConfig
+    from tests.support.batches import batch, write_partition
+    from tests.support.rlmm import SyncRlmm
+
     rlmm = SyncRlmm()
     rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=root / "remote", fsync=True))
     log_dir = root / "logs"
@@ -122,10 +131,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def syscalls(args: argparse.Namespace) -> dict[str, float]:
     """System calls per segment by name: this script under ``strace -f -c``, minus a run that only builds."""
     def count(extra: list[str]) -> collections.Counter[str]:
-        with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        with tempfile.NamedTemporaryFile("r", suffix=".strace") as out, \
+                tempfile.TemporaryDirectory(prefix="bench-copy-path-", dir=args.dir) as work:
             cmd = ["strace", "-f", "-c", "-o", out.name, sys.executable, __file__, "--child",
                    "--partitions", str(args.partitions), "--segments", str(args.segments), "--per-run",
-                   str(args.per_run), "--dir", str(args.dir), "--checkout", str(args.checkout), *extra]
+                   str(args.per_run), "--dir", work, "--checkout", str(args.checkout), *extra]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             calls: collections.Counter[str] = collections.Counter()
             for line in out.read().splitlines():
