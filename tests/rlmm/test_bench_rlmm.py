@@ -6,6 +6,10 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+from confluent_kafka import KafkaError, KafkaException
+
+from tests.support.sidecar import wait_for
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_rlmm.py"
 
 
@@ -23,4 +27,17 @@ def test_running_cluster_creates_the_topic(kafka, topic_name: str) -> None:
     bench = _bench()
     assert bench.existing_events(kafka.bootstrap_servers, topic_name) is None
     bench._RunningCluster(kafka.bootstrap_servers).create_topic(topic_name, 3, 1, {"cleanup.policy": "compact"})
-    assert bench.existing_events(kafka.bootstrap_servers, topic_name) == 0
+    # (the topic and its leaders reach the broker's answers a moment after the controller created it)
+    assert wait_for(lambda: _events(bench, kafka.bootstrap_servers, topic_name), 30, "the topic's offsets") == [0]
+
+
+def _events(bench: ModuleType, bootstrap: str, topic: str) -> list[int] | None:
+    """``[records in topic]``, or None while it is not listed or its partitions have no leader yet."""
+    try:
+        n = bench.existing_events(bootstrap, topic)
+    except KafkaException as err:
+        if err.args[0].code() in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                  KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        raise
+    return None if n is None else [n]
