@@ -50,7 +50,12 @@ shared machine) moves its MB/s a lot: session 12's direct reads swung 236-698 MB
 reads of the same GiB, load 5-8): librdkafka's ``fetch.queue.backoff.ms`` (1000 ms: a partition whose local queue
 exceeds ``queued.max.messages.kbytes``, 64 MiB, is not fetched again for up to that long). Its ``debug=fetch`` log
 showed the fetcher stopped 0.07-0.38 s per read at the default and 0.11-0.42 s at 10 ms, not a second per queue
-fill: a part of the swing at most, so the reads keep librdkafka's default.
+fill: a part of the swing at most, so the reads keep librdkafka's default. What the per-read CPUs show instead
+(2026-11-26, load 4-20): the direct read of one run at 553 MB/s (1.80 s window; broker 1.05 and consumer 1.36 CPU s)
+and at 123 MB/s (8.07 s; 0.81 and 1.51 CPU s) did the same work: in the slow one both waited, the machine's
+scheduling, not the broker's work (why the direct path's waits swing more than the proxied one's is not found; a
+broker with ``socket.send.buffer.bytes`` 2 MiB instead of 100 KB, side by side, was inconclusive at load 17-26). A
+bench of this path wants a machine with nothing else running, and the CPU per GiB read beside the MB/s.
 
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
