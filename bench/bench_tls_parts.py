@@ -161,18 +161,19 @@ def main() -> None:
     args = ap.parse_args()
     from devtools.certs import make_tls_files
 
-    files = make_tls_files(Path(tempfile.mkdtemp(prefix="bench-tls-parts-")), "unused")
-    tls = (str(files.server_pem), str(files.server_key_pem))
     got: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     load = [os.getloadavg()]
-    for rnd in range(args.rounds):
-        for name, shape in SHAPES.items():
-            for proto in ("TLS",) if args.tls_only else ("TLS", "plaintext"):
-                for way in WAYS if rnd % 2 == 0 else WAYS[::-1]:
-                    r = one(tls if proto == "TLS" else None, str(files.ca_pem) if proto == "TLS" else None, way,
-                            shape, args.mib * MiB)
-                    got.setdefault((proto, name, way), []).append(r)
-                    print(f"  {proto} {name} {way}: {r[0]:.3f} CPU s/GiB, {r[1]:.0f} MB/s", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="bench-tls-parts-") as tmp:
+        files = make_tls_files(Path(tmp), "unused")
+        tls = (str(files.server_pem), str(files.server_key_pem))
+        for rnd in range(args.rounds):
+            for name, shape in SHAPES.items():
+                for proto in ("TLS",) if args.tls_only else ("TLS", "plaintext"):
+                    for way in WAYS if rnd % 2 == 0 else WAYS[::-1]:
+                        r = one(tls if proto == "TLS" else None, str(files.ca_pem) if proto == "TLS" else None, way,
+                                shape, args.mib * MiB)
+                        got.setdefault((proto, name, way), []).append(r)
+                        print(f"  {proto} {name} {way}: {r[0]:.3f} CPU s/GiB, {r[1]:.0f} MB/s", file=sys.stderr)
     load.append(os.getloadavg())
     print(f"\n{'':32} {'server CPU s/GiB (median, min-max)':>36} {'MB/s median':>12}")
     for (proto, name, way), rs in got.items():
