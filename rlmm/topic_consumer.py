@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import gc
+import heapq
+import itertools
 import logging
 import queue
 import threading
@@ -62,6 +64,10 @@ and at least a quarter as many as the cache holds keys (so a steady trickle rewr
 writes about one key per record, and RocksDB's key estimate counts overwrites not yet compacted), the cache is
 compacted in the background: lookups then seek one sorted run (:meth:`MetadataCache.compact_in_background`)."""
 
+WAIT_POLL_S = 0.5
+"""How often a :meth:`ConsumerTask.wait_applied` waiter looks at its partition's progress unwoken (its timeout counts
+from the last progress it saw) and a :meth:`ConsumerTask.wait_ready` waiter at its partitions."""
+
 
 # Errors of a watermark read that pass as the cluster settles, retried like the retriable ones: leadership moving,
 # and a broker handle librdkafka destroyed under the request (a broker left the cluster's metadata; seen in the chaos
@@ -94,6 +100,11 @@ class ConsumerTask:
                                    "fetch.queue.backoff.ms": PREFETCH_BACKOFF_MS, **client_config})
         self._cond = threading.Condition()
         self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
+        # read-your-writes waiters per metadata partition: a heap of (offset awaited, seq, event), each event set
+        # once its offset is applied (or the partition unassigned, or the thread dead), so a batch applied wakes
+        # only the waiters it satisfies, not all of them (a notify_all per batch woke every copy's writer each time)
+        self._waiters: dict[int, list[tuple[int, int, threading.Event]]] = {}
+        self._waiter_seq = itertools.count()
         self._assigned: set[int] = set()
         self._ready: set[int] = set()
         self._at_eof: set[int] = set()
@@ -165,26 +176,54 @@ class ConsumerTask:
                 if left <= 0:
                     raise ReadYourWritesTimeoutError(f"metadata partitions {sorted(mps - self._ready)} not caught "
                                                      f"up within {timeout_s}s")
-                self._cond.wait(min(left, 0.5))
+                self._cond.wait(min(left, WAIT_POLL_S))
 
     def wait_applied(self, offsets: Mapping[int, int], timeout_s: float) -> dict[int, int | None]:
         """Wait until the record at ``offsets[mp]`` of each metadata partition is applied, allowing ``timeout_s``
         without progress per partition. Returns per partition the next offset applied by then (above the record's
-        once applied), or None when the partition is no longer consumed."""
+        once applied), or None when the partition is no longer consumed.
+
+        Each partition's wait is an event of its own in the partition's waiter heap, set by the consumer thread once
+        a batch takes the partition past ``offset`` (:meth:`_wake_applied`), by :meth:`unassign`, or by the thread's
+        death; unwoken, the waiter looks at the progress every :data:`WAIT_POLL_S` (a batch that does not reach its
+        offset does not wake it, so a progress is seen up to that late: a timeout is never shorter)."""
         out: dict[int, int | None] = {}
-        with self._cond:
-            for mp, offset in offsets.items():
-                progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
-                while self._applied.get(mp, -1) <= offset and mp in self._assigned:
-                    self.check_alive()
-                    if self._applied.get(mp, -1) != seen:
-                        progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
-                    left = progress_at + timeout_s - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(min(left, 0.5))
-                out[mp] = self._applied.get(mp)
+        for mp, offset in offsets.items():
+            progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
+            entry: tuple[int, int, threading.Event] | None = None
+            try:
+                while True:
+                    with self._cond:
+                        applied = self._applied.get(mp, -1)
+                        if applied > offset or mp not in self._assigned:
+                            break
+                        self.check_alive()
+                        if applied != seen:
+                            progress_at, seen = time.monotonic(), applied
+                        left = progress_at + timeout_s - time.monotonic()
+                        if left <= 0:
+                            break
+                        if entry is None or entry[2].is_set():   # (set but not past it: the partition reassigned)
+                            entry = (offset, next(self._waiter_seq), threading.Event())
+                            heapq.heappush(self._waiters.setdefault(mp, []), entry)
+                    entry[2].wait(min(left, WAIT_POLL_S))
+            finally:
+                with self._cond:
+                    out[mp] = self._applied.get(mp)
+                    heap = self._waiters.get(mp)
+                    if entry is not None and not entry[2].is_set() and heap:   # timed out: no longer awaited
+                        heap.remove(entry)
+                        heapq.heapify(heap)
         return out
+
+    def _wake_applied(self, mp: int, next_offset: int | None) -> None:
+        """Set the events of ``mp``'s waiters whose offset is below ``next_offset`` (all of them if None). Under the
+        lock."""
+        heap = self._waiters.get(mp)
+        while heap and (next_offset is None or heap[0][0] < next_offset):
+            heapq.heappop(heap)[2].set()
+        if not heap:
+            self._waiters.pop(mp, None)
 
     def skipped_at(self, mp: int, offset: int) -> SkippedRecord | None:
         """The record at ``offset`` of ``mp`` if the cache refused it (among the last 10,000 refused)."""
@@ -278,6 +317,7 @@ class ConsumerTask:
                 self._ready.discard(mp)
                 self._at_eof.discard(mp)
                 self._applied.pop(mp, None)
+                self._wake_applied(mp, None)
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -298,6 +338,8 @@ class ConsumerTask:
             log.exception("metadata consumer thread died")
             self.error = err
             with self._cond:
+                for mp in list(self._waiters):
+                    self._wake_applied(mp, None)
                 self._cond.notify_all()
             raise
 
@@ -382,6 +424,7 @@ class ConsumerTask:
             for mp, nxt in out.next_offsets.items():
                 self._applied[mp] = nxt
                 self._at_eof.discard(mp)
+                self._wake_applied(mp, nxt)
             for s in out.skipped or ():
                 # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
                 log.log(logging.INFO if s.deleted_already else logging.ERROR,
@@ -393,7 +436,7 @@ class ConsumerTask:
                 self._skipped_at[(s.metadata_partition, s.offset)] = s
                 while len(self._skipped_at) > 10_000:
                     self._skipped_at.popitem(last=False)
-            self._cond.notify_all()
+            # (no notify_all: a batch changes no state wait_ready waits on; wait_applied's waiters were woken above)
 
     def _mark_caught_up(self) -> None:
         with self._cond:
