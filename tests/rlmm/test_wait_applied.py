@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import rlmm.topic_consumer
-from rlmm.api import TopicIdPartition
+from rlmm.api import RemoteLogMetadataError, TopicIdPartition
 from tests.rlmm.helpers import eventually, segment
 
 pytestmark = [pytest.mark.kafka]
@@ -81,3 +81,36 @@ def test_a_timed_out_waiter_leaves_no_entry_behind(rlmm_factory, topic_name: str
     assert not getattr(task, "_waiters", {}).get(mp)
     m.add_remote_log_segment_metadata(segment(tp, 0, 9))                  # and writes still read themselves back
     assert [s.start_offset for s in m.list_remote_log_segments(tp)] == [0]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # the thread's death, re-raised
+def test_the_consumer_thread_dying_fails_every_waiter_at_once(rlmm_factory, topic_name: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rlmm.topic_consumer, "WAIT_POLL_S", 600.0, raising=False)   # woken, or never
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    m = rlmm_factory(topic_name, "m", num_partitions=1)
+    m.on_partition_leadership_changes([tp], [])
+    m.wait_ready([tp])
+    task, mp = m._consumer, m.cache.mp_of(tp)
+    far = task._applied[mp] + 1_000_000
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            task.wait_applied({mp: far}, 600.0)
+        except BaseException as err:  # noqa: BLE001 - what the test looks at
+            errors.append(err)
+
+    waiters = [threading.Thread(target=wait, daemon=True) for _ in range(3)]
+    for w in waiters:
+        w.start()
+    eventually(lambda: len(getattr(task, "_waiters", {}).get(mp, ())) == 3)
+
+    def die() -> None:
+        raise RuntimeError("injected: the consumer thread dies")
+
+    task._on_idle = die
+    for w in waiters:
+        w.join(60)
+    assert not any(w.is_alive() for w in waiters)
+    assert len(errors) == 3 and all(isinstance(e, RemoteLogMetadataError) and "died" in str(e) for e in errors)
