@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_scale.py [--partitions 2000] [--topics 20] [--idle-s 60] [--profile DIR]
     .venv/bin/python bench/bench_scale.py --partitions 4000 --topics 40
     .venv/bin/python bench/bench_scale.py --partitions 500 --topics 5 --skip-default --profile-gil --profile D
-    .venv/bin/python bench/bench_scale.py --skip-default --skip-kafka-tiered --baseline DIR
+    .venv/bin/python bench/bench_scale.py --skip-default --skip-kafka-tiered --baseline DIR [--warm]
 
 ``--baseline DIR``: a checkout of another commit (``git archive <commit> | tar -x -C DIR``; the broker is this
 checkout's); its sidecar runs beside this one's in the short-interval phase and the burst, on the same broker,
@@ -21,7 +21,11 @@ serve`` in a child process (its CPU and RSS are its own: ``/proc/<pid>/stat`` an
    records, 1.6 s apart, so every partition rolls that many segments (the active one is not counted); the sidecar's
    CPU from the first record produced until every rolled segment is remote (its index object in the store), per
    rolled segment, and the same net of its idle CPU over that time; the time to catch up after the last record was
-   acknowledged; peak RSS; the broker's CPU over the same time (the produce, the sidecar's requests);
+   acknowledged; peak RSS; the broker's CPU over the same time (the produce, the sidecar's requests); the CPU of
+   each of the sidecar's threads (``/proc/<pid>/task``; Python 3.11 names none of its own threads: told apart by id);
+3b. ``--warm``: once the burst is copied and the sidecar's CPU settled, a second burst of as many segments, measured
+   the same way: every partition's first copy (its store and staging directories, its watermark file) is behind it,
+   so it is the steady cost of a segment; the cold burst stays the issue's figure;
 4. the same burst against Kafka's own tiered storage (``--skip-kafka-tiered`` skips it), once the first broker is
    stopped: a broker of its own with ``LocalTieredStorage`` (:mod:`bench.kafka_tiered`), its RLM task interval 5 s
    (the sidecar's copy interval), the same topics with ``remote.storage.enable``; the broker's CPU idle, then from
@@ -155,6 +159,14 @@ sleeps), so an idle phase now also waits for the sidecar's CPU to settle (:func:
 run, not side by side), settled 10 s later: 2.0% / 2.8%, 138-139 MiB. Note
 that py-spy's default samples count the metadata consumer's ``poll(0.05)`` (librdkafka waiting) as on CPU: its
 ~25% share of the idle samples is wall time, not CPU.
+
+Session 13, later (h5; 1,000 partitions in 10 topics, 3,000 segments a burst, ``--warm``, ``--baseline`` at 21047d1
+beside it, load 12.7-18.6): read-your-writes waiters woken only by the batch that applies their offset (1c1e18a) and
+the store's request counter keeping its metric children (e8583b0) made no difference the run could see: cold 4.23
+against 4.09 ms a segment, warm 3.89 against 3.92 ms (catch-up 22-26 s both). The warm burst costs ~0.3 ms a segment
+less than the cold one (user 2.37 / system 1.51 against 2.54 / 1.69 ms): a partition's first copy is not where the
+rest of the gap to 3 ms is. Per thread: the six copy workers ~0.45 ms a segment each (~2.7 of the 3.5-3.8 ms of
+Python threads), librdkafka's threads 0.4 ms, no other thread above 0.4 ms.
 """
 
 from __future__ import annotations
@@ -207,6 +219,21 @@ def cpu_split(pid: int) -> dict[str, float]:
             continue  # ended meanwhile
         f = rest.split()
         out["librdkafka" if comm.startswith("rdk:") else "python"] += (int(f[11]) + int(f[12])) / CLK_TCK
+    return out
+
+
+def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
+    """CPU seconds of each live thread of ``pid``, keyed by (thread id, name). Python 3.11 names no thread of its own
+    (every Python thread is ``python``: the copy workers, the metadata consumer task, the scheduler, told apart only
+    by their ids); librdkafka's are ``rdk:main``, ``rdk:broker<n>``, ..."""
+    out: dict[tuple[int, str], float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue  # ended meanwhile
+        f = rest.split()
+        out[(int(task.name), comm)] = (int(f[11]) + int(f[12])) / CLK_TCK
     return out
 
 
@@ -418,18 +445,21 @@ def idle_phase(kc, work: Path, name: str, n_partitions: int, prefix: str, *, cop
         raise
 
 
-def produce_burst(bootstrap: str, topics: list[str], per_topic: int, rounds: int) -> int:
-    """``rounds`` rounds of about 64 KiB to every partition, then one record each: each round's first append rolls
-    the segment the previous round filled (``segment.ms`` passed), so every partition rolls ``rounds`` segments.
-    Partition by partition, so that a partition's round is one batch (no roll inside a round)."""
+def produce_burst(bootstrap: str, topics: list[str], per_topic: int, rounds: int, *, close: bool = True,
+                  after_earlier: bool = False) -> int:
+    """``rounds`` rounds of about 64 KiB to every partition, then one record each (``close``): each round's first
+    append rolls the segment the previous round filled (``segment.ms`` passed), so every partition rolls ``rounds``
+    segments. Partition by partition, so that a partition's round is one batch (no roll inside a round). Without
+    ``close`` the last round's segment stays active (so ``rounds - 1`` roll); ``after_earlier``: a burst without
+    ``close`` came before, its last segment rolled by this one's first round (one more segment rolls, 64 KiB too)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 128 * KiB,
                   "compression.type": "none", "queue.buffering.max.kbytes": 512 * 1024, "acks": "1"})
     value = os.urandom(VALUE_BYTES)
     n = 0
-    for r in range(rounds + 1):
-        if r:
+    for r in range(rounds + 1 if close else rounds):
+        if r or after_earlier:
             time.sleep(SEGMENT_MS / 1000 + 0.2)
         for t in topics:
             for part in range(per_topic):
@@ -457,9 +487,20 @@ def rolled_segments(log_dir: Path, prefix: str) -> int:
 
 def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
                 segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None,
-                baseline: SidecarProcess | None = None) -> dict:
+                baseline: SidecarProcess | None = None, *, warm: bool = False, leave_open: bool = False) -> dict:
     """The burst, measured on ``sc`` (and on ``baseline``, a sidecar of another checkout copying the same segments
-    beside it, until it caught up in turn: ``out["baseline"]``)."""
+    beside it, until it caught up in turn: ``out["baseline"]``): every partition rolls ``segments_per_partition``
+    segments of 64 KiB. ``leave_open``: the last segment is left active and full (a 64 KiB round instead of the one
+    closing record), for a ``warm`` burst after this one, whose first round rolls it. A warm burst is one after the
+    sidecars copied the segments of an earlier one: a partition's first copy sets up what later ones reuse (the
+    store's and staging's directories, the copy watermark file), which the cold burst counts and a warm one not."""
+
+    def copied(s: SidecarProcess) -> int:
+        # the store's index objects (a copy's commit point), counted by this process: scraping the sidecar's /metrics
+        # (thousands of labelled series) every second cost it about a tenth of its CPU in the burst
+        return sum(1 for _ in (s.dir / "remote").rglob("*-index"))
+
+    earlier_rolled = rolled_segments(kc.log_dir(), prefix)
     peak = Sampler(sc.pid)
     peak.start()
     base_peak = Sampler(baseline.pid) if baseline is not None else None
@@ -470,15 +511,16 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
     x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
-    c0, w0, split0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
-    n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, segments_per_partition)
+    c0, w0, split0, threads0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
+    rounds = segments_per_partition - (1 if warm else 0) + (1 if leave_open else 0)
+    n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, rounds, close=not leave_open,
+                              after_earlier=warm)
     produced = time.monotonic()
-    rolled = rolled_segments(kc.log_dir(), prefix)
+    total_rolled = rolled_segments(kc.log_dir(), prefix)
+    rolled = total_rolled - earlier_rolled  # this burst's own
 
     def caught_up(s: SidecarProcess) -> bool:
-        # the store's index objects (a copy's commit point), counted by this process: scraping the sidecar's /metrics
-        # (thousands of labelled series) every second cost it about a tenth of its CPU in the burst
-        return sum(1 for _ in (s.dir / "remote").rglob("*-index")) >= rolled
+        return copied(s) >= total_rolled
 
     base_done: tuple[float, float] | None = None  # (its CPU seconds, the time) when the baseline caught up
 
@@ -489,7 +531,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
         return caught_up(sc)
 
     wait_until(both, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
-    c1, w1, split1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid)
+    c1, w1, split1, threads1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
+    by_thread = sorted(((k, v - threads0.get(k, 0.0)) for k, v in threads1.items()), key=lambda kv: -kv[1])
     b1 = cpu_s(bpid)
     if baseline is not None:
         wait_until(lambda: both() and base_done is not None, 1800, "the baseline sidecar to copy them", 1.0)
@@ -502,6 +545,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
             "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
             "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]), "broker_cpu_s": b1 - b0,
             "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0},
+            "threads_ms_per_segment": [(f"{comm}/{tid}", 1000 * v / max(1, rolled)) for (tid, comm), v in by_thread],
+            "warm": warm,
             **({"baseline": {"cpu_s": base_done[0] - x0, "catch_up_s": base_done[1] - produced,
                              "peak_rss_mib": base_peak.stop() if base_peak is not None else 0.0}}
                if base_done is not None else {})}
@@ -576,6 +621,34 @@ def side_by_side(b: dict, idle: dict, k: dict, interval_ms: int) -> list[tuple[s
     ]
 
 
+def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
+    """The report's rows of one burst (:func:`burst_phase`'s result), each named starting with ``tag``."""
+    sp = b["split_ms_per_segment"]
+    rows = [
+        ("rolled segments (64 KiB)", f"{b['segments']:,} ({b['records']:,} records, produced in "
+         f"{b['produce_s']:.1f} s; {'warm: after the burst before' if b['warm'] else 'cold'})"),
+        ("sidecar CPU per rolled segment", f"{b['gross_ms_per_segment']:.2f} ms ({b['cpu_s']:.1f} CPU s from the "
+         "first record produced to the last segment copied)"),
+        ("the same, net of idle CPU over that time", f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s)"),
+        ("the same, user / system", f"{sp['user']:.2f} / {sp['system']:.2f} ms"),
+        ("the same, python / librdkafka threads (live ones)", f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"),
+        ("the busiest threads, ms per rolled segment",
+         ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:8])),
+        ("minor page faults per rolled segment", f"{sp['minflt']:.0f}"),
+        ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"),
+        ("peak RSS", f"{b['peak_rss_mib']:.0f} MiB"),
+        ("machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"),
+        ("broker CPU per rolled segment (produce, the sidecar's requests)",
+         f"{1000 * b['broker_cpu_s'] / max(1, b['segments']):.2f} ms"),
+    ]
+    if "baseline" in b:
+        x = b["baseline"]
+        rows.append(("--baseline's sidecar beside it, CPU per rolled segment",
+                     f"{1000 * x['cpu_s'] / max(1, b['segments']):.2f} ms ({x['cpu_s']:.1f} CPU s; caught up "
+                     f"{x['catch_up_s']:.1f} s after the last record; peak RSS {x['peak_rss_mib']:.0f} MiB)"))
+    return [(f"{tag}: {name}", value) for name, value in rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--partitions", type=int, default=2000, help="partitions in all (2000; 4000 for the big run)")
@@ -593,6 +666,9 @@ def main() -> None:
                     help="the sidecar's filesystem store without fsyncs (LocalTieredStorage never fsyncs: Files.copy)")
     ap.add_argument("--copy-workers", type=int, default=0,
                     help="tasks.copy_workers of this checkout's sidecar (--baseline's keeps its default)")
+    ap.add_argument("--warm", action="store_true",
+                    help="after the (cold) burst, a second one of as many segments, measured the same way: every "
+                         "partition's first copy (its directories, watermark file) is then behind it")
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
@@ -646,33 +722,18 @@ def main() -> None:
                 base = idle_short.get("baseline", {}).get("sidecar")
                 try:
                     b = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
-                                    idle_short["cpu_pct"], args.profile, base)
+                                    idle_short["cpu_pct"], args.profile, base, leave_open=args.warm)
+                    if args.warm:
+                        settle(sc.pid)
+                        bw = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
+                                         idle_short["cpu_pct"], None, base, warm=True)
                 finally:
                     sc.stop()
                     if base is not None:
                         base.stop()
-                rows.append(("burst: rolled segments (64 KiB)", f"{b['segments']:,} ({b['records']:,} records, "
-                             f"produced in {b['produce_s']:.1f} s)"))
-                rows.append(("burst: sidecar CPU per rolled segment", f"{b['gross_ms_per_segment']:.2f} ms "
-                             f"({b['cpu_s']:.1f} CPU s from the first record produced to the last segment copied)"))
-                rows.append(("burst: the same, net of idle CPU over that time",
-                             f"{b['ms_per_segment']:.2f} ms ({b['net_cpu_s']:.1f} CPU s)"))
-                sp = b["split_ms_per_segment"]
-                rows.append(("burst: the same, user / system", f"{sp['user']:.2f} / {sp['system']:.2f} ms"))
-                rows.append(("burst: the same, python / librdkafka threads (live ones)",
-                             f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"))
-                rows.append(("burst: minor page faults per rolled segment", f"{sp['minflt']:.0f}"))
-                rows.append(("burst: catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"))
-                rows.append(("burst: peak RSS", f"{b['peak_rss_mib']:.0f} MiB"))
-                rows.append(("burst: machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"))
-                rows.append(("burst: broker CPU per rolled segment (produce, the sidecar's requests)",
-                             f"{1000 * b['broker_cpu_s'] / max(1, b['segments']):.2f} ms"))
-                if "baseline" in b:
-                    x = b["baseline"]
-                    rows.append(("burst: --baseline's sidecar beside it, CPU per rolled segment",
-                                 f"{1000 * x['cpu_s'] / max(1, b['segments']):.2f} ms ({x['cpu_s']:.1f} CPU s; "
-                                 f"caught up {x['catch_up_s']:.1f} s after the last record; peak RSS "
-                                 f"{x['peak_rss_mib']:.0f} MiB)"))
+                rows.extend(burst_rows(b, "burst"))
+                if args.warm:
+                    rows.extend(burst_rows(bw, "warm burst"))
         if idle_short is not None and not args.skip_kafka_tiered:
             print("the same burst against Kafka's own tiered storage (LocalTieredStorage)", file=sys.stderr)
             k = kafka_tiered_phase(broker_cfg, work, prefix, args.topics, args.partitions,
