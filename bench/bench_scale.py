@@ -166,7 +166,10 @@ the store's request counter keeping its metric children (e8583b0) made no differ
 against 4.09 ms a segment, warm 3.89 against 3.92 ms (catch-up 22-26 s both). The warm burst costs ~0.3 ms a segment
 less than the cold one (user 2.37 / system 1.51 against 2.54 / 1.69 ms): a partition's first copy is not where the
 rest of the gap to 3 ms is. Per thread: the six copy workers ~0.45 ms a segment each (~2.7 of the 3.5-3.8 ms of
-Python threads), librdkafka's threads 0.4 ms, no other thread above 0.4 ms.
+Python threads), librdkafka's threads 0.4 ms, no other thread above 0.4 ms. At 2,000 partitions (6,000 segments,
+load 1.1-8.9, the same two sidecars): cold 4.54 against 4.48 ms (user 2.72 / system 1.82, catch-up 32.7 s both),
+warm 3.57 against 3.60 ms (2.08 / 1.49; 28 s): there the first copies are ~1 ms of a cold segment; the six copy
+workers 0.51-0.60 ms each cold, 0.41-0.42 warm.
 """
 
 from __future__ import annotations
