@@ -215,13 +215,8 @@ def cpu_split(pid: int) -> dict[str, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     out = {"user": int(fields[11]) / CLK_TCK, "system": int(fields[12]) / CLK_TCK, "librdkafka": 0.0, "python": 0.0,
            "minflt": int(fields[7]) / 1000}  # minor page faults, in thousands (x 1000 ms below: per segment)
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
-        except OSError:
-            continue  # ended meanwhile
-        f = rest.split()
-        out["librdkafka" if comm.startswith("rdk:") else "python"] += (int(f[11]) + int(f[12])) / CLK_TCK
+    for (_, comm), cpu in thread_cpu(pid).items():
+        out["librdkafka" if comm.startswith("rdk:") else "python"] += cpu
     return out
 
 
