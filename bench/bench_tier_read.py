@@ -12,8 +12,9 @@ default), listed by the in-memory metadata manager (:class:`tests.support.rlmm.S
 A read: a consumer's Fetches one after the other from offset 0 to the end of every partition, each naming every
 partition at its position with ``max.partition.fetch.bytes`` ``--fetch-kib`` and librdkafka's ``fetch.max.bytes``
 (50 MiB), answered as the proxy answers a Fetch held by the tier alone (:func:`rlm.listener.tier.fetch.fetch`, the
-listener's one tier read: authorization, the tier view's fetch, the byte budget) and written as it writes it
-(:func:`rlm.listener.protocol.codec.encode_fetch_response`, Fetch v12); the next positions follow each partition's
+listener's one tier read: authorization, the tier view's fetch, the byte budget) and encoded as the proxy encodes it
+(:func:`rlm.listener.protocol.codec.fetch_response_parts`, Fetch v12: the parts it hands to the socket, not joined;
+the socket's copy is not counted); the next positions follow each partition's
 last offset. The answers are checked: every offset once, in order. Printed: CPU seconds per GiB of record bytes
 (this process, ``time.process_time``), MB/s, Fetches, best of ``--rounds`` reads (the page cache warm after the
 first). ``--profile FILE``: one more read under cProfile, the hot functions printed, the stats in FILE.
@@ -101,7 +102,7 @@ def read(ctx: object, tps: list[object], records: int, fetch_bytes: int,
     """One read of every partition from 0 to ``records``: (wall s, CPU s, record bytes, Fetches). With ``pool``
     (a thread pool), each Fetch is read on one of its threads and written on this one, as the listener does."""
     from rlm.listener.net.principals import Client
-    from rlm.listener.protocol.codec import encode_fetch_response, last_offset
+    from rlm.listener.protocol.codec import fetch_response_parts, last_offset
     from rlm.listener.protocol.frame import RequestHeader
     from rlm.listener.tier.fetch import fetch
 
@@ -119,7 +120,7 @@ def read(ctx: object, tps: list[object], records: int, fetch_bytes: int,
             values, n = fetch(ctx, req, client)  # type: ignore[arg-type]
         else:
             values, n = pool.submit(fetch, ctx, req, client).result()  # type: ignore[attr-defined]
-        frame = encode_fetch_response(header, values)
+        frame = fetch_response_parts(header, values)  # the parts the listener hands to its socket, not joined
         fetches += 1
         size += n
         for p in values["responses"][0]["partitions"]:

@@ -50,7 +50,7 @@ from rlm.tier.segments import to_rsm
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.api import LargeBatch, RemoteStorageManagerApi, SegmentHandle
 from rsm.errors import RemoteStorageError
-from rsm.log.batch import BATCH_HEADER_SIZE, BatchHeader
+from rsm.log.batch import BATCH_HEADER_SIZE, BatchHeader, RecordParts
 from rsm.log.errors import LogFormatError
 
 __all__ = ["Decided", "FetchResult", "PartitionTier", "StreamedBatch", "TierView", "TimestampHit",
@@ -194,8 +194,9 @@ class FetchResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    # the whole batches, as stored, one after the other; or one batch too large to hold, read when the answer is written
-    records: bytes | bytearray | StreamedBatch = field(default_factory=bytearray)
+    # the whole batches, as stored, one after the other (views of the blocks read: RecordParts); or one batch too
+    # large to hold, read when the answer is written
+    records: bytes | bytearray | RecordParts | StreamedBatch = field(default_factory=bytearray)
     size: int = 0
     aborted: list[tuple[int, int]] | None = None  # (producer id, first offset), for read_committed
 
@@ -310,7 +311,7 @@ class TierView:
         full = False
         current: RemoteLogSegmentMetadata | None = None
         started, read = time.monotonic(), False
-        pieces: list[memoryview] = []  # the batches, views of the blocks read, joined once at the end
+        pieces: list[memoryview] = []  # the batches, views of the blocks read
         try:
             first = tier.index_of(offset)
             for si in range(first, len(segs)):
@@ -369,8 +370,8 @@ class TierView:
                     full = True  # the plan's byte budget ended inside this segment
         except UNREADABLE as err:
             raise UnreadableCopyError(tp, current, err) from err
-        if pieces:  # one copy out of the blocks, into one buffer of the answer's size (growing one copied it more)
-            out.records = b"".join(pieces)
+        if pieces:  # views of the blocks read, not joined (rsm.log.batch.RecordParts: the writer's contract)
+            out.records = RecordParts(pieces, out.size, last_offset)
         if read:  # the remote reads' metrics, as the reader counts its own (rlm_bytes_read, rlm_read_seconds)
             self._bytes_read(tp.topic).inc(out.size)
             metrics.READ_SECONDS.observe(time.monotonic() - started)

@@ -41,6 +41,7 @@ from kio.serial._parse import get_field_reader
 from kio.serial.readers import read_compact_array_length, read_legacy_array_length, read_unsigned_varint
 
 from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader, request_schema, response_header
+from rsm.log.batch import RecordParts
 
 __all__ = [
     "ErrorCode",
@@ -484,9 +485,11 @@ def fetch_response_parts(header: RequestHeader, values: Mapping[str, Any]) -> tu
                 out.append(fixed + (b"\0" if flexible else b"\xff\xff\xff\xff"))
             else:
                 out.append(fixed + (_uvarint_bytes(len(records) + 1) if flexible else _I32.pack(len(records))))
-                out.append(records)
-                if len(records) >= RECORDS_PART_MIN_BYTES or not isinstance(records, (bytes, bytearray, memoryview)):
-                    kept.add(id(records))
+                pieces = records.parts if isinstance(records, RecordParts) else (records,)  # the tier's: block views
+                out.extend(pieces)
+                for b in pieces:
+                    if len(b) >= RECORDS_PART_MIN_BYTES or not isinstance(b, (bytes, bytearray, memoryview)):
+                        kept.add(id(b))
             if flexible:
                 out.append(b"\0")  # the partition's tagged fields
         if flexible:
@@ -515,9 +518,11 @@ def _coalesced(parts: list[Any], records: set[int]) -> list[Any]:
     return out
 
 
-def last_offset(records: bytes | bytearray | memoryview | None) -> int | None:
+def last_offset(records: bytes | bytearray | memoryview | RecordParts | None) -> int | None:
     """The last offset of the last whole record batch (v2: base offset int64, batch length int32, leader epoch,
     magic, crc, attributes, then last offset delta int32 at byte 23) in ``records``; None without one."""
+    if isinstance(records, RecordParts):
+        return records.last_offset
     if not records:
         return None
     pos, last = 0, None
@@ -700,6 +705,8 @@ def _convert(f: Field, tp: Any, value: Any, keep: list[Any] | None = None) -> An
         return None
     tp, _ = _inner(tp)
     kafka_type = f.metadata.get("kafka_type")
+    if kafka_type == "records" and isinstance(value, RecordParts):  # kio writes one buffer: the parts joined
+        return bytes(value)
     if kafka_type == "error_code":
         return value if isinstance(value, ErrorCode) else ErrorCode(int(value))
     if kafka_type in ("timedelta_i32", "timedelta_i64"):

@@ -18,6 +18,7 @@ from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import fetch
 from rlm.tier import RemoteReader, TierView, to_rsm
 from rlmm.api import TopicIdPartition
+from rsm.log.batch import RecordParts
 from rsm.manager import RemoteStorageManager, RsmConfig
 from tests.support.batches import batch, write_partition
 from tests.support.world import World
@@ -129,3 +130,32 @@ def test_a_segment_read_by_fetch_after_fetch_is_opened_once(tmp_path: Path) -> N
             opened.clear()
     assert b"".join(got) == b"".join(batches) and len(got) > 5
     assert opened == []
+
+
+def test_answers_held_while_later_fetches_read_on_keep_their_bytes(tmp_path: Path, monkeypatch: Any) -> None:
+    """A Fetch's records are views of the block buffers they were read into (:class:`rsm.log.batch.RecordParts`), and
+    a stream reads the next block into its buffer again once nothing refers to it: an answer still held (queued for
+    a slow client, read ahead by the proxy) keeps its buffer out of reuse, so its bytes never change under it, while
+    the buffers of answers already dropped are reused (not one new buffer per block)."""
+    import rsm.format.blockcache as blockcache
+
+    made: list[int] = []
+    new_buffer = blockcache.new_block_buffer
+    monkeypatch.setattr(blockcache, "new_block_buffer", lambda n: made.append(n) or new_buffer(n))
+    world, tp, batches = _tier(tmp_path)
+    ctx = _context(world, tp)
+    held: list[tuple[Any, bytes]] = []  # (an answer's records as handed out, a copy of their bytes then)
+    got: list[bytes] = []
+    offset = 0
+    while offset < BATCHES * PER_BATCH:
+        records = _fetch(ctx, tp, offset)["records"]
+        assert isinstance(records, RecordParts)
+        got.append(bytes(records))
+        if len(got) % 5 == 1:  # some answers held to the end, the others dropped at once
+            held.append((records, got[-1]))
+        offset = last_offset(records) + 1  # type: ignore[operator]
+    assert b"".join(got) == b"".join(batches)
+    assert [bytes(r) for r, _ in held] == [b for _, b in held] and len(held) >= 5
+    (md,) = world.rlmm.list_remote_log_segments(tp)
+    blocks = len(world.rsm.reader(to_rsm(md)).ledger.blocks)
+    assert len(made) <= len(held) + 2 < blocks  # a new buffer only for a block whose buffer an answer still held
