@@ -40,7 +40,7 @@ BATCHES = 8  # per segment, of eight records each: 64 KiB of records
 OFFSETS_PER_SEGMENT = BATCHES * 8
 
 PARTS = [  # (label, module, class, method): the parts of the path timed
-    ("Staging.stage (the stage job's and the run's)", "rlm.tasks.staging", "Staging", "stage"),
+    ("Staging.stage_many (the stage job's and the run's)", "rlm.tasks.staging", "Staging", "stage_many"),
     ("stage job: stage_rolled", "rlm.tasks.copier", "PartitionCopier", "stage_rolled"),
     ("copy run: run_once (all)", "rlm.tasks.copier", "PartitionCopier", "run_once"),
     ("  clean-up of unfinished copies", "rlm.tasks.copier", "PartitionCopier", "clean_up_unfinished"),

@@ -55,7 +55,7 @@ from pathlib import Path
 from rlm import metrics
 from rlm.state import write_file_durably
 from rlm.tasks.deleter import SegmentDeleter
-from rlm.tasks.staging import SegmentGoneError, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
+from rlm.tasks.staging import TXN_UPLOAD_SUFFIX, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, epochs_for_range, lineage_of, remote_chain, to_rsm
 from rlmm.api import (
     CopyFencedError,
@@ -178,24 +178,19 @@ class PartitionCopier:
         if names is None:
             names = set(os.listdir(self.partition_dir))
         ranges = pdir.rolled_ranges(names)
-        gaps: list[tuple[int, int]] = []
-        for base, end in ranges:
-            if end <= highest:
-                continue
-            try:
-                self.staging.stage(self.tp, self.partition_dir, base, end, names=names)
-            except SegmentGoneError:
-                gaps.append((base, end))
-            except TopicIdMismatchError as err:
-                # The local partition now belongs to a re-created topic: discovery stops this copier next round.
-                log.warning("partition dir belongs to another topic id: not staged", extra={
-                    "partition": str(self.tp), "error": str(err)})
-                break
-            except StagingFullError as err:
-                metrics.ERRORS.labels("staging-full").inc()
-                log.warning("staging full: segment not staged", extra={
-                    "partition": str(self.tp), "base_offset": base, "error": str(err)})
-                break  # what is staged is copied first; an unstaged segment the broker deletes meanwhile is a gap
+        # one staging round for every segment above highest: one fsync for their links, one for their markers
+        done = self.staging.stage_many(self.tp, self.partition_dir, [(b, e) for b, e in ranges if e > highest],
+                                       names=names)
+        gaps: list[tuple[int, int]] = list(done.gone)
+        if isinstance(done.error, TopicIdMismatchError):
+            # The local partition now belongs to a re-created topic: discovery stops this copier next round.
+            log.warning("partition dir belongs to another topic id: not staged", extra={
+                "partition": str(self.tp), "error": str(done.error)})
+        elif isinstance(done.error, StagingFullError):
+            # what is staged is copied first; an unstaged segment the broker deletes meanwhile is a gap
+            metrics.ERRORS.labels("staging-full").inc()
+            log.warning("staging full: segment not staged", extra={
+                "partition": str(self.tp), "error": str(done.error)})
         staged = self.staging.staged(self.tp)
         # Staged leftovers that are remote already (copied by us before a crash, or by another leader).
         keep = []
@@ -236,19 +231,14 @@ class PartitionCopier:
         highest = self._highest
         if highest is None:
             return 0
-        n = 0
         names = set(os.listdir(self.partition_dir))
-        for base, end in PartitionDir(self.partition_dir).rolled_ranges(names):
-            if end <= highest or self.staging.holds(self.tp, self.partition_dir, base, end, names):
-                continue  # (a segment staged already: the copy run checks it again before its copy)
-            try:
-                self.staging.stage(self.tp, self.partition_dir, base, end, names=names)
-                n += 1
-            except SegmentGoneError:
-                continue
-            except (StagingFullError, TopicIdMismatchError):
-                break
-        return n
+        # (a segment staged already is not asked for: the copy run checks it again before its copy); one staging
+        # round for the rest: one fsync for their links, one for their markers
+        todo = [(base, end) for base, end in PartitionDir(self.partition_dir).rolled_ranges(names)
+                if end > highest and not self.staging.holds(self.tp, self.partition_dir, base, end, names)]
+        if not todo:
+            return 0
+        return len(self.staging.stage_many(self.tp, self.partition_dir, todo, names=names).staged)
 
     # ------------------------------------------------------------------------------------------- clean-up
     def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None, leader_epoch: int | None = None) -> int:
@@ -318,7 +308,7 @@ class PartitionCopier:
         try:
             staged, result.gaps = self.stage_new(highest, stop, self._run_names)
             self._highest = highest
-            sizes = {s.directory: _size(s.log_path) for s in staged}
+            sizes = {s.log_path: _size(s.log_path) for s in staged}
             self._set_lag(staged, sizes)
             self._run_staged = staged
             self._copy_staged(result, staged, sizes, epochs, highest, last_stable_offset, stop, leader_epoch,
@@ -334,7 +324,7 @@ class PartitionCopier:
                      epochs: list[EpochEntry], highest: int, last_stable_offset: int, stop: threading.Event | None,
                      leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None) -> None:
         """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches (``sizes``: their
-        ``.log`` bytes, by staged dir, as :meth:`run_once` read them)."""
+        ``.log`` bytes, by staged ``.log``, as :meth:`run_once` read them)."""
         batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
         for s in staged:
@@ -351,7 +341,7 @@ class PartitionCopier:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
             prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
-                                     sizes.get(s.directory) or None)
+                                     sizes.get(s.log_path) or None)
             if prepared is None:
                 # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
                 if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
@@ -380,7 +370,7 @@ class PartitionCopier:
         left = [s for s in staged if s.end_offset_inclusive > highest]
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(left))
         metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(
-            sum(sizes.get(s.directory, 0) for s in left))
+            sum(sizes.get(s.log_path, 0) for s in left))
 
     def _commit_batch(self, batch: Sequence[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
                       result: CopyResult, leader_epoch: int | None,
@@ -655,7 +645,7 @@ class PartitionCopier:
         found = self.aborted_txns(s.base_offset, start_offset, s.end_offset_inclusive, own=s.file(".txnindex"))
         if not found:
             return None
-        out = s.directory / f"{s.base_offset:020d}.txnindex.upload"
+        out = s.directory / segment_file_name(s.base_offset, TXN_UPLOAD_SUFFIX)
         out.write_bytes(format_txn_index(found))
         return out
 

@@ -7,18 +7,27 @@ drops its own name, the inode lives on under ours until the copy is done and :me
 
 Layout, per log dir::
 
-    <staging root>/<topic id>/<topic>-<partition>/<20-digit base offset>/
+    <staging root>/<topic id>/<topic>-<partition>/                    one dir per partition, made once (not per segment)
         00000000000000000042.log  .index  .timeindex  .txnindex      links named as the originals
         00000000000000000100.snapshot                                 producer state at end offset + 1 (below)
-        .complete-99                                                  the marker: the end offset (inclusive) in its
-                                                                      name, made last (a link of the staged .log)
+        00000000000000000042.complete-99                              the segment's marker: its end offset (inclusive)
+                                                                      in its name, made last (a link of the staged .log)
+        00000000000000000100.log ...                                  the partition's next segment, beside it
+
+A segment's files are the partition's own names (a base offset names one segment; its producer snapshot is named by
+the next base, which no other staged segment links), so the segments of a partition share one directory: staging a
+segment makes no directory (issue 26: on this project's ext4 an inode is the dearest system call of the copy path,
+and a directory per segment was one inode and one fsync of its parent more per segment). A dir of the layout before
+this one, ``<topic>-<partition>/<20-digit base offset>/`` holding the files and a ``.complete-<end>`` (or an older
+sidecar's ``.complete`` file), is still read, copied and released as such (:attr:`StagedSegment.directory` is then
+that dir); a new staging of its base replaces it in the flat layout when it is not the same segment.
 
 Staging is keyed by **topic id** (``<topic id>`` is ``str(uuid)``, e.g. ``8c1f...-...``): a topic deleted and
-re-created under the same name has a new id, so it can never be served the old one's staged bytes. A staged dir is
-reused only if it is the **same segment**: same base offset, same end offset (its ``.complete`` marker), and, while
-the broker still has ``<base>.log`` (or ``<base>.log.deleted``), the same inode as our link. Anything else (another
-end after a truncation and regrowth, another file, a missing, empty or unreadable marker) is replaced. Directories
-of the older layout ``<staging root>/<topic>-<partition>/`` cannot be attributed to a topic id: they are removed at
+re-created under the same name has a new id, so it can never be served the old one's staged bytes. A staged segment
+is reused only if it is the **same segment**: same base offset, same end offset (its marker), and, while the broker
+still has ``<base>.log`` (or ``<base>.log.deleted``), the same inode as our link. Anything else (another end after a
+truncation and regrowth, another file, a missing or unreadable marker, two markers) is replaced. Directories of the
+oldest layout ``<staging root>/<topic>-<partition>/`` cannot be attributed to a topic id: they are removed at
 start, with a warning (their segments are staged again from the log dir if the broker still has them). A canonical
 ``str(uuid)`` can never be an old-layout name: its last group has 12 digits, more than any partition number.
 
@@ -32,16 +41,19 @@ take it past ``max_bytes`` with :class:`StagingFullError` (nothing is staged; an
 size, so a segment larger than the bound still gets copied). What is staged is copied first; a segment the broker
 deletes meanwhile is a gap the copier reports.
 
-**Durability.** Links are made, the directory fsynced, then the marker made and the directory fsynced again; new
-directories are fsynced into their parents. After a crash a segment dir is either complete or has no marker (and is
-removed and staged again). The marker is ``.complete-<end offset>``, a hard link of the staged ``.log``: its name is
-its content, so it needs no data written and fsynced, and a link makes no inode (on this project's ext4, making an
-inode is the dearest system call of the copy path; the marker was a temp file written, fsynced and renamed over
-``.complete``: an inode and an fsync more per segment, issue 26). A dir of an older sidecar, marked by a
-``.complete`` file holding the end offset, is read as before; a dir with two markers is incomplete.
+**Durability, per round.** :meth:`Staging.stage_many` stages the segments of one partition that a round found
+(the stage job's, a copy run's): every segment's files linked, then **one** fsync of the partition's dir, then every
+segment's marker linked, then one fsync more; a segment is complete (listed by :meth:`Staging.staged`, copied) only
+once its marker is durable, and its marker only exists once its files are. Per segment of a round of ``n``: ``2 / n``
+fsyncs, where a segment in a dir of its own cost 3 (its dir into the parent, its links, its marker). After a crash
+at any point a segment is complete or has no marker; files without a complete marker (a round a crash interrupted, a
+release a crash interrupted: the marker goes first) are removed by the next listing, under the partition's lock, and
+the segment is staged again from the log dir. The marker is ``<base>.complete-<end offset>``, a hard link of the
+staged ``.log``: its name is its content, so it needs no data written and fsynced, and a link makes no inode.
+A partition's dir and its topic id dir are fsynced into their parents when made (once per partition).
 
-Releasing a segment removes its dir only: the partition's dir stays for its next segment (made again per segment, it
-cost a mkdir and a parent fsync each time: issue 26) until :meth:`Staging.release_partition`.
+Releasing a segment unlinks its marker, then its files (by name: no listing); the partition's dir stays for its next
+segment (issue 26) until :meth:`Staging.release_partition`.
 
 The staging root must not be inside a Kafka log dir (the broker refuses unknown directories there) and must be
 on the same filesystem as the log dir (hard links cannot cross filesystems): :func:`default_staging_root` picks a
@@ -58,7 +70,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlm.errors import RlmError
@@ -79,16 +91,21 @@ from rsm.log.partition import (
     segment_file_name,
 )
 
-__all__ = ["SegmentGoneError", "StagedSegment", "Staging", "StagingError", "StagingFullError",
-           "TopicIdMismatchError", "default_staging_root"]
+__all__ = ["TXN_UPLOAD_SUFFIX", "SegmentGoneError", "StageRound", "StagedSegment", "Staging", "StagingError",
+           "StagingFullError", "TopicIdMismatchError", "default_staging_root"]
 
 log = logging.getLogger(__name__)
 
 # File naming is the broker's (:mod:`rsm.log.partition`): a segment's own files are linked in the order of
 # SEGMENT_SUFFIXES, ``.log`` first (without it nothing is staged); the producer snapshot is named by the next
-# segment's base offset (see the module doc). A staged segment's dir is named by the bare 20-digit stem.
+# segment's base offset (see the module doc). A segment's marker is ``<stem>.complete-<end>``; a segment dir of the
+# layout before (named by the bare 20-digit stem) holds ``.complete-<end>``.
 COMPLETE = ".complete"
 _END_OFFSET = re.compile(r"\d+")
+TXN_UPLOAD_SUFFIX = ".txnindex.upload"
+"""The transaction index the copier writes beside a staged segment (``<stem>.txnindex.upload``); released with it."""
+_FLAT_MARKER = re.compile(r"(\d{20})\.complete(.*)", re.DOTALL)  # a segment's marker (or a broken one): base, rest
+_STAGED_FILE = re.compile(r"\d{20}\..*", re.DOTALL)  # a name staging makes in a partition dir (a segment's file)
 
 
 class StagingError(RlmError, RuntimeError):
@@ -118,7 +135,7 @@ class StagedSegment:
     tp: TopicIdPartition
     base_offset: int
     end_offset_inclusive: int  # the next segment's base offset - 1, known when it was staged (rolled)
-    directory: Path
+    directory: Path  # where its files are: the partition's staging dir (a segment dir of the layout before: that dir)
 
     @property
     def topic(self) -> str:
@@ -131,7 +148,8 @@ class StagedSegment:
     @property
     def segment(self) -> Segment:
         """The staged files as a :class:`~rsm.log.partition.Segment` (rolled; its ``snapshot_path`` is
-        ``<base>.snapshot``, which staging does not link: the producer snapshot is :attr:`producer_snapshot_path`)."""
+        ``<base>.snapshot``, which is not this segment's: the producer snapshot is :attr:`producer_snapshot_path`;
+        in the partition's dir, ``<base>.snapshot`` is the previous segment's, when it is staged)."""
         return Segment.in_dir(self.directory, self.base_offset)
 
     @property
@@ -162,6 +180,38 @@ def _producer_snapshot_name(end_offset_inclusive: int) -> str:
 def _optional_names(base: int, end: int) -> list[str]:
     """The names of the files staged with a segment's ``.log`` when the broker has them."""
     return [segment_file_name(base, s) for s in SEGMENT_SUFFIXES[1:]] + [_producer_snapshot_name(end)]
+
+
+def _segment_names(base: int, end: int) -> list[str]:
+    """Every name a segment staged in its partition's dir may have but its marker: its ``.log`` first."""
+    return [segment_file_name(base, ".log"), *_optional_names(base, end), segment_file_name(base, TXN_UPLOAD_SUFFIX)]
+
+
+def _marker_name(base: int, end: int) -> str:
+    """A segment's marker in its partition's dir: ``<stem>.complete-<end offset>``."""
+    return f"{segment_file_name(base, '')}{MARKER_PREFIX}{end}"
+
+
+def _markers(names: Iterable[str]) -> dict[int, int | None]:
+    """Base offset -> the end offset its marker says, for every segment of a partition's dir with a marker among
+    ``names``; None when it has more than one, or one that is not ``<stem>.complete-<end offset >= base>``."""
+    out: dict[int, int | None] = {}
+    for name in names:
+        m = _FLAT_MARKER.fullmatch(name)
+        if m is None:
+            continue
+        base, rest = int(m[1]), m[2]
+        end = int(rest[1:]) if rest[:1] == "-" and _END_OFFSET.fullmatch(rest[1:]) else None
+        out[base] = None if base in out or end is None or end < base else end
+    return out
+
+
+def _unlink_names(d: Path, names: Iterable[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(d / name)
+        except FileNotFoundError:
+            pass
 
 
 def default_staging_root(log_dir: Path) -> Path:
@@ -250,11 +300,11 @@ def _remove_files_dir(d: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _write_marker(target: Path, base: int, end: int) -> None:
-    """The marker of ``target`` (``.complete-<end>``, a link of its staged ``.log``: see the module doc), durably: the
-    directory fsynced after it. The caller fsynced the directory after the links, before."""
-    os.link(target / segment_file_name(base, ".log"), target / f"{MARKER_PREFIX}{end}")
-    fsync_dir(target)
+def _key_of(staged: StagedSegment) -> Path:
+    """The key of a staged segment in :class:`Staging`'s books: ``<partition's staging dir>/<stem>`` (a dir only in
+    the layout before, where it is :attr:`StagedSegment.directory`)."""
+    stem = segment_file_name(staged.base_offset, "")
+    return staged.directory if staged.directory.name == stem else staged.directory / stem
 
 
 def _dir_bytes(seg_dir: Path) -> int:
@@ -271,6 +321,55 @@ def _dir_bytes(seg_dir: Path) -> int:
         except FileNotFoundError:
             pass
     return total
+
+
+@dataclass(slots=True)
+class StageRound:
+    """What :meth:`Staging.stage_many` did: the segments staged (complete, durable), those the broker deleted before
+    they could be, and why the round stopped early (None: it did not)."""
+
+    staged: list[StagedSegment] = field(default_factory=list)
+    gone: list[tuple[int, int]] = field(default_factory=list)
+    error: StagingFullError | TopicIdMismatchError | None = None
+
+
+class _Round:
+    """One round of :meth:`Staging.stage_many` in a partition's staging dir ``sdir``: its listing (made once, kept
+    up to date by the round), the dirs it linked into (fsynced once at its end) and its segments waiting for their
+    marker."""
+
+    def __init__(self, sdir: Path) -> None:
+        self.sdir = sdir
+        self.dirty: set[Path] = set()
+        self.pending: list[tuple[Path, int, int, set[str]]] = []  # (key, base, end, optional names linked)
+        self._names: set[str] | None = None
+        self._listed = False
+        self._markers: dict[int, int | None] | None = None
+
+    def listing(self) -> set[str] | None:
+        """The names in ``sdir`` (None: no such dir yet), listed at the first call."""
+        if not self._listed:
+            try:
+                self._names = set(os.listdir(self.sdir))
+            except (FileNotFoundError, NotADirectoryError):
+                self._names = None
+            self._listed = True
+        return self._names
+
+    def markers(self) -> dict[int, int | None]:
+        """:func:`_markers` of the listing (as it was before this round's new markers: they are made at its end)."""
+        if self._markers is None:
+            self._markers = _markers(self.listing() or ())
+        return self._markers
+
+    def made(self) -> set[str]:
+        """``sdir`` was just made: its (empty) listing."""
+        self._names, self._listed, self._markers = set(), True, {}
+        return self._names
+
+    def forget(self) -> None:
+        """The dir changed beyond what the round tracks (a segment removed, the dir made): list it again."""
+        self._listed, self._names, self._markers = False, None, None
 
 
 class Staging:
@@ -299,6 +398,7 @@ class Staging:
         # complete segment dirs this process staged or checked -> the names in them when it did (holds(): the stage
         # job links a file the broker wrote after the first staging, a producer snapshot, as before)
         self._linked: dict[Path, set[str]] = {}
+        self._legacy: set[Path] = set()  # segment dirs of the layout before (a dir per segment), as listed
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
         # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
         self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
@@ -385,65 +485,119 @@ class Staging:
     # -------------------------------------------------------------------------------------------- stage
     def stage(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int,
               end_offset_inclusive: int, *, names: Collection[str] | None = None) -> StagedSegment:
-        """Hard-link the segment's files into staging; idempotent for the same segment (returned as is).
-
-        ``end_offset_inclusive`` (the next segment's base offset - 1) is kept with the links, so a staged segment
-        can be copied after the broker deleted it and its successor. A staged dir of the same base that is not
-        this segment (another end offset, another inode, incomplete) is replaced.
+        """Hard-link the segment's files into staging, durably (:meth:`stage_many` of one segment); idempotent for the
+        same segment (returned as is).
 
         Raises :class:`SegmentGoneError` when neither ``<base>.log`` nor ``<base>.log.deleted`` exists any more,
         :class:`StagingFullError` when the bound refuses it, :class:`TopicIdMismatchError` when ``partition_dir``
-        belongs to another topic id than ``tp``'s.
+        belongs to another topic id than ``tp``'s."""
+        done = self.stage_many(tp, partition_dir, [(base_offset, end_offset_inclusive)], names=names)
+        if done.error is not None:
+            raise done.error
+        if done.gone:
+            raise SegmentGoneError(f"{partition_dir}/{segment_file_name(base_offset, '.log')} vanished before it was "
+                                   "staged")
+        return done.staged[0]
+
+    def stage_many(self, tp: TopicIdPartition, partition_dir: Path, ranges: Iterable[tuple[int, int]], *,
+                   names: Collection[str] | None = None) -> StageRound:
+        """Stage the segments ``ranges`` (``(base offset, end offset inclusive)``, oldest first) of one partition as
+        one round: every segment's files linked, one fsync of the partition's staging dir, every new segment's
+        marker, one fsync (the module doc's *Durability*). Idempotent per segment: one staged already is checked
+        (the same segment: its marker's end, the broker's ``.log`` the staged file) and gets only the files the
+        broker wrote since (a producer snapshot); one that is not this segment is replaced.
+
+        ``end_offset_inclusive`` (the next segment's base offset - 1) is kept with the links, so a staged segment
+        can be copied after the broker deleted it and its successor. Returns what the round staged, the segments
+        the broker deleted before they could be (:attr:`StageRound.gone`, gaps for the caller to count), and, when
+        the round stopped early, why (:class:`StagingFullError`: the rest is not staged; the segments before it
+        are; :class:`TopicIdMismatchError`: nothing is). Any other failure raises, the segments before it staged.
 
         ``names``: the entries of ``partition_dir`` when the caller listed it already (the copier lists it once per
         run or stage round): a file the segment may have (``.txnindex``, the producer snapshot ...) is linked only
         if it, or its ``.deleted`` name, is among them, not tried by a failing ``link`` each time (issue 26). The
-        ``.log`` is tried whatever they say.
-        """
-        if end_offset_inclusive < base_offset:
-            raise ValueError(f"end offset {end_offset_inclusive} below base offset {base_offset}")
+        ``.log`` is tried whatever they say."""
+        ranges = list(ranges)
+        for base, end in ranges:
+            if end < base:
+                raise ValueError(f"end offset {end} below base offset {base}")
         if self.max_bytes:  # the bound counts every partition's bytes: one staging at a time
             with self._lock, self._partition_lock(tp):
-                return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive, names)
+                return self._stage_round(tp, Path(partition_dir), ranges, names)
         with self._partition_lock(tp):
-            return self._stage(tp, Path(partition_dir), base_offset, end_offset_inclusive, names)
+            return self._stage_round(tp, Path(partition_dir), ranges, names)
 
-    def _stage(self, tp: TopicIdPartition, partition_dir: Path, base: int, end: int,
-               names: Collection[str] | None) -> StagedSegment:
-        self._check_topic_id(tp, partition_dir)
+    def _stage_round(self, tp: TopicIdPartition, partition_dir: Path, ranges: list[tuple[int, int]],
+                     names: Collection[str] | None) -> StageRound:
+        done = StageRound()
+        if not ranges:
+            return done
+        try:
+            self._check_topic_id(tp, partition_dir)
+        except TopicIdMismatchError as err:
+            done.error = err
+            return done
         root = self.root_for(partition_dir)
+        rnd = _Round(self._partition_path(root, tp))
+        try:
+            for base, end in ranges:
+                try:
+                    done.staged.append(self._stage_one(tp, partition_dir, root, rnd, base, end, names))
+                except SegmentGoneError:
+                    done.gone.append((base, end))
+                except StagingFullError as err:
+                    done.error = err
+                    break
+        finally:
+            self._finish_round(root, rnd)
+        return done
+
+    def _stage_one(self, tp: TopicIdPartition, partition_dir: Path, root: Path, rnd: _Round, base: int, end: int,
+                   names: Collection[str] | None) -> StagedSegment:
+        """One segment of a round: checked, or linked (its marker and the fsyncs are :meth:`_finish_round`'s)."""
+        sdir = rnd.sdir
         stem = segment_file_name(base, "")
-        target = self._partition_path(root, tp) / stem
-        staged = StagedSegment(tp, base, end, target)
-        known = self._verified.get(target)
-        present = self._listing(target) if known is not None and known[0] == end else None
-        if present is not None and known is not None and target in self._held[root] \
-                and all(segment_file_name(base, x) in present for x in (".index", ".timeindex")) \
-                and _read_marker(target, base, present) == end \
-                and self._same_log(partition_dir, segment_file_name(base, ".log"), known[1:]):
-            # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
-            # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
-            got: set[str] = set()
-            if self._link_files(partition_dir, target, base, end, optional_only=True, ours=known[1:],
-                                present=present, names=names, collect=got):
-                fsync_dir(target)
-                self._hold(root, target, self._bytes(target))
-            self._linked[target] = present | got
-            return staged
-        if target.exists():
-            mismatch = self._mismatch(staged, partition_dir)
+        key = sdir / stem  # the segment's key in _held, _verified, _linked (a dir only in the layout before)
+        if key in self._legacy:
+            kept = self._stage_legacy(tp, partition_dir, root, key, base, end, names)
+            if kept is not None:
+                return kept
+        staged = StagedSegment(tp, base, end, sdir)
+        present = rnd.listing()
+        log_name = segment_file_name(base, ".log")
+        if present is not None and base in rnd.markers():
+            marked = rnd.markers()[base]
+            known = self._verified.get(key)
+            if marked == end and known is not None and known[0] == end and key in self._held[root] \
+                    and all(segment_file_name(base, x) in present for x in (".index", ".timeindex")) \
+                    and self._same_log(partition_dir, log_name, known[1:]):
+                # staged complete (or checked) by this process, still marked so, its indexes there, and the broker's
+                # .log is still that file: only files the broker wrote since (a producer snapshot) are linked
+                got: set[str] = set()
+                if self._link_files(partition_dir, sdir, base, end, optional_only=True, ours=known[1:],
+                                    present=present, names=names, collect=got):
+                    rnd.dirty.add(sdir)
+                    present |= got
+                    self._hold(root, key, self._bytes(key, end))
+                self._linked[key] = {n for n in _optional_names(base, end) if n in present}
+                return staged
+            mismatch = self._mismatch(staged, partition_dir, marked if log_name in present else None)
             if mismatch is None:
-                self._linked.pop(target, None)  # (not listed here: holds() asks stage() until it is)
-                linked = self._link_files(partition_dir, target, base, end, optional_only=True, names=names)
-                # a dir staged complete without its indexes (before they were rebuilt at staging) gets them now
-                if self._rebuild_missing_indexes(tp, target, base) or linked:
-                    fsync_dir(target)  # e.g. a snapshot written after the segment was first staged
-                    self._hold(root, target, self._bytes(target))
-                self._verify(target, end)
+                linked = self._link_files(partition_dir, sdir, base, end, optional_only=True, present=present,
+                                          names=names)
+                # a segment staged complete without its indexes (before they were rebuilt at staging) gets them now
+                if self._rebuild_missing_indexes(tp, sdir, base) or linked:
+                    rnd.dirty.add(sdir)  # e.g. a snapshot written after the segment was first staged
+                self._hold(root, key, self._bytes(key, end))
+                self._verify(key, end)
+                self._linked.pop(key, None)  # (not listed here: holds() asks stage() until it is)
+                rnd.forget()
                 return staged
             log.info("staged segment replaced: not the local segment of that base", extra={
                 "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
-            self._remove_segment_dir(root, target)
+            self._remove_segment(root, key, marked, extra=[n for n in present if _markers([n]).keys() == {base}])
+            rnd.forget()
+            present = rnd.listing()
 
         # the .log's size, and with a bound the others' too (unbounded: not stat-ed one by one, issue 26)
         size = self._local_bytes(partition_dir, base, end, log_only=not self.max_bytes)
@@ -456,28 +610,71 @@ class Staging:
                 raise StagingFullError(
                     f"staging {root} holds {held} bytes; {tp} segment {stem} ({size} bytes) would take it past "
                     f"staging_max_bytes={self.max_bytes}: not staged", held, size, self.max_bytes)
-
-        try:  # (known missing: checked above; its parents are there from the partition's first segment on)
-            target.mkdir()
-            fsync_dir(target.parent)
-        except FileNotFoundError:
-            self._mkdirs(root, target)
+        if present is None:  # the partition's first segment here: its dir (and the topic id's) made, once
+            self._mkdirs(root, sdir)
+            present = rnd.made()
+        stale = [n for n in _segment_names(base, end) if n in present]
+        if stale:  # files of that base without a marker (a round a crash interrupted): never linked over
+            _unlink_names(sdir, stale)
+            present.difference_update(stale)
+        linked: set[str] = set()
         try:
-            linked: set[str] = set()
-            if not self._link_files(partition_dir, target, base, end, optional_only=False, names=names,
-                                    collect=linked):
+            if not self._link_files(partition_dir, sdir, base, end, optional_only=False, present=present,
+                                    names=names, collect=linked):
                 raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
             if not all(segment_file_name(base, x) in linked for x in (".index", ".timeindex")):
-                self._rebuild_missing_indexes(tp, target, base)
-            fsync_dir(target)
-            _write_marker(target, base, end)
+                self._rebuild_missing_indexes(tp, sdir, base)
         except BaseException:
-            self._remove_segment_dir(root, target)
+            _unlink_names(sdir, _segment_names(base, end))
             raise
-        self._hold(root, target, self._bytes(target))
-        self._verify(target, end)
-        self._linked[target] = linked
+        present |= linked | {log_name}
+        rnd.dirty.add(sdir)
+        rnd.pending.append((key, base, end, linked))
+        self._hold(root, key, self._bytes(key, end))  # (counted by the bound from now on; dropped if not finished)
         return staged
+
+    def _finish_round(self, root: Path, rnd: _Round) -> None:
+        """The round's durability: one fsync of each dir it linked into, its new segments' markers, one fsync. On a
+        failure the unmarked segments are removed (staged again by the next round) and it raises."""
+        if not rnd.dirty:
+            return
+        try:
+            for d in rnd.dirty:
+                fsync_dir(d)
+            for _key, base, end, _linked in rnd.pending:
+                os.link(rnd.sdir / segment_file_name(base, ".log"), rnd.sdir / _marker_name(base, end))
+            if rnd.pending:
+                fsync_dir(rnd.sdir)
+        except BaseException:
+            for key, _base, end, _linked in rnd.pending:
+                self._remove_segment(root, key, end)
+            raise
+        for key, _base, end, linked in rnd.pending:
+            self._verify(key, end)
+            self._linked[key] = linked
+
+    def _stage_legacy(self, tp: TopicIdPartition, partition_dir: Path, root: Path, seg_dir: Path, base: int,
+                      end: int, names: Collection[str] | None) -> StagedSegment | None:
+        """A segment staged in a dir of its own (the layout before): kept as is when it is this segment (the files
+        the broker wrote since linked into it, fsynced here: a rare path, once per such segment), else removed
+        (None: the caller stages it anew)."""
+        staged = StagedSegment(tp, base, end, seg_dir)
+        present = self._listing(seg_dir)
+        mismatch = self._mismatch(staged, partition_dir, _read_marker(seg_dir, base, present)
+                                  if present is not None else None)
+        if mismatch is None:
+            linked = self._link_files(partition_dir, seg_dir, base, end, optional_only=True, present=present,
+                                      names=names)
+            if self._rebuild_missing_indexes(tp, seg_dir, base) or linked:
+                fsync_dir(seg_dir)
+                self._hold(root, seg_dir, self._bytes(seg_dir, end))
+            self._verify(seg_dir, end)
+            self._linked.pop(seg_dir, None)  # (holds() asks stage() for it: the rare layout)
+            return staged
+        log.info("staged segment replaced: not the local segment of that base", extra={
+            "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
+        self._remove_segment(root, seg_dir, end)
+        return None
 
     def holds(self, tp: TopicIdPartition, partition_dir: Path, base_offset: int, end_offset_inclusive: int,
               names: Collection[str]) -> bool:
@@ -486,8 +683,8 @@ class Staging:
         base is still the file staged (or is gone): one ``stat``, where :meth:`stage` lists the staged dir and tries
         each file the broker may have written since. For the stage job, which runs between copy runs to stage what
         is new before local retention can take it; False: ask :meth:`stage` (issue 26)."""
-        target = self._partition_path(self.root_for(partition_dir), tp) / segment_file_name(base_offset, "")
-        known, linked = self._verified.get(target), self._linked.get(target)
+        key = self._partition_path(self.root_for(partition_dir), tp) / segment_file_name(base_offset, "")
+        known, linked = self._verified.get(key), self._linked.get(key)
         if known is None or linked is None or known[0] != end_offset_inclusive:
             return False
         if any(n not in linked and (n in names or f"{n}{DELETED_SUFFIX}" in names)
@@ -502,12 +699,16 @@ class Staging:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def _verify(self, target: Path, end: int) -> None:
-        """Remember ``target`` as complete with end offset ``end`` and its staged ``.log`` (see ``_verified``)."""
-        st = _stat(target / segment_file_name(int(target.name), ".log"))
+    def _files_dir(self, key: Path) -> Path:
+        """Where the files of the segment of ``key`` are: its partition's dir, or its own (the layout before)."""
+        return key if key in self._legacy else key.parent
+
+    def _verify(self, key: Path, end: int) -> None:
+        """Remember ``key``'s segment as complete with end offset ``end`` and its staged ``.log`` (``_verified``)."""
+        st = _stat(self._files_dir(key) / segment_file_name(int(key.name), ".log"))
         if st is not None:
             with self._meta:
-                self._verified[target] = (end, st.st_dev, st.st_ino)
+                self._verified[key] = (end, st.st_dev, st.st_ino)
 
     def _same_log(self, partition_dir: Path, log_name: str, ours: tuple[int, int]) -> bool:
         """The broker's ``.log`` (or ``.log.deleted``) of that name is the staged file ``ours`` (device, inode), or the
@@ -638,13 +839,13 @@ class Staging:
                 raise StagingError(f"cannot hard-link {src} into {dest.parent}: different filesystems") from err
             raise
 
-    def _mismatch(self, staged: StagedSegment, partition_dir: Path) -> str | None:
-        """Why the staged dir is not this segment, or None if it is."""
-        end = _read_marker(staged.directory, staged.base_offset)
-        if end is None:
+    def _mismatch(self, staged: StagedSegment, partition_dir: Path, marked: int | None) -> str | None:
+        """Why the staged segment is not this segment, or None if it is; ``marked``: the end offset its marker says
+        (None: no marker, two, or an unreadable one)."""
+        if marked is None:
             return "incomplete: the .complete marker is missing, empty or unreadable"
-        if end != staged.end_offset_inclusive:
-            return f"staged with end offset {end}, the segment now ends at {staged.end_offset_inclusive}"
+        if marked != staged.end_offset_inclusive:
+            return f"staged with end offset {marked}, the segment now ends at {staged.end_offset_inclusive}"
         ours = _stat(staged.log_path)
         if ours is None:
             return "the staged .log is missing"
@@ -661,11 +862,16 @@ class Staging:
     def release(self, staged: StagedSegment) -> None:
         """Drop the staged links (after a successful copy, or when the segment is known remote)."""
         with self._partition_lock(staged.tp):
-            root = next((r for r in self._held if r in staged.directory.parents), None)
-            if root is None:
-                shutil.rmtree(staged.directory, ignore_errors=True)
+            key = _key_of(staged)
+            root = next((r for r in self._held if r in key.parents), None)
+            if root is None:  # (not listed by this process: removed all the same)
+                if key == staged.directory:
+                    shutil.rmtree(key, ignore_errors=True)
+                else:
+                    _unlink_names(key.parent, [_marker_name(staged.base_offset, staged.end_offset_inclusive),
+                                               *_segment_names(staged.base_offset, staged.end_offset_inclusive)])
                 return
-            self._remove_segment_dir(root, staged.directory)
+            self._remove_segment(root, key, staged.end_offset_inclusive)
 
     def release_partition(self, tp: TopicIdPartition) -> int:
         """Drop everything staged for one partition (leadership lost, partition purged); return how many segments."""
@@ -711,19 +917,33 @@ class Staging:
                 del self._verified[d]
             for d in [d for d in self._linked if under in d.parents]:
                 del self._linked[d]
+            self._legacy.difference_update([d for d in self._legacy if under in d.parents])
         return len(gone)
 
-    def _remove_segment_dir(self, root: Path, seg_dir: Path) -> None:
-        """Remove one staged segment's dir. The partition and topic id dirs above it stay, empty or not: the next
-        segment of the partition is staged into them (a rolled segment a few seconds later, typically), and making
-        them again costs a mkdir and an fsync of the parent each, per segment (issue 26: on ext4, creating an inode
-        is the dearest system call of the copy path). :meth:`release_partition` and :meth:`release_topic` remove
-        them, when the partition is no longer led here or the topic is deleted."""
+    def _remove_segment(self, root: Path, key: Path, end: int | None, extra: Iterable[str] = ()) -> None:
+        """Remove one staged segment: its marker first (a crash midway leaves files without a marker, which the next
+        listing removes), then its files, by name (``end`` None: a marker unreadable, its producer snapshot left to
+        that listing); ``extra``: more names of it to unlink first (a broken marker). A segment dir of the layout
+        before is removed whole. The partition and topic id dirs stay, empty or not: the partition's next segment
+        is staged into them (:meth:`release_partition` and :meth:`release_topic` remove them)."""
         with self._meta:
-            self._held[root].pop(seg_dir, None)
-            self._verified.pop(seg_dir, None)
-            self._linked.pop(seg_dir, None)
-        _remove_files_dir(seg_dir)
+            self._held[root].pop(key, None)
+            self._verified.pop(key, None)
+            linked = self._linked.pop(key, None)
+            legacy = key in self._legacy
+            self._legacy.discard(key)
+        if legacy:
+            _remove_files_dir(key)
+            return
+        base = int(key.name)
+        if end is None:
+            names = [segment_file_name(base, s) for s in (*SEGMENT_SUFFIXES, TXN_UPLOAD_SUFFIX)]
+        elif linked is not None:  # (what this process linked: no unlink of a name it never made)
+            names = [segment_file_name(base, ".log"), *sorted(linked), segment_file_name(base, TXN_UPLOAD_SUFFIX)]
+        else:
+            names = _segment_names(base, end)
+        first = [*extra] if end is None else [_marker_name(base, end), *extra]
+        _unlink_names(key.parent, [*first, *names])
 
     @staticmethod
     def _rmdir_if_empty(d: Path) -> None:
@@ -736,8 +956,8 @@ class Staging:
     def staged(self, tp: TopicIdPartition | None = None) -> list[StagedSegment]:
         """The complete staged segments of ``tp`` (of every partition if None), oldest first per partition.
 
-        A segment dir without a valid ``.complete`` marker (a stage a crash interrupted, an empty or unreadable
-        marker) is removed here: the next :meth:`stage` of it redoes it."""
+        A segment without a valid marker (a round a crash interrupted, a release a crash interrupted, a marker
+        unreadable or doubled) is removed here: the next :meth:`stage` of it redoes it."""
         if tp is not None:
             with self._partition_lock(tp):
                 return self._staged(tp)
@@ -780,23 +1000,55 @@ class Staging:
         return out
 
     def _staged_in(self, root: Path, tp: TopicIdPartition, pdir: Path) -> list[StagedSegment]:
-        """The complete staged segments in ``tp``'s dir ``pdir``; the incomplete ones removed. Under ``tp``'s lock."""
+        """The complete staged segments in ``tp``'s dir ``pdir`` (one listing); the incomplete ones removed. Under
+        ``tp``'s lock, so no round of it is under way."""
         try:
-            segs = sorted(p for p in pdir.iterdir() if parse_segment_stem(p.name) is not None)
+            entries = list(os.scandir(pdir))
         except (FileNotFoundError, NotADirectoryError):
             return []
         out = []
-        for seg in segs:
-            base = int(seg.name)
+        files: set[str] = set()
+        for e in entries:
+            if not e.is_dir(follow_symlinks=False):
+                files.add(e.name)
+                continue
+            base = parse_segment_stem(e.name)
+            if base is None:
+                continue
+            seg = pdir / e.name  # a segment dir of the layout before
+            with self._meta:
+                self._legacy.add(seg)
             end = _read_marker(seg, base)
             if end is None:
                 log.info("incomplete staged segment removed (staged again if still local)", extra={
                     "partition": str(tp), "base_offset": base, "directory": str(seg)})
-                self._remove_segment_dir(root, seg)
+                self._remove_segment(root, seg, None)
                 continue
             if seg not in self._held[root]:
-                self._hold(root, seg, self._bytes(seg))
+                self._hold(root, seg, self._bytes(seg, end))
             out.append(StagedSegment(tp, base, end, seg))
+        owned: set[str] = set()
+        for base, end in _markers(files).items():
+            if end is None or segment_file_name(base, ".log") not in files:
+                continue
+            key = pdir / segment_file_name(base, "")
+            owned.add(_marker_name(base, end))
+            owned.update(_segment_names(base, end))
+            if key not in self._held[root]:
+                self._hold(root, key, self._bytes(key, end))
+            out.append(StagedSegment(tp, base, end, pdir))
+        orphans = sorted(n for n in files if n not in owned and _STAGED_FILE.fullmatch(n))
+        if orphans:
+            log.info("incomplete staged segments removed (staged again if still local)", extra={
+                "partition": str(tp), "files": orphans, "directory": str(pdir)})
+            # markers first: a crash midway leaves no marker naming files that are gone
+            _unlink_names(pdir, sorted(orphans, key=lambda n: COMPLETE not in n))
+            with self._meta:
+                for key in {pdir / n[:20] for n in orphans} - {pdir / n[:20] for n in owned}:
+                    self._held[root].pop(key, None)
+                    self._verified.pop(key, None)
+                    self._linked.pop(key, None)
+        out.sort(key=lambda s: s.base_offset)
         return out
 
     def size_bytes(self) -> int:
@@ -805,7 +1057,7 @@ class Staging:
         for root in self._roots.values():
             for dirpath, _, files in os.walk(root):
                 for f in files:
-                    if f.startswith(COMPLETE):
+                    if COMPLETE in f:
                         continue
                     try:
                         total += os.stat(os.path.join(dirpath, f)).st_size
@@ -818,18 +1070,27 @@ class Staging:
         segment not counted yet (unbounded staging counts none as it stages it) is counted once and remembered (the
         gauge asks every 5 s: walking every staged file each time was a tenth of a burst's CPU, issue 26)."""
         with self._meta:
-            held = [(h, d, n) for h in self._held.values() for d, n in h.items()]
+            held = [(h, d, n, self._verified.get(d)) for h in self._held.values() for d, n in h.items()]
         total = 0
-        for h, d, n in held:
+        for h, d, n, known in held:
             if n is None:
-                n = _dir_bytes(d)
+                n = self._segment_bytes(d, known[0] if known is not None else None)
                 with self._meta:
                     if d in h and h[d] is None:  # (not released, nor relinked, meanwhile)
                         h[d] = n
             total += n
         return total
 
-    def _bytes(self, seg_dir: Path) -> int | None:
-        """What a staged segment holds, for the bound; None when unbounded (not counted: a scandir and a stat per
-        file, per segment staged; :meth:`held_bytes` counts those when asked)."""
-        return _dir_bytes(seg_dir) if self.max_bytes else None
+    def _bytes(self, key: Path, end: int) -> int | None:
+        """What a staged segment holds, for the bound; None when unbounded (not counted: a stat per file, per segment
+        staged; :meth:`held_bytes` counts those when asked)."""
+        return self._segment_bytes(key, end) if self.max_bytes else None
+
+    def _segment_bytes(self, key: Path, end: int | None) -> int:
+        """The bytes of the staged segment of ``key`` (markers aside; ``end`` None: its producer snapshot too)."""
+        if key in self._legacy:
+            return _dir_bytes(key)
+        base = int(key.name)
+        names = _segment_names(base, end) if end is not None else [
+            segment_file_name(base, s) for s in (*SEGMENT_SUFFIXES, TXN_UPLOAD_SUFFIX)]
+        return sum(st.st_size for n in names if (st := _stat(key.parent / n)) is not None)

@@ -3,7 +3,7 @@ create inodes and the fsyncs were most of a copy's CPU), and that what it no lon
 
 - the filesystem store makes a copy's object names durable with one directory fsync, the index object's (its data
   objects, in the same directory, are put first with :meth:`FileSystemStore.put_deferred`);
-- staging keeps a partition's dir across its segments (no mkdir and parent fsync per segment);
+- staging keeps a partition's dir across its segments and stages them side by side in it (no mkdir per segment);
 - the copy watermark is overwritten in place (one fsync, no temp file, no rename), and read back; a torn record is
   ignored as unreadable, as the legacy formats are still read.
 
@@ -92,17 +92,17 @@ def test_staging_keeps_the_partition_dir_for_its_next_segment(tmp_path: Path,
     tp = rolled(world, 2)
     copier = world.copier(1, tp)
     assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # [5,9] waits for the LSO
-    pdir = copier.staging.staged(tp)[0].directory.parent
+    pdir = copier.staging.staged(tp)[0].directory
     before = os.stat(pdir).st_ino
     assert [m.end_offset_inclusive for m in copier.run_once(10).copied] == [9]
     assert copier.staging.staged(tp) == [] and os.stat(pdir).st_ino == before  # empty, kept
-    # the next rolled segment is staged into it: one mkdir (its own dir), not two
+    # the next rolled segment is staged into it, beside where the others were: no mkdir at all
     (world.pdir(1, tp) / f"{15:020d}.log").write_bytes(b"".join(one_per_batch(15, 1, b"v")))
     made: list[str] = []
     inner = os.mkdir
     monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(str(p)), inner(p, *a, **k))[1])
     copier.staging.stage(tp, world.pdir(1, tp), 10, 14)
-    assert made == [str(pdir / f"{10:020d}")]
+    assert made == [] and sorted(p.name for p in pdir.iterdir())[0] == f"{10:020d}.complete-14"
     assert copier.staging.release_partition(tp) == 1 and not pdir.exists()
 
 

@@ -50,8 +50,10 @@ def test_stage_survives_broker_delete(tmp_path: Path) -> None:
     staged = staging.stage(tp, pdir, 42, 99)
     assert staging.stage(tp, pdir, 42, 99) == staged  # idempotent
     assert staged.tp == tp and (staged.topic, staged.partition) == ("my.topic-x", 3)
-    # keyed by topic id: <root>/<topic id>/<topic>-<partition>/<base>
-    assert staged.directory == default_staging_root(log_dir) / str(tp.topic_id) / "my.topic-x-3" / f"{42:020d}"
+    # keyed by topic id: <root>/<topic id>/<topic>-<partition>/, the partition's segments side by side in it
+    assert staged.directory == default_staging_root(log_dir) / str(tp.topic_id) / "my.topic-x-3"
+    assert sorted(p.name for p in staged.directory.iterdir()) == [f"{42:020d}{x}" for x in (
+        ".complete-99", ".index", ".log", ".timeindex", ".txnindex")]
     for p in pdir.iterdir():  # the broker's retention removes the segment
         p.unlink()
     for suffix, data in files.items():
@@ -163,34 +165,52 @@ def test_staged_dir_reused_only_for_the_same_segment(tmp_path: Path) -> None:
     assert s.log_path.stat().st_ino == (pdir / f"{100:020d}.log").stat().st_ino
 
 
+def legacy_segment(root: Path, tp: TopicIdPartition, pdir: Path, base: int, marker: str, content: bytes = b"") -> Path:
+    """A segment dir of the layout before (``<partition's staging dir>/<stem>/``): the segment's files linked into it
+    and ``marker`` (``.complete-<end>``, or an older sidecar's ``.complete`` file holding ``content``)."""
+    seg = root / str(tp.topic_id) / pdir.name / f"{base:020d}"
+    seg.mkdir(parents=True)
+    for p in pdir.iterdir():
+        if p.name.startswith(f"{base:020d}."):
+            os.link(p, seg / p.name)
+    if marker.startswith(".complete-"):
+        os.link(seg / f"{base:020d}.log", seg / marker)
+    else:
+        (seg / marker).write_bytes(content)
+    return seg
+
+
 def test_empty_or_unreadable_marker_is_incomplete_never_end_minus_one(tmp_path: Path) -> None:
+    """A segment with a broken marker, or two, is incomplete: its files are removed by the next listing (also after
+    a restart) and stage() redoes it."""
     log_dir = tmp_path / "data"
     pdir = log_dir / "t-0"
     make_segment(pdir, 0)
     tp = tp_of()
     staging = Staging({log_dir: tmp_path / "stage"})
-    for bad in (b"", b"\xff\xfe", b"-1", b"garbage", b"--5"):
+    stem = f"{0:020d}"
+    for bad in (".complete", ".complete-", ".complete--5", ".complete-x", ".complete-12\n", ".complete-98"):
         s = staging.stage(tp, pdir, 0, 99)
-        (s.directory / ".complete").write_bytes(bad)
+        (s.directory / f"{stem}{bad}").write_bytes(b"")  # a second marker (or a broken one beside the good one)
         assert staging.staged() == [], bad  # removed: staged again if still local
-        assert not s.directory.exists()
+        assert list(s.directory.iterdir()) == []
         s = staging.stage(tp, pdir, 0, 99)
-        (s.directory / ".complete").write_bytes(bad)
+        (s.directory / f"{stem}{bad}").write_bytes(b"")
         s = staging.stage(tp, pdir, 0, 99)  # stage() redoes it too
         assert staging.staged() == [s] and s.end_offset_inclusive == 99
         staging.release(s)
-    # after a restart as well
+        assert list(s.directory.iterdir()) == []
+    # after a restart as well; and files of a segment whose marker is gone (a release or a round a crash cut short)
     s = staging.stage(tp, pdir, 0, 99)
-    (s.directory / ".complete").write_text("")
-    assert Staging({log_dir: tmp_path / "stage"}).staged() == []
+    (s.directory / f"{stem}.complete-99").unlink()
+    assert Staging({log_dir: tmp_path / "stage"}).staged() == [] and list(s.directory.iterdir()) == []
+    # the layout before: a segment dir whose older marker file is empty, unreadable or no offset
+    for bad_content in (b"", b"\xff\xfe", b"-1", b"garbage", b"--5"):
+        seg = legacy_segment(tmp_path / "stage", tp, pdir, 0, ".complete", bad_content)
+        assert Staging({log_dir: tmp_path / "stage"}).staged() == [] and not seg.exists()
 
 
-def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The links, then the directory fsynced, then the marker (``.complete-<end>``, a link of the staged .log: no
-    inode, no data to fsync), then the directory fsynced again; the new dirs fsynced into their parents."""
-    log_dir = tmp_path / "data"
-    make_segment(log_dir / "t-0", 0)
-    staging = Staging({log_dir: tmp_path / "stage"})
+def _record_fsyncs_and_links(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     events: list[tuple[str, str]] = []
     real_fsync, real_link = os.fsync, os.link
 
@@ -204,37 +224,88 @@ def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
+    return events
+
+
+def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The links, then the directory fsynced, then the marker (``<stem>.complete-<end>``, a link of the staged .log:
+    no inode, no data to fsync), then the directory fsynced again; the new dirs fsynced into their parents."""
+    log_dir = tmp_path / "data"
+    make_segment(log_dir / "t-0", 0)
+    staging = Staging({log_dir: tmp_path / "stage"})
+    events = _record_fsyncs_and_links(monkeypatch)
     s = staging.stage(tp_of(), log_dir / "t-0", 0, 9)
     d = str(s.directory)
-    marker = ("link", f"{d}/.complete-9")
+    marker = ("link", f"{d}/{0:020d}.complete-9")
     assert events.index(marker) == len(events) - 2 and events[-1] == ("fsync", d)  # the marker last, then fsynced
     assert events[events.index(marker) - 1] == ("fsync", d)  # the links fsynced before it
     assert all(e[0] == "link" for e in events[:events.index(marker) - 1] if e[1].startswith(d + "/"))
     synced = [p for kind, p in events if kind == "fsync"]
-    assert str(s.directory.parent) in synced and str(s.directory.parent.parent) in synced  # the new dirs
-    assert sorted(p.name for p in s.directory.iterdir() if p.name.startswith(".complete")) == [".complete-9"]
-    assert (s.directory / ".complete-9").stat().st_ino == s.log_path.stat().st_ino
+    assert str(s.directory.parent) in synced and str(s.directory.parent.parent) in synced  # the new dirs, once
+    assert sorted(p.name for p in s.directory.iterdir() if ".complete" in p.name) == [f"{0:020d}.complete-9"]
+    assert (s.directory / f"{0:020d}.complete-9").stat().st_ino == s.log_path.stat().st_ino
     assert staging.size_bytes() == staging.held_bytes() == s.log_path.stat().st_size + 16 + 24  # counted once
 
 
-def test_an_older_sidecar_s_marker_file_is_read_and_two_markers_are_none(tmp_path: Path) -> None:
-    """A segment dir an older sidecar staged (its ``.complete`` file holds the end offset) is complete after an
-    upgrade; a dir with both markers, or a marker name without an offset, is incomplete (removed, staged again)."""
+def test_a_round_is_two_fsyncs_and_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage_many: every segment's files linked, one fsync of the partition's dir, every marker, one fsync: two
+    fsyncs for the round and no directory made, however many segments (issue 26: a dir per segment cost an inode
+    and three fsyncs per segment)."""
+    log_dir = tmp_path / "data"
+    pdir = log_dir / "t-0"
+    for base in (0, 10, 20, 30):
+        make_segment(pdir, base)
+    tp = tp_of()
+    staging = Staging({log_dir: tmp_path / "stage"})
+    staging.stage(tp, pdir, 0, 9)  # the partition's dir is made by its first segment
+    events = _record_fsyncs_and_links(monkeypatch)
+    made: list[str] = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(str(p)), real_mkdir(p, *a, **k))[1])
+    done = staging.stage_many(tp, pdir, [(0, 9), (10, 19), (20, 29), (30, 39)])
+    assert [s.base_offset for s in done.staged] == [0, 10, 20, 30] and done.gone == [] and done.error is None
+    d = str(done.staged[0].directory)
+    assert [e for e in events if e[0] == "fsync"] == [("fsync", d), ("fsync", d)] and made == []
+    first_fsync, second_fsync = (i for i, e in enumerate(events) if e[0] == "fsync")
+    markers = [e for e in events[first_fsync:second_fsync] if e[0] == "link"]
+    assert markers == [("link", f"{d}/{b:020d}.complete-{b + 9}") for b in (10, 20, 30)]  # 0 was staged already
+    assert all(".complete" not in e[1] for e in events[:first_fsync])
+    assert [s.base_offset for s in staging.staged(tp)] == [0, 10, 20, 30]
+    for s in done.staged:
+        staging.release(s)
+    assert list(Path(d).iterdir()) == []
+
+
+def test_segment_dirs_of_the_layout_before_are_read_copied_and_released(tmp_path: Path) -> None:
+    """A segment dir of the layout before (``<stem>/`` holding ``.complete-<end>``, or an older sidecar's
+    ``.complete`` file) is complete after an upgrade: listed, kept by stage() when it is the same segment, released
+    whole; a dir with both markers, or a marker name without an offset, is incomplete (removed, staged again, in the
+    partition's dir); one that is not the segment is replaced."""
     log_dir = tmp_path / "data"
     pdir = log_dir / "t-0"
     make_segment(pdir, 0)
+    make_segment(pdir, 100)
     tp = tp_of()
-    s = Staging({log_dir: tmp_path / "stage"}).stage(tp, pdir, 0, 99)
-    (s.directory / ".complete-99").unlink()
-    (s.directory / ".complete").write_text("99\n")
-    (s.directory / ".complete.tmp").write_text("12")  # an older sidecar's marker being written: no marker
-    assert Staging({log_dir: tmp_path / "stage"}).staged() == [s]
-    os.link(s.log_path, s.directory / ".complete-99")
-    assert Staging({log_dir: tmp_path / "stage"}).staged() == []
-    staging = Staging({log_dir: tmp_path / "stage"})
-    s = staging.stage(tp, pdir, 0, 99)
-    os.rename(s.directory / ".complete-99", s.directory / ".complete-x")
-    assert staging.staged() == [] and staging.stage(tp, pdir, 0, 99) == s and staging.staged() == [s]
+    root = tmp_path / "stage"
+    old = legacy_segment(root, tp, pdir, 0, ".complete", b"99\n")
+    (old / ".complete.tmp").write_text("12")  # an older sidecar's marker being written: no marker
+    newer = legacy_segment(root, tp, pdir, 100, ".complete-199")
+    staging = Staging({log_dir: root})
+    assert [(s.base_offset, s.end_offset_inclusive, s.directory) for s in staging.staged()] == [
+        (0, 99, old), (100, 199, newer)]
+    assert staging.stage(tp, pdir, 0, 99).directory == old  # the same segment: kept where it is
+    assert staging.held_bytes() == staging.size_bytes() > 0
+    moved = staging.stage(tp, pdir, 100, 149)  # not the same segment (another end): staged anew, flat
+    assert moved.directory == old.parent and not newer.exists()
+    staging.release(staging.staged(tp)[0])
+    assert not old.exists() and [s.base_offset for s in staging.staged(tp)] == [100]
+    # two markers, or a marker name without an offset: incomplete
+    both = legacy_segment(root, tp, pdir, 0, ".complete", b"99\n")
+    os.link(both / f"{0:020d}.log", both / ".complete-99")
+    assert [s.base_offset for s in Staging({log_dir: root}).staged(tp)] == [100] and not both.exists()
+    nameless = legacy_segment(root, tp, pdir, 0, ".complete-x")
+    staging = Staging({log_dir: root})
+    assert not nameless.exists() and staging.stage(tp, pdir, 0, 99).directory == nameless.parent
 
 
 def test_old_layout_removed_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
