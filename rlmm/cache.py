@@ -322,6 +322,9 @@ class MetadataCache:
         self._wo = WriteOptions()
         self._wo.disable_wal = not wal
         self._dirty = False
+        # per metadata partition, the caught-up wall time its progress key holds, as last written here (this cache
+        # is the one writer): each apply rewrites the key with it, instead of reading it back for every batch
+        self._walls: dict[int, int] = {}
         self._compaction: threading.Thread | None = None
         self.compactions = 0      # full compactions started (compact_in_background), for tests and logs
         self._check_format()
@@ -419,6 +422,8 @@ class MetadataCache:
         for mp, p in progress.items():
             wb.put(T_PROGRESS + _MP.pack(mp), _PROGRESS.pack(p.next_offset, p.caught_up_wall_ms))
         self.db.write(wb)
+        for mp, p in progress.items():
+            self._walls[mp] = p.caught_up_wall_ms
 
     def wipe(self, mps: Sequence[int]) -> None:
         """Forget all state and progress of these metadata partitions (before a rebuild from the start)."""
@@ -429,6 +434,8 @@ class MetadataCache:
                 wb.delete_range(t + m, _prefix_end(t + m))
             wb.delete(T_PROGRESS + m)
         self.db.write(wb)
+        for mp in mps:
+            self._walls.pop(mp, None)
 
     # ----------------------------------------------------------------------------------------------- keys
     def mp_of(self, tp: TopicIdPartition) -> int:
@@ -489,11 +496,15 @@ class MetadataCache:
 
     def _progress_puts(self, next_offsets: dict[int, int], caught_up: dict[int, int]) -> dict[bytes, bytes]:
         puts = {}
+        walls = self._walls
         for mp, nxt in next_offsets.items():
             wall = caught_up.get(mp)
             if wall is None:
-                old = self.progress(mp)
-                wall = old.caught_up_wall_ms if old else 0
+                wall = walls.get(mp)
+                if wall is None:
+                    old = self.progress(mp)
+                    wall = old.caught_up_wall_ms if old else 0
+            walls[mp] = wall
             puts[T_PROGRESS + _MP.pack(mp)] = _PROGRESS.pack(nxt, wall)
         return puts
 

@@ -5,7 +5,7 @@ records: :meth:`rlmm.topic_manager.TopicBasedRemoteLogMetadataManager._write_man
 as for a hundred: a flush, a wake-up of the consumer task, a read-your-writes wait. The sidecar's copy workers write
 at the same moments (2,000 partitions rolling at once: issue 26), each its own segments' records; through
 :class:`GroupCommit` a writer that finds a write in flight queues its records, and when that write ends one of the
-waiting writers (the first to wake) writes every queued writer's records in one call and hands each its results.
+waiting writers (the first queued) writes every queued writer's records in one call and hands each its results.
 Nothing waits on purpose: a writer alone writes at once, as before.
 
 Each writer's records keep their order, and a writer's results are those of its own records, in order. A failure of
@@ -16,13 +16,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["GroupCommit"]
+__all__ = ["GroupCommit", "taken_lock"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def taken_lock() -> threading.Lock:
+    """A lock acquired at birth: a one-shot wake-up, cheaper than an Event (a Condition, a lock, and a waiter lock per
+    wait). The sleeper acquires it (with a timeout, if it likes); the waker releases it, once."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 @dataclass(eq=False)
@@ -30,35 +38,42 @@ class _Waiter(Generic[T, R]):
     items: Sequence[T]
     results: list[R] | None = None
     error: BaseException | None = None
-    done: bool = False
+    lead: bool = False  # handed the lead of the queue: write it (set by the write before, with ``woken``)
+    woken: threading.Lock = field(default_factory=taken_lock)  # released once: results in, or the lead handed over
 
 
 class GroupCommit(Generic[T, R]):
     """``write(items) -> results`` (one result per item, in order), called by one writer at a time for the records
-    of every writer queued meanwhile. Counters for tests: ``calls`` (writes made), ``waiting`` (writers queued)."""
+    of every writer queued meanwhile. Counters for tests: ``calls`` (writes made), ``waiting`` (writers queued).
+
+    Each queued writer sleeps on an event of its own: when a write ends, its writers are woken with their results
+    and the first writer queued meanwhile is handed the lead of the queue; no other writer wakes (a notify_all woke
+    every queued writer at the end of every write, each a thread hand-off, to find the next write already taken)."""
 
     def __init__(self, write: Callable[[Sequence[T]], Sequence[R]]) -> None:
         self._write = write
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: list[_Waiter[T, R]] = []
         self._busy = False
         self.calls = 0
 
     @property
     def waiting(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def write(self, items: Sequence[T]) -> list[R]:
         """Write ``items`` (with whatever other writers queued meanwhile); their results, in order."""
         me: _Waiter[T, R] = _Waiter(items)
-        with self._cond:
+        with self._lock:
             self._queue.append(me)
-            while self._busy and not me.done:
-                self._cond.wait()
-            if not me.done:  # nobody writing, and ours not written: write the queue, ours first among it
-                batch, self._queue, self._busy = self._queue, [], True
-        if not me.done:
+            if not self._busy:  # nobody writing: write the queue (ours alone, or ours first)
+                self._busy, me.lead = True, True
+        if not me.lead:
+            me.woken.acquire()   # (released once: with our results, or with the lead of the queue)
+        if me.lead:
+            with self._lock:
+                batch, self._queue = self._queue, []
             self._lead(batch)
         if me.error is not None:
             raise me.error
@@ -76,14 +91,20 @@ class GroupCommit(Generic[T, R]):
             outcome: list[R] | BaseException = err
         else:
             outcome = results
-        with self._cond:
-            at = 0
-            for w in batch:
-                if isinstance(outcome, BaseException):
-                    w.error = outcome
-                else:
-                    w.results = outcome[at:at + len(w.items)]
-                    at += len(w.items)
-                w.done = True
-            self._busy = False
-            self._cond.notify_all()
+        at = 0
+        for w in batch:
+            if isinstance(outcome, BaseException):
+                w.error = outcome
+            else:
+                w.results = outcome[at:at + len(w.items)]
+                at += len(w.items)
+        with self._lock:
+            nxt = self._queue[0] if self._queue else None
+            if nxt is None:
+                self._busy = False
+            else:
+                nxt.lead = True   # (busy stays: the lead passes to it)
+        for w in batch[1:]:   # (the first is the writer leading this write)
+            w.woken.release()
+        if nxt is not None:
+            nxt.woken.release()

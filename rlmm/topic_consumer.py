@@ -23,8 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from prometheus_client import Counter
@@ -37,6 +36,7 @@ from rlmm.api import (
     TopicIdPartition,
 )
 from rlmm.cache import MetadataCache, Progress, SkippedRecord, release_free_heap
+from rlmm.group_commit import taken_lock
 from rlmm.topic_admin import MetadataTopic
 
 __all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "ConsumerTask"]
@@ -76,6 +76,22 @@ _SETTLING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NO
                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT})
 
 
+class _Holding:
+    """The context manager of :meth:`ConsumerTask.holding` (a class: a write enters one per call, and a generator's
+    context manager cost several times as much)."""
+
+    __slots__ = ("by_mp", "task", "timeout_s")
+
+    def __init__(self, task: ConsumerTask, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> None:
+        self.task, self.by_mp, self.timeout_s = task, by_mp, timeout_s
+
+    def __enter__(self) -> None:
+        self.task._hold(self.by_mp, self.timeout_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self.task._release(self.by_mp)
+
+
 class ConsumerTask:
     """See the module docstring. ``on_idle`` runs on the thread once per loop (the manager's tombstones and producer
     polls); ``kafka_timeout_s`` bounds each wait on the cluster when a partition is assigned. Counters for tests:
@@ -100,15 +116,16 @@ class ConsumerTask:
                                    "fetch.queue.backoff.ms": PREFETCH_BACKOFF_MS, **client_config})
         self._cond = threading.Condition()
         self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
-        # read-your-writes waiters per metadata partition: a heap of (offset awaited, seq, event), each event set
-        # once its offset is applied (or the partition unassigned, or the thread dead), so a batch applied wakes
-        # only the waiters it satisfies, not all of them (a notify_all per batch woke every copy's writer each time)
-        self._waiters: dict[int, list[tuple[int, int, threading.Event]]] = {}
+        # read-your-writes waiters per metadata partition: a heap of (offset awaited, seq, lock taken at birth), each
+        # lock released once its offset is applied (or the partition unassigned, or the thread dead), so a batch
+        # applied wakes only the waiters it satisfies, not all of them (a notify_all per batch woke every copy's
+        # writer each time); a lock, not an Event (rlmm.group_commit.taken_lock)
+        self._waiters: dict[int, list[tuple[int, int, threading.Lock]]] = {}
         self._waiter_seq = itertools.count()
         self._assigned: set[int] = set()
         self._ready: set[int] = set()
         self._at_eof: set[int] = set()
-        self._held: collections.Counter[int] = collections.Counter()  # metadata partitions a write is using
+        self._held: dict[int, int] = {}  # metadata partitions a write is using: how many writes use each
         self._commands: queue.Queue[tuple[Callable[[], object], list]] = queue.Queue()
         self._skipped_at: collections.OrderedDict[tuple[int, int], SkippedRecord] = collections.OrderedDict()
         self._stop = threading.Event()
@@ -183,14 +200,15 @@ class ConsumerTask:
         without progress per partition. Returns per partition the next offset applied by then (above the record's
         once applied), or None when the partition is no longer consumed.
 
-        Each partition's wait is an event of its own in the partition's waiter heap, set by the consumer thread once
+        Each partition's wait is a lock of its own in the partition's waiter heap, released by the consumer thread once
         a batch takes the partition past ``offset`` (:meth:`_wake_applied`), by :meth:`unassign`, or by the thread's
         death; unwoken, the waiter looks at the progress every :data:`WAIT_POLL_S` (a batch that does not reach its
         offset does not wake it, so a progress is seen up to that late: a timeout is never shorter)."""
         out: dict[int, int | None] = {}
         for mp, offset in offsets.items():
             progress_at, seen = time.monotonic(), self._applied.get(mp, -1)
-            entry: tuple[int, int, threading.Event] | None = None
+            entry: tuple[int, int, threading.Lock] | None = None
+            woken = False  # entry's lock acquired: it was popped and released (woken), it is no longer in the heap
             try:
                 while True:
                     with self._cond:
@@ -203,25 +221,28 @@ class ConsumerTask:
                         left = progress_at + timeout_s - time.monotonic()
                         if left <= 0:
                             break
-                        if entry is None or entry[2].is_set():   # (set but not past it: the partition reassigned)
-                            entry = (offset, next(self._waiter_seq), threading.Event())
+                        if entry is None or woken:   # (woken but not past it: the partition reassigned)
+                            entry, woken = (offset, next(self._waiter_seq), taken_lock()), False
                             heapq.heappush(self._waiters.setdefault(mp, []), entry)
-                    entry[2].wait(min(left, WAIT_POLL_S))
+                    woken = entry[2].acquire(timeout=min(left, WAIT_POLL_S))
             finally:
                 with self._cond:
                     out[mp] = self._applied.get(mp)
                     heap = self._waiters.get(mp)
-                    if entry is not None and not entry[2].is_set() and heap:   # timed out: no longer awaited
+                    # not woken: still in the heap (timed out: no longer awaited), unless taken out just now
+                    if entry is not None and not woken and heap and entry in heap:
                         heap.remove(entry)
                         heapq.heapify(heap)
         return out
 
-    def _wake_applied(self, mp: int, next_offset: int | None) -> None:
-        """Set the events of ``mp``'s waiters whose offset is below ``next_offset`` (all of them if None). Under the
-        lock."""
+    def _wake_applied(self, mp: int, next_offset: int | None, wake: list[threading.Lock]) -> None:
+        """Take ``mp``'s waiters whose offset is below ``next_offset`` (all of them if None) out of its heap, their
+        locks into ``wake``: the caller releases them once it let go of the lock (under which this runs), so a waiter
+        woken does not at once block on that lock again (a wake-up that preempts the waker while it holds the lock
+        and the GIL is a second hand-off back: issue 26)."""
         heap = self._waiters.get(mp)
         while heap and (next_offset is None or heap[0][0] < next_offset):
-            heapq.heappop(heap)[2].set()
+            wake.append(heapq.heappop(heap)[2])
         if not heap:
             self._waiters.pop(mp, None)
 
@@ -230,30 +251,41 @@ class ConsumerTask:
         with self._cond:
             return self._skipped_at.get((mp, offset))
 
-    @contextmanager
-    def holding(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> Iterator[None]:
+    def holding(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> _Holding:
         """Consume these metadata partitions (if not yet), wait until caught up, and keep them consumed until the
-        block ends: a write checks against them, then waits to read itself back. :meth:`unassign` leaves a held
-        partition assigned: unassigned, it would never be applied again, and the read-your-writes wait on it could
-        only time out (a fenced copy's clean-up once waited its full timeout on the metadata partition of its
-        just-deleted topic). What a write assigned stays assigned until the next unassign."""
-        mps = list(by_mp)
-        with self._cond:  # before the check below: unassign runs under the same lock and skips held partitions
-            self._held.update(mps)
+        block ends (a context manager): a write checks against them, then waits to read itself back. :meth:`unassign`
+        leaves a held partition assigned: unassigned, it would never be applied again, and the read-your-writes wait
+        on it could only time out (a fenced copy's clean-up once waited its full timeout on the metadata partition of
+        its just-deleted topic). What a write assigned stays assigned until the next unassign."""
+        return _Holding(self, by_mp, timeout_s)
+
+    def _hold(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> None:
+        """:meth:`holding`'s start: held (before the check below: unassign runs under the same lock and skips held
+        partitions), assigned, caught up; released again if that fails."""
+        held = self._held
+        with self._cond:
+            for mp in by_mp:
+                held[mp] = held.get(mp, 0) + 1
         try:
-            missing = [mp for mp in mps if mp not in self._assigned]
+            missing = [mp for mp in by_mp if mp not in self._assigned]
             if missing:
                 self.call(lambda: self.assign(missing))
-            not_ready = {mp: tp for mp, tp in by_mp.items() if mp not in self._ready}
-            if not_ready:
-                self.wait_ready(not_ready, timeout_s)
-            yield
-        finally:
-            with self._cond:
-                self._held.subtract(mps)
-                for mp in mps:
-                    if self._held[mp] <= 0:
-                        del self._held[mp]
+            if not self._ready.issuperset(by_mp):
+                self.wait_ready({mp: tp for mp, tp in by_mp.items() if mp not in self._ready}, timeout_s)
+        except BaseException:
+            self._release(by_mp)
+            raise
+
+    def _release(self, mps: Iterable[int]) -> None:
+        """:meth:`holding`'s end."""
+        held = self._held
+        with self._cond:
+            for mp in mps:
+                n = held[mp] - 1
+                if n > 0:
+                    held[mp] = n
+                else:
+                    del held[mp]
 
     # --------------------------------------------------------------------------------- on the thread
     def assign(self, mps: Iterable[int]) -> None:
@@ -307,6 +339,7 @@ class ConsumerTask:
     def unassign(self, mps: Iterable[int]) -> None:
         """Stop consuming ``mps``, except those a write holds (:meth:`holding`): under the lock the writers take to
         hold one, so a write either sees its partition unassigned (and assigns it again) or keeps it."""
+        wake: list[threading.Lock] = []
         with self._cond:
             gone = sorted(set(mps) & self._assigned - set(self._held))
             if not gone:
@@ -317,8 +350,10 @@ class ConsumerTask:
                 self._ready.discard(mp)
                 self._at_eof.discard(mp)
                 self._applied.pop(mp, None)
-                self._wake_applied(mp, None)
+                self._wake_applied(mp, None, wake)
             self._cond.notify_all()
+        for lock in wake:
+            lock.release()
 
     def _run(self) -> None:
         last_caught_up = 0.0
@@ -337,10 +372,13 @@ class ConsumerTask:
         except BaseException as err:  # noqa: BLE001 - reported to every waiter, then re-raised
             log.exception("metadata consumer thread died")
             self.error = err
+            wake: list[threading.Lock] = []
             with self._cond:
                 for mp in list(self._waiters):
-                    self._wake_applied(mp, None)
+                    self._wake_applied(mp, None, wake)
                 self._cond.notify_all()
+            for lock in wake:
+                lock.release()
             raise
 
     def _consume_once(self) -> None:
@@ -420,23 +458,32 @@ class ConsumerTask:
         out = self.cache.apply(records, {})
         self.records_applied += out.applied
         APPLIED_RECORDS.inc(out.applied)
-        with self._cond:
-            for mp, nxt in out.next_offsets.items():
-                self._applied[mp] = nxt
-                self._at_eof.discard(mp)
-                self._wake_applied(mp, nxt)
-            for s in out.skipped or ():
-                # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
-                log.log(logging.INFO if s.deleted_already else logging.ERROR,
-                        "metadata partition %d offset %d skipped (%s%s): %s", s.metadata_partition, s.offset,
-                        s.reason, ", deleted already" if s.deleted_already else "", s.error)
-                SKIPPED_RECORDS.labels(s.reason).inc()
-                self.skipped_records += 1
-                self.skipped.append(s)
-                self._skipped_at[(s.metadata_partition, s.offset)] = s
-                while len(self._skipped_at) > 10_000:
-                    self._skipped_at.popitem(last=False)
-            # (no notify_all: a batch changes no state wait_ready waits on; wait_applied's waiters were woken above)
+        wake: list[threading.Lock] = []
+        try:
+            with self._cond:
+                for mp, nxt in out.next_offsets.items():
+                    self._applied[mp] = nxt
+                    self._at_eof.discard(mp)
+                    self._wake_applied(mp, nxt, wake)
+                self._note_skipped(out.skipped)
+        finally:
+            for lock in wake:
+                lock.release()
+
+    def _note_skipped(self, skipped: list[SkippedRecord] | None) -> None:
+        """Log, count and keep (for :meth:`skipped_at`) the records a batch skipped. Under the lock."""
+        for s in skipped or ():
+            # a second deleter's record is normal in a cluster (not corruption): INFO; any other refusal: ERROR
+            log.log(logging.INFO if s.deleted_already else logging.ERROR,
+                    "metadata partition %d offset %d skipped (%s%s): %s", s.metadata_partition, s.offset,
+                    s.reason, ", deleted already" if s.deleted_already else "", s.error)
+            SKIPPED_RECORDS.labels(s.reason).inc()
+            self.skipped_records += 1
+            self.skipped.append(s)
+            self._skipped_at[(s.metadata_partition, s.offset)] = s
+            while len(self._skipped_at) > 10_000:
+                self._skipped_at.popitem(last=False)
+        # (no notify_all: a batch changes no state wait_ready waits on; wait_applied's waiters are woken by _apply)
 
     def _mark_caught_up(self) -> None:
         with self._cond:

@@ -25,8 +25,8 @@ fencing of zombie copies), else :class:`InvalidStateTransitionError`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,13 +115,15 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             self._consumer.call(lambda: self._consumer.assign(range(self.num_partitions)))
 
     def _on_idle(self) -> None:
-        """On the consumer thread, every loop: due tombstones now and then, the producer's delivery callbacks."""
+        """On the consumer thread, every loop: now and then the producer's delivery reports (the tombstones' have no
+        callback; a write serves its own, flushing) and due tombstones. Not a poll per loop: each is a call
+        that lets the GIL go, a thread hand-off when the copy workers wait for it (issue 26)."""
         now = time.monotonic()
         if now - self._last_tombstones >= self.config.tombstone_check_interval_s:
+            self._producer.poll()   # type: ignore[union-attr]  # (the last check's: one check's at most held)
             self._producer.write_due_tombstones(self.cache, self._consumer.assigned_partitions(),  # type: ignore
                                                 self.config.broker_id, self.config.tombstone_delay_ms)
             self._last_tombstones = now
-        self._producer.poll()   # type: ignore[union-attr]
 
     # the consumer task's counters
     @property
@@ -154,12 +156,10 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
             raise RemoteLogMetadataError("the metadata manager is closed")
         self._consumer.check_alive()
 
-    @contextmanager
-    def _holding(self, tps: Iterable[TopicIdPartition]) -> Iterator[None]:
+    def _holding(self, tps: Iterable[TopicIdPartition]) -> AbstractContextManager[None]:
         """Consume the metadata partitions of ``tps`` until the block ends (:meth:`ConsumerTask.holding`)."""
         self._check_open()  # a closed manager's thread answers no command and its cache is closed
-        with self._consumer.holding({self.cache.mp_of(tp): tp for tp in tps}, self.config.write_timeout_s):
-            yield
+        return self._consumer.holding({self.cache.mp_of(tp): tp for tp in tps}, self.config.write_timeout_s)
 
     def add_remote_log_segment_metadata(self, metadata: RemoteLogSegmentMetadata) -> None:
         _raise(self.write_segment_metadata_many([metadata]))
