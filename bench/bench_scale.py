@@ -382,6 +382,23 @@ def top_functions(collapsed: Path, n: int = 15) -> list[tuple[str, float]]:
     return [(f, c / max(1, total)) for f, c in inclusive.most_common(n)]
 
 
+def perf_record(pid: int, out: Path) -> subprocess.Popen:
+    """``perf record -g`` of ``pid`` (every thread, kernel and user space, 499 Hz) into ``out`` until sent SIGINT:
+    what py-spy does not see, the kernel's share (futex hand-offs, fsyncs, inode work) and librdkafka's threads."""
+    return subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def perf_summary(data: Path, n: int = 25) -> list[str]:
+    """The lines of ``perf report`` of ``data``: the share of samples by thread name and object (kernel, python,
+    librdkafka, ...), then the symbols most sampled (self time)."""
+    def report(sort: str) -> list[str]:
+        out = subprocess.run(["perf", "report", "--stdio", "--no-children", "-g", "none", "--percent-limit", "0.5",
+                              "--sort", sort, "-i", str(data)], capture_output=True, text=True, check=False).stdout
+        return [line for line in out.splitlines() if line.strip() and not line.startswith("#")][:n]
+    return [*report("comm,dso"), "", *report("sym")]
+
+
 def broker_pid(kc) -> int:  # noqa: ANN001
     """The broker's JVM (``devtools.devkafka`` runs ``java`` itself, no wrapper script)."""
     return kc.node(1).process.pid
@@ -485,13 +502,15 @@ def rolled_segments(log_dir: Path, prefix: str) -> int:
 
 def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
                 segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None,
-                baseline: SidecarProcess | None = None, *, warm: bool = False, leave_open: bool = False) -> dict:
+                baseline: SidecarProcess | None = None, *, warm: bool = False, leave_open: bool = False,
+                perf_dir: Path | None = None) -> dict:
     """The burst, measured on ``sc`` (and on ``baseline``, a sidecar of another checkout copying the same segments
     beside it, until it caught up in turn: ``out["baseline"]``): every partition rolls ``segments_per_partition``
     segments of 64 KiB. ``leave_open``: the last segment is left active and full (a 64 KiB round instead of the one
     closing record), for a ``warm`` burst after this one, whose first round rolls it. A warm burst is one after the
     sidecars copied the segments of an earlier one: a partition's first copy sets up what later ones reuse (the
-    store's and staging's directories, the copy watermark file), which the cold burst counts and a warm one not."""
+    store's and staging's directories, the copy watermark file), which the cold burst counts and a warm one not.
+    ``perf_dir``: ``perf record`` of ``sc`` over the burst into ``perf_dir/burst.perf.data`` (:func:`perf_record`)."""
 
     def copied(s: SidecarProcess) -> int:
         # the store's index objects (a copy's commit point), counted by this process: scraping the sidecar's /metrics
@@ -505,6 +524,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     if base_peak is not None:
         base_peak.start()
     spy = profile(sc.pid, None, profile_dir / "burst.txt") if profile_dir else None
+    perf = perf_record(sc.pid, perf_dir / "burst.perf.data") if perf_dir else None
     load0 = os.getloadavg()[0]
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
@@ -534,9 +554,10 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     b1 = cpu_s(bpid)
     if baseline is not None:
         wait_until(lambda: both() and base_done is not None, 1800, "the baseline sidecar to copy them", 1.0)
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
+    for p in (spy, perf):
+        if p is not None:
+            p.send_signal(signal.SIGINT)
+            p.wait(120)
     cpu = (c1 - c0) - idle_cpu_pct / 100 * (w1 - w0)
     return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
             "ms_per_segment": 1000 * cpu / max(1, rolled), "gross_ms_per_segment": 1000 * (c1 - c0) / max(1, rolled),
@@ -657,6 +678,9 @@ def main() -> None:
     ap.add_argument("--skip-burst", action="store_true", help="skip the burst")
     ap.add_argument("--profile", type=Path, help="record each idle phase with py-spy into this directory")
     ap.add_argument("--profile-gil", action="store_true", help="py-spy samples only the thread holding the GIL")
+    ap.add_argument("--perf", type=Path,
+                    help="record this checkout's sidecar in the (cold) burst with perf (kernel and librdkafka too) "
+                         "into this directory, and print where its samples went")
     ap.add_argument("--baseline", type=Path,
                     help="another checkout (e.g. `git archive` of an older commit): its sidecar runs beside this one's "
                          "in the short-interval phase and the burst, on the same broker and load")
@@ -676,8 +700,9 @@ def main() -> None:
     STORE_FSYNC = not args.store_no_fsync
     if args.partitions % args.topics:
         ap.error("--partitions must be a multiple of --topics")
-    if args.profile:
-        args.profile.mkdir(parents=True, exist_ok=True)
+    for d in (args.profile, args.perf):
+        if d:
+            d.mkdir(parents=True, exist_ok=True)
 
     from devtools.devkafka import KafkaCluster
 
@@ -720,7 +745,8 @@ def main() -> None:
                 base = idle_short.get("baseline", {}).get("sidecar")
                 try:
                     b = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
-                                    idle_short["cpu_pct"], args.profile, base, leave_open=args.warm)
+                                    idle_short["cpu_pct"], args.profile, base, leave_open=args.warm,
+                                    perf_dir=args.perf)
                     if args.warm:
                         settle(sc.pid)
                         bw = burst_phase(kc, sc, topics, per_topic, prefix, args.segments_per_partition,
@@ -757,6 +783,10 @@ def main() -> None:
             print(f"\npy-spy, {f.stem}: share of on-CPU samples (inclusive)")
             for fn, share in top_functions(f):
                 print(f"  {share:6.1%}  {fn}")
+    if args.perf and (args.perf / "burst.perf.data").exists():
+        print("\nperf, burst: share of samples by thread and object, then by symbol (self)")
+        for line in perf_summary(args.perf / "burst.perf.data"):
+            print(f"  {line}")
 
 
 if __name__ == "__main__":
