@@ -81,6 +81,7 @@ from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.deadline import Deadline
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
+from rlm.listener.net.vectored import vectored, write_parts
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
     ErrorCode,
@@ -296,6 +297,7 @@ class ListenerServer:
             return writer.is_closing() or reader.at_eof()
 
         protocol = typing.cast(_ClientProtocol, writer.transport.get_protocol())
+        protocol.vectored = vectored(writer.transport)
         task = asyncio.current_task()
         why = ""  # the bound the request being waited for is held to (idle, authentication_timeout)
         expired: list[str] = []
@@ -426,12 +428,11 @@ class ListenerServer:
         :meth:`queued_response_bytes` until the socket has taken it all), which the next request waits for. A
         consumer's next Fetch comes once it has read this answer, so it seldom waits: no event-loop round per
         answer to wake a drain, one to read the request. A :class:`ChunkedAnswer` (of parts in memory only) is
-        handed over a part at a time, not joined: the socket takes what it can of each straight from it."""
+        handed over as its parts, not joined (:meth:`_write_parts`)."""
         n = len(data)
         self._queued += n
         if isinstance(data, ChunkedAnswer):
-            for part in data:
-                writer.write(part)  # type: ignore[arg-type]  # in memory (the caller's check)
+            self._write_parts(writer, protocol, data.parts)  # type: ignore[arg-type]  # in memory (the caller's check)
         else:
             writer.write(data)
         if not protocol.writing_paused:
@@ -443,6 +444,19 @@ class ListenerServer:
         self._queued_answers.add(answer)
         if self._queued_ticker is None:
             self._queued_ticker = asyncio.get_running_loop().call_later(self._write_poll_s(), self._check_queued)
+
+    @staticmethod
+    def _write_parts(writer: asyncio.StreamWriter, protocol: _ClientProtocol, parts: list[bytes | memoryview]
+                     ) -> None:
+        """Hand ``parts`` to the connection's transport in order: over plaintext with
+        :func:`~rlm.listener.net.vectored.write_parts` (one ``writev`` from the parts' own buffers; no part referenced
+        once it returns), over TLS a ``write`` each (asyncio's TLS transport encrypts each as it comes:
+        ``bench/bench_tls_parts.py``)."""
+        if protocol.vectored:
+            write_parts(writer.transport, parts)
+        else:
+            for part in parts:
+                writer.write(part)
 
     def _raise_send_buffer(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol) -> None:
         """Raise the connection's SO_SNDBUF to ``SEND_BUFFER_RAISED_BYTES`` (once; given back when it closes) if the
@@ -498,11 +512,10 @@ class ListenerServer:
         self._queued += n
         taken = 0
         try:
+            protocol = typing.cast(_ClientProtocol, transport.get_protocol())
             for piece in _slices(parts, WRITE_SLICE_BYTES):
-                size = 0
-                for p in piece:
-                    writer.write(p)
-                    size += len(p)
+                size = sum(map(len, piece))
+                self._write_parts(writer, protocol, piece)
                 if transport.get_write_buffer_size():
                     if not await self._drain(writer, started):
                         CLOSED.labels("not_reading").inc()
@@ -877,6 +890,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         self.answer: _QueuedAnswer | None = None  # an answer written and not yet all taken by the socket
         self.writing_paused = False
         self.raised = 0  # kernel send-buffer bytes counted for this connection (ListenerServer._raise_send_buffer)
+        self.vectored = False  # plaintext: answers in parts are written with one writev (rlm.listener.net.vectored)
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -1,0 +1,137 @@
+"""Vectored writes (rlm.listener.net.vectored): byte-exact against a slow reader, whatever the socket takes at once,
+and no part referenced once the call returns (the parts are overwritten right after it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+from rlm.listener.net.vectored import IOV_MAX, vectored, write_parts
+
+SMALL_BUFFER = 4096  # the kernel rounds it up (and doubles it): still far below what is written
+
+
+def _slow_reader(sock: socket.socket, nbytes: int, out: bytearray, done: threading.Event) -> None:
+    """Read ``nbytes`` in small reads, pausing now and then: the writer's socket fills and takes parts in pieces."""
+    sock.settimeout(10)
+    reads = 0
+    try:
+        while len(out) < nbytes:
+            chunk = sock.recv(1024)
+            if not chunk:
+                break
+            out += chunk
+            reads += 1
+            if reads % 64 == 0:
+                time.sleep(0.001)
+    except TimeoutError:
+        pass  # bytes missing: the test compares what came
+    finally:
+        done.set()
+
+
+def _parts(rng_seed: int) -> list[bytearray | memoryview | bytes]:
+    """Parts of many sizes and kinds: small fields, records larger than the socket's buffers, views into a
+    larger buffer, empty ones, and more of them than one writev takes (IOV_MAX)."""
+    rnd = __import__("random").Random(rng_seed)
+    parts: list[bytearray | memoryview | bytes] = []
+    for i in range(IOV_MAX + 300):
+        kind = i % 5
+        if kind == 0:
+            parts.append(bytearray(os.urandom(rnd.randint(1, 40))))
+        elif kind == 1:
+            parts.append(bytearray(os.urandom(rnd.randint(100, 300))))
+        elif kind == 2:
+            big = bytearray(os.urandom(rnd.randint(300, 800)))
+            parts.append(memoryview(big)[rnd.randint(0, 50):])
+        elif kind == 3:
+            parts.append(b"")
+        else:
+            parts.append(bytearray(os.urandom(rnd.randint(1, 20))))
+    parts[5] = bytearray(os.urandom(256 * 1024))  # larger than both kernel buffers
+    parts[-3] = bytearray(os.urandom(200 * 1024))
+    return parts
+
+
+async def _serve_one(parts_rounds: list[list[bytearray | memoryview | bytes]]) -> tuple[bytes, list[int], bool]:
+    """A real TCP connection with small buffers on both ends; each round's parts written with write_parts (the
+    second round while the transport may still hold bytes of the first), every part overwritten at once after the
+    call; what the slow reader got, what the socket took at once per round, and whether the transport was
+    vectored."""
+    loop = asyncio.get_running_loop()
+    connected: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+
+    async def on_client(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set_result(writer)
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)  # before connect: the window stays small
+    client.connect(("127.0.0.1", port))
+    writer = await connected
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
+    total = sum(len(p) for parts in parts_rounds for p in parts)
+    got = bytearray()
+    done = threading.Event()
+    reader = threading.Thread(target=_slow_reader, args=(client, total, got, done), daemon=True)
+    reader.start()
+    taken = []
+    try:
+        for parts in parts_rounds:
+            taken.append(write_parts(writer.transport, parts))
+            for p in parts:  # the contract: no part is referenced after the call
+                if isinstance(p, bytearray):
+                    p[:] = b"\xee" * len(p)
+                elif isinstance(p, memoryview) and not p.readonly:
+                    p[:] = b"\xee" * len(p)
+        await writer.drain()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+        return bytes(got), taken, vectored(writer.transport)
+    finally:
+        writer.close()
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_parts_arrive_byte_exact_through_a_slow_reader() -> None:
+    first, second = _parts(1), _parts(2)
+    expected = b"".join(bytes(p) for p in first) + b"".join(bytes(p) for p in second)
+    got, taken, was_vectored = asyncio.run(_serve_one([first, second]))
+    assert was_vectored
+    assert got == expected
+    # the socket took part of the first round at once (the rest queued, copied, in the transport), and nothing of
+    # the second: the transport still held bytes, so they queued behind them
+    assert 0 < taken[0] < sum(map(len, first))
+    assert taken[1] == 0
+
+
+def test_all_taken_at_once_leaves_the_transport_empty() -> None:
+    async def run() -> tuple[int, int, bytes]:
+        loop = asyncio.get_running_loop()
+        connected: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+        server = await asyncio.start_server(lambda _r, w: connected.set_result(w), "127.0.0.1", 0)
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        writer = await connected
+        parts = [b"head", bytearray(b"x" * 1000), memoryview(b"0123456789")[2:], b"tail"]
+        n = write_parts(writer.transport, parts)
+        left = writer.transport.get_write_buffer_size()
+        client.settimeout(10)
+        got = b""
+        while len(got) < n:
+            got += client.recv(65536)
+        writer.close()
+        client.close()
+        server.close()
+        await server.wait_closed()
+        return n, left, got
+
+    n, left, got = asyncio.run(run())
+    assert n == 4 + 1000 + 8 + 4
+    assert left == 0
+    assert got == b"head" + b"x" * 1000 + b"23456789" + b"tail"
