@@ -10,7 +10,10 @@ size):
   2. blocks are streamed into data object 0, 1, ... each closed before it would pass
      ``max_data_object_bytes`` (PIP-76 offload segments: a huge segment spans several objects);
   3. Kafka's five indexes are appended verbatim to the last data object (sections, CRC-32C each);
-  4. the index object is written last: it is the commit point (no index, nothing readable).
+  4. the index object is written last: it is the commit point (no index, nothing readable). With ``durable=False``
+     (a batch of copies) the objects' bytes are durable when the copy returns, their names only once
+     :meth:`RemoteStorageManager.make_durable` of the batch returns: on the filesystem store one directory fsync
+     for the batch's copies, not one per copy; the caller publishes COPY_SEGMENT_FINISHED after it.
 A failed copy removes what it wrote (best effort; leftovers without index are garbage-collected).
 
 Key layouts: a copy returns custom metadata recording the key layout it was written under (the store's key prefix,
@@ -36,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -338,10 +341,12 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     # -- copy --------------------------------------------------------------------------------------------------
 
     def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
-                              segment_data: LogSegmentData, *, cancel: threading.Event | None = None) -> bytes | None:
+                              segment_data: LogSegmentData, *, cancel: threading.Event | None = None,
+                              durable: bool = True) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Always written under the current layout
         (``self.layout``), whatever ``segment_metadata.custom_metadata`` says; returns that layout's custom
-        metadata (``rsm.format.custom_metadata``)."""
+        metadata (``rsm.format.custom_metadata``). ``durable=False``: the copy is durable only once
+        :meth:`make_durable` of it returns (see the module doc)."""
         m = segment_metadata
         data = segment_data
         writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
@@ -354,12 +359,13 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         sections.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
         return self._copy_guarded(m, writer, lambda: writer.blocks(
             data.log_path, verify_crc=True, start_offset=m.start_offset,
-            end_offset_inclusive=m.end_offset_inclusive), sections, cancel)
+            end_offset_inclusive=m.end_offset_inclusive), sections, cancel, durable)
 
     def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData, *,
-                       cancel: threading.Event | None = None) -> bytes | None:
+                       cancel: threading.Event | None = None, durable: bool = True) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_range`: the offset and time indexes are written here
-        (:class:`~rsm.log.indexes.KafkaIndexBuilder`) as the blocks are, and appended after them as sections."""
+        (:class:`~rsm.log.indexes.KafkaIndexBuilder`) as the blocks are, and appended after them as sections.
+        ``durable``: as :meth:`copy_log_segment_data`'s."""
         m = segment_metadata
         writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
         indexes = KafkaIndexBuilder(m.start_offset)
@@ -370,17 +376,31 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         sections.append((IndexType.LEADER_EPOCH, range_data.leader_epoch_checkpoint))
         return self._copy_guarded(m, writer, lambda: writer.piece_blocks(
             range_data.pieces, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,
-            on_batch=indexes.add), sections, cancel)
+            on_batch=indexes.add), sections, cancel, durable)
+
+    def make_durable(self, segment_metadatas: Iterable[RemoteSegmentMetadata]) -> None:
+        """Make copies written with ``durable=False`` durable (their objects' names: their bytes are already): on the
+        filesystem store one fsync per directory, for all of them (:meth:`FileSystemStore.sync_names`); nothing on a
+        store whose puts are durable when they return (S3). Raises :class:`RemoteStorageError` when it fails: the
+        copies are then not durable, and must not be published COPY_SEGMENT_FINISHED."""
+        by_store: dict[int, tuple[Store, list[str]]] = {}
+        for m in segment_metadatas:
+            store, keys, _ = self._located(m)
+            by_store.setdefault(id(store), (store, []))[1].append(keys.index)
+        for store, index_keys in by_store.values():
+            sync: Callable[[Iterable[str]], None] | None = getattr(store, "sync_names", None)  # FileSystemStore
+            if sync is not None:
+                sync(index_keys)
 
     def _copy_guarded(self, m: RemoteSegmentMetadata, writer: LedgerWriter,
                       blocks: Callable[[], Iterator[tuple[BlockDraft, memoryview]]],
                       sections: list[tuple[IndexType, _SectionSource]],
-                      cancel: threading.Event | None = None) -> bytes | None:
+                      cancel: threading.Event | None = None, durable: bool = True) -> bytes | None:
         """Copy under the current layout; on any failure (or ``cancel`` set before the index object is written)
         remove what was written and raise as the API says."""
         keys = self._keys(m, self.layout)
         try:
-            ledger = self._copy(m, keys, writer, blocks(), sections, cancel)
+            ledger = self._copy(m, keys, writer, blocks(), sections, cancel, durable)
         except BaseException as err:
             self._cleanup(keys)
             if isinstance(err, SegmentRangeError):
@@ -397,7 +417,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
     def _copy(self, m: RemoteSegmentMetadata, keys: SegmentKeys, writer: LedgerWriter,
               block_iter: Iterator[tuple[BlockDraft, memoryview]],
               sections_src: list[tuple[IndexType, _SectionSource]],
-              cancel: threading.Event | None = None) -> LedgerIndex:
+              cancel: threading.Event | None = None, durable: bool = True) -> LedgerIndex:
         ledger_id = writer.ledger_id
         # The first block before any put: a .log that does not hold the range fails with nothing uploaded.
         first_block = next(block_iter, None)
@@ -488,7 +508,9 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         index = IndexObject(sum(object_lengths), BLOCK_HEADER_LENGTH, (ledger,))
         raw = encode_index(index)
         paid(0)  # the last point of no return: without the index object, nothing of the copy is readable
-        self.store.put(keys.index, [raw if cipher is None else cipher.seal_index(raw, key_base=keys.base)])
+        # not durable: its name (and the data objects') made so by make_durable, when the store can (sync_names)
+        put_index = put_data if not durable and hasattr(self.store, "sync_names") else self.store.put
+        put_index(keys.index, [raw if cipher is None else cipher.seal_index(raw, key_base=keys.base)])
         return ledger
 
     def _new_cipher(self, keys: SegmentKeys) -> CopyCipher | None:

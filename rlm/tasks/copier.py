@@ -156,6 +156,11 @@ class PartitionCopier:
         self.cancel = cancel
         # Another broker's copies left COPY_SEGMENT_STARTED that the last clean-up let be (young: maybe in flight).
         self._unfinished_waiting = 0
+        # The store's copies of a batch are made durable together, after the batch's last copy (make_durable: one
+        # directory fsync for the batch on the filesystem store), when the storage manager can: the keyword arguments
+        # of each store copy (of this copier's and the streaming offloader's) say so.
+        self.copy_options: dict[str, bool] = {"durable": False} if callable(getattr(rsm, "make_durable", None)) \
+            else {}
 
     # --------------------------------------------------------------------------------------------- staging
     @property
@@ -538,7 +543,7 @@ class PartitionCopier:
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
-        return md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel)
+        return md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel, **self.copy_options)
 
     def commit_copy(self, md: RemoteLogSegmentMetadata, copy: Callable[[], bytes | None], *,
                     leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None,
@@ -559,8 +564,10 @@ class PartitionCopier:
                       stop: threading.Event | None = None,
                       ) -> tuple[list[RemoteLogSegmentMetadata], Exception | None]:
         """Copy a batch, in order: COPY_SEGMENT_STARTED of every copy in one metadata write, each ``copy()`` (the
-        store's copy; returns custom metadata) one after the other, one fencing check (``current_leader_epoch()``
-        must still answer ``leader_epoch``), COPY_SEGMENT_FINISHED of the copies made in one metadata write.
+        store's copy, with :attr:`copy_options`; returns custom metadata) one after the other, the copies made
+        durable together (``make_durable``, when :attr:`copy_options` deferred it), one fencing check
+        (``current_leader_epoch()`` must still answer ``leader_epoch``), COPY_SEGMENT_FINISHED of the copies made in
+        one metadata write.
 
         Returns the FINISHED metadata of a prefix of the batch, and None or the first failure: the metadata's
         refusal of a STARTED or FINISHED record, the store's copy failing (:class:`~rsm.errors.CopyCancelledError`
@@ -599,12 +606,22 @@ class PartitionCopier:
                 break
             elapsed.append(time.monotonic() - started)
             copied.append(replace(md, custom_metadata=custom))
+        tried = len(copied) + (1 if copy_failed else 0)
+        if copied and self.copy_options:
+            try:  # the batch's copies durable before any of them is FINISHED
+                self.rsm.make_durable([to_rsm(md) for md in copied])  # type: ignore[attr-defined]
+            except Exception as err:  # noqa: BLE001 - returned: the caller raises it
+                metrics.ERRORS.labels("copy").inc()
+                log.error("copies could not be made durable; removing them", extra={
+                    "partition": str(self.tp), "start_offset": copied[0].start_offset, "error": str(err)})
+                for md in copied:
+                    self._remove(md, "failed-copy")
+                error, copied = err, []  # (about the first segment copied: before any later failure)
         finished, finish_error = self._finish(copied, leader_epoch, current_leader_epoch)
         if finish_error is not None:
             error = finish_error  # about a segment before any later failure
             for md in copied[len(finished):]:  # copied, not recorded FINISHED
                 self._remove(md, "fenced-copy" if isinstance(error, CopyFencedError) else "failed-copy")
-        tried = len(copied) + (1 if copy_failed else 0)
         for md, refusal in zip(mds[tried:], refusals[tried:], strict=True):
             if refusal is None:  # STARTED written, never copied: nothing stored to delete but the record
                 self._remove(md, "unfinished-copy")

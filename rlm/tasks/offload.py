@@ -315,7 +315,8 @@ class StreamingOffloader:
             pieces=tuple(cut.pieces),
             transaction_index=format_txn_index(aborted) if aborted else None,
             leader_epoch_checkpoint=format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= end]))
-        md = copier.commit_copy(md, lambda: copier.rsm.copy_log_range(to_rsm(md), data, cancel=copier.cancel),
+        md = copier.commit_copy(md, lambda: copier.rsm.copy_log_range(to_rsm(md), data, cancel=copier.cancel,
+                                                                      **copier.copy_options),
                                 leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
         metrics.OFFLOAD_SEGMENT_SECONDS.observe(self.clock() - (cut.opened_at or self.clock()))
         return md

@@ -189,10 +189,16 @@ class ClosableStore(Protocol):
 class DeferredNameStore(Protocol):
     """Optional: a put whose object name is made durable by a later put into the same directory, not by its own (the
     filesystem store: one directory fsync per copy, not one per object; ``rsm.manager`` puts a copy's data objects so,
-    its index object last, beside them). Without: the manager uses ``put``."""
+    its index object last, beside them), or by :meth:`sync_names` (a batch of copies, ``RemoteStorageManager.
+    make_durable``: one fsync per directory for the batch). Without: the manager uses ``put``."""
 
     def put_deferred(self, key: str, chunks: Iterable[Chunk]) -> int:
-        """:meth:`Store.put`, except that the name is durable only once a later ``put`` in its directory returned."""
+        """:meth:`Store.put`, except that the name is durable only once a later ``put`` in its directory returned, or
+        :meth:`sync_names` of it."""
+        ...
+
+    def sync_names(self, keys: Iterable[str]) -> None:
+        """Make the names of ``keys`` (put with :meth:`put_deferred`) durable."""
         ...
 
 
@@ -206,6 +212,6 @@ class ReadAheadStore(Protocol):
 OPTIONAL_MEMBERS: dict[str, type] = {
     "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
     "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
-    "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore,
+    "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore, "sync_names": DeferredNameStore,
 }
 """Every optional member of a store, by name: the protocol declaring it."""

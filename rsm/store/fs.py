@@ -3,7 +3,8 @@
 Atomic puts: the object is written to ``<root>/.tmp/<random>``, fsynced, renamed over ``<root>/<key>`` and the
 target directory fsynced; a reader opens either the old file or the complete new one.
 :meth:`FileSystemStore.put_deferred` leaves the directory fsync to a later put into the same directory (a copy's
-data objects, its index object last); a directory a put creates is fsynced into its parent. A write killed mid-way
+data objects, its index object last), or to :meth:`FileSystemStore.sync_names` (a batch of copies: one fsync per
+directory for all of them); a directory a put creates is fsynced into its parent. A write killed mid-way
 leaves its temp file; :meth:`FileSystemStore.remove_stale_temp_files` (run by garbage collection after its grace)
 removes those. Keys are ``/``-separated relative paths; ``..``, ``.``, absolute paths, empty components, a first
 component ``.tmp``, NUL, strings that are not valid unicode and components ending with ``%+`` are refused
@@ -182,6 +183,19 @@ class FileSystemStore:
         (that is written after the put returns) and its clean-up deletes it; only a recovery from the store alone
         (``rlm recover``, which takes an index object as committed) would meet such an index object."""
         return self._put(key, chunks, sync_dir=False)
+
+    def sync_names(self, keys: Iterable[str]) -> None:
+        """Make the names of the objects ``keys`` (put with :meth:`put_deferred`) durable: one fsync per directory
+        they are in, however many they are (a copy run's batch of copies, all in their partition's directory: one
+        fsync for the batch, where a :meth:`put` of each index object cost one each, issue 26). Their bytes were
+        durable already (fsynced before each rename)."""
+        if not self.fsync:
+            return
+        for d in dict.fromkeys(self._path(key).parent for key in keys):
+            try:
+                _fsync_dir(d)
+            except OSError as err:
+                raise RemoteStorageError(f"fsync of {d} failed: {err}") from err
 
     def _put(self, key: str, chunks: Iterable[Chunk], *, sync_dir: bool) -> int:
         path = self._path(key)

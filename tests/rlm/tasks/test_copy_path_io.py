@@ -74,6 +74,40 @@ def test_a_copy_makes_its_object_names_durable_with_one_directory_fsync(tmp_path
     assert fsyncs.files == 2  # each object's bytes
 
 
+def test_a_batch_makes_its_copies_durable_with_one_directory_fsync_before_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy run's batch: each copy's objects put (their bytes fsynced, their names not yet), then one fsync of the
+    partition's store directory for the whole batch (``make_durable``), then COPY_SEGMENT_FINISHED of the batch:
+    a segment is durable before it is published, with one directory fsync per batch, not one per copy."""
+    world = synced_world(tmp_path)
+    tp = rolled(world, 4)
+    copier = world.copier(1, tp)
+    assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # the store's directories made
+    events: list[str] = []
+    fsyncs = Fsyncs(monkeypatch)
+    inner_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        inner_fsync(fd)
+        events.append(f"fsync {os.readlink(f'/proc/self/fd/{fd}')}")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    inner_write = copier.rlmm.write_segment_metadata_many
+
+    def write(records):  # type: ignore[no-untyped-def]
+        events.append(" ".join(sorted({r.state.name for r in records})))
+        return inner_write(records)
+
+    copier.rlmm.write_segment_metadata_many = write  # type: ignore[method-assign]
+    assert [m.end_offset_inclusive for m in copier.run_once(20).copied] == [9, 14, 19]
+    store_dir = str(sorted((tmp_path / "remote").rglob("*-index"))[0].parent)
+    store_dirs = [d for d in fsyncs.dirs if d.startswith(str(tmp_path / "remote"))]
+    assert store_dirs == [store_dir]  # one for the batch of three (a put of each index object: three)
+    assert events.index(f"fsync {store_dir}") < events.index("COPY_SEGMENT_FINISHED")
+    assert fsyncs.files == 3 * 2 + 1  # each copy's data and index object, and the copy watermark
+    assert [o for o, _v in world.values(tp)] == list(range(20))
+
+
 def test_put_deferred_leaves_the_name_to_the_next_put_in_its_directory(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     store = FileSystemStore(tmp_path / "s")
