@@ -98,11 +98,15 @@ def _last_offset(block: BlockInfo) -> int:
     return block.last_offset
 
 
-def _check_batch(data: bytearray, block: BlockInfo, *, key: str, position: int, log_position: int) -> BatchHeader:
+def _check_batch(data: bytearray | memoryview, block: BlockInfo, *, key: str, position: int, log_position: int,
+                 address: int | None = None) -> BatchHeader:
     """Check one entry's record batch (header via ``rsm.log.batch``, then CRC-32C); return its header (the
-    batch's ``position`` being ``log_position``, where it was in the original ``.log``)."""
+    batch's ``position`` being ``log_position``, where it was in the original ``.log``). ``address``: that of
+    ``data[0]`` when the caller knows it (a view of a whole block: its address found once per block, not per
+    batch)."""
     h = _check_header(data, block, key=key, position=position, log_position=log_position)
-    actual = batch_crc(data)
+    actual = batch_crc(data) if address is None else crc32c_at(  # type: ignore[arg-type]
+        data, address, ATTRIBUTES_OFFSET, len(data) - ATTRIBUTES_OFFSET)
     if actual != h.crc:
         raise CorruptRemoteObjectError(f"batch CRC-32C 0x{actual:08X} does not match stored 0x{h.crc:08X}", key=key,
                                        position=position, kafka_offset=h.base_offset)
@@ -311,12 +315,16 @@ def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str
         log_pos = block.log_position
         prev_last = block.first_offset - 1
         count = 0
+        # a whole block in a buffer: an entry's address is this plus its position in the object (its views are
+        # alive while the block is parsed)
+        base = buffer_address(src) - pos if isinstance(src, memoryview) else None  # type: ignore[arg-type]
         for entry_id, p, data in entries:
             data_pos = p + ENTRY_HEADER_LENGTH
             if count == block.entry_count:
                 raise CorruptRemoteObjectError(f"block holds more than the index's {block.entry_count} entries",
                                                key=key, position=p, kafka_offset=prev_last + 1)
-            h = _check_batch(data, block, key=key, position=data_pos, log_position=log_pos)
+            h = _check_batch(data, block, key=key, position=data_pos, log_position=log_pos,
+                             address=None if base is None else base + data_pos)
             if h.base_offset <= prev_last:
                 raise CorruptRemoteObjectError(
                     f"batch base offset {h.base_offset} not after the previous batch's {prev_last}", key=key,

@@ -154,17 +154,23 @@ def test_concurrent_readers_of_one_copy_get_its_bytes(tmp_path: Path, ahead: boo
 
 
 class _CrcCount:
-    """Counts the batch CRC-32C checks of the reader (rsm.format.reader.batch_crc)."""
+    """Counts the batch CRC-32C checks of the reader (rsm.format.reader: ``batch_crc`` of a batch read on its own,
+    ``crc32c_at`` of one in a whole block, its address known)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = reader_module.batch_crc
+        real, real_at = reader_module.batch_crc, reader_module.crc32c_at
 
         def counted(data: bytearray) -> int:
             self.calls += 1
             return real(data)
 
+        def counted_at(data: bytearray, address: int, start: int, length: int, crc: int = 0) -> int:
+            self.calls += 1
+            return real_at(data, address, start, length, crc)
+
         monkeypatch.setattr(reader_module, "batch_crc", counted)
+        monkeypatch.setattr(reader_module, "crc32c_at", counted_at)
 
 
 def test_without_read_ahead_each_block_is_read_whole_once_and_checked_once(tmp_path: Path,
