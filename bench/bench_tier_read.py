@@ -18,6 +18,8 @@ the socket's copy is not counted); the next positions follow each partition's
 last offset. The answers are checked: every offset once, in order. Printed: CPU seconds per GiB of record bytes
 (this process, ``time.process_time``), MB/s, Fetches, best of ``--rounds`` reads (the page cache warm after the
 first). ``--profile FILE``: one more read under cProfile, the hot functions printed, the stats in FILE.
+``--breakdown``: one more read on this thread, its CPU per Fetch by part (block read, CRC, parse, the tier view's
+fetch, the listener's, the answer's encoding).
 """
 
 from __future__ import annotations
@@ -133,6 +135,62 @@ def read(ctx: object, tps: list[object], records: int, fetch_bytes: int,
     return time.perf_counter() - wall, time.process_time() - cpu, size, fetches
 
 
+def breakdown(ctx: object, tps: list[object], records: int, fetch_bytes: int) -> None:
+    """One read on this thread, partitions read one after the other, with this thread's CPU time
+    (``time.thread_time_ns``) taken around the parts of a Fetch; printed per Fetch. The parts nest: each is given
+    without the ones inside it (the block read and the CRC inside the block parse, the parse inside the tier
+    view's fetch, that inside the listener's)."""
+    import rlm.listener.protocol.codec as codec
+    import rlm.listener.tier.fetch as tier_fetch
+    import rsm.format.blockcache as blockcache
+    import rsm.format.reader as reader
+    from rlm.tier.view import TierView
+
+    spent: dict[str, int] = {}
+    clock = time.thread_time_ns
+
+    def timed(name: str, fn):  # noqa: ANN001, ANN202
+        def run(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            t = clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] = spent.get(name, 0) + clock() - t
+        return run
+
+    patches = [(blockcache, "fetch_into"), (reader, "crc32c_at"), (reader, "batch_crc"), (blockcache._Stream, "take"),
+               (TierView, "fetch"), (tier_fetch, "fetch"), (codec, "fetch_response_parts")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
+    names = {"fetch_into": "block read (store GET, readinto)", "crc32c_at": "CRC-32C", "batch_crc": "CRC-32C",
+             "take": "block parse", "fetch": "", "fetch_response_parts": "answer encode (parts)"}
+    parallel = tier_fetch.PARALLEL_READS
+    try:
+        for obj, name, fn in saved:
+            label = names[name] or ("tier view fetch" if obj is TierView else "listener tier fetch")
+            setattr(obj, name, timed(label, fn))
+        tier_fetch.PARALLEL_READS = 0
+        t = clock()
+        _wall, _cpu, size, fetches = read(ctx, tps, records, fetch_bytes)
+        total = clock() - t
+    finally:
+        tier_fetch.PARALLEL_READS = parallel
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    inner = {"block parse": ("block read (store GET, readinto)", "CRC-32C"), "tier view fetch": ("block parse",),
+             "listener tier fetch": ("tier view fetch",), "all": ("listener tier fetch", "answer encode (parts)")}
+    spent["all"] = total
+    own = {k: v - sum(spent.get(i, 0) for i in inner.get(k, ())) for k, v in spent.items()}
+    per = size / fetches / MiB
+    print(f"breakdown: {fetches} Fetches of {per:.2f} MiB of records, this thread's CPU per Fetch (us):")
+    for k in ("block read (store GET, readinto)", "CRC-32C", "block parse", "tier view fetch", "listener tier fetch",
+              "answer encode (parts)", "all"):
+        label = {"block parse": "block parse (framing, headers)", "tier view fetch": "tier view fetch (plan, batches)",
+                 "listener tier fetch": "listener tier fetch (authz, budget)", "all": "bench loop, last offsets"}[k] \
+            if k in ("block parse", "tier view fetch", "listener tier fetch", "all") else k
+        print(f"  {label:40s} {own.get(k, 0) / fetches / 1e3:8.1f}")
+    print(f"  {'total':40s} {total / fetches / 1e3:8.1f}  ({total / 1e9 / (size / GiB):.3f} s/GiB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=256, help="data per partition (MiB)")
@@ -146,6 +204,8 @@ def main() -> None:
                     help="threads reading a Fetch's partitions at once (rlm.listener.tier.fetch.PARALLEL_READS; "
                          "0: one after the other; default: its own)")
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="one more read on this thread (partitions one after the other), its CPU per Fetch by part")
     ap.add_argument("--block-cache-mib", type=int, default=None,
                     help="the storage manager's block_cache_bytes (MiB; default: its own default for the store)")
     args = ap.parse_args()
@@ -184,6 +244,8 @@ def main() -> None:
         print(f"best of {args.rounds}: {size / 1e6 / wall:.0f} MB/s, CPU {cpu / (size / GiB):.3f} s/GiB, "
               f"{fetches} Fetches of {args.partitions} partition(s), {args.fetch_kib} KiB each; "
               f"load {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+        if args.breakdown:
+            breakdown(ctx, tps, records, args.fetch_kib * 1024)
         if args.profile:
             import cProfile
             import pstats
