@@ -16,10 +16,12 @@ offset. Nothing here is the Kafka protocol (the endpoint's handlers turn these v
   producer's transaction, its control batch ends it.
 
 A fetch returns whole batches as stored, control and aborted batches included, as a broker does; the consumer
-drops them. For read_committed the aborted transactions overlapping the batches returned come with them, from the
-uploaded transaction indexes (:class:`rlm.tier.reader.TxnIndexes`, Kafka's search rule). Which batches are read is
-decided by :func:`rlm.tier.reader.iter_segment_batches`, as for every other reader. The leader epoch of an offset is
-:meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at` of the chain segment holding it (:meth:`PartitionTier.epoch_of`).
+drops them. They are views of the blocks they were read into, not joined (:class:`rsm.log.batch.RecordParts`, whose
+docstring has the contract with the writer). For read_committed the aborted transactions overlapping the batches
+returned come with them, from the uploaded transaction indexes (:class:`rlm.tier.reader.TxnIndexes`, Kafka's search
+rule). Which batches are read is decided by :func:`rlm.tier.reader.iter_segment_batches`, as for every other reader.
+The leader epoch of an offset is :meth:`rlmm.api.RemoteLogSegmentMetadata.epoch_at` of the chain segment holding it
+(:meth:`PartitionTier.epoch_of`).
 
 A batch too large to hold (stored as fragments, PDP-43) is not read into a fetch's answer: the answer carries it as
 a :class:`StreamedBatch` (its size, and where to read it), which the listener (endpoint or proxy) reads again and

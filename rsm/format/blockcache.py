@@ -27,8 +27,12 @@ the least recently read closed first, and a stream not read for :data:`IDLE_S` i
 copy. Memory: each stream holds what its read-ahead window holds (counted in ``rsm_read_ahead_bytes``, within the
 process's budget) plus its current block's request (the block is a view of it) or the block itself: at most
 ``capacity_bytes`` of current blocks, and up to :data:`SPARE_BUFFERS` block buffers of streams that ended, kept
-for the next (those free counted in ``rsm_block_cache_bytes`` too, let go after :data:`IDLE_S` unused). Plain copies
-only: an encrypted copy's blocks are opened per read.
+for the next (those free counted in ``rsm_block_cache_bytes`` too, let go after :data:`IDLE_S` unused). A Fetch's
+answer holds views of its blocks (:class:`rsm.log.batch.RecordParts`), so a block buffer is read into again only once
+no answer holds it: the listener's write lets go of an answer's parts when the call returns (what the socket did not
+take is copied: :mod:`rlm.listener.net.vectored`), a proxy's answer read ahead holds them until it is used or dropped
+(at most ``PREFETCHES_HELD`` in the process, :mod:`rlm.listener.upstream.proxy`). Plain copies only: an encrypted
+copy's blocks are opened per read.
 
 A history Fetch through the proxy from the filesystem store (``bench/bench_tier_read.py``, 1 MiB Fetches of 4 MiB
 blocks), before streams read a block whole and kept it verified: each Fetch streamed its block from the block's
