@@ -680,6 +680,12 @@ class MetadataCache:
         raw = self.db.get(T_SEGMENT + tpk + segment_id.bytes)
         return None if raw is None else scan.decode(raw)
 
+    def segment_view(self, tp: TopicIdPartition, segment_id: uuid.UUID) -> scan.SegmentView | None:
+        """The segment's stored value scanned, not decoded (its state, copy epoch, offsets: :class:`scan.SegmentView`;
+        a write's check needs no more, issue 26), or None."""
+        raw = self.db.get(T_SEGMENT + self._tp_key(tp) + segment_id.bytes)
+        return None if raw is None else scan.scan_segment(raw)
+
     def copy_fence_epoch(self, tp: TopicIdPartition) -> int | None:
         """The highest broker leader epoch of any applied COPY_SEGMENT_STARTED of ``tp`` (None: none had one)."""
         raw = self.db.get(T_COPY_FENCE + self._tp_key(tp))

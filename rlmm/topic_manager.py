@@ -190,7 +190,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         manager's errors. The caller holds the partition's metadata partition (:meth:`_holding`)."""
         sid = rec.remote_log_segment_id
         tp = sid.topic_id_partition
-        existing = self.cache.segment(tp, sid.id)
+        existing = self.cache.segment_view(tp, sid.id)   # (its state and copy epoch: no segment decoded)
         known = None if existing is None else existing.state
         if isinstance(rec, RemoteLogSegmentMetadataUpdate):
             refused = refuse_segment_update(sid, rec.state, known,
