@@ -2,15 +2,17 @@
 
 One run (:meth:`PartitionCopier.run_once`):
 
-1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.tasks.staging`), so the broker's local
-   retention cannot take it away before it is copied. A segment the broker deleted before it could be staged is
-   a *gap*: counted (``rlm_segment_gaps``) and logged with its offsets, never silent.
+1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.tasks.staging`; all of them as one
+   staging round: one fsync), so the broker's local retention cannot take it away before it is copied. A segment
+   the broker deleted before it could be staged is a *gap*: counted (``rlm_segment_gaps``) and logged with its
+   offsets, never silent.
 2. Clean up copies that were left COPY_SEGMENT_STARTED (a crashed or abandoned attempt): delete them.
 3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
    transaction is ever uploaded), in *batches* of up to :data:`COPY_BATCH_SEGMENTS` segments
    (:meth:`PartitionCopier.commit_copies`): COPY_SEGMENT_STARTED of the batch in one metadata write, the store's
-   copies one after the other, one fencing check, COPY_SEGMENT_FINISHED of the batch in one metadata write (one
-   produce flush and one read-your-writes wait each, instead of one per segment); release staging.
+   copies one after the other, the batch's copies made durable together (the filesystem store: one directory fsync
+   for the batch), one fencing check, COPY_SEGMENT_FINISHED of the batch in one metadata write (one produce flush
+   and one read-your-writes wait each, instead of one per segment); release staging.
 
 Where to resume: the end of the remote chain of this broker's leader-epoch lineage (:mod:`rlm.tier.chain`; as Kafka's
 ``findHighestRemoteOffset``), so a new leader continues where the old one stopped, and offsets a diverged lineage

@@ -10,8 +10,9 @@ Layout, per log dir::
     <staging root>/<topic id>/<topic>-<partition>/                    one dir per partition, made once (not per segment)
         00000000000000000042.log  .index  .timeindex  .txnindex      links named as the originals
         00000000000000000100.snapshot                                 producer state at end offset + 1 (below)
-        00000000000000000042.complete-99                              the segment's marker: its end offset (inclusive)
-                                                                      in its name, made last (a link of the staged .log)
+        00000000000000000042.complete-99.itx                          the segment's marker: its end offset (inclusive)
+                                                                      and the files it vouches for in its name (below),
+                                                                      made last (a link of the staged .log)
         00000000000000000100.log ...                                  the partition's next segment, beside it
 
 A segment's files are the partition's own names (a base offset names one segment; its producer snapshot is named by
@@ -41,16 +42,21 @@ take it past ``max_bytes`` with :class:`StagingFullError` (nothing is staged; an
 size, so a segment larger than the bound still gets copied). What is staged is copied first; a segment the broker
 deletes meanwhile is a gap the copier reports.
 
-**Durability, per round.** :meth:`Staging.stage_many` stages the segments of one partition that a round found
-(the stage job's, a copy run's): every segment's files linked, then **one** fsync of the partition's dir, then every
-segment's marker linked, then one fsync more; a segment is complete (listed by :meth:`Staging.staged`, copied) only
-once its marker is durable, and its marker only exists once its files are. Per segment of a round of ``n``: ``2 / n``
-fsyncs, where a segment in a dir of its own cost 3 (its dir into the parent, its links, its marker). After a crash
-at any point a segment is complete or has no marker; files without a complete marker (a round a crash interrupted, a
-release a crash interrupted: the marker goes first) are removed by the next listing, under the partition's lock, and
-the segment is staged again from the log dir. The marker is ``<base>.complete-<end offset>``, a hard link of the
-staged ``.log``: its name is its content, so it needs no data written and fsynced, and a link makes no inode.
-A partition's dir and its topic id dir are fsynced into their parents when made (once per partition).
+**Durability, per round.** :meth:`Staging.stage_many` stages the segments of one partition that a round found (the
+stage job's, a copy run's): every segment's files linked, every segment's marker linked, then **one** fsync of the
+partition's dir. A marker vouches for the files linked with it: its name, ``<base>.complete-<end>.<letters>``, has a
+letter for each optional file staged with the ``.log`` (``i`` .index, ``t`` .timeindex, ``x`` .txnindex, ``s`` the
+producer snapshot), and a segment is complete (listed by :meth:`Staging.staged`, copied) only when its marker and
+every file it vouches for are there. A crash (or a power cut) before the fsync returned may keep any of the round's
+names and lose the others: a marker whose files did not all survive is no complete segment, so one fsync after the
+markers is as safe as one before them and one after. Per segment of a round of ``n``: ``1/n`` fsyncs, where a
+segment in a dir of its own cost 3 (its dir into the parent, its links, its marker). Files without a complete marker
+(a round a crash interrupted, a release a crash interrupted: the marker goes first) are removed by the next listing,
+under the partition's lock, and the segment is staged again from the log dir. The marker is a hard link of the
+staged ``.log``: its name is its content, so it needs no data written and fsynced, and a link makes no inode. (A
+marker without letters, ``<base>.complete-<end>``, of this layout's first version, vouches for the ``.log`` alone:
+its files were fsynced before it was made.) A partition's dir and its topic id dir are fsynced into their parents
+when made (once per partition).
 
 Releasing a segment unlinks its marker, then its files (by name: no listing); the partition's dir stays for its next
 segment (issue 26) until :meth:`Staging.release_partition`.
@@ -187,23 +193,50 @@ def _segment_names(base: int, end: int) -> list[str]:
     return [segment_file_name(base, ".log"), *_optional_names(base, end), segment_file_name(base, TXN_UPLOAD_SUFFIX)]
 
 
-def _marker_name(base: int, end: int) -> str:
-    """A segment's marker in its partition's dir: ``<stem>.complete-<end offset>``."""
-    return f"{segment_file_name(base, '')}{MARKER_PREFIX}{end}"
+_VOUCHED = (("i", ".index"), ("t", ".timeindex"), ("x", ".txnindex"))  # a marker's letters ("s": the snapshot)
+_MARKER_REST = re.compile(r"-(\d+)(?:\.([itxs]*))?")  # what follows <stem>.complete in a marker's name
 
 
-def _markers(names: Iterable[str]) -> dict[int, int | None]:
-    """Base offset -> the end offset its marker says, for every segment of a partition's dir with a marker among
-    ``names``; None when it has more than one, or one that is not ``<stem>.complete-<end offset >= base>``."""
-    out: dict[int, int | None] = {}
+def _marker_name(base: int, end: int, files: Collection[str]) -> str:
+    """A segment's marker in its partition's dir, ``<stem>.complete-<end offset>.<letters>``: a letter for each
+    optional file of the segment among ``files`` (``i`` .index, ``t`` .timeindex, ``x`` .txnindex, ``s`` the producer
+    snapshot), the files it vouches for with its ``.log`` (see the module doc's *Durability*)."""
+    letters = "".join(c for c, suffix in _VOUCHED if segment_file_name(base, suffix) in files)
+    letters += "s" if _producer_snapshot_name(end) in files else ""
+    return f"{segment_file_name(base, '')}{MARKER_PREFIX}{end}.{letters}"
+
+
+def _vouched(base: int, end: int, letters: str) -> list[str]:
+    """The files a marker with ``letters`` vouches for: the ``.log`` and those its letters name."""
+    out = [segment_file_name(base, ".log")] + [segment_file_name(base, s) for c, s in _VOUCHED if c in letters]
+    return out + ([_producer_snapshot_name(end)] if "s" in letters else [])
+
+
+def _markers(names: Collection[str]) -> dict[int, tuple[int, str] | None]:
+    """Base offset -> (end offset, the marker's name) for every segment of a partition's dir (``names``: its
+    listing) that has a marker there and is complete: one marker, ``<stem>.complete-<end offset >= base>[.<letters>]``,
+    and every file it vouches for (:func:`_vouched`) among ``names``; None for a segment whose marker is not so. (A
+    marker without letters, ``<stem>.complete-<end>``, vouches for the ``.log`` alone: its files were fsynced before
+    it was made.)"""
+    found: dict[int, list[str]] = {}
     for name in names:
         m = _FLAT_MARKER.fullmatch(name)
-        if m is None:
-            continue
-        base, rest = int(m[1]), m[2]
-        end = int(rest[1:]) if rest[:1] == "-" and _END_OFFSET.fullmatch(rest[1:]) else None
-        out[base] = None if base in out or end is None or end < base else end
+        if m is not None:
+            found.setdefault(int(m[1]), []).append(name)
+    out: dict[int, tuple[int, str] | None] = {}
+    for base, marks in found.items():
+        m = _MARKER_REST.fullmatch(marks[0][len(segment_file_name(base, COMPLETE)):]) if len(marks) == 1 else None
+        end = int(m[1]) if m is not None else -1
+        letters = (m[2] or "") if m is not None else ""
+        ok = m is not None and end >= base and len(set(letters)) == len(letters) \
+            and all(n in names for n in _vouched(base, end, letters))
+        out[base] = (end, marks[0]) if ok else None
     return out
+
+
+def _marker_names_of(base: int, names: Iterable[str]) -> list[str]:
+    """Every marker-like name of the segment of ``base`` among ``names`` (a broken one, two of them)."""
+    return [n for n in names if (m := _FLAT_MARKER.fullmatch(n)) is not None and int(m[1]) == base]
 
 
 def _unlink_names(d: Path, names: Iterable[str]) -> None:
@@ -344,7 +377,7 @@ class _Round:
         self.pending: list[tuple[Path, int, int, set[str]]] = []  # (key, base, end, optional names linked)
         self._names: set[str] | None = None
         self._listed = False
-        self._markers: dict[int, int | None] | None = None
+        self._markers: dict[int, tuple[int, str] | None] | None = None
 
     def listing(self) -> set[str] | None:
         """The names in ``sdir`` (None: no such dir yet), listed at the first call."""
@@ -356,10 +389,10 @@ class _Round:
             self._listed = True
         return self._names
 
-    def markers(self) -> dict[int, int | None]:
+    def markers(self) -> dict[int, tuple[int, str] | None]:
         """:func:`_markers` of the listing (as it was before this round's new markers: they are made at its end)."""
         if self._markers is None:
-            self._markers = _markers(self.listing() or ())
+            self._markers = _markers(self.listing() or set())
         return self._markers
 
     def made(self) -> set[str]:
@@ -399,6 +432,7 @@ class Staging:
         # job links a file the broker wrote after the first staging, a producer snapshot, as before)
         self._linked: dict[Path, set[str]] = {}
         self._legacy: set[Path] = set()  # segment dirs of the layout before (a dir per segment), as listed
+        self._marker_of: dict[Path, str] = {}  # segment key -> its marker's name (released by name, no listing)
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
         # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
         self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
@@ -502,8 +536,8 @@ class Staging:
     def stage_many(self, tp: TopicIdPartition, partition_dir: Path, ranges: Iterable[tuple[int, int]], *,
                    names: Collection[str] | None = None) -> StageRound:
         """Stage the segments ``ranges`` (``(base offset, end offset inclusive)``, oldest first) of one partition as
-        one round: every segment's files linked, one fsync of the partition's staging dir, every new segment's
-        marker, one fsync (the module doc's *Durability*). Idempotent per segment: one staged already is checked
+        one round: every segment's files linked, every new segment's marker, one fsync of the partition's staging
+        dir (the module doc's *Durability*). Idempotent per segment: one staged already is checked
         (the same segment: its marker's end, the broker's ``.log`` the staged file) and gets only the files the
         broker wrote since (a producer snapshot); one that is not this segment is replaced.
 
@@ -566,7 +600,8 @@ class Staging:
         present = rnd.listing()
         log_name = segment_file_name(base, ".log")
         if present is not None and base in rnd.markers():
-            marked = rnd.markers()[base]
+            got_marker = rnd.markers()[base]
+            marked = got_marker[0] if got_marker is not None else None
             known = self._verified.get(key)
             if marked == end and known is not None and known[0] == end and key in self._held[root] \
                     and all(segment_file_name(base, x) in present for x in (".index", ".timeindex")) \
@@ -581,7 +616,7 @@ class Staging:
                     self._hold(root, key, self._bytes(key, end))
                 self._linked[key] = {n for n in _optional_names(base, end) if n in present}
                 return staged
-            mismatch = self._mismatch(staged, partition_dir, marked if log_name in present else None)
+            mismatch = self._mismatch(staged, partition_dir, marked)
             if mismatch is None:
                 linked = self._link_files(partition_dir, sdir, base, end, optional_only=True, present=present,
                                           names=names)
@@ -591,11 +626,13 @@ class Staging:
                 self._hold(root, key, self._bytes(key, end))
                 self._verify(key, end)
                 self._linked.pop(key, None)  # (not listed here: holds() asks stage() until it is)
+                if got_marker is not None:
+                    self._marker_of[key] = got_marker[1]
                 rnd.forget()
                 return staged
             log.info("staged segment replaced: not the local segment of that base", extra={
                 "partition": str(tp), "base_offset": base, "end_offset": end, "reason": mismatch})
-            self._remove_segment(root, key, marked, extra=[n for n in present if _markers([n]).keys() == {base}])
+            self._remove_segment(root, key, marked, extra=_marker_names_of(base, present))
             rnd.forget()
             present = rnd.listing()
 
@@ -629,29 +666,35 @@ class Staging:
             raise
         present |= linked | {log_name}
         rnd.dirty.add(sdir)
-        rnd.pending.append((key, base, end, linked))
+        rnd.pending.append((key, base, end, linked | {segment_file_name(base, x) for x in (".index", ".timeindex")}))
         self._hold(root, key, self._bytes(key, end))  # (counted by the bound from now on; dropped if not finished)
         return staged
 
     def _finish_round(self, root: Path, rnd: _Round) -> None:
-        """The round's durability: one fsync of each dir it linked into, its new segments' markers, one fsync. On a
-        failure the unmarked segments are removed (staged again by the next round) and it raises."""
+        """The round's durability: its new segments' markers (each vouching for the files linked with it), then one
+        fsync of each dir it linked into. On a failure the round's new segments are removed (staged again by the
+        next round) and it raises."""
         if not rnd.dirty:
             return
+        made = []
         try:
+            for key, base, end, linked in rnd.pending:
+                marker = _marker_name(base, end, linked)
+                os.link(rnd.sdir / segment_file_name(base, ".log"), rnd.sdir / marker)
+                made.append((key, end, marker))
             for d in rnd.dirty:
                 fsync_dir(d)
-            for _key, base, end, _linked in rnd.pending:
-                os.link(rnd.sdir / segment_file_name(base, ".log"), rnd.sdir / _marker_name(base, end))
-            if rnd.pending:
-                fsync_dir(rnd.sdir)
         except BaseException:
+            with self._meta:
+                self._marker_of.update((key, marker) for key, _end, marker in made)
             for key, _base, end, _linked in rnd.pending:
                 self._remove_segment(root, key, end)
             raise
-        for key, _base, end, linked in rnd.pending:
+        for (key, _base, end, linked), (_key, _end, marker) in zip(rnd.pending, made, strict=True):
             self._verify(key, end)
             self._linked[key] = linked
+            with self._meta:
+                self._marker_of[key] = marker
 
     def _stage_legacy(self, tp: TopicIdPartition, partition_dir: Path, root: Path, seg_dir: Path, base: int,
                       end: int, names: Collection[str] | None) -> StagedSegment | None:
@@ -868,8 +911,9 @@ class Staging:
                 if key == staged.directory:
                     shutil.rmtree(key, ignore_errors=True)
                 else:
-                    _unlink_names(key.parent, [_marker_name(staged.base_offset, staged.end_offset_inclusive),
-                                               *_segment_names(staged.base_offset, staged.end_offset_inclusive)])
+                    _unlink_names(key.parent, [
+                        *_marker_names_of(staged.base_offset, self._listing(key.parent) or ()),
+                        *_segment_names(staged.base_offset, staged.end_offset_inclusive)])
                 return
             self._remove_segment(root, key, staged.end_offset_inclusive)
 
@@ -918,6 +962,8 @@ class Staging:
             for d in [d for d in self._linked if under in d.parents]:
                 del self._linked[d]
             self._legacy.difference_update([d for d in self._legacy if under in d.parents])
+            for d in [d for d in self._marker_of if under in d.parents]:
+                del self._marker_of[d]
         return len(gone)
 
     def _remove_segment(self, root: Path, key: Path, end: int | None, extra: Iterable[str] = ()) -> None:
@@ -930,6 +976,7 @@ class Staging:
             self._held[root].pop(key, None)
             self._verified.pop(key, None)
             linked = self._linked.pop(key, None)
+            marker = self._marker_of.pop(key, None)
             legacy = key in self._legacy
             self._legacy.discard(key)
         if legacy:
@@ -942,8 +989,11 @@ class Staging:
             names = [segment_file_name(base, ".log"), *sorted(linked), segment_file_name(base, TXN_UPLOAD_SUFFIX)]
         else:
             names = _segment_names(base, end)
-        first = [*extra] if end is None else [_marker_name(base, end), *extra]
-        _unlink_names(key.parent, [*first, *names])
+        if marker is None and end is not None:  # (not known: listed, once)
+            marker_names = _marker_names_of(base, self._listing(key.parent) or ())
+        else:
+            marker_names = [marker] if marker is not None else []
+        _unlink_names(key.parent, [*dict.fromkeys([*marker_names, *extra]), *names])
 
     @staticmethod
     def _rmdir_if_empty(d: Path) -> None:
@@ -1028,12 +1078,15 @@ class Staging:
                 self._hold(root, seg, self._bytes(seg, end))
             out.append(StagedSegment(tp, base, end, seg))
         owned: set[str] = set()
-        for base, end in _markers(files).items():
-            if end is None or segment_file_name(base, ".log") not in files:
+        for base, got in _markers(files).items():
+            if got is None:
                 continue
+            end, marker = got
             key = pdir / segment_file_name(base, "")
-            owned.add(_marker_name(base, end))
+            owned.add(marker)
             owned.update(_segment_names(base, end))
+            with self._meta:
+                self._marker_of[key] = marker
             if key not in self._held[root]:
                 self._hold(root, key, self._bytes(key, end))
             out.append(StagedSegment(tp, base, end, pdir))
@@ -1048,6 +1101,7 @@ class Staging:
                     self._held[root].pop(key, None)
                     self._verified.pop(key, None)
                     self._linked.pop(key, None)
+                    self._marker_of.pop(key, None)
         out.sort(key=lambda s: s.base_offset)
         return out
 

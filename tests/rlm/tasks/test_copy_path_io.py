@@ -136,7 +136,7 @@ def test_staging_keeps_the_partition_dir_for_its_next_segment(tmp_path: Path,
     inner = os.mkdir
     monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(str(p)), inner(p, *a, **k))[1])
     copier.staging.stage(tp, world.pdir(1, tp), 10, 14)
-    assert made == [] and sorted(p.name for p in pdir.iterdir())[0] == f"{10:020d}.complete-14"
+    assert made == [] and sorted(p.name for p in pdir.iterdir())[0] == f"{10:020d}.complete-14.it"
     assert copier.staging.release_partition(tp) == 1 and not pdir.exists()
 
 

@@ -53,7 +53,7 @@ def test_stage_survives_broker_delete(tmp_path: Path) -> None:
     # keyed by topic id: <root>/<topic id>/<topic>-<partition>/, the partition's segments side by side in it
     assert staged.directory == default_staging_root(log_dir) / str(tp.topic_id) / "my.topic-x-3"
     assert sorted(p.name for p in staged.directory.iterdir()) == [f"{42:020d}{x}" for x in (
-        ".complete-99", ".index", ".log", ".timeindex", ".txnindex")]
+        ".complete-99.itx", ".index", ".log", ".timeindex", ".txnindex")]  # the marker names the files staged
     for p in pdir.iterdir():  # the broker's retention removes the segment
         p.unlink()
     for suffix, data in files.items():
@@ -189,7 +189,8 @@ def test_empty_or_unreadable_marker_is_incomplete_never_end_minus_one(tmp_path: 
     tp = tp_of()
     staging = Staging({log_dir: tmp_path / "stage"})
     stem = f"{0:020d}"
-    for bad in (".complete", ".complete-", ".complete--5", ".complete-x", ".complete-12\n", ".complete-98"):
+    for bad in (".complete", ".complete-", ".complete--5", ".complete-x", ".complete-12\n", ".complete-98",
+                ".complete-99.itt", ".complete-99.q"):
         s = staging.stage(tp, pdir, 0, 99)
         (s.directory / f"{stem}{bad}").write_bytes(b"")  # a second marker (or a broken one beside the good one)
         assert staging.staged() == [], bad  # removed: staged again if still local
@@ -202,8 +203,20 @@ def test_empty_or_unreadable_marker_is_incomplete_never_end_minus_one(tmp_path: 
         assert list(s.directory.iterdir()) == []
     # after a restart as well; and files of a segment whose marker is gone (a release or a round a crash cut short)
     s = staging.stage(tp, pdir, 0, 99)
-    (s.directory / f"{stem}.complete-99").unlink()
+    (s.directory / f"{stem}.complete-99.it").unlink()
     assert Staging({log_dir: tmp_path / "stage"}).staged() == [] and list(s.directory.iterdir()) == []
+    # a file the marker vouches for is missing (a power cut kept the marker, not that link): incomplete
+    s = staging.stage(tp, pdir, 0, 99)
+    (s.directory / f"{stem}.timeindex").unlink()
+    assert Staging({log_dir: tmp_path / "stage"}).staged() == [] and list(s.directory.iterdir()) == []
+    # a marker without letters (this layout's first version) vouches for the .log alone
+    s = staging.stage(tp, pdir, 0, 99)
+    os.rename(s.directory / f"{stem}.complete-99.it", s.directory / f"{stem}.complete-99")
+    (s.directory / f"{stem}.timeindex").unlink()
+    restarted = Staging({log_dir: tmp_path / "stage"})
+    assert [x.end_offset_inclusive for x in restarted.staged()] == [99]
+    restarted.release(restarted.staged()[0])
+    assert list(s.directory.iterdir()) == []  # its marker found by name, released with its files
     # the layout before: a segment dir whose older marker file is empty, unreadable or no offset
     for bad_content in (b"", b"\xff\xfe", b"-1", b"garbage", b"--5"):
         seg = legacy_segment(tmp_path / "stage", tp, pdir, 0, ".complete", bad_content)
@@ -228,29 +241,29 @@ def _record_fsyncs_and_links(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str,
 
 
 def test_marker_written_durably(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The links, then the directory fsynced, then the marker (``<stem>.complete-<end>``, a link of the staged .log:
-    no inode, no data to fsync), then the directory fsynced again; the new dirs fsynced into their parents."""
+    """The links, then the marker (``<stem>.complete-<end>.<letters>``, a link of the staged .log naming the files it
+    vouches for: no inode, no data to fsync), then the directory fsynced; the new dirs fsynced into their parents."""
     log_dir = tmp_path / "data"
     make_segment(log_dir / "t-0", 0)
     staging = Staging({log_dir: tmp_path / "stage"})
     events = _record_fsyncs_and_links(monkeypatch)
     s = staging.stage(tp_of(), log_dir / "t-0", 0, 9)
     d = str(s.directory)
-    marker = ("link", f"{d}/{0:020d}.complete-9")
+    marker = ("link", f"{d}/{0:020d}.complete-9.it")
     assert events.index(marker) == len(events) - 2 and events[-1] == ("fsync", d)  # the marker last, then fsynced
-    assert events[events.index(marker) - 1] == ("fsync", d)  # the links fsynced before it
-    assert all(e[0] == "link" for e in events[:events.index(marker) - 1] if e[1].startswith(d + "/"))
+    assert all(e[0] == "link" for e in events[:events.index(marker)] if e[1].startswith(d + "/"))  # links before
     synced = [p for kind, p in events if kind == "fsync"]
     assert str(s.directory.parent) in synced and str(s.directory.parent.parent) in synced  # the new dirs, once
-    assert sorted(p.name for p in s.directory.iterdir() if ".complete" in p.name) == [f"{0:020d}.complete-9"]
-    assert (s.directory / f"{0:020d}.complete-9").stat().st_ino == s.log_path.stat().st_ino
+    assert synced.count(d) == 1
+    assert sorted(p.name for p in s.directory.iterdir() if ".complete" in p.name) == [f"{0:020d}.complete-9.it"]
+    assert (s.directory / f"{0:020d}.complete-9.it").stat().st_ino == s.log_path.stat().st_ino
     assert staging.size_bytes() == staging.held_bytes() == s.log_path.stat().st_size + 16 + 24  # counted once
 
 
-def test_a_round_is_two_fsyncs_and_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """stage_many: every segment's files linked, one fsync of the partition's dir, every marker, one fsync: two
-    fsyncs for the round and no directory made, however many segments (issue 26: a dir per segment cost an inode
-    and three fsyncs per segment)."""
+def test_a_round_is_one_fsync_and_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage_many: every segment's files linked, every marker, one fsync of the partition's dir: one fsync for the
+    round and no directory made, however many segments (issue 26: a dir per segment cost an inode and three fsyncs
+    per segment)."""
     log_dir = tmp_path / "data"
     pdir = log_dir / "t-0"
     for base in (0, 10, 20, 30):
@@ -265,11 +278,10 @@ def test_a_round_is_two_fsyncs_and_no_directory(tmp_path: Path, monkeypatch: pyt
     done = staging.stage_many(tp, pdir, [(0, 9), (10, 19), (20, 29), (30, 39)])
     assert [s.base_offset for s in done.staged] == [0, 10, 20, 30] and done.gone == [] and done.error is None
     d = str(done.staged[0].directory)
-    assert [e for e in events if e[0] == "fsync"] == [("fsync", d), ("fsync", d)] and made == []
-    first_fsync, second_fsync = (i for i, e in enumerate(events) if e[0] == "fsync")
-    markers = [e for e in events[first_fsync:second_fsync] if e[0] == "link"]
-    assert markers == [("link", f"{d}/{b:020d}.complete-{b + 9}") for b in (10, 20, 30)]  # 0 was staged already
-    assert all(".complete" not in e[1] for e in events[:first_fsync])
+    assert [e for e in events if e[0] == "fsync"] == [("fsync", d)] and events[-1] == ("fsync", d) and made == []
+    markers = [e for e in events if ".complete" in e[1]]
+    assert markers == [("link", f"{d}/{b:020d}.complete-{b + 9}.it") for b in (10, 20, 30)]  # 0 was staged already
+    assert all(".complete" in e[1] for e in events[events.index(markers[0]):-1])  # every file linked before
     assert [s.base_offset for s in staging.staged(tp)] == [0, 10, 20, 30]
     for s in done.staged:
         staging.release(s)

@@ -1,5 +1,5 @@
-"""Staging's round and a crash at every step of it (issue 26: the segments of a round are linked, their partition's
-dir fsynced once, their markers linked, the dir fsynced once more; no dir per segment).
+"""Staging's round and a crash at every step of it (issue 26: the segments of a round are linked, their markers
+linked, each naming the files it vouches for, then their partition's dir fsynced once; no dir per segment).
 
 The process dies (a BaseException nothing of staging catches) at a point of a round of three segments, and then, as a
 power cut may, the names made since the dir's last fsync are lost (all of them, every other one, or none: a power
@@ -71,10 +71,9 @@ class Cut:
 
 @pytest.mark.parametrize("lose", ["all", "alternate", "none"])
 @pytest.mark.parametrize(("step", "at"), [
-    ("fsync", 1),   # every segment's files linked, the dir not fsynced yet
-    ("marker", 1),  # the links fsynced, no marker yet
+    ("marker", 1),  # every segment's files linked, no marker yet
     ("marker", 3),  # two markers made, the third not
-    ("fsync", 2),   # every marker made, not fsynced
+    ("fsync", 1),   # every file and every marker made, the dir not fsynced yet
 ])
 def test_a_crash_anywhere_in_a_round_loses_nothing(world: World, monkeypatch: pytest.MonkeyPatch, step: str, at: int,
                                                    lose: str) -> None:
