@@ -247,7 +247,11 @@ class ConsumerTask:
             self._waiters.pop(mp, None)
 
     def skipped_at(self, mp: int, offset: int) -> SkippedRecord | None:
-        """The record at ``offset`` of ``mp`` if the cache refused it (among the last 10,000 refused)."""
+        """The record at ``offset`` of ``mp`` if the cache refused it (among the last 10,000 refused). Asked for every
+        record written: none refused yet (the usual case) is answered without the lock the consumer thread applies
+        under (a writer that saw its offset applied saw what that batch refused: both are set under that lock)."""
+        if not self._skipped_at:
+            return None
         with self._cond:
             return self._skipped_at.get((mp, offset))
 
