@@ -2,7 +2,8 @@
 (``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
 
     ./dev bench proxy [--gib 1] [--repeat 3] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
-                      [--partitions N] [--profile FILE] [--listener-setting KEY=JSON ...]
+                      [--partitions N] [--profile FILE] [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]]
+                      [--listener-setting KEY=JSON ...]
                       [--consumer-setting KEY=JSON ...]
 
 1. live: a consumer reads ``--gib`` of local (untiered) data through the proxy vs straight from the broker (goal
@@ -64,6 +65,11 @@ The goal row compares the two p99s; the per-record difference (proxy - direct) i
 quarter of the run, which shows a machine that stalled both consumers (the latency then is the machine's).
 For each proxied read, the time per Fetch and the sidecar's CPU per Fetch: the consumer has one Fetch in flight per
 broker, so what the proxy adds to each round trip comes straight off a one-partition read's throughput.
+Each proxied read also prints the sidecar's CPU per GiB by thread, user + system: the listener's event loop
+(``loop``), its workers (``workers``: the tier's reads) and the rest (the OS names of the listener's threads:
+:func:`rlm.listener.net.server.name_os_thread`). ``--py-spy FILE``: afterwards one more history read (and N-partition
+one) with py-spy sampling the sidecar (``--nonblocking`` unless ``--py-spy-blocking``), the raw stacks to
+FILE.history.txt and a summary printed (shares by thread, frames on the stack and at its top).
 ``--profile FILE``: afterwards one more live read and one more history read, each through a listener alone
 (``proxy_child.py listener``) with every thread under cProfile (thread CPU time); the hot functions are printed and
 the stats written to FILE.live and FILE.history. The requests each proxied read made (``rlm_history_requests`` of
@@ -78,6 +84,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -88,7 +95,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +111,7 @@ VALUE_BYTES = 1024
 TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
 WARM_UP_PART = 4  # the warm-up read of each source reads this part of its records
 LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
@@ -120,6 +128,9 @@ class Read:
     consumer_cpu_s: float = 0.0  # the consumer process's own (its poll loop and librdkafka's threads)
     first_s: float = 0.0  # the window's start (assignment) to the first record
     fetches: int = 0  # Fetch requests the proxy answered (proxied reads)
+    # the sidecar's CPU seconds over the read (a little wider than its window) by thread group: the listener's event
+    # loop, its workers, the rest; each (user, system)
+    threads: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def mb_s(self) -> float:
@@ -165,17 +176,40 @@ def idle_cpu_rate(pid: int, seconds: float) -> float:
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
+def thread_groups(pid: int) -> dict[str, tuple[float, float]]:
+    """CPU seconds (user, system) of ``pid``'s live threads so far, by group: the listener's event loop and
+    workers (named by :func:`rlm.listener.net.server.name_os_thread`), and the rest."""
+    from rlm.listener.net.server import LOOP_THREAD_NAME, WORKER_THREAD_NAME
+
+    groups = {LOOP_THREAD_NAME: "loop", WORKER_THREAD_NAME: "workers"}
+    out: dict[str, tuple[float, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue  # ended meanwhile
+        f = rest.split()
+        g = groups.get(comm, "other")
+        u, sy = out.get(g, (0.0, 0.0))
+        out[g] = (u + int(f[11]) / CLK_TCK, sy + int(f[12]) / CLK_TCK)
+    return out
+
+
 def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broker_pid: int) -> Read:
     """One ``proxy_child.py consume`` read of ``records[p]`` records of each partition p of ``topic`` from offset 0,
     a fresh group."""
     group = f"bench-proxy-{uuid.uuid4().hex[:8]}"
+    before = thread_groups(sidecar_pid)
     out = subprocess.run([sys.executable, str(CHILD), "consume", bootstrap, topic, ",".join(map(str, records)),
                           f"{sidecar_pid},{broker_pid}", group], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the consumer of {topic} via {bootstrap} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    after = thread_groups(sidecar_pid)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)],
-                r["consumer_cpu_s"], r["first_s"])
+                r["consumer_cpu_s"], r["first_s"], threads={
+                    g: (u - before.get(g, (0.0, 0.0))[0], sy - before.get(g, (0.0, 0.0))[1])
+                    for g, (u, sy) in after.items()})
 
 
 def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
@@ -312,6 +346,58 @@ def profile_reads(kc, raw: dict, work: Path, records: int, out: Path,  # noqa: A
         stats.sort_stats("cumulative").print_stats(r"rlm/|kio/", 30)
 
 
+def spy_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, list[int]]], out: Path, *,
+              blocking: bool = False, rate: int = 250) -> None:
+    """One more read of each of ``reads`` ((label, bootstrap, topic, records per partition)) with ``py-spy``
+    sampling the sidecar (``serve_pid``) ``rate`` times a second meanwhile; the raw stacks to ``out``.LABEL.txt, and
+    the sampled frames printed: each thread's share of the samples, then per thread the frames most often on the
+    stack and at its top. Not ``blocking`` (``--nonblocking``): the process is not stopped to be sampled, so it runs
+    at about its unsampled speed, but a thread waiting to run (a loaded machine) or in a system call counts as
+    busy; ``blocking``: stopped at each sample, idle threads told apart (a slower read, truer shares)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    for label, boot, topic, counts in reads:
+        path = out.with_name(f"{out.name}.{label}.txt")
+        proc = subprocess.Popen([str(spy), "record", "--pid", str(serve_pid), "--threads", "--rate", str(rate),
+                                 *([] if blocking else ["--nonblocking"]), "--format", "raw", "-o", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # py-spy attached
+        try:
+            r = read(boot, topic, counts, serve_pid, broker_pid)
+        finally:
+            proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled on SIGINT
+            proc.wait(60)
+        print(f"\npy-spy'd {label} read: {r.mb_s:.0f} MB/s, sidecar CPU {r.sidecar_cpu_s / (r.bytes / GiB):.2f} s/GiB; "
+              f"samples in {path}", file=sys.stderr)
+        print(spy_summary(path), file=sys.stderr)
+
+
+def spy_summary(path: Path, top: int = 25) -> str:
+    """py-spy's raw stacks (``thread (id): name;frame;...;frame count``) summed: each thread's (numbers in its
+    name folded) share of the samples, then its frames most often on the stack (inclusive) and at its top (self)."""
+    threads: dict[str, int] = {}
+    incl: dict[tuple[str, str], int] = {}
+    self_: dict[tuple[str, str], int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n_text = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(n_text)
+        thread, *frames = stack.split(";")
+        thread = re.sub(r"\d+", "N", thread.split(": ", 1)[-1])
+        threads[thread] = threads.get(thread, 0) + n
+        for f in set(frames):
+            incl[(thread, f)] = incl.get((thread, f), 0) + n
+        if frames:
+            self_[(thread, frames[-1])] = self_.get((thread, frames[-1]), 0) + n
+    total = sum(threads.values()) or 1
+    lines = [f"{n:6d} {100 * n / total:5.1f}%  {t}" for t, n in sorted(threads.items(), key=lambda x: -x[1])]
+    for kind, counts in (("on the stack", incl), ("at the top", self_)):
+        lines.append(f"-- frames {kind} (% of all samples)")
+        lines += [f"{n:6d} {100 * n / total:5.1f}%  {t[:24]:24s} {f[:140]}"
+                  for (t, f), n in sorted(counts.items(), key=lambda x: -x[1])[:top]]
+    return "\n".join(lines)
+
+
 def request_counts(ops_port: int) -> dict[str, float]:
     """Requests the sidecar's listener answered so far, by api (``rlm_history_requests``); and, as
     ``broker fetch`` and ``read ahead used`` / ``missed``, the Fetches it sent its broker
@@ -342,6 +428,12 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
                     help="afterwards, profile a live and a history read through a listener alone (cProfile, every "
                          "thread): FILE.live, FILE.history")
+    ap.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
+                    help="afterwards, one more history read (and N-partition one) through the proxy with py-spy "
+                         "sampling the sidecar: FILE.history.txt (raw stacks), summary printed")
+    ap.add_argument("--py-spy-blocking", action="store_true",
+                    help="py-spy stops the sidecar at each sample (true shares, slower reads); --py-spy-rate N")
+    ap.add_argument("--py-spy-rate", type=int, default=250, help="py-spy's samples per second")
     ap.add_argument("--partitions", type=int, default=1,
                     help="N > 1: also the history rows with --gib spread over a topic of N partitions each side")
     ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
@@ -468,11 +560,18 @@ def main() -> None:
                     print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s in {r.window_s:.2f}s (first "
                           f"record at {r.first_s:.2f}s), CPU s: sidecar {r.sidecar_cpu_s:.2f}, broker "
                           f"{r.broker_cpu_s:.2f}, consumer {r.consumer_cpu_s:.2f}" + (
+                              "; sidecar CPU s/GiB by thread (user+system): " + ", ".join(
+                                  f"{g} {u / (r.bytes / GiB):.2f}+{sy / (r.bytes / GiB):.2f}"
+                                  for g, (u, sy) in sorted(r.threads.items())) if boot == proxy else "") + (
                               "; requests through the proxy: " + ", ".join(
                                   f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
                           file=sys.stderr)
             lat = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds)
             load.append(os.getloadavg())
+            if args.py_spy:
+                spy_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
+                    [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.py_spy,
+                          blocking=args.py_spy_blocking, rate=args.py_spy_rate)
             if args.profile:
                 profile_reads(kc, raw, work, records, args.profile, records_n)
             serve.terminate()

@@ -136,6 +136,9 @@ GC_PAUSE_MAX_S = 30.0  # the longest the cyclic GC is held off for large request
 LARGE_REQUEST_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while large requests are worked on
 MALLOC_THRESHOLD_BYTES = 4 * 1024 * 1024  # glibc's mmap and trim thresholds, fixed (steady_malloc)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h mallopt parameters
+PR_SET_NAME = 15  # prctl's: the calling thread's name (comm) as the OS shows it, 15 bytes at most
+# the OS names of the listener's threads (top -H, /proc/<pid>/task/<tid>/comm): its CPU told apart by thread
+LOOP_THREAD_NAME, WORKER_THREAD_NAME = "rlm-listen-loop", "rlm-listen-work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +185,9 @@ class ListenerServer:
         self.ssl_context = ssl_context
         self.poll_s = poll_s
         self.session_factory = session_factory
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rlm-history")
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rlm-history",
+                                                           initializer=name_os_thread, initargs=(WORKER_THREAD_NAME,))
+        self._workers = _Workers(self._pool)  # the pool as a proxy runs its blocking parts (upstream.proxy.Run)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -210,6 +215,7 @@ class ListenerServer:
         return self
 
     def _run(self) -> None:
+        name_os_thread(LOOP_THREAD_NAME)
         loop = self._loop = asyncio.new_event_loop()
         try:
             def connection() -> _ClientProtocol:  # asyncio.start_server's, with _ClientProtocol
@@ -755,14 +761,9 @@ class ListenerServer:
                        ) -> bytes | None:
         """A proxied route's answer (:mod:`rlm.listener.upstream.proxy`); None closes the client's connection: the
         broker's failed (or its answer did not decode), as a client loses its connection when a broker goes."""
-        loop = asyncio.get_running_loop()
-
-        def run(fn: Callable[..., Any], *args: Any) -> Any:
-            return loop.run_in_executor(self._pool, fn, *args)
-
         try:
             answer = await self.router.proxy.answer(self.router.route(header.api_key), header, frame, req, client,
-                                                    upstream, run, self._fetch_room)
+                                                    upstream, self._workers, self._fetch_room)
         except (UpstreamError, BadRequestError) as err:
             log.warning("proxy: the broker's connection failed, client connection closed",
                         extra={"api_key": header.api_key, "error": str(err)})
@@ -879,6 +880,20 @@ async def _read_large(reader: asyncio.StreamReader, size: int) -> memoryview:
     return memoryview(buf).toreadonly()
 
 
+class _Workers:
+    """The listener's worker pool as :class:`rlm.listener.upstream.proxy.Run`: ``workers(fn, *args)`` is awaited on
+    the running event loop; ``workers.submit(fn, *args)`` is not (its completion wakes no loop)."""
+
+    __slots__ = ("_pool", "submit")
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self.submit = pool.submit
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+
 class _ClientProtocol(asyncio.StreamReaderProtocol):
     """asyncio's stream protocol for a client connection, which also tells when the socket has taken all that was
     written (``resume_writing``; the transport's high-water mark is 0, or 1 with TLS: see ``_serve``) to the
@@ -993,6 +1008,17 @@ def steady_malloc(threshold_bytes: int = MALLOC_THRESHOLD_BYTES) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, threshold_bytes)) and bool(mallopt(M_TRIM_THRESHOLD, threshold_bytes))
+
+
+def name_os_thread(name: str) -> bool:
+    """Give the calling thread ``name`` (its first 15 bytes) as the OS shows it (Python 3.11 names none: every
+    thread is ``python`` in ``top -H`` and ``/proc/<pid>/task/*/comm``), so that the listener's event loop and
+    workers can be told apart by their CPU; False where there is no ``prctl``."""
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return False
+    return prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0) == 0
 
 
 class GcPause:

@@ -31,12 +31,14 @@ must change:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 
@@ -75,7 +77,18 @@ from rlm.tier import StreamedBatch
 
 __all__ = ["NO_SESSION_EPOCH", "Proxy"]
 
-Run = Callable[..., Awaitable[Any]]  # runs a blocking function on the listener's workers
+
+
+class Run(Protocol):
+    """Runs a blocking function on the listener's workers: awaited (``run(fn, *args)``, an asyncio future), or not
+    (``run.submit(fn, *args)``, a :class:`concurrent.futures.Future` that wakes no event loop when it completes:
+    an answer read ahead is looked at only when the next Fetch comes)."""
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]: ...
+
+
 NO_SESSION_ID = 0
 NO_SESSION_EPOCH = -1  # Kafka's FetchMetadata.FINAL_EPOCH with session id 0: a full fetch, no session made
 BOUNDS_LIST_OFFSETS_VERSION = 5  # the ListOffsets the proxy asks its broker for bounds (the last non-flexible one)
@@ -88,6 +101,7 @@ PREFETCHES_HELD = 8  # answers read ahead and not yet used or dropped, in the wh
 PREFETCHES = Counter("rlm_history_proxy_prefetches", "As a proxy: answers from the tier read ahead for the Fetch a "
                      "client was expected to send next, by what became of them: used, or missed (another Fetch came)",
                      ["result"])
+_PREFETCHES_USED, _PREFETCHES_MISSED = PREFETCHES.labels("used"), PREFETCHES.labels("missed")  # kept: once per Fetch
 
 
 class Proxy:
@@ -204,13 +218,14 @@ class Proxy:
         used = False
         if ahead is not None and ahead.shape == _shape(req) and self._still_readable(req, client):
             try:
-                values, used = await ahead.values, True
+                done = ahead.values
+                values, used = (done.result() if done.done() else await asyncio.wrap_future(done)), True
                 if values is not None:  # read for the same partitions, maybe named in another order
                     values = in_request_order(values, req)
             except Exception:  # noqa: BLE001 - read again now, where an error is this request's
                 pass
         if ahead is not None:
-            PREFETCHES.labels("used" if used else "missed").inc()
+            (_PREFETCHES_USED if used else _PREFETCHES_MISSED).inc()
         if not used:
             values = await run(fetch_from_tier, self.ctx, req, client, known, room() if room else None)
         if values is None:
@@ -230,8 +245,8 @@ class Proxy:
                                                                               left >= 2 * PREFETCH_MAX_BYTES):
             ahead_known = self._known_below(nxt, upstream)
             if ahead_known is not None and len(self.prefetched) < PREFETCHES_HELD:
-                future = run(fetch_from_tier, self.ctx, nxt, client, ahead_known, PREFETCH_MAX_BYTES)
-                future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error is its use's
+                # not awaited: its completion wakes no event loop (an error is its use's)
+                future = run.submit(fetch_from_tier, self.ctx, nxt, client, ahead_known, PREFETCH_MAX_BYTES)
                 upstream.prefetched = Prefetched(_shape(nxt), future)
                 self.prefetched.add(upstream.prefetched)
 
@@ -399,7 +414,7 @@ class Prefetched:
     older). A guess missed costs the read (counted: ``rlm_history_proxy_prefetches_total{result}``)."""
 
     shape: tuple[Any, ...]
-    values: Awaitable[dict[str, Any] | None]
+    values: concurrent.futures.Future[dict[str, Any] | None]
 
 
 def _shape(req: Any) -> tuple[Any, ...]:
