@@ -185,9 +185,11 @@ class PartitionCopier:
         if names is None:
             names = set(os.listdir(self.partition_dir))
         ranges = pdir.rolled_ranges(names)
-        # one staging round for every segment above highest: one fsync for their links, one for their markers
-        done = self.staging.stage_many(self.tp, self.partition_dir, [(b, e) for b, e in ranges if e > highest],
-                                       names=names)
+        # one staging round for every segment above highest that staging does not hold as is already (the stage job
+        # staged most of them between runs: Staging.holds, one stat each, no listing of the staging dir): one fsync
+        done = self.staging.stage_many(self.tp, self.partition_dir, [
+            (b, e) for b, e in ranges
+            if e > highest and not self.staging.holds(self.tp, self.partition_dir, b, e, names)], names=names)
         gaps: list[tuple[int, int]] = list(done.gone)
         if isinstance(done.error, TopicIdMismatchError):
             # The local partition now belongs to a re-created topic: discovery stops this copier next round.

@@ -189,3 +189,31 @@ def test_a_run_lists_the_partitions_metadata_once(world: World) -> None:
     assert len(listed) == 1
     assert [m.end_offset_inclusive for m in copier.run_once(10, leader_epoch=0).copied] == [9]  # resumes after 4
     assert len(listed) == 2
+
+
+def test_a_copy_run_of_segments_the_stage_job_staged_lists_their_staging_dir_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments the stage job staged between runs (Staging.holds: the same files, one stat each) are not staged again
+    by the copy run: its one look at the partition's staging dir is the listing of what is staged (issue 26: the
+    round's own listing of the dir made it two per run)."""
+    world = synced_world(tmp_path)
+    tp = rolled(world, 3)
+    copier = world.copier(1, tp)
+    copier.run_once(5)  # the first run: [0,4] copied, the rest staged
+    assert copier.stage_rolled() == 0  # held already: nothing to stage
+    sdir = copier.staging.staged(tp)[0].directory
+    looked: list[str] = []
+    inner_listdir, inner_scandir = os.listdir, os.scandir
+
+    def listdir(path=".") -> list[str]:  # type: ignore[no-untyped-def]
+        looked.append(str(path))
+        return inner_listdir(path)
+
+    def scandir(path="."):  # type: ignore[no-untyped-def]
+        looked.append(str(path))
+        return inner_scandir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert [m.end_offset_inclusive for m in copier.run_once(15).copied] == [9, 14]
+    assert looked.count(str(sdir)) == 1
