@@ -65,7 +65,7 @@ The goal row compares the two p99s; the per-record difference (proxy - direct) i
 quarter of the run, which shows a machine that stalled both consumers (the latency then is the machine's).
 For each proxied read, the time per Fetch and the sidecar's CPU per Fetch: the consumer has one Fetch in flight per
 broker, so what the proxy adds to each round trip comes straight off a one-partition read's throughput.
-Each proxied read also prints the sidecar's CPU per GiB by thread, user + system: the listener's event loop
+Each proxied read also prints the sidecar's CPU per GiB by thread: the listener's event loop
 (``loop``), its workers (``workers``: the tier's reads) and the rest (the OS names of the listener's threads:
 :func:`rlm.listener.net.server.name_os_thread`). ``--py-spy FILE``: afterwards one more history read (and N-partition
 one) with py-spy sampling the sidecar (``--nonblocking`` unless ``--py-spy-blocking``), the raw stacks to
@@ -111,7 +111,6 @@ VALUE_BYTES = 1024
 TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
 WARM_UP_PART = 4  # the warm-up read of each source reads this part of its records
 LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
@@ -129,8 +128,8 @@ class Read:
     first_s: float = 0.0  # the window's start (assignment) to the first record
     fetches: int = 0  # Fetch requests the proxy answered (proxied reads)
     # the sidecar's CPU seconds over the read (a little wider than its window) by thread group: the listener's event
-    # loop, its workers, the rest; each (user, system)
-    threads: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # loop, its workers, the rest
+    threads: dict[str, float] = field(default_factory=dict)
 
     @property
     def mb_s(self) -> float:
@@ -176,22 +175,17 @@ def idle_cpu_rate(pid: int, seconds: float) -> float:
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
-def thread_groups(pid: int) -> dict[str, tuple[float, float]]:
-    """CPU seconds (user, system) of ``pid``'s live threads so far, by group: the listener's event loop and
-    workers (named by :func:`rlm.listener.net.server.name_os_thread`), and the rest."""
+def thread_groups(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid``'s live threads so far, by group: the listener's event loop and workers (named by
+    :func:`rlm.listener.net.server.name_os_thread`), and the rest."""
+    from bench.bench_scale import thread_cpu
     from rlm.listener.net.server import LOOP_THREAD_NAME, WORKER_THREAD_NAME
 
     groups = {LOOP_THREAD_NAME: "loop", WORKER_THREAD_NAME: "workers"}
-    out: dict[str, tuple[float, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
-        except OSError:
-            continue  # ended meanwhile
-        f = rest.split()
+    out: dict[str, float] = {}
+    for (_tid, comm), cpu in thread_cpu(pid).items():
         g = groups.get(comm, "other")
-        u, sy = out.get(g, (0.0, 0.0))
-        out[g] = (u + int(f[11]) / CLK_TCK, sy + int(f[12]) / CLK_TCK)
+        out[g] = out.get(g, 0.0) + cpu
     return out
 
 
@@ -207,9 +201,7 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
     after = thread_groups(sidecar_pid)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)],
-                r["consumer_cpu_s"], r["first_s"], threads={
-                    g: (u - before.get(g, (0.0, 0.0))[0], sy - before.get(g, (0.0, 0.0))[1])
-                    for g, (u, sy) in after.items()})
+                r["consumer_cpu_s"], r["first_s"], threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()})
 
 
 def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
@@ -560,9 +552,9 @@ def main() -> None:
                     print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s in {r.window_s:.2f}s (first "
                           f"record at {r.first_s:.2f}s), CPU s: sidecar {r.sidecar_cpu_s:.2f}, broker "
                           f"{r.broker_cpu_s:.2f}, consumer {r.consumer_cpu_s:.2f}" + (
-                              "; sidecar CPU s/GiB by thread (user+system): " + ", ".join(
-                                  f"{g} {u / (r.bytes / GiB):.2f}+{sy / (r.bytes / GiB):.2f}"
-                                  for g, (u, sy) in sorted(r.threads.items())) if boot == proxy else "") + (
+                              "; sidecar CPU s/GiB by thread: " + ", ".join(
+                                  f"{g} {cpu / (r.bytes / GiB):.2f}" for g, cpu in sorted(r.threads.items()))
+                              if boot == proxy else "") + (
                               "; requests through the proxy: " + ", ".join(
                                   f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
                           file=sys.stderr)
