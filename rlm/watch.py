@@ -32,9 +32,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,31 +165,34 @@ class LogDirWatcher:
         if self._inotify is None:
             return False
         layout = False
-        for ev in self._inotify.read(timeout=0):
-            if ev.wd == -1:
-                if ev.mask & _OVERFLOW:
+        wd_partition = self._wd_partition
+        for wd, mask, raw_name in _events(self._inotify.fileno()):
+            if wd == -1:
+                if mask & _OVERFLOW:
                     log.warning("inotify event queue overflowed: rescanning every partition directory (raise "
                                 "fs.inotify.max_queued_events if this repeats)")
                     return None
                 continue
-            if ev.mask & _IGNORED:  # the watch is gone (its directory removed, or rm_watch)
-                self._forget_wd(ev.wd)
+            if mask & _IGNORED:  # the watch is gone (its directory removed, or rm_watch)
+                self._forget_wd(wd)
                 continue
-            if ev.wd in self._wd_partition:
-                changed.add(self._wd_partition[ev.wd])
+            pdir = wd_partition.get(wd)
+            if pdir is not None:  # (the entry's name does not matter: the directory changed)
+                changed.add(pdir)
                 continue
-            log_dir = self._wd_log_dir.get(ev.wd)
+            log_dir = self._wd_log_dir.get(wd)
             if log_dir is None:
                 continue  # a watch removed meanwhile
-            if ev.mask & _SELF_GONE:
+            if mask & _SELF_GONE:
                 layout = True
                 self._unwatch(log_dir)
                 continue
-            if partition_key(ev.name) is None:
+            name = os.fsdecode(raw_name.split(b"\0", 1)[0])
+            if partition_key(name) is None:
                 continue  # a checkpoint file, a -future, -delete or -stray directory
-            pdir = log_dir / ev.name
+            pdir = log_dir / name
             layout = True
-            if ev.mask & _GONE:
+            if mask & _GONE:
                 self._unwatch(pdir)
                 self._names.pop(pdir, None)
                 self._unwatched.discard(pdir)
@@ -269,6 +273,29 @@ class LogDirWatcher:
         path = self._wd_partition.pop(wd, None) or self._wd_log_dir.pop(wd, None)
         if path is not None and self._watch_of.get(path) == wd:
             del self._watch_of[path]
+
+
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (of the name that follows)
+_READ_BYTES = 64 * 1024  # events read at a time (the largest is 16 bytes and a name of at most 256)
+
+
+def _events(fd: int) -> Iterator[tuple[int, int, bytes]]:
+    """The events waiting on the nonblocking inotify descriptor ``fd``, without waiting: (watch descriptor, mask,
+    the name's bytes, NUL-padded). Not ``INotify.read``: it decodes every event's name into an ``Event``, and a roll
+    makes about ten events in a partition directory, where the name does not matter (issue 26)."""
+    unpack = _EVENT.unpack_from
+    while True:
+        try:
+            data = os.read(fd, _READ_BYTES)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        pos, end = 0, len(data)
+        while pos < end:
+            wd, mask, _cookie, size = unpack(data, pos)
+            pos += _EVENT.size + size
+            yield wd, mask, data[pos - size:pos]
 
 
 def _names(pdir: Path) -> frozenset[str]:
