@@ -170,6 +170,28 @@ Python threads), librdkafka's threads 0.4 ms, no other thread above 0.4 ms. At 2
 load 1.1-8.9, the same two sidecars): cold 4.54 against 4.48 ms (user 2.72 / system 1.82, catch-up 32.7 s both),
 warm 3.57 against 3.60 ms (2.08 / 1.49; 28 s): there the first copies are ~1 ms of a cold segment; the six copy
 workers 0.51-0.60 ms each cold, 0.41-0.42 warm.
+
+Session 14 (h4; the metadata topic, discovery, fencing; load 10-38 throughout, so every figure is side by side).
+``--perf`` of a 500-partition burst (HEAD with 6db7174's staging rounds): the sidecar's samples 54% Python in user
+space, system calls 35% (fsync 11.6%, futex 5.8%, openat 4.3%: ``finish_task_switch`` 12% of all samples, the
+threads handed off in those calls), librdkafka's threads ~10%. GIL samples by thread (``py-spy --threads``, the first
+25 s of that burst): copy workers 48%, the stage job 23% (its staging; the wake-ups 0.8%), the metadata consumer
+thread 10.5%, discovery 9% (the Metadata request's list_topics 3.6%, the watcher's reads and rescan 4%). A discovery
+round costs 3-5 ms of CPU at 2,000 partitions and a ListOffsets request 0.17-0.2 ms (a fence or a run's start,
+shared by the copy runs of the moment): neither is a tenth of a millisecond a segment. The metadata writes alone
+(``bench/bench_rlmm_writes.py``: 500 partitions x 3 segments, 6 writers, STARTED and FINISHED per segment) were
+0.79-0.90 ms of CPU a segment with ~32 context switches; most of it thread hand-offs (a cache apply of one record is
+16 us, a write's check 4-8 us). Cut (c5c006c..9187358: the group commit's writers woken one by one and the lead
+handed on, not a notify_all; read-your-writes waiters on locks released outside the consumer's lock; the producer's
+delivery reports polled once a second, not every consumer loop; no lock per written record's refusal lookup): 0.66-0.75
+against 0.79-0.90 ms, 23 against 31-34 context switches a segment. In the sidecar (``--baseline``: the same HEAD with
+50bbde0's ``rlmm``, so only those cuts differ): 500 partitions cold 3.95 against 4.02 ms, warm 3.45 against 3.59;
+2,000 partitions cold 4.05 against 4.08 ms (user 2.53 / system 1.52, catch-up 70 s both, load 18-36), warm 3.41
+against 3.51 ms: 1-4%, about what the metadata writes are of a segment. Per thread at 2,000 (cold): six copy workers
+0.41-0.43 ms each, the stage job 0.43, another scheduler thread 0.32, the metadata consumer 0.21 (warm). The
+watcher's events read without an ``Event`` each (b06e891): 1.55 -> 0.72 us per event, about ten a roll. Idle, with
+every cut: 2,000 partitions 1.2% at default intervals, 1.2% at 5 s (112 MiB); 4,000 in 40 topics 2.1% / 2.5% (139
+MiB; load 11-19).
 """
 
 from __future__ import annotations
