@@ -70,7 +70,11 @@ class GroupCommit(Generic[T, R]):
             if not self._busy:  # nobody writing: write the queue (ours alone, or ours first)
                 self._busy, me.lead = True, True
         if not me.lead:
-            me.woken.acquire()   # (released once: with our results, or with the lead of the queue)
+            try:
+                me.woken.acquire()   # (released once: with our results, or with the lead of the queue)
+            except BaseException:
+                self._abandon(me)  # (an asynchronous exception: KeyboardInterrupt in the main thread)
+                raise
         if me.lead:
             with self._lock:
                 batch, self._queue = self._queue, []
@@ -79,6 +83,22 @@ class GroupCommit(Generic[T, R]):
             raise me.error
         assert me.results is not None
         return me.results
+
+    def _abandon(self, me: _Waiter[T, R]) -> None:
+        """``me`` stops waiting: out of the queue if still in it, and the lead passed on if it was handed to it (or
+        given up), so that the writers queued behind it are not left waiting for a lead that never comes."""
+        with self._lock:
+            if me in self._queue:
+                self._queue.remove(me)
+            if not me.lead:
+                return
+            nxt = self._queue[0] if self._queue else None
+            if nxt is None:
+                self._busy = False
+            else:
+                nxt.lead = True
+        if nxt is not None:
+            nxt.woken.release()
 
     def _lead(self, batch: list[_Waiter[T, R]]) -> None:
         flat = [item for w in batch for item in w.items]

@@ -5,6 +5,7 @@ at the same moments."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -94,6 +95,36 @@ def test_a_failed_write_is_raised_to_each_of_its_writers_and_the_next_writes() -
         t.join(30)
     assert len(errors) == 2  # both writers of the failed call; the first one's write had succeeded
     assert group.write(["z"]) == ["ok:z"]
+
+
+def test_a_writer_interrupted_while_queued_leaves_the_queue_and_the_writers_behind_it_still_write() -> None:
+    """The writers queued during a write are woken one by one (the first queued leads the next write): one that
+    stops waiting (KeyboardInterrupt in the main thread) must not be handed a lead it never takes, or every writer
+    queued behind it waits for good."""
+    group, calls, release = held_first_write(GroupCommit)
+    got: dict[str, list] = {}
+    first = threading.Thread(target=lambda: got.setdefault("first", group.write(["f"])), daemon=True)
+    first.start()
+    wait_for(lambda: calls, "the first write")
+    behind = threading.Thread(target=lambda: got.setdefault("behind", group.write(["b"])), daemon=True)
+
+    def interrupt_main() -> None:
+        wait_for(lambda: group.waiting == 1, "the main thread queued")
+        behind.start()
+        wait_for(lambda: group.waiting == 2, "a writer queued behind it")
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_main)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        group.write(["main"])  # queued behind the held write, interrupted there
+    interrupter.join(30)
+    assert group.waiting == 1  # the interrupted writer left the queue
+    release.set()
+    first.join(30)
+    behind.join(30)
+    assert not behind.is_alive(), "the writer behind the interrupted one was never handed the lead"
+    assert got == {"first": ["ok:f"], "behind": ["ok:b"]} and calls == [["f"], ["b"]]
 
 
 @pytest.mark.kafka
