@@ -71,6 +71,7 @@ from rlm.listener.tier.boundary import (
 )
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import in_request_order
+from rlm.listener.tier.held import Claim, HeldBlocks, budget_of
 from rlm.listener.upstream.brokers import Upstream
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.tier import StreamedBatch
@@ -117,6 +118,7 @@ class Proxy:
         self.max_response_bytes = max_response_bytes
         self.holes = Holes()
         self.prefetched: weakref.WeakSet[Prefetched] = weakref.WeakSet()  # held by connections, not yet used
+        self.held = HeldBlocks(budget_of(ctx))  # the block buffers they hold, within the block cache's budget
 
     def connection(self) -> Upstream:
         """A new client connection's connection to the broker (opened at its first request)."""
@@ -238,16 +240,19 @@ class Proxy:
         """Start reading, on a worker, the answer to the Fetch the client will send next after ``values`` (the
         answer to ``req``: each partition's fetch offset after its last record), when every partition of it asks
         below a known log start, ``values`` carries at most :data:`PREFETCH_MAX_BYTES` of records and the listener
-        has room (:class:`Prefetched`)."""
+        has room (:class:`Prefetched`); its records held within the read-ahead budget (:mod:`rlm.listener.tier.held`:
+        views of their blocks where those fit, else copied out, else not held: read again when the Fetch comes)."""
         nxt = _next_request(req, values)
         left = room() if room else None
         if nxt is not None and _answer_bytes(values) <= PREFETCH_MAX_BYTES and (left is None or
                                                                               left >= 2 * PREFETCH_MAX_BYTES):
             ahead_known = self._known_below(nxt, upstream)
-            if ahead_known is not None and len(self.prefetched) < PREFETCHES_HELD:
+            if ahead_known is not None and len(self.prefetched) < PREFETCHES_HELD and self.held.has_room():
                 # not awaited: its completion wakes no event loop (an error is its use's)
-                future = run.submit(fetch_from_tier, self.ctx, nxt, client, ahead_known, PREFETCH_MAX_BYTES)
-                upstream.prefetched = Prefetched(_shape(nxt), future)
+                claim = self.held.claim()
+                future = run.submit(self.held.read, claim, fetch_from_tier, self.ctx, nxt, client, ahead_known,
+                                    PREFETCH_MAX_BYTES)
+                upstream.prefetched = Prefetched(_shape(nxt), future, claim)
                 self.prefetched.add(upstream.prefetched)
 
     @staticmethod
@@ -415,6 +420,7 @@ class Prefetched:
 
     shape: tuple[Any, ...]
     values: concurrent.futures.Future[dict[str, Any] | None]
+    claim: Claim  # the buffers its records hold, let go with it (rlm.listener.tier.held)
 
 
 def _shape(req: Any) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ the broker's active segment, never tiered, with the broker's log start between.
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.log.batch import header_from_bytes
+from rsm.log.records import decode_records
 from tests.rlm.listener.conftest import Rec, broker_watermarks, consume_until
 from tests.rlm.listener.raw_wire import call
 from tests.support.kafka import produce
@@ -658,3 +660,73 @@ def test_answers_read_ahead_are_capped_in_the_process(proxied: Proxied, monkeypa
         assert seen[a] == list(range(len(seen[a]))) and seen[b] == list(range(len(seen[b])))
     used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
     assert used == 2
+
+
+def test_answers_read_ahead_hold_no_more_block_memory_than_the_budget(proxied: Proxied,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers read ahead hold their records as views of whole block buffers until the next Fetch comes; what they
+    hold in all stays within the proxy's budget (:mod:`rlm.listener.tier.held`; the block cache's capacity). The
+    budget set here to what the first connection's answer read ahead holds (its block) plus 2 KiB: the next
+    connections, each reading another segment, get theirs copied out (a batch or two) or not held at all. The
+    block buffers (and copies) the held answers' records keep alive, measured from the records, never pass it,
+    and are what the gauge says; every answer, read ahead or again, is exact."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    gc.collect()  # connections of earlier tests: their answers read ahead let go
+    ahead = proxied.listener.server.router.proxy
+    assert ahead is not None and ahead.held.total == 0
+    copied = REGISTRY.get_sample_value("rlm_history_read_ahead_held_total", {"how": "copied"}) or 0.0
+    port = proxied.listener.port
+    starts = [(0, 0), (0, PER_ROUND + 2), (1, 0), (0, 3)]  # three segments (and the first again)
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in starts]
+    try:
+        positions = dict(zip(socks, starts, strict=True))
+        for i, sock in enumerate(socks * 2):
+            p, position = positions[sock]
+            (t,) = _fetch(sock, proxied.topic, [(p, position)], max_bytes=400).responses
+            (part,) = t.partitions
+            got = _records(part.records, position)
+            assert part.error_code == 0 and got and list(got) == list(range(position, max(got) + 1)), (position, got)
+            assert all(proxied.sent[(p, o)] == kv for o, kv in got.items()), position
+            positions[sock] = (p, max(got) + 1)
+            held = _held_by(ahead.prefetched)
+            assert held == ahead.held.total == REGISTRY.get_sample_value("rlm_history_read_ahead_held_bytes")
+            if i == 0:
+                assert held > 0
+                monkeypatch.setattr(ahead.held, "budget_bytes", held + 2048)
+            assert held <= ahead.held.budget_bytes, (i, held)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert (REGISTRY.get_sample_value("rlm_history_read_ahead_held_total", {"how": "copied"}) or 0.0) > copied
+
+
+def _records(records: bytes | None, position: int) -> dict[int, tuple[bytes | None, bytes | None]]:
+    """The records at or past ``position`` of the whole batches ``records``: offset -> (key, value)."""
+    out = {}
+    data = memoryview(records or b"")
+    pos = 0
+    while pos + 12 <= len(data):
+        size = 12 + int.from_bytes(data[pos + 8:pos + 12], "big")
+        if pos + size > len(data):
+            break
+        batch = data[pos:pos + size]
+        out.update((r.offset, (r.key, r.value)) for r in decode_records(header_from_bytes(batch), batch)
+                   if r.offset >= position)
+        pos += size
+    return out
+
+
+def _held_by(prefetched: Any) -> int:
+    """Bytes the answers read ahead keep alive, from their records: every distinct buffer their parts view, once
+    (a copy is a buffer of its own); answers not held (their read raised) hold nothing."""
+    bases: dict[int, int] = {}
+    for pf in list(prefetched):
+        try:
+            values = pf.values.result(30)
+        except Exception:  # noqa: BLE001 - not held: read again when its Fetch comes
+            continue
+        for t in values["responses"] if values else ():
+            for p in t["partitions"]:
+                for part in getattr(p["records"], "parts", ()):
+                    bases[id(part.obj)] = memoryview(part.obj).nbytes
+    return sum(bases.values())

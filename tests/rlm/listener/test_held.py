@@ -1,0 +1,93 @@
+"""HeldBlocks: the block buffers answers read ahead hold stay within the budget, each counted once (issue 24).
+
+Answers here are response values as :func:`rlm.listener.tier.boundary.fetch_from_tier` gives them, their records
+views of block buffers (:class:`rsm.log.batch.RecordParts`); the proxy's use of it, against a real broker, is
+``test_proxy.py::test_answers_read_ahead_hold_no_more_block_memory_than_the_budget``.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+
+from rlm.listener.tier.held import HeldBlocks, NotHeld
+from rsm.log.batch import RecordParts
+
+BLOCK = 4 * 1024 * 1024
+
+
+def answer(*blocks: bytearray, each: int = 1000) -> dict[str, Any]:
+    """Response values of one partition per block, its records two views of ``each`` bytes of it."""
+    parts = []
+    for i, b in enumerate(blocks):
+        b[:2 * each] = bytes([i + 1]) * (2 * each)
+        view = memoryview(b)
+        parts.append({"partition_index": i, "records": RecordParts([view[:each], view[each:2 * each]], 2 * each, i)})
+    return {"responses": [{"topic": "t", "topic_id": None, "partitions": parts}]}
+
+
+def held_bytes(*answers: dict[str, Any]) -> int:
+    """What the answers keep alive, measured from their records: each distinct buffer their parts view, once."""
+    bases = {}
+    for a in answers:
+        for t in a["responses"]:
+            for p in t["partitions"]:
+                for part in p["records"].parts:
+                    bases[id(part.obj)] = memoryview(part.obj).nbytes
+    return sum(bases.values())
+
+
+def test_answers_held_past_the_budget_are_copied_out_then_dropped_and_the_total_never_passes_it() -> None:
+    """Eight answers of eight partitions, each partition's records views of a 4 MiB block of its own, held with a
+    budget of 20 MiB: the first answer's first five partitions keep their views (20 MiB), every later partition is
+    copied out (2,000 bytes each, the bytes unchanged), until not even a copy fits: that answer is not held (and
+    what it held let go). Without the budget the answers held 256 MiB of blocks."""
+    budget = 5 * BLOCK + 40 * 2000 + 500
+    held = HeldBlocks(budget)
+    answers, claims = [], []
+    for _ in range(8):
+        a = answer(*(bytearray(BLOCK) for _ in range(8)))
+        assert held_bytes(a) == 8 * BLOCK
+        claim = held.claim()
+        try:
+            held.hold(claim, a)
+        except NotHeld:
+            continue
+        answers.append(a)
+        claims.append(claim)
+        assert held.total <= budget
+        assert held_bytes(*answers) == held.total  # the count is what the records keep alive
+    assert len(answers) == 5  # 40 partitions: 5 as views, 35 copied; the sixth answer's copies no longer fit
+    assert held.total == 5 * BLOCK + 35 * 2000
+    for i, a in enumerate(answers):
+        for p in a["responses"][0]["partitions"]:
+            assert bytes(p["records"]) == bytes([p["partition_index"] + 1]) * 2000
+            copied = len(p["records"].parts) == 1
+            assert copied == (i > 0 or p["partition_index"] >= 5)
+    del answers, a, claim
+    claims.clear()
+    gc.collect()
+    assert held.total == 0
+
+
+def test_a_buffer_viewed_by_several_answers_is_counted_once_and_let_go_with_the_last() -> None:
+    block = bytearray(BLOCK)
+    held = HeldBlocks(BLOCK)
+    first, second = held.claim(), held.claim()
+    held.hold(first, answer(block))
+    held.hold(second, answer(block))  # the same block: nothing more held, no copy
+    assert held.total == BLOCK
+    del first
+    assert held.total == BLOCK
+    del second
+    assert held.total == 0
+
+
+def test_an_answer_not_held_holds_nothing_and_its_read_raises() -> None:
+    held = HeldBlocks(100)
+    claim = held.claim()
+    with pytest.raises(NotHeld):
+        held.read(claim, answer, bytearray(BLOCK))
+    assert held.total == 0 and held.has_room()
