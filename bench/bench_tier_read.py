@@ -6,7 +6,8 @@ a broker, a socket or an event loop, so what the tier read costs per GiB shows a
 
 Set-up: ``--partitions`` partitions of ``--mib`` MiB each, written as a broker leaves them (crafted v2 batches of
 240 records with 1 KiB values and keys, ~250 KiB a batch as librdkafka's ``batch.size`` makes them in
-``bench_proxy``; 64 MiB segments), copied to a filesystem store by the sidecar's own copier (4 MiB blocks, the
+``bench_proxy``, or ``--batch-records`` 16 for ~16 KiB batches as a Java producer's; 64 MiB segments), copied to a
+filesystem store by the sidecar's own copier (4 MiB blocks, the
 default), listed by the in-memory metadata manager (:class:`tests.support.rlmm.SyncRlmm`).
 
 A read: a consumer's Fetches one after the other from offset 0 to the end of every partition, each naming every
@@ -192,6 +193,7 @@ def breakdown(ctx: object, tps: list[object], records: int, fetch_bytes: int) ->
 
 
 def main() -> None:
+    global RECORDS_PER_BATCH  # noqa: PLW0603 - the set-up's batches (--batch-records), read by segment_batches
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=256, help="data per partition (MiB)")
     ap.add_argument("--partitions", type=int, default=1)
@@ -206,10 +208,15 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, metavar="FILE")
     ap.add_argument("--breakdown", action="store_true",
                     help="one more read on this thread (partitions one after the other), its CPU per Fetch by part")
+    ap.add_argument("--batch-records", type=int, default=RECORDS_PER_BATCH,
+                    help="records (1 KiB values) a batch: 240, ~250 KiB batches as librdkafka's; 16, ~16 KiB as a "
+                         "Java producer's batch.size")
     ap.add_argument("--block-cache-mib", type=int, default=None,
                     help="the storage manager's block_cache_bytes (MiB; default: its own default for the store)")
     args = ap.parse_args()
     import logging
+
+    RECORDS_PER_BATCH = args.batch_records
 
     if args.parallel_reads is not None:
         from rlm.listener.tier import fetch as tier_fetch

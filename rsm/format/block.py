@@ -246,21 +246,27 @@ class EntryReader:
 
     def __iter__(self) -> Iterator[tuple[int, int, bytearray | memoryview]]:
         unpack = ENTRY_HEADER.unpack
+        unpack_from = ENTRY_HEADER.unpack_from
         position = self._position
         pos = self._header.header_length
         end = self._header.block_length
         entry_id = self._header.first_entry_id
+        buf = self._buffer
+        # the whole block in a buffer: entries unpacked and sliced from it in place (no _read call, no header
+        # slice: ~0.4 us of a 16 KiB batch's parse); the bounds below keep every slice inside it
+        whole = buf is not None and len(buf) >= end
         while pos < end:
             if end - pos < ENTRY_HEADER_LENGTH:
                 raise self._error(f"truncated entry header: expected {ENTRY_HEADER_LENGTH} bytes, found "
                                   f"{end - pos} before the block end", position + pos)
-            entry_len, stored_id = unpack(self._read(ENTRY_HEADER_LENGTH, pos))
+            entry_len, stored_id = unpack_from(buf, pos) if whole else unpack(self._read(ENTRY_HEADER_LENGTH, pos))
             if stored_id != entry_id:
                 raise self._error(f"entry id {stored_id}, expected {entry_id}", position + pos + _ENTRY_ID_OFFSET)
             data_pos = pos + ENTRY_HEADER_LENGTH
             if entry_len < 0 or data_pos + entry_len > end:
                 raise self._error(f"entry length {entry_len} runs past the block end ({end - data_pos} bytes left)",
                                   position + pos)
-            yield entry_id, position + pos, self._read(entry_len, data_pos)
+            yield entry_id, position + pos, (buf[data_pos:data_pos + entry_len] if whole  # type: ignore[index]
+                                             else self._read(entry_len, data_pos))
             pos = data_pos + entry_len
             entry_id += 1

@@ -49,6 +49,7 @@ from rsm.format.keys import SegmentKeys
 from rsm.format.ledger import EntryAddress
 from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead
 from rsm.log._crc32c import buffer_address, crc32c_at
+from rsm.log._fastinit import fast_constructor
 from rsm.log.batch import ATTRIBUTES_OFFSET, CRC_OFFSET, BatchHeader, batch_crc, header_from_bytes
 from rsm.log.errors import CorruptIndexError, CorruptProducerSnapshotError, CorruptRecordBatchError
 from rsm.log.indexes import AbortedTxn, parse_txn_index
@@ -92,6 +93,9 @@ class EntryView:
     @property
     def max_timestamp_ms(self) -> int:
         return self.header.max_timestamp
+
+
+_make_entry = fast_constructor(EntryView)  # a frozen dataclass's __init__ was ~1.1 us of a batch's ~6.8 us parse
 
 
 def _last_offset(block: BlockInfo) -> int:
@@ -329,7 +333,7 @@ def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str
                 raise CorruptRemoteObjectError(
                     f"batch base offset {h.base_offset} not after the previous batch's {prev_last}", key=key,
                     position=data_pos, kafka_offset=h.base_offset)
-            yield EntryView(block, entry_id, p, h, memoryview(data))
+            yield _make_entry(block, entry_id, p, h, data if isinstance(data, memoryview) else memoryview(data))
             prev_last = h.last_offset
             entries.kafka_offset = prev_last + 1
             log_pos += len(data)
