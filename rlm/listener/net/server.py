@@ -511,14 +511,18 @@ class ListenerServer:
         copied into the transport's buffer: written whole, a 9 MB answer was copied there in one piece (the event
         loop held for ms, and the answer held twice, as ``data`` and as the copy, while a client did not read:
         r11's 6 clients held 2 x 159 MiB where 159 were counted). Now a transport holds at most a slice, and
-        ``data`` is counted in :meth:`queued_response_bytes` until the socket has taken it."""
+        ``data`` is counted in :meth:`queued_response_bytes` until the socket has taken it. Data larger than
+        ``socket_send_buffer_bytes`` raises the connection's send buffer as :meth:`_write` does (answers of several
+        MiB, a consumer's of many partitions, went ~200 KB an event-loop round otherwise)."""
         parts = data if isinstance(data, list) else [data]
         n = sum(map(len, parts))
         transport = writer.transport
+        protocol = typing.cast(_ClientProtocol, transport.get_protocol())
+        if not protocol.raised and n > self.limits.socket_send_buffer_bytes > 0:
+            self._raise_send_buffer(writer, protocol)
         self._queued += n
         taken = 0
         try:
-            protocol = typing.cast(_ClientProtocol, transport.get_protocol())
             for piece in _slices(parts, WRITE_SLICE_BYTES):
                 size = sum(map(len, piece))
                 self._write_parts(writer, protocol, piece)

@@ -877,6 +877,9 @@ def test_an_answer_is_queued_once_and_handed_to_its_transport_a_slice_at_a_time(
     entity_writer(type(entity))(out, entity)
     whole = request(1, 4, out.getvalue())
     slice_bytes = 16 * 1024
+    # send buffers not raised past socket_send_buffer_bytes (a sliced answer raises them too): a client that does
+    # not read gets ~200 KB of the answer into its kernel buffers, the rest queues
+    monkeypatch.setattr(server, "SEND_BUFFER_RAISED_BYTES", 102_400)
     before = metric("rlm_history_closed_connections_total", {"reason": "not_reading"})
     with endpoint(tiered, write_timeout_ms=3000) as h:
         loop = h.server._loop
@@ -951,6 +954,35 @@ def test_a_reading_clients_send_buffer_is_raised_within_its_share_of_the_queued_
             wait_for(lambda h=h: h.server._raised == 0, 10, "the raised buffer to be given back")
     assert [[len(p.records) for p in ps] for ps in answers[0].values()] == [
         [len(p.records) for p in ps] for ps in answers[1].values()]
+
+
+def test_a_send_buffer_is_raised_for_answers_written_a_slice_at_a_time(tiered: Tiered,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer above ``WRITE_SLICE_BYTES`` is written a slice at a time (``_send``: here the slice is made 64 KiB,
+    so both partitions of ``a``, ~370 KB, are); it raises the connection's SO_SNDBUF as an answer written whole
+    does (a consumer of 8 partitions gets answers of ~8 MiB, all of them sliced: its buffer stayed at
+    ``socket_send_buffer_bytes``, ~200 KB taken an event-loop round). The client gets the same whole answer."""
+    import asyncio
+
+    import rlm.listener.net.server as server
+
+    monkeypatch.setattr(server, "WRITE_SLICE_BYTES", 64 * 1024)
+    a = tiered.topic("a")
+    both = [(a, p, 0, 2**20) for p in (0, 1)]
+    with endpoint(tiered) as h:
+        with connect(h) as reader:
+            got = answered(fetch_v4(reader, 2**21, both))
+            assert all(len(base_offsets(got[(a, p)][0].records)) > 5 for p in (0, 1))
+
+            async def read() -> list[int]:
+                return [w.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+                        for w in h.server._writers]
+
+            assert h.server._loop is not None
+            assert asyncio.run_coroutine_threadsafe(read(), h.server._loop).result(10) == [
+                2 * server.SEND_BUFFER_RAISED_BYTES]
+            assert h.server._raised == 2 * server.SEND_BUFFER_RAISED_BYTES
+        wait_for(lambda: h.server._raised == 0, 10, "the raised buffer to be given back")
 
 
 # ------------------------------------------------------------------------------ generated frames (Hypothesis)
