@@ -570,7 +570,8 @@ class SegmentReader(SegmentHandle):
                 i = j + 1
                 continue
             if i == j and self.block_cache is not None and self.ledger.cipher is None:
-                yield from self._one_block(i, self.block_cache)
+                cached = self._cached_block(i, self.block_cache)
+                yield from (cached if cached is not None else self._streamed_block(i))
                 i = j + 1
                 continue
             with self.store.get(key, start, end) as stream:
@@ -578,11 +579,12 @@ class SegmentReader(SegmentHandle):
                                               cipher=self.ledger.cipher, large=large)
             i = j + 1
 
-    def _one_block(self, i: int, cache: BlockCache) -> Iterator[EntryView]:
-        """Entries of block ``i`` of a plain copy: from the copy's stream in the block cache when the reads are
+    def _cached_block(self, i: int, cache: BlockCache) -> list[EntryView] | None:
+        """Entries of block ``i`` of a plain copy from the copy's stream in the block cache when the reads are
         sequential (read ahead across reads within :attr:`read_ahead_bytes`; where the store does not read ahead,
         each block read whole when it is reached), each block's entries verified once, when the stream reaches it,
-        and kept with it for the reads inside it; else streamed (rsm.format.blockcache)."""
+        and kept with it for the reads inside it; else None: the caller streams it (:meth:`_streamed_block`;
+        rsm.format.blockcache). A list, not a generator: one generator fewer per batch on a history Fetch's path."""
         block = self.ledger.blocks[i]
         prefix = getattr(self.store, "key_prefix", "") or ""  # PrefixedStore
         key = self.keys.data(block.object_number)
@@ -591,15 +593,16 @@ class SegmentReader(SegmentHandle):
         def parse(data: memoryview) -> list[EntryView]:
             return list(_block_entries(None, [block], key=key, ledger_id=ledger_id, opener=_Fetched(iter([data]))))
 
-        entries = cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
-                             budget_bytes=self.read_ahead_bytes, parse=parse,
-                             request_bytes=self.read_ahead_request_bytes)
-        if entries is not None:
-            yield from entries
-            return
+        return cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
+                          budget_bytes=self.read_ahead_bytes, parse=parse, request_bytes=self.read_ahead_request_bytes)
+
+    def _streamed_block(self, i: int) -> Iterator[EntryView]:
+        """Entries of block ``i`` of a plain copy, streamed with one ranged GET (a random read), nothing kept."""
+        block = self.ledger.blocks[i]
+        key = self.keys.data(block.object_number)
         end = block.object_position + block.block_length - 1
         with self.store.get(key, block.object_position, end) as stream:
-            yield from iter_block_entries(stream, [block], key=key, ledger_id=ledger_id)
+            yield from iter_block_entries(stream, [block], key=key, ledger_id=self.ledger.ledger_id)
 
     def _block_ordinal(self, block: BlockInfo) -> int:
         return block.part_id
