@@ -189,7 +189,10 @@ against 0.79-0.90 ms, 23 against 31-34 context switches a segment. In the sideca
 2,000 partitions cold 4.05 against 4.08 ms (user 2.53 / system 1.52, catch-up 70 s both, load 18-36), warm 3.41
 against 3.51 ms: 1-4%, about what the metadata writes are of a segment. Per thread at 2,000 (cold): six copy workers
 0.41-0.43 ms each, the stage job 0.43, another scheduler thread 0.32, the metadata consumer 0.21 (warm). The
-watcher's events read without an ``Event`` each (b06e891): 1.55 -> 0.72 us per event, about ten a roll. Idle, with
+watcher's events read without an ``Event`` each (b06e891): 1.55 -> 0.72 us per event, about ten a roll. Every cut
+of the session at 40a239f against the same HEAD with 50bbde0's ``rlmm`` and watcher (2,000 partitions, load 13-31):
+cold 4.76 against 4.75 ms a segment (user 2.98 / system 1.78, catch-up 36 s both), warm 4.06 against 4.16 ms:
+what is left of the metadata topic, discovery and fencing is not where the gap to 3 ms is. Idle, with
 every cut: 2,000 partitions 1.2% at default intervals, 1.2% at 5 s (112 MiB); 4,000 in 40 topics 2.1% / 2.5% (139
 MiB; load 11-19).
 """
