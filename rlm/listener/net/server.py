@@ -456,13 +456,13 @@ class ListenerServer:
                      ) -> None:
         """Hand ``parts`` to the connection's transport in order: over plaintext with
         :func:`~rlm.listener.net.vectored.write_parts` (one ``writev`` from the parts' own buffers; no part referenced
-        once it returns), over TLS a ``write`` each (asyncio's TLS transport encrypts each as it comes:
-        ``bench/bench_tls_parts.py``)."""
+        once it returns), over TLS with one ``writelines`` (asyncio's TLS transport encrypts them in one pass and
+        sends the ciphertext with one write; a ``write`` each encrypts and sends each apart:
+        ``bench/bench_tls_parts.py``, 8 x 128 KiB 0.92 -> 0.74 CPU s/GiB, 1 x 1 MiB within noise)."""
         if protocol.vectored:
             write_parts(writer.transport, parts)
         else:
-            for part in parts:
-                writer.write(part)
+            writer.writelines(parts)
 
     def _raise_send_buffer(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol) -> None:
         """Raise the connection's SO_SNDBUF to ``SEND_BUFFER_RAISED_BYTES`` (once; given back when it closes) if the
