@@ -232,6 +232,29 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+NAME_THREADS = ("import sys, ctypes, threading\n_prctl = ctypes.CDLL(None).prctl\n"
+                "_inner = threading.Thread._bootstrap_inner\n"
+                "def _named(self):\n    _prctl(15, self.name.encode()[:15], 0, 0, 0)\n    _inner(self)\n"
+                "threading.Thread._bootstrap_inner = _named\n")
+"""Prepended to the sidecar child's code: each Python thread gives the OS its name (prctl PR_SET_NAME, 15 bytes), so
+the burst's per-thread split (:func:`thread_cpu`) names the copy workers (``rlm-copy-<n>``), the metadata consumer
+(``rlmm-consumer-*``), apscheduler's thread and its pool's (``ThreadPoolExecutor-*``: the discovery, stage, gauges,
+expiration and gc jobs), not ``python`` each; the baseline's sidecar too (the code is this file's)."""
+
+
+def cluster_calls(port: int) -> dict[str, float]:
+    """The sidecar's admin calls to the cluster so far (``rlm_cluster_calls`` by call, and ``partitions``: the
+    partitions its list_offsets calls asked for), from one scrape of /metrics; empty for a checkout without them."""
+    out: dict[str, float] = {}
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    for m in re.finditer(r'^rlm_cluster_calls_total\{call="(\w+)"\} (\S+)$', text, re.M):
+        out[m.group(1)] = float(m.group(2))
+    m = re.search(r"^rlm_list_offsets_partitions_total (\S+)$", text, re.M)
+    if m:
+        out["partitions"] = float(m.group(1))
+    return out
+
+
 def cpu_split(pid: int) -> dict[str, float]:
     """CPU seconds of ``pid`` so far: ``user`` and ``system`` (every thread, ended ones too), its minor page faults
     (``minflt``, in thousands), and the CPU seconds of its live threads by group: ``librdkafka`` (threads named
@@ -340,7 +363,7 @@ class SidecarProcess:
         path.write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "sidecar.log", "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONPATH": str(root)}  # this checkout's rlm, or --baseline's
-        self.proc = subprocess.Popen([sys.executable, "-c", "import sys; from rlm.cli import main; sys.exit(main())",
+        self.proc = subprocess.Popen([sys.executable, "-c", NAME_THREADS + "from rlm.cli import main; sys.exit(main())",
                                       "serve", "--config", str(path)],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
         self.pid = self.proc.pid
@@ -554,6 +577,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
     x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
+    calls0 = cluster_calls(sc.port)
     c0, w0, split0, threads0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     rounds = segments_per_partition - (1 if warm else 0) + (1 if leave_open else 0)
     n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, rounds, close=not leave_open,
@@ -576,6 +600,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     wait_until(both, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
     c1, w1, split1, threads1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     by_thread = sorted(((k, v - threads0.get(k, 0.0)) for k, v in threads1.items()), key=lambda kv: -kv[1])
+    calls1 = cluster_calls(sc.port)
     b1 = cpu_s(bpid)
     if baseline is not None:
         wait_until(lambda: both() and base_done is not None, 1800, "the baseline sidecar to copy them", 1.0)
@@ -590,6 +615,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
             "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]), "broker_cpu_s": b1 - b0,
             "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0},
             "threads_ms_per_segment": [(f"{comm}/{tid}", 1000 * v / max(1, rolled)) for (tid, comm), v in by_thread],
+            "calls_per_segment": {k: (v - calls0.get(k, 0.0)) / max(1, rolled) for k, v in calls1.items()},
             "warm": warm,
             **({"baseline": {"cpu_s": base_done[0] - x0, "catch_up_s": base_done[1] - produced,
                              "peak_rss_mib": base_peak.stop() if base_peak is not None else 0.0}}
@@ -677,7 +703,9 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
         ("the same, user / system", f"{sp['user']:.2f} / {sp['system']:.2f} ms"),
         ("the same, python / librdkafka threads (live ones)", f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"),
         ("the busiest threads, ms per rolled segment",
-         ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:8])),
+         ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:12])),
+        ("admin calls to the cluster per rolled segment", ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(b["calls_per_segment"].items())) or "(not counted by this checkout)"),
         ("minor page faults per rolled segment", f"{sp['minflt']:.0f}"),
         ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"),
         ("peak RSS", f"{b['peak_rss_mib']:.0f} MiB"),

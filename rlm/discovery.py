@@ -32,6 +32,7 @@ from pathlib import Path
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
+from rlm import metrics
 from rlmm.api import TopicIdPartition
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
@@ -40,6 +41,12 @@ __all__ = ["Classification", "ClusterView", "LocalPartition", "PartitionInfo", "
            "partition_key", "scan_log_dirs"]
 
 log = logging.getLogger(__name__)
+
+# the admin calls counted (rlm_cluster_calls), children kept rather than labels() per call
+_LIST_OFFSETS = metrics.CLUSTER_CALLS.labels("list_offsets")
+_METADATA = metrics.CLUSTER_CALLS.labels("metadata")
+_DESCRIBE_TOPICS = metrics.CLUSTER_CALLS.labels("describe_topics")
+_DESCRIBE_CONFIGS = metrics.CLUSTER_CALLS.labels("describe_configs")
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 
@@ -203,10 +210,10 @@ class ClusterView:
         revoked ACL does not stop discovery of every other topic. Absence never means "deleted".
         """
         admin = self._drained()  # held until every future is answered (a failure below replaces self._admin)
-        names = sorted(topics) if topics is not None else sorted(admin.list_topics(
-            timeout=self.timeout_s).topics)
+        names = sorted(topics) if topics is not None else sorted(_list_topics(admin, self.timeout_s).topics)
         if not names:
             return {}
+        _DESCRIBE_TOPICS.inc()
         futures = admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
         out: dict[tuple[str, int], PartitionInfo] = {}
         for name, fut in futures.items():
@@ -241,7 +248,7 @@ class ClusterView:
         leadership of these topics did not change between the two requests. Topic ids and configs are not in it (a
         topic re-created under its name shows in the log dirs; configs are read by every full discovery round).
         Raises when no broker answers (it proves the cluster answers, as :meth:`cluster_id`)."""
-        md = self._drained().list_topics(timeout=self.timeout_s)
+        md = _list_topics(self._drained(), self.timeout_s)
         items: list[object] = []
         for name in sorted(set(topics)):
             t = md.topics.get(name)
@@ -264,6 +271,7 @@ class ClusterView:
         if not names:
             return {}
         admin = self._drained()
+        _DESCRIBE_TOPICS.inc()
         futures = admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
         out: dict[str, TopicLookup] = {}
         for name, fut in futures.items():
@@ -295,6 +303,7 @@ class ClusterView:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in names]
         out: dict[str, dict[str, str | None] | None] = dict.fromkeys(names)
         admin = self._drained()
+        _DESCRIBE_CONFIGS.inc()
         for res, fut in admin.describe_configs(resources, request_timeout=self.timeout_s).items():
             try:
                 entries = fut.result(self._wait_s)
@@ -336,6 +345,8 @@ class ClusterView:
         if not request:
             return {}
         admin = self._drained()
+        _LIST_OFFSETS.inc()
+        metrics.LIST_OFFSETS_PARTITIONS.inc(len(request))
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
                                      request_timeout=self.timeout_s)
         out: dict[tuple[str, int], tuple[int, int]] = {}
@@ -348,3 +359,9 @@ class ClusterView:
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})
         return out
+
+
+def _list_topics(admin: AdminClient, timeout_s: float):  # noqa: ANN202 - confluent_kafka's ClusterMetadata
+    """One Metadata request (all topics), counted."""
+    _METADATA.inc()
+    return admin.list_topics(timeout=timeout_s)

@@ -62,6 +62,13 @@ PURGE_CHECK_UNAUTHORIZED = Counter(
 METADATA_NOT_CAUGHT_UP = Gauge(
     "rlm_metadata_not_caught_up", "Partitions served (led or followed) whose metadata cache has not caught up with "
     "the metadata topic (/health's metadata check): no copy, expiration or read of them proceeds meanwhile")
+CLUSTER_CALLS = Counter(
+    "rlm_cluster_calls", "The cluster view's admin calls (rlm.discovery.ClusterView), by kind: list_offsets (the copy "
+    "runs' last stable offsets and fences), metadata (list_topics), describe_topics, describe_configs; librdkafka "
+    "sends one request per broker leading what a call asks", ["call"])
+LIST_OFFSETS_PARTITIONS = Counter(
+    "rlm_list_offsets_partitions", "Partitions asked for by the cluster view's list_offsets calls (over "
+    "rlm_cluster_calls{call=list_offsets}: how many copy runs' questions one call answered)")
 STAGING_BYTES = Gauge("rlm_staging_bytes", "Bytes held in the hard-link staging area")
 LOG_DIR_OK = Gauge("rlm_log_dir_ok", "1 when the configured log dir exists and is readable, else 0", ["log_dir"])
 DELETIONS_QUEUED = Gauge(

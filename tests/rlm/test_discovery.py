@@ -110,3 +110,23 @@ def test_acl_denied_answers_are_errors_not_absence(kafka_sasl: KafkaCluster, top
     assert view.compaction([visible]) == {visible: None}
     assert view.compacted_topics([visible]) == {visible}
     assert ClusterView(kafka_sasl.admin_config()).compaction([visible]) == {visible: False}
+
+
+def test_admin_calls_counted(kafka: KafkaCluster, topic_name: str) -> None:
+    """rlm_cluster_calls counts each admin call once (bench_scale reads them per rolled segment), and
+    rlm_list_offsets_partitions the partitions one list_offsets call asks for."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    kafka.create_topic(topic_name, 3)
+    view = ClusterView(kafka.admin_config())
+    before = {c: sample("rlm_cluster_calls_total", call=c) for c in ("list_offsets", "metadata", "describe_topics")}
+    asked = sample("rlm_list_offsets_partitions_total")
+    assert len(view.stable_offsets_and_epochs([(topic_name, p) for p in range(3)])) == 3
+    view.metadata_fingerprint([topic_name])
+    view.partitions()  # all topics: one Metadata request for their names, then one DescribeTopics call
+    assert {c: sample("rlm_cluster_calls_total", call=c) - v for c, v in before.items()} == {
+        "list_offsets": 1, "metadata": 2, "describe_topics": 1}
+    assert sample("rlm_list_offsets_partitions_total") - asked == 3
