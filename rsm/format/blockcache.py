@@ -31,8 +31,9 @@ for the next (those free counted in ``rsm_block_cache_bytes`` too, let go after 
 answer holds views of its blocks (:class:`rsm.log.batch.RecordParts`), so a block buffer is read into again only once
 no answer holds it: the listener's write lets go of an answer's parts when the call returns (what the socket did not
 take is copied: :mod:`rlm.listener.net.vectored`), a proxy's answer read ahead holds them until it is used or dropped
-(at most ``PREFETCHES_HELD`` in the process, :mod:`rlm.listener.upstream.proxy`). Plain copies only: an encrypted
-copy's blocks are opened per read.
+(at most ``PREFETCHES_HELD`` in the process, :mod:`rlm.listener.upstream.proxy`), the buffers all such answers hold
+within this cache's ``capacity_bytes`` (counted once each; past it an answer's records are copied out:
+:mod:`rlm.listener.tier.held`). Plain copies only: an encrypted copy's blocks are opened per read.
 
 A history Fetch through the proxy from the filesystem store (``bench/bench_tier_read.py``, 1 MiB Fetches of 4 MiB
 blocks), before streams read a block whole and kept it verified: each Fetch streamed its block from the block's

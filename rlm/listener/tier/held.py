@@ -103,9 +103,12 @@ class HeldBlocks:
     def _hold_parts(self, claim: Claim, records: RecordParts) -> RecordParts:
         """``records`` held as views when their new buffers fit, else copied out (one buffer of their size)."""
         bases: dict[int, Any] = {}
-        for part in records.parts:
+        last = None
+        for part in records.parts:  # a partition's batches: runs of views of one block
             base = part.obj
-            bases.setdefault(id(base), base)
+            if base is not last:
+                bases.setdefault(id(base), base)
+                last = base
         with self._lock:
             new = 0
             for key, base in bases.items():
