@@ -63,7 +63,9 @@ class HeldBlocks:
         self.budget_bytes = budget_bytes
         self.total = 0
         """Bytes held now: distinct block buffers, each once, and copies."""
-        self._lock = threading.Lock()
+        # re-entrant: a claim may be let go by the cyclic GC (a connection's objects in a cycle), in whatever thread
+        # it runs, even one inside hold() holding the lock
+        self._lock = threading.RLock()
         self._buffers: dict[int, list[int]] = {}  # id(buffer) -> [claims holding it, its size]
         _held.add(self)
 
@@ -143,6 +145,8 @@ class HeldBlocks:
             claim.own += n
 
     def _release(self, claim: Claim) -> None:
+        if not claim.buffers and not claim.own:
+            return
         with self._lock:
             for key in claim.buffers:
                 held = self._buffers[key]

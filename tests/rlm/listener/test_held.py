@@ -8,6 +8,7 @@ views of block buffers (:class:`rsm.log.batch.RecordParts`); the proxy's use of 
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any
 
 import pytest
@@ -91,3 +92,24 @@ def test_an_answer_not_held_holds_nothing_and_its_read_raises() -> None:
     with pytest.raises(NotHeld):
         held.read(claim, answer, bytearray(BLOCK))
     assert held.total == 0 and held.has_room()
+
+
+def test_a_claim_the_cyclic_gc_lets_go_while_its_thread_holds_the_lock_does_not_deadlock() -> None:
+    """A claim in a reference cycle (a connection's objects often are) is let go by the cyclic GC, in whatever
+    thread it runs: here one inside hold()'s locked section. With a plain lock that thread waited for itself."""
+    held = HeldBlocks(2 * BLOCK)
+    claim = held.claim()
+    held.hold(claim, answer(bytearray(BLOCK)))
+    cycle: list[Any] = [claim]
+    cycle.append(cycle)
+    del claim, cycle
+
+    def collect() -> None:
+        with held._lock:  # as hold() holds it when a collection runs in its thread
+            gc.collect()
+
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "deadlocked"
+    assert held.total == 0
