@@ -232,14 +232,16 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-NAME_THREADS = ("import sys, ctypes, threading\n_prctl = ctypes.CDLL(None).prctl\n"
-                "_inner = threading.Thread._bootstrap_inner\n"
-                "def _named(self):\n    _prctl(15, self.name.encode()[:15], 0, 0, 0)\n    _inner(self)\n"
-                "threading.Thread._bootstrap_inner = _named\n")
-"""Prepended to the sidecar child's code: each Python thread gives the OS its name (prctl PR_SET_NAME, 15 bytes), so
-the burst's per-thread split (:func:`thread_cpu`) names the copy workers (``rlm-copy-<n>``), the metadata consumer
-(``rlmm-consumer-*``), apscheduler's thread and its pool's (``ThreadPoolExecutor-*``: the discovery, stage, gauges,
-expiration and gc jobs), not ``python`` each; the baseline's sidecar too (the code is this file's)."""
+HOOKS = Path(__file__).resolve().parent / "sidecar_hooks.py"  # run in the sidecar child first: its docstring says what
+
+
+def job_cpu(path: Path) -> dict[str, float]:
+    """CPU seconds of each apscheduler job's runs so far in a sidecar child (``bench/sidecar_hooks.py`` writes them
+    every second): discovery, stage, gauges, expiration, gc."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def cluster_calls(port: int) -> dict[str, float]:
@@ -362,8 +364,11 @@ class SidecarProcess:
         path = self.dir / "sidecar.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = open(self.dir / "sidecar.log", "wb")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONPATH": str(root)}  # this checkout's rlm, or --baseline's
-        self.proc = subprocess.Popen([sys.executable, "-c", NAME_THREADS + "from rlm.cli import main; sys.exit(main())",
+        self.job_cpu_path = self.dir / "job-cpu.json"
+        env = {**os.environ, "PYTHONPATH": str(root),  # this checkout's rlm, or --baseline's
+               "RLM_BENCH_JOB_CPU": str(self.job_cpu_path)}
+        self.proc = subprocess.Popen([sys.executable, "-c", f"exec(open({str(HOOKS)!r}).read()); import sys; "
+                                      "from rlm.cli import main; sys.exit(main())",
                                       "serve", "--config", str(path)],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root)
         self.pid = self.proc.pid
@@ -577,7 +582,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
     x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
-    calls0 = cluster_calls(sc.port)
+    calls0, jobs0 = cluster_calls(sc.port), job_cpu(sc.job_cpu_path)
     c0, w0, split0, threads0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     rounds = segments_per_partition - (1 if warm else 0) + (1 if leave_open else 0)
     n_records = produce_burst(kc.bootstrap_servers, topics, per_topic, rounds, close=not leave_open,
@@ -601,6 +606,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     c1, w1, split1, threads1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     by_thread = sorted(((k, v - threads0.get(k, 0.0)) for k, v in threads1.items()), key=lambda kv: -kv[1])
     calls1 = cluster_calls(sc.port)
+    time.sleep(1.2)  # the hooks' next write: every job run so far
+    jobs1 = job_cpu(sc.job_cpu_path)
     b1 = cpu_s(bpid)
     if baseline is not None:
         wait_until(lambda: both() and base_done is not None, 1800, "the baseline sidecar to copy them", 1.0)
@@ -616,6 +623,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
             "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0},
             "threads_ms_per_segment": [(f"{comm}/{tid}", 1000 * v / max(1, rolled)) for (tid, comm), v in by_thread],
             "calls_per_segment": {k: (v - calls0.get(k, 0.0)) / max(1, rolled) for k, v in calls1.items()},
+            "jobs_ms_per_segment": {k: 1000 * (v - jobs0.get(k, 0.0)) / max(1, rolled) for k, v in jobs1.items()},
             "warm": warm,
             **({"baseline": {"cpu_s": base_done[0] - x0, "catch_up_s": base_done[1] - produced,
                              "peak_rss_mib": base_peak.stop() if base_peak is not None else 0.0}}
@@ -704,6 +712,8 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
         ("the same, python / librdkafka threads (live ones)", f"{sp['python']:.2f} / {sp['librdkafka']:.2f} ms"),
         ("the busiest threads, ms per rolled segment",
          ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:12])),
+        ("apscheduler's jobs (their pool threads), ms per rolled segment", ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(b["jobs_ms_per_segment"].items(), key=lambda kv: -kv[1]))),
         ("admin calls to the cluster per rolled segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(b["calls_per_segment"].items())) or "(not counted by this checkout)"),
         ("minor page faults per rolled segment", f"{sp['minflt']:.0f}"),
