@@ -194,7 +194,14 @@ of the session at 40a239f against the same HEAD with 50bbde0's ``rlmm`` and watc
 cold 4.76 against 4.75 ms a segment (user 2.98 / system 1.78, catch-up 36 s both), warm 4.06 against 4.16 ms:
 what is left of the metadata topic, discovery and fencing is not where the gap to 3 ms is. Idle, with
 every cut: 2,000 partitions 1.2% at default intervals, 1.2% at 5 s (112 MiB); 4,000 in 40 topics 2.1% / 2.5% (139
-MiB; load 11-19).
+MiB; load 11-19). Named (6a96359, 9baec53: rlm_cluster_calls; the child's threads named for the OS, each
+apscheduler job's CPU summed), 2,000 partitions cold at 6a96359 (two runs, load 20-25 and 33-49): 3.36 / 4.10 ms a
+segment; copy workers 0.36-0.38 / 0.41-0.42 ms each; "the other scheduler thread" is apscheduler's pool, whose three
+threads (0.24 + 0.24 + 0.14 / 0.32 + 0.28 + 0.26) run whichever job is due: stage 0.644 ms a segment (its staging:
+the links and fsyncs of the copy path's filesystem side), discovery 0.133 (about 24 rounds in that burst, the full
+ones every rescan interval), gauges 0.082; the metadata consumer 0.19 / 0.28. ListOffsets: 0.63 / 0.71 calls a
+segment asking 0.94 / 1.09 partitions (a run's start and a batch's fence per ~2 segments; 1.5 partitions a call:
+the Coalescer shares a call among the six workers asking at once, no more); Metadata 0.002-0.004 calls a segment.
 """
 
 from __future__ import annotations
