@@ -145,7 +145,7 @@ def breakdown(ctx: object, tps: list[object], records: int, fetch_bytes: int) ->
     import rlm.listener.tier.fetch as tier_fetch
     import rsm.format.blockcache as blockcache
     import rsm.format.reader as reader
-    from rlm.tier.view import TierView
+    from rlm.tier import TierView
 
     spent: dict[str, int] = {}
     clock = time.thread_time_ns
