@@ -11,9 +11,7 @@ sees the queue's overflow as the event it is, and costs nothing between reads):
 - each partition directory is watched for entries created, moved in or out, or deleted: a roll creates the new
   segment's ``.log``, retention renames segments to ``.deleted`` and removes them, the broker rewrites
   ``leader-epoch-checkpoint`` and ``partition.metadata`` by a rename. Appends (``IN_MODIFY``) are not watched: they
-  are every produce request, and say nothing of rolls. A partition directory's watch is one-shot: its first event
-  reports it, and :meth:`LogDirWatcher.changes` re-arms it before the caller looks (one event a directory between
-  two reads, where a roll makes about ten: 2,000 partitions rolling at once overflowed the kernel's queue).
+  are every produce request, and say nothing of rolls.
 
 What the events can miss, the watcher finds by listing:
 
