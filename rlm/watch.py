@@ -50,7 +50,6 @@ try:  # Linux only; elsewhere every directory is listed (as before the watcher)
     from inotify_simple import flags as _f
 
     _DIR_EVENTS = _f.CREATE | _f.DELETE | _f.MOVED_FROM | _f.MOVED_TO | _f.ONLYDIR
-    _PARTITION_EVENTS = _DIR_EVENTS | _f.ONESHOT  # one event, then re-armed when the caller looks (changes())
     _LOG_DIR_EVENTS = _DIR_EVENTS | _f.DELETE_SELF | _f.MOVE_SELF
     _GONE = _f.DELETE | _f.MOVED_FROM
     _OVERFLOW = int(_f.Q_OVERFLOW)
@@ -98,7 +97,6 @@ class LogDirWatcher:
         self._wd_partition: dict[int, Path] = {}
         self._watch_of: dict[Path, int] = {}  # a watched directory -> its watch descriptor
         self._unwatched: set[Path] = set()  # partition directories whose watch could not be added: listed each call
-        self._disarmed: set[Path] = set()  # partition directories whose one-shot watch fired: re-armed by changes()
         self._names: dict[Path, frozenset[str]] = {}  # partition directory -> its entry names at the last listing
         self._last_rescan: float | None = None
         self._pending: set[Path] = set()  # changed since the last changes()
@@ -127,10 +125,6 @@ class LogDirWatcher:
             out = Changes(frozenset(self._pending), self._pending_layout, self._pending_rescanned)
             self._pending = set()
             self._pending_layout = self._pending_rescanned = False
-            for pdir in out.partitions & self._disarmed:  # re-armed before the caller looks: no change falls between
-                self._disarmed.discard(pdir)
-                if not self._add_watch(pdir, _PARTITION_EVENTS, self._wd_partition):
-                    self._unwatched.add(pdir)
             for pdir in out.partitions:  # the caller looks now: the next rescan compares with what it sees
                 if pdir in self._names:
                     self._names[pdir] = _names(pdir)
@@ -182,15 +176,9 @@ class LogDirWatcher:
             if mask & _IGNORED:  # the watch is gone (its directory removed, or rm_watch)
                 self._forget_wd(wd)
                 continue
-            pdir = wd_partition.pop(wd, None)
+            pdir = wd_partition.get(wd)
             if pdir is not None:  # (the entry's name does not matter: the directory changed)
-                # Its watch is one-shot (a roll makes about ten events; 2,000 partitions rolling between two reads
-                # overflowed the kernel's queue of 16,384, and a rescan listed every directory): gone now (its
-                # IN_IGNORED, read later, finds no path), re-armed by changes() before the caller looks.
                 changed.add(pdir)
-                if self._watch_of.get(pdir) == wd:
-                    del self._watch_of[pdir]
-                    self._disarmed.add(pdir)
                 continue
             log_dir = self._wd_log_dir.get(wd)
             if log_dir is None:
@@ -208,7 +196,6 @@ class LogDirWatcher:
                 self._unwatch(pdir)
                 self._names.pop(pdir, None)
                 self._unwatched.discard(pdir)
-                self._disarmed.discard(pdir)
             else:
                 self._watch_partition(pdir, changed)
         return layout
@@ -240,7 +227,6 @@ class LogDirWatcher:
             self._unwatch(pdir)
             self._names.pop(pdir, None)
             self._unwatched.discard(pdir)
-            self._disarmed.discard(pdir)
         return bool(gone) or new
 
     def _relist(self, pdir: Path, changed: set[Path]) -> None:
@@ -252,8 +238,7 @@ class LogDirWatcher:
     def _watch_partition(self, pdir: Path, changed: set[Path]) -> None:
         """Watch ``pdir`` and report it changed (what happened before the watch is seen by the caller's look)."""
         changed.add(pdir)
-        self._disarmed.discard(pdir)
-        if self._inotify is None or not self._add_watch(pdir, _PARTITION_EVENTS, self._wd_partition):
+        if self._inotify is None or not self._add_watch(pdir, _DIR_EVENTS, self._wd_partition):
             self._unwatched.add(pdir)
         self._names.setdefault(pdir, frozenset())
 
