@@ -149,6 +149,8 @@ class PartitionCopier:
         self.watermark_path = watermark_path
         self._watermark: tuple[int, int | None] | None = self._read_watermark()  # (offset, its leader epoch)
         self._persisted = self._watermark
+        # tiered() passed over offsets no metadata records (expired, not copied): the next write is fsynced
+        self._watermark_unrecorded = False
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
         self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
         self._run_names: set[str] | None = None  # the partition dir's entries, listed at the run's start
@@ -358,7 +360,7 @@ class PartitionCopier:
                 batch = []
                 self.staging.release(s)
                 highest = planned = s.end_offset_inclusive
-                self.tiered(highest, checkpoint_epoch_at(epochs, highest))
+                self.tiered(highest, checkpoint_epoch_at(epochs, highest), recorded=False)
                 continue
             batch.append((s, *prepared))
             planned = s.end_offset_inclusive
@@ -427,11 +429,14 @@ class PartitionCopier:
             highest = max(highest, lineage.bound(*self._watermark))
         return highest
 
-    def tiered(self, end_offset_inclusive: int, epoch: int | None) -> None:
+    def tiered(self, end_offset_inclusive: int, epoch: int | None, *, recorded: bool = True) -> None:
         """Record that offsets up to ``end_offset_inclusive`` (last leader epoch ``epoch``) are tiered; persisted
-        by :meth:`write_watermark`."""
+        by :meth:`write_watermark`. ``recorded``: the metadata holds them (COPY_SEGMENT_FINISHED, written before
+        this is called); False for offsets passed over without a copy (older than remote retention), which only the
+        watermark knows: its next write is then fsynced."""
         self._highest = end_offset_inclusive
         self._watermark = (end_offset_inclusive, epoch)
+        self._watermark_unrecorded |= not recorded
 
     # ------------------------------------------------------------------------------------------ watermark
     def _read_watermark(self) -> tuple[int, int | None] | None:
@@ -457,14 +462,23 @@ class PartitionCopier:
             return None
 
     def write_watermark(self) -> None:
-        """Persist the highest tiered offset and its epoch when they moved, durably (fsynced before this returns).
+        """Persist the highest tiered offset and its epoch when they moved.
 
-        The first write makes the file (:func:`rlm.state.write_file_durably`: temp file, rename, directory fsync);
-        later ones overwrite its one record in place, at the same length, and fsync the file: no new inode, no
-        rename, no directory fsync per copy run (issue 26: a burst of 6,000 segments made as many runs, each
-        paying both). The record is 64 bytes at offset 0, inside one disk sector, so a crash leaves the old record or
-        the new one; should an overwrite tear all the same, its CRC fails and the watermark is ignored as unreadable:
-        the resume point is then the metadata's (what the watermark adds is only what remote retention deleted)."""
+        The first write makes the file (:func:`rlm.state.write_file_durably`: temp file, fsync, rename, directory
+        fsync); later ones overwrite its one record in place, at the same length: no new inode, no rename, no
+        directory fsync per copy run (issue 26: a burst of 6,000 segments made as many runs). The record is 64 bytes
+        at offset 0, inside one disk sector, so a crash leaves the old record or the new one; should an overwrite
+        tear all the same, its CRC fails and the watermark is ignored as unreadable.
+
+        An overwrite is fsynced only when the watermark passed over offsets that no metadata records (segments older
+        than remote retention, not copied: :meth:`tiered` with ``recorded=False``). Otherwise every offset it
+        names is COPY_SEGMENT_FINISHED in the metadata, written (and acknowledged) before :meth:`tiered` was told,
+        so the metadata is the durable record and the watermark a copy of it, kept for the day remote retention has
+        deleted those segments (the metadata then no longer names them: :meth:`resume_point`). Left to the page
+        cache's writeback (seconds), what a power cut can lose is that copy: the file then holds an older record (or
+        a torn one, ignored), never one ahead of what the metadata made durable, and the worst it costs is copying
+        again the local segments that remote retention expired in those seconds, as when the state dir is lost.
+        One fsync per copy run saved (issue 26: a copy run copies about one segment in a burst)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
         offset, epoch = self._watermark
@@ -478,10 +492,12 @@ class PartitionCopier:
         else:
             try:
                 os.pwrite(fd, record, 0)
-                os.fsync(fd)
+                if self._watermark_unrecorded:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         self._persisted = self._watermark
+        self._watermark_unrecorded = False
 
     def _max_timestamp(self, s: StagedSegment) -> int:
         """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""

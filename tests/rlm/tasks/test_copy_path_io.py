@@ -4,8 +4,9 @@ create inodes and the fsyncs were most of a copy's CPU), and that what it no lon
 - the filesystem store makes a copy's object names durable with one directory fsync, the index object's (its data
   objects, in the same directory, are put first with :meth:`FileSystemStore.put_deferred`);
 - staging keeps a partition's dir across its segments and stages them side by side in it (no mkdir per segment);
-- the copy watermark is overwritten in place (one fsync, no temp file, no rename), and read back; a torn record is
-  ignored as unreadable, as the legacy formats are still read.
+- the copy watermark is overwritten in place (no temp file, no rename; no fsync unless it passed over offsets the
+  metadata does not record), and read back; a torn record is ignored as unreadable, as the legacy formats are still
+  read.
 
 Crafted partition dirs, the in-memory metadata manager, the storage manager on the filesystem with fsync on."""
 
@@ -22,7 +23,7 @@ from rlm.tasks.copier import PartitionCopier
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
-from tests.support.batches import one_per_batch, write_partition
+from tests.support.batches import BASE_TS, one_per_batch, write_partition
 from tests.support.world import World
 
 
@@ -104,7 +105,7 @@ def test_a_batch_makes_its_copies_durable_with_one_directory_fsync_before_finish
     store_dirs = [d for d in fsyncs.dirs if d.startswith(str(tmp_path / "remote"))]
     assert store_dirs == [store_dir]  # one for the batch of three (a put of each index object: three)
     assert events.index(f"fsync {store_dir}") < events.index("COPY_SEGMENT_FINISHED")
-    assert fsyncs.files == 3 * 2 + 1  # each copy's data and index object, and the copy watermark
+    assert fsyncs.files == 3 * 2  # each copy's data and index object (the copy watermark's overwrite: not fsynced)
     assert [o for o, _v in world.values(tp)] == list(range(20))
 
 
@@ -151,11 +152,30 @@ def test_the_watermark_is_overwritten_in_place_and_read_back(world: World, monke
     copier.tiered(9, 0)
     copier.write_watermark()
     assert os.stat(path).st_ino == first and not path.with_name(path.name + ".tmp").exists()
-    assert (fsyncs.files, fsyncs.dirs) == (1, [])  # the file's; no rename, so no directory fsync
+    # not fsynced: offsets the metadata records FINISHED (it is their durable record); no rename, no directory fsync
+    assert (fsyncs.files, fsyncs.dirs) == (0, [])
     assert len(path.read_bytes()) == 64
     assert PartitionCopier(broker_id=1, tp=tp, partition_dir=copier.partition_dir, rlmm=copier.rlmm,
                            rsm=copier.rsm, staging=copier.staging, deleter=copier.deleter,
                            watermark_path=path).tiered_offset == 9
+
+
+def test_the_watermark_is_fsynced_when_it_passes_over_segments_it_did_not_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments older than remote retention are passed over, not copied: no metadata records their offsets, so the
+    watermark is their only record, and its write is durable (fsynced); the next run's, of a copy, is not."""
+    world = synced_world(tmp_path)
+    tp = rolled(world, 3)
+    copier = world.copier(1, tp)
+    assert [m.end_offset_inclusive for m in copier.run_once(5, leader_epoch=0).copied] == [4]  # the file made
+    copier.min_max_timestamp_ms = BASE_TS + 1  # every record is older than remote retention
+    fsyncs = Fsyncs(monkeypatch)
+    assert copier.run_once(10, leader_epoch=0).copied == []
+    assert (copier.tiered_offset, fsyncs.files) == (9, 1)
+    copier.min_max_timestamp_ms = None
+    assert [m.end_offset_inclusive for m in copier.run_once(15, leader_epoch=0).copied] == [14]
+    assert (copier.tiered_offset, fsyncs.files) == (14, 1 + 2)  # the copy's data and index objects only
+    assert world.copier(1, tp).tiered_offset == 14
 
 
 @pytest.mark.parametrize(("content", "expected"), [
