@@ -3,6 +3,9 @@
     .venv/bin/python bench/bench_copy_path.py [--partitions 300] [--segments 3] [--per-run 1] [--dir /tmp]
     .venv/bin/python bench/bench_copy_path.py --syscalls       # also count system calls per segment (strace -f -c)
     .venv/bin/python bench/bench_copy_path.py --checkout DIR   # another checkout's code (git archive <commit>)
+    .venv/bin/python bench/bench_copy_path.py --profile 40     # the copy loop's 40 costliest functions (cProfile)
+    mkfifo ctl ack; BENCH_PERF_CTL=ctl BENCH_PERF_ACK=ack perf record -g --control fifo:ctl,ack -D -1 -- \
+        .venv/bin/python bench/bench_copy_path.py                # kernel and C stacks of the copy phase alone
 
 ``--partitions`` crafted partition dirs (:func:`tests.support.batches.write_partition`) of ``--segments`` rolled
 segments of 64 KiB (eight batches of eight 1,000-byte records) and an active one, copied by
@@ -64,6 +67,17 @@ def _timed(acc: collections.Counter[str], label: str, fn: Callable[..., Any]) ->
     return wrapper
 
 
+def _perf_control(command: str) -> None:
+    """``perf record --control fifo:CTL,ACK -D -1`` samples the copy phase alone (the partitions' set-up excluded),
+    with ``BENCH_PERF_CTL=CTL BENCH_PERF_ACK=ACK`` in the environment: "enable" before it, "disable" after."""
+    ctl, ack = os.environ.get("BENCH_PERF_CTL"), os.environ.get("BENCH_PERF_ACK")
+    if ctl and ack:
+        with open(ctl, "w") as c:
+            c.write(command + "\n")
+        with open(ack) as a:
+            a.readline()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build the partitions, copy them (unless ``--setup-only``); the CPU per segment and per part."""
     sys.path.insert(0, str(args.checkout))
@@ -113,6 +127,12 @@ def _copy_all(args: argparse.Namespace, root: Path, acc: collections.Counter[str
     if args.setup_only:
         return {}
     acc.clear()
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile(time.thread_time)  # CPU, not wall: fsync waits are not CPU
+        profiler.enable()
+    _perf_control("enable")
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     copied = 0
     rounds = [None] if args.per_run == 0 else list(range(args.segments))
@@ -125,6 +145,14 @@ def _copy_all(args: argparse.Namespace, root: Path, acc: collections.Counter[str
             copied += len(c.run_once(lso, leader_epoch=0, current_leader_epoch=lambda: 0).copied)
             c.caught_up()
     r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    _perf_control("disable")
+    if profiler is not None:
+        import pstats
+        profiler.disable()
+        stats = pstats.Stats(profiler).sort_stats(args.profile_sort)
+        stats.print_stats(args.profile)
+        if args.profile_callers:
+            stats.print_callers(args.profile_callers)
     return {"segments": copied, "user_ms": 1000 * (r1.ru_utime - r0.ru_utime) / copied,
             "system_ms": 1000 * (r1.ru_stime - r0.ru_stime) / copied, "wall_ms": 1000 * (t1 - t0) / copied,
             "parts": {k: 1000 * v / copied for k, v in acc.items()}}
@@ -159,6 +187,10 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the files go (its fs)")
     ap.add_argument("--checkout", type=Path, default=ROOT, help="the code to measure (default: this checkout)")
     ap.add_argument("--syscalls", action="store_true", help="count system calls per segment (strace)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print the copy loop's N costliest functions (cProfile; its overhead inflates the CPU)")
+    ap.add_argument("--profile-sort", default="tottime", help="the cProfile sort key (tottime, cumulative)")
+    ap.add_argument("--profile-callers", default="", help="with --profile: the callers of the functions matching this")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
