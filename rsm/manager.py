@@ -485,7 +485,10 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         obj = 0
         # The data objects' names need not be durable before the index object's: it is put into the same directory
         # last, and on the filesystem store its put makes every name there durable (FileSystemStore.put_deferred).
-        put_data = getattr(self.store, "put_deferred", self.store.put)
+        # Nor need they be atomic: no one reads them before the index object commits them, and the key is this copy's
+        # own (FileSystemStore.put_uncommitted: written in place, no temp file, no rename).
+        put_index_deferred = getattr(self.store, "put_deferred", self.store.put)
+        put_data = getattr(self.store, "put_uncommitted", put_index_deferred)
         try:
             while True:
                 object_lengths.append(put_data(keys.data(obj), object_chunks(obj)))
@@ -509,7 +512,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         raw = encode_index(index)
         paid(0)  # the last point of no return: without the index object, nothing of the copy is readable
         # not durable: its name (and the data objects') made so by make_durable, when the store can (sync_names)
-        put_index = put_data if not durable and hasattr(self.store, "sync_names") else self.store.put
+        put_index = put_index_deferred if not durable and hasattr(self.store, "sync_names") else self.store.put
         put_index(keys.index, [raw if cipher is None else cipher.seal_index(raw, key_base=keys.base)])
         return ledger
 

@@ -197,8 +197,14 @@ class DeferredNameStore(Protocol):
         :meth:`sync_names` of it."""
         ...
 
+    def put_uncommitted(self, key: str, chunks: Iterable[Chunk]) -> int:
+        """:meth:`put_deferred`, not atomic: written in place (seen while written; a failure can leave a part), for
+        an object no one reads before a later object commits it, under a key no one else writes (a copy's data
+        objects, committed by its index object)."""
+        ...
+
     def sync_names(self, keys: Iterable[str]) -> None:
-        """Make the names of ``keys`` (put with :meth:`put_deferred`) durable."""
+        """Make the names of ``keys`` (put with :meth:`put_deferred` or :meth:`put_uncommitted`) durable."""
         ...
 
 
@@ -212,6 +218,7 @@ class ReadAheadStore(Protocol):
 OPTIONAL_MEMBERS: dict[str, type] = {
     "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
     "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
-    "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore, "sync_names": DeferredNameStore,
+    "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore, "put_uncommitted": DeferredNameStore,
+    "sync_names": DeferredNameStore,
 }
 """Every optional member of a store, by name: the protocol declaring it."""

@@ -2,7 +2,7 @@
 create inodes and the fsyncs were most of a copy's CPU), and that what it no longer does is not needed:
 
 - the filesystem store makes a copy's object names durable with one directory fsync, the index object's (its data
-  objects, in the same directory, are put first with :meth:`FileSystemStore.put_deferred`);
+  objects, in the same directory, are put first, in place: :meth:`FileSystemStore.put_uncommitted`);
 - staging keeps a partition's dir across its segments and stages them side by side in it (no mkdir per segment);
 - the copy watermark is overwritten in place (no temp file, no rename; no fsync unless it passed over offsets the
   metadata does not record), and read back; a torn record is ignored as unreadable, as the legacy formats are still
@@ -119,6 +119,39 @@ def test_put_deferred_leaves_the_name_to_the_next_put_in_its_directory(tmp_path:
     store.put("a/b/x-index", [b"index"])
     assert fsyncs.dirs[2:] == [str(tmp_path / "s" / "a" / "b")]  # the one fsync covering both names
     assert store.get_bytes("a/b/x") == b"data" and store.get_bytes("a/b/x-index") == b"index"
+
+
+def test_a_copys_data_object_is_written_in_place_and_its_index_object_renamed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy's data objects are read by no one before its index object commits them, and are named by the copy's own
+    segment id: written in place (FileSystemStore.put_uncommitted), no temp file, no rename (issue 26: two renames
+    a copy, each a temp file's inode and directory entries); the index object, the commit point, still goes through
+    a temp file and a rename, so whoever lists the store sees it whole or not at all."""
+    world = synced_world(tmp_path)
+    tp = rolled(world, 3)
+    copier = world.copier(1, tp)
+    assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # the store's directories made
+    renamed: list[str] = []
+    inner = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), inner(a, b))[1])
+    fsyncs = Fsyncs(monkeypatch)
+    assert [m.end_offset_inclusive for m in copier.run_once(15).copied] == [9, 14]
+    assert len(renamed) == 2 and all(n.endswith("-index") for n in renamed)  # the index objects only
+    assert fsyncs.files == 2 * 2  # each object's bytes, still
+    assert [o for o, _v in world.values(tp)] == list(range(15))
+
+
+def test_put_uncommitted_leaves_nothing_when_its_write_fails(tmp_path: Path) -> None:
+    store = FileSystemStore(tmp_path / "s")
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b"part"
+        raise OSError("the segment went away")
+
+    with pytest.raises(OSError, match="went away"):
+        store.put_uncommitted("a/b/x", chunks())
+    assert [p for p in (tmp_path / "s").rglob("*") if p.is_file()] == []
+    assert store.put_uncommitted("a/b/x", [b"data", [b"-", b"more"]]) == 9 and store.get_bytes("a/b/x") == b"data-more"
 
 
 def test_staging_keeps_the_partition_dir_for_its_next_segment(tmp_path: Path,
