@@ -445,11 +445,13 @@ class Sidecar:
         """The led partitions whose directory changed (:meth:`LogDirWatcher.changes <rlm.watch.LogDirWatcher.changes>`):
         their sleeping copy jobs woken, their newly rolled segments hard-linked (between copy runs: see
         stage_rolled); paused topics are not staged (they are not copied either)."""
-        for led in self.leadership.wake(self.watcher.changes().partitions):
+        changes = self.watcher.changes()
+        for led in self.leadership.wake(changes.partitions):
             if self.settings.topics.is_paused(led.tp.topic):
                 continue
             try:
-                led.copier.stage_rolled()
+                # (the watcher's listing of the dir, made as it read the events: not listed again, issue 26)
+                led.copier.stage_rolled(changes.listings.get(led.path))
             except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
                 if isinstance(err, FileNotFoundError) and not led.path.exists():
                     # Its directory is gone with its topic (deleted, or the replica moved): the next discovery round

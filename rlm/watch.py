@@ -35,7 +35,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,11 +66,15 @@ class Changes:
     ``partitions``: partition directories whose entries changed (or that appeared, or whose watch is new): the
     caller looks at each once. ``layout``: a partition directory appeared in or left a log dir (a topic created,
     deleted or re-created, a replica moved), or a log dir itself came or went. ``rescanned``: this call listed every
-    directory (the interval passed, the queue overflowed, or the first call)."""
+    directory (the interval passed, the queue overflowed, or the first call). ``listings``: the entry names of those
+    of ``partitions`` that this call listed (after reading the events: a change after the listing is reported by the
+    next call), for the caller's look, so it need not list them again (the stage job: issue 26); a directory that
+    could not be listed (gone) is not in it."""
 
     partitions: frozenset[Path] = field(default_factory=frozenset)
     layout: bool = False
     rescanned: bool = False
+    listings: Mapping[Path, frozenset[str]] = field(default_factory=dict)
 
 
 class LogDirWatcher:
@@ -122,12 +126,16 @@ class LogDirWatcher:
         was missing is there now."""
         with self._lock:
             self._poll()
-            out = Changes(frozenset(self._pending), self._pending_layout, self._pending_rescanned)
+            listings: dict[Path, frozenset[str]] = {}
+            for pdir in self._pending:  # the caller looks now: the next rescan compares with what it sees
+                if pdir in self._names:
+                    names = _listing(pdir)
+                    self._names[pdir] = frozenset() if names is None else names
+                    if names is not None:
+                        listings[pdir] = names
+            out = Changes(frozenset(self._pending), self._pending_layout, self._pending_rescanned, listings)
             self._pending = set()
             self._pending_layout = self._pending_rescanned = False
-            for pdir in out.partitions:  # the caller looks now: the next rescan compares with what it sees
-                if pdir in self._names:
-                    self._names[pdir] = _names(pdir)
             return out
 
     def close(self) -> None:
@@ -299,7 +307,13 @@ def _events(fd: int) -> Iterator[tuple[int, int, bytes]]:
 
 
 def _names(pdir: Path) -> frozenset[str]:
+    names = _listing(pdir)
+    return frozenset() if names is None else names
+
+
+def _listing(pdir: Path) -> frozenset[str] | None:
+    """``pdir``'s entry names; None when it cannot be listed (gone)."""
     try:
         return frozenset(os.listdir(pdir))
     except OSError:
-        return frozenset()
+        return None

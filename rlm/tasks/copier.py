@@ -231,8 +231,10 @@ class PartitionCopier:
             self._last_known_end = max(self._last_known_end, last)
         return keep, gaps
 
-    def stage_rolled(self) -> int:
+    def stage_rolled(self, names: frozenset[str] | None = None) -> int:
         """Stage the rolled local segments above the highest remote offset of the last run; return how many.
+        ``names``: the partition dir's entries when the caller listed them already (the stage job: the log-dir
+        watcher's listing of a changed dir, :attr:`rlm.watch.Changes.listings`); else it is listed here.
 
         Runs on its own short interval, between copy runs, so the broker's local retention cannot delete a
         segment before it is staged even when local retention is shorter than the copy interval. Safe to run
@@ -242,7 +244,8 @@ class PartitionCopier:
         highest = self._highest
         if highest is None:
             return 0
-        names = set(os.listdir(self.partition_dir))
+        if names is None:
+            names = frozenset(os.listdir(self.partition_dir))
         # (a segment staged already is not asked for: the copy run checks it again before its copy); one staging
         # round for the rest: one fsync for their links, one for their markers
         todo = [(base, end) for base, end in PartitionDir(self.partition_dir).rolled_ranges(names)

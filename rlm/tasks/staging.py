@@ -312,7 +312,7 @@ def _read_old_marker(seg_dir: Path, base_offset: int) -> int | None:
     return end if end >= base_offset else None
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: Path | str) -> os.stat_result | None:
     try:
         return os.stat(path)
     except FileNotFoundError:
@@ -434,6 +434,7 @@ class Staging:
         self._legacy: set[Path] = set()  # segment dirs of the layout before (a dir per segment), as listed
         self._marker_of: dict[Path, str] = {}  # segment key -> its marker's name (released by name, no listing)
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
+        self._pdirs: dict[tuple[Path, TopicIdPartition], Path] = {}  # (root, partition) -> its dir (_partition_path)
         # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
         self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
         for log_dir, root in roots.items():
@@ -452,10 +453,10 @@ class Staging:
 
     # ------------------------------------------------------------------------------------------- layout
     def root_for(self, partition_dir: Path) -> Path:
-        key = Path(partition_dir)
-        root = self._resolved.get(key)
+        root = self._resolved.get(partition_dir)  # (a Path given: no Path made of it, issue 26)
         if root is not None:
             return root
+        key = Path(partition_dir)
         log_dir = key.resolve().parent
         try:
             root = self._roots[log_dir]
@@ -478,9 +479,12 @@ class Staging:
         with self._meta:
             self._held[root][seg_dir] = n_bytes
 
-    @staticmethod
-    def _partition_path(root: Path, tp: TopicIdPartition) -> Path:
-        return root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
+    def _partition_path(self, root: Path, tp: TopicIdPartition) -> Path:
+        """``tp``'s staging dir under ``root`` (kept: asked at every staging and check of the partition, issue 26)."""
+        path = self._pdirs.get((root, tp))
+        if path is None:
+            path = self._pdirs[(root, tp)] = root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
+        return path
 
     def _remove_old_layout(self, root: Path) -> None:
         """``<root>/<topic>-<partition>/`` of an older version: no topic id, so no proof which topic it was."""
@@ -555,11 +559,12 @@ class Staging:
         for base, end in ranges:
             if end < base:
                 raise ValueError(f"end offset {end} below base offset {base}")
+        partition_dir = partition_dir if isinstance(partition_dir, Path) else Path(partition_dir)
         if self.max_bytes:  # the bound counts every partition's bytes: one staging at a time
             with self._lock, self._partition_lock(tp):
-                return self._stage_round(tp, Path(partition_dir), ranges, names)
+                return self._stage_round(tp, partition_dir, ranges, names)
         with self._partition_lock(tp):
-            return self._stage_round(tp, Path(partition_dir), ranges, names)
+            return self._stage_round(tp, partition_dir, ranges, names)
 
     def _stage_round(self, tp: TopicIdPartition, partition_dir: Path, ranges: list[tuple[int, int]],
                      names: Collection[str] | None) -> StageRound:
@@ -636,10 +641,12 @@ class Staging:
             rnd.forget()
             present = rnd.listing()
 
-        # the .log's size, and with a bound the others' too (unbounded: not stat-ed one by one, issue 26)
-        size = self._local_bytes(partition_dir, base, end, log_only=not self.max_bytes)
-        if size is None:
-            raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
+        # with a bound, the segment's bytes; unbounded, the .log's link says whether it is there (issue 26), unless
+        # the partition's dir would be made for it first (a segment gone leaves nothing made)
+        if self.max_bytes or present is None:
+            size = self._local_bytes(partition_dir, base, end, log_only=not self.max_bytes)
+            if size is None:
+                raise SegmentGoneError(f"{partition_dir}/{stem}.log vanished before it was staged")
         if self.max_bytes:
             with self._meta:
                 held = sum(n or 0 for n in self._held[root].values())
@@ -678,9 +685,10 @@ class Staging:
             return
         made = []
         try:
+            sdir = str(rnd.sdir)
             for key, base, end, linked in rnd.pending:
                 marker = _marker_name(base, end, linked)
-                os.link(rnd.sdir / segment_file_name(base, ".log"), rnd.sdir / marker)
+                os.link(f"{sdir}/{segment_file_name(base, '.log')}", f"{sdir}/{marker}")
                 made.append((key, end, marker))
             for d in rnd.dirty:
                 fsync_dir(d)
@@ -748,7 +756,7 @@ class Staging:
 
     def _verify(self, key: Path, end: int) -> None:
         """Remember ``key``'s segment as complete with end offset ``end`` and its staged ``.log`` (``_verified``)."""
-        st = _stat(self._files_dir(key) / segment_file_name(int(key.name), ".log"))
+        st = _stat(f"{self._files_dir(key)}/{segment_file_name(int(key.name), '.log')}")
         if st is not None:
             with self._meta:
                 self._verified[key] = (end, st.st_dev, st.st_ino)
@@ -790,7 +798,7 @@ class Staging:
         The file is read again only when its stat changed (device, inode, mtime, size): the broker writes it once per
         directory (a re-created topic's directory is a new one, its file a new inode), and reading and parsing it at
         every stage call (the stage job's and each copy run's, per segment) was a sixth of staging's CPU (issue 26)."""
-        path = partition_dir / "partition.metadata"
+        path = f"{partition_dir}/partition.metadata"
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -801,7 +809,7 @@ class Staging:
             tid = known[1]
         else:
             try:
-                tid = read_partition_metadata(path)
+                tid = read_partition_metadata(Path(path))
             except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
                 return  # gone meanwhile, or being written
             self._topic_ids[partition_dir] = (key, tid)
@@ -810,8 +818,11 @@ class Staging:
                                        "deleted and re-created")
 
     @staticmethod
-    def _sources(partition_dir: Path, name: str, prefer_deleted: bool = False) -> tuple[Path, Path]:
-        live, deleted = partition_dir / name, partition_dir / f"{name}{DELETED_SUFFIX}"
+    def _sources(partition_dir: Path, name: str, prefer_deleted: bool = False) -> tuple[str, str]:
+        """The broker's file of ``name`` and its ``.deleted`` name, as paths in strings (a :class:`Path` joined per
+        name tried was most of a staging's Python: issue 26)."""
+        live = f"{partition_dir}/{name}"
+        deleted = f"{live}{DELETED_SUFFIX}"
         return (deleted, live) if prefer_deleted else (live, deleted)
 
     def _local_bytes(self, partition_dir: Path, base: int, end: int, log_only: bool = False) -> int | None:
@@ -842,24 +853,25 @@ class Staging:
         prefer_deleted = False
         if not optional_only:
             for src in self._sources(partition_dir, log_name):
-                if self._link(src, target / log_name):
-                    prefer_deleted = src.name.endswith(DELETED_SUFFIX)
+                if self._link(src, f"{target}/{log_name}"):
+                    prefer_deleted = src.endswith(DELETED_SUFFIX)
                     break
             else:
                 return False
         else:
-            live = _stat(partition_dir / log_name)
-            prefer_deleted = live is None or live.st_ino != (ours[1] if ours else os.stat(target / log_name).st_ino)
+            live = _stat(f"{partition_dir}/{log_name}")
+            prefer_deleted = live is None or \
+                live.st_ino != (ours[1] if ours else os.stat(f"{target}/{log_name}").st_ino)
         linked = not optional_only
         if present is None:
             present = set(os.listdir(target)) if optional_only else set()
         for name in _optional_names(base, end):
-            dest = target / name
             if name in present:  # (a first staging links into a new, empty dir: nothing to look for)
                 continue
             if names is not None and name not in names and f"{name}{DELETED_SUFFIX}" not in names:
                 continue
             prefer = prefer_deleted and not name.endswith(SNAPSHOT_SUFFIX)
+            dest = f"{target}/{name}"
             for src in self._sources(partition_dir, name, prefer_deleted=prefer):
                 if self._link(src, dest):
                     linked = True
@@ -869,7 +881,7 @@ class Staging:
         return linked
 
     @staticmethod
-    def _link(src: Path, dest: Path) -> bool:
+    def _link(src: str, dest: str) -> bool:
         try:
             os.link(src, dest)
             return True
@@ -879,7 +891,8 @@ class Staging:
             return True
         except OSError as err:
             if err.errno == errno.EXDEV:
-                raise StagingError(f"cannot hard-link {src} into {dest.parent}: different filesystems") from err
+                raise StagingError(f"cannot hard-link {src} into {os.path.dirname(dest)}: different filesystems") \
+                    from err
             raise
 
     def _mismatch(self, staged: StagedSegment, partition_dir: Path, marked: int | None) -> str | None:
@@ -897,7 +910,7 @@ class Staging:
             if st is None:
                 continue
             if (st.st_dev, st.st_ino) != (ours.st_dev, ours.st_ino):
-                return f"{src.name} is another file than the staged one"
+                return f"{os.path.basename(src)} is another file than the staged one"
             return None
         return None  # the broker deleted it: ours is the only copy left
 

@@ -291,3 +291,36 @@ def test_a_sleeping_copy_job_copies_a_roll_within_seconds(kafka, topic_name: str
         wait_for(lambda: sidecar.reader.latest_offset(tp) is not None, 30, "the rolled segment to be remote")
         assert sidecar.reader.latest_offset(tp) >= 49
         wait_for(lambda: sidecar.leadership.sleeping() == 1, 30, "the job to sleep again once caught up")
+
+
+def test_the_stage_job_stages_a_roll_from_the_watchers_listing(tmp_path: Path, sidecar_of,  # noqa: ANN001
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage job lists a changed partition directory once: the watcher lists it as it reads the events
+    (:attr:`rlm.watch.Changes.listings`), and the stage job stages the roll from that listing, not a second one of
+    its own (issue 26: 2,000 partitions rolling at once, each listed twice per stage round)."""
+    import os
+
+    from tests.support.batches import one_per_batch, write_partition
+
+    tid = uuid.uuid4()
+    logs = tmp_path / "logs"
+    pdir = _partition_dir(logs, "t", 0, tid)
+    view = CountingView({("t", 0): _info("t", tid, 0, BROKER)})
+    sidecar = sidecar_of(view, tasks={"copy_interval_ms": 3_600_000})
+    sidecar.discover()
+    sidecar.stage()  # the watcher's first look: every directory
+    led = sidecar.leadership.get("t", 0)
+    assert led is not None
+    led.copier._highest = -1  # noqa: SLF001 - as a first copy run that found nothing remote leaves it
+    write_partition(pdir, tid, {0: one_per_batch(0, 5, b"a"), 5: one_per_batch(5, 1, b"b")})  # [0,4] rolled
+    looked: list[str] = []
+    inner = os.listdir
+
+    def listdir(path="."):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        looked.append(str(path))
+        return inner(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    sidecar.stage()
+    assert [(s.base_offset, s.end_offset_inclusive) for s in sidecar.staging.staged(led.tp)] == [(0, 4)]
+    assert looked.count(str(pdir)) == 1

@@ -160,3 +160,26 @@ def test_without_inotify_every_call_lists_every_directory(log_dir: Path) -> None
         assert got.partitions == {log_dir / "t-1"} and got.rescanned
     finally:
         w.close()
+
+
+def test_changes_carry_the_listing_of_each_changed_directory(log_dir: Path) -> None:
+    """Each changed directory is listed once, as the events are read, and the listing handed to the caller (who then
+    need not list it again: the stage job, issue 26); a directory gone before it could be listed has none."""
+    w = LogDirWatcher([log_dir], rescan_interval_s=HOUR_S, clock=Clock())
+    try:
+        first = w.changes()
+        assert first.listings[log_dir / "t-0"] == frozenset(os.listdir(log_dir / "t-0"))
+        roll(log_dir / "t-1", 50)
+        roll(log_dir / "u.v-0", 50)
+        got = w.changes()
+        assert got.listings.keys() == {log_dir / "t-1", log_dir / "u.v-0"}
+        assert f"{50:020d}.log" in got.listings[log_dir / "t-1"]
+        assert got.listings[log_dir / "t-1"] == frozenset(os.listdir(log_dir / "t-1"))
+        roll(log_dir / "t-0", 50)
+        for name in os.listdir(log_dir / "t-0"):
+            (log_dir / "t-0" / name).unlink()
+        (log_dir / "t-0").rmdir()
+        gone = w.changes()
+        assert log_dir / "t-0" not in gone.listings and gone.layout
+    finally:
+        w.close()
