@@ -23,7 +23,7 @@ from rlm.config import SidecarSettings, TaskSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.invariants import InvariantChecker, boundaries_differ, local_bases, staged_files, store_keys_of_topic_id
-from tests.support.sidecar import AckedProducer, PartitionStates, make_settings, only, reassign, wait_for
+from tests.support.sidecar import AckedProducer, PartitionStates, copy_state, make_settings, only, reassign, wait_for
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -116,14 +116,19 @@ def test_leadership_moves_between_replicas_rolled_at_different_offsets(
                          f"node {new} to lead after the preferred election")
                 leader = new
                 # Tiering keeps progressing under the new leader: 1000 offsets past the end at the move.
-                target = max(highest, prod.last_acked(0) - 200) + 1000
+                acked_at_move = prod.last_acked(0)
+                target = max(highest, acked_at_move - 200) + 1000
                 try:
                     wait_for(lambda t=target: checker.latest(tp) >= t, 30,
                              f"tiering to reach {target} under node {new}")
                 except AssertionError:
+                    # what stalled: the produce (no new offsets to tier), the copy job (asleep with rolled segments
+                    # waiting, or not copying), or the checker's view
                     stalled = (f"after the move {moves[-1]}: the latest remote offset stayed at {checker.latest(tp)}"
-                               f" (expected >= {target}); node {new}'s staging: "
-                               f"{len(staged_files(tmp_path / f'staging-{new}', tp))} files")
+                               f" (expected >= {target}); acked {acked_at_move} at the move, "
+                               f"{prod.last_acked(0)} now ({prod.failed} failed); node {new}'s staging: "
+                               f"{len(staged_files(tmp_path / f'staging-{new}', tp))} files; "
+                               f"{copy_state(side[new], tp)}")
                     break
         finally:
             prod.stop()

@@ -13,8 +13,8 @@ from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings
 from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "latest_remote", "make_settings", "only",
-           "produce_segments", "remote_segments", "settings_yaml", "store_keys", "wait_for"]
+__all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "copy_state", "latest_remote", "make_settings",
+           "only", "produce_segments", "remote_segments", "settings_yaml", "store_keys", "wait_for"]
 
 
 class RecordingRsm(RemoteStorageManager):
@@ -111,6 +111,25 @@ def remote_segments(sidecar: Any, tp: Any) -> list[Any]:
 def latest_remote(sidecar: Any, tp: Any) -> int:
     segs = remote_segments(sidecar, tp)
     return segs[-1].end_offset_inclusive if segs else -1
+
+
+def copy_state(sidecar: Any, tp: Any) -> str:
+    """What an in-process sidecar's copy of ``tp`` is doing, for a failure message that names the stalled step: led
+    or not, its copy job asleep / running / due, the offset its copier tiered, the end of the newest rolled local
+    segment (work waiting when above it), what is staged, and the sidecar's last error."""
+    from rsm.log.partition import PartitionDir
+
+    node = f"node {sidecar.settings.broker_id}"
+    led = sidecar.leadership.get(tp.topic, tp.partition)
+    if led is None or led.tp != tp:
+        return f"{node} does not lead {tp} (last error: {sidecar.last_error})"
+    job = sidecar._copy_jobs.get_job(led.job_id)
+    due = "no job" if job is None else "paused" if job.due is None else f"due in {job.due - time.monotonic():.1f}s"
+    rolled = PartitionDir(led.path).rolled_ranges()
+    staged = [s.base_offset for s in sidecar.staging.staged(tp)]
+    return (f"{node}: copy job asleep={led.asleep} running={led.running.locked()} changed={led.changed.is_set()} "
+            f"({due}); tiered up to {led.copier.tiered_offset}; newest rolled local segment ends at "
+            f"{rolled[-1][1] if rolled else None}; staged bases {staged[:8]}; last error: {sidecar.last_error}")
 
 
 def assert_contiguous(segs: list[Any], first_offset: int | None = 0) -> None:
