@@ -1158,6 +1158,11 @@ class Staging:
         if key in self._legacy:
             return _dir_bytes(key)
         base = int(key.name)
-        names = _segment_names(base, end) if end is not None else [
-            segment_file_name(base, s) for s in (*SEGMENT_SUFFIXES, TXN_UPLOAD_SUFFIX)]
-        return sum(st.st_size for n in names if (st := _stat(key.parent / n)) is not None)
+        linked = self._linked.get(key)
+        if end is not None and linked is not None:  # (what this process linked: no stat of a name it never made)
+            names = [segment_file_name(base, ".log"), *list(linked), segment_file_name(base, TXN_UPLOAD_SUFFIX)]
+        else:
+            names = _segment_names(base, end) if end is not None else [
+                segment_file_name(base, s) for s in (*SEGMENT_SUFFIXES, TXN_UPLOAD_SUFFIX)]
+        d = str(key.parent)  # (paths joined as strings: the gauge counts every segment staged, issue 26)
+        return sum(st.st_size for n in names if (st := _stat(f"{d}/{n}")) is not None)
