@@ -95,6 +95,8 @@ def read_header(frame: bytes) -> RequestHeader:
         client_id = bytes(frame[pos:pos + n]).decode("utf-8", "replace")
         pos += n
     header = RequestHeader(api_key, version, correlation_id, client_id, flexible, pos)
+    if flexible and pos < len(frame) and frame[pos] == 0:  # no tagged fields (clients send none): read here
+        return header._replace(body_offset=pos + 1)
     if flexible and schema is not None:
         try:
             _tags, size = entity_reader(schema.__header_schema__)(frame, 0)

@@ -230,21 +230,23 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
                     committed and p["last_stable_offset"] < p["high_watermark"]):
                 return None
             b = bounds[at]
-            parts.append({**p, **_with_bounds(p, dataclasses.replace(
-                b, high_watermark=max(b.high_watermark, p["high_watermark"]),
-                last_stable_offset=max(b.last_stable_offset, p["last_stable_offset"])))})
+            parts.append({**p, **_with_bounds(p, b, high_watermark=max(b.high_watermark, p["high_watermark"]),
+                                              last_stable_offset=max(b.last_stable_offset, p["last_stable_offset"]))})
         t["partitions"] = parts
     return values
 
 
-def _with_bounds(got: dict[str, Any], b: BrokerBounds) -> dict[str, Any]:
-    """A partition's answer from the tier (``got``) as the proxy sends it: the broker's bounds ``b``, the lower log
-    start offset of the two. Its records as the tier gave them: a batch too large to hold stays a
-    :class:`rlm.tier.StreamedBatch`, read from the store when the answer is written, a chunk at a time
-    (:func:`rlm.listener.net.chunked.encode_streamed`, ``encode_streamed_response``), never whole (PDP-43)."""
+def _with_bounds(got: dict[str, Any], b: BrokerBounds, *, high_watermark: int | None = None,
+                 last_stable_offset: int | None = None) -> dict[str, Any]:
+    """A partition's answer from the tier (``got``) as the proxy sends it: the broker's bounds ``b`` (its high
+    watermark and last stable offset, or those given instead), the lower log start offset of the two. Its records
+    as the tier gave them: a batch too large to hold stays a :class:`rlm.tier.StreamedBatch`, read from the store
+    when the answer is written, a chunk at a time (:func:`rlm.listener.net.chunked.encode_streamed`,
+    ``encode_streamed_response``), never whole (PDP-43)."""
     return {"error_code": got["error_code"], "records": got["records"],
             "aborted_transactions": got["aborted_transactions"], "preferred_read_replica": -1,
-            "high_watermark": b.high_watermark, "last_stable_offset": b.last_stable_offset,
+            "high_watermark": b.high_watermark if high_watermark is None else high_watermark,
+            "last_stable_offset": b.last_stable_offset if last_stable_offset is None else last_stable_offset,
             "log_start_offset": min(got["log_start_offset"], b.log_start_offset)
             if got["log_start_offset"] >= 0 else b.log_start_offset}
 

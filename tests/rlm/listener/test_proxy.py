@@ -14,6 +14,7 @@ the broker's active segment, never tiered, with the broker's log start between.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import socket
@@ -271,13 +272,14 @@ def _offsets(records: bytes | None, position: int) -> list[int]:
 
 
 def _fetch(sock: socket.socket, topic: str, parts: list[tuple[int, int]], max_bytes: int = 1 << 20,
-           isolation: int = 0) -> Any:
-    """A Fetch v11 (no session, no wait) of ``(partition, offset)`` in that order."""
+           isolation: int = 0, correlation_id: int = 7) -> Any:
+    """A Fetch v11 (no session, no wait) of ``(partition, offset)`` in that order; the answer's correlation id
+    checked (:func:`~tests.rlm.listener.raw_wire.call`)."""
     return call(sock, 1, 11, {
         "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": isolation,
         "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
             {"partition": p, "fetch_offset": o, "current_leader_epoch": -1, "log_start_offset": -1,
-             "partition_max_bytes": max_bytes} for p, o in parts]}]})
+             "partition_max_bytes": max_bytes} for p, o in parts]}]}, correlation_id)
 
 
 def test_a_fetch_straddling_the_boundary_is_exact_and_answers_keep_the_clients_order(proxied: Proxied) -> None:
@@ -340,7 +342,9 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
         position = 0
         while position < end:
             before = _upstream_requests()
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400, isolation=isolation).responses
+            # each its own correlation id: an answer read ahead is encoded before its request comes
+            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400, isolation=isolation,
+                          correlation_id=len(asked) + 1).responses
             after = _upstream_requests()
             asked.append((position, {api: after[api] - before[api] for api in after}))
             (part,) = t.partitions
@@ -688,6 +692,7 @@ def test_answers_read_ahead_hold_no_more_block_memory_than_the_budget(proxied: P
             assert part.error_code == 0 and got and list(got) == list(range(position, max(got) + 1)), (position, got)
             assert all(proxied.sent[(p, o)] == kv for o, kv in got.items()), position
             positions[sock] = (p, max(got) + 1)
+            _loop_caught_up(proxied)  # the next answer's read-ahead started (after this answer was written)
             held = _held_by(ahead.prefetched)
             assert held == ahead.held.total == REGISTRY.get_sample_value("rlm_history_read_ahead_held_bytes")
             if i == 0:
@@ -716,13 +721,21 @@ def _records(records: bytes | None, position: int) -> dict[int, tuple[bytes | No
     return out
 
 
+def _loop_caught_up(proxied: Proxied) -> None:
+    """Wait until the listener's event loop has run what it had queued: an answer's read-ahead is started by a
+    callback queued before the answer is written, which may run after the client has the answer."""
+    loop = proxied.listener.server._loop
+    assert loop is not None
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+
+
 def _held_by(prefetched: Any) -> int:
     """Bytes the answers read ahead keep alive, from their records: every distinct buffer their parts view, once
     (a copy is a buffer of its own); answers not held (their read raised) hold nothing."""
     bases: dict[int, int] = {}
     for pf in list(prefetched):
         try:
-            values = pf.values.result(30)
+            values = pf.values.result(30).values
         except Exception:  # noqa: BLE001 - not held: read again when its Fetch comes
             continue
         for t in values["responses"] if values else ():
