@@ -322,7 +322,7 @@ class PartitionCopier:
         try:
             staged, result.gaps = self.stage_new(highest, stop, self._run_names)
             self._highest = highest
-            sizes = {s.log_path: _size(s.log_path) for s in staged}
+            sizes = [_size(s.log_path) for s in staged]  # (a staged segment's paths are built anew on each look)
             self._set_lag(staged, sizes)
             self._run_staged = staged
             self._copy_staged(result, staged, sizes, epochs, highest, last_stable_offset, stop, leader_epoch,
@@ -334,14 +334,14 @@ class PartitionCopier:
         self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
         return result
 
-    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], sizes: dict[Path, int],
+    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], sizes: list[int],
                      epochs: list[EpochEntry], highest: int, last_stable_offset: int, stop: threading.Event | None,
                      leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None) -> None:
         """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches (``sizes``: their
-        ``.log`` bytes, by staged ``.log``, as :meth:`run_once` read them)."""
+        ``.log`` bytes, in their order, as :meth:`run_once` read them)."""
         batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
-        for s in staged:
+        for s, size in zip(staged, sizes, strict=True):
             if stop is not None and stop.is_set():
                 batch = []  # not started: nothing written for it yet
                 break
@@ -355,7 +355,7 @@ class PartitionCopier:
                 result.waiting_for_lso += 1
                 continue  # this and every later segment wait for the LSO to move past them
             prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
-                                     sizes.get(s.log_path) or None)
+                                     size or None)
             if prepared is None:
                 # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
                 if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
@@ -376,15 +376,14 @@ class PartitionCopier:
         if batch:
             self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
 
-    def _set_lag(self, staged: Sequence[StagedSegment], sizes: dict[Path, int]) -> None:
+    def _set_lag(self, staged: Sequence[StagedSegment], sizes: Sequence[int]) -> None:
         """The lag gauges: the staged segments above the highest offset tiered (``sizes``: their ``.log`` bytes).
         Set at a run's start and again at its end, so that a copier that caught up and sleeps until its directory
         changes shows 0, not the count its last run started with."""
         highest = self._highest if self._highest is not None else -1
-        left = [s for s in staged if s.end_offset_inclusive > highest]
+        left = [size for s, size in zip(staged, sizes, strict=True) if s.end_offset_inclusive > highest]
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(left))
-        metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(
-            sum(sizes.get(s.log_path, 0) for s in left))
+        metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(sum(left))
 
     def _commit_batch(self, batch: Sequence[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
                       result: CopyResult, leader_epoch: int | None,
@@ -502,15 +501,16 @@ class PartitionCopier:
         self._persisted = self._watermark
         self._watermark_unrecorded = False
 
-    def _max_timestamp(self, s: StagedSegment) -> int:
+    @staticmethod
+    def _max_timestamp(base_offset: int, log_path: Path, time_index_path: Path) -> int:
         """The segment's largest timestamp: the last time-index entry (Kafka appends one at roll), else a scan."""
         try:
-            entries = read_time_index(s.directory / f"{s.base_offset:020d}.timeindex", s.base_offset)
+            entries = read_time_index(time_index_path, base_offset)
             if entries:
                 return entries[-1].timestamp_ms
         except (FileNotFoundError, LogFormatError):
             pass
-        return max((b.max_timestamp for b in scan_batches(s.log_path)), default=-1)
+        return max((b.max_timestamp for b in scan_batches(log_path)), default=-1)
 
     def copy_segment(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], *,
                      leader_epoch: int | None = None,
@@ -529,12 +529,14 @@ class PartitionCopier:
         """The COPY_SEGMENT_STARTED metadata of ``s`` from ``start_offset`` on and its store copy (not run yet);
         None when it is older than remote retention. ``log_bytes``: the staged ``.log``'s size when known (a staged
         segment is immutable)."""
+        log_path = s.log_path  # (built on each look: once here)
+        time_index_path = s.directory / segment_file_name(s.base_offset, ".timeindex")
         seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
         if not seg_epochs:
             # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
-            first = next(iter(scan_batches(s.log_path)), None)
+            first = next(iter(scan_batches(log_path)), None)
             seg_epochs = [EpochEntry(max(first.partition_leader_epoch, 0) if first else 0, start_offset)]
-        max_ts = self._max_timestamp(s)
+        max_ts = self._max_timestamp(s.base_offset, log_path, time_index_path)
         if self.min_max_timestamp_ms is not None and 0 <= max_ts < self.min_max_timestamp_ms:
             log.info("segment older than remote retention: not copied", extra={
                 "partition": str(self.tp), "base_offset": s.base_offset, "max_timestamp_ms": max_ts})
@@ -549,8 +551,8 @@ class PartitionCopier:
             broker_id=self.broker_id,
             event_timestamp_ms=now_ms,
             # A straddling segment is copied from start_offset on: the storage manager skips the batches below.
-            segment_size_bytes=kept_range(s.log_path, start_offset).size_bytes if start_offset > s.base_offset
-            else log_bytes if log_bytes is not None else s.log_path.stat().st_size,
+            segment_size_bytes=kept_range(log_path, start_offset).size_bytes if start_offset > s.base_offset
+            else log_bytes if log_bytes is not None else log_path.stat().st_size,
             segment_leader_epochs=epoch_pairs(seg_epochs),
             state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
             txn_index_empty=txn_index is None,
@@ -559,9 +561,9 @@ class PartitionCopier:
         # The checkpoint as Kafka hands it to the storage manager: the epochs up to the segment's end.
         checkpoint = format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= s.end_offset_inclusive])
         data = LogSegmentData(
-            log_path=s.log_path,
-            offset_index_path=s.directory / f"{s.base_offset:020d}.index",
-            time_index_path=s.directory / f"{s.base_offset:020d}.timeindex",
+            log_path=log_path,
+            offset_index_path=s.directory / segment_file_name(s.base_offset, ".index"),
+            time_index_path=time_index_path,
             transaction_index_path=txn_index,
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
