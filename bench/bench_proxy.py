@@ -2,7 +2,8 @@
 (``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
 
     ./dev bench proxy [--gib 1] [--repeat 3] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
-                      [--partitions N] [--profile FILE] [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]]
+                      [--partitions N] [--history-only] [--profile FILE]
+                      [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]]
                       [--listener-setting KEY=JSON ...]
                       [--consumer-setting KEY=JSON ...]
 
@@ -22,6 +23,8 @@
    most 64 MiB), so each partition has rolled segments to tier.
 3. latency: produce-to-consume latency p50 / p99 of a live tail, through the proxy vs direct, both consumers
    reading the same records at once (goal: <= 5 ms added at p99).
+``--history-only``: rows 2 and 2b alone (the live topic not produced, no tail latency): what a change to the tier's
+answers moves, in less time.
 
 Set-up: one broker (KRaft, 127.0.0.1, ``devtools/devkafka``) with Kafka's tiered storage on. ``rlm serve`` (a child
 process, filesystem store) tiers the topics ``proxy-live``, ``proxy-history`` and ``proxy-tail`` and serves the
@@ -303,14 +306,15 @@ def tier_earliest(bootstrap: str, topic: str) -> int:
 
 
 def profile_reads(kc, raw: dict, work: Path, records: int, out: Path,  # noqa: ANN001
-                  many: list[int] | None = None) -> None:
+                  many: list[int] | None = None, *, live: bool = True) -> None:
     """One more live read and one more history read, each through a listener of its own alone (no tiering) with
     every thread under cProfile; prints the hot functions (own time, and cumulative in rlm and kio) and writes the
     stats to ``out``.live and ``out``.history; with ``many`` (records per partition of the N-partition topic) one
     more read of it, ``out``.history-n."""
     import pstats
 
-    reads = [("live", LIVE, [records]), ("history", HISTORY, [records])]
+    reads = [("live", LIVE, [records])] if live else []
+    reads.append(("history", HISTORY, [records]))
     if many:
         reads.append(("history-n", HISTORY_N, many))
     for label, topic, counts in reads:
@@ -428,6 +432,9 @@ def main() -> None:
     ap.add_argument("--py-spy-rate", type=int, default=250, help="py-spy's samples per second")
     ap.add_argument("--partitions", type=int, default=1,
                     help="N > 1: also the history rows with --gib spread over a topic of N partitions each side")
+    ap.add_argument("--history-only", action="store_true",
+                    help="only the history rows (1 partition; N too with --partitions N): no live read, no tail "
+                         "latency, the live topic not produced")
     ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
                     help="a history_listener setting of the proxy (repeatable), e.g. socket_send_buffer_bytes=-1")
     ap.add_argument("--consumer-setting", action="append", default=[], metavar="KEY=JSON",
@@ -488,10 +495,11 @@ def main() -> None:
             proxy = f"127.0.0.1:{proxy_port}"
 
             t0 = time.perf_counter()
-            n = produce(kc.bootstrap_servers, [LIVE, HISTORY, KAFKA], total, "none")
-            print(f"produced {n:,} records x 3 topics in {time.perf_counter() - t0:.1f}s ({seg_mib} MiB segments)",
-                  file=sys.stderr)
-            pdirs = {t: kc.log_dir() / f"{t}-0" for t in (LIVE, HISTORY, KAFKA)}
+            mine = [HISTORY] if args.history_only else [LIVE, HISTORY]  # the topics the sidecar reads
+            n = produce(kc.bootstrap_servers, [*mine, KAFKA], total, "none")
+            print(f"produced {n:,} records x {len(mine) + 1} topics in {time.perf_counter() - t0:.1f}s "
+                  f"({seg_mib} MiB segments)", file=sys.stderr)
+            pdirs = {t: kc.log_dir() / f"{t}-0" for t in (*mine, KAFKA)}
             rolled = {t: PartitionDir(d).rolled_ranges() for t, d in pdirs.items()}
             records = min(r[-1][1] for r in rolled.values()) + 1
             pdirs_n: dict[str, list[Path]] = {}
@@ -508,7 +516,7 @@ def main() -> None:
                 rolled[KAFKA_N] = [r for rs in rolled_n[KAFKA_N] for r in rs]
 
             t0 = time.perf_counter()
-            for t in (LIVE, HISTORY, *([HISTORY_N] if many else [])):
+            for t in (*mine, *([HISTORY_N] if many else [])):
                 wait_until(lambda t=t: serve.poll() is None and sidecar_tiered(ops_port, t, len(rolled[t])), 1800,
                            f"the sidecar to tier {t} (log: {work / 'serve.log'})")
                 if serve.poll() is not None:
@@ -531,8 +539,9 @@ def main() -> None:
 
             broker_pid = kc.node(1).process.pid  # type: ignore[union-attr]
             one = [records]
-            sources = [("live, through the proxy", proxy, LIVE, one), ("live, direct", kc.bootstrap_servers, LIVE, one),
-                       ("history, through the proxy (tier)", proxy, HISTORY, one),
+            sources = [] if args.history_only else [("live, through the proxy", proxy, LIVE, one),
+                                                    ("live, direct", kc.bootstrap_servers, LIVE, one)]
+            sources += [("history, through the proxy (tier)", proxy, HISTORY, one),
                        ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA, one)]
             if many:
                 sources += [(f"history {args.partitions}p, through the proxy", proxy, HISTORY_N, records_n),
@@ -558,14 +567,15 @@ def main() -> None:
                               "; requests through the proxy: " + ", ".join(
                                   f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
                           file=sys.stderr)
-            lat = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds)
+            lat = None if args.history_only else latency(proxy, kc.bootstrap_servers, args.latency_rate,
+                                                         args.latency_seconds)
             load.append(os.getloadavg())
             if args.py_spy:
                 spy_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
                     [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.py_spy,
                           blocking=args.py_spy_blocking, rate=args.py_spy_rate)
             if args.profile:
-                profile_reads(kc, raw, work, records, args.profile, records_n)
+                profile_reads(kc, raw, work, records, args.profile, records_n, live=not args.history_only)
             serve.terminate()
             serve.wait(30)
     finally:
@@ -575,8 +585,9 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     mid = {name: sorted(runs, key=lambda r: r.mb_s)[len(runs) // 2] for name, runs in results.items()}  # median
-    gib_read = mid["live, direct"].bytes / GiB
-    live_window = mid["live, through the proxy"].window_s
+    first = "history, through the proxy (tier)" if args.history_only else "live, through the proxy"
+    gib_read = mid[first].bytes / GiB
+    first_window = mid[first].window_s
 
     def cpu(runs: list[Read]) -> str:
         return " / ".join(f"{statistics.median(getattr(r, f) / (r.bytes / GiB) for r in runs):.2f}"
@@ -596,30 +607,34 @@ def main() -> None:
         rs = [x.mb_s / y.mb_s for x, y in zip(results[a], results[b], strict=True)]
         return statistics.median(rs), min(rs), max(rs)
 
-    lv = ratio("live, through the proxy", "live, direct")
     hi = ratio("history, through the proxy (tier)", "history, Kafka tiered storage (direct)")
-    p = {k: (pct(v, 50), pct(v, 99)) for k, v in lat.items()}
-    added99 = p["proxy"][1] - p["direct"][1]
 
     def shown(x: tuple[float, float, float]) -> str:
         return f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})"
 
-    rows = [("1. live 1x: proxy / direct", shown(lv), ">= 0.8x", lv[0] >= 0.8),
-            ("2. history: proxy (tier) / Kafka tiered", shown(hi), ">= 1.5x", hi[0] >= 1.5)]
+    rows = []
+    if not args.history_only:
+        lv = ratio("live, through the proxy", "live, direct")
+        rows.append(("1. live 1x: proxy / direct", shown(lv), ">= 0.8x", lv[0] >= 0.8))
+    rows.append(("2. history: proxy (tier) / Kafka tiered", shown(hi), ">= 1.5x", hi[0] >= 1.5))
     if many:
         hn = ratio(f"history {args.partitions}p, through the proxy", f"history {args.partitions}p, Kafka tiered")
         rows.append((f"2b. history, {args.partitions} partitions", shown(hn), ">= 1.5x", hn[0] >= 1.5))
-    rows.append(("3. tail latency p99 added by the proxy", f"{added99:+.2f} ms", "<= 5 ms", added99 <= 5))
+    if lat is not None:
+        p = {k: (pct(v, 50), pct(v, 99)) for k, v in lat.items()}
+        added99 = p["proxy"][1] - p["direct"][1]
+        rows.append(("3. tail latency p99 added by the proxy", f"{added99:+.2f} ms", "<= 5 ms", added99 <= 5))
     print(f"{'comparison (median of the rounds, min-max)':44} {'result':>20} {'goal':>9}  met")
     for label, res, goal, ok in rows:
         print(f"{label:44} {res:>20} {goal:>9}  {'yes' if ok else 'NO'}")
     print()
-    print(f"tail latency ms (p50 / p99 / max), {len(lat['added']):,} records at {args.latency_rate}/s: "
-          f"proxy {p['proxy'][0]:.2f} / {p['proxy'][1]:.2f} / {max(lat['proxy']):.2f}; "
-          f"direct {p['direct'][0]:.2f} / {p['direct'][1]:.2f} / {max(lat['direct']):.2f}; "
-          f"per record proxy - direct {p['added'][0]:+.2f} / {p['added'][1]:+.2f}")
-    pairs = {"live, through the proxy": "live, direct",
-             "history, through the proxy (tier)": "history, Kafka tiered storage (direct)"}
+    if lat is not None:
+        print(f"tail latency ms (p50 / p99 / max), {len(lat['added']):,} records at {args.latency_rate}/s: "
+              f"proxy {p['proxy'][0]:.2f} / {p['proxy'][1]:.2f} / {max(lat['proxy']):.2f}; "
+              f"direct {p['direct'][0]:.2f} / {p['direct'][1]:.2f} / {max(lat['direct']):.2f}; "
+              f"per record proxy - direct {p['added'][0]:+.2f} / {p['added'][1]:+.2f}")
+    pairs = {} if args.history_only else {"live, through the proxy": "live, direct"}
+    pairs["history, through the proxy (tier)"] = "history, Kafka tiered storage (direct)"
     if many:
         pairs[f"history {args.partitions}p, through the proxy"] = f"history {args.partitions}p, Kafka tiered"
     for name, other in pairs.items():
@@ -635,7 +650,7 @@ def main() -> None:
           f"sources taking turns"
           + (f"; consumer settings {json.dumps(consumer_settings)}" if consumer_settings else "") + ". Sidecar CPU: "
           f"the rlm serve process (listener + idle tiering, which alone takes {idle:.3f} CPU s/s, measured over "
-          f"{IDLE_S:.0f} s before the reads: {idle * live_window / gib_read:.2f} s/GiB of the live proxied read), "
+          f"{IDLE_S:.0f} s before the reads: {idle * first_window / gib_read:.2f} s/GiB of the {first} read), "
           f"broker CPU: its JVM, both from /proc/<pid>/stat over the read window, per GiB read. {os.cpu_count()} "
           f"cores; load average (1/5/15 min) at start {_load(load[0])}, before the reads {_load(load[1])}, after "
           f"{_load(load[-1])}." + "".join(f" history_listener.{x}." for x in args.listener_setting)
