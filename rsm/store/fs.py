@@ -1,7 +1,9 @@
 """A filesystem object store: one file per key under a root directory.
 
-Atomic puts: the object is written to ``<root>/.tmp/<random>``, fsynced, renamed over ``<root>/<key>`` and the
-target directory fsynced; a reader opens either the old file or the complete new one.
+Atomic puts: the object is written to an anonymous file in the key's directory (``O_TMPFILE``), fsynced, and linked
+at ``<root>/<key>`` (where the filesystem has no anonymous files: written to ``<root>/.tmp/<random>``, fsynced,
+renamed over ``<root>/<key>``), and the target directory fsynced; a reader opens either the old file or the complete
+new one.
 :meth:`FileSystemStore.put_deferred` leaves the directory fsync to a later put into the same directory (a copy's
 data objects, its index object last), or to :meth:`FileSystemStore.sync_names` (a batch of copies: one fsync per
 directory for all of them); a directory a put creates is fsynced into its parent. A write killed mid-way
@@ -136,6 +138,29 @@ def _fsync_dir(d: Path) -> None:
         os.close(dfd)
 
 
+def _tmpfile_links_work(d: Path) -> bool:
+    """Whether anonymous files (``O_TMPFILE``) can be made in ``d`` and linked into it through ``/proc/self/fd``
+    (Linux 3.11 and later, on ext4, xfs, btrfs, tmpfs; not every filesystem has them): tried once, with a file of no
+    bytes linked and unlinked. :meth:`FileSystemStore._put_linked` when they can, else a temp file and a rename."""
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fd = os.open(".", os.O_WRONLY | os.O_TMPFILE, 0o644, dir_fd=dfd)
+        try:
+            name = f"probe-{uuid.uuid4().hex}"  # (left behind by a kill: a temp file, remove_stale_temp_files')
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, AttributeError):  # (AttributeError: no os.O_TMPFILE outside Linux)
+        return False
+    finally:
+        os.close(dfd)
+
+
 class FileSystemStore:
     """Objects as files under ``root``; ``fsync=False`` skips the fsyncs (benchmarks and tests only)."""
 
@@ -148,6 +173,7 @@ class FileSystemStore:
             (self.root / TMP_DIR).mkdir(exist_ok=True)
         except OSError as err:
             raise StoreConfigError(f"cannot create the store root {self.root}: {err}") from err
+        self._links_tmpfiles = _tmpfile_links_work(self.root / TMP_DIR)
 
     def __repr__(self) -> str:
         return f"FileSystemStore({str(self.root)!r})"
@@ -245,6 +271,8 @@ class FileSystemStore:
     def _put(self, key: str, chunks: Iterable[Chunk], *, sync_dir: bool) -> int:
         path = self._path(key)
         self.requests.add("put")
+        if self._links_tmpfiles:
+            return self._put_linked(key, path, chunks, sync_dir=sync_dir)
         tmp = self.root / TMP_DIR / f"{uuid.uuid4().hex}"
         size = 0
         fd = -1
@@ -279,6 +307,57 @@ class FileSystemStore:
                 os.close(fd)
             if not renamed:  # (once renamed, there is no temp file: no unlink of a missing name per put, issue 26)
                 tmp.unlink(missing_ok=True)
+        return size
+
+    def _put_linked(self, key: str, path: Path, chunks: Iterable[Chunk], *, sync_dir: bool) -> int:
+        """:meth:`_put` through an anonymous file: made in the key's directory (``O_TMPFILE``: no name, no entry in
+        ``.tmp``, gone by itself if the process dies), written, fsynced, then linked at the key (``linkat`` through
+        ``/proc/self/fd``), so the name appears with the whole object or not at all, as a rename gives. No random
+        name, no rename across directories, no temp file left by a killed write (issue 26: the index object of each
+        copy; ~0.04 ms less CPU than a temp file and its rename, and the directory fsync on the same fd). An object
+        already at the key is replaced atomically: the new one linked under a temp name in ``.tmp``, renamed over
+        it."""
+        try:
+            try:
+                dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:  # the key's directory is new
+                self._mkdirs(path.parent)
+                dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise RemoteStorageError(f"put {key} to {self.root} failed: {err}") from err
+        try:
+            try:
+                fd = os.open(".", os.O_WRONLY | os.O_TMPFILE, 0o644, dir_fd=dfd)
+            except OSError as err:
+                raise RemoteStorageError(f"put {key} to {self.root} failed: {err}") from err
+            try:
+                size = 0
+                for chunk in chunks:
+                    try:
+                        size += _write_all(fd, chunk if isinstance(chunk, list) else [chunk])
+                    except OSError as err:
+                        raise RemoteStorageError(f"put {key} to {self.root} failed at byte {size}: {err}") from err
+                try:
+                    if self.fsync:
+                        os.fsync(fd)
+                    try:
+                        os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=dfd, follow_symlinks=True)
+                    except FileExistsError:  # an overwrite
+                        tmp = os.path.abspath(self.root / TMP_DIR / uuid.uuid4().hex)  # (absolute: dfd ignored)
+                        os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=dfd, follow_symlinks=True)
+                        try:
+                            os.replace(tmp, path)
+                        except OSError:
+                            os.unlink(tmp)
+                            raise
+                    if self.fsync and sync_dir:
+                        os.fsync(dfd)
+                except OSError as err:
+                    raise RemoteStorageError(f"put {key} to {self.root} failed: {err}") from err
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
         return size
 
     def _mkdirs(self, d: Path) -> None:

@@ -121,24 +121,61 @@ def test_put_deferred_leaves_the_name_to_the_next_put_in_its_directory(tmp_path:
     assert store.get_bytes("a/b/x") == b"data" and store.get_bytes("a/b/x-index") == b"index"
 
 
-def test_a_copys_data_object_is_written_in_place_and_its_index_object_renamed(
+class Placed:
+    """The names objects are placed at from now on: renames over them, hard links to them (``os.replace``,
+    ``os.link``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.renamed: list[str] = []
+        self.linked: list[str] = []
+        replace, link = os.replace, os.link
+        monkeypatch.setattr(os, "replace", lambda a, b, **kw: (
+            self.renamed.append(Path(b).name), replace(a, b, **kw))[1])
+        monkeypatch.setattr(os, "link", lambda a, b, **kw: (self.linked.append(Path(b).name), link(a, b, **kw))[1])
+
+
+def test_a_copys_data_object_is_written_in_place_and_its_index_object_linked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy's data objects are read by no one before its index object commits them, and are named by the copy's own
     segment id: written in place (FileSystemStore.put_uncommitted), no temp file, no rename (issue 26: two renames
-    a copy, each a temp file's inode and directory entries); the index object, the commit point, still goes through
-    a temp file and a rename, so whoever lists the store sees it whole or not at all."""
+    a copy, each a temp file's inode and directory entries); the index object, the commit point, is written to an
+    anonymous file in its directory and linked at its key whole (O_TMPFILE), so whoever lists the store sees it whole
+    or not at all, without a temp file's name in .tmp or a rename."""
     world = synced_world(tmp_path)
     tp = rolled(world, 3)
     copier = world.copier(1, tp)
     assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # the store's directories made
-    renamed: list[str] = []
-    inner = os.replace
-    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), inner(a, b))[1])
+    placed = Placed(monkeypatch)
     fsyncs = Fsyncs(monkeypatch)
     assert [m.end_offset_inclusive for m in copier.run_once(15).copied] == [9, 14]
-    assert len(renamed) == 2 and all(n.endswith("-index") for n in renamed)  # the index objects only
+    assert placed.renamed == []
+    assert len(placed.linked) == 2 and all(n.endswith("-index") for n in placed.linked)  # the index objects only
+    assert list((tmp_path / "remote" / ".tmp").iterdir()) == []
     assert fsyncs.files == 2 * 2  # each object's bytes, still
     assert [o for o, _v in world.values(tp)] == list(range(15))
+
+
+@pytest.mark.parametrize("anonymous", [True, False])
+def test_a_put_is_atomic_with_or_without_anonymous_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        anonymous: bool) -> None:
+    """A put links an anonymous file at its key (or, where the filesystem has none, renames a temp file over it); an
+    overwrite is a rename either way; a failed write leaves nothing, no temp file either."""
+    store = FileSystemStore(tmp_path / "s")
+    assert store._links_tmpfiles  # noqa: SLF001 - ext4, xfs, tmpfs have them: the tests' filesystems
+    store._links_tmpfiles = anonymous  # noqa: SLF001
+    store.put("a/b/w", [b"the directories made"])
+    placed = Placed(monkeypatch)
+    assert store.put("a/b/x", [b"one"]) == 3 and store.get_bytes("a/b/x") == b"one"
+    assert (placed.renamed, placed.linked) == (([], ["x"]) if anonymous else (["x"], []))
+    assert store.put("a/b/x", [b"two", [b"-", b"2"]]) == 5 and store.get_bytes("a/b/x") == b"two-2"
+
+    def failing():  # type: ignore[no-untyped-def]
+        yield b"part"
+        raise OSError("the segment went away")
+
+    with pytest.raises(OSError, match="went away"):
+        store.put("a/b/y", failing())
+    assert sorted(p.name for p in (tmp_path / "s").rglob("*") if p.is_file()) == ["w", "x"]  # nothing in .tmp
 
 
 def test_put_uncommitted_leaves_nothing_when_its_write_fails(tmp_path: Path) -> None:
