@@ -80,9 +80,14 @@ class TopicBasedRlmmConfig:
     caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
     close_drain_s: float = 2.0                                     # on close, consume up to this long to the end
     max_batch_records: int = 10_000
+    write_linger_ms: float = 2.0   # a burst's writer waits this long for others to share its write (rlmm.group_commit)
     client_config: Mapping[str, object] = field(default_factory=dict)     # every client: security, sasl.*, ssl.*
     producer_config: Mapping[str, object] = field(default_factory=dict)
     consumer_config: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.write_linger_ms < 0:
+            raise ValueError(f"write_linger_ms must be >= 0 (0: no linger), not {self.write_linger_ms}")
 
 
 class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
@@ -102,7 +107,8 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._producer = None if config.read_only else MetadataProducer(
             self.topic, {**common, **config.producer_config})
         self._served: dict[TopicIdPartition, int] = {}
-        self._group: GroupCommit[_Item, RemoteLogMetadataError | None] = GroupCommit(self._write_now)
+        self._group: GroupCommit[_Item, RemoteLogMetadataError | None] = GroupCommit(
+            self._write_now, linger_s=config.write_linger_ms / 1000)
         self._closed = False
         self._last_tombstones = 0.0
         self._consumer = ConsumerTask(found, self.cache, {**common, **config.consumer_config},

@@ -168,3 +168,39 @@ def test_concurrent_metadata_writes_share_one_flush_and_one_wait(rlmm_factory) -
     for tp in tps:  # applied on return, for every writer
         assert [s.remote_log_segment_id for s in m.list_remote_log_segments(tp)] == \
             [s.remote_log_segment_id for s in segs[tp]]
+
+
+def test_in_a_burst_the_leader_lingers_so_writers_coming_meanwhile_share_its_write() -> None:
+    """While writes follow each other (the last one began less than busy_s ago), the next write's leader first sleeps
+    linger_s, and a writer that comes during that sleep goes out in the same write (issue 26: 2,000 partitions'
+    copy workers writing STARTED and FINISHED); a write after a quiet spell does not wait."""
+    calls: list[list] = []
+    now = [100.0]
+    joined: dict[str, list] = {}
+    group: GroupCommit
+
+    def write(items: Sequence) -> list:
+        calls.append(list(items))
+        return [f"ok:{x}" for x in items]
+
+    def sleep(s: float) -> None:  # the linger: another writer comes meanwhile, and queues behind the leader
+        assert s == 0.002
+        t = threading.Thread(target=lambda: joined.setdefault("late", group.write(["late"])))
+        t.start()
+        wait_for(lambda: group.waiting == 2, "the late writer to queue")
+        now[0] += s
+
+    group = GroupCommit(write, linger_s=0.002, busy_s=0.1, clock=lambda: now[0], sleep=sleep)
+    assert group.write(["first"]) == ["ok:first"] and group.lingered == 0  # the first write: nothing to wait for
+    now[0] += 0.05  # within busy_s of the last: a burst
+    assert group.write(["second"]) == ["ok:second"] and group.lingered == 1
+    wait_for(lambda: "late" in joined, "the late writer's results")
+    assert joined["late"] == ["ok:late"]
+    assert calls == [["first"], ["second", "late"]] and group.calls == 2
+    now[0] += 1.0  # a quiet spell: the next writer writes at once
+    assert group.write(["alone"]) == ["ok:alone"] and group.lingered == 1
+
+
+def test_a_negative_linger_is_refused() -> None:
+    with pytest.raises(ValueError, match="linger_s"):
+        GroupCommit(lambda items: items, linger_s=-1)
