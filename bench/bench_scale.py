@@ -589,6 +589,9 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
     x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
+    # the baseline's threads and jobs at the start, to split its CPU as this checkout's (when it caught up)
+    xthreads0 = thread_cpu(baseline.pid) if baseline is not None else {}
+    xjobs0 = job_cpu(baseline.job_cpu_path) if baseline is not None else {}
     calls0, jobs0 = cluster_calls(sc.port), job_cpu(sc.job_cpu_path)
     c0, w0, split0, threads0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     rounds = segments_per_partition - (1 if warm else 0) + (1 if leave_open else 0)
@@ -602,16 +605,17 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
         return copied(s) >= total_rolled
 
     base_done: tuple[float, float] | None = None  # (its CPU seconds, the time) when the baseline caught up
+    base_split: dict = {}  # its threads' and jobs' CPU then
 
     def both() -> bool:
         nonlocal base_done
         if baseline is not None and base_done is None and caught_up(baseline):
             base_done = (cpu_s(baseline.pid), time.monotonic())
+            base_split.update(threads=thread_cpu(baseline.pid), jobs=job_cpu(baseline.job_cpu_path))
         return caught_up(sc)
 
     wait_until(both, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
     c1, w1, split1, threads1 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
-    by_thread = sorted(((k, v - threads0.get(k, 0.0)) for k, v in threads1.items()), key=lambda kv: -kv[1])
     calls1 = cluster_calls(sc.port)
     time.sleep(1.2)  # the hooks' next write: every job run so far
     jobs1 = job_cpu(sc.job_cpu_path)
@@ -628,13 +632,23 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
             "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
             "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]), "broker_cpu_s": b1 - b0,
             "split_ms_per_segment": {k: 1000 * (split1[k] - split0[k]) / max(1, rolled) for k in split0},
-            "threads_ms_per_segment": [(f"{comm}/{tid}", 1000 * v / max(1, rolled)) for (tid, comm), v in by_thread],
+            "threads_ms_per_segment": _per_segment_threads(threads1, threads0, rolled),
             "calls_per_segment": {k: (v - calls0.get(k, 0.0)) / max(1, rolled) for k, v in calls1.items()},
             "jobs_ms_per_segment": {k: 1000 * (v - jobs0.get(k, 0.0)) / max(1, rolled) for k, v in jobs1.items()},
             "warm": warm,
             **({"baseline": {"cpu_s": base_done[0] - x0, "catch_up_s": base_done[1] - produced,
+                             "threads_ms_per_segment": _per_segment_threads(base_split["threads"], xthreads0, rolled),
+                             "jobs_ms_per_segment": {k: 1000 * (v - xjobs0.get(k, 0.0)) / max(1, rolled)
+                                                     for k, v in base_split["jobs"].items()},
                              "peak_rss_mib": base_peak.stop() if base_peak is not None else 0.0}}
                if base_done is not None else {})}
+
+
+def _per_segment_threads(after: dict[tuple[int, str], float], before: dict[tuple[int, str], float],
+                         segments: int) -> list[tuple[str, float]]:
+    """Each thread's CPU between two :func:`thread_cpu` snapshots, in ms per segment, the busiest first."""
+    by_thread = sorted(((k, v - before.get(k, 0.0)) for k, v in after.items()), key=lambda kv: -kv[1])
+    return [(f"{comm}/{tid}", 1000 * v / max(1, segments)) for (tid, comm), v in by_thread]
 
 
 def kafka_tiered_phase(broker_cfg: dict[str, str], work: Path, prefix: str, n_topics: int, n_partitions: int,
@@ -735,6 +749,10 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
         rows.append(("--baseline's sidecar beside it, CPU per rolled segment",
                      f"{1000 * x['cpu_s'] / max(1, b['segments']):.2f} ms ({x['cpu_s']:.1f} CPU s; caught up "
                      f"{x['catch_up_s']:.1f} s after the last record; peak RSS {x['peak_rss_mib']:.0f} MiB)"))
+        rows.append(("--baseline's busiest threads, ms per rolled segment",
+                     ", ".join(f"{name} {ms:.2f}" for name, ms in x["threads_ms_per_segment"][:12])))
+        rows.append(("--baseline's apscheduler jobs, ms per rolled segment", ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(x["jobs_ms_per_segment"].items(), key=lambda kv: -kv[1]))))
     return [(f"{tag}: {name}", value) for name, value in rows]
 
 
