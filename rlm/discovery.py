@@ -33,9 +33,9 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from rlm import metrics
+from rlm.topic_ids import TopicIdFiles
 from rlmm.api import TopicIdPartition
 from rsm.log.errors import LogFormatError
-from rsm.log.partition import PartitionDir
 
 __all__ = ["Classification", "ClusterView", "LocalPartition", "PartitionInfo", "Skip", "TopicLookup", "classify",
            "partition_key", "scan_log_dirs"]
@@ -142,14 +142,17 @@ class Classification:
 
 
 def classify(local: Mapping[tuple[str, int], LocalPartition], cluster: Mapping[tuple[str, int], PartitionInfo],
-             compaction: Mapping[str, bool | None], broker_id: int) -> Classification:
+             compaction: Mapping[str, bool | None], broker_id: int, topic_ids: TopicIdFiles | None = None,
+             ) -> Classification:
     """Split the tiered partitions found in the log dirs (``local``, :func:`scan_log_dirs` filtered by the topic
     selection) by the cluster's answer: led by ``broker_id``, or followed. A partition is skipped when the cluster
     did not describe it, its topic is compacted or its compaction unknown (``compaction``:
     :meth:`ClusterView.compaction`; a topic missing from it is unknown), its ``partition.metadata`` cannot be read,
     or its directory holds another topic id than the cluster's (a deleted topic of the same name). Reads only each
-    partition dir's ``partition.metadata``; asks the cluster nothing."""
+    partition dir's ``partition.metadata`` (through ``topic_ids``, the caller's cache of them kept across rounds, when
+    given: the files change once per directory); asks the cluster nothing."""
     out = Classification()
+    topic_ids = topic_ids if topic_ids is not None else TopicIdFiles()
     for key, lp in local.items():
         info = cluster.get(key)
         compacted = compaction.get(key[0])
@@ -160,8 +163,8 @@ def classify(local: Mapping[tuple[str, int], LocalPartition], cluster: Mapping[t
             out.skipped[key] = Skip.COMPACTED if compacted else Skip.CONFIG_UNKNOWN
             continue
         try:
-            local_id = PartitionDir(lp.path).topic_id
-        except (FileNotFoundError, LogFormatError):
+            local_id = topic_ids.topic_id(lp.path)
+        except (FileNotFoundError, NotADirectoryError, LogFormatError):
             out.skipped[key] = Skip.NO_PARTITION_METADATA
             continue
         if local_id != info.topic_id:

@@ -72,6 +72,7 @@ from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
 from rlm.tier import RemoteReader
+from rlm.topic_ids import TopicIdFiles
 from rlm.watch import LogDirWatcher
 from rlmm.api import PartitionNotServedError, RemoteLogMetadataManager, TopicIdPartition
 from rsm.errors import RemoteStorageError
@@ -145,6 +146,7 @@ class Sidecar:
         self.watcher = LogDirWatcher(s.log_dirs, rescan_interval_s=s.tasks.rescan_interval_ms / 1000)
         """Which partition directories changed (inotify, and a rescan every ``tasks.rescan_interval_ms``)."""
         self._last_full: _FullRound | None = None  # what the last full discovery round saw (cheap rounds reuse it)
+        self._topic_ids = TopicIdFiles()  # each partition dir's partition.metadata, read by full rounds when it changed
         self.full_rounds = 0
         """Discovery rounds that described every topic (the others were cheap: see the module doc)."""
 
@@ -330,7 +332,7 @@ class Sidecar:
             self._last_full = None
             log.warning("discovery failed", extra={"error": str(err)})
             return None
-        found = classify(candidates, cluster, compaction, s.broker_id)
+        found = classify(candidates, cluster, compaction, s.broker_id, self._topic_ids)
         self.full_rounds += 1
         # A partition skipped for want of an answer (not described, config unknown, no partition.metadata yet) may
         # get one next round with the same fingerprint: the next round is full too (as every round was before).

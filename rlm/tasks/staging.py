@@ -81,9 +81,9 @@ from pathlib import Path
 
 from rlm.errors import RlmError
 from rlm.state import fsync_dir, write_file_durably
+from rlm.topic_ids import TopicIdFiles
 from rlmm.api import TopicIdPartition
 from rsm.log.batch import scan_batches
-from rsm.log.checkpoint import read_partition_metadata
 from rsm.log.errors import CorruptCheckpointError
 from rsm.log.indexes import KafkaIndexBuilder
 from rsm.log.partition import (
@@ -435,8 +435,7 @@ class Staging:
         self._marker_of: dict[Path, str] = {}  # segment key -> its marker's name (released by name, no listing)
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
         self._pdirs: dict[tuple[Path, TopicIdPartition], Path] = {}  # (root, partition) -> its dir (_partition_path)
-        # partition dir -> (stat of its partition.metadata, the topic id it names) (_check_topic_id)
-        self._topic_ids: dict[Path, tuple[tuple[int, int, int, int], uuid.UUID]] = {}
+        self._topic_ids = TopicIdFiles()  # each partition dir's partition.metadata, read when it changed
         for log_dir, root in roots.items():
             log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
             if root == log_dir or log_dir in root.parents:
@@ -794,25 +793,13 @@ class Staging:
         return True
 
     def _check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
-        """Raise :class:`TopicIdMismatchError` when ``partition_dir``'s ``partition.metadata`` names another topic id.
-        The file is read again only when its stat changed (device, inode, mtime, size): the broker writes it once per
-        directory (a re-created topic's directory is a new one, its file a new inode), and reading and parsing it at
-        every stage call (the stage job's and each copy run's, per segment) was a sixth of staging's CPU (issue 26)."""
-        path = f"{partition_dir}/partition.metadata"
+        """Raise :class:`TopicIdMismatchError` when ``partition_dir``'s ``partition.metadata`` names another topic id
+        (read again only when it changed: :class:`rlm.topic_ids.TopicIdFiles`; at every stage call, the stage job's
+        and each copy run's, reading it was a sixth of staging's CPU, issue 26)."""
         try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return  # not written yet, or the dir is gone (then the segment is, too)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        known = self._topic_ids.get(partition_dir)
-        if known is not None and known[0] == key:
-            tid = known[1]
-        else:
-            try:
-                tid = read_partition_metadata(Path(path))
-            except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
-                return  # gone meanwhile, or being written
-            self._topic_ids[partition_dir] = (key, tid)
+            tid = self._topic_ids.topic_id(partition_dir)
+        except (FileNotFoundError, NotADirectoryError, CorruptCheckpointError):
+            return  # not written yet, being written, or the dir is gone (then the segment is, too)
         if tid != tp.topic_id:
             raise TopicIdMismatchError(f"{partition_dir} belongs to topic id {tid}, not {tp}: the topic was "
                                        "deleted and re-created")

@@ -324,3 +324,35 @@ def test_the_stage_job_stages_a_roll_from_the_watchers_listing(tmp_path: Path, s
     sidecar.stage()
     assert [(s.base_offset, s.end_offset_inclusive) for s in sidecar.staging.staged(led.tp)] == [(0, 4)]
     assert looked.count(str(pdir)) == 1
+
+
+def test_full_rounds_read_a_partitions_metadata_file_only_when_it_changed(tmp_path: Path, sidecar_of,  # noqa: ANN001
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every full round checks each partition directory's topic id, reading ``partition.metadata`` only when its
+    stat changed (issue 26: 2,000 files read and parsed per full round); a directory whose file now names another
+    topic id (the topic deleted and re-created) is skipped as before."""
+    import rlm.topic_ids
+    from tests.support.batches import write_partition_metadata
+
+    reads: list[Path] = []
+    inner = rlm.topic_ids.read_partition_metadata
+
+    def counted(path: Path) -> uuid.UUID:
+        reads.append(path)
+        return inner(path)
+
+    monkeypatch.setattr(rlm.topic_ids, "read_partition_metadata", counted)
+    tid = uuid.uuid4()
+    logs = tmp_path / "logs"
+    dirs = [_partition_dir(logs, "t", p, tid) for p in (0, 1)]
+    view = CountingView({("t", p): _info("t", tid, p, BROKER) for p in (0, 1)})
+    sidecar = sidecar_of(view)
+    sidecar.discover()
+    assert len(reads) == 2 and len(list(sidecar.leadership.each_led())) == 2
+    sidecar._last_full = None  # noqa: SLF001 - the next round is a full one (as at the rescan interval)
+    sidecar.discover()
+    assert sidecar.full_rounds == 2 and len(reads) == 2  # nothing changed: no file read
+    write_partition_metadata(dirs[1], uuid.uuid4())  # another topic id than the cluster's
+    sidecar._last_full = None  # noqa: SLF001
+    assert sidecar._discovery_round()[0].keys() == {TopicIdPartition(tid, "t", 0)}  # noqa: SLF001
+    assert reads == [*reads[:2], dirs[1] / "partition.metadata"]

@@ -74,3 +74,12 @@ def write_partition(path: Path, topic_id: uuid.UUID, segments: dict[int, list[by
         (path / f"{base:020d}.log").write_bytes(b"".join(batches))
         (path / f"{base:020d}.index").write_bytes(b"")
         (path / f"{base:020d}.timeindex").write_bytes(b"")
+
+
+def write_partition_metadata(pdir: Path, topic_id: uuid.UUID) -> None:
+    """A partition dir's ``partition.metadata`` naming ``topic_id``, as the broker writes it: a temp file renamed over
+    (a new inode)."""
+    b64 = base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+    tmp = pdir / "partition.metadata.tmp"
+    tmp.write_text(f"version: 0\ntopic_id: {b64}\n")
+    tmp.rename(pdir / "partition.metadata")
