@@ -331,17 +331,9 @@ def test_full_rounds_read_a_partitions_metadata_file_only_when_it_changed(tmp_pa
     """Every full round checks each partition directory's topic id, reading ``partition.metadata`` only when its
     stat changed (issue 26: 2,000 files read and parsed per full round); a directory whose file now names another
     topic id (the topic deleted and re-created) is skipped as before."""
-    import rlm.topic_ids
-    from tests.support.batches import write_partition_metadata
+    from tests.support.batches import partition_metadata_reads, write_partition_metadata
 
-    reads: list[Path] = []
-    inner = rlm.topic_ids.read_partition_metadata
-
-    def counted(path: Path) -> uuid.UUID:
-        reads.append(path)
-        return inner(path)
-
-    monkeypatch.setattr(rlm.topic_ids, "read_partition_metadata", counted)
+    reads = partition_metadata_reads(monkeypatch)
     tid = uuid.uuid4()
     logs = tmp_path / "logs"
     dirs = [_partition_dir(logs, "t", p, tid) for p in (0, 1)]

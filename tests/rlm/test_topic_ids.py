@@ -8,21 +8,14 @@ from pathlib import Path
 
 import pytest
 
-import rlm.topic_ids
 from rlm.topic_ids import TopicIdFiles
 from rsm.log.errors import CorruptCheckpointError
+from tests.support.batches import partition_metadata_reads
 from tests.support.batches import write_partition_metadata as write_metadata
 
 
 def test_a_file_is_read_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: list[Path] = []
-    inner = rlm.topic_ids.read_partition_metadata
-
-    def counted(path: Path) -> uuid.UUID:
-        reads.append(path)
-        return inner(path)
-
-    monkeypatch.setattr(rlm.topic_ids, "read_partition_metadata", counted)
+    reads = partition_metadata_reads(monkeypatch)
     pdir = tmp_path / "t-0"
     pdir.mkdir()
     first, second = uuid.uuid4(), uuid.uuid4()

@@ -83,3 +83,18 @@ def write_partition_metadata(pdir: Path, topic_id: uuid.UUID) -> None:
     tmp = pdir / "partition.metadata.tmp"
     tmp.write_text(f"version: 0\ntopic_id: {b64}\n")
     tmp.rename(pdir / "partition.metadata")
+
+
+def partition_metadata_reads(monkeypatch) -> list[Path]:  # noqa: ANN001 - pytest's MonkeyPatch
+    """From now on, every ``partition.metadata`` read through :mod:`rlm.topic_ids` (its path), in a list."""
+    import rlm.topic_ids
+
+    reads: list[Path] = []
+    inner = rlm.topic_ids.read_partition_metadata
+
+    def counted(path: Path) -> uuid.UUID:
+        reads.append(path)
+        return inner(path)
+
+    monkeypatch.setattr(rlm.topic_ids, "read_partition_metadata", counted)
+    return reads
