@@ -22,6 +22,7 @@ came; deciding what they prove is the caller's (:mod:`rlm.tasks.purge` for delet
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -72,8 +73,9 @@ def scan_log_dirs(log_dirs: Iterable[Path]) -> dict[tuple[str, int], LocalPartit
     """
     found: dict[tuple[str, int], LocalPartition] = {}
     for log_dir in log_dirs:
-        try:
-            entries = sorted(Path(log_dir).iterdir())
+        base = Path(log_dir)
+        try:  # (scandir: an entry's type without a stat; names sorted as strings, not as Paths: issue 26)
+            entries = sorted(os.scandir(base), key=lambda e: e.name)
         except FileNotFoundError:
             log.warning("log dir missing", extra={"log_dir": str(log_dir)})
             continue
@@ -81,11 +83,12 @@ def scan_log_dirs(log_dirs: Iterable[Path]) -> dict[tuple[str, int], LocalPartit
             key = partition_key(entry.name)
             if key is None or not entry.is_dir():
                 continue  # checkpoints, meta.properties, *-future / *-delete / *-stray directories
+            path = base / entry.name
             if key in found:
                 log.warning("partition in two log dirs", extra={"partition": f"{key[0]}-{key[1]}",
-                                                                "kept": str(found[key].path), "ignored": str(entry)})
+                                                                "kept": str(found[key].path), "ignored": str(path)})
                 continue
-            found[key] = LocalPartition(key[0], key[1], entry)
+            found[key] = LocalPartition(key[0], key[1], path)
     return found
 
 

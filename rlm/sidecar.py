@@ -315,7 +315,8 @@ class Sidecar:
                     and self.view.metadata_fingerprint(last.fingerprinted) == last.fingerprint):
                 return last.leaders, last.followers, False
             local = scan_log_dirs(s.log_dirs)
-            candidates = {k: v for k, v in local.items() if s.topics.tiered(k[0])}
+            tiered = {t: s.topics.tiered(t) for t in {k[0] for k in local}}  # (a topic's patterns matched once)
+            candidates = {k: v for k, v in local.items() if tiered[k[0]]}
             names = {t for t, _ in candidates}
             # before describing: a change between the two shows in the next round's fingerprint
             fingerprinted = frozenset(self._fingerprinted(names))
