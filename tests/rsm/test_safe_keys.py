@@ -27,7 +27,7 @@ from rsm.format.keys import (
     partition_prefix,
 )
 from rsm.manager import RemoteStorageManager, RsmConfig
-from rsm.store.fs import CONTINUED, TMP_DIR, FileSystemStore
+from rsm.store.fs import CONTINUED, TMP_DIR, FileSystemStore, _disk_parts
 
 KAFKA_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 NAME_MAX = 255  # bytes of one path component (ext4, xfs, tmpfs)
@@ -125,6 +125,21 @@ def test_fs_store_refuses_or_keeps_under_its_root_any_key(key):
         assert store.get_bytes(key) == b"x" and store.head(key) == 1
         store.delete(key)
         assert store.head(key) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="ab.%+/é", min_size=1, max_size=260), min_size=1, max_size=6))
+def test_fs_store_paths_of_keys_sharing_directories_are_those_of_their_components(keys):
+    """FileSystemStore._path keeps the directories of the keys it was asked for (by the key's part before its last
+    "/"): whatever came before, a key's path is its components laid out on disk, long ones cut."""
+    with tempfile.TemporaryDirectory() as d:
+        store = FileSystemStore(Path(d) / "remote", fsync=False)
+        for key in keys + [k + "/n" for k in keys] + keys:
+            try:
+                path = store._path(key)  # noqa: SLF001
+            except ValueError:
+                continue
+            assert path == store.root.joinpath(*_disk_parts(key.split("/")))
 
 
 @settings(max_examples=200, deadline=None)
