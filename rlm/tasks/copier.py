@@ -480,7 +480,7 @@ class PartitionCopier:
         cache's writeback (seconds), what a power cut can lose is that copy: the file then holds an older record (or
         a torn one, ignored), never one ahead of what the metadata made durable, and the worst it costs is copying
         again the local segments that remote retention expired in those seconds, as when the state dir is lost.
-        One fsync per copy run saved (issue 26: a copy run copies about one segment in a burst)."""
+        One fsync per copy run saved (issue 26: 2,000 partitions rolling at once, a run copies one or two segments)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
         offset, epoch = self._watermark
