@@ -14,10 +14,11 @@ imply). The decision is Kafka's ``StandardAuthorizer``'s, for topic resources:
 
 The ACLs come from the cluster: :class:`AclCache` asks DescribeAcls for every topic ACL, as the sidecar's own Kafka
 principal (which needs DESCRIBE on the cluster), every ``acl_cache_ttl_ms / 2`` on a thread of its own, so no
-request waits for it. It fails closed: ACLs not refreshed for ``acl_cache_ttl_ms`` (the principal may not describe
-them, the cluster is unreachable) refuse every topic, counted (``rlm_history_authorizations{result="unavailable"}``)
-and logged once until they can be fetched again. A cluster without an authorizer (DescribeAcls answers
-SECURITY_DISABLED) allows everything only with ``allow_if_no_authorizer``.
+request waits for it, through one admin client kept between refreshes (:class:`ClusterAcls`). It fails closed:
+ACLs not refreshed for ``acl_cache_ttl_ms`` (the principal may not describe them, the cluster is unreachable) refuse
+every topic, counted (``rlm_history_authorizations{result="unavailable"}``) and logged once until they can be fetched
+again. A cluster without an authorizer (DescribeAcls answers SECURITY_DISABLED) allows everything only with
+``allow_if_no_authorizer``.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge
 
 from rlm.config import HistoryAuthorizationSettings
 
-__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "TopicAcl", "Unavailable",
-           "describe_topic_acls"]
+__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "ClusterAcls", "TopicAcl",
+           "Unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -114,62 +116,99 @@ class Acls:
         return allowed
 
 
-def describe_topic_acls(client_config: Mapping[str, Any], timeout_s: float = 10.0) -> list[TopicAcl]:
-    """Every topic ACL of the cluster, by DescribeAcls as the principal of ``client_config``. Raises
-    :class:`AclsUnavailableError`.
+class ClusterAcls:
+    """Every topic ACL of the cluster, by DescribeAcls as the principal of ``client_config``, through one admin client
+    kept from one refresh to the next (:meth:`__call__`, on :class:`AclCache`'s thread only).
 
-    librdkafka (2.16 at least) drops DescribeAcls' top-level error: a principal without DESCRIBE on the cluster,
-    and a cluster without an authorizer (SECURITY_DISABLED), both get an empty list, which would read as "no ACL
-    at all". So the principal's cluster operations are checked first (DescribeCluster with its authorized
-    operations: DESCRIBE is what DescribeAcls needs), and an empty list is taken as "no authorizer" only when the
-    broker's ``authorizer.class.name`` is empty (DescribeConfigs; a broker that will not say is taken to have one:
-    its ACLs, none, apply)."""
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        AdminClient,
-        ConfigResource,
-        ResourcePatternType,
-        ResourceType,
-    )
+    One client, not one a refresh: a client a refresh started ~4 librdkafka threads (5 with a second broker) and a
+    connection (a SASL handshake) every ``acl_cache_ttl_ms / 2`` and destroyed them, ~1 thread a second in a
+    listener serving nothing else. A request without an answer (the broker it asked went away, a timeout) drops the
+    client: the next refresh bootstraps a fresh one, as :class:`rlm.discovery.ClusterView` does (librdkafka keeps
+    sending to the broker it chose until its next metadata refresh). An answer that refuses keeps it."""
 
-    admin = AdminClient({**client_config, "socket.timeout.ms": int(timeout_s * 1000)})
-    try:
-        cluster = admin.describe_cluster(include_authorized_operations=True,
-                                         request_timeout=timeout_s).result(timeout_s + 5)
-    except Exception as err:  # noqa: BLE001 - unreachable, timed out, refused: the ACLs are unavailable
-        raise AclsUnavailableError("error", f"DescribeCluster failed: {err}") from None
-    ops = {op.name for op in cluster.authorized_operations or ()}
-    if not ops & {DESCRIBE, ALL}:
-        raise AclsUnavailableError("error", "the sidecar's Kafka principal may not describe the cluster's ACLs: "
-                                            "grant it DESCRIBE on the cluster")
-    flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
-                           AclPermissionType.ANY)
-    try:
-        bindings = admin.describe_acls(flt, request_timeout=timeout_s).result(timeout_s + 5)
-    except Exception as err:  # noqa: BLE001
-        raise AclsUnavailableError("error", f"DescribeAcls failed: {err}") from None
-    if not bindings and cluster.nodes:
-        resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+    def __init__(self, client_config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+        # Metadata (and with it the broker the admin requests go to) refreshed every 10 s, not librdkafka's 5 min,
+        # as ClusterView's: a client kept between refreshes must notice a stopped broker.
+        self._config = {"topic.metadata.refresh.interval.ms": 10_000, **client_config,
+                        "socket.timeout.ms": int(timeout_s * 1000)}
+        self.timeout_s = timeout_s
+        self._admin: Any = None
+
+    def __call__(self) -> list[TopicAcl]:
+        """The cluster's topic ACLs now. Raises :class:`AclsUnavailableError`.
+
+        librdkafka (2.16 at least) drops DescribeAcls' top-level error: a principal without DESCRIBE on the cluster,
+        and a cluster without an authorizer (SECURITY_DISABLED), both get an empty list, which would read as "no ACL
+        at all". So the principal's cluster operations are checked first (DescribeCluster with its authorized
+        operations: DESCRIBE is what DescribeAcls needs), and an empty list is taken as "no authorizer" only when
+        the broker's ``authorizer.class.name`` is empty (DescribeConfigs; a broker that will not say is taken to
+        have one: its ACLs, none, apply)."""
+        if self._admin is None:
+            self._admin = AdminClient(self._config)
+        admin = self._admin
         try:
-            (future,) = admin.describe_configs([resource], request_timeout=timeout_s).values()
-            entry = future.result(timeout_s + 5).get("authorizer.class.name")
-        except Exception:  # noqa: BLE001 - not told: an authorizer is assumed (fails closed)
-            entry = None
-        if entry is not None and not entry.value:
-            raise AclsUnavailableError("no_authorizer", "the cluster has no authorizer (authorizer.class.name "
-                                                        "is empty)")
-    return [TopicAcl(b.resource_pattern_type.name, b.name, b.principal, b.host, b.operation.name,
-                     b.permission_type.name == "ALLOW") for b in bindings]
+            return self._describe(admin)
+        finally:
+            admin.poll(0)  # its log lines, queued until a poll, handed to our logging (rlm.logs.kafka_logger)
+
+    def close(self) -> None:
+        """Let go of the admin client (librdkafka destroys it: its threads end, its connections close)."""
+        if self._admin is not None:
+            self._admin.poll(0)
+        self._admin = None
+
+    def _unanswered(self, what: str, err: Exception) -> AclsUnavailableError:
+        """A request that got no answer (or an error for one): the next refresh starts with a fresh client."""
+        self._admin = None
+        return AclsUnavailableError("error", f"{what} failed: {err}")
+
+    def _describe(self, admin: Any) -> list[TopicAcl]:
+        from confluent_kafka.admin import (
+            AclBindingFilter,
+            AclOperation,
+            AclPermissionType,
+            ConfigResource,
+            ResourcePatternType,
+            ResourceType,
+        )
+
+        timeout_s = self.timeout_s
+        try:
+            cluster = admin.describe_cluster(include_authorized_operations=True,
+                                             request_timeout=timeout_s).result(timeout_s + 5)
+        except Exception as err:  # noqa: BLE001 - unreachable, timed out, refused: the ACLs are unavailable
+            raise self._unanswered("DescribeCluster", err) from None
+        ops = {op.name for op in cluster.authorized_operations or ()}
+        if not ops & {DESCRIBE, ALL}:
+            raise AclsUnavailableError("error", "the sidecar's Kafka principal may not describe the cluster's ACLs: "
+                                                "grant it DESCRIBE on the cluster")
+        flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                               AclPermissionType.ANY)
+        try:
+            bindings = admin.describe_acls(flt, request_timeout=timeout_s).result(timeout_s + 5)
+        except Exception as err:  # noqa: BLE001
+            raise self._unanswered("DescribeAcls", err) from None
+        if not bindings and cluster.nodes:
+            resource = ConfigResource(ResourceType.BROKER, str(cluster.nodes[0].id))
+            try:
+                (future,) = admin.describe_configs([resource], request_timeout=timeout_s).values()
+                entry = future.result(timeout_s + 5).get("authorizer.class.name")
+            except Exception:  # noqa: BLE001 - not told: an authorizer is assumed (fails closed)
+                entry = None
+            if entry is not None and not entry.value:
+                raise AclsUnavailableError("no_authorizer", "the cluster has no authorizer (authorizer.class.name "
+                                                            "is empty)")
+        return [TopicAcl(b.resource_pattern_type.name, b.name, b.principal, b.host, b.operation.name,
+                         b.permission_type.name == "ALLOW") for b in bindings]
 
 
 class AclCache:
     """The cluster's topic ACLs, refreshed every ``ttl_s / 2`` on a thread; :meth:`current` is what to apply."""
 
     def __init__(self, fetch: Callable[[], list[TopicAcl]], ttl_s: float, *, allow_if_no_authorizer: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, close: Callable[[], None] | None = None) -> None:
         self._fetch = fetch
+        self._close = close  # called by stop(), once the refresh thread has ended (ClusterAcls.close)
         self.ttl_s = ttl_s
         self.allow_if_no_authorizer = allow_if_no_authorizer  # (for the log line)
         self._clock = clock
@@ -192,6 +231,8 @@ class AclCache:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._close is not None and (self._thread is None or not self._thread.is_alive()):
+            self._close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / 2):
@@ -267,8 +308,9 @@ class Authorizer:
 
     @classmethod
     def of_cluster(cls, client_config: Mapping[str, Any], settings: HistoryAuthorizationSettings) -> Authorizer:
-        cache = AclCache(lambda: describe_topic_acls(client_config), settings.acl_cache_ttl_ms / 1000,
-                         allow_if_no_authorizer=settings.allow_if_no_authorizer)
+        source = ClusterAcls(client_config)
+        cache = AclCache(source, settings.acl_cache_ttl_ms / 1000,
+                         allow_if_no_authorizer=settings.allow_if_no_authorizer, close=source.close)
         return cls(cache, settings)
 
     def start(self) -> Authorizer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,22 @@ def test_cache_fails_closed_once_the_acls_are_older_than_the_ttl() -> None:
     answers[0] = [acl("orders"), acl("other")]
     assert cache.refresh()
     assert auth.allowed(ALICE, "h", READ, ["orders", "other"]) == {"orders", "other"}
+
+
+def test_stop_closes_the_source_after_its_last_refresh() -> None:
+    """The cache's source (ClusterAcls: its admin client) is let go by stop(), once the refresh thread has ended:
+    never while a refresh may still use it."""
+    events: list[str] = []
+
+    def fetch() -> list[TopicAcl]:
+        events.append("fetch")
+        return []
+
+    cache = AclCache(fetch, ttl_s=0.02, close=lambda: events.append("close")).start()
+    while events.count("fetch") < 3:
+        time.sleep(0.01)
+    cache.stop()
+    assert events[-1] == "close" and events.count("close") == 1, events
 
 
 def test_nothing_fetched_yet_refuses_everything() -> None:

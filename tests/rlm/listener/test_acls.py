@@ -35,7 +35,8 @@ from confluent_kafka.admin import (
 
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings, KafkaSettings, SidecarSettings
-from rlm.listener import Listener, start_listener
+from rlm.listener import Listener, authz, start_listener
+from rlm.listener.authz import AclCache, Acls, ClusterAcls
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.listener.pki import Pki, make_pki
@@ -179,6 +180,43 @@ def list_offsets_errors(s: socket.socket, topics: list[str]) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------- the tests
+def test_acl_refreshes_keep_one_admin_client(kafka_sasl: KafkaCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ACL cache asks the cluster through one admin client, kept from one refresh to the next: a client a
+    refresh started ~4 librdkafka threads (and a SASL handshake) every ``acl_cache_ttl_ms / 2`` and destroyed them,
+    ~1 thread a second in a listener serving nothing else. Each refresh still asks the cluster afresh: an ACL
+    granted after one refresh is in the next. (The clients are counted by a subclass of the real one: every
+    request goes to the broker.)"""
+    kc, tag = kafka_sasl, uuid.uuid4().hex[:6]
+    granting = AdminClient(kc.admin_config())  # made before the count starts
+    made: list[object] = []
+
+    class Counted(AdminClient):  # type: ignore[misc]
+        def __init__(self, conf: dict[str, Any]) -> None:
+            made.append(conf.get("bootstrap.servers"))
+            super().__init__(conf)
+
+    monkeypatch.setattr(authz, "AdminClient", Counted)
+    source = ClusterAcls(KafkaSettings(bootstrap_servers=kc.bootstrap_servers,
+                                       client=kc.security_config()).client_config())
+    cache = AclCache(source, 10, close=source.close)
+    try:
+        for i in range(4):
+            topic = f"keep-{tag}-{i}"
+            binding = AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:keep-{tag}", "*",
+                                 AclOperation.READ, AclPermissionType.ALLOW)
+            for fut in granting.create_acls([binding]).values():
+                fut.result(30)
+
+            def seen(topic: str = topic) -> bool:
+                assert cache.refresh(), cache.current()
+                acls = cache.current()
+                return isinstance(acls, Acls) and bool(acls.on(topic))
+            wait_for(seen, 30, f"the ACL on {topic} in a refresh")
+        assert made == [kc.bootstrap_servers], f"{len(made)} admin clients for the refreshes, not one"
+    finally:
+        cache.stop()
+
+
 def test_read_on_a_not_b(tier: Tier) -> None:
     """Alice may READ ``a`` (a literal ACL): she reads every tiered record of it; ``b`` is TOPIC_AUTHORIZATION_FAILED
     for Fetch and ListOffsets, and Metadata of all topics lists ``a`` alone. A topic that does not exist answers the
