@@ -202,6 +202,22 @@ the links and fsyncs of the copy path's filesystem side), discovery 0.133 (about
 ones every rescan interval), gauges 0.082; the metadata consumer 0.19 / 0.28. ListOffsets: 0.63 / 0.71 calls a
 segment asking 0.94 / 1.09 partitions (a run's start and a batch's fence per ~2 segments; 1.5 partitions a call:
 the Coalescer shares a call among the six workers asking at once, no more); Metadata 0.002-0.004 calls a segment.
+
+Session 15 (h3; the burst's CPU outside the copy workers; HEAD's tree exported, ``--baseline`` at 394d052 beside it).
+The "ThreadPoolExecutor" threads are apscheduler's pool, nothing else: their CPU sums to the jobs' (stage, discovery,
+gauges: 0.80 ms against 0.80 a segment in one run). Cut: the stage job stages from the watcher's listing of a changed
+dir (one listing, not two), staging joins paths as strings (pathlib was most of its Python), no stat of a ``.log``
+before its link when unbounded (701e0a4); the staging gauge stats only what a segment linked (7ca67bc); full
+discovery rounds read ``partition.metadata`` only when it changed, list the log dirs with scandir (ea454ac,
+d35bf37: the sidecar's own CPU per full round at 2,000 partitions 112-166 -> 48-77 ms); the metadata group commit's
+leader lingers 2 ms while writes follow each other (916ff7f: ``bench_rlmm_writes`` 0.58 -> 0.42 write calls a
+segment, CPU 1.39 -> 1.27 ms a segment, medians; wall time mixed on a loaded machine). At d35bf37 (load 12-19):
+cold 4.26 against 4.41 ms a segment (user 2.60 / system 1.66; catch-up 35.0 s against 33.8), warm 3.54 against 3.72
+(31.5 s both); stage job 0.51 / 0.34 against 0.63 / 0.39, gauges 0.046 / 0.035 against 0.068 / 0.058, the metadata
+consumer 0.25 / 0.18 against 0.26 / 0.23, discovery 0.09 / 0.05 against 0.08 / 0.04 (when its full rounds fall in the
+burst decides it). At 9cc9b02 (load 18-31): cold 4.33 against 4.51, warm 3.25 against 3.34. What is left of the stage
+job a segment: links (five), one fsync of the partition's staging dir, the listing of that dir, and in a cold burst
+each partition's first mkdir (~0.6 ms of CPU each on this machine's ext4: 2,000 of them are ~0.2 ms a cold segment).
 """
 
 from __future__ import annotations
