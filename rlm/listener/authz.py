@@ -120,7 +120,7 @@ class ClusterAcls:
     """Every topic ACL of the cluster, by DescribeAcls as the principal of ``client_config``, through one admin client
     kept from one refresh to the next (:meth:`__call__`, on :class:`AclCache`'s thread only).
 
-    One client, not one a refresh: a client a refresh started ~4 librdkafka threads (5 with a second broker) and a
+    One client, not one a refresh: a client a refresh started 4 librdkafka threads (6 with 3 brokers) and a
     connection (a SASL handshake) every ``acl_cache_ttl_ms / 2`` and destroyed them, ~1 thread a second in a
     listener serving nothing else. A request without an answer (the broker it asked went away, a timeout) drops the
     client: the next refresh bootstraps a fresh one, as :class:`rlm.discovery.ClusterView` does (librdkafka keeps
