@@ -456,6 +456,9 @@ class Staging:
         if root is not None:
             return root
         key = Path(partition_dir)
+        root = self._resolved.get(key)  # (a str given)
+        if root is not None:
+            return root
         log_dir = key.resolve().parent
         try:
             root = self._roots[log_dir]
