@@ -20,7 +20,7 @@ from rlm.tasks.leadership import Leadership, Led, copy_job_id
 from rlm.tasks.staging import Staging
 from rlmm.api import TopicIdPartition
 from rlmm.memory import InMemoryRemoteLogMetadataManager
-from tests.rlm.test_discovery_rounds import BROKER, FakeView, _info, _partition_dir, _settings
+from tests.support.discovery import BROKER, FakeView, fake_partition_dir, offline_settings, partition_info
 
 
 class CountingView(FakeView):
@@ -61,7 +61,7 @@ def sidecar_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     made: list[Sidecar] = []
 
     def make(view: FakeView, **overrides: Any) -> Sidecar:
-        sidecar = Sidecar(_settings(tmp_path, **overrides), rlmm=InMemoryRemoteLogMetadataManager())
+        sidecar = Sidecar(offline_settings(tmp_path, **overrides), rlmm=InMemoryRemoteLogMetadataManager())
         sidecar.view = view  # type: ignore[assignment]
         made.append(sidecar)
         return sidecar
@@ -74,8 +74,8 @@ def sidecar_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 def test_rounds_describe_topics_only_when_something_changed(tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
     tid = uuid.uuid4()
     logs = tmp_path / "logs"
-    _partition_dir(logs, "t", 0, tid)
-    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("t", 1): _info("t", tid, 1, BROKER)})
+    fake_partition_dir(logs, "t", 0, tid)
+    view = CountingView({("t", 0): partition_info("t", tid, 0, BROKER), ("t", 1): partition_info("t", tid, 1, BROKER)})
     sidecar = sidecar_of(view)
     sidecar.discover()
     assert (view.described, view.configs_read, sidecar.full_rounds) == (1, 1, 1)
@@ -86,14 +86,14 @@ def test_rounds_describe_topics_only_when_something_changed(tmp_path: Path, side
     assert sidecar.last_discovery_ok is not None and sidecar.leadership.counts() == (1, 0)
 
     # leadership moved: the metadata answer differs, the round is full and follows the partition
-    view.infos[("t", 0)] = _info("t", tid, 0, 2)
+    view.infos[("t", 0)] = partition_info("t", tid, 0, 2)
     sidecar.discover()
     assert view.described == 2 and sidecar.leadership.counts() == (0, 1)
     sidecar.discover()
     assert view.described == 2
 
     # a partition directory appears (the broker got a replica; the cluster's answer had it already): full round
-    _partition_dir(logs, "t", 1, tid)
+    fake_partition_dir(logs, "t", 1, tid)
     sidecar.discover()
     assert view.described == 3 and sidecar.leadership.counts() == (1, 1)
     sidecar.discover()
@@ -104,9 +104,10 @@ def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven
         tmp_path: Path, sidecar_of) -> None:  # noqa: ANN001
     tid, gone_id = uuid.uuid4(), uuid.uuid4()
     logs = tmp_path / "logs"
-    _partition_dir(logs, "t", 0, tid)
-    gone_dir = _partition_dir(logs, "gone", 0, gone_id)
-    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("gone", 0): _info("gone", gone_id, 0, BROKER)})
+    fake_partition_dir(logs, "t", 0, tid)
+    gone_dir = fake_partition_dir(logs, "gone", 0, gone_id)
+    view = CountingView({("t", 0): partition_info("t", tid, 0, BROKER),
+                         ("gone", 0): partition_info("gone", gone_id, 0, BROKER)})
     sidecar = sidecar_of(view, tasks={"rescan_interval_ms": 1000, "purge_grace_ms": 0, "purge_rounds": 3})
     sidecar.discover()
     sidecar.discover()
@@ -140,9 +141,9 @@ def led_partition(tmp_path: Path, run: Any, interval_ms: int = 100,
     """One partition led by a registry on the sidecar's (started) copy job scheduler, whose copy run is
     ``run(led, leadership)``."""
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    path = fake_partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     scheduler = CopyJobs(4).start()
-    settings = _settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
+    settings = offline_settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
     leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
                             staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
                             deleter=object(), run=lambda led: run(led, leadership))  # type: ignore[arg-type]
@@ -223,8 +224,8 @@ def test_the_stage_job_wakes_the_led_partition_whose_directory_changed(tmp_path:
     the stage job wakes that partition's sleeping copy job (its next run now), not the other one's."""
     tid = uuid.uuid4()
     logs = tmp_path / "logs"
-    dirs = [_partition_dir(logs, "t", p, tid) for p in (0, 1)]
-    view = CountingView({("t", p): _info("t", tid, p, BROKER) for p in (0, 1)})
+    dirs = [fake_partition_dir(logs, "t", p, tid) for p in (0, 1)]
+    view = CountingView({("t", p): partition_info("t", tid, p, BROKER) for p in (0, 1)})
     sidecar = sidecar_of(view, tasks={"copy_interval_ms": 3_600_000})
     sidecar.discover()
     sidecar.stage()  # the watcher's first look: every directory
@@ -252,9 +253,10 @@ def test_the_gauges_list_no_directory_of_a_partition_without_local_retention(tmp
 
     tid, kept_tid = uuid.uuid4(), uuid.uuid4()
     logs = tmp_path / "logs"
-    _partition_dir(logs, "t", 0, tid)
-    _partition_dir(logs, "kept", 0, kept_tid)
-    view = CountingView({("t", 0): _info("t", tid, 0, BROKER), ("kept", 0): _info("kept", kept_tid, 0, BROKER)})
+    fake_partition_dir(logs, "t", 0, tid)
+    fake_partition_dir(logs, "kept", 0, kept_tid)
+    view = CountingView({("t", 0): partition_info("t", tid, 0, BROKER),
+                         ("kept", 0): partition_info("kept", kept_tid, 0, BROKER)})
     configs = view.topic_configs
     view.topic_configs = lambda topics: {t: c if t != "kept" else {**(c or {}), "retention.ms": "60000"}  # type: ignore[method-assign]
                                          for t, c in configs(topics).items()}
@@ -304,8 +306,8 @@ def test_the_stage_job_stages_a_roll_from_the_watchers_listing(tmp_path: Path, s
 
     tid = uuid.uuid4()
     logs = tmp_path / "logs"
-    pdir = _partition_dir(logs, "t", 0, tid)
-    view = CountingView({("t", 0): _info("t", tid, 0, BROKER)})
+    pdir = fake_partition_dir(logs, "t", 0, tid)
+    view = CountingView({("t", 0): partition_info("t", tid, 0, BROKER)})
     sidecar = sidecar_of(view, tasks={"copy_interval_ms": 3_600_000})
     sidecar.discover()
     sidecar.stage()  # the watcher's first look: every directory
@@ -336,8 +338,8 @@ def test_full_rounds_read_a_partitions_metadata_file_only_when_it_changed(tmp_pa
     reads = partition_metadata_reads(monkeypatch)
     tid = uuid.uuid4()
     logs = tmp_path / "logs"
-    dirs = [_partition_dir(logs, "t", p, tid) for p in (0, 1)]
-    view = CountingView({("t", p): _info("t", tid, p, BROKER) for p in (0, 1)})
+    dirs = [fake_partition_dir(logs, "t", p, tid) for p in (0, 1)]
+    view = CountingView({("t", p): partition_info("t", tid, p, BROKER) for p in (0, 1)})
     sidecar = sidecar_of(view)
     sidecar.discover()
     assert len(reads) == 2 and len(list(sidecar.leadership.each_led())) == 2

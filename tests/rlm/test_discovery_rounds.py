@@ -13,29 +13,11 @@ from typing import Any
 
 import pytest
 
-from rlm.config import SidecarSettings
-from rlm.discovery import ClusterView, PartitionInfo, Skip, TopicLookup, classify, scan_log_dirs
+from rlm.discovery import Skip, classify, scan_log_dirs
 from rlm.tasks.leadership import Leadership, LeadershipChangeError, copy_job_id
 from rlmm.api import RemoteLogMetadataError, TopicIdPartition
 from rlmm.memory import InMemoryRemoteLogMetadataManager
-
-BROKER = 1
-
-
-def _partition_dir(log_dir: Path, topic: str, partition: int, topic_id: uuid.UUID | None) -> Path:
-    """A partition dir as the broker leaves it: ``partition.metadata`` with ``topic_id`` (None: not written yet)."""
-    import base64
-
-    path = log_dir / f"{topic}-{partition}"
-    path.mkdir(parents=True)
-    if topic_id is not None:
-        b64 = base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
-        (path / "partition.metadata").write_text(f"version: 0\ntopic_id: {b64}\n")
-    return path
-
-
-def _info(topic: str, topic_id: uuid.UUID, partition: int, leader: int) -> PartitionInfo:
-    return PartitionInfo(topic, topic_id, partition, leader, (1, 2, 3))
+from tests.support.discovery import BROKER, FakeView, fake_partition_dir, offline_settings, partition_info
 
 
 # ---------------------------------------------------------------------------------------------- classify
@@ -43,11 +25,11 @@ def test_classify_splits_leaders_followers_and_says_why_the_rest_is_skipped(tmp_
     logs = tmp_path / "logs"
     ids = {t: uuid.uuid4() for t in ("led", "followed", "gone", "compacted", "unknown", "unlisted", "fresh",
                                      "recreated")}
-    paths = {t: _partition_dir(logs, t, 0, None if t == "fresh" else ids[t]) for t in ids}
-    paths["led-1"] = _partition_dir(logs, "led", 1, ids["led"])  # two partitions of one topic, one led here
-    cluster = {(t, 0): _info(t, ids[t], 0, BROKER if t == "led" else 2) for t in ids if t != "gone"}
-    cluster[("led", 1)] = _info("led", ids["led"], 1, 3)
-    cluster[("recreated", 0)] = _info("recreated", uuid.uuid4(), 0, BROKER)  # the directory is the old topic's
+    paths = {t: fake_partition_dir(logs, t, 0, None if t == "fresh" else ids[t]) for t in ids}
+    paths["led-1"] = fake_partition_dir(logs, "led", 1, ids["led"])  # two partitions of one topic, one led here
+    cluster = {(t, 0): partition_info(t, ids[t], 0, BROKER if t == "led" else 2) for t in ids if t != "gone"}
+    cluster[("led", 1)] = partition_info("led", ids["led"], 1, 3)
+    cluster[("recreated", 0)] = partition_info("recreated", uuid.uuid4(), 0, BROKER)  # the directory is the old topic's
     compaction: dict[str, bool | None] = {t: False for t in ids}
     compaction |= {"compacted": True, "unknown": None}
     del compaction["unlisted"]  # its DescribeConfigs went unanswered: not even in the answer
@@ -63,9 +45,9 @@ def test_classify_splits_leaders_followers_and_says_why_the_rest_is_skipped(tmp_
 
 def test_classify_skips_an_unreadable_partition_metadata(tmp_path: Path) -> None:
     tid = uuid.uuid4()
-    path = _partition_dir(tmp_path, "t", 0, tid)
+    path = fake_partition_dir(tmp_path, "t", 0, tid)
     (path / "partition.metadata").write_text("version: 0\ntopic_id: not-an-id\n")
-    found = classify(scan_log_dirs([tmp_path]), {("t", 0): _info("t", tid, 0, BROKER)}, {"t": False}, BROKER)
+    found = classify(scan_log_dirs([tmp_path]), {("t", 0): partition_info("t", tid, 0, BROKER)}, {"t": False}, BROKER)
     assert (found.leaders, found.followers, found.skipped) == ({}, set(), {("t", 0): Skip.NO_PARTITION_METADATA})
 
 
@@ -112,27 +94,12 @@ class FlakyRlmm(InMemoryRemoteLogMetadataManager):
         super().on_partition_leadership_changes(leaders, followers)
 
 
-def _settings(tmp_path: Path, **overrides: Any) -> SidecarSettings:
-    raw: dict[str, Any] = {
-        "broker_id": BROKER,
-        "log_dirs": [str(tmp_path / "logs")],
-        "staging_dir": str(tmp_path / "staging"),
-        "kafka": {"bootstrap_servers": "127.0.0.1:9"},  # nothing listens: every real cluster call would fail
-        "store": {"store": "fs", "root_path": str(tmp_path / "remote")},
-        "metadata": {"topic": "__rlm_md", "partitions": 1, "replication_factor": 1,
-                     "state_dir": str(tmp_path / "state"), "to_be_deleted_topic": "__rlm_tbd"},
-        "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
-        **overrides,
-    }
-    return SidecarSettings(**raw)
-
-
 def test_the_registry_changes_nothing_when_the_metadata_manager_fails(tmp_path: Path) -> None:
     from rlm.tasks.staging import Staging
 
-    settings = _settings(tmp_path)
+    settings = offline_settings(tmp_path)
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    path = _partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
+    path = fake_partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     scheduler = RecordingScheduler()
     rlmm = FlakyRlmm(failures=1)
     leadership = Leadership(settings, scheduler, rlmm=rlmm, rsm=None,  # type: ignore[arg-type]
@@ -164,38 +131,6 @@ def test_the_registry_changes_nothing_when_the_metadata_manager_fails(tmp_path: 
 
 
 # ---------------------------------------------------------------------------------------- whole rounds
-class FakeView:
-    """The cluster's answers of a :class:`ClusterView`, made up: ``infos`` for the partitions, a delete policy for
-    every topic's config, the topic ids of ``infos``."""
-
-    compaction = ClusterView.compaction
-
-    def __init__(self, infos: dict[tuple[str, int], PartitionInfo]) -> None:
-        self.infos = infos
-
-    def partitions(self, topics: Iterable[str] | None = None, *,
-                   skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
-        names = set(topics or ())
-        return {k: v for k, v in self.infos.items() if k[0] in names}
-
-    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str | None] | None]:
-        return {t: {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"} for t in topics}
-
-    def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
-        ids = {info.topic: info.topic_id for info in self.infos.values()}
-        return {t: TopicLookup(t, topic_id=ids[t]) for t in topics}
-
-    def cluster_id(self) -> str:
-        return "fake"
-
-    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
-        names = set(topics)
-        return hash(tuple(sorted((k, v.leader, v.replicas) for k, v in self.infos.items() if k[0] in names)))
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("mode", ["normal", "read_only"])
 def test_a_round_whose_metadata_manager_fails_is_a_failed_round_and_the_next_retries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str) -> None:
@@ -206,11 +141,11 @@ def test_a_round_whose_metadata_manager_fails_is_a_failed_round_and_the_next_ret
     led = TopicIdPartition(uuid.uuid4(), "t", 0)
     followed = TopicIdPartition(led.topic_id, "t", 1)
     for tp in (led, followed):
-        _partition_dir(tmp_path / "logs", tp.topic, tp.partition, tp.topic_id)
+        fake_partition_dir(tmp_path / "logs", tp.topic, tp.partition, tp.topic_id)
     rlmm = FlakyRlmm(failures=1)
-    sidecar = Sidecar(_settings(tmp_path, mode=mode), rlmm=rlmm)
-    sidecar.view = FakeView({("t", 0): _info("t", led.topic_id, 0, BROKER),  # type: ignore[assignment]
-                             ("t", 1): _info("t", led.topic_id, 1, 2)})
+    sidecar = Sidecar(offline_settings(tmp_path, mode=mode), rlmm=rlmm)
+    sidecar.view = FakeView({("t", 0): partition_info("t", led.topic_id, 0, BROKER),  # type: ignore[assignment]
+                             ("t", 1): partition_info("t", led.topic_id, 1, 2)})
     round_ = sidecar.discover if mode == "normal" else sidecar.follow
     try:
         with caplog.at_level(logging.WARNING, logger="rlm.sidecar"):
@@ -250,9 +185,9 @@ def test_staging_a_partition_whose_directory_is_gone_is_no_failure(tmp_path: Pat
 
     monkeypatch.setattr(rlm.sidecar, "ensure_topic", lambda *a, **k: None)  # no cluster to create the topic on
     led = TopicIdPartition(uuid.uuid4(), "t", 0)
-    pdir = _partition_dir(tmp_path / "logs", led.topic, led.partition, led.topic_id)
-    sidecar = Sidecar(_settings(tmp_path), rlmm=InMemoryRemoteLogMetadataManager())
-    sidecar.view = FakeView({("t", 0): _info("t", led.topic_id, 0, BROKER)})  # type: ignore[assignment]
+    pdir = fake_partition_dir(tmp_path / "logs", led.topic, led.partition, led.topic_id)
+    sidecar = Sidecar(offline_settings(tmp_path), rlmm=InMemoryRemoteLogMetadataManager())
+    sidecar.view = FakeView({("t", 0): partition_info("t", led.topic_id, 0, BROKER)})  # type: ignore[assignment]
     try:
         sidecar.discover()
         assert sidecar.leadership.counts() == (1, 0)
@@ -282,15 +217,15 @@ def test_expiration_never_reads_another_incarnations_lineage(tmp_path: Path, mon
 
     monkeypatch.setattr(rlm.sidecar, "ensure_topic", lambda *a, **k: None)  # no cluster to create the topic on
     led = TopicIdPartition(uuid.uuid4(), "t", 0)
-    pdir = _partition_dir(tmp_path / "logs", led.topic, led.partition, led.topic_id)
+    pdir = fake_partition_dir(tmp_path / "logs", led.topic, led.partition, led.topic_id)
     (pdir / "leader-epoch-checkpoint").write_text("0\n1\n0 0\n")
     rlmm = InMemoryRemoteLogMetadataManager(serve_all=True)
     segs = [segment(led, 0, 9), segment(led, 10, 19)]
     for md in segs:
         rlmm.add_remote_log_segment_metadata(md)
         rlmm.update_remote_log_segment_metadata(update(md, RemoteLogSegmentState.COPY_SEGMENT_FINISHED))
-    sidecar = Sidecar(_settings(tmp_path), rlmm=rlmm)
-    sidecar.view = FakeView({("t", 0): _info("t", led.topic_id, 0, BROKER)})  # type: ignore[assignment]
+    sidecar = Sidecar(offline_settings(tmp_path), rlmm=rlmm)
+    sidecar.view = FakeView({("t", 0): partition_info("t", led.topic_id, 0, BROKER)})  # type: ignore[assignment]
     monkeypatch.setattr(sidecar, "_leader_epoch", lambda _led: (20, 0))  # leading under the checkpoint's epoch
     try:
         sidecar.discover()
