@@ -19,6 +19,8 @@ from tests.support.processes import http_get, serve
 from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
+    copy_state,
+    discovery_state,
     latest_remote,
     make_settings,
     only,
@@ -157,13 +159,15 @@ def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_pa
         kafka.stop_node(1)
         try:
             wait_for(lambda: sidecar.last_error is not None and "discovery" in sidecar.last_error, 60,
-                     "the sidecar to notice the broker is gone")
+                     "the sidecar to notice the broker is gone", detail=lambda: discovery_state(sidecar))
             time.sleep(5.0)  # the sidecar keeps waiting
         finally:
             kafka.start_node(1)
             kafka.wait_ready()
         sent |= produce_segments(kafka, topic_name, 3, 100, segment_ms=300)
-        wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 90, "the sidecar to catch up after the broker")
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(sent), 90, f"the sidecar to catch up to {max(sent)} "
+                 "after the broker", detail=lambda: f"remote up to {latest_remote(sidecar, tp)}; "
+                 f"{copy_state(sidecar, tp)}; {discovery_state(sidecar)}")
         assert sidecar.health()[0]
         segs = remote_segments(sidecar, tp)
         assert_contiguous(segs)

@@ -13,8 +13,8 @@ from devtools.devkafka import KafkaCluster
 from rlm.config import SidecarSettings
 from rsm.manager import RemoteStorageManager, RsmConfig
 
-__all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "copy_state", "latest_remote", "make_settings",
-           "only", "produce_segments", "remote_segments", "settings_yaml", "store_keys", "wait_for"]
+__all__ = ["RecordingRsm", "assert_contiguous", "assert_readable", "copy_state", "discovery_state", "latest_remote",
+           "make_settings", "only", "produce_segments", "remote_segments", "settings_yaml", "store_keys", "wait_for"]
 
 
 class RecordingRsm(RemoteStorageManager):
@@ -66,14 +66,17 @@ def make_settings(kafka: KafkaCluster, tmp_path: Path, node_id: int = 1, **overr
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition",
-             interval_s: float = 0.2) -> Any:
+             interval_s: float = 0.2, detail: Callable[[], str] | None = None) -> Any:
+    """``cond()``'s first true value, asked every ``interval_s``; an AssertionError after ``timeout_s``, naming
+    ``what`` and, with ``detail``, what it says at that moment (the state that would tell why the wait was long)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}"
+                                 + (f": {detail()}" if detail is not None else ""))
         time.sleep(interval_s)
 
 
@@ -130,6 +133,19 @@ def copy_state(sidecar: Any, tp: Any) -> str:
     return (f"{node}: copy job asleep={led.asleep} running={led.running.locked()} changed={led.changed.is_set()} "
             f"({due}); tiered up to {led.copier.tiered_offset}; newest rolled local segment ends at "
             f"{rolled[-1][1] if rolled else None}; staged bases {staged[:8]}; last error: {sidecar.last_error}")
+
+
+def discovery_state(sidecar: Any) -> str:
+    """An in-process sidecar's discovery, for a failure message: when its last round began and when one last
+    succeeded (a round in flight when the broker went away runs its cluster calls to their timeouts, 15-20 s each,
+    before the next round fails), how many full rounds it made, and its last error."""
+    now = time.time()
+
+    def ago(at: float | None) -> str:
+        return "never" if at is None else f"{now - at:.1f}s ago"
+
+    return (f"last discovery round began {ago(sidecar.last_discovery_attempt)}, last succeeded "
+            f"{ago(sidecar.last_discovery_ok)}, {sidecar.full_rounds} full rounds; last error: {sidecar.last_error}")
 
 
 def assert_contiguous(segs: list[Any], first_offset: int | None = 0) -> None:
