@@ -131,6 +131,8 @@ class Leadership:
         self._deleter = deleter
         self._run = run
         self._led: dict[tuple[str, int], Led] = {}
+        # _led by partition directory, for wake (a few paths among thousands led); kept by start_ and stop_leading
+        self._led_by_path: dict[Path, Led] = {}
         self._ending: dict[TopicIdPartition, Led] = {}  # no longer led, its copy run still going (stop_leading)
         self._followed: set[TopicIdPartition] = set()
         self._stopping = threading.Event()
@@ -251,6 +253,7 @@ class Leadership:
         with self.lock:
             self._last_served = (None, None)  # (called outside serve too: the next serve compares again)
             self._led[(tp.topic, tp.partition)] = led
+            self._led_by_path[path] = led
             self._scheduler.add_job(self.run_copy, "interval", args=[led], id=led.job_id,
                                     seconds=interval_ms / 1000, next_run_time=datetime.now(UTC),
                                     replace_existing=True)
@@ -266,6 +269,8 @@ class Leadership:
         with self.lock:
             self._last_served = (None, None)  # (called outside serve too: the next serve compares again)
             led = self._led.pop(key)
+            if self._led_by_path.get(led.path) is led:
+                del self._led_by_path[led.path]
             led.stop.set()
             led.cancel.set()
             try:
@@ -332,7 +337,9 @@ class Leadership:
         with self.lock:
             if self._stopping.is_set():
                 return []
-            woken = [led for led in self._led.values() if led.path in paths and not led.stop.is_set()]
+            # looked up by path, not a walk of every led partition (2,000) at each stage run (issue 26)
+            found = (self._led_by_path.get(path) for path in dict.fromkeys(paths))
+            woken = [led for led in found if led is not None and not led.stop.is_set()]
             for led in woken:
                 led.changed.set()
                 if led.asleep or not led.running.locked():

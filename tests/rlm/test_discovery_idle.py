@@ -176,6 +176,21 @@ def test_a_caught_up_copy_job_sleeps_until_its_directory_changes(tmp_path: Path)
         assert len(runs) == 2
 
 
+def test_wake_finds_the_partition_led_now_at_a_directory(tmp_path: Path) -> None:
+    """The registry finds a woken directory's partition by its path (not a walk of every led one): the topic
+    re-created under its name leads a new partition at the same directory, which a wake finds (not the old one), and
+    a directory no longer led wakes nothing."""
+    with led_partition(tmp_path, lambda led, _l: True) as (leadership, _s, tp, path):
+        old = leadership.get(tp.topic, tp.partition)
+        again = TopicIdPartition(uuid.uuid4(), tp.topic, tp.partition)
+        assert leadership.serve({again: path}, set())
+        new = leadership.get(tp.topic, tp.partition)
+        assert new is not None and new is not old and new.tp == again
+        assert leadership.wake([path, path]) == [new]  # (a path given twice wakes its partition once)
+        assert leadership.serve({}, {again})
+        assert leadership.wake({path}) == []
+
+
 def _waking_run(runs: list[int], wake_in_runs: int) -> Any:
     """A copy run that thinks it caught up, during whose first ``wake_in_runs`` runs the directory changes (the stage
     job wakes the partition while the run goes)."""
