@@ -112,6 +112,10 @@ class TopicLookup:
     error: str = ""
 
 
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN})
+"""Errors of a call that reached no broker (not the cluster's answer)."""
+
+
 def _error_code(err: BaseException) -> int | None:
     if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
         return err.args[0].code()
@@ -253,8 +257,15 @@ class ClusterView:
         their leaders, replicas and errors (a topic absent from the answer hashes as absent). Equal fingerprints: the
         leadership of these topics did not change between the two requests. Topic ids and configs are not in it (a
         topic re-created under its name shows in the log dirs; configs are read by every full discovery round).
-        Raises when no broker answers (it proves the cluster answers, as :meth:`cluster_id`)."""
-        md = _list_topics(self._drained(), self.timeout_s)
+        Raises when no broker answers (it proves the cluster answers, as :meth:`cluster_id`); the next call then
+        starts with a fresh client, as :meth:`partitions` does: this is the first call of every discovery round, so
+        a client that stays unable to reach a broker which is back (seen after a broker restart, ``_TRANSPORT``
+        for minutes) would otherwise fail every round and never be replaced."""
+        try:
+            md = _list_topics(self._drained(), self.timeout_s)
+        except KafkaException:
+            self._admin = AdminClient(self._config)
+            raise
         items: list[object] = []
         for name in sorted(set(topics)):
             t = md.topics.get(name)
@@ -356,14 +367,18 @@ class ClusterView:
         futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
                                      request_timeout=self.timeout_s)
         out: dict[tuple[str, int], tuple[int, int]] = {}
+        unreachable = 0
         for tp, fut in futures.items():
             try:
                 info = fut.result(self._wait_s)
                 epoch = info.leader_epoch  # None (or -1) when the answer carries none
                 out[(tp.topic, tp.partition)] = (info.offset, -1 if epoch is None else epoch)
             except Exception as err:  # noqa: BLE001 - not leader any more, topic gone: skip this round
+                unreachable += isinstance(err, TimeoutError) or _error_code(err) in _UNREACHABLE
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})
+        if unreachable == len(futures):  # no broker reached at all: the next call starts with a fresh client
+            self._admin = AdminClient(self._config)
         return out
 
 

@@ -130,3 +130,35 @@ def test_admin_calls_counted(kafka: KafkaCluster, topic_name: str) -> None:
     assert {c: sample("rlm_cluster_calls_total", call=c) - v for c, v in before.items()} == {
         "list_offsets": 1, "metadata": 2, "describe_topics": 1}
     assert sample("rlm_list_offsets_partitions_total") - asked == 3
+
+
+def test_a_round_that_reaches_no_broker_starts_the_next_with_a_fresh_client(kafka: KafkaCluster,
+                                                                              topic_name: str) -> None:
+    """metadata_fingerprint is the first call of every discovery round: when it reaches no broker, the next call
+    must not reuse the client (after a broker restart a librdkafka client was seen failing with _TRANSPORT for
+    minutes while the broker answered others; a round failing at its first call never reached the calls that replace
+    the client). The same for a ListOffsets call none of whose partitions reached a broker; a partition the cluster
+    answers with an error (unknown topic) keeps the client."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    view = ClusterView({"bootstrap.servers": f"127.0.0.1:{port}"}, timeout_s=1.0)
+    first = view._admin
+    with pytest.raises(KafkaException):
+        view.metadata_fingerprint(["t"])
+    assert view._admin is not first
+    second = view._admin
+    assert view.stable_offsets_and_epochs([("t", 0)]) == {}
+    assert view._admin is not second
+    view.close()
+
+    kafka.create_topic(topic_name, 1)
+    live = ClusterView(kafka.admin_config())
+    client = live._admin
+    assert live.stable_offsets_and_epochs([(topic_name + "-absent", 0)]) == {}
+    assert (topic_name, 0) in live.stable_offsets_and_epochs([(topic_name, 0)])
+    live.metadata_fingerprint([topic_name])
+    assert live._admin is client
+    live.close()
