@@ -75,7 +75,10 @@ def test_fresh_cache_rebuilds_the_compacted_topic(kafka, rlmm_factory, topic_nam
 
     fresh = rlmm_factory(topic_name, "fresh", num_partitions=1, serve_all=True, broker_id=2)
     fresh.wait_ready([tp, tp2])
-    assert fresh.records_consumed == len(recs) < produced
+    # the cleaner may compact again while the fresh manager reads (a later pass removes what the last one left):
+    # it consumed what the log held at the time, between the read before it and one after it
+    after = read_all(kafka, topic_name)
+    assert len(after) <= fresh.records_consumed <= len(recs) < produced
     assert fresh.skipped_records == 0
     assert fresh.cache.dump() == a.cache.dump()
     for t in (tp, tp2):
