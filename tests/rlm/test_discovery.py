@@ -148,7 +148,8 @@ def test_a_round_that_reaches_no_broker_starts_the_next_with_a_fresh_client(kafk
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    view = ClusterView({"bootstrap.servers": f"127.0.0.1:{port}"}, timeout_s=1.0)
+    # (log_level 0: librdkafka prints no "connection refused" lines on stderr)
+    view = ClusterView({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0}, timeout_s=1.0)
     first = view._admin
     with pytest.raises(KafkaException):
         view.metadata_fingerprint(["t"])
