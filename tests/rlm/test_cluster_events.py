@@ -23,7 +23,16 @@ from rlm.config import SidecarSettings, TaskSettings
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.invariants import InvariantChecker, boundaries_differ, local_bases, staged_files, store_keys_of_topic_id
-from tests.support.sidecar import AckedProducer, PartitionStates, copy_state, make_settings, only, reassign, wait_for
+from tests.support.sidecar import (
+    AckedProducer,
+    PartitionStates,
+    copy_state,
+    make_settings,
+    only,
+    print_thread_stacks,
+    reassign,
+    wait_for,
+)
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -129,6 +138,7 @@ def test_leadership_moves_between_replicas_rolled_at_different_offsets(
                                f"{prod.last_acked(0)} now ({prod.failed} failed); node {new}'s staging: "
                                f"{len(staged_files(tmp_path / f'staging-{new}', tp))} files; "
                                f"{copy_state(side[new], tp)}")
+                    print_thread_stacks()  # where the sidecars wait (a stall without an error: session 15's CI)
                     break
         finally:
             prod.stop()

@@ -125,7 +125,7 @@ def copy_state(sidecar: Any, tp: Any) -> str:
     node = f"node {sidecar.settings.broker_id}"
     led = sidecar.leadership.get(tp.topic, tp.partition)
     if led is None or led.tp != tp:
-        return f"{node} does not lead {tp} (last error: {sidecar.last_error})"
+        return f"{node} does not lead {tp} (last error: {sidecar.last_error}; {discovery_state(sidecar)})"
     job = sidecar._copy_jobs.get_job(led.job_id)
     due = "no job" if job is None else "paused" if job.due is None else f"due in {job.due - time.monotonic():.1f}s"
     rolled = PartitionDir(led.path).rolled_ranges()
@@ -146,6 +146,19 @@ def discovery_state(sidecar: Any) -> str:
 
     return (f"last discovery round began {ago(sidecar.last_discovery_attempt)}, last succeeded "
             f"{ago(sidecar.last_discovery_ok)}, {sidecar.full_rounds} full rounds; last error: {sidecar.last_error}")
+
+
+def print_thread_stacks() -> None:
+    """Every thread's stack in this process, printed (captured with a failing test's output): where in-process
+    sidecars wait when a step stalls without an error (e.g. a leadership change that neither finishes nor fails)."""
+    import sys
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        print(f"--- thread {names.get(ident, ident)}")
+        print("".join(traceback.format_stack(frame)[-12:]), end="")
 
 
 def assert_contiguous(segs: list[Any], first_offset: int | None = 0) -> None:
