@@ -193,9 +193,13 @@ class ClusterView:
         # broker the cluster names) and keeps that choice until its next metadata refresh (5 min by default):
         # a stopped broker would stall discovery that long. Refresh often, and start over after a timeout.
         self._config = {"topic.metadata.refresh.interval.ms": 10_000, **client_config}
-        self._admin = AdminClient(self._config)
+        self._start_afresh()
         self.timeout_s = timeout_s
         self._wait_s = timeout_s + 5.0  # a future never waited on for longer than the request's own timeout + 5 s
+
+    def _start_afresh(self) -> None:
+        """The next call bootstraps a new admin client: the last one reached no broker (it may stay unable to)."""
+        self._admin = AdminClient(self._config)
 
     def _drained(self) -> AdminClient:
         """The admin client, its queued log lines handed to our logging first (they queue until a poll)."""
@@ -240,10 +244,10 @@ class ClusterView:
                 # The broker is unreachable or timed out: an answer without this topic would read as "deleted"
                 # (and purge its remote data) or "not led" (and stop its copies). Fail the whole round instead,
                 # with a fresh client for the next one (it bootstraps from a broker that answers).
-                self._admin = AdminClient(self._config)
+                self._start_afresh()
                 raise
             except TimeoutError:
-                self._admin = AdminClient(self._config)
+                self._start_afresh()
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"describe topics: no answer within "
                                                 f"{self._wait_s:.0f}s")) from None
             tid = _to_uuid(desc.topic_id)
@@ -264,7 +268,7 @@ class ClusterView:
         try:
             md = _list_topics(self._drained(), self.timeout_s)
         except KafkaException:
-            self._admin = AdminClient(self._config)
+            self._start_afresh()
             raise
         items: list[object] = []
         for name in sorted(set(topics)):
@@ -295,13 +299,13 @@ class ClusterView:
             try:
                 out[name] = TopicLookup(name, topic_id=_to_uuid(fut.result(self._wait_s).topic_id))
             except TimeoutError:
-                self._admin = AdminClient(self._config)
+                self._start_afresh()
                 out[name] = TopicLookup(name, error_code=KafkaError._TIMED_OUT,
                                         error=f"no answer within {self._wait_s:.0f}s")
             except Exception as err:  # noqa: BLE001 - kept as this topic's answer
                 code = _error_code(err)
                 if code not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
-                    self._admin = AdminClient(self._config)  # unreachable / timed out: bootstrap afresh
+                    self._start_afresh()  # unreachable / timed out: bootstrap afresh
                 out[name] = TopicLookup(name, error_code=code, error=str(err))
         for name in names:
             out.setdefault(name, TopicLookup(name, error_code=KafkaError._TIMED_OUT, error="not answered"))
@@ -378,7 +382,7 @@ class ClusterView:
                 log.info("no last stable offset", extra={"partition": f"{tp.topic}-{tp.partition}",
                                                          "error": str(err)})
         if unreachable == len(futures):  # no broker reached at all: the next call starts with a fresh client
-            self._admin = AdminClient(self._config)
+            self._start_afresh()
         return out
 
 
