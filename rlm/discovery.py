@@ -38,8 +38,8 @@ from rlm.topic_ids import TopicIdFiles
 from rlmm.api import TopicIdPartition
 from rsm.log.errors import LogFormatError
 
-__all__ = ["Classification", "ClusterView", "LocalPartition", "PartitionInfo", "Skip", "TopicLookup", "classify",
-           "partition_key", "scan_log_dirs"]
+__all__ = ["Classification", "ClusterView", "LocalPartition", "MetadataAnswer", "PartitionInfo", "Skip", "TopicLookup",
+           "classify", "partition_key", "scan_log_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,27 @@ class PartitionInfo:
     partition: int
     leader: int
     replicas: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataAnswer:
+    """What one Metadata request (all topics) said of some topics (:meth:`ClusterView.metadata`): its
+    ``fingerprint`` (:meth:`ClusterView.metadata_fingerprint`) and each partition's ``(leader, replicas)``."""
+
+    fingerprint: int
+    leadership: dict[tuple[str, int], tuple[int, tuple[int, ...]]]
+
+    def agrees(self, cluster: Mapping[tuple[str, int], PartitionInfo], topics: Iterable[str]) -> bool:
+        """Whether ``cluster`` (:meth:`ClusterView.partitions` of ``topics``, asked after this answer) names the same
+        partitions of ``topics``, with the same leaders and replicas. Each broker answers from its own copy of the
+        cluster's metadata, which follows the controller's with a lag: the two requests may reach two brokers, the
+        first already past a leader election, the second not yet. Then the fingerprint does not describe the
+        leaders acted on, and a round reusing that answer while the fingerprint stays equal would keep the old
+        leaders for as long (up to ``tasks.rescan_interval_ms``, 60 s by default: a new leader's sidecar not leading
+        its partition 30 s after a preferred election, with no error, as CI saw in session 15)."""
+        names = set(topics)
+        return {k: v for k, v in self.leadership.items() if k[0] in names} == {
+            k: (info.leader, info.replicas) for k, info in cluster.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,12 +286,19 @@ class ClusterView:
         starts with a fresh client, as :meth:`partitions` does: this is the first call of every discovery round, so
         a client that stays unable to reach a broker which is back (seen after a broker restart, ``_TRANSPORT``
         for minutes) would otherwise fail every round and never be replaced."""
+        return self.metadata(topics).fingerprint
+
+    def metadata(self, topics: Iterable[str]) -> MetadataAnswer:
+        """One Metadata request (all topics): the :meth:`metadata_fingerprint` of ``topics`` and the leader and
+        replicas of each of their partitions it named (what a full discovery round compares with
+        :meth:`partitions`' answer: :meth:`MetadataAnswer.agrees`). Raises as :meth:`metadata_fingerprint`."""
         try:
             md = _list_topics(self._drained(), self.timeout_s)
         except KafkaException:
             self._start_afresh()
             raise
         items: list[object] = []
+        leadership: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
         for name in sorted(set(topics)):
             t = md.topics.get(name)
             if t is None:
@@ -279,7 +307,9 @@ class ClusterView:
             items.append((name, t.error.code() if t.error is not None else None, tuple(sorted(
                 (p.id, p.leader, tuple(p.replicas), p.error.code() if p.error is not None else None)
                 for p in t.partitions.values()))))
-        return hash(tuple(items))
+            for p in t.partitions.values():
+                leadership[(name, p.id)] = (p.leader, tuple(p.replicas))
+        return MetadataAnswer(hash(tuple(items)), leadership)
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
         """Describe each of ``topics`` explicitly by name; every name gets an answer: its topic id or its error.

@@ -18,7 +18,8 @@ of copy jobs cost a tenth of a burst's CPU, issue 26). ``normal``:
   (:attr:`rlm.watch.LogDirWatcher.layout_version`), the leaders and replicas of the topics are the same
   (:meth:`rlm.discovery.ClusterView.metadata_fingerprint`), no deleted topic's evidence is being gathered, and the
   last full round (topics described, configs read, ``partition.metadata`` files read) is less than
-  ``tasks.rescan_interval_ms`` old.
+  ``tasks.rescan_interval_ms`` old and its Metadata and DescribeTopics answers named the same leaders (two brokers
+  may answer from two versions of the cluster's metadata: :meth:`rlm.discovery.MetadataAnswer.agrees`).
 - ``copy:<topic>-<partition>`` per led partition (``tasks.copy_interval_ms``, on :class:`~rlm.tasks.dispatch.CopyJobs`):
   :class:`rlm.tasks.copier.PartitionCopier`; for a topic in streaming mode (``offload`` rules) every
   ``poll_interval_ms``: :class:`rlm.tasks.offload.StreamingOffloader`. A segment-mode job whose run found the
@@ -149,6 +150,8 @@ class Sidecar:
         self._topic_ids = TopicIdFiles()  # each partition dir's partition.metadata, read by full rounds when it changed
         self.full_rounds = 0
         """Discovery rounds that described every topic (the others were cheap: see the module doc)."""
+        self.disagreeing_rounds = 0
+        """Full rounds whose Metadata and DescribeTopics answers named other leaders (the next round was full too)."""
 
     # ------------------------------------------------------------------------------------------ writers
     def _open_writers(self) -> None:
@@ -320,7 +323,7 @@ class Sidecar:
             names = {t for t, _ in candidates}
             # before describing: a change between the two shows in the next round's fingerprint
             fingerprinted = frozenset(self._fingerprinted(names))
-            fingerprint = self.view.metadata_fingerprint(fingerprinted)
+            metadata = self.view.metadata(fingerprinted)
             cluster: dict[tuple[str, int], PartitionInfo] = {}
             if names:
                 cluster = self.view.partitions(names, skip_unauthorized=True)
@@ -336,9 +339,17 @@ class Sidecar:
         found = classify(candidates, cluster, compaction, s.broker_id, self._topic_ids)
         self.full_rounds += 1
         # A partition skipped for want of an answer (not described, config unknown, no partition.metadata yet) may
-        # get one next round with the same fingerprint: the next round is full too (as every round was before).
-        self._last_full = None if any(why in _UNANSWERED for why in found.skipped.values()) else _FullRound(
-            now, layout, fingerprint, fingerprinted, frozenset(names), found.leaders, found.followers)
+        # get one next round with the same fingerprint: the next round is full too (as every round was before). So
+        # is the next round after one whose two answers disagree (two brokers, one not yet past a leader election:
+        # MetadataAnswer.agrees): its fingerprint may be the new leaders' while it acted on the old ones.
+        agreed = metadata.agrees(cluster, names)
+        if not agreed:
+            self.disagreeing_rounds += 1
+            log.info("discovery: the cluster's answers disagree on leaders (brokers at different metadata versions): "
+                     "the next round is full too")
+        self._last_full = None if not agreed or any(why in _UNANSWERED for why in found.skipped.values()) else \
+            _FullRound(now, layout, metadata.fingerprint, fingerprinted, frozenset(names), found.leaders,
+                       found.followers)
         return found.leaders, found.followers, True
 
     def _fingerprinted(self, names: Iterable[str]) -> set[str]:

@@ -136,6 +136,27 @@ def test_admin_calls_counted(kafka: KafkaCluster, topic_name: str) -> None:
     assert sample("rlm_list_offsets_partitions_total") - asked == 3
 
 
+def test_metadata_names_the_leaders_describe_topics_names(kafka: KafkaCluster, topic_name: str) -> None:
+    """A full discovery round keeps its answer for the cheap rounds only when its Metadata answer (the fingerprint)
+    names the leaders and replicas its DescribeTopics answer names (MetadataAnswer.agrees): from one broker the two
+    agree, so rounds on a quiet cluster stay cheap; another leader, or a partition missing, is a disagreement."""
+    import dataclasses
+
+    kafka.create_topic(topic_name, 2)
+    view = ClusterView(kafka.admin_config())
+    wait_for(lambda: all(i.leader == 1 for i in view.partitions([topic_name]).values()), 30, "both leaders known")
+    asked = [topic_name, topic_name + "-absent"]
+    answer = view.metadata(asked)
+    parts = view.partitions([topic_name])
+    assert answer.leadership == {(topic_name, 0): (1, (1,)), (topic_name, 1): (1, (1,))}
+    assert answer.fingerprint == view.metadata_fingerprint(asked)
+    assert answer.agrees(parts, [topic_name]) and answer.agrees({}, [])
+    moved = {**parts, (topic_name, 1): dataclasses.replace(parts[(topic_name, 1)], leader=2)}
+    assert not answer.agrees(moved, [topic_name])
+    assert not answer.agrees({(topic_name, 0): parts[(topic_name, 0)]}, [topic_name])
+    view.close()
+
+
 def test_a_round_that_reaches_no_broker_starts_the_next_with_a_fresh_client(kafka: KafkaCluster,
                                                                               topic_name: str) -> None:
     """metadata_fingerprint is the first call of every discovery round: when it reaches no broker, the next call

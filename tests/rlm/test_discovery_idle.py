@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rlm.discovery import PartitionInfo, TopicLookup
+from rlm.discovery import MetadataAnswer, PartitionInfo, TopicLookup
 from rlm.tasks.dispatch import CopyJobs
 from rlm.tasks.leadership import Leadership, Led, copy_job_id
 from rlm.tasks.staging import Staging
@@ -48,8 +48,27 @@ class CountingView(FakeView):
         return {t: TopicLookup(t, error_code=KafkaError.UNKNOWN_TOPIC_OR_PART) if t in self.missing
                 else TopicLookup(t, topic_id=ids[t]) for t in topics}
 
-    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
-        return super().metadata_fingerprint(set(topics) - self.missing)
+    def metadata(self, topics: Iterable[str]) -> MetadataAnswer:
+        return super().metadata(set(topics) - self.missing)
+
+
+class LaggingView(CountingView):
+    """The fake cluster, its DescribeTopics answered by a broker behind the one answering Metadata: ``lagging``,
+    when set, is what that broker still says of the partitions."""
+
+    def __init__(self, infos: dict[tuple[str, int], PartitionInfo]) -> None:
+        super().__init__(infos)
+        self.lagging: dict[tuple[str, int], PartitionInfo] | None = None
+
+    def partitions(self, topics: Iterable[str] | None = None, *,
+                   skip_unauthorized: bool = False) -> dict[tuple[str, int], PartitionInfo]:
+        if self.lagging is None:
+            return super().partitions(topics)
+        fresh, self.infos = self.infos, self.lagging
+        try:
+            return super().partitions(topics)
+        finally:
+            self.infos = fresh
 
 
 @pytest.fixture
@@ -98,6 +117,34 @@ def test_rounds_describe_topics_only_when_something_changed(tmp_path: Path, side
     assert view.described == 3 and sidecar.leadership.counts() == (1, 1)
     sidecar.discover()
     assert view.described == 3
+
+
+def test_a_full_round_whose_answers_disagree_on_leaders_is_followed_by_another(tmp_path: Path,
+                                                                                sidecar_of) -> None:  # noqa: ANN001
+    """Each broker answers from its own copy of the cluster's metadata: a round's Metadata request (its fingerprint)
+    may reach a broker already past a leader election and its DescribeTopics one that is not yet. That round acts on
+    the old leader; its fingerprint is the new one's. Were the next rounds cheap (the same fingerprint), they would keep
+    the old answer until the rescan (60 s by default): the new leader's sidecar not leading, with no error."""
+    tid = uuid.uuid4()
+    fake_partition_dir(tmp_path / "logs", "t", 0, tid)
+    view = LaggingView({("t", 0): partition_info("t", tid, 0, 2)})
+    sidecar = sidecar_of(view)
+    sidecar.discover()
+    assert sidecar.leadership.counts() == (0, 1) and sidecar.disagreeing_rounds == 0
+
+    # elected here: the broker answering Metadata knows, the one answering DescribeTopics not yet
+    view.lagging = dict(view.infos)
+    view.infos[("t", 0)] = partition_info("t", tid, 0, BROKER)
+    sidecar.discover()
+    assert view.described == 2 and sidecar.leadership.counts() == (0, 1)  # acted on the old leader this round
+
+    # the lagging broker caught up: the next round is full again (not a cheap one keeping the old answer)
+    view.lagging = None
+    sidecar.discover()
+    assert view.described == 3 and sidecar.leadership.counts() == (1, 0)
+    assert sidecar.disagreeing_rounds == 1  # the second round's, not the third's
+    sidecar.discover()
+    assert view.described == 3  # the answers agree again: cheap rounds
 
 
 def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlm.config import SidecarSettings
-from rlm.discovery import ClusterView, PartitionInfo, TopicLookup
+from rlm.discovery import ClusterView, MetadataAnswer, PartitionInfo, TopicLookup
 from tests.support.batches import write_partition_metadata
 
 __all__ = ["BROKER", "FakeView", "fake_partition_dir", "offline_settings", "partition_info"]
@@ -73,9 +73,13 @@ class FakeView:
     def cluster_id(self) -> str:
         return "fake"
 
-    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
+    def metadata(self, topics: Iterable[str]) -> MetadataAnswer:
         names = set(topics)
-        return hash(tuple(sorted((k, v.leader, v.replicas) for k, v in self.infos.items() if k[0] in names)))
+        leadership = {k: (v.leader, v.replicas) for k, v in self.infos.items() if k[0] in names}
+        return MetadataAnswer(hash(tuple(sorted(leadership.items()))), leadership)
+
+    def metadata_fingerprint(self, topics: Iterable[str]) -> int:
+        return self.metadata(topics).fingerprint
 
     def close(self) -> None:
         pass
