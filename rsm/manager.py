@@ -558,7 +558,7 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         return SegmentReader(store, keys, self.load_index(keys, store, cache_key),
                              on_bytes=self.fetch_throttle.acquire, read_ahead_bytes=ahead,
                              read_ahead_request_bytes=self.config.read_ahead_request_bytes,
-                             block_cache=self.block_cache)
+                             block_cache=self.block_cache, map_range=getattr(store, "map_range", None))  # MappedStore
 
     def open_segment(self, segment_metadata: RemoteSegmentMetadata) -> SegmentHandle:
         """See :meth:`RemoteStorageManagerApi.open_segment`."""

@@ -12,8 +12,10 @@ With a :class:`BlockCache`, a read of one block looks at the copy's last read:
   :class:`~rsm.format.readahead.ReadAhead` over the rest of the block's data object, so the next block is predicted
   and fetched ahead exactly as a long read's are (ranged GETs of about ``read_ahead_request_bytes``, several blocks
   each; a window that grows while the reads keep waiting, within the reader's ``read_ahead_bytes`` and its fair share
-  of the process's read-ahead budget, which the streams share with every other reader); where it does not (the
-  filesystem), each block is read whole when the reads reach it (one ranged GET, into one buffer). The stream's
+  of the process's read-ahead budget, which the streams share with every other reader); where it does not, each
+  block is read whole when the reads reach it: mapped where the store maps its objects (the filesystem,
+  :class:`~rsm.store.base.MappedStore`: a view of the page cache's pages, no copy), else one ranged GET into one
+  buffer. The stream's
   current block is kept with its entries, parsed and verified once (block framing, each batch's header and CRC-32C)
   when the stream reached it, so the Fetches inside one block slice it from memory and check nothing again; a block
   that fails its checks raises to the read that reached it and is not kept (the next read of it streams it and fails
@@ -58,7 +60,7 @@ from rsm.format.index import BlockInfo
 from rsm.format.readahead import DEFAULT_REQUEST_BYTES, ReadAhead, fetch_into, new_block_buffer
 from rsm.store.base import Store
 
-__all__ = ["IDLE_S", "RECENT_READS", "BlockCache"]
+__all__ = ["IDLE_S", "RECENT_READS", "BlockCache", "MapRange"]
 
 _BYTES = Gauge("rsm_block_cache_bytes", "Bytes the block caches' streams hold: their current blocks' requests and "
                "what their read-ahead windows hold")
@@ -67,6 +69,9 @@ _BYTES.set_function(lambda: sum(c.size_bytes for c in list(_caches)))
 _READS = Counter("rsm_block_cache_reads", "Reads of one block by the block cache's decision: hit (from a stream), "
                  "streamed (random: nothing kept)", ["result"])
 _HIT, _STREAMED = _READS.labels("hit"), _READS.labels("streamed")  # children kept: labels() is ~5 us a call
+
+MapRange = Callable[[str, int, int], memoryview]
+"""A store's ``map_range`` (:class:`rsm.store.base.MappedStore`): key, start, length -> a read-only view."""
 
 RECENT_READS = 4096
 """Copies whose last read block is remembered (what tells a sequential read), the least recently read forgotten."""
@@ -86,12 +91,13 @@ class _Stream:
     parsed and verified (kept for the reads inside it)."""
 
     def __init__(self, ahead: ReadAhead | None, blocks: list[BlockInfo], key: str, store: Store,
-                 spares: _Spares) -> None:
+                 spares: _Spares, map_range: MapRange | None = None) -> None:
         self.ahead = ahead
         self.key = key
         self.blocks = blocks
         self.lock = threading.Lock()
-        self.it: Iterator[memoryview] = iter(ahead) if ahead is not None else _each_whole(store, key, blocks, spares)
+        self.it: Iterator[memoryview] = (iter(ahead) if ahead is not None else _each_mapped(map_range, key, blocks)
+                                         if map_range is not None else _each_whole(store, key, blocks, spares))
         self.next = 0  # index in blocks of the block the iterator hands out next
         self.current: tuple[int, memoryview, list] | None = None  # (part id, whole block, its verified entries)
         self.used = time.monotonic()
@@ -138,19 +144,20 @@ class _Stream:
 
 
 class _Spares:
-    """Block buffers no stream reads into any more, handed to the next stream that needs one: a stream ends with its
-    data object (with each segment: every 2 blocks of 8 MiB segments, bench_proxy's 8 partitions), and a new buffer
-    cost its page faults (1.5 ms of CPU per 4 MiB; bench_proxy's profile of that read: 56 new buffers). A buffer is
-    given when its stream is done with it, usually while still held (the stream keeps its last block for the reads
-    inside it until the reads of the next segment push it out; an answer holds views of it until it is written:
-    :class:`rsm.log.batch.RecordParts`), and handed out only once nothing refers to it.
+    """Block buffers no stream reads into any more (:func:`_each_whole`: a store that neither reads ahead nor maps;
+    measured below on the filesystem store, before it mapped), handed to the next stream that needs one: a stream
+    ends with its data object (with each segment: every 2 blocks of 8 MiB segments, bench_proxy's 8 partitions), and
+    a new buffer cost its page faults (1.5 ms of CPU per 4 MiB; bench_proxy's profile of that read: 56 new buffers).
+    A buffer is given when its stream is done with it, usually while still held (the stream keeps its last block for
+    the reads inside it until the reads of the next segment push it out; an answer holds views of it until it is
+    written: :class:`rsm.log.batch.RecordParts`), and handed out only once nothing refers to it.
 
-    Kept: every buffer given while it is still held (it is alive anyway; up to :data:`KEPT_MAX`), and of those free
-    the :data:`SPARE_BUFFERS` given last (enough for as many streams as ``capacity_bytes`` allows of 4 MiB blocks);
-    one free and not taken for :data:`IDLE_S` is let go. Held ones are not pushed out by later gives: with answers
-    holding views (bench_proxy's 8 partitions: a block per partition in the answer being written, another in the
-    one read ahead), more than 16 buffers go round, and a buffer pushed out while held was lost to reuse once free
-    (58 new buffers in that read's profile, 0.13 s of 1.8)."""
+    Kept: every buffer given while it is still held (it is alive anyway; up to :data:`KEPT_MAX`), and of those free the
+    :data:`SPARE_BUFFERS` given last (enough for as many streams as ``capacity_bytes`` allows of 4 MiB blocks); one
+    free and not taken for :data:`IDLE_S` is let go. Held ones are not pushed out by later gives: with answers
+    holding views (bench_proxy's 8 partitions: a block per partition in the answer being written, another in the one
+    read ahead), more than 16 buffers go round, and a buffer pushed out while held was lost to reuse once free (58
+    new buffers in that read's profile, 0.13 s of 1.8)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -201,6 +208,17 @@ class _Spares:
             entries = list(self._kept)
         # references: the entry's, the comprehension's, getrefcount's argument
         return sum(len(b) for b, _t in entries if sys.getrefcount(b) == 3)
+
+
+def _each_mapped(map_range: MapRange, key: str, blocks: list[BlockInfo]) -> Iterator[memoryview]:
+    """Each of ``blocks`` whole, mapped when it is asked for (a store whose objects are files:
+    :meth:`rsm.store.fs.FileSystemStore.map_range`): a view of the page cache's pages, where :func:`_each_whole`
+    copied them into a buffer first (bench_tier_read: the copy was ~35% of a history Fetch's tier read; the block's
+    checks then read the mapped pages, and the socket's write takes them from there). A block's mapping is its own
+    (a view's ``obj``), of the block's size: what holds views of it is counted by that size, as a buffer's
+    (:mod:`rlm.listener.tier.held`, :attr:`_Stream.current_bytes`), and it goes when the last view does."""
+    for b in blocks:
+        yield map_range(key, b.object_position, b.block_length)
 
 
 def _each_whole(store: Store, key: str, blocks: list[BlockInfo], spares: _Spares) -> Iterator[memoryview]:
@@ -270,12 +288,14 @@ class BlockCache:
             return follows
 
     def read(self, store: Store, key: str, blocks: list[BlockInfo], i: int, segment: str, *, budget_bytes: int,
-             parse: Callable[[memoryview], list], request_bytes: int = DEFAULT_REQUEST_BYTES) -> list | None:
+             parse: Callable[[memoryview], list], request_bytes: int = DEFAULT_REQUEST_BYTES,
+             map_range: MapRange | None = None) -> list | None:
         """The entries of block ``blocks[i]`` of the copy ``segment``, from its stream: ``parse`` of the whole block
         (its entries verified), run once per block and kept with it; or None: the read is random (the caller streams
         it). ``blocks``: the copy's blocks; ``key``: the block's data object's store key; ``budget_bytes`` and
         ``request_bytes``: a new stream's read-ahead (see :class:`ReadAhead`); 0: the store does not read ahead, a
-        stream reads each block whole when it is reached (one ranged GET: the filesystem)."""
+        stream reads each block whole when it is reached (one ranged GET), or maps it with ``map_range`` when given
+        (the store's :class:`~rsm.store.base.MappedStore`: the filesystem)."""
         block = blocks[i]
         sequential = self.sequential(segment, block)
         stream, stale = self._stream(segment, block.part_id)
@@ -288,7 +308,8 @@ class BlockCache:
                 j += 1
             ahead = ReadAhead(store, key, blocks[i:j + 1], budget_bytes=budget_bytes,
                               request_bytes=request_bytes) if budget_bytes > 0 else None
-            stream = _Stream(ahead, blocks[i:j + 1], key, store, self._spares)
+            stream = _Stream(ahead, blocks[i:j + 1], key, store, self._spares,
+                             map_range if ahead is None else None)
             for s in self._open(segment, stream, request_bytes if ahead is not None else block.block_length):
                 with s.lock:
                     s.close()

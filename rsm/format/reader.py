@@ -42,7 +42,7 @@ from rsm.format.block import (
     decode_block_header,
     read_block_header,
 )
-from rsm.format.blockcache import BlockCache
+from rsm.format.blockcache import BlockCache, MapRange
 from rsm.format.crypto import worker_pool
 from rsm.format.index import BlockInfo, LedgerIndex
 from rsm.format.keys import SegmentKeys
@@ -342,9 +342,7 @@ def _block_entries(stream: BinaryIO | None, blocks: list[BlockInfo], *, key: str
 
 
 def _crc32c(view: memoryview, crc: int = 0) -> int:
-    """CRC-32C of ``view`` extending ``crc``, without a copy (a writable view through its address)."""
-    if view.readonly:
-        return google_crc32c.extend(crc, view)
+    """CRC-32C of ``view`` extending ``crc``, without a copy (through its address; read-only views too)."""
     return crc32c_at(view, buffer_address(view), 0, len(view), crc)  # type: ignore[arg-type]
 
 
@@ -434,7 +432,8 @@ class SegmentReader(SegmentHandle):
 
     def __init__(self, store: Store, keys: SegmentKeys, ledger: LedgerIndex,
                  on_bytes: Callable[[int], None] | None = None, *, read_ahead_bytes: int = 0,
-                 read_ahead_request_bytes: int = DEFAULT_REQUEST_BYTES, block_cache: BlockCache | None = None) -> None:
+                 read_ahead_request_bytes: int = DEFAULT_REQUEST_BYTES, block_cache: BlockCache | None = None,
+                 map_range: MapRange | None = None) -> None:
         self.store = store
         self.keys = keys
         self.ledger = ledger
@@ -446,6 +445,9 @@ class SegmentReader(SegmentHandle):
         self.read_ahead_request_bytes = read_ahead_request_bytes
         self.block_cache = block_cache
         """Whole blocks for sequential reads of one block at a time (rsm.format.blockcache); None: none."""
+        self.map_range = map_range
+        """The store's ``map_range`` (rsm.store.base.MappedStore): the block cache maps blocks instead of reading them
+        into buffers; None: it reads them."""
 
     # -- the SegmentHandle -------------------------------------------------------------------------------------
 
@@ -595,7 +597,8 @@ class SegmentReader(SegmentHandle):
             return list(_block_entries(None, [block], key=key, ledger_id=ledger_id, opener=_Fetched(iter([data]))))
 
         return cache.read(self.store, key, self.ledger.blocks, i, prefix + self.keys.base,
-                          budget_bytes=self.read_ahead_bytes, parse=parse, request_bytes=self.read_ahead_request_bytes)
+                          budget_bytes=self.read_ahead_bytes, parse=parse, request_bytes=self.read_ahead_request_bytes,
+                          map_range=self.map_range)
 
     def _streamed_block(self, i: int) -> Iterator[EntryView]:
         """Entries of block ``i`` of a plain copy, streamed with one ranged GET (a random read), nothing kept."""

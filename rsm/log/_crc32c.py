@@ -1,4 +1,4 @@
-"""CRC-32C over a region of a writable buffer without copying it.
+"""CRC-32C over a region of a buffer without copying it.
 
 ``google_crc32c.value`` (hardware accelerated, ~11 GB/s) accepts only ``bytes``, which would force a copy of
 every batch. We call the same library's ``crc32c_extend(crc, ptr, len)`` through ctypes on the address of our
@@ -41,9 +41,37 @@ def _load() -> Callable[[int, int, int], int] | None:
 _extend = _load()
 
 
-def buffer_address(buf: bytearray) -> int:
-    """The address of ``buf[0]``; valid while ``buf`` is alive and not resized (callers keep a view on it)."""
-    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf)) if len(buf) else 0
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (its first field is the address)."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+def buffer_address(buf: bytearray | memoryview) -> int:
+    """The address of ``buf[0]``; valid while ``buf`` is alive and not resized (callers keep a view on it). A
+    read-only view (of a file mapped into memory: :meth:`rsm.store.fs.FileSystemStore.map_range`) too: ctypes takes
+    the address of writable buffers only, so its address is asked of the buffer protocol itself."""
+    if not len(buf):
+        return 0
+    if isinstance(buf, memoryview) and buf.readonly:
+        view = _PyBuffer()
+        _get_buffer(buf, ctypes.byref(view), 0)  # PyBUF_SIMPLE (a contiguous view: a slice of a memoryview is)
+        try:
+            return view.buf or 0
+        finally:
+            _release_buffer(ctypes.byref(view))
+    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
 if _extend is not None:

@@ -29,6 +29,8 @@ protocol's docstring says when it is absent:
 - :class:`ClosableStore` (``close``): resources to release (S3's upload pool). Without: nothing to release.
 - :class:`ReadAheadStore` (``read_ahead_bytes``): sequential reads gain from ranged GETs in flight (S3: one
   connection carries far less than several). Without: no read-ahead (a filesystem read is one stream).
+- :class:`MappedStore` (``map_range``): a range of an object mapped into memory, read without a copy
+  (filesystem). Without: ranges are read into buffers.
 
 ``cutoff_ms`` is an instant (epoch milliseconds), not an age: what was last touched before it is stale.
 """
@@ -44,8 +46,9 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from prometheus_client import Counter as PromCounter
 
-__all__ = ["IOV_MAX", "OPTIONAL_MEMBERS", "Chunk", "ClosableStore", "ObjectInfo", "PrefixedStore", "ProbedStore",
-           "ReadAheadStore", "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore", "iter_buffers"]
+__all__ = ["IOV_MAX", "OPTIONAL_MEMBERS", "Chunk", "ClosableStore", "MappedStore", "ObjectInfo", "PrefixedStore",
+           "ProbedStore", "ReadAheadStore", "RequestCounter", "StaleUploadsStore", "Store", "TempFilesStore",
+           "iter_buffers"]
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 """The most buffers one ``readv`` / ``writev`` / ``preadv`` call takes (scatter and gather lists go in groups)."""
@@ -215,10 +218,20 @@ class ReadAheadStore(Protocol):
     """Bytes of ranged GETs in flight ahead of one reader (:mod:`rsm.format.readahead`)."""
 
 
+class MappedStore(Protocol):
+    """Optional: a range of an object as a view of it mapped into memory (the filesystem: the page cache's pages, not
+    a copy of them), valid for as long as the view is held whatever happens to the object meanwhile (so an object is
+    never changed in place). Without: ranges are read into buffers (``get``)."""
+
+    def map_range(self, key: str, start: int, n: int) -> memoryview:
+        """Bytes ``start..start + n - 1`` of ``key``, read-only; the object ending before them is an error."""
+        ...
+
+
 OPTIONAL_MEMBERS: dict[str, type] = {
     "key_prefix": PrefixedStore, "with_key_prefix": PrefixedStore, "probe": ProbedStore,
     "abort_stale_uploads": StaleUploadsStore, "remove_stale_temp_files": TempFilesStore, "close": ClosableStore,
     "read_ahead_bytes": ReadAheadStore, "put_deferred": DeferredNameStore, "put_uncommitted": DeferredNameStore,
-    "sync_names": DeferredNameStore,
+    "sync_names": DeferredNameStore, "map_range": MappedStore,
 }
 """Every optional member of a store, by name: the protocol declaring it."""

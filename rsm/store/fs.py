@@ -24,13 +24,14 @@ on every store. (Percent-encoded topic names never hold ``%+``: ``%`` is always 
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
+from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
 from rsm.store.base import IOV_MAX, Chunk, ObjectInfo, RequestCounter
 
 __all__ = ["FileSystemStore"]
@@ -39,6 +40,7 @@ TMP_DIR = ".tmp"
 NAME_MAX_BYTES = 255  # one path component (file name) on ext4, xfs, tmpfs
 CONTINUED = "%+"  # ends each on-disk directory of a key component cut for being longer than a file name
 _PIECE_BYTES = 200
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: the pages mapped by the mmap call itself
 _DIRS_KEPT = 8192  # key directories FileSystemStore._path keeps (one a partition and key layout; cleared when full)
 
 
@@ -396,6 +398,42 @@ class FileSystemStore:
     def get_bytes(self, key: str, start: int = 0, end_inclusive: int | None = None) -> bytes:
         with self.get(key, start, end_inclusive) as r:
             return r.read()
+
+    def map_range(self, key: str, start: int, n: int) -> memoryview:
+        """Bytes ``start..start + n - 1`` of ``key`` as a read-only view of the file mapped into memory (the page
+        cache's pages, no copy; ``MAP_POPULATE``: mapped at once, not a fault per 16 pages); the mapping goes when
+        the last view of it does. Raises :class:`~rsm.errors.RemoteResourceNotFoundError` when the object is absent,
+        :class:`~rsm.errors.CorruptRemoteObjectError` when it ends before ``start + n`` (a page past a file's end
+        is never mapped: reading it would kill the process with SIGBUS).
+
+        Safe because an object that can be read is never changed in place: objects are immutable; a delete unlinks
+        the file, which keeps a mapping of it valid (its pages stay until the mapping goes); a put replaces the file
+        (a rename or a link of a new one); :meth:`put_uncommitted` truncates in place, but only a key no one reads
+        before a later object commits it (a copy's data objects, each under its copy's own segment id). A file cut
+        short by hand while mapped would kill the process (SIGBUS) where a read would have raised."""
+        path = self._path(key)
+        self.requests.add("get")
+        if n <= 0:
+            return memoryview(b"")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as err:
+            raise RemoteResourceNotFoundError(f"no object {key} in {self.root}") from err
+        except OSError as err:
+            raise RemoteStorageError(f"get {key} from {self.root} failed: {err}") from err
+        try:
+            size = os.fstat(fd).st_size
+            if start + n > size:
+                raise CorruptRemoteObjectError(f"truncated read: expected {n} bytes, found {max(0, size - start)}",
+                                               key=key, position=min(start, size))
+            lead = start % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(fd, lead + n, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
+                               offset=start - lead)
+        except (OSError, ValueError) as err:
+            raise RemoteStorageError(f"map {key} from {self.root} failed: {err}") from err
+        finally:
+            os.close(fd)
+        return memoryview(mapped)[lead:lead + n]
 
     def probe(self) -> None:
         """The root is a directory this process may write (a HEAD of a missing key would not notice it gone)."""

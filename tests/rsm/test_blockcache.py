@@ -1,9 +1,10 @@
 """The block cache (rsm/format/blockcache.py, issues 25 and 24): reads of one block at a time through new handles, as
 Fetch after Fetch makes them, are read ahead across the reads once they are sequential (a stream per copy: ranged
 GETs of several blocks, the current block kept for the reads inside it) instead of one GET per read; on a store that
-does not read ahead (the filesystem) each block is read whole once; a block's batches are checked once, and a corrupt
-block fails every read of it; the bytes are those of the copy; random reads stay streamed and keep nothing; streams
-are bounded in number, closed when left or idle, and give their read-ahead back to the process."""
+does not read ahead each block is read whole once (the filesystem's mapped: tests/rsm/test_mapped_reads.py); a
+block's batches are checked once, and a corrupt block fails every read of it; the bytes are those of the copy; random
+reads stay streamed and keep nothing; streams are bounded in number, closed when left or idle, and give their
+read-ahead back to the process."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ from tests.support.sidecar import wait_for
 KiB = 1024
 # one 60 KiB batch a block, five blocks a data object: reads cross object boundaries; read-ahead GETs of two blocks
 SMALL = {"block_size_bytes": 64 * KiB, "max_data_object_bytes": 320 * KiB, "read_ahead_request_bytes": 130 * KiB}
+
+
+class _ReadStore(FileSystemStore):
+    """A filesystem store whose blocks are read into buffers, not mapped (as a store without
+    :class:`~rsm.store.base.MappedStore` and without read-ahead: S3 with ``read_ahead_bytes`` 0)."""
+
+    map_range = None  # type: ignore[assignment]
+
+
+def _read_into_buffers(store: FileSystemStore) -> FileSystemStore:
+    return _ReadStore(store.root, fsync=False)
 
 
 def _cached(store: FileSystemStore, cache_bytes: int, *, ahead: bool = True) -> RemoteStorageManager:
@@ -230,7 +242,7 @@ def test_a_block_held_by_a_reader_is_never_overwritten_by_the_next(tmp_path: Pat
     keeps its bytes: the next block goes to another buffer."""
     store, (md,) = _copied(tmp_path)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
-    rsm = _cached(store, 256 * KiB, ahead=False)
+    rsm = _cached(_read_into_buffers(store), 256 * KiB, ahead=False)
     ledger = plain.reader(md).ledger
     first_object = [b.part_id for b in ledger.blocks if b.object_number == 0]
     assert len(first_object) >= 4
@@ -258,7 +270,7 @@ def test_a_spare_buffer_still_held_is_not_read_into(tmp_path: Path, monkeypatch:
     (views): the next stream then reads into a new buffer, and once they are gone it takes the spare."""
     store, (a, b) = _copied(tmp_path, copies=2)
     plain = RemoteStorageManager(RsmConfig(**SMALL, block_cache_bytes=0), store)
-    rsm = _cached(store, 256 * KiB, ahead=False)
+    rsm = _cached(_read_into_buffers(store), 256 * KiB, ahead=False)
     buffers: list[int] = []
     real = blockcache.new_block_buffer
     monkeypatch.setattr(blockcache, "new_block_buffer", lambda n: buffers.append(n) or real(n))
