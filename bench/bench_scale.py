@@ -269,7 +269,8 @@ def job_cpu(path: Path) -> dict[str, float]:
 
 def cluster_calls(port: int) -> dict[str, float]:
     """The sidecar's admin calls to the cluster so far (``rlm_cluster_calls`` by call, and ``partitions``: the
-    partitions its list_offsets calls asked for), from one scrape of /metrics; empty for a checkout without them."""
+    partitions its list_offsets calls asked for) and its copy runs (``copy_runs``), from one scrape of /metrics;
+    empty for a checkout without them."""
     out: dict[str, float] = {}
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     for m in re.finditer(r'^rlm_cluster_calls_total\{call="(\w+)"\} (\S+)$', text, re.M):
@@ -277,6 +278,9 @@ def cluster_calls(port: int) -> dict[str, float]:
     m = re.search(r"^rlm_list_offsets_partitions_total (\S+)$", text, re.M)
     if m:
         out["partitions"] = float(m.group(1))
+    m = re.search(r"^rlm_copy_run_segments_count (\S+)$", text, re.M)
+    if m:
+        out["copy_runs"] = float(m.group(1))  # (not a call: the copy runs of segment mode, rlm_copy_run_segments)
     return out
 
 
@@ -377,7 +381,9 @@ class SidecarProcess:
             "metadata": {"topic": f"__rlm_md_{name}", "partitions": 10, "replication_factor": 1,
                          "state_dir": str(self.dir / "state"), "to_be_deleted_topic": f"__rlm_tbd_{name}"},
             "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms,
-                      **({"copy_workers": COPY_WORKERS} if COPY_WORKERS and root == ROOT else {})},
+                      **({"copy_workers": COPY_WORKERS} if COPY_WORKERS and root == ROOT else {}),
+                      **({"copy_coalesce_ms": COPY_COALESCE_MS} if COPY_COALESCE_MS is not None and root == ROOT
+                         else {})},
             "topics": {"include": [f"{re.escape(topic_prefix)}.*"]},
             "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
             "listen": {"host": "127.0.0.1", "port": self.port},
@@ -426,6 +432,7 @@ def create_topics(kc, prefix: str, topics: int, partitions: int, extra: dict[str
 
 STORE_FSYNC = True  # --store-no-fsync: the store's fsyncs off (staging's stay); LocalTieredStorage has none
 COPY_WORKERS = 0  # --copy-workers: tasks.copy_workers of this checkout's sidecar (0: the default)
+COPY_COALESCE_MS: int | None = None  # --copy-coalesce-ms: tasks.copy_coalesce_ms of this checkout's (None: default)
 PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
 
 
@@ -751,7 +758,7 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
          ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:12])),
         ("apscheduler's jobs (their pool threads), ms per rolled segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(b["jobs_ms_per_segment"].items(), key=lambda kv: -kv[1]))),
-        ("admin calls to the cluster per rolled segment", ", ".join(
+        ("admin calls to the cluster (and copy_runs: copy runs) per rolled segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(b["calls_per_segment"].items())) or "(not counted by this checkout)"),
         ("minor page faults per rolled segment", f"{sp['minflt']:.0f}"),
         ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"),
@@ -792,14 +799,17 @@ def main() -> None:
                     help="the sidecar's filesystem store without fsyncs (LocalTieredStorage never fsyncs: Files.copy)")
     ap.add_argument("--copy-workers", type=int, default=0,
                     help="tasks.copy_workers of this checkout's sidecar (--baseline's keeps its default)")
+    ap.add_argument("--copy-coalesce-ms", type=int, default=None,
+                    help="tasks.copy_coalesce_ms of this checkout's sidecar (--baseline's keeps its default)")
     ap.add_argument("--warm", action="store_true",
                     help="after the (cold) burst, a second one of as many segments, measured the same way: every "
                          "partition's first copy (its directories, watermark file) is then behind it")
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
-    global COPY_WORKERS, PROFILE_GIL, STORE_FSYNC
+    global COPY_COALESCE_MS, COPY_WORKERS, PROFILE_GIL, STORE_FSYNC
     COPY_WORKERS = args.copy_workers
+    COPY_COALESCE_MS = args.copy_coalesce_ms
     PROFILE_GIL = args.profile_gil
     STORE_FSYNC = not args.store_no_fsync
     if args.partitions % args.topics:

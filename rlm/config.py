@@ -118,6 +118,11 @@ class TaskSettings(_Frozen):
         "threads running copy runs (rlm.tasks.dispatch.CopyJobs: the copy jobs' own pool, apart from the periodic "
         "jobs'); 6 is what copy runs could use of the shared pool before (2 + 4): a burst's copy runs wait on the "
         "metadata topic, the store and fsyncs more than they compute"))
+    copy_coalesce_ms: int = Field(2 * SECOND_MS, ge=0, le=10 * 60 * SECOND_MS, description=(
+        "a copy job woken (its partition rolled) less than this after its last run ended waits until this long "
+        "after it, so that segments rolled one after the other are copied in one run (a run's metadata writes and "
+        "ListOffsets calls shared by its segments); the first roll after a quiet spell is copied at once. 0: every "
+        "wake runs at once"))
 
     @model_validator(mode="before")
     @classmethod

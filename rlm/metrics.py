@@ -12,6 +12,7 @@ __all__ = [
     "BYTES_READ",
     "COPY_LAG_BYTES",
     "COPY_LAG_SEGMENTS",
+    "COPY_RUN_SEGMENTS",
     "COPY_SECONDS",
     "OFFLOAD_OPEN_SECONDS",
     "OFFLOAD_SEGMENT_SECONDS",
@@ -46,6 +47,9 @@ BYTES_READ = Counter("rlm_bytes_read", "Bytes served from the remote store by re
 SEGMENTS_DELETED = Counter("rlm_segments_deleted", "Remote segments deleted", ["topic", "reason"])
 GC_DELETED = Counter("rlm_gc_deleted_objects", "Orphan objects deleted by garbage collection")
 COPY_SECONDS = Histogram("rlm_copy_seconds", "Time to copy one segment", buckets=_LATENCY_BUCKETS)
+COPY_RUN_SEGMENTS = Histogram(
+    "rlm_copy_run_segments", "Segments copied by one copy run of a partition (segment mode; _count: the runs)",
+    buckets=(0, 1, 2, 3, 5, 10, 20, 50, 100))
 OFFLOAD_SEGMENT_SECONDS = Histogram(
     "rlm_offload_segment_seconds", "Streaming offload: from an offload segment's first committed batch seen to the "
     "segment remote (its first batch's remote lag, less the poll interval)", buckets=_LATENCY_BUCKETS)

@@ -125,7 +125,7 @@ class Sidecar:
             executors={"default": ThreadPoolExecutor(len(self.jobs))},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        self._copy_jobs = CopyJobs(s.tasks.copy_workers)
+        self._copy_jobs = CopyJobs(s.tasks.copy_workers, coalesce_s=s.tasks.copy_coalesce_ms / 1000)
         """The copy jobs, one per led partition (added, paused, woken and removed by :attr:`leadership`)."""
         self.leadership = Leadership(s, self._copy_jobs, rlmm=self.rlmm, rsm=self.rsm,
                                      staging=None if self.read_only else self.staging,

@@ -332,6 +332,7 @@ class PartitionCopier:
             self._run_names = None
         self.write_watermark()
         self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
+        metrics.COPY_RUN_SEGMENTS.observe(len(result.copied))
         return result
 
     def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], sizes: list[int],

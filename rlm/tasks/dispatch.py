@@ -19,6 +19,13 @@ Semantics (those of the apscheduler jobs it replaces, ``coalesce=True, max_insta
 - :meth:`CopyJobs.modify_job` with ``next_run_time`` while the job runs: it runs again as soon as the run ends (where
   apscheduler skipped that run and waited an interval: a wake is never lost); while it waits for a worker, it keeps
   the earlier of its due time and the new one (its place in a backlog);
+- ``coalesce_s`` (``tasks.copy_coalesce_ms``; apscheduler has no such thing): a job woken by :meth:`CopyJobs.modify_job`
+  less than ``coalesce_s`` after its last run ended runs ``coalesce_s`` after that end, not at once (a wake while it
+  runs likewise, counted from the run's end). The first wake after a quiet spell runs at once; the ones following it
+  closely (a partition rolling again and again) wait, so that the segments rolled meanwhile are copied in one run:
+  a run's metadata writes, its read-your-writes wait and its ListOffsets calls are shared by its segments (issue 26).
+  A wake is still never lost, only put off; :meth:`CopyJobs.remove_job` and :meth:`CopyJobs.shutdown` do not wait
+  for a job put off (nothing waits for a job's due time);
 - :meth:`CopyJobs.remove_job`: no further run (a run going on ends on its own; ``Led.stop`` and ``Led.cancel`` end it
   early); a job replaced by :meth:`CopyJobs.add_job` with ``replace_existing`` likewise.
 
@@ -53,6 +60,7 @@ class CopyJob:
     args: Sequence[object]
     interval_s: float
     due: float | None = None  # monotonic time of the next run; None: paused (or running, see ``CopyJobs``)
+    ended: float = -math.inf  # monotonic time its last run ended (a wake within coalesce_s of it waits: CopyJobs)
     running: bool = False
     wake: bool = False  # modify_job(next_run_time=...) while running: run again as soon as the run ends
     removed: bool = False
@@ -67,12 +75,17 @@ class CopyJob:
 
 
 class CopyJobs:
-    """The copy jobs' scheduler (see the module doc): ``workers`` threads, started by :meth:`start`."""
+    """The copy jobs' scheduler (see the module doc): ``workers`` threads, started by :meth:`start`; a wake within
+    ``coalesce_s`` of a job's last run waits until ``coalesce_s`` after it."""
 
-    def __init__(self, workers: int, *, name: str = "rlm-copy", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, workers: int, *, name: str = "rlm-copy", clock: Callable[[], float] = time.monotonic,
+                 coalesce_s: float = 0.0) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, not {workers}")
+        if coalesce_s < 0:
+            raise ValueError(f"coalesce_s must be >= 0, not {coalesce_s}")
         self._clock = clock
+        self._coalesce_s = coalesce_s
         self._cond = threading.Condition()
         self._jobs: dict[str, CopyJob] = {}
         self._heap: list[tuple[float, int, CopyJob]] = []  # (due, seq, job); stale entries skipped (see _take)
@@ -146,9 +159,10 @@ class CopyJobs:
 
     def modify_job(self, job_id: str, **changes: Any) -> CopyJob:
         """``next_run_time=<datetime>``: its next run then, or earlier if it was due earlier already (a paused job
-        resumes); while it runs, as soon as the run ends. Only ``next_run_time`` is supported (KeyError when there is
-        no such job). A job due and waiting for a worker keeps its place: a partition woken again and again (each
-        roll) is not sent to the back of a backlog each time."""
+        resumes); while it runs, as soon as the run ends; either no sooner than ``coalesce_s`` after its last run
+        ended (a wake following a run closely waits: the module doc). Only ``next_run_time`` is supported (KeyError
+        when there is no such job). A job due and waiting for a worker keeps its place: a partition woken again and
+        again (each roll) is not sent to the back of a backlog each time."""
         unknown = set(changes) - {"next_run_time"}
         if unknown:
             raise TypeError(f"copy jobs can change next_run_time only, not {sorted(unknown)}")
@@ -161,7 +175,7 @@ class CopyJobs:
             elif job.running:
                 job.wake = True
             else:
-                due = self._clock() + _from_now(when)
+                due = max(self._clock() + _from_now(when), job.ended + self._coalesce_s)
                 if job.due is None or due < job.due:
                     self._schedule(job, due)
             return job
@@ -218,10 +232,10 @@ class CopyJobs:
                 job.running = False
                 if job.removed:
                     continue
-                now = self._clock()
+                now = job.ended = self._clock()
                 if job.wake:
                     job.wake = False
-                    self._schedule(job, now)
+                    self._schedule(job, now + self._coalesce_s)
                 elif job.due is not None:  # not paused: the first interval tick after the run
                     ticks = max(1, math.ceil((now - started) / job.interval_s)) if job.interval_s > 0 else 1
                     self._schedule(job, started + ticks * job.interval_s)

@@ -23,10 +23,13 @@ followed set) and the stopping flag. Whenever it is free:
 pauses its own job (:meth:`sleep`): with thousands of partitions, running every idle one each copy interval was most
 of the sidecar's idle CPU. The stage job wakes it (:meth:`wake`: its next run now) when the log-dir watcher sees its
 directory change (a roll, retention, a rewritten checkpoint: :mod:`rlm.watch`), the watcher's slow rescan included.
-A change seen while the run goes sets ``changed``, and a run that began before it does not sleep but runs again at
-once (up to :data:`RERUNS_ON_CHANGE` times): no roll is missed between a run's listing and its pause. A job awake and
-not running is also run now by a wake. A run that did not catch up (waiting for the last stable offset, failed, not
-leading under the cluster's epoch) keeps its interval.
+A change seen while the run goes sets ``changed``, and a run that began before it does not sleep but asks the
+scheduler to run it again now (up to :data:`RERUNS_ON_CHANGE` times in a row): no roll is missed between a run's
+listing and its pause. A job awake and not running is also run now by a wake. "Now" is the scheduler's:
+:class:`rlm.tasks.dispatch.CopyJobs` runs a job woken while it runs once the run ends, and puts off a wake that
+closely follows the job's last run (``tasks.copy_coalesce_ms``), so that rolls following each other are copied in
+one run (a run again in place, as before, copied a partition rolling quickly one segment a run). A run that did not
+catch up (waiting for the last stable offset, failed, not leading under the cluster's epoch) keeps its interval.
 
 Every change takes the lock; readers copy what they need under it and work on the copy outside
 (:meth:`each_led`, :meth:`served`, :meth:`led_partitions`). A :class:`Led`'s ``stop`` and ``cancel`` are set under
@@ -95,6 +98,7 @@ class Led:
     running: threading.Lock = field(default_factory=threading.Lock)  # held by the copy run
     changed: threading.Event = field(default_factory=threading.Event)  # its directory changed since its run began
     asleep: bool = False  # its copy job is paused: caught up, until its directory changes (under the registry's lock)
+    reruns: int = 0  # runs asked for in a row because the directory changed during the run (run_copy; the lock's)
 
     @property
     def job_id(self) -> str:
@@ -104,8 +108,9 @@ class Led:
 
 
 RERUNS_ON_CHANGE = 3
-"""How many times a copy job that caught up runs again at once because its directory changed during the run; then it
-waits for its interval (a partition rolling faster than its runs end does not hold a worker for good)."""
+"""How many times in a row a copy job that caught up is run again at once (the scheduler's "now") because its
+directory changed during the run; then it waits for its interval (a partition whose directory changes during every
+run, faster than its runs end, does not run back to back for good)."""
 
 
 def copy_job_id(tp: TopicIdPartition) -> str:
@@ -304,16 +309,27 @@ class Leadership:
             return
         with led.running:
             try:
-                for _ in range(RERUNS_ON_CHANGE + 1):
-                    led.changed.clear()  # a change from now on is the next run's (see sleep)
-                    if not self._run(led) or self.sleep(led) or not led.changed.is_set() or led.stop.is_set():
-                        break
-                    # caught up, but the directory changed while the run went (its listing may predate a roll): look
-                    # again now rather than at the next interval
+                led.changed.clear()  # a change from now on is the next run's (see sleep)
+                again = self._run(led) and not self.sleep(led) and led.changed.is_set()
+                # caught up, but the directory changed while the run went (its listing may predate a roll): look again
+                # now rather than at the next interval, through the scheduler (rolls that follow are coalesced)
+                self._run_again(led, again)
             finally:
                 if led.stop.is_set() and not self._stopping.is_set() and not self.leads_again(led):
                     self._release(led.tp)
                     _forget_gauges(led.tp)  # (a run that was starting may have set them after stop_leading)
+
+    def _run_again(self, led: Led, again: bool) -> None:
+        """``again``: ask the scheduler for another run of ``led`` now (its run is going: CopyJobs runs it once the run
+        ends, or ``tasks.copy_coalesce_ms`` after), unless it was asked :data:`RERUNS_ON_CHANGE` times in a row
+        already (then its interval), or no longer led, or stopping."""
+        with self.lock:
+            if (not again or led.reruns >= RERUNS_ON_CHANGE or self._stopping.is_set() or led.stop.is_set()
+                    or self._led.get((led.tp.topic, led.tp.partition)) is not led):
+                led.reruns = 0
+                return
+            led.reruns += 1
+            self._scheduler.modify_job(led.job_id, next_run_time=datetime.now(UTC))
 
     # ---------------------------------------------------------------------------------------- sleep, wake
     def sleep(self, led: Led) -> bool:
@@ -331,7 +347,8 @@ class Leadership:
     def wake(self, paths: Collection[Path]) -> list[Led]:
         """The led partitions whose directory is in ``paths`` (they changed: :mod:`rlm.watch`): each is marked
         changed (a run going now looks again when it ends: :meth:`run_copy`), and a job not running now runs now,
-        sleeping or not. Returns them (nothing when stopping)."""
+        sleeping or not (the scheduler's now: ``tasks.copy_coalesce_ms`` after its last run, when that is later).
+        Returns them (nothing when stopping)."""
         if not paths:
             return []
         with self.lock:

@@ -175,3 +175,102 @@ def test_shutdown_lets_the_runs_going_on_end_and_starts_no_more() -> None:
     jobs.add_job(run, "interval", id="b", seconds=0.01, next_run_time=datetime.now(UTC))  # added after: never runs
     time.sleep(0.1)
     assert runs == [1]
+
+
+def test_a_wake_soon_after_a_run_waits_coalesce_s_after_its_end_and_the_wakes_meanwhile_make_one_run() -> None:
+    """``coalesce_s``: the first wake after a quiet spell runs at once; a wake less than ``coalesce_s`` after the last
+    run ended waits until ``coalesce_s`` after that end, and the wakes meanwhile (a partition rolling again and again)
+    make that one run. The test's clock: nothing runs while it stands before the due time, whatever the real time."""
+    now = [1000.0]
+    jobs = CopyJobs(2, clock=lambda: now[0], coalesce_s=0.3).start()
+    try:
+        runs: list[float] = []
+
+        def run() -> None:
+            runs.append(now[0])
+            jobs.pause_job("a")  # caught up: sleeps until woken (Leadership.sleep)
+
+        jobs.add_job(run, "interval", id="a", seconds=3600, next_run_time=datetime.now(UTC))
+        _wait(lambda: len(runs) == 1 and not jobs.get_job("a").running)  # type: ignore[union-attr]
+        job = jobs.get_job("a")
+        assert job is not None and job.ended == 1000.0 and job.due is None
+        now[0] = 1000.1
+        jobs.modify_job("a", next_run_time=datetime.now(UTC))  # a roll 0.1 after the run ended: put off
+        assert job.due == pytest.approx(1000.3)
+        now[0] = 1000.2
+        for _ in range(3):  # more rolls meanwhile: the same due time
+            jobs.modify_job("a", next_run_time=datetime.now(UTC))
+        assert job.due == pytest.approx(1000.3)
+        time.sleep(0.5)  # the workers look at the clock again (their waits are the clock's deltas, 0.1 here)
+        assert runs == [1000.0]
+        now[0] = 1000.4
+        _wait(lambda: len(runs) == 2)
+        _wait(lambda: not job.running)
+        time.sleep(0.2)
+        assert runs == [1000.0, 1000.4]  # the four wakes: one run
+        now[0] = 1010.0  # a quiet spell: the next wake runs at once
+        jobs.modify_job("a", next_run_time=datetime.now(UTC))
+        assert job.due == 1010.0
+        _wait(lambda: len(runs) == 3)
+        assert runs[2] == 1010.0
+    finally:
+        assert jobs.shutdown(wait=True, timeout_s=10)
+
+
+def test_a_wake_while_the_job_runs_is_put_off_coalesce_s_after_the_run_ends_and_never_lost() -> None:
+    now = [2000.0]
+    jobs = CopyJobs(2, clock=lambda: now[0], coalesce_s=0.3).start()
+    try:
+        inside, release = threading.Event(), threading.Event()
+        runs: list[float] = []
+
+        def run() -> None:
+            runs.append(now[0])
+            jobs.pause_job("a")
+            if len(runs) == 1:
+                inside.set()
+                assert release.wait(10)
+
+        jobs.add_job(run, "interval", id="a", seconds=3600, next_run_time=datetime.now(UTC))
+        assert inside.wait(10)
+        jobs.modify_job("a", next_run_time=datetime.now(UTC))  # a roll during the run (which paused the job)
+        now[0] = 2001.0
+        release.set()  # the run ends at 2001.0
+        job = jobs.get_job("a")
+        assert job is not None
+        _wait(lambda: not job.running and job.due is not None)
+        assert job.ended == 2001.0 and job.due == pytest.approx(2001.3)
+        time.sleep(0.5)
+        assert runs == [2000.0]
+        now[0] = 2001.4
+        _wait(lambda: len(runs) == 2)
+        assert runs[1] == 2001.4
+    finally:
+        assert jobs.shutdown(wait=True, timeout_s=10)
+
+
+def test_neither_removing_a_job_nor_shutting_down_waits_for_a_wake_put_off() -> None:
+    """A job put off by an hour (``coalesce_s``): removing it leaves nothing to run, and shutdown joins the workers at
+    once (nothing waits for a due time: the workers' wait for it is cut short)."""
+    now = [3000.0]
+    jobs = CopyJobs(2, clock=lambda: now[0], coalesce_s=3600).start()
+    runs: list[str] = []
+    for name in "ab":
+        jobs.add_job(lambda n=name: runs.append(n) or jobs.pause_job(n), "interval", id=name, seconds=7200,
+                     next_run_time=datetime.now(UTC))
+    _wait(lambda: len(runs) == 2 and not any(j.running for j in jobs.get_jobs()))
+    for name in "ab":
+        jobs.modify_job(name, next_run_time=datetime.now(UTC))
+        assert jobs.get_job(name).due == 3000.0 + 3600  # type: ignore[union-attr]
+    jobs.remove_job("a")
+    now[0] = 3000.0 + 3601
+    # the workers wait an hour of real time for the clock's due time: a job due now wakes one, which takes the
+    # earliest due first (b), then this one
+    jobs.add_job(lambda: runs.append("k") or jobs.pause_job("k"), "interval", id="k", seconds=7200,
+                 next_run_time=datetime.now(UTC))
+    _wait(lambda: len(runs) == 4)
+    time.sleep(0.2)
+    assert runs == ["a", "b", "b", "k"] or runs == ["b", "a", "b", "k"]  # a removed: not run
+    jobs.modify_job("b", next_run_time=datetime.now(UTC))  # put off by another hour of the clock
+    assert jobs.shutdown(wait=True, timeout_s=10)
+    assert len(runs) == 4
