@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rsm.errors import CorruptRemoteObjectError, RemoteResourceNotFoundError, RemoteStorageError, StoreConfigError
+from rsm.log._crc32c import buffer_address
 from rsm.store.base import IOV_MAX, Chunk, ObjectInfo, RequestCounter
 
-__all__ = ["FileSystemStore"]
+__all__ = ["FileSystemStore", "MappedFile"]
 
 TMP_DIR = ".tmp"
 NAME_MAX_BYTES = 255  # one path component (file name) on ext4, xfs, tmpfs
@@ -86,6 +87,33 @@ def _key_of(disk_parts: list[str]) -> str | None:
             parts.append(pending + p)
             pending = ""
     return None if pending else "/".join(parts)
+
+
+class MappedFile(mmap.mmap):
+    """A read-only mapping of ``length`` bytes of an open file from ``position`` (:meth:`FileSystemStore.map_range`),
+    which keeps the file open (``fd``, closed with the mapping): :meth:`file_range` of a view of it says where in the
+    file its bytes are, so a socket can send them from the file itself (``os.sendfile``: the page cache's pages handed
+    to the socket, not copied into it; :mod:`rlm.listener.net.vectored`). The file's bytes are the mapping's (one
+    page cache), and stay so: an object is never changed in place once readable, and a deleted one stays open."""
+
+    def __new__(cls, fd: int, length: int, position: int) -> MappedFile:
+        self = super().__new__(cls, fd, length, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
+                               offset=position)
+        self.position = position
+        view = memoryview(self)
+        self.address = buffer_address(view)  # where the mapping starts (a view's offset in it: its address minus)
+        view.release()
+        self.fd = fd  # the mapping's from here on (closed with it)
+        return self
+
+    def file_range(self, view: memoryview) -> tuple[int, int, int]:
+        """``(fd, position, length)``: where the bytes of ``view``, a view of this mapping, are in the file."""
+        return self.fd, self.position + buffer_address(view) - self.address, view.nbytes
+
+    def __del__(self) -> None:
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
 
 
 class _RangeReader(io.RawIOBase):
@@ -427,12 +455,13 @@ class FileSystemStore:
                 raise CorruptRemoteObjectError(f"truncated read: expected {n} bytes, found {max(0, size - start)}",
                                                key=key, position=min(start, size))
             lead = start % mmap.ALLOCATIONGRANULARITY
-            mapped = mmap.mmap(fd, lead + n, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ,
-                               offset=start - lead)
+            mapped = MappedFile(fd, lead + n, start - lead)
         except (OSError, ValueError) as err:
-            raise RemoteStorageError(f"map {key} from {self.root} failed: {err}") from err
-        finally:
             os.close(fd)
+            raise RemoteStorageError(f"map {key} from {self.root} failed: {err}") from err
+        except BaseException:
+            os.close(fd)
+            raise
         return memoryview(mapped)[lead:lead + n]
 
     def probe(self) -> None:

@@ -31,6 +31,10 @@ except (AttributeError, OSError, ValueError):  # pragma: no cover - no such sysc
     IOV_MAX = 16
 
 Buffer = bytes | bytearray | memoryview
+SENDFILE_MIN_BYTES = 64 * 1024
+"""A part at least this long that is a view of a file's mapping (the tier's blocks on the filesystem store) is sent
+from the file (``sendfile``: the socket takes the page cache's pages, not a copy); a shorter one goes in the
+``writev`` (a system call per part would cost more than its copy)."""
 
 
 def vectored(transport: asyncio.BaseTransport) -> bool:
@@ -55,7 +59,25 @@ def write_parts(transport: asyncio.WriteTransport, parts: Sequence[Buffer]) -> i
     if sock is not None and not transport.get_write_buffer_size() and not transport.is_closing():
         fd = sock.fileno()
         while i < n:
-            batch = parts[i:i + IOV_MAX]
+            whole = _in_file(parts[i])
+            if whole is not None:  # sent from its file: no copy into the socket
+                src, position, size = whole
+                try:
+                    sent = os.sendfile(fd, src, position, size)
+                except OSError:  # would block, or an error the transport's write meets too
+                    break
+                taken += sent
+                if sent < size:
+                    if sent:
+                        transport.write(memoryview(parts[i])[sent:])
+                        i += 1
+                    break
+                i += 1
+                continue
+            j = i + 1
+            while j < n and j - i < IOV_MAX and _in_file(parts[j]) is None:
+                j += 1
+            batch = parts[i:j]
             try:
                 sent = os.writev(fd, batch)
             except BlockingIOError:
@@ -78,3 +100,12 @@ def write_parts(transport: asyncio.WriteTransport, parts: Sequence[Buffer]) -> i
     for part in parts[i:]:
         transport.write(part)
     return taken
+
+
+def _in_file(part: Buffer) -> tuple[int, int, int] | None:
+    """Where ``part`` is in a file, ``(fd, position, length)``, when it is a view of a file's mapping at least
+    :data:`SENDFILE_MIN_BYTES` long (:class:`rsm.store.fs.MappedFile`: its ``file_range``); else None."""
+    if type(part) is not memoryview or part.nbytes < SENDFILE_MIN_BYTES:
+        return None
+    file_range = getattr(part.obj, "file_range", None)
+    return None if file_range is None else file_range(part)

@@ -8,13 +8,17 @@ views of block buffers (:class:`rsm.log.batch.RecordParts`); the proxy's use of 
 from __future__ import annotations
 
 import gc
+import mmap
 import threading
+import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlm.listener.tier.held import HeldBlocks, NotHeld
 from rsm.log.batch import RecordParts
+from rsm.store.fs import FileSystemStore
 
 BLOCK = 4 * 1024 * 1024
 
@@ -113,3 +117,33 @@ def test_a_claim_the_cyclic_gc_lets_go_while_its_thread_holds_the_lock_does_not_
     t.join(30)
     assert not t.is_alive(), "deadlocked"
     assert held.total == 0
+
+
+def test_blocks_mapped_from_the_store_count_their_mapped_size(tmp_path: Path) -> None:
+    """A block of the filesystem store is a mapping of its file (rsm.store.fs.FileSystemStore.map_range), not heap:
+    its pages still count, by the block's mapped size, once however many views of it answers hold; past the budget
+    a partition's records are copied out as from a buffer; the mapping goes with the last view."""
+    store = FileSystemStore(tmp_path, fsync=False)
+    store.put("obj", [bytes(range(256)) * (3 * BLOCK // 256)])
+    blocks = [store.map_range("obj", 100 + i * BLOCK, BLOCK - 200) for i in range(2)]  # as blocks: not page-aligned
+    sizes = [memoryview(b.obj).nbytes for b in blocks]
+    assert all(BLOCK - 200 <= s < BLOCK - 200 + mmap.ALLOCATIONGRANULARITY for s in sizes)
+    held = HeldBlocks(sizes[0] + 10_000)
+
+    def mapped_answer(i: int, view: memoryview) -> dict[str, Any]:
+        return {"responses": [{"topic": "t", "topic_id": None, "partitions": [
+            {"partition_index": i, "records": RecordParts([view[:1000], view[1000:3000]], 3000, i)}]}]}
+
+    first, again, second = held.claim(), held.claim(), held.claim()
+    held.hold(first, mapped_answer(0, blocks[0]))
+    held.hold(again, mapped_answer(0, blocks[0]))  # the same mapping: counted once
+    assert held.total == sizes[0]
+    kept = mapped_answer(1, blocks[1])
+    held.hold(second, kept)  # a second mapping does not fit: copied out
+    assert held.total == sizes[0] + 3000
+    assert bytes(kept["responses"][0]["partitions"][0]["records"]) == bytes(blocks[1][:3000])
+    mapping = weakref.ref(blocks[0].obj)
+    del first, again, blocks
+    assert held.total == 3000
+    gc.collect()
+    assert mapping() is None  # no view left: unmapped

@@ -8,8 +8,12 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
-from rlm.listener.net.vectored import IOV_MAX, vectored, write_parts
+import pytest
+
+from rlm.listener.net.vectored import IOV_MAX, SENDFILE_MIN_BYTES, _in_file, vectored, write_parts
+from rsm.store.fs import FileSystemStore
 
 SMALL_BUFFER = 4096  # the kernel rounds it up (and doubles it): still far below what is written
 
@@ -135,3 +139,47 @@ def test_all_taken_at_once_leaves_the_transport_empty() -> None:
     assert n == 4 + 1000 + 8 + 4
     assert left == 0
     assert got == b"head" + b"x" * 1000 + b"23456789" + b"tail"
+
+
+def test_parts_mapped_from_a_file_are_sent_from_it_byte_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier's blocks on the filesystem store are views of the file mapped (rsm.store.fs.MappedFile): a long one
+    is sent from the file (sendfile: no copy into the socket), a short one goes in the writev, the rest of one the
+    socket did not take is queued as the rest of any part; the bytes are the file's, in order, through a slow reader,
+    even with the file deleted before the write (its mapping keeps it open)."""
+    store = FileSystemStore(tmp_path, fsync=False)
+    data = os.urandom(3 * 1024 * 1024)
+    store.put("blocks", [data])
+    ranges = [(100, 300 * 1024), (400 * 1024 + 7, 1000), (500 * 1024 + 3, SENDFILE_MIN_BYTES),
+              (2 * 1024 * 1024 + 11, 700 * 1024)]
+    views = [store.map_range("blocks", start, n) for start, n in ranges]
+    store.delete("blocks")
+    sent: list[int] = []
+    real = os.sendfile
+
+    def sendfile(out: int, src: int, position: int, count: int) -> int:
+        n = real(out, src, position, count)
+        sent.append(n)
+        return n
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    first: list[bytearray | memoryview | bytes] = [b"head", views[0], b"mid", views[1], views[2], b"tail"]
+    second: list[bytearray | memoryview | bytes] = [bytearray(b"x" * 100), views[3], b"end"]
+    expected = b"".join(bytes(p) for p in first + second)
+    assert expected[4:4 + 300 * 1024] == data[100:100 + 300 * 1024]
+    got, taken, was_vectored = asyncio.run(_serve_one([first, second]))
+    assert was_vectored
+    assert got == expected
+    assert sent and 0 < sent[0] <= 300 * 1024  # the first long part went from the file: the socket took what it could
+    assert 0 < taken[0] < sum(map(len, first)) and taken[1] == 0
+
+
+def test_a_short_or_unmapped_part_is_not_sent_from_a_file(tmp_path: Path) -> None:
+    store = FileSystemStore(tmp_path, fsync=False)
+    store.put("blocks", [os.urandom(SENDFILE_MIN_BYTES + 10)])
+    whole = store.map_range("blocks", 5, SENDFILE_MIN_BYTES)
+    fd, position, length = whole.obj.file_range(whole)  # type: ignore[union-attr]
+    assert (position, length) == (5, SENDFILE_MIN_BYTES) and fd >= 0
+    assert _in_file(whole) == (fd, 5, SENDFILE_MIN_BYTES)
+    assert _in_file(whole[1:]) is None  # shorter than SENDFILE_MIN_BYTES: in the writev
+    assert _in_file(memoryview(bytearray(2 * SENDFILE_MIN_BYTES))) is None
+    assert _in_file(bytes(2 * SENDFILE_MIN_BYTES)) is None
