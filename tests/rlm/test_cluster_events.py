@@ -27,6 +27,7 @@ from tests.support.sidecar import (
     AckedProducer,
     PartitionStates,
     copy_state,
+    discovery_state,
     make_settings,
     only,
     print_thread_stacks,
@@ -143,6 +144,7 @@ def test_leadership_moves_between_replicas_rolled_at_different_offsets(
         finally:
             prod.stop()
         print("moves:", *moves, sep="\n  ")
+        print("discovery:", *(f"node {n}: {discovery_state(sc)}" for n, sc in side.items()), sep="\n  ")
         # Roll the last segment (a record after segment.ms) and let tiering catch up.
         last = prod.last_acked(0)
         time.sleep(1.2)

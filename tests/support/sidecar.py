@@ -138,14 +138,16 @@ def copy_state(sidecar: Any, tp: Any) -> str:
 def discovery_state(sidecar: Any) -> str:
     """An in-process sidecar's discovery, for a failure message: when its last round began and when one last
     succeeded (a round in flight when the broker went away runs its cluster calls to their timeouts, 15-20 s each,
-    before the next round fails), how many full rounds it made, and its last error."""
+    before the next round fails), how many full rounds it made (and in how many two brokers named other leaders:
+    ``Sidecar.disagreeing_rounds``), and its last error."""
     now = time.time()
 
     def ago(at: float | None) -> str:
         return "never" if at is None else f"{now - at:.1f}s ago"
 
     return (f"last discovery round began {ago(sidecar.last_discovery_attempt)}, last succeeded "
-            f"{ago(sidecar.last_discovery_ok)}, {sidecar.full_rounds} full rounds; last error: {sidecar.last_error}")
+            f"{ago(sidecar.last_discovery_ok)}, {sidecar.full_rounds} full rounds ({sidecar.disagreeing_rounds} "
+            f"answered with other leaders by two brokers); last error: {sidecar.last_error}")
 
 
 def print_thread_stacks() -> None:
