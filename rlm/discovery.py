@@ -103,11 +103,17 @@ class PartitionInfo:
 
 @dataclass(frozen=True, slots=True)
 class MetadataAnswer:
-    """What one Metadata request (all topics) said of some topics (:meth:`ClusterView.metadata`): its
-    ``fingerprint`` (:meth:`ClusterView.metadata_fingerprint`) and each partition's ``(leader, replicas)``."""
+    """What one Metadata request (all topics) said of some topics (:meth:`ClusterView.metadata`): per topic asked
+    (sorted by name), ``(name, None)`` when absent from the answer, else ``(name, error code or None, partitions)``
+    with ``partitions`` sorted ``(partition, leader, replicas, error code or None)``; ``fingerprint`` is their hash
+    (:meth:`ClusterView.metadata_fingerprint`)."""
 
+    topics: tuple[tuple[object, ...], ...]
     fingerprint: int
-    leadership: dict[tuple[str, int], tuple[int, tuple[int, ...]]]
+
+    def leadership(self) -> dict[tuple[str, int], tuple[int, tuple[int, ...]]]:
+        """Each partition named: ``(leader, replicas)`` (made when asked: a cheap round needs the fingerprint only)."""
+        return {(t[0], p[0]): (p[1], p[2]) for t in self.topics if len(t) == 3 for p in t[2]}
 
     def agrees(self, cluster: Mapping[tuple[str, int], PartitionInfo], topics: Iterable[str]) -> bool:
         """Whether ``cluster`` (:meth:`ClusterView.partitions` of ``topics``, asked after this answer) names the same
@@ -118,7 +124,7 @@ class MetadataAnswer:
         leaders for as long (up to ``tasks.rescan_interval_ms``, 60 s by default: a new leader's sidecar not leading
         its partition 30 s after a preferred election, with no error, as CI saw in session 15)."""
         names = set(topics)
-        return {k: v for k, v in self.leadership.items() if k[0] in names} == {
+        return {k: v for k, v in self.leadership().items() if k[0] in names} == {
             k: (info.leader, info.replicas) for k, info in cluster.items()}
 
 
@@ -297,8 +303,7 @@ class ClusterView:
         except KafkaException:
             self._start_afresh()
             raise
-        items: list[object] = []
-        leadership: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
+        items: list[tuple[object, ...]] = []
         for name in sorted(set(topics)):
             t = md.topics.get(name)
             if t is None:
@@ -307,9 +312,8 @@ class ClusterView:
             items.append((name, t.error.code() if t.error is not None else None, tuple(sorted(
                 (p.id, p.leader, tuple(p.replicas), p.error.code() if p.error is not None else None)
                 for p in t.partitions.values()))))
-            for p in t.partitions.values():
-                leadership[(name, p.id)] = (p.leader, tuple(p.replicas))
-        return MetadataAnswer(hash(tuple(items)), leadership)
+        answered = tuple(items)
+        return MetadataAnswer(answered, hash(answered))
 
     def topic_ids(self, topics: Iterable[str]) -> dict[str, TopicLookup]:
         """Describe each of ``topics`` explicitly by name; every name gets an answer: its topic id or its error.

@@ -148,7 +148,7 @@ def test_metadata_names_the_leaders_describe_topics_names(kafka: KafkaCluster, t
     asked = [topic_name, topic_name + "-absent"]
     answer = view.metadata(asked)
     parts = view.partitions([topic_name])
-    assert answer.leadership == {(topic_name, 0): (1, (1,)), (topic_name, 1): (1, (1,))}
+    assert answer.leadership() == {(topic_name, 0): (1, (1,)), (topic_name, 1): (1, (1,))}
     assert answer.fingerprint == view.metadata_fingerprint(asked)
     assert answer.agrees(parts, [topic_name]) and answer.agrees({}, [])
     moved = {**parts, (topic_name, 1): dataclasses.replace(parts[(topic_name, 1)], leader=2)}

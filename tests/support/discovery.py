@@ -74,9 +74,10 @@ class FakeView:
         return "fake"
 
     def metadata(self, topics: Iterable[str]) -> MetadataAnswer:
-        names = set(topics)
-        leadership = {k: (v.leader, v.replicas) for k, v in self.infos.items() if k[0] in names}
-        return MetadataAnswer(hash(tuple(sorted(leadership.items()))), leadership)
+        answered = tuple((name, None, tuple(sorted((k[1], v.leader, v.replicas, None)
+                                                   for k, v in self.infos.items() if k[0] == name)))
+                         for name in sorted(set(topics)))
+        return MetadataAnswer(answered, hash(answered))
 
     def metadata_fingerprint(self, topics: Iterable[str]) -> int:
         return self.metadata(topics).fingerprint
