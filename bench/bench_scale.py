@@ -615,6 +615,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     # the baseline's threads and jobs at the start, to split its CPU as this checkout's (when it caught up)
     xthreads0 = thread_cpu(baseline.pid) if baseline is not None else {}
     xjobs0 = job_cpu(baseline.job_cpu_path) if baseline is not None else {}
+    xcalls0 = cluster_calls(baseline.port) if baseline is not None else {}
     calls0, jobs0 = cluster_calls(sc.port), job_cpu(sc.job_cpu_path)
     c0, w0, split0, threads0 = cpu_s(sc.pid), time.monotonic(), cpu_split(sc.pid), thread_cpu(sc.pid)
     rounds = segments_per_partition - (1 if warm else 0) + (1 if leave_open else 0)
@@ -634,7 +635,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
         nonlocal base_done
         if baseline is not None and base_done is None and caught_up(baseline):
             base_done = (cpu_s(baseline.pid), time.monotonic())
-            base_split.update(threads=thread_cpu(baseline.pid), jobs=job_cpu(baseline.job_cpu_path))
+            base_split.update(threads=thread_cpu(baseline.pid), jobs=job_cpu(baseline.job_cpu_path),
+                              calls=cluster_calls(baseline.port))
         return caught_up(sc)
 
     wait_until(both, 1800, f"the sidecar to copy {rolled} rolled segments", 1.0)
@@ -663,6 +665,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
                              "threads_ms_per_segment": _per_segment_threads(base_split["threads"], xthreads0, rolled),
                              "jobs_ms_per_segment": {k: 1000 * (v - xjobs0.get(k, 0.0)) / max(1, rolled)
                                                      for k, v in base_split["jobs"].items()},
+                             "calls_per_segment": {k: (v - xcalls0.get(k, 0.0)) / max(1, rolled)
+                                                   for k, v in base_split["calls"].items()},
                              "peak_rss_mib": base_peak.stop() if base_peak is not None else 0.0}}
                if base_done is not None else {})}
 
@@ -776,6 +780,8 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
                      ", ".join(f"{name} {ms:.2f}" for name, ms in x["threads_ms_per_segment"][:12])))
         rows.append(("--baseline's apscheduler jobs, ms per rolled segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(x["jobs_ms_per_segment"].items(), key=lambda kv: -kv[1]))))
+        rows.append(("--baseline's admin calls (and copy_runs) per rolled segment", ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(x["calls_per_segment"].items())) or "(not counted by that checkout)"))
     return [(f"{tag}: {name}", value) for name, value in rows]
 
 
