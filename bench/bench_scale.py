@@ -218,6 +218,24 @@ consumer 0.25 / 0.18 against 0.26 / 0.23, discovery 0.09 / 0.05 against 0.08 / 0
 burst decides it). At 9cc9b02 (load 18-31): cold 4.33 against 4.51, warm 3.25 against 3.34. What is left of the stage
 job a segment: links (five), one fsync of the partition's staging dir, the listing of that dir, and in a cold burst
 each partition's first mkdir (~0.6 ms of CPU each on this machine's ext4: 2,000 of them are ~0.2 ms a cold segment).
+
+Session 16 (h2; copy runs coalesced: ``tasks.copy_coalesce_ms``; every figure side by side, load 15-45). The segments
+a copy run copies are now counted (``rlm_copy_run_segments``: ``copy_runs`` a segment in the calls rows, the
+baseline's too): 0.46-0.54 runs a segment in every burst measured, cold or warm, so about two segments a run
+already without coalescing. A partition's wakes come from the stage job, at most one a stage interval (5 s here),
+and on a loaded machine the backlog of woken jobs holds each one until more of its rolls are there. Coalescing at
+2 s (the default) against 0, the same code otherwise (two trees at 79c3a51, load 25-38): 0.475 against 0.457 runs
+a segment cold, 0.475 against 0.476 warm; 4.66 against 4.71 ms a segment cold, 4.03 against 3.96 warm: no
+difference. At 10 s against 0 (a tree of the same hour whose reruns still went in place; load 20-36; the burst's
+rounds were produced 20-35 s apart): 0.542 runs a segment,
+5.09 against 5.09 ms cold, 5.31 against 5.38 warm. A window shorter than the stage interval acts only on a change
+seen during a run (its rerun, now through the scheduler); a longer one only where a partition rolls again within
+it, which this loaded burst's partitions did not. The copy's CRC scan zero-filled a 1 MiB read buffer for every
+64 KiB segment (``rsm.log.batch``, now sized to what is left to scan: ~100 -> ~50 us a scan, one thread): HEAD at
+1582aba against it without this session's two changes (load 15-28): cold 4.81 against 4.92 ms a segment, warm 3.58
+against 3.88 (user 2.75 / system 0.83), the six copy workers 0.41-0.43 against 0.46-0.47 ms each warm, catch-up
+46.6 against 49.2 s; the scan alone predicts ~0.05 ms a segment, so most of the warm gap is the load's noise
+(``bench_copy_path`` A/B runs of the two trees, alternating, spread 4.7-7.2 ms a segment at load 15-24).
 """
 
 from __future__ import annotations
