@@ -181,6 +181,39 @@ def test_a_full_round_every_rescan_interval_and_while_a_deletion_is_being_proven
     assert view.described == 6
 
 
+def test_the_partitions_served_are_remembered_by_full_rounds_and_again_after_a_failed_save(
+        tmp_path: Path, sidecar_of, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A cheap round serves the last full round's answer, which that round remembered (the known-partitions file):
+    it does not hash every partition again. A full round whose save failed leaves the next round full, so what it
+    served is remembered then (a partition never remembered is never purged when its topic is deleted)."""
+    tid = uuid.uuid4()
+    fake_partition_dir(tmp_path / "logs", "t", 0, tid)
+    view = CountingView({("t", 0): partition_info("t", tid, 0, BROKER)})
+    sidecar = sidecar_of(view)
+    added: list[int] = []
+    add = sidecar.known.add
+
+    def counted(tps: Iterable[TopicIdPartition]) -> None:
+        tps = list(tps)
+        added.append(len(tps))
+        if fail:
+            raise OSError("disk full")
+        add(tps)
+
+    fail = True
+    monkeypatch.setattr(sidecar.known, "add", counted)
+    with pytest.raises(OSError):
+        sidecar.discover()
+    assert added == [1] and sidecar.known.all() == []
+    fail = False
+    sidecar.discover()  # full again: the failed round's answer was not remembered
+    assert view.described == 2 and added == [1, 1]
+    assert sidecar.known.all() == [TopicIdPartition(tid, "t", 0)]
+    for _ in range(3):
+        sidecar.discover()
+    assert view.described == 2 and added == [1, 1]  # cheap rounds: nothing added again
+
+
 # ------------------------------------------------------------------------------------ sleeping copy jobs
 @contextlib.contextmanager
 def led_partition(tmp_path: Path, run: Any, interval_ms: int = 100,
