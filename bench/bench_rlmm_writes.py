@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def thread_kinds() -> dict[int, tuple[str, float]]:
-    """CPU seconds of each live thread of this process by id, with its kind (rocksdb, librdkafka, python)."""
+def thread_kinds(consumer: int | None = None) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of this process by id, with its kind (rocksdb, librdkafka, the metadata
+    consumer's thread, whose native id is ``consumer``, python: the others)."""
     out = {}
     for task in Path("/proc/self/task").iterdir():
         try:
@@ -49,7 +50,8 @@ def thread_kinds() -> dict[int, tuple[str, float]]:
             continue
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         f = stat.rsplit(")", 1)[1].split()
-        kind = "rocksdb" if comm.startswith("rocksdb") else "librdkafka" if comm.startswith("rdk:") else "python"
+        kind = "rocksdb" if comm.startswith("rocksdb") else "librdkafka" if comm.startswith("rdk:") else \
+            "consumer" if int(task.name) == consumer else "python"
         out[int(task.name)] = (kind, (int(f[11]) + int(f[12])) / CLK_TCK)
     return out
 
@@ -104,18 +106,19 @@ def child(bootstrap: str, partitions: int, segments: int, workers: int, copy_ms:
                     failures.append(err)
                     return
 
-        before, r0, w0 = thread_kinds(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        consumer = m._consumer._thread.native_id
+        before, r0, w0 = thread_kinds(consumer), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         calls0 = m._group.calls
         threads = [threading.Thread(target=worker) for _ in range(workers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        after, r1, w1 = thread_kinds(), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        after, r1, w1 = thread_kinds(consumer), resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         if failures:
             raise failures[0]
         n = partitions * segments
-        kinds: dict[str, float] = {"python": 0.0, "librdkafka": 0.0, "rocksdb": 0.0}
+        kinds: dict[str, float] = {"python": 0.0, "consumer": 0.0, "librdkafka": 0.0, "rocksdb": 0.0}
         for tid, (kind, cpu) in after.items():
             kinds[kind] += cpu - before.get(tid, (kind, 0.0))[1]
         return {"segments": n, "wall_s": w1 - w0,
@@ -178,7 +181,9 @@ def main() -> None:
             return statistics.median(f(x) for x in rs)
         print(f"  {name:<14} user {med(lambda x: x['user_ms']):.3f}  system {med(lambda x: x['system_ms']):.3f}  "
               f"total {med(lambda x: x['user_ms'] + x['system_ms']):.3f}  live threads: python "
-              f"{med(lambda x: x['kinds_ms']['python']):.3f}  librdkafka "
+              f"{med(lambda x: x['kinds_ms']['python'] + x['kinds_ms'].get('consumer', 0.0)):.3f} (the metadata "
+              f"consumer's "
+              f"{med(lambda x: x['kinds_ms'].get('consumer', 0.0)):.3f})  librdkafka "
               f"{med(lambda x: x['kinds_ms']['librdkafka']):.3f}  rocksdb {med(lambda x: x['kinds_ms']['rocksdb']):.3f}"
               f"  write calls/segment {med(lambda x: x['rounds_per_segment']):.2f}  context switches/segment "
               f"{med(lambda x: x['ctx_switches_per_segment']):.1f}  wall {med(lambda x: x['wall_s']):.1f} s")
