@@ -127,6 +127,7 @@ _FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 _DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 _DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
 _consume = deque           # deque(iterator, 0): run an iterator to its end in C, keeping nothing
+_KEPT = 8192   # MetadataCache._views and _fences: cleared when they hold more
 _S32_FLIP = 1 << 31
 _S64_FLIP = 1 << 63
 
@@ -227,18 +228,20 @@ class ApplyOutcome:
 
 
 class _Batch:
-    """Pending writes of one apply call, readable before they are written (read-through overlay)."""
+    """Pending writes of one apply call, readable before they are written (read-through overlay). ``views`` and
+    ``fences`` are the cache's own (:attr:`MetadataCache._views`): what the state holds, kept from call to call."""
 
     __slots__ = ("db", "wo", "puts", "deletes", "ranges", "views", "fences", "undeleted")
 
-    def __init__(self, db: Rdict, wo: WriteOptions) -> None:
+    def __init__(self, db: Rdict, wo: WriteOptions, views: dict[bytes, scan.SegmentView],
+                 fences: dict[bytes, int | None]) -> None:
         self.db = db
         self.wo = wo
         self.puts: dict[bytes, bytes | None] = {}
         self.deletes = False                               # some value of puts may be None (a delete)
         self.ranges: list[tuple[bytes, bytes]] = []
-        self.views: dict[bytes, scan.SegmentView] = {}   # scanned segment values by 0x10 key
-        self.fences: dict[bytes, int | None] = {}         # CopyFence epoch by partition key (read through)
+        self.views = views     # scanned segment values by 0x10 key
+        self.fences = fences   # CopyFence epoch by partition key (read through)
         self.undeleted: set[bytes] = set()                # partition keys with no partition-delete state in db
 
     def fence(self, tpk: bytes) -> int | None:
@@ -288,9 +291,10 @@ class _Batch:
         self.db.write(wb, self.wo)
         self.puts.clear()
         self.deletes = False
+        if self.ranges:   # (dropped state, which the views and fences may hold)
+            self.views.clear()
+            self.fences.clear()
         self.ranges.clear()
-        self.views.clear()
-        self.fences.clear()
         self.undeleted.clear()
 
 
@@ -325,6 +329,13 @@ class MetadataCache:
         # per metadata partition, the caught-up wall time its progress key holds, as last written here (this cache
         # is the one writer): each apply rewrites the key with it, instead of reading it back for every batch
         self._walls: dict[int, int] = {}
+        # what the state holds, kept from one apply call to the next (the consumer thread's, as the writes): the
+        # segment values scanned and the CopyFence epochs. In a burst each segment's COPY_SEGMENT_FINISHED comes in
+        # the call after its STARTED, and read the value just written back from RocksDB and scanned it again, and
+        # both records read the partition's fence (issue 26). Cleared by a range delete and a wipe (state dropped),
+        # a call that failed (its puts maybe not written) and once they hold more than _KEPT entries.
+        self._views: dict[bytes, scan.SegmentView] = {}
+        self._fences: dict[bytes, int | None] = {}
         self._compaction: threading.Thread | None = None
         self.compactions = 0      # full compactions started (compact_in_background), for tests and logs
         self._check_format()
@@ -436,6 +447,8 @@ class MetadataCache:
         self.db.write(wb)
         for mp in mps:
             self._walls.pop(mp, None)
+        self._views.clear()
+        self._fences.clear()
 
     # ----------------------------------------------------------------------------------------------- keys
     def mp_of(self, tp: TopicIdPartition) -> int:
@@ -454,7 +467,22 @@ class MetadataCache:
         transitions are skipped and reported in the outcome. ``caught_up`` maps partition -> caught-up wall ms
         (kept as stored for partitions not in it)."""
         out = ApplyOutcome(skipped=[])
-        batch = _Batch(self.db, self._wo)
+        views, fences = self._views, self._fences
+        if len(views) > _KEPT or len(fences) > _KEPT:
+            views.clear()
+            fences.clear()
+        try:
+            self._apply_batch(_Batch(self.db, self._wo, views, fences), records, caught_up, out)
+        except BaseException:
+            views.clear()   # what this call put there may not have been written
+            fences.clear()
+            raise
+        self._dirty = True
+        out.applied = len(records) - out.tombstones - len(out.skipped)   # (counted once, not per record)
+        return out
+
+    def _apply_batch(self, batch: _Batch, records: Sequence[tuple[int, int, bytes | None, bytes | None]],
+                     caught_up: dict[int, int], out: ApplyOutcome) -> None:
         next_offsets = out.next_offsets
         api_key_of = scan.api_key_of
         scan_update, scan_segment = scan.scan_update, scan.scan_segment
@@ -490,9 +518,6 @@ class MetadataCache:
                 out.skipped.append(SkippedRecord(mp, offset, "refused", str(err), isinstance(err, CopyFencedError),
                                                  getattr(err, "deleted_already", False)))
         batch.write(self._progress_puts(next_offsets, caught_up))
-        self._dirty = True
-        out.applied = len(records) - out.tombstones - len(out.skipped)   # (counted once, not per record)
-        return out
 
     def _progress_puts(self, next_offsets: dict[int, int], caught_up: dict[int, int]) -> dict[bytes, bytes]:
         puts = {}

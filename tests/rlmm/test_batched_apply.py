@@ -125,3 +125,62 @@ def test_batched_apply_equals_one_by_one(tmp_path, seed: int) -> None:
     finally:
         batched.close()
         single.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_what_the_cache_keeps_between_calls_answers_as_the_state_read_again(tmp_path, seed: int) -> None:
+    """The segment values and fences a cache keeps from one apply call to the next (issue 26) decide as reading them
+    from RocksDB at each call does: the same stream, one record a call, into a cache that keeps them and one that
+    forgets them before each call (range deletes of finished partition deletes and wipes included)."""
+    rnd = random.Random(seed)
+    records = _stream(rnd, 600)
+    kept = MetadataCache(tmp_path / "kept", topic="m", num_partitions=NUM_PARTITIONS)
+    read = MetadataCache(tmp_path / "read", topic="m", num_partitions=NUM_PARTITIONS)
+    try:
+        skipped_k, skipped_r = [], []
+        wiped = records[len(records) // 2][0]
+        for i, rec in enumerate(records):
+            if i == len(records) // 2:   # a rebuild of one metadata partition: wiped, its records applied again
+                for cache in (kept, read):
+                    cache.wipe([wiped])
+                replay = [r for r in records[:i] if r[0] == wiped]
+                skipped_k += kept.apply(replay, {}).skipped
+                read._views.clear()
+                read._fences.clear()
+                skipped_r += read.apply(replay, {}).skipped
+            skipped_k += kept.apply([rec], {}).skipped
+            read._views.clear()
+            read._fences.clear()
+            skipped_r += read.apply([rec], {}).skipped
+        assert skipped_k == skipped_r
+        assert any(s.fenced for s in skipped_k)
+        assert _state(kept) == _state(read)
+    finally:
+        kept.close()
+        read.close()
+
+
+def test_a_call_that_failed_leaves_nothing_kept_of_what_it_did_not_write(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """A call whose write fails raises, and what it scanned of its own records (not written) is not kept: the next
+    call finds that segment unknown, as RocksDB does."""
+    import rlmm.cache
+
+    cache = MetadataCache(tmp_path / "c", topic="m", num_partitions=NUM_PARTITIONS)
+    try:
+        tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+        md = RemoteLogSegmentMetadata(RemoteLogSegmentId(tp, uuid.uuid4()), 0, 9, 1, 0, 2, 100, ((0, 0),), None,
+                                      S.COPY_SEGMENT_STARTED, False, 1)
+        mp = cache.mp_of(tp)
+
+        def failing(self, extra) -> None:  # noqa: ANN001
+            raise OSError("no space left on device")
+
+        with monkeypatch.context() as m:
+            m.setattr(rlmm.cache._Batch, "write", failing)
+            with pytest.raises(OSError):
+                cache.apply([(mp, 0, b"k", serde.encode(md))], {})
+        finished = RemoteLogSegmentMetadataUpdate(md.remote_log_segment_id, 5, None, S.COPY_SEGMENT_FINISHED, 0)
+        out = cache.apply([(mp, 0, b"k", serde.encode(finished))], {})
+        assert [s.reason for s in out.skipped] == ["refused"] and cache.segments(tp) == []
+    finally:
+        cache.close()
