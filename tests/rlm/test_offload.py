@@ -263,7 +263,8 @@ def test_leadership_moves_mid_offload_on_three_brokers(kafka_cluster3: KafkaClus
     states.admin.create_topics([NewTopic(topic_name, 1, replica_assignment=[[2, 3, 1]], config=NO_ROLL)]
                                )[topic_name].result(30)
     wait_for(lambda: states.leader(topic_name) == 2, 30, "node 2 to lead")
-    tp = TopicIdPartition(states.topic_id(topic_name), topic_name, 0)
+    # (a describe that fails transiently answers None: wait for the id, as the other cluster tests do)
+    tp = TopicIdPartition(wait_for(lambda: states.topic_id(topic_name), 30, "the topic id"), topic_name, 0)
     tag = uuid.uuid4().hex[:8]
     shared = {"topic": f"__rlm_md_{tag}", "to_be_deleted_topic": f"__rlm_tbd_{tag}", "replication_factor": 3}
     rule = streaming(topic_name, offload_max_ms=700, poll_interval_ms=150, offload_max_bytes=16 * 1024)
