@@ -10,6 +10,12 @@ log start: then that partition's state is dropped and rebuilt from the beginning
 Other threads talk to it through :meth:`ConsumerTask.call` (run a function on the thread), and wait on it:
 :meth:`ConsumerTask.wait_ready` (caught up with a partition), :meth:`ConsumerTask.wait_applied` (a written offset
 applied: read-your-writes), :meth:`ConsumerTask.holding` (keep a partition consumed while a write uses it).
+
+A consumer that stops delivering is renewed: when a record acknowledged to a writer (a read-your-writes waiter's
+offset) is not delivered for ``stall_renew_s`` while the thread keeps polling, the thread replaces its librdkafka
+consumer by a new one assigned at the offsets applied so far (nothing skipped, nothing applied twice). librdkafka's
+assign()-mode consumer can stop fetching a partition after a broker restart with no error (confluentinc/librdkafka
+#5153, open; seen here once: no delivery past offset 5 for 90+ s); a new consumer is the cure reported there.
 """
 
 from __future__ import annotations
@@ -38,13 +44,15 @@ from rlmm.cache import MetadataCache, Progress, SkippedRecord, release_free_heap
 from rlmm.group_commit import taken_lock
 from rlmm.topic_admin import MetadataTopic
 
-__all__ = ["APPLIED_RECORDS", "SKIPPED_RECORDS", "ConsumerTask"]
+__all__ = ["APPLIED_RECORDS", "CONSUMER_RENEWALS", "SKIPPED_RECORDS", "ConsumerTask"]
 
 log = logging.getLogger(__name__)
 
 SKIPPED_RECORDS = Counter("rlmm_skipped_records_total",
                           "Metadata records skipped by the cache (undecodable or refused transitions)", ["reason"])
 APPLIED_RECORDS = Counter("rlmm_applied_records_total", "Metadata records applied into the cache")
+CONSUMER_RENEWALS = Counter("rlmm_consumer_renewals_total",
+                            "Metadata consumers replaced because an acknowledged record was not delivered in time")
 
 PREFETCH_KBYTES = 8192
 PREFETCH_MESSAGES = 20_000
@@ -62,6 +70,12 @@ COMPACT_AFTER_RECORDS = 100_000
 and at least a quarter as many as the cache holds keys (so a steady trickle rewrites the cache rarely; a bootstrap
 writes about one key per record, and RocksDB's key estimate counts overwrites not yet compacted), the cache is
 compacted in the background: lookups then seek one sorted run (:meth:`MetadataCache.compact_in_background`)."""
+
+STALL_CHECK_S = 1.0
+"""How often the thread looks for a stalled partition (a dict walk of the partitions with waiters)."""
+STALL_MIN_POLLS = 20
+"""Polls the thread must have made over a stall (50 ms each when nothing comes): a thread busy elsewhere (a long
+command, a compaction start) is not a consumer that stopped fetching."""
 
 WAIT_POLL_S = 0.5
 """How often a :meth:`ConsumerTask.wait_applied` waiter looks at its partition's progress unwoken (its timeout counts
@@ -99,7 +113,8 @@ class ConsumerTask:
 
     def __init__(self, topic: MetadataTopic, cache: MetadataCache, client_config: Mapping[str, object], *,
                  caught_up_refresh_s: float, close_drain_s: float, max_batch_records: int,
-                 kafka_timeout_s: float = 30.0, on_idle: Callable[[], None] | None = None) -> None:
+                 kafka_timeout_s: float = 30.0, stall_renew_s: float = 10.0,
+                 on_idle: Callable[[], None] | None = None) -> None:
         self.topic = topic.name
         self.delete_retention_ms = topic.delete_retention_ms
         self.cache = cache
@@ -108,11 +123,17 @@ class ConsumerTask:
         self._max_batch_records = max_batch_records
         self._kafka_timeout_s = kafka_timeout_s
         self._on_idle = on_idle
-        self._consumer = Consumer({"group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
-                                   "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                                   "fetch.wait.max.ms": 50, "queued.max.messages.kbytes": PREFETCH_KBYTES,
-                                   "queued.min.messages": PREFETCH_MESSAGES,
-                                   "fetch.queue.backoff.ms": PREFETCH_BACKOFF_MS, **client_config})
+        self._stall_renew_s = stall_renew_s
+        self._consumer_config = {"group.id": f"rlmm-{uuid.uuid4()}", "enable.auto.commit": False,
+                                 "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                                 "fetch.wait.max.ms": 50, "queued.max.messages.kbytes": PREFETCH_KBYTES,
+                                 "queued.min.messages": PREFETCH_MESSAGES,
+                                 "fetch.queue.backoff.ms": PREFETCH_BACKOFF_MS, **client_config}
+        self._consumer = Consumer(self._consumer_config)
+        self._polls = 0
+        # partitions with a waiter for an offset not applied yet: (applied then, since when, polls then)
+        self._stall_seen: dict[int, tuple[int, float, int]] = {}
+        self.renewals = 0
         self._cond = threading.Condition()
         self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
         # read-your-writes waiters per metadata partition: a heap of (offset awaited, seq, lock taken at birth), each
@@ -362,12 +383,15 @@ class ConsumerTask:
             lock.release()
 
     def _run(self) -> None:
-        last_caught_up = 0.0
+        last_caught_up = last_stall_check = 0.0
         try:
             while not self._stop.is_set():
                 self._run_commands()
                 self._consume_once()
                 now = time.monotonic()
+                if now - last_stall_check >= STALL_CHECK_S:
+                    self._check_stalled(now)
+                    last_stall_check = now
                 if self._at_eof and now - last_caught_up >= self._caught_up_refresh_s:
                     self._mark_caught_up()
                     last_caught_up = now
@@ -392,6 +416,7 @@ class ConsumerTask:
         # consume(n, timeout) waits for n messages or the whole timeout: a writer waiting for its own record would
         # wait the full timeout each time. Wait for the first message only, then take what is already fetched.
         first = self._consumer.poll(0.05)
+        self._polls += 1
         if first is None:
             msgs, records = [], []
         else:
@@ -436,6 +461,46 @@ class ConsumerTask:
                 log.info("metadata cache caught up after %d records: compacting it in the background", n)
                 self._applied_since_compaction = 0
                 release_free_heap()   # what the catch-up freed (the compaction releases its own when done)
+
+    def _check_stalled(self, now: float) -> None:
+        """Renew the consumer when a partition has had a waiter for an offset not yet applied, with no progress, for
+        ``stall_renew_s`` over at least :data:`STALL_MIN_POLLS` polls. A waiter's offset was acknowledged by the
+        cluster (acks=all): the record is there to fetch, so a consumer that polls and does not deliver it is stuck."""
+        seen = self._stall_seen
+        stalled = []
+        with self._cond:
+            for mp, heap in self._waiters.items():
+                applied = self._applied.get(mp, -1)
+                if not heap or heap[0][0] < applied:
+                    continue
+                was = seen.get(mp)
+                if was is None or was[0] != applied:
+                    seen[mp] = (applied, now, self._polls)
+                elif now - was[1] >= self._stall_renew_s and self._polls - was[2] >= STALL_MIN_POLLS:
+                    stalled.append((mp, applied, heap[0][0], now - was[1]))
+            for mp in [mp for mp in seen if mp not in self._waiters]:
+                del seen[mp]
+        if stalled:
+            for mp, applied, awaited, for_s in stalled:
+                log.warning("metadata partition %s-%d: offset %d acknowledged but nothing delivered past %d for "
+                            "%.1f s: renewing the metadata consumer", self.topic, mp, awaited, applied, for_s)
+            self._renew_consumer()
+
+    def _renew_consumer(self) -> None:
+        """Replace the librdkafka consumer by a new one assigned where the cache stands (each assigned partition at
+        its next offset to apply); what the old one had fetched and not handed over is fetched again. On the thread."""
+        with self._cond:
+            tps = [TopicPartition(self.topic, mp, self._applied[mp] if self._applied.get(mp, 0) > 0
+                                  else OFFSET_BEGINNING) for mp in sorted(self._assigned)]
+            old, self._consumer = self._consumer, Consumer(self._consumer_config)
+            self._consumer.incremental_assign(tps)
+            self._stall_seen.clear()
+            self.renewals += 1
+        CONSUMER_RENEWALS.inc()
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as err:   # the old one is dropped whatever it says
+            log.warning("metadata consumer being replaced did not close cleanly: %s", err)
 
     def _drain_to_eof(self, timeout_s: float) -> None:
         """On stop: consume until every assigned partition is at its end again (or ``timeout_s``), so the last

@@ -78,6 +78,7 @@ class TopicBasedRlmmConfig:
     tombstone_delay_ms: int = 60_000                                # DELETE_SEGMENT_FINISHED -> tombstones
     tombstone_check_interval_s: float = 1.0
     caught_up_refresh_s: float = 5.0                               # how often an idle, caught-up cache says so
+    stall_renew_s: float = 10.0    # an acknowledged record not delivered this long: a new consumer (topic_consumer)
     close_drain_s: float = 2.0                                     # on close, consume up to this long to the end
     max_batch_records: int = 10_000
     write_linger_ms: float = 2.0   # a burst's writer waits this long for others to share its write (rlmm.group_commit)
@@ -114,7 +115,7 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         self._consumer = ConsumerTask(found, self.cache, {**common, **config.consumer_config},
                                       caught_up_refresh_s=config.caught_up_refresh_s,
                                       close_drain_s=config.close_drain_s, max_batch_records=config.max_batch_records,
-                                      kafka_timeout_s=config.kafka_timeout_s,
+                                      kafka_timeout_s=config.kafka_timeout_s, stall_renew_s=config.stall_renew_s,
                                       on_idle=None if self._producer is None else self._on_idle)
         self._consumer.start()
         if config.serve_all:
