@@ -12,8 +12,10 @@ Other threads talk to it through :meth:`ConsumerTask.call` (run a function on th
 applied: read-your-writes), :meth:`ConsumerTask.holding` (keep a partition consumed while a write uses it).
 
 A consumer that stops delivering is renewed: when a record acknowledged to a writer (a read-your-writes waiter's
-offset) is not delivered for ``stall_renew_s`` while the thread keeps polling, the thread replaces its librdkafka
-consumer by a new one assigned at the offsets applied so far (nothing skipped, nothing applied twice). librdkafka's
+offset) is not delivered for ``stall_renew_s``, or a partition's high watermark stays above what was applied over
+two looks :data:`HIGH_WATERMARK_CHECK_S` apart (records other sidecars wrote), while the thread keeps polling, the
+thread replaces its librdkafka consumer by a new one assigned at the offsets applied so far (nothing skipped,
+nothing applied twice). librdkafka's
 assign()-mode consumer can stop fetching a partition after a broker restart with no error (confluentinc/librdkafka
 #5153, open; seen here once: no delivery past offset 5 for 90+ s); a new consumer is the cure reported there.
 """
@@ -73,6 +75,9 @@ compacted in the background: lookups then seek one sorted run (:meth:`MetadataCa
 
 STALL_CHECK_S = 1.0
 """How often the thread looks for a stalled partition (a dict walk of the partitions with waiters)."""
+HIGH_WATERMARK_CHECK_S = 30.0
+"""How often the thread asks the cluster for its partitions' high watermarks (one ListOffsets a leader, on the thread):
+a partition that was behind its high watermark at the last look and has applied nothing since is stalled."""
 STALL_MIN_POLLS = 20
 """Polls the thread must have made over a stall (50 ms each when nothing comes): a thread busy elsewhere (a long
 command, a compaction start) is not a consumer that stopped fetching."""
@@ -133,6 +138,9 @@ class ConsumerTask:
         self._polls = 0
         # partitions with a waiter for an offset not applied yet: (applied then, since when, polls then)
         self._stall_seen: dict[int, tuple[int, float, int]] = {}
+        # partitions behind their high watermark at the last look: (applied then, polls then)
+        self._behind_seen: dict[int, tuple[int, int]] = {}
+        self._last_hw_check = time.monotonic()
         self.renewals = 0
         self._cond = threading.Condition()
         self._applied: dict[int, int] = {}        # metadata partition -> next offset applied (consumer thread)
@@ -480,11 +488,40 @@ class ConsumerTask:
                     stalled.append((mp, applied, heap[0][0], now - was[1]))
             for mp in [mp for mp in seen if mp not in self._waiters]:
                 del seen[mp]
+        if now - self._last_hw_check >= HIGH_WATERMARK_CHECK_S:
+            self._last_hw_check = now
+            stalled += self._behind_twice()
         if stalled:
             for mp, applied, awaited, for_s in stalled:
-                log.warning("metadata partition %s-%d: offset %d acknowledged but nothing delivered past %d for "
-                            "%.1f s: renewing the metadata consumer", self.topic, mp, awaited, applied, for_s)
+                log.warning("metadata partition %s-%d: offset %d is in the partition but nothing was delivered past "
+                            "%d for %.1f s: renewing the metadata consumer", self.topic, mp, awaited, applied, for_s)
             self._renew_consumer()
+
+    def _behind_twice(self) -> list[tuple[int, int, int, float]]:
+        """The assigned partitions behind their high watermark now and at the last look, with nothing applied in
+        between (and the thread polling): (partition, applied, high watermark, seconds). A failed look finds none."""
+        with self._cond:
+            applied = {mp: self._applied.get(mp, -1) for mp in self._assigned}
+        if not applied:
+            self._behind_seen.clear()
+            return []
+        try:   # (a timestamp of -1 asks ListOffsets for the latest offset: the high watermark)
+            found = self._consumer.offsets_for_times([TopicPartition(self.topic, mp, -1) for mp in applied],
+                                                     timeout=min(5.0, self._kafka_timeout_s))
+        except (KafkaException, RuntimeError) as err:
+            log.debug("metadata partitions' high watermarks not read: %s", err)
+            return []
+        behind, out = {}, []
+        for tp in found:
+            mp, hw = tp.partition, tp.offset
+            if tp.error is not None or mp not in applied or hw <= applied[mp]:
+                continue
+            behind[mp] = (applied[mp], self._polls)
+            was = self._behind_seen.get(mp)
+            if was is not None and was[0] == applied[mp] and self._polls - was[1] >= STALL_MIN_POLLS:
+                out.append((mp, applied[mp], hw - 1, HIGH_WATERMARK_CHECK_S))
+        self._behind_seen = behind
+        return out
 
     def _renew_consumer(self) -> None:
         """Replace the librdkafka consumer by a new one assigned where the cache stands (each assigned partition at
@@ -495,6 +532,7 @@ class ConsumerTask:
             old, self._consumer = self._consumer, Consumer(self._consumer_config)
             self._consumer.incremental_assign(tps)
             self._stall_seen.clear()
+            self._behind_seen.clear()
             self.renewals += 1
         CONSUMER_RENEWALS.inc()
         try:

@@ -10,13 +10,15 @@ consumer delivers.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 from confluent_kafka import TopicPartition
 
+import rlmm.topic_consumer
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
-from tests.rlmm.helpers import segment, update
+from tests.rlmm.helpers import eventually, segment, update
 
 pytestmark = [pytest.mark.kafka]
 
@@ -51,11 +53,37 @@ def test_a_write_reads_itself_back_through_a_consumer_that_stopped_delivering(rl
     assert m.remote_log_segment_metadata(tp, 0, 35).state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 
-def test_a_quiet_partition_is_not_a_stall(rlmm_factory, topic_name: str) -> None:
-    """No waiter, nothing acknowledged beyond what was applied: a paused, idle partition is left alone (nothing tells
-    the guard that records exist)."""
-    import time
+def test_records_another_writer_wrote_reach_a_consumer_that_stopped_delivering(
+        rlmm_factory, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No waiter here: the records come from another manager (another sidecar). The high watermark, looked at every
+    HIGH_WATERMARK_CHECK_S, stays above what was applied over two looks: renewed, the reader catches up."""
+    monkeypatch.setattr(rlmm.topic_consumer, "HIGH_WATERMARK_CHECK_S", 1.0)
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    reader = rlmm_factory(topic_name, "reader", num_partitions=1)
+    writer = rlmm_factory(topic_name, "writer", num_partitions=1)
+    for m in (reader, writer):
+        m.on_partition_leadership_changes([tp], [])
+        m.wait_ready([tp])
+    task, mp = reader._consumer, reader.cache.mp_of(tp)
+    first = segment(tp, 0, 9)
+    writer.add_remote_log_segment_metadata(first)
+    eventually(lambda: len(reader.list_remote_log_segments(tp)) == 1)
+    time.sleep(2.5)   # caught up over a few looks: no renewal
+    assert task.renewals == 0
 
+    _pause(task, mp)
+    second = segment(tp, 10, 19)
+    writer.add_remote_log_segment_metadata(second)
+    # without the look at the high watermark: never there (nothing waits for it on the reader)
+    eventually(lambda: len(reader.list_remote_log_segments(tp)) == 2, 20)
+    assert task.renewals == 1 and task.skipped_records == 0
+    assert [s.remote_log_segment_id for s in reader.list_remote_log_segments(tp)] == [
+        first.remote_log_segment_id, second.remote_log_segment_id]
+
+
+def test_a_quiet_partition_is_not_a_stall(rlmm_factory, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No waiter, nothing beyond what was applied: a paused, idle partition is left alone."""
+    monkeypatch.setattr(rlmm.topic_consumer, "HIGH_WATERMARK_CHECK_S", 1.0)
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
     m = rlmm_factory(topic_name, "m", num_partitions=1, stall_renew_s=0.5)
     m.on_partition_leadership_changes([tp], [])
