@@ -3,7 +3,7 @@
 
     ./dev bench proxy [--gib 1] [--repeat 3] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
                       [--partitions N] [--history-only] [--profile FILE]
-                      [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]]
+                      [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]] [--perf FILE]
                       [--listener-setting KEY=JSON ...]
                       [--consumer-setting KEY=JSON ...]
 
@@ -72,7 +72,12 @@ Each proxied read also prints the sidecar's CPU per GiB by thread: the listener'
 (``loop``), its workers (``workers``: the tier's reads) and the rest (the OS names of the listener's threads:
 :func:`rlm.listener.net.server.name_os_thread`). ``--py-spy FILE``: afterwards one more history read (and N-partition
 one) with py-spy sampling the sidecar (``--nonblocking`` unless ``--py-spy-blocking``), the raw stacks to
-FILE.history.txt and a summary printed (shares by thread, frames on the stack and at its top).
+FILE.history.txt and a summary printed (shares by thread, frames on the stack and at its top). py-spy samples
+threads that wait to be scheduled or sit in a system call as busy; ``--perf FILE`` samples CPU time only (Linux
+``perf record -g`` on the sidecar during one more history read, and N-partition one): the shares by thread and by
+shared object and symbol (the interpreter, CRC, ``memmove``, the kernel's socket copies), FILE.history.data. The
+per-thread CPU of each proxied read also gives the loop's and the workers' system (kernel) seconds apart
+(``loop sys``, ``workers sys``).
 ``--profile FILE``: afterwards one more live read and one more history read, each through a listener alone
 (``proxy_child.py listener``) with every thread under cProfile (thread CPU time); the hot functions are printed and
 the stats written to FILE.live and FILE.history. The requests each proxied read made (``rlm_history_requests`` of
@@ -106,7 +111,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_history import produce  # noqa: E402  (the same records as bench_history's)
 from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
-from bench.proxy_child import cpu_seconds  # noqa: E402
+from bench.proxy_child import TICKS, cpu_seconds  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -180,15 +185,23 @@ def idle_cpu_rate(pid: int, seconds: float) -> float:
 
 def thread_groups(pid: int) -> dict[str, float]:
     """CPU seconds of ``pid``'s live threads so far, by group: the listener's event loop and workers (named by
-    :func:`rlm.listener.net.server.name_os_thread`), and the rest."""
-    from bench.bench_scale import thread_cpu
+    :func:`rlm.listener.net.server.name_os_thread`), and the rest; and of the loop and the workers, apart, their
+    system (kernel) seconds (``loop sys``, ``workers sys``: the socket's copies, ``sendfile``, page faults)."""
     from rlm.listener.net.server import LOOP_THREAD_NAME, WORKER_THREAD_NAME
 
     groups = {LOOP_THREAD_NAME: "loop", WORKER_THREAD_NAME: "workers"}
     out: dict[str, float] = {}
-    for (_tid, comm), cpu in thread_cpu(pid).items():
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue  # ended meanwhile
+        f = rest.split()
+        user, system = int(f[11]) / TICKS, int(f[12]) / TICKS
         g = groups.get(comm, "other")
-        out[g] = out.get(g, 0.0) + cpu
+        out[g] = out.get(g, 0.0) + user + system
+        if g != "other":
+            out[f"{g} sys"] = out.get(f"{g} sys", 0.0) + system
     return out
 
 
@@ -367,6 +380,31 @@ def spy_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, 
         print(spy_summary(path), file=sys.stderr)
 
 
+def perf_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, list[int]]], out: Path) -> None:
+    """One more read of each of ``reads`` with Linux ``perf record`` sampling the sidecar's CPU (``-g``, every
+    thread): what py-spy cannot tell, where its CPU time goes in C and in the kernel (the interpreter, ``memcpy``,
+    CRC, the socket's copies, page faults), and nothing while a thread waits or is not scheduled. The samples to
+    ``out``.LABEL.data; printed, by thread (comm) and by symbol (self time)."""
+    for label, boot, topic, counts in reads:
+        path = out.with_name(f"{out.name}.{label}.data")
+        proc = subprocess.Popen(["perf", "record", "-g", "-F", "499", "-p", str(serve_pid), "-o", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # perf attached
+        try:
+            r = read(boot, topic, counts, serve_pid, broker_pid)
+        finally:
+            proc.send_signal(signal.SIGINT)  # perf writes what it sampled on SIGINT
+            proc.wait(60)
+        print(f"\nperf'd {label} read: {r.mb_s:.0f} MB/s, sidecar CPU {r.sidecar_cpu_s / (r.bytes / GiB):.2f} s/GiB; "
+              f"samples in {path}", file=sys.stderr)
+        for sort, lines in (("comm", 8), ("comm,dso,sym", 45)):
+            rep = subprocess.run(["perf", "report", "-i", str(path), "--stdio", "--no-children", "--sort", sort,
+                                  "-g", "none", "--percent-limit", "0.4"], capture_output=True, text=True,
+                                 check=False).stdout
+            print("\n".join([x for x in rep.splitlines() if x.strip() and not x.startswith("#")][:lines]),
+                  file=sys.stderr)
+
+
 def spy_summary(path: Path, top: int = 25) -> str:
     """py-spy's raw stacks (``thread (id): name;frame;...;frame count``) summed: each thread's (numbers in its
     name folded) share of the samples, then its frames most often on the stack (inclusive) and at its top (self)."""
@@ -429,6 +467,9 @@ def main() -> None:
                          "sampling the sidecar: FILE.history.txt (raw stacks), summary printed")
     ap.add_argument("--py-spy-blocking", action="store_true",
                     help="py-spy stops the sidecar at each sample (true shares, slower reads); --py-spy-rate N")
+    ap.add_argument("--perf", type=Path, default=None, metavar="FILE",
+                    help="afterwards, one more history read (and N-partition one) through the proxy with Linux "
+                         "perf sampling the sidecar's CPU (C and kernel symbols): FILE.history.data, summary printed")
     ap.add_argument("--py-spy-rate", type=int, default=250, help="py-spy's samples per second")
     ap.add_argument("--partitions", type=int, default=1,
                     help="N > 1: also the history rows with --gib spread over a topic of N partitions each side")
@@ -574,6 +615,9 @@ def main() -> None:
                 spy_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
                     [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.py_spy,
                           blocking=args.py_spy_blocking, rate=args.py_spy_rate)
+            if args.perf:
+                perf_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
+                    [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.perf)
             if args.profile:
                 profile_reads(kc, raw, work, records, args.profile, records_n, live=not args.history_only)
             serve.terminate()
