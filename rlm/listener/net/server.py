@@ -81,7 +81,7 @@ from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.deadline import Deadline
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
-from rlm.listener.net.vectored import vectored, write_parts
+from rlm.listener.net.vectored import QUEUE_AT_MOST_BYTES, send_parts, vectored, write_parts
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
     ErrorCode,
@@ -504,11 +504,12 @@ class ListenerServer:
         the socket has taken it all. False when the client was closed for not reading it: it took nothing for
         ``write_timeout_s``, or not the whole answer within the idle limit.
 
-        ``data`` is handed to the transport a slice (``WRITE_SLICE_BYTES``) at a time, the next once the socket
-        has taken the last; the loop serves others between slices; parts are sliced as one run of bytes, each
-        written from its own buffer (a tier answer's records are not joined into one frame first: issue 24).
-        What the socket does not take at once is
-        copied into the transport's buffer: written whole, a 9 MB answer was copied there in one piece (the event
+        Over plaintext, ``data`` is written from its own buffers as the socket takes it, the transport holding a
+        little of it at a time (:meth:`_send_vectored`). Over TLS, it is handed to the transport a slice
+        (``WRITE_SLICE_BYTES``) at a time, the next once the socket has taken the last; the loop serves others
+        between slices; parts are sliced as one run of bytes, each written from its own buffer (a tier answer's
+        records are not joined into one frame first: issue 24). What the socket does not take at once is copied into
+        the transport's buffer: written whole, a 9 MB answer was copied there in one piece (the event
         loop held for ms, and the answer held twice, as ``data`` and as the copy, while a client did not read:
         r11's 6 clients held 2 x 159 MiB where 159 were counted). Now a transport holds at most a slice, and
         ``data`` is counted in :meth:`queued_response_bytes` until the socket has taken it. Data larger than
@@ -522,6 +523,8 @@ class ListenerServer:
             self._raise_send_buffer(writer, protocol)
         self._queued += n
         taken = 0
+        if protocol.vectored:  # plaintext: the parts written from their own buffers as the socket takes them
+            return await self._send_vectored(writer, parts, n, peer, started)
         try:
             for piece in _slices(parts, WRITE_SLICE_BYTES):
                 size = sum(map(len, piece))
@@ -540,6 +543,40 @@ class ListenerServer:
             return True
         finally:
             self._queued -= n - taken  # not taken: the connection is closed (or broke)
+
+    async def _send_vectored(self, writer: asyncio.StreamWriter, parts: list[bytes | memoryview], n: int, peer: Any,
+                             started: float) -> bool:
+        """:meth:`_send` over plaintext: ``parts`` (``n`` bytes, counted in :meth:`queued_response_bytes` by the
+        caller) written in rounds (:func:`~rlm.listener.net.vectored.send_parts`), each as much as the socket takes
+        from the parts' own buffers (a mapped block's long parts with ``sendfile``) and a little more copied into the
+        transport, then drained. Handed to the transport in 2 MiB slices instead, an 8 MiB answer of a consumer of 8
+        partitions was mostly copied into the transport's buffer (the socket took ~1/4 of each slice at once) and
+        sent from there (issue 24). The parts stay referenced until written; the transport holds at most
+        :data:`~rlm.listener.net.vectored.QUEUE_AT_MOST_BYTES` of them at a time (and never more than a slice, as
+        over TLS)."""
+        transport = writer.transport
+        at, end = (0, 0), len(parts)
+        counted = 0  # bytes of the answer no longer counted in _queued: those the socket took
+        done = 0  # bytes written (taken by the socket or copied into the transport's buffer)
+        try:
+            while True:
+                before = at
+                at, _taken = send_parts(transport, parts, at, min(QUEUE_AT_MOST_BYTES, WRITE_SLICE_BYTES))
+                done += _between(parts, before, at)
+                took = done - transport.get_write_buffer_size() - counted
+                self._queued -= took
+                counted += took
+                if at[0] >= end and not transport.get_write_buffer_size():
+                    return True
+                if transport.is_closing():
+                    return False
+                if not await self._drain(writer, started):
+                    CLOSED.labels("not_reading").inc()
+                    log.info("history endpoint: connection closed", extra={"peer": str(peer), "reason": "not_reading"})
+                    transport.abort()
+                    return False
+        finally:
+            self._queued -= n - counted  # not taken: the connection is closed (or broke)
 
     async def _drain(self, writer: asyncio.StreamWriter, started: float) -> bool:
         """Wait until the socket has taken what the transport holds; False when the client took nothing of it for
@@ -1110,6 +1147,14 @@ def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetc
         free_gradually(values)
         free_gradually(keep)
     return data  # type: ignore[return-value]
+
+
+def _between(parts: list[bytes | memoryview], start: tuple[int, int], end: tuple[int, int]) -> int:
+    """The bytes of ``parts`` from position ``start`` to ``end`` ((part index, bytes into it))."""
+    (i, a), (j, b) = start, end
+    if i == j:
+        return b - a
+    return len(parts[i]) - a + sum(len(parts[k]) for k in range(i + 1, min(j, len(parts)))) + b
 
 
 def _slices(parts: list[bytes | memoryview], limit: int) -> Iterator[list[bytes | memoryview]]:

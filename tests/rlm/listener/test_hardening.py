@@ -985,6 +985,46 @@ def test_a_send_buffer_is_raised_for_answers_written_a_slice_at_a_time(tiered: T
         wait_for(lambda: h.server._raised == 0, 10, "the raised buffer to be given back")
 
 
+def test_a_large_answer_to_a_slow_reader_is_not_copied_into_the_transport(tiered: Tiered,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer above ``WRITE_SLICE_BYTES`` over plaintext (here the slice is made 256 KiB, so both partitions of
+    ``a``, ~370 KB, are one) to a client whose socket takes little at a time: the server writes it from the tier's
+    buffers as the socket takes it, and copies at most ``QUEUE_AT_MOST_BYTES`` into the transport's buffer at a time
+    (handed to the transport a slice at a time, what the socket did not take of each slice was copied there whole,
+    then sent from that copy: a consumer of 8 partitions had most of each ~8 MiB answer copied twice). The client
+    gets the same whole answer as one reading at once."""
+    import asyncio.selector_events
+
+    import rlm.listener.net.server as server
+    from rlm.listener.net.vectored import QUEUE_AT_MOST_BYTES
+
+    a = tiered.topic("a")
+    both = [(a, p, 0, 2**20) for p in (0, 1)]
+    with endpoint(tiered) as h, connect(h) as reader:
+        whole = answered(fetch_v4(reader, 2**21, both))
+    held: list[int] = []
+    transport = asyncio.selector_events._SelectorSocketTransport
+    write = transport.write
+
+    def recorded(self: Any, data: Any) -> None:
+        write(self, data)
+        held.append(self.get_write_buffer_size())
+
+    monkeypatch.setattr(transport, "write", recorded)
+    monkeypatch.setattr(server, "WRITE_SLICE_BYTES", 256 * 1024)
+    monkeypatch.setattr(server, "SEND_BUFFER_RAISED_BYTES", 4096)
+    with endpoint(tiered, socket_send_buffer_bytes=4096) as h:
+        with socket.socket() as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+            slow.settimeout(20)
+            slow.connect(("127.0.0.1", h.port))
+            got = answered(fetch_v4(slow, 2**21, both))
+    assert sum(len(p.records or b"") for ps in whole.values() for p in ps) > 256 * 1024
+    assert [[bytes(p.records or b"") for p in ps] for ps in got.values()] == [
+        [bytes(p.records or b"") for p in ps] for ps in whole.values()]
+    assert held and max(held) <= QUEUE_AT_MOST_BYTES
+
+
 # ------------------------------------------------------------------------------ generated frames (Hypothesis)
 def _valid_request(api_key: int, version: int) -> bytes:
     """A request body of ``api_key`` at ``version`` built by kio from empty values (b"" if kio has no schema)."""

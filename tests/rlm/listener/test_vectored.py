@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from rlm.listener.net.vectored import IOV_MAX, SENDFILE_MIN_BYTES, _in_file, vectored, write_parts
+from rlm.listener.net.vectored import (
+    IOV_MAX,
+    QUEUE_AT_MOST_BYTES,
+    SENDFILE_MIN_BYTES,
+    _in_file,
+    send_parts,
+    vectored,
+    write_parts,
+)
 from rsm.store.fs import FileSystemStore
 
 SMALL_BUFFER = 4096  # the kernel rounds it up (and doubles it): still far below what is written
@@ -183,3 +191,84 @@ def test_a_short_or_unmapped_part_is_not_sent_from_a_file(tmp_path: Path) -> Non
     assert _in_file(whole[1:]) is None  # shorter than SENDFILE_MIN_BYTES: in the writev
     assert _in_file(memoryview(bytearray(2 * SENDFILE_MIN_BYTES))) is None
     assert _in_file(bytes(2 * SENDFILE_MIN_BYTES)) is None
+
+
+async def _send_in_rounds(parts: list[bytearray | memoryview | bytes]) -> tuple[bytes, list[int], list[int]]:
+    """``parts`` written with send_parts in rounds, each drained before the next, to a slow reader over a real TCP
+    connection with small buffers; after each round every part before the position reached is overwritten (the
+    contract: none of them is referenced). What the reader got, the transport's buffer after each round, and the
+    bytes the socket took at once in each."""
+    loop = asyncio.get_running_loop()
+    connected: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+    server = await asyncio.start_server(lambda _r, w: connected.set_result(w), "127.0.0.1", 0)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+    client.connect(server.sockets[0].getsockname()[:2])
+    writer = await connected
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
+    writer.transport.set_write_buffer_limits(high=0)  # as the listener's: drain() waits until the socket took all
+    total = sum(map(len, parts))
+    got = bytearray()
+    done = threading.Event()
+    threading.Thread(target=_slow_reader, args=(client, total, got, done), daemon=True).start()
+    held, taken = [], []
+    at = (0, 0)
+    try:
+        while at[0] < len(parts):
+            at, n = send_parts(writer.transport, parts, at)
+            held.append(writer.transport.get_write_buffer_size())
+            taken.append(n)
+            for p in parts[:at[0]]:
+                if isinstance(p, bytearray | memoryview) and not (isinstance(p, memoryview) and p.readonly):
+                    p[:] = b"\xee" * len(p)
+            await writer.drain()
+        await writer.drain()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+        return bytes(got), held, taken
+    finally:
+        writer.close()
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_send_parts_in_rounds_is_byte_exact_and_copies_little(tmp_path: Path) -> None:
+    """An answer far larger than the socket's buffers, written with send_parts and drained between rounds (as the
+    listener writes answers above WRITE_SLICE_BYTES over plaintext): the reader gets every byte in order (parts of
+    every kind, a mapped file's long parts sent from it, rounds stopping inside parts), and the transport never holds
+    more than QUEUE_AT_MOST_BYTES of it: the rest went to the socket from the parts' own buffers. Parts before the
+    position reached are overwritten after each round and the bytes still arrive as they were."""
+    store = FileSystemStore(tmp_path, fsync=False)
+    data = os.urandom(2 * 1024 * 1024)
+    store.put("blocks", [data])
+    parts = _parts(3)
+    parts[40] = store.map_range("blocks", 11, 700 * 1024)
+    parts[90] = store.map_range("blocks", 900 * 1024, SENDFILE_MIN_BYTES + 1)
+    parts.insert(0, bytearray(os.urandom(QUEUE_AT_MOST_BYTES * 3 + 5)))  # a round stops inside it, then queues
+    expected = b"".join(bytes(p) for p in parts)
+    got, held, taken = asyncio.run(_send_in_rounds(parts))
+    assert got == expected
+    assert len(held) > 3 and max(held) <= QUEUE_AT_MOST_BYTES
+    assert len(expected) - sum(taken) <= len(held) * QUEUE_AT_MOST_BYTES  # copied: QUEUE_AT_MOST_BYTES a round
+
+
+def test_send_parts_writes_nothing_while_the_transport_holds_bytes() -> None:
+    async def run() -> tuple[tuple[int, int], int]:
+        loop = asyncio.get_running_loop()
+        connected: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+        server = await asyncio.start_server(lambda _r, w: connected.set_result(w), "127.0.0.1", 0)
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        writer = await connected
+        writer.transport.pause_reading()
+        writer.transport._buffer.extend(b"queued")  # type: ignore[attr-defined]  # as if the socket had not taken it
+        at, n = send_parts(writer.transport, [b"head", b"tail"], (0, 0))
+        writer.transport._buffer.clear()  # type: ignore[attr-defined]
+        writer.close()
+        client.close()
+        server.close()
+        await server.wait_closed()
+        return at, n
+
+    at, n = asyncio.run(run())
+    assert at == (0, 0) and n == 0
