@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlm import metrics
-from rlm.state import write_file_durably
+from rlm.state import fsync_dir
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.staging import TXN_UPLOAD_SUFFIX, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, epochs_for_range, lineage_of, remote_chain, to_rsm
@@ -151,6 +151,7 @@ class PartitionCopier:
         self._persisted = self._watermark
         # tiered() passed over offsets no metadata records (expired, not copied): the next write is fsynced
         self._watermark_unrecorded = False
+        self._watermark_named = False  # the file's name made durable by this process (write_watermark)
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
         self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
         self._run_names: set[str] | None = None  # the partition dir's entries, listed at the run's start
@@ -467,38 +468,43 @@ class PartitionCopier:
     def write_watermark(self) -> None:
         """Persist the highest tiered offset and its epoch when they moved.
 
-        The first write makes the file (:func:`rlm.state.write_file_durably`: temp file, fsync, rename, directory
-        fsync); later ones overwrite its one record in place, at the same length: no new inode, no rename, no
-        directory fsync per copy run (issue 26: a burst of 6,000 segments made as many runs). The record is 64 bytes
-        at offset 0, inside one disk sector, so a crash leaves the old record or the new one; should an overwrite
-        tear all the same, its CRC fails and the watermark is ignored as unreadable.
+        Every write puts its one record in place, at offset 0 and the same length: the first one makes the file
+        there (no temp file, no rename), later ones overwrite it: no new inode, no rename, no directory fsync per
+        copy run (issue 26: a burst of 6,000 segments made as many runs). The record is 64 bytes at offset 0, inside
+        one disk sector, so a crash leaves the old record or the new one; should an overwrite tear all the same, its
+        CRC fails and the watermark is ignored as unreadable.
 
-        An overwrite is fsynced only when the watermark passed over offsets that no metadata records (segments older
-        than remote retention, not copied: :meth:`tiered` with ``recorded=False``). Otherwise every offset it
-        names is COPY_SEGMENT_FINISHED in the metadata, written (and acknowledged) before :meth:`tiered` was told,
-        so the metadata is the durable record and the watermark a copy of it, kept for the day remote retention has
-        deleted those segments (the metadata then no longer names them: :meth:`resume_point`). Left to the page
-        cache's writeback (seconds), what a power cut can lose is that copy: the file then holds an older record (or
-        a torn one, ignored), never one ahead of what the metadata made durable, and the worst it costs is copying
-        again the local segments that remote retention expired in those seconds, as when the state dir is lost.
-        One fsync per copy run saved (issue 26: 2,000 partitions rolling at once, a run copies one or two segments)."""
+        A write is fsynced only when the watermark passed over offsets that no metadata records (segments older than
+        remote retention, not copied: :meth:`tiered` with ``recorded=False``), and the first such write of the process
+        fsyncs the file's directory too (its name durable, however it was made). Otherwise every offset it names is
+        COPY_SEGMENT_FINISHED in the metadata, written (and acknowledged) before :meth:`tiered` was told, so the
+        metadata is the durable record and the watermark a copy of it, kept for the day remote retention has deleted
+        those segments (the metadata then no longer names them: :meth:`resume_point`). Left to the page cache's
+        writeback (seconds), what a power cut can lose is that copy: the file then holds an older record, or a torn one,
+        or, for the first write, is missing or empty (its name or its bytes not written back yet), each ignored
+        (:meth:`_read_watermark`), never one ahead of what the metadata made durable, and the worst it costs is copying
+        again the local segments that remote retention expired in those seconds, as when the state dir is lost. One
+        fsync per copy run saved (issue 26: 2,000 partitions rolling at once, a run copies one or two segments), and a
+        partition's first run two fsyncs and a rename (issue 26: the cold burst makes 2,000 watermark files)."""
         if self.watermark_path is None or self._watermark is None or self._watermark == self._persisted:
             return
         offset, epoch = self._watermark
         text = f"{offset} {epoch if epoch is not None else '-'}"
         record = f"{text} {zlib.crc32(text.encode()):08x}".ljust(_WATERMARK_BYTES - 1).encode() + b"\n"
         try:
-            fd = os.open(self.watermark_path, os.O_WRONLY)
-        except FileNotFoundError:
+            fd = os.open(self.watermark_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # its directory is new
             self.watermark_path.parent.mkdir(parents=True, exist_ok=True)
-            write_file_durably(self.watermark_path, record)
-        else:
-            try:
-                os.pwrite(fd, record, 0)
-                if self._watermark_unrecorded:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            fd = os.open(self.watermark_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, record, 0)
+            if self._watermark_unrecorded:
+                os.fsync(fd)
+                if not self._watermark_named:  # (made in place, or by an earlier process: its name durable too)
+                    fsync_dir(self.watermark_path.parent)
+                    self._watermark_named = True
+        finally:
+            os.close(fd)
         self._persisted = self._watermark
         self._watermark_unrecorded = False
 

@@ -230,6 +230,46 @@ def test_the_watermark_is_overwritten_in_place_and_read_back(world: World, monke
                            watermark_path=path).tiered_offset == 9
 
 
+def test_the_first_watermark_is_made_in_place_without_an_fsync(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition's first watermark is made at its path (no temp file, no rename) and, naming offsets the metadata
+    records FINISHED, not fsynced, nor its directory (issue 26: the cold burst's 2,000 first copies made as many temp
+    files, renames and two fsyncs each). A power cut may leave it missing or empty: ignored (test_watermark_formats)."""
+    tp = rolled(world, 1)
+    copier = world.copier(1, tp)
+    path = copier.watermark_path
+    assert path is not None and not path.exists()
+    fsyncs = Fsyncs(monkeypatch)
+    made: list[str] = []
+    inner = os.rename
+    monkeypatch.setattr(os, "rename", lambda *a, **k: (made.append(str(a[0])), inner(*a, **k))[1])
+    monkeypatch.setattr(os, "replace", lambda *a, **k: (made.append(str(a[0])), inner(*a, **k))[1])
+    copier.tiered(4, 0)
+    copier.write_watermark()
+    assert (fsyncs.files, fsyncs.dirs, made) == (0, [], [])
+    assert len(path.read_bytes()) == 64 and world.copier(1, tp).tiered_offset == 4
+
+
+def test_the_first_unrecorded_watermark_write_makes_its_name_durable(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watermark that passed over offsets no metadata records is their only record: the write is fsynced, and the
+    first such write of the process fsyncs the directory too, the file's name with it (made in place by an earlier
+    write, or by an earlier process, whose name a power cut might still take); later ones the file alone."""
+    tp = rolled(world, 1)
+    copier = world.copier(1, tp)
+    path = copier.watermark_path
+    assert path is not None
+    fsyncs = Fsyncs(monkeypatch)
+    copier.tiered(4, 0)
+    copier.write_watermark()  # recorded: made in place, no fsync
+    copier.tiered(9, 0, recorded=False)
+    copier.write_watermark()
+    assert (fsyncs.files, fsyncs.dirs) == (1, [str(path.parent)])
+    copier.tiered(14, 0, recorded=False)
+    copier.write_watermark()
+    assert (fsyncs.files, fsyncs.dirs) == (2, [str(path.parent)])
+    assert world.copier(1, tp).tiered_offset == 14
+
+
 def test_the_watermark_is_fsynced_when_it_passes_over_segments_it_did_not_copy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Segments older than remote retention are passed over, not copied: no metadata records their offsets, so the
@@ -252,6 +292,7 @@ def test_the_watermark_is_fsynced_when_it_passes_over_segments_it_did_not_copy(
     (b"41 3", 41), (b"41", 41),  # written by older sidecars (temp file and rename)
     (b"41 - " + b"%08x" % __import__("zlib").crc32(b"41 -") + b"\n", 41),  # no epoch known
     (b"42 3 00000000" + b" " * 50 + b"\n", -1),  # a torn overwrite: its CRC fails, ignored (the metadata decides)
+    (b"", -1), (b"\0" * 64, -1),  # a first write's file made, its bytes not written back before a power cut: ignored
 ])
 def test_watermark_formats(world: World, content: bytes, expected: int) -> None:
     tp = rolled(world, 1)
