@@ -393,8 +393,9 @@ class HistoryListenerSettings(_Frozen):
         "(Kafka's connections.max.idle.ms and its default, 10 min)"))
     socket_send_buffer_bytes: int = Field(102_400, ge=-1, description=(
         "SO_SNDBUF of the clients' sockets: what the kernel holds of an answer a client has not read yet; -1: the "
-        "OS's (Kafka's socket.send.buffer.bytes and its default). A connection whose answers outgrow it gets 1 MiB "
-        "while the buffers so raised, counted against queued_max_response_bytes, stay within a quarter of it"))
+        "OS's (Kafka's socket.send.buffer.bytes and its default). A connection whose answers outgrow it gets 1 MiB, "
+        "or half its largest answer up to 4 MiB, while the buffers so raised, counted against "
+        "queued_max_response_bytes, stay within a quarter of it"))
     write_timeout_ms: int = Field(30_000, ge=100, description=(
         "a connection whose queued answer has not been read at all for this long is closed, as is one that has not "
         "taken a whole answer within connections_max_idle_ms (no Kafka equivalent: 30 s)"))

@@ -127,6 +127,7 @@ READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from 
 # consumer's 1 MiB answer taken in one system call, not in ~5 event-loop rounds), while the kernel buffers so raised
 # stay within 1/SEND_BUFFER_RAISED_SHARE of queued_max_response_bytes, which they are counted against.
 SEND_BUFFER_RAISED_BYTES = 1 << 20
+SEND_BUFFER_RAISED_MAX_BYTES = 4 << 20  # answers larger than 2 MiB get half their size, up to this
 SEND_BUFFER_RAISED_SHARE = 4
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -445,8 +446,8 @@ class ListenerServer:
             self._queued -= n  # the socket took it all (or the connection is gone: nothing is held either)
             return
         protocol.answer = answer = _QueuedAnswer(self, protocol, writer.transport, n, peer)
-        if not protocol.raised and n > self.limits.socket_send_buffer_bytes > 0:
-            self._raise_send_buffer(writer, protocol)
+        if n > self.limits.socket_send_buffer_bytes > 0 and protocol.raised < _raised_cost(n):
+            self._raise_send_buffer(writer, protocol, n)
         self._queued_answers.add(answer)
         if self._queued_ticker is None:
             self._queued_ticker = asyncio.get_running_loop().call_later(self._write_poll_s(), self._check_queued)
@@ -464,25 +465,28 @@ class ListenerServer:
         else:
             writer.writelines(parts)
 
-    def _raise_send_buffer(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol) -> None:
-        """Raise the connection's SO_SNDBUF to ``SEND_BUFFER_RAISED_BYTES`` (once; given back when it closes) if the
-        raised buffers stay within their share of ``queued_max_response_bytes``, which they are counted against
-        (:meth:`_fetch_room`): what a client that does not read pins in the kernel stays within the bound.
+    def _raise_send_buffer(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol, n: int) -> None:
+        """Raise the connection's SO_SNDBUF for answers of ``n`` bytes (:func:`_raised_bytes`: half the answer,
+        ``SEND_BUFFER_RAISED_BYTES`` at least, ``SEND_BUFFER_RAISED_MAX_BYTES`` at most; raised again when a larger
+        answer comes; given back when it closes) if the raised buffers stay within their share of
+        ``queued_max_response_bytes``, which they are counted against (:meth:`_fetch_room`): what a client that does
+        not read pins in the kernel stays within the bound.
 
         Kafka's ``socket.send.buffer.bytes`` (100 KB) takes a 1 MiB answer about 200 KB at a time: each an
         event-loop round of the transport's (bench_history: 4.5 of 8.6 per Fetch, the endpoint CPU 1.12x of what
-        it was before the issue-22 bounds, with the OS's auto-tuned buffer 0.96x)."""
-        cost = 2 * SEND_BUFFER_RAISED_BYTES  # Linux doubles SO_SNDBUF for its bookkeeping
-        if self._raised + cost > self.limits.queued_max_response_bytes // SEND_BUFFER_RAISED_SHARE:
+        it was before the issue-22 bounds, with the OS's auto-tuned buffer 0.96x). A consumer of 8 partitions gets
+        ~8 MiB answers: with 1 MiB each took ~4 rounds of the event loop's, with 4 MiB 1-2 (issue 24)."""
+        cost = _raised_cost(n)
+        if self._raised - protocol.raised + cost > self.limits.queued_max_response_bytes // SEND_BUFFER_RAISED_SHARE:
             return
         sock = writer.get_extra_info("socket")
         if sock is None:
             return
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_RAISED_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cost // 2)
         except OSError:
             return
-        self._raised += cost
+        self._raised += cost - protocol.raised
         protocol.raised = cost
 
     def _write_poll_s(self) -> float:
@@ -519,8 +523,8 @@ class ListenerServer:
         n = sum(map(len, parts))
         transport = writer.transport
         protocol = typing.cast(_ClientProtocol, transport.get_protocol())
-        if not protocol.raised and n > self.limits.socket_send_buffer_bytes > 0:
-            self._raise_send_buffer(writer, protocol)
+        if n > self.limits.socket_send_buffer_bytes > 0 and protocol.raised < _raised_cost(n):
+            self._raise_send_buffer(writer, protocol, n)
         self._queued += n
         taken = 0
         if protocol.vectored:  # plaintext: the parts written from their own buffers as the socket takes them
@@ -1147,6 +1151,12 @@ def _encoded(header: RequestHeader, rtype: type, values: dict[str, Any], *, fetc
         free_gradually(values)
         free_gradually(keep)
     return data  # type: ignore[return-value]
+
+
+def _raised_cost(n: int) -> int:
+    """The kernel bytes a connection's send buffer raised for answers of ``n`` bytes holds (Linux doubles SO_SNDBUF
+    for its bookkeeping): half the answer, within ``SEND_BUFFER_RAISED_BYTES`` .. ``SEND_BUFFER_RAISED_MAX_BYTES``."""
+    return 2 * min(max(n // 2, SEND_BUFFER_RAISED_BYTES), max(SEND_BUFFER_RAISED_MAX_BYTES, SEND_BUFFER_RAISED_BYTES))
 
 
 def _between(parts: list[bytes | memoryview], start: tuple[int, int], end: tuple[int, int]) -> int:

@@ -985,6 +985,41 @@ def test_a_send_buffer_is_raised_for_answers_written_a_slice_at_a_time(tiered: T
         wait_for(lambda: h.server._raised == 0, 10, "the raised buffer to be given back")
 
 
+def test_a_send_buffer_is_raised_by_the_answers_size_up_to_its_max(tiered: Tiered,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers larger than ``socket_send_buffer_bytes`` raise the connection's SO_SNDBUF to half their size, within
+    ``SEND_BUFFER_RAISED_BYTES`` .. ``SEND_BUFFER_RAISED_MAX_BYTES`` (here 64 KiB .. 1 MiB, so that one partition of
+    ``a`` raises it, both partitions raise it further): a consumer of 8 partitions gets ~8 MiB answers, and with
+    1 MiB each went to the socket in ~4 rounds of the event loop's. Counted (twice it: the kernel's doubling)
+    against ``queued_max_response_bytes`` and given back at close, as before."""
+    import asyncio
+
+    import rlm.listener.net.server as server
+
+    monkeypatch.setattr(server, "WRITE_SLICE_BYTES", 64 * 1024)  # written by _send, which raises it before writing
+    monkeypatch.setattr(server, "SEND_BUFFER_RAISED_BYTES", 64 * 1024)
+    monkeypatch.setattr(server, "SEND_BUFFER_RAISED_MAX_BYTES", 1 << 20)
+    a = tiered.topic("a")
+    with endpoint(tiered) as h:
+        assert h.server._loop is not None
+
+        def send_buffers() -> list[int]:
+            async def read() -> list[int]:
+                return [w.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+                        for w in h.server._writers]
+            return asyncio.run_coroutine_threadsafe(read(), h.server._loop).result(10)  # type: ignore[arg-type]
+
+        with connect(h) as reader:
+            seen = []
+            for parts in ([(a, 0, 0, 2**20)], [(a, p, 0, 2**20) for p in (0, 1)]):
+                got = answered(fetch_v4(reader, 2**21, parts))
+                assert all(len(base_offsets(got[(a, p)][0].records)) > 5 for _t, p, _o, _m in parts)
+                seen.append(send_buffers())
+                assert seen[-1] == [h.server._raised]
+        assert 2 * 64 * 1024 < seen[0][0] < seen[1][0] <= 2 * (1 << 20)
+        wait_for(lambda: h.server._raised == 0, 10, "the raised buffer to be given back")
+
+
 def test_a_large_answer_to_a_slow_reader_is_not_copied_into_the_transport(tiered: Tiered,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An answer above ``WRITE_SLICE_BYTES`` over plaintext (here the slice is made 256 KiB, so both partitions of
