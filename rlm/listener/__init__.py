@@ -38,7 +38,7 @@ from rlm.listener.net.server import ConnectionLimits, ListenerServer
 from rlm.listener.net.tls import server_ssl_context, upstream_ssl_context
 from rlm.listener.routing import Router
 from rlm.listener.tier.catalog import Catalog
-from rlm.listener.tier.context import TierContext
+from rlm.listener.tier.context import TierContext, reads_wait_on_network
 from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from rlm.listener.upstream.brokers import UpstreamError, broker_address
 from rlm.listener.upstream.proxy import Proxy
@@ -107,7 +107,8 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                       interval_s=settings.tasks.discovery_interval_ms / 1000).start()
     # The cluster's ACLs, fetched (by DescribeAcls, as the sidecar's principal) before the first client connects.
     authorizer = Authorizer.of_cluster(settings.kafka.client_config(), cfg.authorization).start()
-    ctx = TierContext(catalog, TierView(RemoteReader(rlmm, rsm)), authorizer, fetch_max_bytes=cfg.fetch_max_bytes)
+    ctx = TierContext(catalog, TierView(RemoteReader(rlmm, rsm)), authorizer, fetch_max_bytes=cfg.fetch_max_bytes,
+                      parallel_reads=reads_wait_on_network(rsm))
     node = NodeAnswers(ctx, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
                        sasl=sasl is not None)
     proxy = None

@@ -21,7 +21,7 @@ from rlm.listener.tier.catalog import Catalog
 from rlm.tier import PartitionTier, TierView, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
-__all__ = ["FETCH_MAX_BYTES", "TierContext"]
+__all__ = ["FETCH_MAX_BYTES", "TierContext", "reads_wait_on_network"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,12 @@ FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): histor
 
 class TierContext:
     def __init__(self, catalog: Catalog, tier: TierView, authorizer: Authorizer, *,
-                 fetch_max_bytes: int = FETCH_MAX_BYTES) -> None:
+                 fetch_max_bytes: int = FETCH_MAX_BYTES, parallel_reads: bool = True) -> None:
         self.catalog = catalog
         self.tier = tier
+        # whether a Fetch's partitions are read at once (rlm.listener.tier.fetch.PARALLEL_READS threads): reads that
+        # wait on a network, not those of a store whose blocks are mapped from local files (rsm.store.base.MappedStore)
+        self.parallel_reads = parallel_reads
         self.authorizer = authorizer
         self.fetch_max_bytes = fetch_max_bytes
         self._reported: OrderedDict[str, None] = OrderedDict()  # copies whose failure was logged
@@ -95,3 +98,10 @@ class TierContext:
     def name_of(self, topic_id: uuid.UUID | None) -> str | None:
         topic = self.catalog.by_id(topic_id) if topic_id is not None else None
         return topic.name if topic is not None else None
+
+
+def reads_wait_on_network(rsm: object) -> bool:
+    """Whether the storage manager's reads wait on a network (S3): a Fetch's partitions are then read at once
+    (``TierContext.parallel_reads``); not when its store maps local files (the filesystem's,
+    :class:`rsm.store.base.MappedStore`): nothing to wait for in parallel."""
+    return getattr(getattr(rsm, "store", None), "map_range", None) is None

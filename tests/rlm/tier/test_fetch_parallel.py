@@ -132,3 +132,40 @@ def test_reads_not_started_are_read_by_the_fetch_itself(tmp_path: Path) -> None:
         assert not any(f.done() for f in busy)
     finally:
         release.set()
+
+
+class _Threads:
+    """A tier view that notes the thread of each partition read."""
+
+    def __init__(self, view: TierView) -> None:
+        self.view = view
+        self.threads: list[int] = []
+
+    def fetch(self, tp: TopicIdPartition, *args: Any, **kw: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return self.view.fetch(tp, *args, **kw)
+
+
+@pytest.mark.parametrize("parallel_reads", [True, False])
+def test_without_parallel_reads_the_fetch_reads_its_partitions_itself(tmp_path: Path, parallel_reads: bool) -> None:
+    """A context without parallel reads (a store mapping local files: the filesystem's) reads every partition on
+    the thread answering the Fetch, none on the pool; the answer is the same as with them."""
+    world, tps = _tier(tmp_path)
+    view = _Threads(TierView(world.reader, ttl_s=60))
+    ctx = _context(world, tps, view)
+    ctx.parallel_reads = parallel_reads
+    asks = [(p, 0, 20 * KiB) for p in range(4)]
+    want = _one_after_the_other(TierView(world.reader, ttl_s=60), tps, asks, 1 << 20)
+    for _ in range(20):  # with them, a read of the pool's comes (the pool's threads may be slow to start)
+        values, _size = tier_fetch.fetch(ctx, _request(tps[0].topic, asks, 1 << 20), CLIENT)
+        assert [(p["partition_index"], bytes(p["records"])) for p in values["responses"][0]["partitions"]] == want
+    here = threading.get_ident()
+    assert (set(view.threads) == {here}) is not parallel_reads
+
+
+def test_only_a_store_that_does_not_map_its_files_reads_partitions_at_once(tmp_path: Path) -> None:
+    from rlm.listener.tier.context import reads_wait_on_network
+
+    fs = RemoteStorageManager(RsmConfig(store="fs", root_path=tmp_path / "remote", fsync=False))
+    assert not reads_wait_on_network(fs)  # the filesystem's blocks are mapped: nothing to wait for in parallel
+    assert reads_wait_on_network(SimpleNamespace(store=SimpleNamespace(get=None)))  # e.g. S3's: no map_range
