@@ -10,11 +10,16 @@
   a third, a read-only sidecar's.
 - ``kafka_sasl_ssl``: the same over SASL_SSL (SCRAM-SHA-512, TLS with a CA generated at start; started on first
   use): ``client_config(SCRAM_PRINCIPAL)`` carries ``ssl.ca.location`` as well.
+- ``kafka_big``: a 1-broker cluster taking records up to 230 MiB (:func:`tests.support.bigrecord.big_record_cluster`;
+  started on first use): the large-record modules share it.
 - ``s3_endpoint``: moto's S3 server on 127.0.0.1, spoken to through boto3 over HTTP (fault injection uses it).
 - ``s3proxy_endpoint``: s3proxy, a real S3 server over a directory, on 127.0.0.1 (jars via Maven, cached in
   ``.cache/s3proxy/``); like the broker it never skips. ``s3_server`` runs a test once per server (moto, s3proxy).
 - ``spark``: a local SparkSession with ``kafka-remote`` registered (started on first use).
 - ``topic_name``: a unique topic name per test (uuid suffix), so tests never see each other's data.
+
+Every Kafka JVM of the suite runs the ``quick`` profile (``RLM_KAFKA_JVM``, see :mod:`devtools.devkafka`): the
+serial collector and C1 alone, about half the CPU of a broker's start; the tests move little data and start dozens.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ SASL_PRINCIPAL = "rlm"  # the kafka_sasl cluster's non-super user
 SASL_READER = "reader"  # another, never granted anything on the cluster (only topic and group ACLs)
 SASL_VIEWER = "viewer"  # a third: a read-only sidecar's principal (its tests grant it DESCRIBE on the cluster)
 SCRAM_PRINCIPAL = "rlm"  # the kafka_sasl_ssl cluster's non-super user
+
+os.environ.setdefault("RLM_KAFKA_JVM", "quick")  # also the default of the brokers the tests start themselves
 
 
 def _running(cluster: KafkaCluster, what: str) -> Iterator[KafkaCluster]:
@@ -77,6 +84,13 @@ def kafka_sasl_ssl() -> Iterator[KafkaCluster]:
     """SASL_SSL (SCRAM-SHA-512 over TLS, a CA made at start), StandardAuthorizer; see devtools.devkafka."""
     yield from _running(KafkaCluster(brokers=1, sasl_users={SCRAM_PRINCIPAL: f"scram-{uuid.uuid4().hex}"},
                                      sasl_mechanism="SCRAM-SHA-512", tls=True), "the SASL_SSL Kafka cluster")
+
+
+@pytest.fixture(scope="session")
+def kafka_big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    from tests.support.bigrecord import big_record_cluster  # it imports this module
+
+    yield from big_record_cluster(tmp_path_factory.mktemp("kafka-big"))
 
 
 @pytest.fixture
