@@ -1,12 +1,12 @@
 """A 200 MiB record among small ones (issue 26, PDP-43): tiered by ``rlm serve``, read back through ``rlm cat`` and
 the history endpoint byte-exact, the sidecar's memory bound asserted from ``/proc`` (peak RSS above idle).
 
-Its own broker: the session broker takes requests up to ``socket.request.max.bytes`` (100 MiB, static), and a
-200 MiB record is one produce request; the topic's ``max.message.bytes`` and ``segment.bytes`` are raised too. The
-sidecar runs as its own process (``rlm serve``), so that its peak RSS (``VmHWM``, reset through
-``/proc/<pid>/clear_refs`` once it is idle) is the sidecar's alone; ``rlm cat`` too, its peak reported by the
-process itself. Goals (issue 26): copy <= 64 MiB above idle (it was +209 MiB), the history
-endpoint's read <= 96 MiB above idle (it was +795 MiB).
+Its own broker (``kafka_big``, a session fixture it shares with ``test_proxy_large_event``): the session broker takes
+requests up to ``socket.request.max.bytes`` (100 MiB, static), and a 200 MiB record is one produce request; the
+topic's ``max.message.bytes`` and ``segment.bytes`` are raised too. The sidecar runs as its own process
+(``rlm serve``), so that its peak RSS (``VmHWM``, reset through ``/proc/<pid>/clear_refs`` once it is idle) is the
+sidecar's alone; ``rlm cat`` too, its peak reported by the process itself. Goals (issue 26): copy <= 64 MiB above
+idle (it was +209 MiB), the history endpoint's read <= 96 MiB above idle (it was +795 MiB).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.support.bigbatch import (
     reset_peak,
     value_chunks,
 )
-from tests.support.bigrecord import BIG_RECORD_LIMIT, big_record_cluster, index_objects, listening
+from tests.support.bigrecord import BIG_RECORD_LIMIT, index_objects, listening
 from tests.support.kafka import partition_dir, produce, roll_and_wait, rolled_logs
 from tests.support.processes import ROOT, serve
 from tests.support.sidecar import make_settings, settings_yaml, wait_for
@@ -40,21 +40,14 @@ BIG = 200 * MiB
 LIMIT = BIG_RECORD_LIMIT
 
 
-@pytest.fixture(scope="module")
-def big_kafka(tmp_path_factory: pytest.TempPathFactory):
-    yield from big_record_cluster(tmp_path_factory.mktemp("kafka-big"))
-
-
-
-
-def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, tmp_path):
+def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(kafka_big, tmp_path):
     topic = f"large-{uuid.uuid4().hex[:8]}"
     # segment.bytes: a batch larger than a segment is refused (RECORD_LIST_TOO_LARGE)
-    big_kafka.create_topic(topic, 1, 1, {"max.message.bytes": str(LIMIT), "segment.bytes": str(2 * LIMIT),
+    kafka_big.create_topic(topic, 1, 1, {"max.message.bytes": str(LIMIT), "segment.bytes": str(2 * LIMIT),
                                          "segment.ms": "500", "retention.ms": "-1",
                                          "message.timestamp.type": "CreateTime"})
     port = free_port()
-    settings = make_settings(big_kafka, tmp_path, topics={"include": [topic]},
+    settings = make_settings(kafka_big, tmp_path, topics={"include": [topic]},
                              store={"block_size_bytes": 4 * MiB},
                              listen={"host": "127.0.0.1", "port": free_port()},
                              history_listener={"host": "127.0.0.1", "port": port, "fetch_poll_ms": 100,
@@ -66,15 +59,15 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
     try:
         wait_for(lambda: listening(port), 120, "rlm serve's history endpoint")
         # warm: a first small segment tiered (the copy path's imports and pools) before idle is taken
-        produce(big_kafka, topic, [(b"k%d" % i, b"small-%d" % i) for i in range(10)])
-        roll_and_wait(big_kafka, topic, rolled=1, segment_ms=500)
+        produce(kafka_big, topic, [(b"k%d" % i, b"small-%d" % i) for i in range(10)])
+        roll_and_wait(kafka_big, topic, rolled=1, segment_ms=500)
         wait_for(lambda: index_objects(remote) >= 1, 120, "the first segment tiered")
         time.sleep(2)
         idle = reset_peak(sidecar.pid)
 
         value = b"".join(value_chunks(BIG))
         want_digest = hashlib.sha256(value).hexdigest()
-        p = Producer({"bootstrap.servers": big_kafka.bootstrap_servers, "message.max.bytes": LIMIT,
+        p = Producer({"bootstrap.servers": kafka_big.bootstrap_servers, "message.max.bytes": LIMIT,
                       "compression.type": "none", "linger.ms": 0, "message.timeout.ms": 120_000})
         errors: list[object] = []
 
@@ -91,7 +84,7 @@ def test_a_200_mib_record_is_tiered_and_read_back_in_bounded_memory(big_kafka, t
         for i in range(5):
             p.produce(topic, key=b"after%d" % i, value=b"small-after-%d" % i, on_delivery=delivered)
         assert p.flush(120) == 0 and not errors, errors
-        logs = roll_and_wait(big_kafka, topic, rolled=len(rolled_logs(partition_dir(big_kafka, topic))) + 1,
+        logs = roll_and_wait(kafka_big, topic, rolled=len(rolled_logs(partition_dir(kafka_big, topic))) + 1,
                              segment_ms=500, timeout=120)
         print(f"produced; {len(logs)} rolled segments", flush=True)
         wait_for(lambda: index_objects(remote) >= len(logs), 300, "the big record's segment tiered")

@@ -11,7 +11,7 @@ both of the proxy's tier paths, never held whole (both called ``bytes()`` on it:
 - a consumer assigned at the big record's offset, on a connection of its own (no bounds known): its first Fetch
   reaches the broker, and the big batch comes in the merged answer.
 
-Its own broker, as ``test_large_event``'s (``socket.request.max.bytes`` is static).
+Its own broker, ``test_large_event``'s (``kafka_big``: ``socket.request.max.bytes`` is static).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.support.bigbatch import (
     reset_peak,
     value_chunks,
 )
-from tests.support.bigrecord import BIG_RECORD_LIMIT, big_record_cluster, index_objects, listening
+from tests.support.bigrecord import BIG_RECORD_LIMIT, index_objects, listening
 from tests.support.kafka import partition_dir, produce, roll_and_wait, rolled_logs
 from tests.support.processes import serve
 from tests.support.sidecar import make_settings, settings_yaml, wait_for
@@ -43,13 +43,6 @@ MiB = 1 << 20
 BIG = 200 * MiB
 LIMIT = BIG_RECORD_LIMIT
 READ_BOUND = 96 * MiB  # the history endpoint's bound for the same read (test_large_event)
-
-
-@pytest.fixture(scope="module")
-def big_kafka(tmp_path_factory: pytest.TempPathFactory):
-    yield from big_record_cluster(tmp_path_factory.mktemp("kafka-big-proxy"))
-
-
 
 
 def _read(port: int, topic: str, offset: int, until: bytes) -> dict[int, tuple[bytes | None, str, int]]:
@@ -77,12 +70,12 @@ def _read(port: int, topic: str, offset: int, until: bytes) -> dict[int, tuple[b
     return got
 
 
-def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(big_kafka, tmp_path):
+def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(kafka_big, tmp_path):
     topic = f"large-proxy-{uuid.uuid4().hex[:8]}"
-    big_kafka.create_topic(topic, 1, 1, {"max.message.bytes": str(LIMIT), "segment.bytes": str(2 * LIMIT),
+    kafka_big.create_topic(topic, 1, 1, {"max.message.bytes": str(LIMIT), "segment.bytes": str(2 * LIMIT),
                                          "segment.ms": "500", "retention.ms": "-1"})
     port = free_port()
-    settings = make_settings(big_kafka, tmp_path, topics={"include": [topic]},
+    settings = make_settings(kafka_big, tmp_path, topics={"include": [topic]},
                              store={"block_size_bytes": 4 * MiB},
                              listen={"host": "127.0.0.1", "port": free_port()},
                              history_listener={"host": "127.0.0.1", "port": port, "proxy": True,
@@ -94,13 +87,13 @@ def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(big_kafka,
     try:
         wait_for(lambda: listening(port), 120, "rlm serve's listener")
         small = [(b"k%d" % i, b"small-%d" % i) for i in range(10)]
-        produce(big_kafka, topic, small)
-        roll_and_wait(big_kafka, topic, rolled=1, segment_ms=500)
+        produce(kafka_big, topic, small)
+        roll_and_wait(kafka_big, topic, rolled=1, segment_ms=500)
         wait_for(lambda: index_objects(remote) >= 1, 120, "the first segment tiered")
 
         value = b"".join(value_chunks(BIG))
         want_digest = hashlib.sha256(value).hexdigest()
-        p = Producer({"bootstrap.servers": big_kafka.bootstrap_servers, "message.max.bytes": LIMIT,
+        p = Producer({"bootstrap.servers": kafka_big.bootstrap_servers, "message.max.bytes": LIMIT,
                       "compression.type": "none", "linger.ms": 0, "message.timeout.ms": 120_000})
         errors: list[object] = []
         p.produce(topic, key=b"big", value=value, on_delivery=lambda err, _m: err and errors.append(err))
@@ -109,12 +102,12 @@ def test_a_200_mib_record_is_read_through_the_proxy_in_bounded_memory(big_kafka,
         for k, v in after:
             p.produce(topic, key=k, value=v, on_delivery=lambda err, _m: err and errors.append(err))
         assert p.flush(120) == 0 and not errors, errors
-        pdir = partition_dir(big_kafka, topic)
-        logs = roll_and_wait(big_kafka, topic, rolled=len(rolled_logs(pdir)) + 1, segment_ms=500, timeout=120)
+        pdir = partition_dir(kafka_big, topic)
+        logs = roll_and_wait(kafka_big, topic, rolled=len(rolled_logs(pdir)) + 1, segment_ms=500, timeout=120)
         wait_for(lambda: index_objects(remote) >= len(logs), 300, "the big record's segment tiered")
         # Every tiered offset only in the tier: the broker's log start moved to its active segment's first offset.
         active = max(int(f.stem) for f in pdir.glob("*.log"))
-        admin = AdminClient({"bootstrap.servers": big_kafka.bootstrap_servers})
+        admin = AdminClient({"bootstrap.servers": kafka_big.bootstrap_servers})
         for fut in admin.delete_records([TopicPartition(topic, 0, active)]).values():
             fut.result(60)
 

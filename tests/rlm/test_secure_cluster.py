@@ -205,55 +205,41 @@ def test_cat_offsets_verify_gc_through_sasl_ssl(secured: Secured) -> None:
 
 # --------------------------------------------------------------------------------------------------- Spark
 @pytest.fixture(scope="module")
-def spark_read(secured: Secured) -> Any:
+def spark_read(secured: Secured, spark: Any) -> Any:
     """A Spark batch read of the tiered topic, as the sidecar's principal with the password as an option; the
-    rows, and every plan string Spark prints for the query (before and after it ran)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from rlm.spark import register
-
-    existing = SparkSession.getActiveSession()
-    session = existing or (SparkSession.builder.master("local[2]").appName("rlm-secure-tests")
-                           .config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
-                           .config("spark.ui.showConsoleProgress", "false")
-                           .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    rows, and every plan string Spark prints for the query (before and after it ran). On the session's
+    SparkSession (a JVM of its own would cost ~20 CPU s more)."""
+    session = spark
     client = secured.kc.security_config(SCRAM_PRINCIPAL)
     options = {"subscribe": secured.topic, "kafka.bootstrap.servers": secured.kc.bootstrap_servers,
                **{f"kafka.{k}": str(v) for k, v in client.items()},
                "metadata.topic": secured.md_topic, "store": "fs", "store.root_path": str(secured.root)}
+    df = session.read.format("kafka-remote").options(**options).load()
+    plans = [df._jdf.queryExecution().toString()]
+    for mode in ("extended", "formatted"):  # (simple and cost print parts of extended)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            df.explain(mode)
+        plans.append(buf.getvalue())
+    rows = df.select("key", "value", "topic", "partition", "offset").collect()
+    plans.append(df._jdf.queryExecution().toString())
+    plans.append(df._jdf.queryExecution().executedPlan().toString())
+    by_config = session.read.format("kafka-remote").options(subscribe=secured.topic,
+                                                             config=str(secured.config)).load()
+    n_by_config = by_config.count()
+    plans.append(by_config._jdf.queryExecution().toString())
+    # A principal without READ on the metadata topic: the driver names the missing ACL.
+    user = "sparknoread"
+    secured.kc.add_scram_user(user, f"{user}-{uuid.uuid4().hex}")
+    grant(secured.kc, user, (RT.TOPIC, secured.md_topic, OP.DESCRIBE_CONFIGS),
+          (RT.TOPIC, secured.md_topic, OP.WRITE), (RT.TOPIC, secured.topic, OP.DESCRIBE))
+    denied_options = {**options, **{f"kafka.{k}": str(v) for k, v in secured.kc.security_config(user).items()}}
     try:
-        df = session.read.format("kafka-remote").options(**options).load()
-        plans = [df._jdf.queryExecution().toString()]
-        for mode in ("extended", "formatted"):  # (simple and cost print parts of extended)
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                df.explain(mode)
-            plans.append(buf.getvalue())
-        rows = df.select("key", "value", "topic", "partition", "offset").collect()
-        plans.append(df._jdf.queryExecution().toString())
-        plans.append(df._jdf.queryExecution().executedPlan().toString())
-        by_config = session.read.format("kafka-remote").options(subscribe=secured.topic,
-                                                                 config=str(secured.config)).load()
-        n_by_config = by_config.count()
-        plans.append(by_config._jdf.queryExecution().toString())
-        # A principal without READ on the metadata topic: the driver names the missing ACL.
-        user = "sparknoread"
-        secured.kc.add_scram_user(user, f"{user}-{uuid.uuid4().hex}")
-        grant(secured.kc, user, (RT.TOPIC, secured.md_topic, OP.DESCRIBE_CONFIGS),
-              (RT.TOPIC, secured.md_topic, OP.WRITE), (RT.TOPIC, secured.topic, OP.DESCRIBE))
-        denied_options = {**options, **{f"kafka.{k}": str(v) for k, v in secured.kc.security_config(user).items()}}
-        try:
-            session.read.format("kafka-remote").options(**denied_options).load().count()
-            denied_error = ""
-        except Exception as err:  # noqa: BLE001 - what Spark raises for the driver's error is checked by the test
-            denied_error = str(err)
-        yield rows, plans, n_by_config, denied_error
-    finally:
-        if existing is None:
-            session.stop()
+        session.read.format("kafka-remote").options(**denied_options).load().count()
+        denied_error = ""
+    except Exception as err:  # noqa: BLE001 - what Spark raises for the driver's error is checked by the test
+        denied_error = str(err)
+    yield rows, plans, n_by_config, denied_error
 
 
 def test_spark_reads_through_sasl_ssl(secured: Secured, spark_read: Any) -> None:

@@ -21,7 +21,7 @@ BIG_RECORD_LIMIT = 230 * MiB
 
 def big_record_cluster(base_dir: Path) -> Iterator[KafkaCluster]:
     """A one-broker cluster taking records up to :data:`BIG_RECORD_LIMIT` (``socket.request.max.bytes`` cannot be
-    raised on the session's broker); a module fixture yields from it."""
+    raised on the session's broker); the session fixture ``kafka_big`` yields from it."""
     cluster = KafkaCluster(brokers=1, base_dir=base_dir, heap="1g", broker_config={
         "socket.request.max.bytes": str(2 * BIG_RECORD_LIMIT), "message.max.bytes": str(BIG_RECORD_LIMIT),
         "replica.fetch.max.bytes": str(BIG_RECORD_LIMIT)})
