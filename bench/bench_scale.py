@@ -240,6 +240,37 @@ burst's Python goes at faf1445 (``--profile-gil``, cold, 1,156 GIL samples, load
 runs 51% (the store's copy 14%, the metadata writes ~6%), the stage job 10%, discovery 6%, the
 metadata consumer ~10%; by leaf, pathlib 14% (spread over some forty call sites in staging, the copier, the store
 and the index readers, none above 1%), staging's own code 8%, the metadata cache 6%: no single cut left of a tenth.
+
+Session 17 (h1; 2,000 partitions, 6,000 segments, side by side). Today at ea05c39 against 6960696 (session 16's
+start; load 11-18): cold 3.85 against 4.02 ms a segment (user 2.80 / system 1.05), warm 3.15 against 3.51 (2.37 /
+0.78), catch-up 49 / 35 s: the host ran at its usual speed for the first run of the night, then 1.3-1.6x slower.
+**This host's price of an inode** is most of that swing: its ext4 has no journal (``/sys/fs/ext4/vda/journal_task``
+is empty), and without one ``find_inode_bit`` skips every free inode of the group that was freed in the last
+``dirty_expire`` (30 s), reading its inode table block to know it (``recently_deleted``). A new file costs 20-25 us
+of CPU in a quiet group and 100-555 us where inodes were just freed (a microbench, same dir, minutes apart), and the
+shared machine's test runs free thousands under /tmp, where the bench's work dir and the broker's log dirs are. The
+sidecar makes two inodes a segment (the copy's data and index objects, the object format's two objects), three more
+a partition in a cold burst (its staging and store dirs, its watermark file), the broker four a roll: a segment's
+system time moves by 0.2-1 ms with what other processes deleted in the last 30 s, whatever the load (session 13's
+quiet run with 2.38 ms of system time). Each burst now reports it (:func:`inode_cost_us`, before and after: 20-170 us
+in these runs). ``--perf`` of a cold burst (HEAD, load 22): ``__ext4_new_inode`` 4.8% of the sidecar's samples
+(``recently_deleted`` 3.8%), fsync 4.9%, futex 3.5%, openat 6.1% in all, libpython ~60%, gc 1.9%. Where the Python
+goes (``--profile-gil``, cold, 3.65 ms a segment, load 5-13): the copy runs 51% (the store's copy 17%, its data
+object's write with the batches' scan 8%; metadata writes 6.6%, STARTED 3.4 and FINISHED 3.2; the run's and the
+fence's ListOffsets 5%; prepare 6.6%; the run's staging: stage_new 4.3%, release 2.9%, caught_up 1.3%; the watermark's
+first write 2.3%), the stage job 10.8%, the metadata consumer 13.9% (its cache apply 8.3%), discovery 6.2%, the
+bench's own /metrics scrapes 2.2%. By thread, cold / warm: the six copy workers 0.44-0.46 / 0.38-0.39 ms each, the
+stage job 0.45 / 0.30, the metadata consumer 0.21, librdkafka 0.34 / 0.30. Tried and dropped: three copy workers
+instead of six (side by side, load 8-21): cold 5.70 against 5.57 ms, warm 6.44 against 6.28, catch-up 70 against 52
+s (fewer threads do not make the GIL hand-offs cheaper). The copy watermark's first write made in place, not fsynced
+(ba7f772), against ea05c39, the two runs swapping which is ``--baseline`` (load 9-34): cold 5.01 against 5.18 ms
+and 4.64 against 4.76 (-0.12 to -0.17 ms, 2.5-3.3%: without a journal an fsync of a new file syncs its parent dirs
+too), warm 4.15 against 4.09 and 4.45 against 4.39 (no first write there: the noise).
+What 3 ms needs, as measured: staging is 0.6-0.75 ms a segment (the stage job, the run's stage_new, release and the
+caught-up listing); a copy run copying a segment straight from the log dir (its files held open) and staging only
+what the next stage round still finds uncopied would save most of it, but leaves a rolled segment unstaged for one
+stage interval more, in which local retention (or a retention lowered at runtime) can take it: a gap, the lead's
+call, not taken here. The two store objects a segment cost ~40 us on a quiet or journaled file system.
 """
 
 from __future__ import annotations
@@ -605,6 +636,21 @@ def rolled_segments(log_dir: Path, prefix: str) -> int:
     return n
 
 
+def inode_cost_us(where: Path, n: int = 200) -> float:
+    """CPU microseconds (this thread's) to make one empty file in a new directory under ``where``: the host's price of
+    an inode where the sidecar makes its store objects (two a segment). On this machine's ext4, which has no journal,
+    ``find_inode_bit`` skips every free inode of the group that was freed in the last ``dirty_expire`` (~30 s) and
+    reads its inode table block to see so (``recently_deleted``): ~20 us a file in a quiet group, 100-550 us where
+    other processes (the shared machine's test runs under /tmp) just deleted many, which moves a segment's CPU by
+    0.2-1 ms from run to run. The files stay (deleting them would tax the inodes made after them) until the work dir
+    goes."""
+    d = Path(tempfile.mkdtemp(prefix=".inode-probe-", dir=where))
+    t0 = time.thread_time()
+    for i in range(n):
+        os.close(os.open(d / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+    return 1e6 * (time.thread_time() - t0) / n
+
+
 def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefix: str,  # noqa: ANN001
                 segments_per_partition: int, idle_cpu_pct: float, profile_dir: Path | None,
                 baseline: SidecarProcess | None = None, *, warm: bool = False, leave_open: bool = False,
@@ -631,6 +677,7 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
     spy = profile(sc.pid, None, profile_dir / "burst.txt") if profile_dir else None
     perf = perf_record(sc.pid, perf_dir / "burst.perf.data") if perf_dir else None
     load0 = os.getloadavg()[0]
+    inode0 = inode_cost_us(sc.dir)
     bpid = broker_pid(kc)
     b0 = cpu_s(bpid)
     x0 = cpu_s(baseline.pid) if baseline is not None else 0.0
@@ -674,7 +721,8 @@ def burst_phase(kc, sc: SidecarProcess, topics: list[str], per_topic: int, prefi
             p.send_signal(signal.SIGINT)
             p.wait(120)
     cpu = (c1 - c0) - idle_cpu_pct / 100 * (w1 - w0)
-    return {"records": n_records, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
+    inodes_us = (inode0, inode_cost_us(sc.dir))
+    return {"records": n_records, "inode_us": inodes_us, "segments": rolled, "cpu_s": c1 - c0, "net_cpu_s": cpu,
             "ms_per_segment": 1000 * cpu / max(1, rolled), "gross_ms_per_segment": 1000 * (c1 - c0) / max(1, rolled),
             "catch_up_s": w1 - produced, "total_s": w1 - w0, "peak_rss_mib": peak.stop(),
             "produce_s": produced - w0, "load": (load0, os.getloadavg()[0]), "broker_cpu_s": b1 - b0,
@@ -790,6 +838,8 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
         ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"),
         ("peak RSS", f"{b['peak_rss_mib']:.0f} MiB"),
         ("machine load average, start / end", f"{b['load'][0]:.1f} / {b['load'][1]:.1f}"),
+        ("host: CPU of a new inode by the sidecar's files, start / end (inode_cost_us)",
+         f"{b['inode_us'][0]:.0f} / {b['inode_us'][1]:.0f} us (quiet ext4: ~20)"),
         ("broker CPU per rolled segment (produce, the sidecar's requests)",
          f"{1000 * b['broker_cpu_s'] / max(1, b['segments']):.2f} ms"),
     ]
