@@ -243,29 +243,31 @@ and the index readers, none above 1%), staging's own code 8%, the metadata cache
 
 Session 17 (h1; 2,000 partitions, 6,000 segments, side by side). Today at ea05c39 against 6960696 (session 16's
 start; load 11-18): cold 3.85 against 4.02 ms a segment (user 2.80 / system 1.05), warm 3.15 against 3.51 (2.37 /
-0.78), catch-up 49 / 35 s: the host ran at its usual speed for the first run of the night, then 1.3-1.6x slower.
-**This host's price of an inode** is most of that swing: its ext4 has no journal (``/sys/fs/ext4/vda/journal_task``
-is empty), and without one ``find_inode_bit`` skips every free inode of the group that was freed in the last
+0.78), catch-up 49 / 35 s: the host ran at its usual speed for the first run of the night, then 1.2-1.5x slower,
+most of it user time (2.80 -> 3.57-3.81 ms cold, system 1.05 -> 1.19: Python on a loaded machine). **This host's
+price of an inode** moves the system time instead: its ext4 has no journal (``/sys/fs/ext4/vda/journal_task`` is
+empty), and without one ``find_inode_bit`` skips every free inode of the group that was freed in the last
 ``dirty_expire`` (30 s), reading its inode table block to know it (``recently_deleted``). A new file costs 20-25 us
 of CPU in a quiet group and 100-555 us where inodes were just freed (a microbench, same dir, minutes apart), and the
 shared machine's test runs free thousands under /tmp, where the bench's work dir and the broker's log dirs are. The
 sidecar makes two inodes a segment (the copy's data and index objects, the object format's two objects), three more
 a partition in a cold burst (its staging and store dirs, its watermark file), the broker four a roll: a segment's
-system time moves by 0.2-1 ms with what other processes deleted in the last 30 s, whatever the load (session 13's
-quiet run with 2.38 ms of system time). Each burst now reports it (:func:`inode_cost_us`, before and after: 20-170 us
-in these runs). ``--perf`` of a cold burst (HEAD, load 22): ``__ext4_new_inode`` 4.8% of the sidecar's samples
-(``recently_deleted`` 3.8%), fsync 4.9%, futex 3.5%, openat 6.1% in all, libpython ~60%, gc 1.9%. Where the Python
-goes (``--profile-gil``, cold, 3.65 ms a segment, load 5-13): the copy runs 51% (the store's copy 17%, its data
-object's write with the batches' scan 8%; metadata writes 6.6%, STARTED 3.4 and FINISHED 3.2; the run's and the
-fence's ListOffsets 5%; prepare 6.6%; the run's staging: stage_new 4.3%, release 2.9%, caught_up 1.3%; the watermark's
-first write 2.3%), the stage job 10.8%, the metadata consumer 13.9% (its cache apply 8.3%), discovery 6.2%, the
-bench's own /metrics scrapes 2.2%. By thread, cold / warm: the six copy workers 0.44-0.46 / 0.38-0.39 ms each, the
-stage job 0.45 / 0.30, the metadata consumer 0.21, librdkafka 0.34 / 0.30. Tried and dropped: three copy workers
-instead of six (side by side, load 8-21): cold 5.70 against 5.57 ms, warm 6.44 against 6.28, catch-up 70 against 52
-s (fewer threads do not make the GIL hand-offs cheaper). The copy watermark's first write made in place, not fsynced
-(ba7f772), against ea05c39, the two runs swapping which is ``--baseline`` (load 9-34): cold 5.01 against 5.18 ms
-and 4.64 against 4.76 (-0.12 to -0.17 ms, 2.5-3.3%: without a journal an fsync of a new file syncs its parent dirs
-too), warm 4.15 against 4.09 and 4.45 against 4.39 (no first write there: the noise).
+system time moves by up to 1 ms (two inodes at 100-555 us) with what other processes deleted in the last 30 s,
+whatever the load (session 13's quiet run with 2.38 ms of system time). Each burst now reports it
+(:func:`inode_cost_us`, before and after: 20-170 us in these runs). ``--perf`` of a cold burst (HEAD, load 22):
+``__ext4_new_inode`` 4.8% of the sidecar's samples (``recently_deleted`` 3.8%), fsync 4.9%, futex 3.5%, openat 6.1%
+in all, libpython ~60%, gc 1.9%. Where the Python goes (``--profile-gil``, cold, 3.65 ms a segment, load 5-13): the
+copy runs 51% (the store's copy 17%, its data object's write with the batches' scan 8%; metadata writes 6.6%,
+STARTED 3.4 and FINISHED 3.2; the run's and the fence's ListOffsets 5%; prepare 6.6%; the run's staging: stage_new
+4.3%, release 2.9%, caught_up 1.3%; the watermark's first write 2.3%), the stage job 10.8%, the metadata consumer
+13.9% (its cache apply 8.3%), discovery 6.2%, the bench's own /metrics scrapes 2.2%. By thread, cold / warm: the six
+copy workers 0.44-0.46 / 0.38-0.39 ms each, the stage job 0.45 / 0.30, the metadata consumer 0.21, librdkafka 0.34 /
+0.30. Tried and dropped: three copy workers instead of six (side by side, load 8-21): cold 5.70 against 5.57 ms,
+warm 6.44 against 6.28, catch-up 70 against 52 s (fewer threads do not make the GIL hand-offs cheaper). The copy
+watermark's first write made in place, not fsynced (ba7f772), against ea05c39, the two runs swapping which is
+``--baseline`` (load 9-34): cold 5.01 against 5.18 ms and 4.64 against 4.76 (-0.12 to -0.17 ms, 2.5-3.3%: without a
+journal an fsync of a new file syncs its parent dirs too), warm 4.15 against 4.09 and 4.45 against 4.39 (no first
+write there: the noise).
 What 3 ms needs, as measured: staging is 0.6-0.75 ms a segment (the stage job, the run's stage_new, release and the
 caught-up listing); a copy run copying a segment straight from the log dir (its files held open) and staging only
 what the next stage round still finds uncopied would save most of it, but leaves a rolled segment unstaged for one
