@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from devtools.devkafka import KafkaCluster, KafkaStartError
+from devtools.devkafka import JVM_PROFILES, KafkaCluster, KafkaStartError
 
 __all__ = ["SASL_PRINCIPAL", "SASL_READER", "SASL_VIEWER", "SCRAM_PRINCIPAL"]
 
@@ -149,7 +149,8 @@ def s3_server(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local SparkSession: ``local[2]``, workers on this interpreter, modest memory, Python filter pushdown on,
-    ``kafka-remote`` registered."""
+    ``kafka-remote`` registered; its JVM on the ``quick`` options of the brokers (start and a small job: 14-17 vs
+    27-32 CPU s)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     _aws_test_credentials()  # the executors' boto3 talks to moto
     from pyspark.sql import SparkSession
@@ -159,6 +160,7 @@ def spark() -> Iterator[Any]:
     session = (SparkSession.builder.master("local[2]").appName("rlm-spark-tests")
                .config("spark.pyspark.python", sys.executable)
                .config("spark.driver.memory", "1g")
+               .config("spark.driver.extraJavaOptions", " ".join(JVM_PROFILES["quick"]))
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")

@@ -68,10 +68,13 @@ def spark_child(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     from pyspark.sql import SparkSession
 
+    from devtools.devkafka import JVM_PROFILES
+
     spark = (SparkSession.builder.master("local[2]").appName("rlm-spark-kafka-child")
              .config("spark.jars", ",".join(spec["jars"]))
              .config("spark.pyspark.python", sys.executable)
              .config("spark.driver.memory", "1g")
+             .config("spark.driver.extraJavaOptions", " ".join(JVM_PROFILES["quick"]))
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
