@@ -226,6 +226,20 @@ class ConsumerTask:
                                                      f"up within {timeout_s}s")
                 self._cond.wait(min(left, WAIT_POLL_S))
 
+    def wait_caught_up(self, by_mp: Mapping[int, TopicIdPartition], timeout_s: float) -> None:
+        """Block until each metadata partition of ``by_mp`` is applied up to its high watermark as read now (on the
+        thread); :class:`ReadYourWritesTimeoutError` after ``timeout_s`` without progress,
+        :class:`PartitionNotServedError` for one no longer consumed."""
+        highs = {mp: self.call(lambda mp=mp: self._watermarks(mp)[1]) for mp in by_mp}
+        reached = self.wait_applied({mp: high - 1 for mp, high in highs.items() if high > 0}, timeout_s)
+        for mp, nxt in reached.items():
+            if nxt is None:
+                raise PartitionNotServedError(f"{by_mp[mp]}: metadata partition {self.topic}-{mp} is no longer "
+                                              "consumed by this manager")
+            if nxt < highs[mp]:
+                raise ReadYourWritesTimeoutError(f"metadata partition {self.topic}-{mp}: applied up to {nxt}, not "
+                                                 f"its high watermark {highs[mp]}, within {timeout_s}s")
+
     def wait_applied(self, offsets: Mapping[int, int], timeout_s: float) -> dict[int, int | None]:
         """Wait until the record at ``offsets[mp]`` of each metadata partition is applied, allowing ``timeout_s``
         without progress per partition. Returns per partition the next offset applied by then (above the record's

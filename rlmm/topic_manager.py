@@ -325,6 +325,15 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
         :class:`PartitionNotServedError` at once, rather than wait for records that will never be applied."""
         self._consumer.wait_ready({self.cache.mp_of(tp): tp for tp in tps}, timeout_s)
 
+    def wait_caught_up(self, tps: Iterable[TopicIdPartition], timeout_s: float = 60.0) -> None:
+        """Block until the cache holds every record the partitions' metadata partitions held when called (their high
+        watermarks then), not only caught up once (:meth:`wait_ready` stays true after the first catch-up): a reader
+        that must see what writers wrote up to now (a checker, an operator's command). Raises
+        ReadYourWritesTimeoutError after ``timeout_s`` without progress, PartitionNotServedError like wait_ready."""
+        by_mp = {self.cache.mp_of(tp): tp for tp in tps}
+        self._consumer.wait_ready(by_mp, timeout_s)
+        self._consumer.wait_caught_up(by_mp, timeout_s)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -141,7 +141,9 @@ class InvariantChecker:
     def follow(self, tps: Iterable[TopicIdPartition], timeout_s: float = 60.0) -> None:
         tps = list(tps)
         self.rlmm.on_partition_leadership_changes([], tps)
-        self.rlmm.wait_ready(tps, timeout_s=timeout_s)
+        # caught up with what the metadata topic holds now, not once: a partition ready since an earlier follow would
+        # otherwise be checked as it was then (seen under load: two copies left STARTED that had FINISHED)
+        self.rlmm.wait_caught_up(tps, timeout_s=timeout_s)
 
     def all_segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
         return list(self.rlmm.list_remote_log_segments(tp))

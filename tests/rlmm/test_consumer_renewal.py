@@ -93,3 +93,21 @@ def test_a_quiet_partition_is_not_a_stall(rlmm_factory, topic_name: str, monkeyp
     _pause(task, mp)
     time.sleep(3.0)
     assert task.renewals == 0
+
+
+def test_wait_caught_up_waits_for_what_the_topic_holds_now(rlmm_factory, topic_name: str) -> None:
+    """wait_ready stays true after a partition's first catch-up; wait_caught_up waits for the records written since
+    (here held back by a consumer that stopped delivering, until the guard renews it)."""
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    reader = rlmm_factory(topic_name, "reader", num_partitions=1, stall_renew_s=2.0)
+    writer = rlmm_factory(topic_name, "writer", num_partitions=1)
+    for m in (reader, writer):
+        m.on_partition_leadership_changes([tp], [])
+        m.wait_ready([tp])
+    _pause(reader._consumer, reader.cache.mp_of(tp))
+    written = segment(tp, 0, 9)
+    writer.add_remote_log_segment_metadata(written)
+    reader.wait_ready([tp])
+    assert reader.list_remote_log_segments(tp) == []   # ready, and stale
+    reader.wait_caught_up([tp], timeout_s=20)
+    assert [s.remote_log_segment_id for s in reader.list_remote_log_segments(tp)] == [written.remote_log_segment_id]
