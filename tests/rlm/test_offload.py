@@ -227,10 +227,15 @@ def test_sigkill_during_offload_leaves_no_gap_and_no_double_range(kafka: KafkaCl
     rng = random.Random(12)
     rounds = 8
     try:
-        for _ in range(rounds):
-            proc = serve(config, tmp_path / "serve.log")
+        log_path = tmp_path / "serve.log"
+        for i in range(rounds):
+            proc = serve(config, log_path)
             try:
-                time.sleep(rng.uniform(3.0, 6.0))  # started (1.5-3 s), then killed at a random moment
+                # started (1.5-3 s here; more on a loaded machine: once none of the 8 had logged a line within their
+                # 3-6 s), then killed at a random moment of its work
+                wait_for(lambda i=i: log_path.read_text().count('"sidecar started"') > i, 60,
+                         f"serve process {i} to start", interval_s=0.1)
+                time.sleep(rng.uniform(1.0, 4.0))
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(30)

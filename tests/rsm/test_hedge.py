@@ -61,7 +61,9 @@ class SlowFirst:
 def test_a_slow_request_is_hedged_and_the_loser_discarded() -> None:
     release = threading.Event()
     req = SlowFirst(wait_s=10, release=release)
-    h: Hedger[str] = Hedger(1.0, req.discard, store="test", fixed_delay_s=0.001)
+    # (a delay the first sending surely starts within, even on a loaded machine: SlowFirst's first is whichever
+    # sending runs first, and with 1 ms the pool once ran the hedge first under load 20: the hedge lost, (1, 0))
+    h: Hedger[str] = Hedger(1.0, req.discard, store="test", fixed_delay_s=0.5)
     won = hedge.HEDGED.labels("test", "won")._value.get()
     try:
         assert h.call(req) == "second"  # the first answers only once the call returned: the hedge must answer it
