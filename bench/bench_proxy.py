@@ -111,7 +111,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_history import produce  # noqa: E402  (the same records as bench_history's)
 from bench.kafka_tiered import kafka_remote_segments, kafka_tiered_storage_config, set_topic_config  # noqa: E402
-from bench.proxy_child import TICKS, cpu_seconds  # noqa: E402
+from bench.procstat import thread_times  # noqa: E402
+from bench.proxy_child import cpu_seconds  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -191,13 +192,7 @@ def thread_groups(pid: int) -> dict[str, float]:
 
     groups = {LOOP_THREAD_NAME: "loop", WORKER_THREAD_NAME: "workers"}
     out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
-        except OSError:
-            continue  # ended meanwhile
-        f = rest.split()
-        user, system = int(f[11]) / TICKS, int(f[12]) / TICKS
+    for (_tid, comm), (user, system) in thread_times(pid).items():
         g = groups.get(comm, "other")
         out[g] = out.get(g, 0.0) + user + system
         if g != "other":

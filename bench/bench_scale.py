@@ -295,6 +295,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.procstat import thread_times  # noqa: E402
+
 KiB = 1024
 MiB = 1024 * KiB
 SEGMENT_BYTES = 64 * KiB  # what each partition gets per burst round: one segment each
@@ -356,15 +358,7 @@ def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
     """CPU seconds of each live thread of ``pid``, keyed by (thread id, name). Python 3.11 names no thread of its own
     (every Python thread is ``python``: the copy workers, the metadata consumer task, the scheduler, told apart only
     by their ids); librdkafka's are ``rdk:main``, ``rdk:broker<n>``, ..."""
-    out: dict[tuple[int, str], float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
-        except OSError:
-            continue  # ended meanwhile
-        f = rest.split()
-        out[(int(task.name), comm)] = (int(f[11]) + int(f[12])) / CLK_TCK
-    return out
+    return {key: user + system for key, (user, system) in thread_times(pid).items()}
 
 
 def rss_mib(pid: int, key: str = "VmRSS") -> float:
