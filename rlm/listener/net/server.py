@@ -132,6 +132,7 @@ SEND_BUFFER_RAISED_SHARE = 4
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 NO_RESPONSE = b""  # a request that gets no response (Produce with acks=0)
+MOST_RECORDS_PARTITIONS = 1024  # a Fetch of at most this many partitions holds of the queued bound what they can bring
 INLINE_FRAME_BYTES = 64 * 1024  # a request frame larger than this is decoded on a worker, not on the event loop
 GC_PAUSE_MAX_S = 30.0  # the longest the cyclic GC is held off for large requests in a row (GcPause)
 LARGE_REQUEST_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while large requests are worked on
@@ -855,19 +856,22 @@ class ListenerServer:
 
         pending: PendingFetch | None = None
         held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
+        most = _most_records(req)
         try:
             while True:
                 # The answer's record budget is what is left of the bound on queued answers (clients that do not
-                # read cannot make the sidecar hold more); the room is held while the tier is read.
+                # read cannot make the sidecar hold more); while the tier is read, the answer holds of it what its
+                # partitions can bring (not all of max_bytes: concurrent Fetches found no room left and got a batch).
                 self._reserved -= held
-                held = min(self._fetch_room(), ctx.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
+                room = min(self._fetch_room(), ctx.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
                            ctx.fetch_max_bytes)
+                held = room if most is None else min(room, most)
                 self._reserved += held
                 if pending is None:
-                    values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, held, True)
+                    values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, room, True)
                 else:
                     async with self._rerun_slots:  # waiting polls never take more than half of the workers
-                        values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, held, False,
+                        values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, room, False,
                                                                                      values)
                 self._reserved += size - held
                 held = size
@@ -1184,6 +1188,16 @@ def _slices(parts: list[bytes | memoryview], limit: int) -> Iterator[list[bytes 
                 run, room = [], limit
     if run:
         yield run
+
+
+def _most_records(req: Any) -> int | None:
+    """The most record bytes a Fetch's partitions can bring: the sum of their ``partition_max_bytes`` (a partition
+    listed twice counted twice), the first batch past its partition's room aside (Kafka's rule: that overshoot is
+    the "plus a batch" of the queued bound). None for more than :data:`MOST_RECORDS_PARTITIONS` partitions: not
+    summed on the event loop."""
+    if sum(len(t.partitions) for t in req.topics) > MOST_RECORDS_PARTITIONS:
+        return None
+    return sum(max(p.partition_max_bytes, 0) for t in req.topics for p in t.partitions)
 
 
 def _never() -> bool:

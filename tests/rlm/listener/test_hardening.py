@@ -17,7 +17,9 @@ import io
 import logging
 import socket
 import struct
+import threading
 import time
+import typing
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -846,6 +848,59 @@ def test_clients_that_do_not_read_are_held_back_bounded_and_closed(tiered: Tiere
             got = answered(fetch_v4(reader, 2**20, [(a, 0, 0, 2**20)]))[(a, 0)][0]
             assert len(base_offsets(got.records)) > 5  # the whole partition (18 batches) fits 1 MiB again
         assert api_versions_ok(h)
+
+
+class GatedRsm(CountingRsm):
+    """:class:`CountingRsm` whose reads of record batches wait, while :attr:`gate` is set, until ``gate.parties``
+    of them are in flight at once (10 s at most): Fetches whose tier reads overlap, whatever the scheduling."""
+
+    gate: threading.Barrier | None = None
+
+    def open_segment(self, md: Any) -> Any:
+        return _GatedSegment(self._rsm.open_segment(md), self, md)
+
+
+class _GatedSegment(_CountingSegment):
+    def batches(self, *args: Any, **kwargs: Any) -> Any:
+        gate = typing.cast(GatedRsm, self._owner).gate
+        if gate is not None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                gate.wait(10)
+        return super().batches(*args, **kwargs)
+
+
+def test_a_fetch_holds_of_the_queued_bound_only_what_its_partitions_can_bring(tiered: Tiered) -> None:
+    """While its partitions are read, a Fetch holds room of ``queued_max_response_bytes`` (64 KiB here) for its
+    answer: no more than its partitions can bring (their ``partition_max_bytes``, 30 KB here), not all of
+    ``max_bytes`` (64 KiB). Two consumers' Fetches read at the same time (their reads wait for each other) each get
+    what they get alone (two batches of ~12 KB). Holding ``max_bytes`` each, the second found no room left and got
+    its first batch only: 8 consumers of 8 x 1 MiB partitions asking 50 MiB (the clients' default) against 256 MiB,
+    two of them got 64 KiB answers and one 6 MiB, the answers in all a quarter of the bound."""
+    a = tiered.topic("a")
+    rsm = GatedRsm(tiered.sidecar.rsm)
+    bound, pmb = 64 * 1024, 30_000
+    with endpoint(tiered, rsm=rsm, queued_max_response_bytes=bound) as h:
+        alone = {}
+        for p in (0, 1):
+            with connect(h) as s:
+                alone[p] = answered(fetch_v4(s, bound, [(a, p, 0, pmb)]))[(a, p)][0].records
+        assert all(len(base_offsets(r)) >= 2 for r in alone.values()), {p: base_offsets(r) for p, r in alone.items()}
+        rsm.gate = threading.Barrier(2)
+        got: dict[int, Any] = {}
+
+        def consumer(p: int) -> None:
+            with connect(h) as s:
+                got[p] = answered(fetch_v4(s, bound, [(a, p, 0, pmb)]))[(a, p)][0].records
+
+        threads = [threading.Thread(target=consumer, args=(p,)) for p in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not rsm.gate.broken, "the two Fetches' reads did not overlap"
+        assert {p: base_offsets(r) for p, r in got.items()} == {p: base_offsets(r) for p, r in alone.items()}
+        assert got == alone
+        assert h.server.queued_response_bytes() == 0
 
 
 def test_an_answer_is_queued_once_and_handed_to_its_transport_a_slice_at_a_time(
