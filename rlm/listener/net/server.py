@@ -807,14 +807,20 @@ class ListenerServer:
                        ) -> bytes | None:
         """A proxied route's answer (:mod:`rlm.listener.upstream.proxy`); None closes the client's connection: the
         broker's failed (or its answer did not decode), as a client loses its connection when a broker goes."""
+        # A Fetch's tier reads hold their room while they run, as the listener's own Fetch's do (_fetch): else
+        # concurrent proxied Fetches each saw all of it and together read past queued_max_response_bytes.
+        room = _FetchRoom(self, req) if header.api_key == ApiKey.FETCH and req is not None else self._fetch_room
         try:
             answer = await self.router.proxy.answer(self.router.route(header.api_key), header, frame, req, client,
-                                                    upstream, self._workers, self._fetch_room)
+                                                    upstream, self._workers, room)
         except (UpstreamError, BadRequestError) as err:
             log.warning("proxy: the broker's connection failed, client connection closed",
                         extra={"api_key": header.api_key, "error": str(err)})
             upstream.close()
             return None
+        finally:
+            if isinstance(room, _FetchRoom):
+                room.release()  # the caller queues the answer with no await in between: counted there from then on
         return answer if answer else NO_RESPONSE
 
     async def _fetch(self, header: RequestHeader, rtype: type, req: Any, client: Client,
@@ -1188,6 +1194,30 @@ def _slices(parts: list[bytes | memoryview], limit: int) -> Iterator[list[bytes 
                 run, room = [], limit
     if run:
         yield run
+
+
+class _FetchRoom:
+    """The room of a proxied Fetch's tier reads (the proxy's ``room``): each look, taken by the proxy before it reads
+    the tier, gives what is left of ``queued_max_response_bytes`` and holds of it, until the next look or
+    :meth:`release`, what the Fetch's partitions can bring (:func:`_most_records`), as the listener's own Fetch holds
+    it while its partitions are read. On the event loop only (as ``_reserved``)."""
+
+    __slots__ = ("held", "most", "server")
+
+    def __init__(self, server: ListenerServer, req: Any) -> None:
+        self.server, self.most, self.held = server, _most_records(req), 0
+
+    def __call__(self) -> int:
+        server = self.server
+        server._reserved -= self.held
+        room = server._fetch_room()
+        self.held = room if self.most is None else min(room, self.most)
+        server._reserved += self.held
+        return room
+
+    def release(self) -> None:
+        self.server._reserved -= self.held
+        self.held = 0
 
 
 def _most_records(req: Any) -> int | None:

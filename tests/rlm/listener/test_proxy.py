@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings
 from rlm.listener import Listener, start_listener
+from rlm.listener.tier import boundary
 from rlm.listener.upstream import bounds, proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.sidecar import Sidecar
@@ -637,6 +638,38 @@ def test_history_answers_keep_within_the_listeners_room_for_queued_answers(
             seen += got
             position = got[-1] + 1
     assert seen == list(range(len(seen)))
+
+
+def test_a_proxied_fetch_holds_its_room_while_the_tier_is_read(proxied: Proxied,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the tier is read for a proxied Fetch (the broker's answer split, then the tier alone), the room it reads
+    with is held of ``queued_max_response_bytes``: what its partitions can bring (their ``partition_max_bytes``), so
+    a Fetch read meanwhile sees that much less room. Not held, concurrent proxied Fetches each saw all of the room
+    and together read past the bound (found reading the code after r11: the endpoint's own Fetches held theirs)."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    # no read-ahead: its reads are for the next Fetch, held within the read-ahead budget (tests below), not this room
+    monkeypatch.setattr(proxy, "PREFETCHES_HELD", 0)
+    server = proxied.listener.server
+    bound = server.limits.queued_max_response_bytes
+    seen: list[int] = []
+    read = boundary.fetch
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        seen.append(server._fetch_room())  # (an int read from a worker: the event loop's value at that moment)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(boundary, "fetch", watched)
+    pmb = 500  # under a batch of the topic's: one batch (10 records) a Fetch, each below the broker's log start
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        position = 0
+        for _ in range(3):
+            (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=pmb).responses
+            (part,) = t.partitions
+            assert part.error_code == 0, (position, part)
+            position = _offsets(part.records, position)[-1] + 1
+    assert position < LOG_START[0], position  # all three were below the broker's log start
+    assert len(seen) >= 2 and all(room <= bound - pmb for room in seen), (bound, seen)
+    assert server._reserved == 0 and server.queued_response_bytes() == 0
 
 
 def test_answers_read_ahead_are_capped_in_the_process(proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
