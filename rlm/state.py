@@ -10,7 +10,7 @@ Layout::
         recover-metadata-cache-*/   ``rlm recover``'s cache, a temporary dir removed when it ends
         known-partitions.json       the partitions served, so a topic deleted meanwhile is purged after a restart
         gc-orphans.json             garbage collection's first sightings and the key layouts it visits
-        copied/<topic id>-<partition>   a partition's copy watermark: ``<offset> <leader epoch>``
+        copied/<topic id>-<partition>   a partition's copy watermark: ``<offset> <leader epoch> <CRC-32>`` (64 bytes)
 
 **Format versions.** A JSON state file of version 2 or later is an object with an integer ``"version"``; anything
 else is version 1 (both version-1 formats predate the key: ``known-partitions.json`` a bare list of
