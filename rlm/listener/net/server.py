@@ -861,26 +861,21 @@ class ListenerServer:
             return _encoded(header, rtype, values, fetch=True)
 
         pending: PendingFetch | None = None
-        held = 0  # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
-        most = _most_records(req)
+        # this answer's bytes, held against queued_max_response_bytes until it is queued (by the caller)
+        lease = _FetchRoom(self, req)
         try:
             while True:
                 # The answer's record budget is what is left of the bound on queued answers (clients that do not
                 # read cannot make the sidecar hold more); while the tier is read, the answer holds of it what its
                 # partitions can bring (not all of max_bytes: concurrent Fetches found no room left and got a batch).
-                self._reserved -= held
-                room = min(self._fetch_room(), ctx.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else
-                           ctx.fetch_max_bytes)
-                held = room if most is None else min(room, most)
-                self._reserved += held
+                room = lease(min(ctx.fetch_max_bytes, req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes))
                 if pending is None:
                     values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, room, True)
                 else:
                     async with self._rerun_slots:  # waiting polls never take more than half of the workers
                         values, size, final, tps, marks = await loop.run_in_executor(self._pool, fetch, room, False,
                                                                                      values)
-                self._reserved += size - held
-                held = size
+                lease.hold(size)
                 if final:
                     # Released on return: the caller queues the answer with no await in between (then it is
                     # counted in its transport's buffer).
@@ -902,7 +897,7 @@ class ListenerServer:
                 self._polls.discard(pending)
             return await loop.run_in_executor(self._pool, answer, values)  # expired with what it had
         finally:
-            self._reserved -= held
+            lease.release()
             if pending is not None:
                 self._polls.discard(pending)
 
@@ -1197,23 +1192,28 @@ def _slices(parts: list[bytes | memoryview], limit: int) -> Iterator[list[bytes 
 
 
 class _FetchRoom:
-    """The room of a proxied Fetch's tier reads (the proxy's ``room``): each look, taken by the proxy before it reads
-    the tier, gives what is left of ``queued_max_response_bytes`` and holds of it, until the next look or
-    :meth:`release`, what the Fetch's partitions can bring (:func:`_most_records`), as the listener's own Fetch holds
-    it while its partitions are read. On the event loop only (as ``_reserved``)."""
+    """The room of a Fetch's tier reads, the listener's own (:meth:`ListenerServer._fetch`) and a proxied one's (the
+    proxy's ``room``): each look, taken before a read of the tier, gives what is left of ``queued_max_response_bytes``
+    (within ``cap``) and holds of it, until the next look, :meth:`hold` or :meth:`release`, what the Fetch's partitions
+    can bring (:func:`_most_records`). On the event loop only (as ``_reserved``)."""
 
     __slots__ = ("held", "most", "server")
 
     def __init__(self, server: ListenerServer, req: Any) -> None:
         self.server, self.most, self.held = server, _most_records(req), 0
 
-    def __call__(self) -> int:
+    def __call__(self, cap: int | None = None) -> int:
         server = self.server
         server._reserved -= self.held
-        room = server._fetch_room()
+        room = server._fetch_room() if cap is None else min(server._fetch_room(), cap)
         self.held = room if self.most is None else min(room, self.most)
         server._reserved += self.held
         return room
+
+    def hold(self, n: int) -> None:
+        """Hold ``n`` bytes instead (the answer read: its size, until it is queued)."""
+        self.server._reserved += n - self.held
+        self.held = n
 
     def release(self) -> None:
         self.server._reserved -= self.held
