@@ -403,6 +403,11 @@ class HistoryListenerSettings(_Frozen):
         "answer bytes queued to all clients at once (those that read slowly or not at all): a Fetch answer carries "
         "no more records than what is left of it (still the first batch, so that consumers progress). No Kafka "
         "equivalent: 256 MiB"))
+    queued_max_request_bytes: int = Field(268_435_456, ge=65_536, description=(
+        "request bytes held for all clients at once: a request frame over 64 KiB is read once it fits (a "
+        "connection not authenticated yet is closed instead of waiting), so clients that send part of a large "
+        "request and stop cannot make the sidecar hold more than this (Kafka's queued.max.request.bytes, whose "
+        "default is unbounded: 256 MiB here)"))
     authentication_timeout_ms: int = Field(30_000, ge=100, description=(
         "with sasl, a connection not authenticated this long after it was accepted is closed; also the TLS "
         "handshake's limit (no Kafka equivalent: 30 s)"))

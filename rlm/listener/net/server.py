@@ -81,6 +81,7 @@ from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.deadline import Deadline
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
+from rlm.listener.net.request_room import RequestRoom
 from rlm.listener.net.vectored import QUEUE_AT_MOST_BYTES, send_parts, vectored, write_parts
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
@@ -112,7 +113,7 @@ BAD = Counter("rlm_history_bad_requests", "Requests or frames that could not be 
 CONNECTIONS = Counter("rlm_history_connections", "Connections accepted by the history endpoint")
 CLOSED = Counter("rlm_history_closed_connections", "Connections the history endpoint closed for a bound",
                  ["reason"])  # idle, authentication_timeout, not_reading, max_connections, max_connections_per_ip,
-# principal_mapping
+# principal_mapping, request_memory
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
 _SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started and not stopped: QUEUED sums them
 QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
@@ -123,6 +124,11 @@ WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_t
 WRITE_SLICE_BYTES = 2 << 20
 FREE_WHOLE_STRUCTS = 1024  # an answer built of at most this many structs is freed whole (_encoded)
 READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
+# A connection's stream stops reading from its socket once it buffers twice this (plus one receive, 256 KiB): what a
+# client can make the server hold beyond the request being served. A frame larger than this takes its size from
+# queued_max_request_bytes before its body is read (rlm.listener.net.request_room). 1 MiB before: 200 connections
+# of one address could each buffer 2.25 MiB that no bound counted.
+READER_LIMIT_BYTES = 64 * 1024
 # A connection whose answers outgrow socket_send_buffer_bytes gets this SO_SNDBUF (the kernel holds twice it: a
 # consumer's 1 MiB answer taken in one system call, not in ~5 event-loop rounds), while the kernel buffers so raised
 # stay within 1/SEND_BUFFER_RAISED_SHARE of queued_max_response_bytes, which they are counted against.
@@ -158,6 +164,7 @@ class ConnectionLimits:
     write_timeout_s: float = 30.0
     socket_send_buffer_bytes: int = 102_400
     queued_max_response_bytes: int = 256 * 1024 * 1024
+    queued_max_request_bytes: int = 256 * 1024 * 1024
 
     @classmethod
     def of(cls, cfg: HistoryListenerSettings) -> ConnectionLimits:
@@ -166,7 +173,8 @@ class ConnectionLimits:
                    max_connections=cfg.max_connections, max_connections_per_ip=cfg.max_connections_per_ip,
                    fetch_max_wait_s=cfg.fetch_max_wait_ms / 1000, request_max_bytes=cfg.socket_request_max_bytes,
                    write_timeout_s=cfg.write_timeout_ms / 1000, socket_send_buffer_bytes=cfg.socket_send_buffer_bytes,
-                   queued_max_response_bytes=cfg.queued_max_response_bytes)
+                   queued_max_response_bytes=cfg.queued_max_response_bytes,
+                   queued_max_request_bytes=cfg.queued_max_request_bytes)
 
 
 class ListenerServer:
@@ -182,6 +190,7 @@ class ListenerServer:
         self._open = 0  # connections served now, in all and per address (on the event loop only)
         self._per_ip: dict[str, int] = {}
         self._refusal_logged: dict[str, float] = {}
+        self.requests = RequestRoom(self.limits.queued_max_request_bytes)  # request frames held (loop only)
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -221,7 +230,7 @@ class ListenerServer:
         loop = self._loop = asyncio.new_event_loop()
         try:
             def connection() -> _ClientProtocol:  # asyncio.start_server's, with _ClientProtocol
-                return _ClientProtocol(asyncio.StreamReader(limit=1 << 20, loop=loop), self._serve, loop)
+                return _ClientProtocol(asyncio.StreamReader(limit=READER_LIMIT_BYTES, loop=loop), self._serve, loop)
 
             self._server = loop.run_until_complete(loop.create_server(
                 connection, self.host, self.port, ssl=self.ssl_context,
@@ -328,6 +337,10 @@ class ListenerServer:
                     if left < timeout:
                         timeout, why = left, "authentication_timeout"
                 deadline.arm(loop.time() + max(timeout, 0))
+                if protocol.request_held:  # the last request is answered: its frame's room is free, as is it
+                    frame = response = None
+                    self.requests.give(protocol.request_held)
+                    protocol.request_held = 0
                 frame = await self._read_frame(reader, session, peer, protocol)
                 deadline.disarm()
                 if frame is None:
@@ -368,6 +381,9 @@ class ListenerServer:
                 log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
         finally:
             deadline.close()
+            if protocol.request_held:
+                self.requests.give(protocol.request_held)
+                protocol.request_held = 0
             self._raised -= protocol.raised
             protocol.raised = 0
             self._release(ip)
@@ -628,15 +644,19 @@ class ListenerServer:
             self._open += 1
             self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
             return None
+        self._refuse(reason, ip, {"max_connections": limits.max_connections,
+                                  "max_connections_per_ip": limits.max_connections_per_ip})
+        return reason
+
+    def _refuse(self, reason: str, peer: str, extra: dict[str, Any]) -> None:
+        """Count a connection closed for a bound, and log it at most once a minute per bound (not a line a socket)."""
         CLOSED.labels(reason).inc()
         now = time.monotonic()
-        if now - self._refusal_logged.get(reason, -math.inf) >= REFUSAL_LOG_INTERVAL_S:  # not one line per socket
+        if now - self._refusal_logged.get(reason, -math.inf) >= REFUSAL_LOG_INTERVAL_S:
             self._refusal_logged[reason] = now
-            log.warning("history endpoint: connection limit reached, new connections are closed (logged once a "
+            log.warning("history endpoint: a connection bound was reached, connections are closed (logged once a "
                         "minute, counted in rlm_history_closed_connections)",
-                        extra={"peer_ip": ip, "reason": reason, "max_connections": limits.max_connections,
-                               "max_connections_per_ip": limits.max_connections_per_ip})
-        return reason
+                        extra={"peer": peer, "reason": reason, **extra})
 
     def _release(self, ip: str) -> None:
         self._open -= 1
@@ -647,11 +667,13 @@ class ListenerServer:
             self._per_ip.pop(ip, None)
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any,
-                          protocol: _ClientProtocol | None = None) -> bytes | memoryview | None:
+                          protocol: _ClientProtocol) -> bytes | memoryview | None:
         """The next request frame (without its size), or None when the connection is to be closed. A frame over
         ``READ_SLICE_BYTES`` is a read-only view (:func:`_read_large`), read only once the connection's last answer
         has been taken (``protocol.answer``): a client that does not read cannot make the server hold a large
-        request beside its answer (a small one is in the stream's buffer already)."""
+        request beside its answer (a small one is in the stream's buffer already). A frame over
+        ``READER_LIMIT_BYTES`` is read once it has its room of ``queued_max_request_bytes`` (``protocol.request_held``
+        until it is answered): before authentication none is waited for, the connection is closed."""
         try:
             size_bytes = await reader.readexactly(SIZE.size)
         except asyncio.IncompleteReadError:
@@ -666,6 +688,13 @@ class ListenerServer:
             log.warning("history endpoint: not a Kafka request frame, connection closed",
                         extra={"peer": str(peer), "size": size})
             return None
+        if size > READER_LIMIT_BYTES:
+            if not self.requests.try_take(size):
+                if pre_auth is not None:  # a stranger neither waits nor makes others wait
+                    self._refuse("request_memory", str(peer), {"size": size})
+                    return None
+                await self.requests.take(size)  # the connection's idle deadline bounds the wait
+            protocol.request_held = size
         try:
             if size <= READ_SLICE_BYTES:
                 return await reader.readexactly(size)
@@ -955,6 +984,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         self.answer: _QueuedAnswer | None = None  # an answer written and not yet all taken by the socket
         self.writing_paused = False
         self.raised = 0  # kernel send-buffer bytes counted for this connection (ListenerServer._raise_send_buffer)
+        self.request_held = 0  # bytes of queued_max_request_bytes its request being served holds (_read_frame)
         self.vectored = False  # plaintext: answers in parts are written with one writev (rlm.listener.net.vectored)
 
     def pause_writing(self) -> None:

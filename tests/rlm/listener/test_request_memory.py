@@ -1,0 +1,190 @@
+"""What clients that send part of a request and stop can make the listener hold: ``queued_max_request_bytes`` and the
+stream's read-ahead (:mod:`rlm.listener.net.request_room`), over real sockets against the real server (no broker:
+the server over the stub catalog of ``test_large_requests``; frames are never decoded before they are whole, so no
+topic is needed). Memory is the process's RSS from ``/proc/self/status``; the clients send from one shared buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from rlm.config import HistorySaslSettings
+from rlm.listener.net.request_room import RequestRoom
+from rlm.listener.net.sasl import SaslAuthenticator
+from rlm.listener.net.server import ConnectionLimits, ListenerServer
+from rlm.listener.routing import Router
+from rlm.listener.tier.context import TierContext
+from rlm.listener.tier.node import NodeAnswers, NodeInfo
+from tests.rlm.listener.raw_wire import call, closed, recv_frame, request
+from tests.rlm.listener.test_large_requests import AllowAll, StubCatalog, StubTier
+from tests.support.sidecar import wait_for
+
+API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+MiB = 1 << 20
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def closed_for(reason: str) -> float:
+    return REGISTRY.get_sample_value("rlm_history_closed_connections_total", {"reason": reason}) or 0
+
+
+@contextmanager
+def serving(limits: ConnectionLimits, sasl: HistorySaslSettings | None = None) -> Iterator[ListenerServer]:
+    ctx = TierContext(StubCatalog(), StubTier(), AllowAll())  # type: ignore[arg-type]
+    factory = SaslAuthenticator(sasl, failed_authentication_delay_s=0).session if sasl is not None else None
+    srv = ListenerServer(Router(ctx, NodeAnswers(ctx, NodeInfo(1, "127.0.0.1", 0, "c"))), "127.0.0.1", 0,
+                         limits=limits, session_factory=factory).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def on_loop(srv: ListenerServer, fn: Any) -> Any:
+    """``fn()`` run on the server's event loop (its counters are the loop's)."""
+    loop = srv._loop
+    assert loop is not None
+    return asyncio.run_coroutine_threadsafe(_call(fn), loop).result(5)
+
+
+async def _call(fn: Any) -> Any:
+    return fn()
+
+
+def large_frame_head(size: int) -> bytes:
+    """The size and header of an ApiVersions v0 request frame of ``size`` bytes: the rest is padding the client
+    sends after it (a frame that does not decode is answered INVALID_REQUEST, once whole)."""
+    return struct.pack(">ihhih", size, API_VERSIONS, 0, 7, 1) + b"t"
+
+
+def push(socks: list[socket.socket], data: memoryview, sent: list[int], seconds: float) -> None:
+    """Send ``data`` on every socket (non-blocking) until all is sent or nothing more is taken for a second."""
+    end, idle_since = time.monotonic() + seconds, time.monotonic()
+    while time.monotonic() < end and time.monotonic() - idle_since < 1.0:
+        for i, s in enumerate(socks):
+            if sent[i] < len(data):
+                try:
+                    n = s.send(data[sent[i]:sent[i] + MiB])
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    sent[i] = len(data)  # closed by the server
+                    continue
+                if n:
+                    sent[i] += n
+                    idle_since = time.monotonic()
+        time.sleep(0.01)
+
+
+def test_partial_large_requests_are_held_within_queued_max_request_bytes() -> None:
+    """24 connections (no SASL: as authenticated) each send 8 MiB of a 20 MiB request and stop, against a
+    ``queued_max_request_bytes`` of 16 MiB. The server holds one frame (a frame fits when nothing else is held) and
+    the others wait without being read: RSS grows by less than 48 MiB (without the bound: each connection's 8 MiB,
+    192 MiB; with the bound but a 1 MiB stream limit, 2.25 MiB more of read-ahead per waiting connection, 52 MiB).
+    Each finished in turn, the frames are answered, each waiting connection served once the one before is done."""
+    size, part, n = 20 * MiB, 8 * MiB, 24
+    head = large_frame_head(size)
+    data = memoryview(head + b"\0" * (size + 4 - len(head)))  # the whole frame, size prefix included
+    with serving(ConnectionLimits(queued_max_request_bytes=16 * MiB)) as srv:
+        gc.collect()
+        before = rss_mib()
+        socks = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(n)]
+        try:
+            for s in socks:
+                s.setblocking(False)
+            sent = [0] * n
+            push(socks, data[:part], sent, 30)
+            time.sleep(0.5)
+            grown = rss_mib() - before
+            held = on_loop(srv, lambda: srv.requests.held)
+            assert held == size, f"{held} request bytes held: one frame"
+            assert grown < 48, f"RSS grew {grown:.0f} MiB with {n} unfinished 20 MiB requests (16 MiB bound)"
+            # finish them one after the other: each is answered (INVALID_REQUEST: padding), none is refused
+            for i, s in enumerate(socks):
+                s.setblocking(True)
+                s.settimeout(30)
+                s.sendall(data[sent[i]:])
+                frame = recv_frame(s)
+                assert frame is not None and struct.unpack_from(">i", frame)[0] == 7, f"connection {i} answered"
+            assert on_loop(srv, lambda: srv.requests.held) == 0
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_before_authentication_a_large_frame_without_room_closes_its_connection() -> None:
+    """With SASL and a 1 MiB room, four unauthenticated connections each start a 512 KiB frame (the largest allowed
+    before authentication) and stop: two fit, the other two are closed at once (``request_memory``), not left
+    waiting. A client whose frames are small still authenticates meanwhile."""
+    password = "pw-" + "x" * 8
+    sasl = HistorySaslSettings(mechanisms=["PLAIN"], users={"alice": password})
+    size = 512 * 1024
+    head = large_frame_head(size)
+    with serving(ConnectionLimits(queued_max_request_bytes=MiB), sasl) as srv:
+        before = closed_for("request_memory")
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=20) for _ in range(4)]
+        try:
+            for s in socks:
+                s.sendall(head + b"\0" * (100 * 1024))
+                time.sleep(0.2)  # in order: the first two take the room
+            wait_for(lambda: closed_for("request_memory") - before >= 2, 10, "two connections refused")
+            assert [closed(s) for s in socks[2:]] == [True, True]
+            assert on_loop(srv, lambda: srv.requests.held) == 2 * size
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as ok:
+                assert call(ok, SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
+                token = b"\0alice\0" + password.encode()
+                ok.sendall(request(SASL_AUTHENTICATE, 1, struct.pack(">i", len(token)) + token, correlation_id=9))
+                frame = recv_frame(ok)
+                assert frame is not None and struct.unpack_from(">ih", frame) == (9, 0), "authenticated"
+            assert closed_for("request_memory") - before == 2
+        finally:
+            for s in socks:
+                s.close()
+        wait_for(lambda: on_loop(srv, lambda: srv.requests.held) == 0, 10, "the room given back")
+
+
+def test_a_waiter_cancelled_takes_nothing_and_the_next_is_served_in_order() -> None:
+    """RequestRoom: waiters are served first come, first served; one cancelled while it waits (its connection's
+    deadline) takes nothing, and one cancelled just as room was given to it hands it on."""
+
+    async def scenario() -> list[str]:
+        room, order = RequestRoom(10), []
+        assert room.try_take(8)
+
+        async def want(name: str, n: int) -> None:
+            await room.take(n)
+            order.append(name)
+
+        a = asyncio.ensure_future(want("a", 5))
+        b = asyncio.ensure_future(want("b", 2))  # would fit now, but waits behind a
+        await asyncio.sleep(0)
+        assert not room.try_take(1) and order == []
+        a.cancel()
+        await asyncio.wait([a, b])
+        assert order == ["b"] and room.held == 10
+        c = asyncio.ensure_future(want("c", 9))
+        await asyncio.sleep(0)
+        room.give(8)
+        room.give(2)  # c is given the room (held 9) and cancelled before it runs: the room goes back
+        c.cancel()
+        await asyncio.wait([c])
+        assert room.held == 0, room.held
+        return order
+
+    assert asyncio.run(scenario()) == ["b"]
