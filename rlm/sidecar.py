@@ -27,7 +27,9 @@ of copy jobs cost a tenth of a burst's CPU, issue 26). ``normal``:
 - ``stage`` (the shorter of the discovery and copy intervals): the partition directories the log-dir watcher saw
   change (:mod:`rlm.watch`: inotify, and a full listing every ``tasks.rescan_interval_ms``): their newly rolled
   segments are hard-linked between copy runs, so local retention shorter than the copy interval loses nothing, and
-  their sleeping copy jobs are woken.
+  their sleeping copy jobs are woken. Where the topic's ``file.delete.delay.ms`` is long against this interval,
+  a rolled segment is left unstaged for a while instead (half that delay at most, until retention renames it):
+  the copy run that copies it first opens its files in place (:mod:`rlm.tasks.in_place`).
 - ``expiration`` (``tasks.expiration_interval_ms``): remote retention from the sidecar's own settings.
 - ``gc`` (``tasks.gc_interval_ms``): objects no metadata owns, after a grace period.
 - ``gauges`` (every 5 s): staging bytes, metadata caught up, log dirs, retention margins.
@@ -69,6 +71,7 @@ from rlm.tasks.deleter import SegmentDeleter, ToBeDeletedQueue, ensure_topic
 from rlm.tasks.dispatch import CopyJobs
 from rlm.tasks.expiration import expire_partition
 from rlm.tasks.gc import GarbageCollector
+from rlm.tasks.in_place import staging_deferral_s
 from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
 from rlm.tasks.staging import Staging, default_staging_root
@@ -140,6 +143,9 @@ class Sidecar:
         self.store_probes = StoreHealth()
         self.store_copies = StoreHealth()
         self._local_retention: dict[str, tuple[int | None, int | None]] = {}
+        # file.delete.delay.ms per topic, from the last full discovery round (absent: unknown): how long staging may
+        # wait for a copy run to copy a rolled segment in place (rlm.tasks.in_place.staging_deferral_s)
+        self._delete_delay_ms: dict[str, int | None] = {}
         self.margins: dict[TopicIdPartition, Margin] = {}
         self._margin_cache = MarginCache()  # each led partition's segment listing while its directory is unchanged
         metrics.MIN_RETENTION_MARGIN_SECONDS.set(s.health.min_retention_margin_ms / 1000)  # the alert's threshold
@@ -336,6 +342,8 @@ class Sidecar:
             compaction = self.view.compaction(names, configs)
             self._local_retention = {t: (_int(c.get("retention.ms")), _int(c.get("retention.bytes")))
                                      for t, c in configs.items() if c is not None}
+            self._delete_delay_ms = {t: _int(c.get("file.delete.delay.ms")) for t, c in configs.items()
+                                     if c is not None}
         except Exception as err:  # noqa: BLE001 - the broker may be down: keep going, report unhealthy
             self.last_error = f"discovery: {err}"
             self._last_full = None
@@ -433,6 +441,7 @@ class Sidecar:
                 return None if now is None else now[1]
 
             rule = self.settings.retention_for(tp.topic)
+            led.copier.defer_staging_s = self._staging_deferral_s(led)
             led.copier.min_max_timestamp_ms = (int(time.time() * 1000) - rule.retention_ms
                                                if rule.retention_ms >= 0 else None)
             task = led.offloader if led.offloader is not None else led.copier
@@ -455,6 +464,13 @@ class Sidecar:
             log.exception("copy task failed", extra={"partition": str(tp)})
             return False
 
+    def _staging_deferral_s(self, led: Led) -> float | None:
+        """How long ``led``'s rolled segments may wait unstaged (:func:`rlm.tasks.in_place.staging_deferral_s` of its
+        topic's ``file.delete.delay.ms``; None, staged at once: unknown, short, or a streaming offloader's)."""
+        if led.offloader is not None:
+            return None
+        return staging_deferral_s(self._delete_delay_ms.get(led.tp.topic), stage_interval_ms(self.settings.tasks))
+
     def _wait_ready(self, tps: list[TopicIdPartition]) -> None:
         """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
         self.rlmm.wait_ready(tps, timeout_s=30)
@@ -463,12 +479,18 @@ class Sidecar:
     def stage(self) -> None:
         """The led partitions whose directory changed (:meth:`LogDirWatcher.changes <rlm.watch.LogDirWatcher.changes>`):
         their sleeping copy jobs woken, their newly rolled segments hard-linked (between copy runs: see
-        stage_rolled); paused topics are not staged (they are not copied either)."""
+        stage_rolled), and those with rolled segments left unstaged for a copy in place (changed or not: staged once
+        they waited long enough, :mod:`rlm.tasks.in_place`); paused topics are not staged (they are not copied
+        either)."""
         changes = self.watcher.changes()
-        for led in self.leadership.wake(changes.partitions):
+        woken = self.leadership.wake(changes.partitions)
+        seen = {id(led) for led in woken}
+        waiting = [led for led in self.leadership.each_led() if led.copier.deferring and id(led) not in seen]
+        for led in [*woken, *waiting]:
             if self.settings.topics.is_paused(led.tp.topic):
                 continue
             try:
+                led.copier.defer_staging_s = self._staging_deferral_s(led)
                 # (the watcher's listing of the dir, made as it read the events: not listed again, issue 26)
                 led.copier.stage_rolled(changes.listings.get(led.path))
             except Exception as err:  # noqa: BLE001 - the copy run stages too, and reports
@@ -641,10 +663,15 @@ def _every_5_s(_t: TaskSettings) -> float:
     return 5000
 
 
+def stage_interval_ms(t: TaskSettings) -> int:
+    """The stage job's interval: the shorter of the discovery and copy intervals."""
+    return min(t.discovery_interval_ms, t.copy_interval_ms)
+
+
 JOBS: dict[str, tuple[Job, ...]] = {
     "normal": (
         Job("discovery", Sidecar.discover, lambda t: t.discovery_interval_ms, first_run_now=True),
-        Job("stage", Sidecar.stage, lambda t: min(t.discovery_interval_ms, t.copy_interval_ms)),
+        Job("stage", Sidecar.stage, stage_interval_ms),
         Job("expiration", Sidecar.expire, lambda t: t.expiration_interval_ms),
         Job("gc", Sidecar.collect_garbage, lambda t: t.gc_interval_ms),
         Job("gauges", Sidecar._refresh_gauges, _every_5_s),

@@ -5,7 +5,10 @@ One run (:meth:`PartitionCopier.run_once`):
 1. Stage every rolled segment that is not remote yet (hard links, :mod:`rlm.tasks.staging`; all of them as one
    staging round: one fsync), so the broker's local retention cannot take it away before it is copied. A segment
    the broker deleted before it could be staged is a *gap*: counted (``rlm_segment_gaps``) and logged with its
-   offsets, never silent.
+   offsets, never silent. Where the topic's ``file.delete.delay.ms`` is long against the stage interval
+   (:attr:`PartitionCopier.defer_staging_s`), a segment whose ``.log`` is live is not staged: step 3 opens its files
+   in place when its turn comes (:mod:`rlm.tasks.in_place`), and the stage job stages it should it wait too long or
+   retention rename it first.
 2. Clean up copies that were left COPY_SEGMENT_STARTED (a crashed or abandoned attempt): delete them.
 3. Copy, oldest first, every staged segment whose end offset is below the last stable offset (nothing of an open
    transaction is ever uploaded), in *batches* of up to :data:`COPY_BATCH_SEGMENTS` segments
@@ -50,14 +53,15 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlm import metrics
 from rlm.state import fsync_dir
 from rlm.tasks.deleter import SegmentDeleter
-from rlm.tasks.staging import TXN_UPLOAD_SUFFIX, StagedSegment, Staging, StagingFullError, TopicIdMismatchError
+from rlm.tasks.in_place import InPlaceSegment, LocalRange, live_log
+from rlm.tasks.staging import StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, epochs_for_range, lineage_of, remote_chain, to_rsm
 from rlmm.api import (
     CopyFencedError,
@@ -76,7 +80,7 @@ from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
 from rsm.log.errors import LogFormatError
 from rsm.log.indexes import TXN_ENTRY, AbortedTxn, format_txn_index, parse_txn_index, read_time_index
-from rsm.log.partition import PartitionDir, segment_file_name
+from rsm.log.partition import DELETED_SUFFIX, PartitionDir, segment_file_name
 from rsm.manager import kept_range
 
 __all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_offset"]
@@ -91,6 +95,9 @@ last copy, so a backfill of many segments still makes them readable 16 at a time
 _WATERMARK_BYTES = 64  # the copy watermark file's one record (write_watermark)
 COPY_BATCH_BYTES = 64 * 1024 * 1024
 """A batch closes once its segments hold this many bytes (a large segment is a batch of its own)."""
+
+
+Copied = StagedSegment | InPlaceSegment  # a segment as a copy reads it: staged, or held open in place
 
 
 def _size(path: Path) -> int:
@@ -154,6 +161,12 @@ class PartitionCopier:
         self._watermark_named = False  # the file's name made durable by this process (write_watermark)
         self._highest: int | None = None  # the resume point of the last run (staging between runs starts there)
         self._run_staged: list[StagedSegment] | None = None  # the staged segments of the run in progress
+        # How long a rolled segment may wait unstaged (rlm.tasks.in_place; None: staged at once, as before), set by
+        # the sidecar from the topic's file.delete.delay.ms before each copy run and stage round.
+        self.defer_staging_s: float | None = None
+        # base offset -> (end offset, when a stage round or copy run first saw it uncopied and left it unstaged)
+        self._deferred: dict[int, tuple[int, float]] = {}
+        self._deferred_lock = threading.Lock()  # (the stage job and the copy run both keep it)
         self._run_names: set[str] | None = None  # the partition dir's entries, listed at the run's start
         self._listing: list[RemoteLogSegmentMetadata] | None = None  # the last clean-up's, when it changed nothing
         # Set when the partition is no longer led here (leadership moved, topic deleted): the copy in flight stops
@@ -173,9 +186,13 @@ class PartitionCopier:
         """The highest offset tiered so far by this copier (its watermark; -1 when none)."""
         return self._watermark[0] if self._watermark is not None else -1
 
-    def stage_new(self, highest: int, stop: threading.Event | None = None, names: set[str] | None = None,
-                  ) -> tuple[list[StagedSegment], list[tuple[int, int]]]:
+    def stage_new(self, highest: int, stop: threading.Event | None = None, names: set[str] | None = None, *,
+                  defer: bool = False) -> tuple[list[StagedSegment | LocalRange], list[tuple[int, int]]]:
         """Stage the rolled local segments above ``highest``; return all staged segments and new gaps.
+        ``defer`` (a copy run while :attr:`defer_staging_s` is set): a segment whose ``.log`` is live is not staged
+        but returned as a :class:`~rlm.tasks.in_place.LocalRange` among the staged ones, in offset order, to be
+        copied in place (:mod:`rlm.tasks.in_place`), and left to the stage job's deferral until then; one renamed
+        ``.deleted`` already is staged.
         ``highest`` is remembered: :meth:`stage_rolled` stages above it between runs. With ``stop`` set by the
         time the gaps are known (leadership lost meanwhile: the sidecar releases the staging of partitions it does
         not lead, so what it held looks missing), no gap is reported: the new leader's replica decides.
@@ -190,9 +207,17 @@ class PartitionCopier:
         ranges = pdir.rolled_ranges(names)
         # one staging round for every segment above highest that staging does not hold as is already (the stage job
         # staged most of them between runs: Staging.holds, one stat each, no listing of the staging dir): one fsync
-        done = self.staging.stage_many(self.tp, self.partition_dir, [
-            (b, e) for b, e in ranges
-            if e > highest and not self.staging.holds(self.tp, self.partition_dir, b, e, names)], names=names)
+        todo = [(b, e) for b, e in ranges
+                if e > highest and not self.staging.holds(self.tp, self.partition_dir, b, e, names)]
+        in_place = [(b, e) for b, e in todo if live_log(b, names)] if defer else []
+        if in_place:
+            try:  # (staging checks it when it stages: a segment copied in place is checked here)
+                self.staging.check_topic_id(self.tp, self.partition_dir)
+            except TopicIdMismatchError:
+                in_place = []  # nothing copied; staging reports it below
+        if in_place:
+            todo = [r for r in todo if not live_log(r[0], names)]
+        done = self.staging.stage_many(self.tp, self.partition_dir, todo, names=names)
         gaps: list[tuple[int, int]] = list(done.gone)
         if isinstance(done.error, TopicIdMismatchError):
             # The local partition now belongs to a re-created topic: discovery stops this copier next round.
@@ -205,12 +230,17 @@ class PartitionCopier:
                 "partition": str(self.tp), "error": str(done.error)})
         staged = self.staging.staged(self.tp)
         # Staged leftovers that are remote already (copied by us before a crash, or by another leader).
-        keep = []
+        keep: list[StagedSegment | LocalRange] = []
         for s in staged:
             if s.end_offset_inclusive <= highest:
                 self.staging.release(s)
             else:
                 keep.append(s)
+        if in_place:
+            held = {s.base_offset for s in keep}
+            local = [LocalRange(self.tp, b, e, self.partition_dir) for b, e in in_place if b not in held]
+            self._defer([(r.base_offset, r.end_offset_inclusive) for r in local])
+            keep = sorted([*keep, *local], key=lambda s: s.base_offset)
         # Offsets between what is remote (or staged) and the first local segment: gone before we saw them.
         expect = highest + 1
         # the first live segment: the oldest rolled one whose .log is live, else the active one (the next base after
@@ -240,7 +270,9 @@ class PartitionCopier:
         Runs on its own short interval, between copy runs, so the broker's local retention cannot delete a
         segment before it is staged even when local retention is shorter than the copy interval. Safe to run
         beside :meth:`run_once` (staging is locked; a segment staged again after its copy is released by the
-        next run). Gaps are counted by :meth:`run_once` only.
+        next run). Gaps are counted by :meth:`run_once` only. With :attr:`defer_staging_s` set, a segment whose
+        ``.log`` is live waits unstaged that long at most, for a copy run to copy it in place (:meth:`_due`,
+        :mod:`rlm.tasks.in_place`).
         """
         highest = self._highest
         if highest is None:
@@ -249,11 +281,54 @@ class PartitionCopier:
             names = frozenset(os.listdir(self.partition_dir))
         # (a segment staged already is not asked for: the copy run checks it again before its copy); one staging
         # round for the rest: one fsync for their links, one for their markers
-        todo = [(base, end) for base, end in PartitionDir(self.partition_dir).rolled_ranges(names)
+        ranges = PartitionDir(self.partition_dir).rolled_ranges(names)
+        todo = [(base, end) for base, end in ranges
                 if end > highest and not self.staging.holds(self.tp, self.partition_dir, base, end, names)]
+        todo = self._due(todo, ranges, highest, names)
         if not todo:
             return 0
         return len(self.staging.stage_many(self.tp, self.partition_dir, todo, names=names).staged)
+
+    @property
+    def deferring(self) -> bool:
+        """Rolled segments are left unstaged (:mod:`rlm.tasks.in_place`) and not copied yet: the stage job looks at
+        the partition every round, changed or not, until they are copied or staged."""
+        return bool(self._deferred)
+
+    def _defer(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Remember when ``ranges`` (rolled, uncopied) were first left unstaged."""
+        now = time.monotonic()
+        with self._deferred_lock:
+            for base, end in ranges:
+                got = self._deferred.get(base)
+                if got is None or got[0] != end:
+                    self._deferred[base] = (end, now)
+
+    def _due(self, todo: list[tuple[int, int]], ranges: Sequence[tuple[int, int]], highest: int,
+             names: Collection[str]) -> list[tuple[int, int]]:
+        """Of the rolled segments ``todo`` that staging does not hold, those to stage now: all of them unless
+        :attr:`defer_staging_s` is set; then those whose ``.log`` is not live any more (retention renamed it) and
+        those left unstaged that long already (:mod:`rlm.tasks.in_place`); the others are remembered as left
+        unstaged. Forgets what was copied (up to ``highest``) or staged since (among ``ranges``, not in ``todo``)."""
+        defer = self.defer_staging_s
+        now = time.monotonic()
+        with self._deferred_lock:
+            if defer is None:
+                self._deferred.clear()
+                return todo
+            due = []
+            for base, end in todo:
+                got = self._deferred.get(base)
+                if got is None or got[0] != end:
+                    got = self._deferred[base] = (end, now)
+                if not live_log(base, names) or now - got[1] >= defer:
+                    due.append((base, end))
+            left = {b for b, _e in todo} - {b for b, _e in due}
+            rolled = {b for b, _e in ranges}
+            for base in [b for b, (e, _t) in self._deferred.items()
+                         if e <= highest or (b in rolled and b not in left)]:
+                del self._deferred[base]
+            return due
 
     # ------------------------------------------------------------------------------------------- clean-up
     def clean_up_unfinished(self, in_flight: set[uuid.UUID] | None = None, leader_epoch: int | None = None) -> int:
@@ -321,11 +396,12 @@ class PartitionCopier:
         # it names every .txnindex holding an abort below it: aborted_txns)
         self._run_names = set(os.listdir(self.partition_dir))
         try:
-            staged, result.gaps = self.stage_new(highest, stop, self._run_names)
+            staged, result.gaps = self.stage_new(highest, stop, self._run_names,
+                                                 defer=self.defer_staging_s is not None)
             self._highest = highest
             sizes = [_size(s.log_path) for s in staged]  # (a staged segment's paths are built anew on each look)
             self._set_lag(staged, sizes)
-            self._run_staged = staged
+            self._run_staged = [s for s in staged if isinstance(s, StagedSegment)]
             self._copy_staged(result, staged, sizes, epochs, highest, last_stable_offset, stop, leader_epoch,
                               current_leader_epoch)
         finally:
@@ -336,47 +412,87 @@ class PartitionCopier:
         metrics.COPY_RUN_SEGMENTS.observe(len(result.copied))
         return result
 
-    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment], sizes: list[int],
+    def _copy_staged(self, result: CopyResult, staged: list[StagedSegment | LocalRange], sizes: list[int],
                      epochs: list[EpochEntry], highest: int, last_stable_offset: int, stop: threading.Event | None,
                      leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None) -> None:
         """The copies of :meth:`run_once`: ``staged`` from ``highest`` + 1 on, in batches (``sizes``: their
-        ``.log`` bytes, in their order, as :meth:`run_once` read them)."""
-        batch: list[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
+        ``.log`` bytes, in their order, as :meth:`run_once` read them). A segment left in place is opened when its
+        turn comes and closed once its batch is over (:mod:`rlm.tasks.in_place`); one that cannot be opened so is
+        staged then, and where that fails too (the broker deleted it) the run ends before it: the next run's staging
+        reports the gap."""
+        batch: list[tuple[Copied, RemoteLogSegmentMetadata, Callable[[], bytes | None]]] = []
+        opened: list[InPlaceSegment] = []
         planned = highest  # the end of the batch's last segment: where the next one starts
-        for s, size in zip(staged, sizes, strict=True):
-            if stop is not None and stop.is_set():
-                batch = []  # not started: nothing written for it yet
-                break
-            if s.end_offset_inclusive <= planned:
-                # Remote already, by a copy earlier in this run: the same offsets staged twice (a replica moved
-                # between log dirs leaves them staged from the old dir and from the new one).
-                if not batch:
-                    self.staging.release(s)
-                continue  # (one staged twice beside a pending batch: released by the next run, once remote)
-            if s.end_offset_inclusive >= last_stable_offset:
-                result.waiting_for_lso += 1
-                continue  # this and every later segment wait for the LSO to move past them
-            prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
-                                     size or None)
-            if prepared is None:
-                # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
-                if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+        try:
+            for x, size in zip(staged, sizes, strict=True):
+                if stop is not None and stop.is_set():
+                    batch = []  # not started: nothing written for it yet
                     break
-                batch = []
-                self.staging.release(s)
-                highest = planned = s.end_offset_inclusive
-                self.tiered(highest, checkpoint_epoch_at(epochs, highest), recorded=False)
-                continue
-            batch.append((s, *prepared))
-            planned = s.end_offset_inclusive
-            if len(batch) >= COPY_BATCH_SEGMENTS or \
-                    sum(md.segment_size_bytes for _s, md, _c in batch) >= COPY_BATCH_BYTES:
-                if not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                if x.end_offset_inclusive <= planned:
+                    # Remote already, by a copy earlier in this run: the same offsets staged twice (a replica moved
+                    # between log dirs leaves them staged from the old dir and from the new one).
+                    if not batch and isinstance(x, StagedSegment):
+                        self.staging.release(x)
+                    continue  # (one staged twice beside a pending batch: released by the next run, once remote)
+                if x.end_offset_inclusive >= last_stable_offset:
+                    result.waiting_for_lso += 1
+                    continue  # this and every later segment wait for the LSO to move past them
+                s = self._open(x)
+                if s is None:
+                    break  # (the batch before it is committed below)
+                if isinstance(s, InPlaceSegment):
+                    opened.append(s)
+                prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
+                                         size or None)
+                if prepared is None:
+                    # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
+                    if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                        break
                     batch = []
-                    break
-                batch = []
-        if batch:
-            self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
+                    self._done_with(s)
+                    highest = planned = s.end_offset_inclusive
+                    self.tiered(highest, checkpoint_epoch_at(epochs, highest), recorded=False)
+                    continue
+                batch.append((s, *prepared))
+                planned = s.end_offset_inclusive
+                if len(batch) >= COPY_BATCH_SEGMENTS or \
+                        sum(md.segment_size_bytes for _s, md, _c in batch) >= COPY_BATCH_BYTES:
+                    if not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                        batch = []
+                        break
+                    batch = []
+            if batch:
+                self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop)
+        finally:
+            for s in opened:
+                s.close()
+
+    def _open(self, x: StagedSegment | LocalRange) -> Copied | None:
+        """``x`` as its copy reads it: a staged segment as is; one left in place opened (:mod:`rlm.tasks.in_place`),
+        or, when it cannot be opened so, staged now; None when it cannot be staged either (deleted by the broker, the
+        topic re-created, staging full): not copied in this run, whose next staging says why."""
+        if isinstance(x, StagedSegment):
+            return x
+        names = self._run_names if self._run_names is not None else set(os.listdir(self.partition_dir))
+        opened = InPlaceSegment.open(x, names)
+        if opened is not None:
+            return opened
+        done = self.staging.stage_many(self.tp, self.partition_dir, [(x.base_offset, x.end_offset_inclusive)])
+        if not done.staged:
+            log.info("segment left in place could not be opened or staged: not copied in this run", extra={
+                "partition": str(self.tp), "base_offset": x.base_offset, "end_offset": x.end_offset_inclusive,
+                "gone": bool(done.gone), "error": str(done.error) if done.error is not None else None})
+            return None
+        if self._run_staged is not None:
+            self._run_staged.append(done.staged[0])
+        return done.staged[0]
+
+    def _done_with(self, s: Copied) -> None:
+        """``s`` is copied (or passed over): its staging released, or its files closed."""
+        if isinstance(s, StagedSegment):
+            self.staging.release(s)
+        else:
+            s.close()
 
     def _set_lag(self, staged: Sequence[StagedSegment], sizes: Sequence[int]) -> None:
         """The lag gauges: the staged segments above the highest offset tiered (``sizes``: their ``.log`` bytes).
@@ -387,18 +503,23 @@ class PartitionCopier:
         metrics.COPY_LAG_SEGMENTS.labels(self.tp.topic, str(self.tp.partition)).set(len(left))
         metrics.COPY_LAG_BYTES.labels(self.tp.topic, str(self.tp.partition)).set(sum(left))
 
-    def _commit_batch(self, batch: Sequence[tuple[StagedSegment, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
+    def _commit_batch(self, batch: Sequence[tuple[Copied, RemoteLogSegmentMetadata, Callable[[], bytes | None]]],
                       result: CopyResult, leader_epoch: int | None,
                       current_leader_epoch: Callable[[], int | None] | None, stop: threading.Event | None) -> bool:
         """Copy one batch of :meth:`run_once` (:meth:`commit_copies`); what was copied is tiered and its staging
         released. False when the run stops here (fenced, cancelled, stopped); any other failure raises, after the
         segments before it are tiered."""
-        finished, err = self.commit_copies([(md, copy) for _s, md, copy in batch], leader_epoch=leader_epoch,
-                                           current_leader_epoch=current_leader_epoch, stop=stop)
+        try:
+            finished, err = self.commit_copies([(md, copy) for _s, md, copy in batch], leader_epoch=leader_epoch,
+                                               current_leader_epoch=current_leader_epoch, stop=stop)
+        finally:
+            for s, _md, _copy in batch:
+                if isinstance(s, InPlaceSegment):
+                    s.close()  # (its copy is over, made or not)
         for (s, _md, _copy), md in zip(batch, finished, strict=False):
             result.copied.append(md)
             self.tiered(md.end_offset_inclusive, md.epoch_at(md.end_offset_inclusive))
-            self.staging.release(s)
+            self._done_with(s)
         if err is None:
             return len(finished) == len(batch)  # less: stopped (leadership lost), the rest removed
         if isinstance(err, CopyFencedError):
@@ -519,7 +640,7 @@ class PartitionCopier:
             pass
         return max((b.max_timestamp for b in scan_batches(log_path)), default=-1)
 
-    def copy_segment(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], *,
+    def copy_segment(self, s: Copied, start_offset: int, epochs: list[EpochEntry], *,
                      leader_epoch: int | None = None,
                      current_leader_epoch: Callable[[], int | None] | None = None,
                      ) -> RemoteLogSegmentMetadata | None:
@@ -530,14 +651,14 @@ class PartitionCopier:
             return None
         return self.commit_copy(*prepared, leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
 
-    def _prepare(self, s: StagedSegment, start_offset: int, epochs: list[EpochEntry], leader_epoch: int | None,
+    def _prepare(self, s: Copied, start_offset: int, epochs: list[EpochEntry], leader_epoch: int | None,
                  log_bytes: int | None = None,
                  ) -> tuple[RemoteLogSegmentMetadata, Callable[[], bytes | None]] | None:
         """The COPY_SEGMENT_STARTED metadata of ``s`` from ``start_offset`` on and its store copy (not run yet);
         None when it is older than remote retention. ``log_bytes``: the staged ``.log``'s size when known (a staged
         segment is immutable)."""
         log_path = s.log_path  # (built on each look: once here)
-        time_index_path = s.directory / segment_file_name(s.base_offset, ".timeindex")
+        time_index_path = s.path(".timeindex")
         seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
         if not seg_epochs:
             # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
@@ -569,7 +690,7 @@ class PartitionCopier:
         checkpoint = format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= s.end_offset_inclusive])
         data = LogSegmentData(
             log_path=log_path,
-            offset_index_path=s.directory / segment_file_name(s.base_offset, ".index"),
+            offset_index_path=s.path(".index"),
             time_index_path=time_index_path,
             transaction_index_path=txn_index,
             producer_snapshot_path=s.file(".snapshot"),
@@ -688,15 +809,13 @@ class PartitionCopier:
         refused = next((i for i, e in enumerate(refusals) if e is not None), None)
         return (done, None) if refused is None else (done[:refused], refusals[refused])
 
-    def _aborted_index(self, s: StagedSegment, start_offset: int) -> Path | None:
+    def _aborted_index(self, s: Copied, start_offset: int) -> Path | None:
         """The transaction index to upload with ``s`` (see the module docstring), written next to its staged
-        files; None when no aborted transaction has records in it."""
+        files (or held with its open ones); None when no aborted transaction has records in it."""
         found = self.aborted_txns(s.base_offset, start_offset, s.end_offset_inclusive, own=s.file(".txnindex"))
         if not found:
             return None
-        out = s.directory / segment_file_name(s.base_offset, TXN_UPLOAD_SUFFIX)
-        out.write_bytes(format_txn_index(found))
-        return out
+        return s.write_txn_upload(format_txn_index(found))
 
     def aborted_txns(self, base_offset: int, start_offset: int, end_offset_inclusive: int, *,
                      own: Path | None = None) -> list[AbortedTxn]:
@@ -719,7 +838,10 @@ class PartitionCopier:
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
-                continue  # deleted meanwhile (it is staged then, or it was above the segment's transactions)
+                try:  # renamed by retention since the listing (a later segment left in place: rlm.tasks.in_place)
+                    data = Path(f"{path}{DELETED_SUFFIX}").read_bytes()
+                except FileNotFoundError:
+                    continue  # deleted meanwhile (it is staged then, or it was above the segment's transactions)
             whole = len(data) - len(data) % TXN_ENTRY.size  # the broker may be appending an entry right now
             for t in parse_txn_index(data[:whole], path):
                 if t.first_offset <= end_offset_inclusive and t.last_offset >= start_offset:

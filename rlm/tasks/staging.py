@@ -177,6 +177,18 @@ class StagedSegment:
         p = self.directory / segment_file_name(self.base_offset, suffix)
         return p if p.exists() else None
 
+    def path(self, suffix: str) -> Path:
+        """Where the staged file with this suffix is (``.log``, ``.index``, ``.timeindex``: a staged segment has them),
+        without looking."""
+        return self.directory / segment_file_name(self.base_offset, suffix)
+
+    def write_txn_upload(self, data: bytes) -> Path:
+        """The transaction index the copier uploads with the segment, written beside its staged files
+        (``<stem>.txnindex.upload``: released with it)."""
+        out = self.path(TXN_UPLOAD_SUFFIX)
+        out.write_bytes(data)
+        return out
+
 
 def _producer_snapshot_name(end_offset_inclusive: int) -> str:
     """The producer snapshot Kafka uploads with a segment: named by the next segment's base offset."""
@@ -574,7 +586,7 @@ class Staging:
         if not ranges:
             return done
         try:
-            self._check_topic_id(tp, partition_dir)
+            self.check_topic_id(tp, partition_dir)
         except TopicIdMismatchError as err:
             done.error = err
             return done
@@ -795,7 +807,7 @@ class Staging:
             "partition": str(tp), "base_offset": base, "rebuilt": [p.name for p in missing]})
         return True
 
-    def _check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
+    def check_topic_id(self, tp: TopicIdPartition, partition_dir: Path) -> None:
         """Raise :class:`TopicIdMismatchError` when ``partition_dir``'s ``partition.metadata`` names another topic id
         (read again only when it changed: :class:`rlm.topic_ids.TopicIdFiles`; at every stage call, the stage job's
         and each copy run's, reading it was a sixth of staging's CPU, issue 26)."""
