@@ -117,6 +117,9 @@ CLOSED = Counter("rlm_history_closed_connections", "Connections the history endp
 QUEUED = Gauge("rlm_history_queued_response_bytes", "Answer bytes queued to clients (not yet taken by them) now")
 _SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started and not stopped: QUEUED sums them
 QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
+REQUEST_HELD = Gauge("rlm_history_queued_request_bytes",
+                     "Request bytes held against queued_max_request_bytes (frames over 64 KiB being read or served)")
+REQUEST_HELD.set_function(lambda: sum(s.requests.held for s in list(_SERVING)))
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 # an answer is handed to its transport at most this much at a time (ListenerServer._send), each slice waited for;
 # one up to this size (a consumer's usual answer: max.partition.fetch.bytes, 1 MiB, and its headers) is written in

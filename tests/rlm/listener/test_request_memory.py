@@ -114,6 +114,7 @@ def test_partial_large_requests_are_held_within_queued_max_request_bytes() -> No
             grown = rss_mib() - before
             held = on_loop(srv, lambda: srv.requests.held)
             assert held == size, f"{held} request bytes held: one frame"
+            assert REGISTRY.get_sample_value("rlm_history_queued_request_bytes") == size
             assert grown < 48, f"RSS grew {grown:.0f} MiB with {n} unfinished 20 MiB requests (16 MiB bound)"
             # finish them one after the other: each is answered (INVALID_REQUEST: padding), none is refused
             for i, s in enumerate(socks):
