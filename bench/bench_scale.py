@@ -878,6 +878,10 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true",
                     help="after the (cold) burst, a second one of as many segments, measured the same way: every "
                          "partition's first copy (its directories, watermark file) is then behind it")
+    ap.add_argument("--delete-delay-ms", type=int, default=60_000,
+                    help="the broker's log.segment.delete.delay.ms (Kafka's default, 60000; the suite's brokers run "
+                         "1000): below 4 stage intervals (20 s at the burst's 5 s) the sidecar stages every segment "
+                         "at once, above it it copies them in place (rlm.tasks.in_place)")
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
@@ -898,7 +902,8 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     compare: list[tuple[str, str, str]] = []
     prefix = "scale-"
-    broker_cfg = {"log.flush.interval.messages": str(2**62), "num.io.threads": "4", "num.network.threads": "2"}
+    broker_cfg = {"log.flush.interval.messages": str(2**62), "num.io.threads": "4", "num.network.threads": "2",
+                  "log.segment.delete.delay.ms": str(args.delete_delay_ms)}
     try:
         with KafkaCluster(brokers=1, broker_config=broker_cfg, heap="2g") as kc:
             t0 = time.monotonic()

@@ -600,8 +600,11 @@ class Sidecar:
                     staged = {}
                     for x in self.staging.staged():  # one walk of the staging area, not one look per led partition
                         staged.setdefault(x.tp, []).append(x.base_offset)
+                held = staged.get(tp, [])
+                if led.copier.deferring:  # (left unstaged for a copy in place: staged at retention's rename)
+                    held = [*held, *led.copier.deferred_bases()]
                 try:
-                    m = self._margin_cache.margin(led.path, led.copier.tiered_offset, staged.get(tp, ()),
+                    m = self._margin_cache.margin(led.path, led.copier.tiered_offset, held,
                                                   retention_ms=retention[0], retention_bytes=retention[1])
                 except (FileNotFoundError, LogFormatError):
                     continue  # the partition dir went away (moved, deleted): the next discovery round says

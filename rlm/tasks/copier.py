@@ -295,6 +295,12 @@ class PartitionCopier:
         the partition every round, changed or not, until they are copied or staged."""
         return bool(self._deferred)
 
+    def deferred_bases(self) -> list[int]:
+        """The base offsets of the rolled segments left unstaged (:attr:`deferring`): the retention margin counts
+        them as it counts staged ones (retention's rename stages them before the broker's unlink)."""
+        with self._deferred_lock:
+            return list(self._deferred)
+
     def _defer(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Remember when ``ranges`` (rolled, uncopied) were first left unstaged."""
         now = time.monotonic()
@@ -409,6 +415,10 @@ class PartitionCopier:
             self._run_names = None
         self.write_watermark()
         self._set_lag(staged, sizes)  # what this run copied is no longer lag (a caught-up copier sleeps on it)
+        if self._deferred:  # what this run copied waits no more (the stage job would look at it once again)
+            with self._deferred_lock:
+                for base in [b for b, (e, _t) in self._deferred.items() if e <= self.tiered_offset]:
+                    del self._deferred[base]
         metrics.COPY_RUN_SEGMENTS.observe(len(result.copied))
         return result
 

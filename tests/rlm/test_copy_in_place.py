@@ -19,6 +19,7 @@ from rsm.manager import RemoteStorageManager
 from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
+    copy_state,
     latest_remote,
     make_settings,
     only,
@@ -149,3 +150,33 @@ def test_segments_renamed_by_retention_while_their_copy_waits_are_staged(kafka: 
         assert_contiguous(remote_segments(sidecar, tp))
         assert_readable(sidecar, tp, {o: kv for o, kv in sent.items() if o <= latest_remote(sidecar, tp)})
         assert rounds  # staged: nothing else kept them once the broker unlinked them
+
+
+def test_segments_waiting_unstaged_count_as_held_in_the_retention_margin(kafka: KafkaCluster, topic_name: str,
+                                                                         tmp_path: Path) -> None:
+    """Segments left unstaged for a copy in place are staged at retention's rename, so the retention margin counts
+    them as it counts staged ones: with their copy held, the partition's oldest segment at risk is its active one,
+    not the oldest waiting one."""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "3600000",
+                                                          "file.delete.delay.ms": "120000"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    rsm = HeldRsm(settings.store)
+    rsm.held, rsm.release = threading.Event(), threading.Event()
+    with Sidecar(settings, rsm=rsm) as sidecar:
+        try:
+            wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
+            produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+            assert rsm.held.wait(60), "no copy started"
+            produce_segments(kafka, topic_name, 2, 20, segment_ms=300)
+            led = sidecar.leadership.get(topic_name, 0)
+            assert led is not None
+            wait_for(lambda: len(led.copier.deferred_bases()) >= 3, 30, "the rolled segments to wait unstaged",
+                     detail=lambda: f"{led.copier.deferred_bases()} {copy_state(sidecar, tp)}")
+            active = max(int(p.name[:20]) for p in led.path.glob("*.log"))
+            wait_for(lambda: tp in sidecar.margins and sidecar.margins[tp].segment == active, 30,
+                     "the margin's oldest segment at risk to be the active one",
+                     detail=lambda: f"{sidecar.margins.get(tp)}; waiting {led.copier.deferred_bases()}")
+            assert sidecar.staging.staged(tp) == []
+        finally:
+            rsm.release.set()
