@@ -479,13 +479,15 @@ class Sidecar:
     def stage(self) -> None:
         """The led partitions whose directory changed (:meth:`LogDirWatcher.changes <rlm.watch.LogDirWatcher.changes>`):
         their sleeping copy jobs woken, their newly rolled segments hard-linked (between copy runs: see
-        stage_rolled), and those with rolled segments left unstaged for a copy in place (changed or not: staged once
-        they waited long enough, :mod:`rlm.tasks.in_place`); paused topics are not staged (they are not copied
-        either)."""
+        stage_rolled), and those with rolled segments left unstaged for a copy in place that waited long enough
+        (changed or not, :mod:`rlm.tasks.in_place`); paused topics are not staged (they are not copied either)."""
         changes = self.watcher.changes()
         woken = self.leadership.wake(changes.partitions)
         seen = {id(led) for led in woken}
-        waiting = [led for led in self.leadership.each_led() if led.copier.deferring and id(led) not in seen]
+        # (a waiting segment renamed by retention shows as a change; one waited long enough is looked for without
+        # a listing: a listing of every waiting partition each round was as dear as the staging it saves, issue 26)
+        waiting = [led for led in self.leadership.each_led() if led.copier.deferring and id(led) not in seen
+                   and led.copier.staging_due(self._staging_deferral_s(led))]
         for led in [*woken, *waiting]:
             if self.settings.topics.is_paused(led.tp.topic):
                 continue

@@ -291,9 +291,19 @@ class PartitionCopier:
 
     @property
     def deferring(self) -> bool:
-        """Rolled segments are left unstaged (:mod:`rlm.tasks.in_place`) and not copied yet: the stage job looks at
-        the partition every round, changed or not, until they are copied or staged."""
+        """Rolled segments are left unstaged (:mod:`rlm.tasks.in_place`) and not copied yet."""
         return bool(self._deferred)
+
+    def staging_due(self, defer_s: float | None) -> bool:
+        """Some segment left unstaged is to be staged now, with ``defer_s`` the topic's deferral (None: staging no
+        longer waits): the stage job visits the partition then, changed or not (a rename shows as a change)."""
+        with self._deferred_lock:
+            if not self._deferred:
+                return False
+            if defer_s is None:
+                return True
+            now = time.monotonic()
+            return any(now - t >= defer_s for _e, t in self._deferred.values())
 
     def deferred_bases(self) -> list[int]:
         """The base offsets of the rolled segments left unstaged (:attr:`deferring`): the retention margin counts

@@ -12,16 +12,19 @@ is long against the stage job's interval, a segment seen rolled may be left in p
 copies it opens its files itself, and the stage job stages it
 (:meth:`PartitionCopier.stage_rolled <rlm.tasks.copier.PartitionCopier.stage_rolled>`)
 
-- at once when its ``.log`` is no longer live (retention renamed it: the log-dir watcher sees the rename and the
-  stage job's next round links it, as it links a new roll), or when the delay is unknown or short
+- at once when its ``.log`` is no longer live (retention renamed it: the log-dir watcher reports the rename as it
+  reports a roll, and the stage job's next round links it), or when the delay is unknown or short
   (:func:`staging_deferral_s` None: staging as before);
 - otherwise once it has waited :func:`staging_deferral_s` (half the delay) since a stage round or copy run first saw
-  it uncopied, should the rename have gone unseen.
+  it uncopied.
 
-So a segment is lost only if its files are unlinked before either: retention renaming it, then the stage job not
-acting on the rename within the whole delay (staging at once needs as much of a roll followed by retention at
-once), or not within half the delay where the rename went unseen (with the delay at least
-:data:`DEFERRAL_MIN_INTERVALS` stage intervals: two intervals or more).
+A roll staged at once is lost if the broker unlinks it before the stage job's next round: retention renaming it at
+once and the stage job not running within the delay. A segment left waiting is lost on the same condition, counted
+from retention's rename instead of the roll. The second rule bounds what waits unstaged while nothing else happens:
+what a sidecar that is down longer than the delay (and so sees no rename) can lose is what waited at its stop, the
+segments of the last half delay, as it can lose the rolls of its downtime; a copy held back for long (an open
+transaction, a slow store) has its segments staged as before. The delay must be at least
+:data:`DEFERRAL_MIN_INTERVALS` stage intervals.
 
 **How a copy holds it.** :meth:`InPlaceSegment.open` opens every file of the segment the copy reads (the ``.log``,
 its offset and time indexes, its ``.txnindex`` and the producer snapshot named by the next base, when the broker has
@@ -50,6 +53,7 @@ DEFERRAL_MIN_INTERVALS = 4
 a segment waits unstaged, then leaves two intervals or more for a stage job that runs late."""
 
 _FD_DIR = "/proc/self/fd"
+_HAS_FD_DIR = os.path.isdir(_FD_DIR)  # (asked for every led partition at each stage round: looked at once)
 
 
 def staging_deferral_s(file_delete_delay_ms: int | None, stage_interval_ms: int) -> float | None:
@@ -57,7 +61,7 @@ def staging_deferral_s(file_delete_delay_ms: int | None, stage_interval_ms: int)
     once) when the delay is unknown, shorter than :data:`DEFERRAL_MIN_INTERVALS` stage intervals, or this system
     has no ``/proc/self/fd`` to read an open file through."""
     if file_delete_delay_ms is None or file_delete_delay_ms < DEFERRAL_MIN_INTERVALS * stage_interval_ms \
-            or not os.path.isdir(_FD_DIR):
+            or not _HAS_FD_DIR:
         return None
     return file_delete_delay_ms / 2000
 

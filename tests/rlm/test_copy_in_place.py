@@ -180,3 +180,31 @@ def test_segments_waiting_unstaged_count_as_held_in_the_retention_margin(kafka: 
             assert sidecar.staging.staged(tp) == []
         finally:
             rsm.release.set()
+
+
+def test_segments_that_waited_long_enough_are_staged_without_a_change(kafka: KafkaCluster, topic_name: str,
+                                                                      tmp_path: Path) -> None:
+    """Staging waits up to 0.6 s (delay 1.2 s, four 300 ms stage intervals); the copy is held and the partition's
+    directory changes no more: the stage job stages the waiting segments all the same."""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "file.delete.delay.ms": "1200"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    rsm = HeldRsm(settings.store)
+    rsm.held, rsm.release = threading.Event(), threading.Event()
+    with Sidecar(settings, rsm=rsm) as sidecar:
+        try:
+            wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
+            sent = produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+            assert rsm.held.wait(60), "no copy started"
+            sent |= produce_segments(kafka, topic_name, 2, 20, segment_ms=300)
+            led = sidecar.leadership.get(topic_name, 0)
+            assert led is not None and led.copier.defer_staging_s == 0.6
+            rolled = sorted(int(p.name[:20]) for p in led.path.glob("*.log"))[:-1]
+            wait_for(lambda: [s.base_offset for s in sidecar.staging.staged(tp)] == rolled, 30,
+                     "every rolled segment to be staged", detail=lambda: copy_state(sidecar, tp))
+            assert not led.copier.deferring
+        finally:
+            rsm.release.set()
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(sent) - 1, 60, "every rolled segment to be remote")
+        assert_contiguous(remote_segments(sidecar, tp))
+        assert_readable(sidecar, tp, {o: kv for o, kv in sent.items() if o <= latest_remote(sidecar, tp)})
