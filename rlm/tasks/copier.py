@@ -144,6 +144,7 @@ class PartitionCopier:
         self.broker_id = broker_id
         self.tp = tp
         self.partition_dir = partition_dir
+        self._pdir = PartitionDir(partition_dir)  # (stateless: every question lists or reads anew)
         self.rlmm = rlmm
         self.rsm = rsm
         self.staging = staging
@@ -201,7 +202,7 @@ class PartitionCopier:
         ranges and which of a segment's optional files exist (issue 26: a run listed the directory three times, plus
         once per segment copied)."""
         self._highest = highest
-        pdir = PartitionDir(self.partition_dir)
+        pdir = self._pdir
         if names is None:
             names = set(os.listdir(self.partition_dir))
         ranges = pdir.rolled_ranges(names)
@@ -281,9 +282,13 @@ class PartitionCopier:
             names = frozenset(os.listdir(self.partition_dir))
         # (a segment staged already is not asked for: the copy run checks it again before its copy); one staging
         # round for the rest: one fsync for their links, one for their markers
-        ranges = PartitionDir(self.partition_dir).rolled_ranges(names)
-        todo = [(base, end) for base, end in ranges
-                if end > highest and not self.staging.holds(self.tp, self.partition_dir, base, end, names)]
+        ranges = self._pdir.rolled_ranges(names)
+        # a segment known to wait unstaged is not asked of staging (it holds none such): _due judges it
+        with self._deferred_lock:
+            waiting = dict(self._deferred)
+        todo = [(base, end) for base, end in ranges if end > highest and (
+            (got := waiting.get(base)) is not None and got[0] == end
+            or not self.staging.holds(self.tp, self.partition_dir, base, end, names))]
         todo = self._due(todo, ranges, highest, names)
         if not todo:
             return 0
@@ -405,7 +410,7 @@ class PartitionCopier:
             return result
         result.cleaned_up = self.clean_up_unfinished(leader_epoch=leader_epoch)
         if epochs is None:
-            epochs = PartitionDir(self.partition_dir).leader_epochs()
+            epochs = self._pdir.leader_epochs()
         highest = self.resume_point(epochs, self._listing)
         self._listing = None
         # one listing of the partition dir for the run, made after the caller asked for the last stable offset (so
@@ -561,7 +566,7 @@ class PartitionCopier:
         highest = self._highest
         if highest is None or self._unfinished_waiting or self.staging.staged(self.tp):
             return False
-        return all(end <= highest for _base, end in PartitionDir(self.partition_dir).rolled_ranges())
+        return all(end <= highest for _base, end in self._pdir.rolled_ranges())
 
     def resume_point(self, epochs: list[EpochEntry], segments: list[RemoteLogSegmentMetadata] | None = None) -> int:
         """The highest offset tiered along this broker's lineage (-1: none): copying resumes right after it.
