@@ -134,6 +134,7 @@ class Read:
     sidecar_cpu_s: float
     broker_cpu_s: float
     consumer_cpu_s: float = 0.0  # the consumer process's own (its poll loop and librdkafka's threads)
+    consumer_main_s: float = 0.0  # of it, its main thread's (the poll loop handing each record to Python)
     first_s: float = 0.0  # the window's start (assignment) to the first record
     fetches: int = 0  # Fetch requests the proxy answered (proxied reads)
     # the sidecar's CPU seconds over the read (a little wider than its window) by thread group: the listener's event
@@ -212,7 +213,8 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
     after = thread_groups(sidecar_pid)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)],
-                r["consumer_cpu_s"], r["first_s"], threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()})
+                r["consumer_cpu_s"], r.get("consumer_main_s", 0.0), r["first_s"],
+                threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()})
 
 
 def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
@@ -596,7 +598,8 @@ def main() -> None:
                     results.setdefault(name, []).append(r)
                     print(f"  {name}: {r.mb_s:.0f} MB/s, {r.records_s:,.0f} records/s in {r.window_s:.2f}s (first "
                           f"record at {r.first_s:.2f}s), CPU s: sidecar {r.sidecar_cpu_s:.2f}, broker "
-                          f"{r.broker_cpu_s:.2f}, consumer {r.consumer_cpu_s:.2f}" + (
+                          f"{r.broker_cpu_s:.2f}, consumer {r.consumer_cpu_s:.2f} (main thread "
+                          f"{r.consumer_main_s:.2f})" + (
                               "; sidecar CPU s/GiB by thread: " + ", ".join(
                                   f"{g} {cpu / (r.bytes / GiB):.2f}" for g, cpu in sorted(r.threads.items()))
                               if boot == proxy else "") + (

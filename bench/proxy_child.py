@@ -12,8 +12,9 @@ group's assignment (``on_assign``: after JoinGroup / SyncGroup, before OffsetFet
 and ends at the last record. At both ends it reads the CPU seconds of the processes PIDS (comma-separated: the
 sidecar's, the broker's) from ``/proc/<pid>/stat``. It prints one JSON line ``{"window_s", "records", "bytes" (keys
 + values), "first_s" (the window's start to the first record: OffsetFetch, ListOffsets, the first Fetch), "cpu":
-{pid: s}, "consumer_cpu_s"}`` (its own CPU over the window: a consumer whose CPU is about its window bounds the read,
-whatever serves it).
+{pid: s}, "consumer_cpu_s", "consumer_main_s"}`` (its own CPU over the window: a consumer whose CPU is about its window
+bounds the read, whatever serves it; and of it, its main thread's, the poll loop that hands each record to Python, apart
+from librdkafka's threads that fetch and parse: a main thread busy the whole window is the read's bound).
 
 ``tail`` is a live-tail consumer (the same settings, ``auto.offset.reset=latest``): it prints ``ready`` once
 assigned, then ``poll()``s, and for every record whose value starts with ``seq`` (8 bytes) and the producer's
@@ -37,6 +38,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.procstat import thread_times  # noqa: E402
 
 __all__ = ["consume", "listener", "tail"]
 
@@ -62,11 +67,11 @@ def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], gro
     from confluent_kafka import Consumer, KafkaException
 
     c = Consumer(consumer_config(bootstrap, group, "earliest"))
-    mark: list[tuple[float, dict[int, float], float]] = []
+    mark: list[tuple[float, dict[int, float], float, float]] = []
 
     def on_assign(_consumer: object, partitions: list) -> None:
         if partitions and not mark:
-            mark.append((time.monotonic(), {p: cpu_seconds(p) for p in pids}, time.process_time()))
+            mark.append((time.monotonic(), {p: cpu_seconds(p) for p in pids}, time.process_time(), main_cpu_s()))
 
     c.subscribe([topic], on_assign=on_assign)
     start = time.monotonic()
@@ -97,9 +102,16 @@ def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], gro
     end = time.monotonic()
     cpu = {p: cpu_seconds(p) - mark[0][1][p] for p in pids}
     own = time.process_time() - mark[0][2]
+    main = main_cpu_s() - mark[0][3]
     c.close()
     print(json.dumps({"window_s": end - mark[0][0], "first_s": first - mark[0][0], "records": n, "bytes": size,
-                      "cpu": cpu, "consumer_cpu_s": own}), flush=True)
+                      "cpu": cpu, "consumer_cpu_s": own, "consumer_main_s": main}), flush=True)
+
+
+def main_cpu_s() -> float:
+    """CPU seconds so far of this process's main thread (its thread id is the process id)."""
+    return sum(user + system for (tid, _comm), (user, system) in thread_times(os.getpid()).items()
+               if tid == os.getpid())
 
 
 def tail(bootstrap: str, topic: str, group: str) -> None:
