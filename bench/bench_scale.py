@@ -273,6 +273,34 @@ caught-up listing); a copy run copying a segment straight from the log dir (its 
 what the next stage round still finds uncopied would save most of it, but leaves a rolled segment unstaged for one
 stage interval more, in which local retention (or a retention lowered at runtime) can take it: a gap, the lead's
 call, not taken here. The two store objects a segment cost ~40 us on a quiet or journaled file system.
+
+Session 18 (h1; 2,000 partitions, 6,000 segments, every run side by side with ``--baseline`` at ec3a8f0, the
+session's start, on one broker whose ``log.segment.delete.delay.ms`` is now Kafka's default, 60 s
+(``--delete-delay-ms``; the suite's brokers run 1 s)). Rolled segments copied in place (:mod:`rlm.tasks.in_place`):
+where a topic's ``file.delete.delay.ms`` is at least four stage intervals (here 60 s against 5 s), a copy run opens a
+rolled segment's files in the log dir itself (read through ``/proc/self/fd``) instead of staging it, and the stage
+job stages a segment only once retention renames it to ``.deleted`` or it waited half the delay; a shorter or unknown
+delay stages at once, as before. Sidecar CPU per segment, this checkout against the baseline beside it:
+
+    commit     load      cold               warm               stage job ms a segment, cold / warm     inode_cost_us
+    63eee80    2.1-8.5   4.07 vs 4.48 ms    3.58 vs 4.01       0.540 vs 0.510 / 0.274 vs 0.387        18-43
+    2b8339f    1.4-8.1   5.39 vs 6.54       4.58 vs 5.35       0.207 vs 0.761 / 0.240 vs 0.501        28-103
+    2b8339f*   1.1-8.5   3.82 vs 4.67       3.62 vs 4.28       0.211 vs 0.617 / 0.182 vs 0.355        19-44
+    b74c83c    2.4-6.8   2.93 vs 3.57       3.14 vs 4.10       0.096 vs 0.422 / 0.106 vs 0.366        17-31
+    b74c83c    1.4-8.4   4.17 vs 5.17       4.25 vs 5.32       0.141 vs 0.595 / 0.127 vs 0.501        30-178
+
+(* this checkout's sidecar recorded by py-spy ``--gil``.) Since 2b8339f: -18 to -23% a segment, cold and warm, in
+every run; what a run measures in absolute terms follows the hour (the broker's own CPU per segment in the same
+runs: 5.2-10.6 ms cold). At b74c83c's first run, cold 2.93 ms (user 2.17 / system 0.75), catch-up 21.7 against
+24.5 s, peak RSS 138 against 135 MiB; the six copy workers 0.37-0.38 ms each against 0.41-0.42. The first run's
+stage job listed every partition with a segment waiting at each round (2,000 listings every 5 s), which cost what
+the staging it saved did; since 2b8339f it looks at such a partition only when its directory changed (retention's
+rename is a change the watcher reports) or a segment waited long enough, and since b74c83c it does not ask staging
+about a segment it knows waits. Where a cold burst goes now (2b8339f, GIL samples, 1,014): the copy runs 57% (the
+store's copy 21%, metadata writes 9.2%, the fence and the FINISHED write 6.6%, preparing 7.4%, opening in place
+1.5%, the clean-up's metadata listing 1.8%), the stage job 13.8% (``Staging.holds`` 4.9%, cut since), the metadata
+consumer 8.7%, the runs' first ListOffsets 3.2%, discovery 2.8%: what is left of 3 ms is the store's copy and the
+metadata topic's, outside the copier.
 """
 
 from __future__ import annotations
