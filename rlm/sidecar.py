@@ -471,6 +471,27 @@ class Sidecar:
             return None
         return staging_deferral_s(self._delete_delay_ms.get(led.tp.topic), stage_interval_ms(self.settings.tasks))
 
+    def _refresh_delete_delays(self, topics: set[str]) -> None:
+        """``file.delete.delay.ms`` of ``topics`` (those with segments waiting unstaged) read again, at each stage
+        round while they wait: a delay lowered since the last full discovery round (a minute at most) has them
+        staged at this round, not the next full one's. A topic whose config is not read counts as unknown (staged at
+        once). One DescribeConfigs call a round, only while segments wait."""
+        try:
+            configs = self.view.topic_configs(topics)
+        except Exception as err:  # noqa: BLE001 - unknown: what waits is staged at once
+            log.info("topic configs not read: segments waiting for a copy in place are staged", extra={
+                "topics": sorted(topics), "error": str(err)})
+            configs = dict.fromkeys(topics)
+        delays = dict(self._delete_delay_ms)
+        for topic in topics:
+            config = configs.get(topic)
+            delay = _int(config.get("file.delete.delay.ms")) if config is not None else None
+            if delay is None:
+                delays.pop(topic, None)
+            else:
+                delays[topic] = delay
+        self._delete_delay_ms = delays
+
     def _wait_ready(self, tps: list[TopicIdPartition]) -> None:
         """Block until the metadata cache has caught up for ``tps`` (raises when it does not within 30 s)."""
         self.rlmm.wait_ready(tps, timeout_s=30)
@@ -484,6 +505,9 @@ class Sidecar:
         changes = self.watcher.changes()
         woken = self.leadership.wake(changes.partitions)
         seen = {id(led) for led in woken}
+        waiting_topics = {led.tp.topic for led in self.leadership.each_led() if led.copier.deferring}
+        if waiting_topics:
+            self._refresh_delete_delays(waiting_topics)
         # (a waiting segment renamed by retention shows as a change; one waited long enough is looked for without
         # a listing: a listing of every waiting partition each round was as dear as the staging it saves, issue 26)
         waiting = [led for led in self.leadership.each_led() if led.copier.deferring and id(led) not in seen

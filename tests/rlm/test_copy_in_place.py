@@ -16,6 +16,7 @@ from rlm.tasks.staging import StageRound
 from rlmm.api import TopicIdPartition
 from rsm.log.partition import DELETED_SUFFIX
 from rsm.manager import RemoteStorageManager
+from tests.support.kafka import set_topic_config
 from tests.support.sidecar import (
     assert_contiguous,
     assert_readable,
@@ -208,3 +209,33 @@ def test_segments_that_waited_long_enough_are_staged_without_a_change(kafka: Kaf
         wait_for(lambda: latest_remote(sidecar, tp) >= max(sent) - 1, 60, "every rolled segment to be remote")
         assert_contiguous(remote_segments(sidecar, tp))
         assert_readable(sidecar, tp, {o: kv for o, kv in sent.items() if o <= latest_remote(sidecar, tp)})
+
+
+def test_a_delete_delay_lowered_while_segments_wait_stages_them_at_the_next_round(kafka: KafkaCluster,
+                                                                                   topic_name: str,
+                                                                                   tmp_path: Path) -> None:
+    """Segments wait unstaged (delay 120 s: up to 60 s), their copy held; the topic's delay is lowered to 1 s: the
+    stage job reads it again while they wait and stages them at its next rounds, not at the next full discovery
+    round's (a minute later), in which retention could rename and the broker unlink them."""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "file.delete.delay.ms": "120000"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    rsm = HeldRsm(settings.store)
+    rsm.held, rsm.release = threading.Event(), threading.Event()
+    with Sidecar(settings, rsm=rsm) as sidecar:
+        try:
+            wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
+            produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+            assert rsm.held.wait(60), "no copy started"
+            produce_segments(kafka, topic_name, 2, 20, segment_ms=300)
+            led = sidecar.leadership.get(topic_name, 0)
+            assert led is not None
+            wait_for(lambda: len(led.copier.deferred_bases()) >= 2, 30, "the rolled segments to wait unstaged")
+            assert sidecar.staging.staged(tp) == []
+            set_topic_config(kafka, topic_name, file_delete_delay_ms="1000")
+            rolled = sorted(int(p.name[:20]) for p in led.path.glob("*.log"))[:-1]
+            wait_for(lambda: [s.base_offset for s in sidecar.staging.staged(tp)] == rolled, 20,
+                     "the waiting segments to be staged", detail=lambda: copy_state(sidecar, tp))
+            assert led.copier.defer_staging_s is None
+        finally:
+            rsm.release.set()
