@@ -202,7 +202,7 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
 
 
 def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tuple[Any, int], BrokerBounds],
-                    budget: int | None = None) -> dict[str, Any] | None:
+                    budget: int | None = None, *, checked_by_caller: bool = False) -> dict[str, Any] | None:
     """The answer (response values) to a Fetch ``req`` whose every partition asks below the broker's log start as
     the proxy knows it (``bounds``, by (topic key, partition): learned from the broker's answers a moment ago, with
     its last stable offset for read_committed), from the tier alone, without asking the broker: each partition as
@@ -211,7 +211,9 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
     partition without an error and with records or room for none (nothing there, a hole, an unreadable copy, a topic
     not readable), or, for read_committed, sees a transaction open at its end (only the broker knows whether it
     was aborted): then the proxy asks the broker. A stale log start is only lower than the broker's (it moves up):
-    an offset below it is below the broker's too. ``budget``: as :func:`fetch_below_log_start`'s."""
+    an offset below it is below the broker's too. ``budget``: as :func:`fetch_below_log_start`'s;
+    ``checked_by_caller``: as :func:`rlm.listener.tier.fetch.fetch`'s (READ checked by the caller before it sends
+    the answer)."""
     committed = getattr(req, "isolation_level", 0) == 1
     if not req.topics:
         return None
@@ -220,7 +222,7 @@ def fetch_from_tier(ctx: TierContext, req: Any, client: Client, bounds: dict[tup
         cap = min(cap, budget)
     asked = {(_key(t), p.partition): p.fetch_offset for t in req.topics for p in t.partitions}
     named = getattr(req.topics[0], "topic", None) is not None  # the request's version names topics (before v13)
-    values, _size = fetch(ctx, req, client, budget=cap)
+    values, _size = fetch(ctx, req, client, budget=cap, checked_by_caller=checked_by_caller)
     for t in values["responses"]:
         key = t["topic"] if named else t["topic_id"]
         parts = []

@@ -34,7 +34,8 @@ threads, 0.379-0.387 without, and 1097-1841 vs 2307-2462 MB/s)."""
 
 
 def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = None,
-          decided: Mapping[tuple[Any, int], Decided] | None = None) -> tuple[dict[str, Any], int]:
+          decided: Mapping[tuple[Any, int], Decided] | None = None,
+          checked_by_caller: bool = False) -> tuple[dict[str, Any], int]:
     """The Fetch response and the record bytes it carries (for ``min_bytes``).
 
     As Kafka's broker: the request's partitions are a map (a partition listed twice is answered once, from its
@@ -45,7 +46,11 @@ def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = No
     read from the store. ``budget`` (the server's room for queued answers) lowers the cap further. A topic the
     client may not READ is TOPIC_AUTHORIZATION_FAILED for each of its partitions (an unknown topic id stays
     UNKNOWN_TOPIC_ID: there is no name to authorize). ``decided``: (topic name or id, partition) -> what a proxied
-    broker says of transactions the tier may not have seen decided (:class:`rlm.tier.Decided`), for read_committed."""
+    broker says of transactions the tier may not have seen decided (:class:`rlm.tier.Decided`), for read_committed.
+    ``checked_by_caller``: READ is not checked here, every topic read as if allowed; only for an answer that is
+    never sent unless the caller finds every topic of it readable when it sends it (an answer read ahead for a
+    proxy's next Fetch, checked when that Fetch comes: :meth:`rlm.listener.upstream.proxy.Proxy._still_readable`),
+    so that the ACLs are not looked up twice for one answer."""
     topics: dict[Any, tuple[str | None, uuid.UUID | None]] = {}  # topic name (< v13) or id -> (name, id)
     wanted: dict[tuple[Any, int], Any] = {}  # (topic, partition) -> its last entry, in first-seen order
     for t in req.topics:
@@ -54,8 +59,8 @@ def fetch(ctx: TierContext, req: Any, client: Client, *, budget: int | None = No
         topics.setdefault(key, (name, tid))
         for p in t.partitions:
             wanted[(key, p.partition)] = p
-    ok = ctx.allowed(client, READ, {name if name is not None else ctx.name_of(tid)
-                                      for name, tid in topics.values()})
+    names = {name if name is not None else ctx.name_of(tid) for name, tid in topics.values()}
+    ok = {n for n in names if n is not None} if checked_by_caller else ctx.allowed(client, READ, names)
     asked = req.max_bytes if req.max_bytes > 0 else ctx.fetch_max_bytes
     left = min(asked, ctx.fetch_max_bytes, ctx.fetch_max_bytes if budget is None else budget)
     slots: list[tuple[Any, dict[str, Any] | None]] = []  # (topic key, its answer or None: read below), in order

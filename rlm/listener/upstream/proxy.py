@@ -103,6 +103,9 @@ PREFETCHES = Counter("rlm_history_proxy_prefetches", "As a proxy: answers from t
                      "client was expected to send next, by what became of them: used, or missed (another Fetch came)",
                      ["result"])
 _PREFETCHES_USED, _PREFETCHES_MISSED = PREFETCHES.labels("used"), PREFETCHES.labels("missed")  # kept: once per Fetch
+# An answer read ahead is read without its own READ check: it is used only once the Fetch it is for finds every
+# topic of it readable (Proxy._still_readable), so the ACLs are looked up once an answer, not twice.
+_READ_AHEAD = functools.partial(fetch_from_tier, checked_by_caller=True)
 
 
 class Proxy:
@@ -268,7 +271,7 @@ class Proxy:
                    known: dict[tuple[Any, int], BrokerBounds]) -> ReadAhead:
         """The answer read ahead (on a worker): the tier's values for ``nxt``, held under ``claim``, and encoded as
         the answer to a request of ``header``'s version naming its partitions in ``order``."""
-        values = self.held.read(claim, fetch_from_tier, self.ctx, nxt, client, known, PREFETCH_MAX_BYTES)
+        values = self.held.read(claim, _READ_AHEAD, self.ctx, nxt, client, known, PREFETCH_MAX_BYTES)
         if values is None:
             return ReadAhead(None, header.api_version, order, None)
         return ReadAhead(values, header.api_version, order, fetch_response_parts(header, values))

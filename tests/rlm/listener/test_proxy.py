@@ -34,6 +34,8 @@ from pydantic import ValidationError
 from devtools.devkafka import KafkaCluster
 from rlm.config import HistoryListenerSettings
 from rlm.listener import Listener, start_listener
+from rlm.listener.authz import READ
+from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier import boundary
 from rlm.listener.upstream import bounds, proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
@@ -433,6 +435,47 @@ def test_a_fetch_whose_bounds_went_stale_asks_the_broker_and_uses_the_answer_rea
     assert fetches >= 3 and seen == list(range(position)), (fetches, seen)
     used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
     assert used == fetches - 1, (used, fetches)
+
+
+def test_an_answer_read_ahead_is_authorized_once_when_it_is_used(proxied: Proxied,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer from the tier read ahead for a client's next Fetch is read as if allowed and authorized when that
+    Fetch uses it (:meth:`rlm.listener.upstream.proxy.Proxy._still_readable`): the cluster's ACLs are looked up once
+    an answer (before: the worker reading ahead looked them up too, twice an answer). Once READ is taken away, the
+    next Fetch gets TOPIC_AUTHORIZATION_FAILED and no records, though its answer was read ahead."""
+    monkeypatch.setattr(bounds, "BOUNDS_FRESH_S", 3600.0)
+    ctx = proxied.listener.server.router.ctx
+    allowed = ctx.allowed
+    lookups: list[set[str]] = []
+    denied: set[str] = set()
+
+    def counted(client: Any, operation: str, names: Any) -> set[str]:
+        names = set(names)
+        if operation == READ:
+            lookups.append(names)
+        return allowed(client, operation, names) - denied
+
+    monkeypatch.setattr(ctx, "allowed", counted)
+    used = REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0
+    with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
+        position = 0
+        for i in range(5):  # the first asks the broker (and reads the tier); the next four use answers read ahead
+            if i == 1:
+                lookups.clear()
+            (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=i + 1).responses
+            (part,) = t.partitions
+            assert part.error_code == 0, (position, part)
+            got = _offsets(part.records, position)
+            assert got and got[0] == position, (position, got)
+            position = got[-1] + 1
+        assert position < LOG_START[0], position  # every one below the broker's log start
+        assert lookups == [{proxied.topic}] * 4, lookups  # one per answer, by the Fetch that used it
+        denied.add(proxied.topic)
+        (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=9).responses
+        (part,) = t.partitions
+        assert part.error_code == ErrorCode.topic_authorization_failed.value and not part.records, part
+    used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
+    assert used == 4, used
 
 
 def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied) -> None:
