@@ -298,6 +298,10 @@ class Sidecar:
             return
         if full:  # a cheap round is one where no known topic left the cluster's answer and no evidence is pending
             self._purge_deleted_topics()
+        else:  # (a full round read every config)
+            waiting = {led.tp.topic for led in self.leadership.each_led() if led.copier.deferring}
+            if waiting:
+                self._refresh_delete_delays(waiting)
         self.last_discovery_ok = time.time()
 
     def follow(self) -> None:
@@ -472,10 +476,11 @@ class Sidecar:
         return staging_deferral_s(self._delete_delay_ms.get(led.tp.topic), stage_interval_ms(self.settings.tasks))
 
     def _refresh_delete_delays(self, topics: set[str]) -> None:
-        """``file.delete.delay.ms`` of ``topics`` (those with segments waiting unstaged) read again, at each stage
-        round while they wait: a delay lowered since the last full discovery round (a minute at most) has them
-        staged at this round, not the next full one's. A topic whose config is not read counts as unknown (staged at
-        once). One DescribeConfigs call a round, only while segments wait."""
+        """``file.delete.delay.ms`` of ``topics`` (those with segments waiting unstaged) read again, by each cheap
+        discovery round while they wait: a delay lowered since the last full round (a minute at most) has them
+        staged at the next stage round, not after the next full one. A topic whose config is not read counts as
+        unknown (staged at once). One DescribeConfigs call a round, only while segments wait; on the discovery
+        thread, which waits on the cluster anyway, never on the stage job's."""
         try:
             configs = self.view.topic_configs(topics)
         except Exception as err:  # noqa: BLE001 - unknown: what waits is staged at once
@@ -505,9 +510,6 @@ class Sidecar:
         changes = self.watcher.changes()
         woken = self.leadership.wake(changes.partitions)
         seen = {id(led) for led in woken}
-        waiting_topics = {led.tp.topic for led in self.leadership.each_led() if led.copier.deferring}
-        if waiting_topics:
-            self._refresh_delete_delays(waiting_topics)
         # (a waiting segment renamed by retention shows as a change; one waited long enough is looked for without
         # a listing: a listing of every waiting partition each round was as dear as the staging it saves, issue 26)
         waiting = [led for led in self.leadership.each_led() if led.copier.deferring and id(led) not in seen

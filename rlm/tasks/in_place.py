@@ -15,7 +15,7 @@ copies it opens its files itself, and the stage job stages it
 - at once when its ``.log`` is no longer live (retention renamed it: the log-dir watcher reports the rename as it
   reports a roll, and the stage job's next round links it), or when the delay is unknown or short
   (:func:`staging_deferral_s` None: staging as before; the sidecar reads the delay at each full discovery round,
-  and again at each stage round while segments wait, so one lowered at runtime counts within a round);
+  and again at each discovery round while segments wait, so one lowered at runtime counts within a round);
 - otherwise once it has waited :func:`staging_deferral_s` (half the delay) since a stage round or copy run first saw
   it uncopied.
 

@@ -215,8 +215,8 @@ def test_a_delete_delay_lowered_while_segments_wait_stages_them_at_the_next_roun
                                                                                    topic_name: str,
                                                                                    tmp_path: Path) -> None:
     """Segments wait unstaged (delay 120 s: up to 60 s), their copy held; the topic's delay is lowered to 1 s: the
-    stage job reads it again while they wait and stages them at its next rounds, not at the next full discovery
-    round's (a minute later), in which retention could rename and the broker unlink them."""
+    discovery reads it again while they wait and the stage job stages them at its next rounds, not after the next full
+    discovery round (a minute later), in which retention could rename and the broker unlink them."""
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "file.delete.delay.ms": "120000"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
     settings = make_settings(kafka, tmp_path, topics=only(topic_name))
