@@ -219,8 +219,12 @@ class Chaos:
             states = PartitionStates(kafka)
             n = len(self.partitions)
             assignment = [[(p + i) % 3 + 1 for i in range(3)] for p in self.partitions]
+            # Kafka's default delete delay (the test brokers' is 1 s) on the main topic: its rolled segments are
+            # copied in place, unstaged (rlm.tasks.in_place), through every event; the re-created topic keeps the
+            # brokers' 1 s, so its segments are staged at once, as before
             states.admin.create_topics([NewTopic(self.topic, n, replica_assignment=assignment, config={
                 "segment.ms": str(SEGMENT_MS), "segment.jitter.ms": str(JITTER_MS), "min.insync.replicas": "2",
+                "file.delete.delay.ms": "60000",
             })])[self.topic].result(30)
             desc = wait_for(lambda: (d := states.describe(self.topic)) and len(d[1]) == n
                             and all(v[0] >= 0 for v in d[1].values()) and d, 60, "the chaos topic's leaders")

@@ -90,8 +90,10 @@ def test_leadership_moves_between_replicas_rolled_at_different_offsets(
     kafka = kafka_cluster3
     states = PartitionStates(kafka)
     # Time-based rolls with jitter close to segment.ms: each replica rolls at its own offsets.
+    # Kafka's default delete delay (the test brokers' is 1 s): rolled segments are copied in place, unstaged
+    # (rlm.tasks.in_place), through the moves
     tid = create(states, topic_name, [2, 3, 1], {"segment.ms": "1000", "segment.jitter.ms": "900",
-                                                 "min.insync.replicas": "2"})
+                                                 "min.insync.replicas": "2", "file.delete.delay.ms": "60000"})
     tp = TopicIdPartition(tid, topic_name, 0)
     pdirs = {n: kafka.log_dir(n) / f"{topic_name}-0" for n in (1, 2, 3)}
     prod = AckedProducer(kafka, topic_name, [0], tag=f"A{uuid.uuid4().hex[:4]}", batch=20, pause_s=0.05)
@@ -168,8 +170,10 @@ def test_unclean_leader_election_serves_the_new_lineage(kafka_cluster3: KafkaClu
                                                         tmp_path: Path) -> None:
     kafka = kafka_cluster3
     states = PartitionStates(kafka)
+    # Kafka's default delete delay: segments are copied in place, and the truncated generation's files linger as
+    # .deleted beside the new lineage's for a minute (rlm.tasks.in_place stages such a segment instead)
     tid = create(states, topic_name, [2, 3], {"segment.ms": "400", "unclean.leader.election.enable": "true",
-                                              "min.insync.replicas": "1"})
+                                              "min.insync.replicas": "1", "file.delete.delay.ms": "60000"})
     tp = TopicIdPartition(tid, topic_name, 0)
     run = uuid.uuid4().hex[:4]
     lineage_a = AckedProducer(kafka, topic_name, [0], tag=f"A{run}", acks="all")
