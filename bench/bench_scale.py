@@ -289,12 +289,13 @@ delay stages at once, as before. Sidecar CPU per segment, this checkout against 
     b74c83c    2.4-6.8   2.93 vs 3.57       3.14 vs 4.10       0.096 vs 0.422 / 0.106 vs 0.366        17-31
     b74c83c    1.4-8.4   4.17 vs 5.17       4.25 vs 5.32       0.141 vs 0.595 / 0.127 vs 0.501        30-178
     f9d33e0    3.3-12.6  4.81 vs 5.31       3.83 vs 4.36       0.475 vs 0.730 / 0.158 vs 0.442        33-51
+    f9d33e0    5.4-17.7  3.21 vs 3.73       3.28 vs 3.66       0.205 vs 0.471 / 0.187 vs 0.382        20-94
     f35dcf6 †  2.8-14.4  5.36 vs 5.39       5.64 vs 5.58       0.640 vs 0.648 / 0.715 vs 0.675        26-37
 
 (* this checkout's sidecar recorded by py-spy ``--gil``; † ``--delete-delay-ms 1000``: both stage at once, the
 fallback costs what it did; f35dcf6 and f9d33e0 differ only while segments wait.) Since 2b8339f: -18 to -23% a
-segment, cold and warm, in the runs whose burst caught up within ~30 s; -9 / -12% in the loaded one (catch-up 44 s
-cold, against 22-29 s): a segment waits unstaged half the delay at most (30 s here), and those that waited longer
+segment, cold and warm, in the runs whose burst caught up within ~30 s; -9 to -14% in the two loaded ones (catch-up
+35-44 s, against 22-29 s): a segment waits unstaged half the delay at most (30 s here), and those that waited longer
 were staged by the stage job (0.475 ms a cold segment there). What a run measures in absolute terms follows the hour
 (the broker's own CPU per segment in the same runs: 5.2-10.6 ms cold). f9d33e0 also reads the delay of topics with
 segments waiting at each cheap discovery round (0.002 DescribeConfigs calls a segment). At b74c83c's first run, cold
