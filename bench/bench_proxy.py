@@ -60,6 +60,17 @@ and at 123 MB/s (8.07 s; 0.81 and 1.51 CPU s) did the same work: in the slow one
 scheduling, not the broker's work (why the direct path's waits swing more than the proxied one's is not found; a
 broker with ``socket.send.buffer.bytes`` 2 MiB instead of 100 KB, side by side, was inconclusive at load 17-26). A
 bench of this path wants a machine with nothing else running, and the CPU per GiB read beside the MB/s.
+Session 18 (2026-11-27, 1 partition, 23 proxied reads at load 1.5-42): the consumer's main thread (its poll loop,
+``consumer_main_s``) used 1.9-3.0 CPU s of windows of 2.8-13.4 s on both sides, so neither side is bound by it; the
+sidecar's CPU for the same 0.93 GiB swung 1.35-2.01 s with the host's speed, and its share of the consumer's CPU
+(which does the same work on both sides) held better: 0.42-0.54 at load 1.5-6, 0.56-0.61 at load 9-42, printed
+with each proxied median run as the yardstick to compare builds by. With ``--repeat 2`` each proxied read follows a
+Kafka tiered read (the warm-ups' order, then the reversed round), and the broker used 0.35-1.6 CPU s during it;
+waiting before each read until the broker and the sidecar were idle (under 0.1 CPU s/s over 0.5 s: 0.5-3 s) left it
+at 0.47-1.16 s, so that is not work a Kafka read left over, and the wait was dropped. Tried and dropped: starting the
+read-ahead once the answer is handed to the socket (``call_soon``) instead of before its writes, to spare the loop
+GIL hand-offs between its ``sendfile`` calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each,
+alternating with the base, load 2-6).
 
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
@@ -684,7 +695,9 @@ def main() -> None:
         if r.fetches:
             print(f"{name}, median run: {r.fetches} Fetches, one every {r.window_s / r.fetches * 1e3:.2f} ms (one in "
                   f"flight: the consumer fetches from a broker one request at a time), "
-                  f"{r.sidecar_cpu_s / r.fetches * 1e3:.2f} ms of sidecar CPU each; {other}: "
+                  f"{r.sidecar_cpu_s / r.fetches * 1e3:.2f} ms of sidecar CPU each "
+                  f"({r.sidecar_cpu_s / r.consumer_cpu_s:.2f} of the consumer's CPU: the same work on both sides, a "
+                  f"yardstick of the host's speed); {other}: "
                   f"{mid[other].window_s / r.fetches * 1e3:.2f} ms per as many bytes")
     print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
           f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
