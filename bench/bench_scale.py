@@ -290,24 +290,27 @@ delay stages at once, as before. Sidecar CPU per segment, this checkout against 
     b74c83c    1.4-8.4   4.17 vs 5.17       4.25 vs 5.32       0.141 vs 0.595 / 0.127 vs 0.501        30-178
     f9d33e0    3.3-12.6  4.81 vs 5.31       3.83 vs 4.36       0.475 vs 0.730 / 0.158 vs 0.442        33-51
     f9d33e0    5.4-17.7  3.21 vs 3.73       3.28 vs 3.66       0.205 vs 0.471 / 0.187 vs 0.382        20-94
+    f9d33e0*   10-38     4.40 vs 4.94       5.31 vs 5.51       0.461 vs 0.652 / 0.633 vs 0.614        19-129
     f35dcf6 †  2.8-14.4  5.36 vs 5.39       5.64 vs 5.58       0.640 vs 0.648 / 0.715 vs 0.675        26-37
 
 (* this checkout's sidecar recorded by py-spy ``--gil``; † ``--delete-delay-ms 1000``: both stage at once, the
 fallback costs what it did; f35dcf6 and f9d33e0 differ only while segments wait.) Since 2b8339f: -18 to -23% a
 segment, cold and warm, in the runs whose burst caught up within ~30 s; -9 to -14% in the two loaded ones (catch-up
-35-44 s, against 22-29 s): a segment waits unstaged half the delay at most (30 s here), and those that waited longer
-were staged by the stage job (0.475 ms a cold segment there). What a run measures in absolute terms follows the hour
-(the broker's own CPU per segment in the same runs: 5.2-10.6 ms cold). f9d33e0 also reads the delay of topics with
-segments waiting at each cheap discovery round (0.002 DescribeConfigs calls a segment). At b74c83c's first run, cold
-2.93 ms (user 2.17 / system 0.75), catch-up 21.7 against 24.5 s, peak RSS 138 against 135 MiB; the six copy workers
-0.37-0.38 ms each against 0.41-0.42. The first run's stage job listed every partition with a segment waiting at each
-round (2,000 listings every 5 s), which cost what the staging it saved did; since 2b8339f it looks at such a
-partition only when its directory changed (retention's rename is a change the watcher reports) or a segment waited
-long enough, and since b74c83c it does not ask staging about a segment it knows waits. Where a cold burst goes now
-(2b8339f, GIL samples, 1,014): the copy runs 57% (the store's copy 21%, metadata writes 9.2%, the fence and the
-FINISHED write 6.6%, preparing 7.4%, opening in place 1.5%, the clean-up's metadata listing 1.8%), the stage job
-13.8% (``Staging.holds`` 4.9%, cut since), the metadata consumer 8.7%, the runs' first ListOffsets 3.2%, discovery
-2.8%: what is left of 3 ms is the store's copy and the metadata topic's, outside the copier.
+35-44 s, against 22-29 s), -11 / -4% in the most loaded (61-81 s; there the stage job's check of the staged
+segments, ``Staging.holds``, was 7.1% of the GIL samples, the stage job 15.8%): a segment waits unstaged half the
+delay at most (30 s here), and those that waited longer were staged by the stage job (0.475 ms a cold segment
+there). What a run measures in absolute terms follows the hour (the broker's own CPU per segment in the same runs:
+5.2-10.6 ms cold). f9d33e0 also reads the delay of topics with segments waiting at each cheap discovery round (0.002
+DescribeConfigs calls a segment). At b74c83c's first run, cold 2.93 ms (user 2.17 / system 0.75), catch-up 21.7
+against 24.5 s, peak RSS 138 against 135 MiB; the six copy workers 0.37-0.38 ms each against 0.41-0.42. The first
+run's stage job listed every partition with a segment waiting at each round (2,000 listings every 5 s), which cost
+what the staging it saved did; since 2b8339f it looks at such a partition only when its directory changed
+(retention's rename is a change the watcher reports) or a segment waited long enough, and since b74c83c it does not
+ask staging about a segment it knows waits. Where a cold burst goes now (2b8339f, GIL samples, 1,014): the copy runs
+57% (the store's copy 21%, metadata writes 9.2%, the fence and the FINISHED write 6.6%, preparing 7.4%, opening in
+place 1.5%, the clean-up's metadata listing 1.8%), the stage job 13.8% (``Staging.holds`` 4.9%, cut since), the
+metadata consumer 8.7%, the runs' first ListOffsets 3.2%, discovery 2.8%: what is left of 3 ms is the store's copy
+and the metadata topic's, outside the copier.
 """
 
 from __future__ import annotations
