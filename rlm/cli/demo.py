@@ -108,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
     with devkafka.KafkaCluster(brokers=1, base_dir=base / "kafka") as kc:
         _say(f"broker up at {kc.bootstrap_servers}, log dir {kc.log_dir()}")
         local_retention_ms = 8000
+        # file.delete.delay.ms at Kafka's default (the dev broker's is 1 s): a segment retention deletes lingers as
+        # .deleted for a minute, as on a real broker, so the sidecar stages it even when it is slow (the "roll"
+        # record's segment, deleted by retention with no roll before it, was lost once at 1 s on a loaded machine),
+        # and the others are copied in place (rlm.tasks.in_place)
         topic_id = kc.create_topic(args.topic, 1, config={
-            "segment.ms": "1000", "retention.ms": str(local_retention_ms)})
+            "segment.ms": "1000", "retention.ms": str(local_retention_ms), "file.delete.delay.ms": "60000"})
         _say(f"topic {args.topic} (id {topic_id}): segment.ms=1000, local retention.ms={local_retention_ms}")
         config = {
             "broker_id": 1,

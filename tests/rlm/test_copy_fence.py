@@ -4,6 +4,7 @@ no longer reads the local leader-epoch checkpoint again, it asks the cluster's l
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from devtools.devkafka import KafkaCluster
@@ -30,7 +31,10 @@ def test_a_copy_whose_leader_epoch_moved_during_it_is_removed_and_copied_again(
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     sent = produce_segments(kafka, topic_name, 2, 100, segment_ms=300)
     tp = TopicIdPartition(topic_id, topic_name, 0)
-    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    # No expiration job: it asks the cluster for the leader epoch too (Sidecar._leader_epoch, every 500 ms in the
+    # tests' settings), and one of its rounds while the first copy ran took the moved epoch meant for the fence
+    # (seen in CI under load: the copy then finished, never fenced)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name), tasks={"expiration_interval_ms": 3_600_000})
     rsm = RecordingRsm(settings.store)
     moved = threading.Event()  # set while the first copy runs: the next answer for our partition is epoch + 1
     answered_moved: list[int] = []
@@ -51,8 +55,9 @@ def test_a_copy_whose_leader_epoch_moved_during_it_is_removed_and_copied_again(
         copy = rsm.copy_log_segment_data
 
         def copying(segment_metadata, segment_data, **kw):  # type: ignore[no-untyped-def]
-            if not rsm.copies:  # the first copy: the leader epoch moves on while it runs
-                moved.set()
+            if not rsm.copies:  # the first copy: the leader epoch moves on while it runs (a second: time for any
+                moved.set()     # other asker of the epoch to come between it and the fence)
+                time.sleep(1.0)
             return copy(segment_metadata, segment_data, **kw)
 
         coalescer._fetch = moving  # type: ignore[method-assign]
