@@ -712,7 +712,9 @@ def test_a_proxied_fetch_holds_its_room_while_the_tier_is_read(proxied: Proxied,
             position = _offsets(part.records, position)[-1] + 1
     assert position < LOG_START[0], position  # all three were below the broker's log start
     assert len(seen) >= 2 and all(room <= bound - pmb for room in seen), (bound, seen)
-    assert server._reserved == 0 and server.queued_response_bytes() == 0
+    # all given back: the last answer's bytes leave the queued count once the event loop sees its socket took them,
+    # which a loaded machine may run after the client has read it (CI: 673 bytes still queued)
+    wait_for(lambda: server._reserved == 0 and server.queued_response_bytes() == 0, 10, "the room given back")
 
 
 def test_answers_read_ahead_are_capped_in_the_process(proxied: Proxied, monkeypatch: pytest.MonkeyPatch) -> None:
