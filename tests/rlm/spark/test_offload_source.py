@@ -35,7 +35,7 @@ def test_offload_segments_read_exactly(spark: Any, kafka: KafkaCluster, tmp_path
                                                                           "batch.size": 4096}), recs, strict=True):
             data.records[0][off] = Produced(k, v, (), t)
     with Sidecar(settings) as sidecar:
-        wait_for(lambda: latest_remote(sidecar, tp) >= max(data.records[0]), 60, "everything offloaded")
+        wait_for(lambda: latest_remote(sidecar, tp) >= max(data.records[0]), 120, "everything offloaded")
         n_segments = len(remote_segments(sidecar, tp))
     assert n_segments > 3
     df = load(spark, data, subscribe=topic, includeHeaders="true")
