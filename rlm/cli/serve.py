@@ -30,6 +30,7 @@ from rlm.cli.context import (
 from rlm.config import ConfigError, load_settings
 
 if TYPE_CHECKING:
+    from rlm.config import SidecarSettings
     from rlm.sidecar import Sidecar
 
 __all__ = ["DEFAULT_STOP_TIMEOUT_S", "register", "run"]
@@ -79,6 +80,42 @@ def _stop_within(sidecar: Sidecar, budget_s: float) -> bool:
     return bool(done and done[0])
 
 
+def raise_open_files_limit(needed: int) -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit, as the JVM does for Kafka's broker
+    (``-XX:+MaxFDLimit``, on by default): a soft limit of 1,024, the default of many systems, is less than the
+    listener's ``max_connections`` (1,000, each with its own connection to the broker as a proxy) and the files a
+    copy holds open (up to ``tasks.copy_workers`` x 16 segments x 5 files in place, :mod:`rlm.tasks.in_place`)
+    together. A hard limit below ``needed`` is logged (a WARNING naming both), not refused: connections past it are
+    refused and copies retried. Returns the (soft, hard) limits before the raise."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        log.warning("the hard limit of open files is below what the configuration may use: raise it (ulimit -Hn, "
+                    "LimitNOFILE, the container's nofile)", extra={"hard_limit": hard, "needed": needed})
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("open files limit raised to the hard limit", extra={"from": soft, "to": hard})
+        except (ValueError, OSError) as err:  # e.g. an unlimited hard limit the kernel caps (nr_open)
+            log.warning("open files limit not raised", extra={"soft_limit": soft, "hard_limit": hard,
+                                                              "error": str(err)})
+    return soft, hard
+
+
+def files_needed(settings: SidecarSettings) -> int:
+    """Open files the sidecar may use at once with ``settings`` (:func:`raise_open_files_limit`): 256 for its
+    clients, store, cache and logs, the copies' files in place, and two per listener connection as a proxy (one
+    otherwise)."""
+    from rlm.tasks.copier import COPY_BATCH_SEGMENTS
+
+    files = 256 + settings.tasks.copy_workers * COPY_BATCH_SEGMENTS * 5
+    listener = settings.history_listener
+    if listener is not None:
+        files += listener.max_connections * (2 if listener.proxy else 1)
+    return files
+
+
 def run(args: argparse.Namespace) -> int:
     from rlm.http import OpsServer
     from rlm.logs import setup_logging
@@ -91,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlm: {err}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format)
+    raise_open_files_limit(files_needed(settings))
     try:
         with cluster_errors(settings.kafka.bootstrap_servers):
             reach_cluster(settings.kafka.client_config(), args.timeout)

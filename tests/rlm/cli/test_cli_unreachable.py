@@ -13,6 +13,7 @@ fixture, whichever comes first; the closed-port cases need no broker at all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -180,3 +181,35 @@ def test_maintenance_commands(target: str, request: pytest.FixtureRequest) -> No
 def test_status(target: str, request: pytest.FixtureRequest) -> None:
     t: Target = request.getfixturevalue(target)
     assert_unreachable(run_all(STATUS, t.config), t.bootstrap)
+
+
+def test_serve_raises_its_open_files_limit_to_the_hard_limit(closed: Target) -> None:
+    """``rlm serve`` started with a soft limit of 256 open files (many systems give 1,024: less than the listener's
+    1,000 connections and the copies' files in place) raises it to the hard limit before it reaches for the cluster,
+    as the JVM does for Kafka's broker; seen in ``/proc/<pid>/limits`` while it waits for the closed port."""
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256
+    assert hard == resource.RLIM_INFINITY or hard > low, f"this machine's hard limit {hard} leaves nothing to raise"
+
+    def lowered() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlm.cli", "serve", "--config", str(closed.config),
+                             "--timeout", "5"], cwd=ROOT, env=env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=lowered)
+    seen: set[str] = set()
+    try:
+        while proc.poll() is None:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                for line in Path(f"/proc/{proc.pid}/limits").read_text().splitlines():
+                    if line.startswith("Max open files"):
+                        seen.add(line.split()[3])  # the soft limit
+            if str(hard) in seen or (hard == resource.RLIM_INFINITY and "unlimited" in seen):
+                break
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        out = proc.communicate(timeout=HARD_LIMIT_S)[0].decode()
+    assert seen and (str(hard) in seen or "unlimited" in seen), (seen, out[-2000:])
