@@ -67,10 +67,13 @@ sidecar's CPU for the same 0.93 GiB swung 1.35-2.01 s with the host's speed, and
 with each proxied median run as the yardstick to compare builds by. With ``--repeat 2`` each proxied read follows a
 Kafka tiered read (the warm-ups' order, then the reversed round), and the broker used 0.35-1.6 CPU s during it;
 waiting before each read until the broker and the sidecar were idle (under 0.1 CPU s/s over 0.5 s: 0.5-3 s) left it
-at 0.47-1.16 s, so that is not work a Kafka read left over, and the wait was dropped. Tried and dropped: starting the
-read-ahead once the answer is handed to the socket (``call_soon``) instead of before its writes, to spare the loop
-GIL hand-offs between its ``sendfile`` calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each,
-alternating with the base, load 2-6).
+at 0.47-1.16 s, so that is not work a Kafka read left over, and the wait was dropped. Each read now gives the broker's
+CPU by thread (:func:`jvm_thread_groups`): in one run (load 0.3-2.3) its JIT compiler threads (C1 and C2) took 0.22
+and 1.08 CPU s of the two proxied reads and 2.08 and 2.26 of the two Kafka tiered reads (of 5.89 and 5.58; request
+handlers 1.67 and 1.49, remote-log readers 1.60 and 1.29): the broker's JIT still compiles after the warm-up's
+quarter read, on the cores both sides share. Tried and dropped: starting the read-ahead once the answer is handed to
+the socket (``call_soon``) instead of before its writes, to spare the loop GIL hand-offs between its ``sendfile``
+calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each, alternating with the base, load 2-6).
 
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
@@ -151,6 +154,7 @@ class Read:
     # the sidecar's CPU seconds over the read (a little wider than its window) by thread group: the listener's event
     # loop, its workers, the rest
     threads: dict[str, float] = field(default_factory=dict)
+    broker_threads: dict[str, float] = field(default_factory=dict)  # the broker's, by thread name (numbers folded)
 
     @property
     def mb_s(self) -> float:
@@ -217,15 +221,28 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
     a fresh group."""
     group = f"bench-proxy-{uuid.uuid4().hex[:8]}"
     before = thread_groups(sidecar_pid)
+    broker_before = jvm_thread_groups(broker_pid)
     out = subprocess.run([sys.executable, str(CHILD), "consume", bootstrap, topic, ",".join(map(str, records)),
                           f"{sidecar_pid},{broker_pid}", group], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the consumer of {topic} via {bootstrap} exited {out.returncode}:\n{out.stderr[-3000:]}")
     after = thread_groups(sidecar_pid)
+    broker_after = jvm_thread_groups(broker_pid)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     return Read(r["window_s"], r["records"], r["bytes"], r["cpu"][str(sidecar_pid)], r["cpu"][str(broker_pid)],
                 r["consumer_cpu_s"], r.get("consumer_main_s", 0.0), r["first_s"],
-                threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()})
+                threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()},
+                broker_threads={g: cpu - broker_before.get(g, 0.0) for g, cpu in broker_after.items()})
+
+
+def jvm_thread_groups(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid``'s live threads by name, numbers folded (``data-plane-kafka-request-handler-N``,
+    ``G1 Conc#N``): what a broker spends its CPU on during a read (threads that ended meanwhile are left out)."""
+    out: dict[str, float] = {}
+    for (_tid, comm), (user, system) in thread_times(pid).items():
+        name = re.sub(r"\d+", "N", comm)
+        out[name] = out.get(name, 0.0) + user + system
+    return out
 
 
 def latency(proxy: str, direct: str, rate: int, seconds: float) -> dict[str, list[float]]:
@@ -615,7 +632,9 @@ def main() -> None:
                                   f"{g} {cpu / (r.bytes / GiB):.2f}" for g, cpu in sorted(r.threads.items()))
                               if boot == proxy else "") + (
                               "; requests through the proxy: " + ", ".join(
-                                  f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else ""),
+                                  f"{k} {v:.0f}" for k, v in sorted(asked.items()) if v) if boot == proxy else "")
+                          + "; broker CPU s by thread: " + ", ".join(
+                              f"{g} {cpu:.2f}" for g, cpu in sorted(r.broker_threads.items(), key=lambda x: -x[1])[:5]),
                           file=sys.stderr)
             lat = None if args.history_only else latency(proxy, kc.bootstrap_servers, args.latency_rate,
                                                          args.latency_seconds)
