@@ -71,9 +71,11 @@ at 0.47-1.16 s, so that is not work a Kafka read left over, and the wait was dro
 CPU by thread (:func:`jvm_thread_groups`): in one run (load 0.3-2.3) its JIT compiler threads (C1 and C2) took 0.22
 and 1.08 CPU s of the two proxied reads and 2.08 and 2.26 of the two Kafka tiered reads (of 5.89 and 5.58; request
 handlers 1.67 and 1.49, remote-log readers 1.60 and 1.29): the broker's JIT still compiles after the warm-up's
-quarter read, on the cores both sides share. Tried and dropped: starting the read-ahead once the answer is handed to
-the socket (``call_soon``) instead of before its writes, to spare the loop GIL hand-offs between its ``sendfile``
-calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each, alternating with the base, load 2-6).
+quarter read, on the cores both sides share. With whole warm-up reads instead (``WARM_UP_PART`` 1, one run at load
+0.3-2.1) it still took 0.93-1.60 CPU s of each Kafka read, and Kafka read 211-228 MB/s against the proxy's 162-226:
+0.88x (0.77-0.99). Tried and dropped: starting the read-ahead once the answer is handed to the socket
+(``call_soon``) instead of before its writes, to spare the loop GIL hand-offs between its ``sendfile`` calls: sidecar
+/ consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each, alternating with the base, load 2-6).
 
 Latency: records of 200 B at ``--latency-rate`` per second for ``--latency-seconds`` from a producer in this process
 (``linger.ms=0``, ``acks=1``, straight to the broker), stamped with ``time.monotonic_ns()`` before ``produce()``;
