@@ -404,8 +404,9 @@ class HistoryListenerSettings(_Frozen):
         "no more records than what is left of it (still the first batch, so that consumers progress). No Kafka "
         "equivalent: 256 MiB"))
     queued_max_request_bytes: int = Field(268_435_456, ge=65_536, description=(
-        "request bytes held for all clients at once: a request frame over 64 KiB is read once it fits (a "
-        "connection not authenticated yet is closed instead of waiting), so clients that send part of a large "
+        "request bytes held for all clients at once: a request frame over 64 KiB is read once it fits (before "
+        "SASL authentication it takes from an eighth of this beside it, and its connection is closed instead of "
+        "waiting when that is full), so clients that send part of a large "
         "request and stop cannot make the sidecar hold more than this (Kafka's queued.max.request.bytes, whose "
         "default is unbounded: 256 MiB here)"))
     authentication_timeout_ms: int = Field(30_000, ge=100, description=(

@@ -9,8 +9,10 @@ the moment its body is read until its answer is made, so it takes its size from 
 - a connection that has authenticated (or a listener without SASL) waits for room, reading nothing more meanwhile
   (its client's bytes stay in the kernel's socket buffers, as a broker's muted channel's do); the connection's idle
   limit still applies to the wait;
-- one that has not authenticated yet is closed at once: a stranger cannot make others wait, nor hold more than the
-  room.
+- one that has not authenticated yet takes from a room of its own instead (an eighth of the bound, beside it:
+  :data:`rlm.listener.net.server.PRE_AUTH_ROOM_SHARE`), and is closed at once when that has none: strangers neither
+  wait nor make anyone who authenticated wait. (One room for both, strangers filled it with frame sizes alone, no
+  body sent, and an authenticated request waited for their authentication deadline, up to 30 s.)
 
 A frame is let in when nothing else is held, whatever its size (``socket_request_max_bytes`` bounds it), so a room
 smaller than the largest request still serves it, one at a time. Held bytes are given back when the request is

@@ -119,7 +119,7 @@ _SERVING: weakref.WeakSet[ListenerServer] = weakref.WeakSet()  # servers started
 QUEUED.set_function(lambda: sum(s._queued for s in list(_SERVING)))  # read when scraped: no lock per answer
 REQUEST_HELD = Gauge("rlm_history_queued_request_bytes",
                      "Request bytes held against queued_max_request_bytes (frames over 64 KiB being read or served)")
-REQUEST_HELD.set_function(lambda: sum(s.requests.held for s in list(_SERVING)))
+REQUEST_HELD.set_function(lambda: sum(s.requests.held + s.pre_auth_requests.held for s in list(_SERVING)))
 WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_timeout_ms)
 # an answer is handed to its transport at most this much at a time (ListenerServer._send), each slice waited for;
 # one up to this size (a consumer's usual answer: max.partition.fetch.bytes, 1 MiB, and its headers) is written in
@@ -132,6 +132,11 @@ READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from 
 # queued_max_request_bytes before its body is read (rlm.listener.net.request_room). 1 MiB before: 200 connections
 # of one address could each buffer 2.25 MiB that no bound counted.
 READER_LIMIT_BYTES = 64 * 1024
+# Before SASL authentication, frames over READER_LIMIT_BYTES take from a room of their own, queued_max_request_bytes
+# divided by this (32 MiB by default): a frame's 4-byte size takes its room, so strangers could otherwise fill the
+# shared room with sizes alone and make authenticated requests wait for their authentication deadline (h3, session
+# 18: 513 connections from three addresses, 256 of 256 MiB held, an authenticated 78 KiB Fetch waited 26.8 s).
+PRE_AUTH_ROOM_SHARE = 8
 # A connection whose answers outgrow socket_send_buffer_bytes gets this SO_SNDBUF (the kernel holds twice it: a
 # consumer's 1 MiB answer taken in one system call, not in ~5 event-loop rounds), while the kernel buffers so raised
 # stay within 1/SEND_BUFFER_RAISED_SHARE of queued_max_response_bytes, which they are counted against.
@@ -194,6 +199,9 @@ class ListenerServer:
         self._per_ip: dict[str, int] = {}
         self._refusal_logged: dict[str, float] = {}
         self.requests = RequestRoom(self.limits.queued_max_request_bytes)  # request frames held (loop only)
+        # before SASL authentication, frames take from a room of their own (an eighth more): strangers who fill it
+        # (their 4-byte sizes alone take it) make nobody who authenticated wait, and are closed, not queued
+        self.pre_auth_requests = RequestRoom(self.limits.queued_max_request_bytes // PRE_AUTH_ROOM_SHARE)
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -342,8 +350,7 @@ class ListenerServer:
                 deadline.arm(loop.time() + max(timeout, 0))
                 if protocol.request_held:  # the last request is answered: its frame's room is free, as is it
                     frame = response = None
-                    self.requests.give(protocol.request_held)
-                    protocol.request_held = 0
+                    protocol.give_request_room()
                 frame = await self._read_frame(reader, session, peer, protocol)
                 deadline.disarm()
                 if frame is None:
@@ -384,9 +391,7 @@ class ListenerServer:
                 log.exception("history endpoint: connection failed", extra={"peer": str(peer)})
         finally:
             deadline.close()
-            if protocol.request_held:
-                self.requests.give(protocol.request_held)
-                protocol.request_held = 0
+            protocol.give_request_room()
             self._raised -= protocol.raised
             protocol.raised = 0
             self._release(ip)
@@ -692,12 +697,16 @@ class ListenerServer:
                         extra={"peer": str(peer), "size": size})
             return None
         if size > READER_LIMIT_BYTES:
-            if not self.requests.try_take(size):
-                if pre_auth is not None:  # a stranger neither waits nor makes others wait
+            if pre_auth is not None:  # a stranger takes from strangers' room only, and neither waits nor queues
+                room = self.pre_auth_requests
+                if not room.try_take(size):
                     self._refuse("request_memory", str(peer), {"size": size})
                     return None
-                await self.requests.take(size)  # the connection's idle deadline bounds the wait
-            protocol.request_held = size
+            else:
+                room = self.requests
+                if not room.try_take(size):
+                    await room.take(size)  # the connection's idle deadline bounds the wait
+            protocol.request_room, protocol.request_held = room, size
         try:
             if size <= READ_SLICE_BYTES:
                 return await reader.readexactly(size)
@@ -988,7 +997,14 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         self.writing_paused = False
         self.raised = 0  # kernel send-buffer bytes counted for this connection (ListenerServer._raise_send_buffer)
         self.request_held = 0  # bytes of queued_max_request_bytes its request being served holds (_read_frame)
+        self.request_room: RequestRoom | None = None  # the room they are held in (strangers have their own)
         self.vectored = False  # plaintext: answers in parts are written with one writev (rlm.listener.net.vectored)
+
+    def give_request_room(self) -> None:
+        """The request served is answered (or the connection gone): what its frame held of its room given back."""
+        if self.request_held and self.request_room is not None:
+            self.request_room.give(self.request_held)
+        self.request_held, self.request_room = 0, None
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -67,6 +67,17 @@ async def _call(fn: Any) -> Any:
     return fn()
 
 
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closed ``sock`` (within ``seconds``; one still open stays silent that long)."""
+    sock.settimeout(seconds)
+    try:
+        return closed(sock)
+    except TimeoutError:
+        return False
+    finally:
+        sock.settimeout(20)
+
+
 def large_frame_head(size: int) -> bytes:
     """The size and header of an ApiVersions v0 request frame of ``size`` bytes: the rest is padding the client
     sends after it (a frame that does not decode is answered INVALID_REQUEST, once whole)."""
@@ -129,35 +140,41 @@ def test_partial_large_requests_are_held_within_queued_max_request_bytes() -> No
                 s.close()
 
 
-def test_before_authentication_a_large_frame_without_room_closes_its_connection() -> None:
-    """With SASL and a 1 MiB room, four unauthenticated connections each start a 512 KiB frame (the largest allowed
-    before authentication) and stop: two fit, the other two are closed at once (``request_memory``), not left
-    waiting. A client whose frames are small still authenticates meanwhile."""
+def test_strangers_have_a_room_of_their_own_and_make_nobody_who_authenticated_wait() -> None:
+    """With SASL and an 8 MiB room (strangers' own: 1 MiB beside it), 16 unauthenticated connections each send the
+    size of a 512 KiB frame (the largest allowed before authentication) and nothing more: two take the strangers' room,
+    the other 14 are closed at once (``request_memory``), none left waiting. A client that authenticates meanwhile
+    (its frames are small) then sends a 1 MiB request: answered at once. With one room for both (h3's finding, session
+    18), the 16 sizes alone filled it and the authenticated request waited for the strangers' deadline (60 s here)."""
     password = "pw-" + "x" * 8
     sasl = HistorySaslSettings(mechanisms=["PLAIN"], users={"alice": password})
     size = 512 * 1024
-    head = large_frame_head(size)
-    with serving(ConnectionLimits(queued_max_request_bytes=MiB), sasl) as srv:
+    limits = ConnectionLimits(queued_max_request_bytes=8 * MiB, authentication_timeout_s=60)
+    with serving(limits, sasl) as srv:
         before = closed_for("request_memory")
-        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=20) for _ in range(4)]
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=20) for _ in range(16)]
         try:
             for s in socks:
-                s.sendall(head + b"\0" * (100 * 1024))
-                time.sleep(0.2)  # in order: the first two take the room
-            wait_for(lambda: closed_for("request_memory") - before >= 2, 10, "two connections refused")
-            assert [closed(s) for s in socks[2:]] == [True, True]
-            assert on_loop(srv, lambda: srv.requests.held) == 2 * size
-            with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as ok:
+                s.sendall(struct.pack(">i", size))
+            wait_for(lambda: closed_for("request_memory") - before >= 14, 10, "14 connections refused")
+            assert sum(closed_within(s, 1.0) for s in socks) == 14
+            assert on_loop(srv, lambda: (srv.pre_auth_requests.held, srv.requests.held)) == (2 * size, 0)
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as ok:
                 assert call(ok, SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
                 token = b"\0alice\0" + password.encode()
                 ok.sendall(request(SASL_AUTHENTICATE, 1, struct.pack(">i", len(token)) + token, correlation_id=9))
                 frame = recv_frame(ok)
                 assert frame is not None and struct.unpack_from(">ih", frame) == (9, 0), "authenticated"
-            assert closed_for("request_memory") - before == 2
+                head = large_frame_head(MiB)
+                ok.sendall(head + b"\0" * (MiB + 4 - len(head)))
+                frame = recv_frame(ok)  # (the socket's timeout is 10 s: the strangers' deadline is 60 s)
+                assert frame is not None and struct.unpack_from(">i", frame)[0] == 7, "the 1 MiB request answered"
+            assert closed_for("request_memory") - before == 14
         finally:
             for s in socks:
                 s.close()
-        wait_for(lambda: on_loop(srv, lambda: srv.requests.held) == 0, 10, "the room given back")
+        wait_for(lambda: on_loop(srv, lambda: srv.pre_auth_requests.held + srv.requests.held) == 0, 10,
+                 "the rooms given back")
 
 
 def test_a_waiter_cancelled_takes_nothing_and_the_next_is_served_in_order() -> None:
