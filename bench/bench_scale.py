@@ -291,6 +291,7 @@ delay stages at once, as before. Sidecar CPU per segment, this checkout against 
     f9d33e0    3.3-12.6  4.81 vs 5.31       3.83 vs 4.36       0.475 vs 0.730 / 0.158 vs 0.442        33-51
     f9d33e0    5.4-17.7  3.21 vs 3.73       3.28 vs 3.66       0.205 vs 0.471 / 0.187 vs 0.382        20-94
     f9d33e0*   10-38     4.40 vs 4.94       5.31 vs 5.51       0.461 vs 0.652 / 0.633 vs 0.614        19-129
+    556fe45    1.6-11.5  3.75 vs 4.62       4.63 vs 5.12       0.153 vs 0.588 / 0.352 vs 0.478        28-44
     f35dcf6 †  2.8-14.4  5.36 vs 5.39       5.64 vs 5.58       0.640 vs 0.648 / 0.715 vs 0.675        26-37
 
 (* this checkout's sidecar recorded by py-spy ``--gil``; † ``--delete-delay-ms 1000``: both stage at once, the
