@@ -26,7 +26,6 @@ other reader's: this package holds only the protocol.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from rlm.config import ConfigError, SidecarSettings, is_loopback
@@ -43,6 +42,7 @@ from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from rlm.listener.upstream.brokers import UpstreamError, broker_address
 from rlm.listener.upstream.proxy import Proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
+from rlm.logs import limited_logger
 from rlm.rlmm_config import make_rlmm
 from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
@@ -50,7 +50,7 @@ from rsm.api import RemoteStorageManagerApi
 
 __all__ = ["Listener", "start_listener"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 
 @dataclass

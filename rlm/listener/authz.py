@@ -24,7 +24,6 @@ again. A cluster without an authorizer (DescribeAcls answers SECURITY_DISABLED) 
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -36,11 +35,12 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge
 
 from rlm.config import HistoryAuthorizationSettings
+from rlm.logs import limited_logger
 
 __all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "ClusterAcls", "TopicAcl",
            "Unavailable"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 READ, DESCRIBE, ALL = "READ", "DESCRIBE", "ALL"
 WILDCARD = "*"

@@ -63,6 +63,15 @@ def _password(user: str) -> str:
     return f"{user}-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(autouse=True)
+def _log_allowance_full() -> None:
+    """Each test starts with the listener's per-line log allowance full (:data:`rlm.logs.CLIENT_LINES` is one per
+    process: a test counting the listener's lines would otherwise depend on what the tests before it logged)."""
+    from rlm.logs import CLIENT_LINES
+
+    CLIENT_LINES.reset()
+
+
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[KafkaCluster]:
     yield from _running(KafkaCluster(brokers=1), "the Kafka broker")

@@ -44,7 +44,6 @@ import dataclasses
 import enum
 import hashlib
 import hmac
-import logging
 import re
 import secrets
 from collections.abc import Mapping
@@ -69,6 +68,7 @@ from rlm.listener.protocol.codec import (
 )
 from rlm.listener.protocol.frame import SIZE, BadRequestError, RequestHeader
 from rlm.listener.upstream.brokers import UpstreamError
+from rlm.logs import limited_logger
 
 __all__ = [
     "MAX_PRE_AUTH_FRAME_BYTES",
@@ -84,7 +84,7 @@ __all__ = [
     "scram_user",
 ]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 PLAIN = "PLAIN"
 SCRAM_SHA_256 = "SCRAM-SHA-256"

@@ -61,7 +61,6 @@ import contextlib
 import ctypes
 import functools
 import gc
-import logging
 import math
 import mmap
 import socket
@@ -98,11 +97,12 @@ from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, 
 from rlm.listener.routing import Route, Router
 from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
+from rlm.logs import limited_logger
 from rlm.tier import StreamedBatch, UnreadableCopyError
 
 __all__ = ["ConnectionLimits", "GcPause", "ListenerServer", "steady_malloc"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 REQUESTS = Counter("rlm_history_requests", "Requests answered by the history endpoint", ["api", "error"])
 BYTES_SENT = Counter("rlm_history_bytes_sent", "Response bytes sent by the history endpoint", ["api"])

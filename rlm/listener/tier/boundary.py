@@ -37,7 +37,6 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,13 +52,14 @@ from rlm.listener.tier.catalog import ServedTopic
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import fetch
 from rlm.listener.tier.offsets import EARLIEST, offset_of
+from rlm.logs import limited_logger
 from rlm.tier import Decided, Isolation, PartitionTier, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
 __all__ = ["BrokerBounds", "Holes", "epochs_below_log_start", "fetch_below_log_start", "fetch_from_tier",
            "list_offsets_below_log_start", "out_of_range", "served_partitions"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 HOLES = Counter("rlm_history_tier_holes", "Holes met by the proxy: ranges below the broker's log start that the "
                 "tier does not hold (each range counted once)", ["topic"])

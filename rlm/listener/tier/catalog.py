@@ -8,18 +8,18 @@ not make history disappear) and is logged.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlm.discovery import ClusterView
+from rlm.logs import limited_logger
 from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 
 __all__ = ["Catalog", "ServedTopic"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

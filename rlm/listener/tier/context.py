@@ -7,7 +7,6 @@ rules): Fetch needs READ, Metadata and ListOffsets DESCRIBE.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -18,12 +17,13 @@ from prometheus_client import Counter
 from rlm.listener.authz import Authorizer
 from rlm.listener.net.principals import Client
 from rlm.listener.tier.catalog import Catalog
+from rlm.logs import limited_logger
 from rlm.tier import PartitionTier, TierView, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
 __all__ = ["FETCH_MAX_BYTES", "TierContext", "reads_wait_on_network"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 UNREADABLE = Counter("rlm_history_unreadable_copies",
                      "Partitions answered without their data because a remote copy could not be read", ["api"])

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from rlm.logs import limited_logger
 from rlm.tier import TierView, UnreadableCopyError
 
 __all__ = ["EXPIRED", "GONE", "GROWN", "LongPolls", "Mark", "PendingFetch", "tier_marks"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 WAITING = Gauge("rlm_history_waiting_fetches", "Fetches waiting for data (long polls) now")
 POLL_TICKS = Counter("rlm_history_long_poll_ticks", "Ticks of the long-poll ticker (one bounds read of the partitions "

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import socket
 import ssl
 from collections import deque
@@ -50,10 +49,11 @@ from rlm.listener.protocol.frame import (
     correlation_id_of_response,
 )
 from rlm.listener.upstream.bounds import KnownBounds
+from rlm.logs import limited_logger
 
 __all__ = ["BROKER_API_VERSIONS_VERSION", "Upstream", "UpstreamError", "broker_address"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 CLIENT_ID = "rlm-proxy"
 BROKER_API_VERSIONS_VERSION = 3  # the ApiVersions we ask the broker (flexible, with its features)

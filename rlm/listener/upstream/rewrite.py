@@ -16,16 +16,16 @@ NOT_LEADER_OR_FOLLOWER) each get the listener address of the sidecar next to tha
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlm.config import split_host_port
+from rlm.logs import limited_logger
 
 __all__ = ["PeerAddresses"]
 
-log = logging.getLogger(__name__)
+log = limited_logger(__name__)
 
 
 class PeerAddresses:
