@@ -20,6 +20,13 @@ answered or its connection ends. Without this bound, a client could hold ``socke
 connection by sending part of a large frame and stopping, 200 connections per address (measured before: 200
 unauthenticated connections, each 512 KiB of an unfinished SASL frame, +150 MiB RSS).
 
+One address holds at most half a room (:data:`ADDRESS_SHARE`; a frame of any allowed size when the address holds
+nothing), and a frame waiting for its address's share holds up nobody: the others wait in their order of arrival for
+the room as a whole. Without the share, a frame's 4-byte size being enough to take its room, one client (one that
+authenticated, or any client of a listener without SASL) held the whole room with three connections each sending the
+size of a 100 MiB frame and nothing more, and every other request over 64 KiB (a proxied Produce) waited behind them
+for their idle limit (``connections_max_idle_ms``, 10 minutes).
+
 Used on the event loop only: no lock.
 """
 
@@ -28,54 +35,92 @@ from __future__ import annotations
 import asyncio
 import collections
 
-__all__ = ["RequestRoom"]
+__all__ = ["ADDRESS_SHARE", "RequestRoom"]
+
+ADDRESS_SHARE = 2
+"""One address holds at most ``bound // ADDRESS_SHARE`` of a room (or one frame, when it holds nothing)."""
 
 
 class RequestRoom:
-    """Bytes of request frames held at once, within ``bound``; the waiters are served in their order of arrival."""
+    """Bytes of request frames held at once, within ``bound`` and ``bound // ADDRESS_SHARE`` per address (``owner``);
+    the frames waiting for room as a whole are served in their order of arrival, a frame waiting for its own
+    address's share holds up nobody."""
 
-    __slots__ = ("bound", "held", "_waiters")
+    __slots__ = ("bound", "held", "owner_bound", "_by_owner", "_waiters")
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
+        self.owner_bound = bound // ADDRESS_SHARE
         self.held = 0
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._by_owner: dict[str, int] = {}
+        self._waiters: collections.deque[tuple[int, str, asyncio.Future[None]]] = collections.deque()
+
+    def _owner_fits(self, nbytes: int, owner: str) -> bool:
+        mine = self._by_owner.get(owner, 0)
+        return mine == 0 or mine + nbytes <= self.owner_bound
 
     def _fits(self, nbytes: int) -> bool:
         return self.held == 0 or self.held + nbytes <= self.bound
 
-    def try_take(self, nbytes: int) -> bool:
-        """Take ``nbytes`` now if they fit and nobody waits before; False otherwise (nothing taken)."""
-        if self._waiters or not self._fits(nbytes):
+    def held_by(self, owner: str) -> int:
+        """Bytes ``owner`` holds now."""
+        return self._by_owner.get(owner, 0)
+
+    def try_take(self, nbytes: int, owner: str) -> bool:
+        """Take ``nbytes`` for ``owner`` now if they fit, and no frame that waits for the room as a whole came first;
+        False otherwise (nothing taken)."""
+        if not (self._fits(nbytes) and self._owner_fits(nbytes, owner)):
             return False
-        self.held += nbytes
+        if any(self._owner_fits(n, o) for n, o, _ in self._waiters):
+            return False
+        self._take(nbytes, owner)
         return True
 
-    async def take(self, nbytes: int) -> None:
-        """Take ``nbytes``, waiting for room behind the connections that waited first. Cancelled (the connection's
-        deadline), it takes nothing."""
-        if self.try_take(nbytes):
+    def _take(self, nbytes: int, owner: str) -> None:
+        self.held += nbytes
+        self._by_owner[owner] = self._by_owner.get(owner, 0) + nbytes
+
+    async def take(self, nbytes: int, owner: str) -> None:
+        """Take ``nbytes`` for ``owner``, waiting for room behind the frames that waited first for the room as a
+        whole (and for ``owner``'s share). Cancelled (the connection's deadline), it takes nothing."""
+        if self.try_take(nbytes, owner):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (nbytes, waiter)
+        entry = (nbytes, owner, waiter)
         self._waiters.append(entry)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.give(nbytes)  # room was taken for it as it was cancelled: hand it on
+                self.give(nbytes, owner)  # room was taken for it as it was cancelled: hand it on
             else:
-                self._waiters.remove(entry)
+                if entry in self._waiters:  # (a _wake between its cancellation and now dropped it already)
+                    self._waiters.remove(entry)
                 self._wake()
             raise
 
-    def give(self, nbytes: int) -> None:
-        """Give back what a request held (answered, or its connection gone)."""
+    def give(self, nbytes: int, owner: str) -> None:
+        """Give back what a request of ``owner`` held (answered, or its connection gone)."""
         self.held -= nbytes
+        mine = self._by_owner[owner] - nbytes
+        if mine:
+            self._by_owner[owner] = mine
+        else:
+            del self._by_owner[owner]
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self._fits(self._waiters[0][0]):
-            nbytes, waiter = self._waiters.popleft()
-            self.held += nbytes
+        """Serve the waiters in order: one waiting for its address's share is passed over; the first that waits
+        for the room as a whole and does not fit stops the round (those behind it wait their turn)."""
+        for entry in list(self._waiters):
+            nbytes, owner, waiter = entry
+            if waiter.done():  # cancelled (its connection's deadline), its task not resumed yet: it takes nothing
+                self._waiters.remove(entry)
+                continue
+            if not self._owner_fits(nbytes, owner):
+                continue
+            if not self._fits(nbytes):
+                break
+            self._waiters.remove(entry)
+            self._take(nbytes, owner)
             waiter.set_result(None)

@@ -697,16 +697,17 @@ class ListenerServer:
                         extra={"peer": str(peer), "size": size})
             return None
         if size > READER_LIMIT_BYTES:
+            owner = str(peer[0]) if isinstance(peer, tuple) else str(peer)  # an address holds half a room at most
             if pre_auth is not None:  # a stranger takes from strangers' room only, and neither waits nor queues
                 room = self.pre_auth_requests
-                if not room.try_take(size):
+                if not room.try_take(size, owner):
                     self._refuse("request_memory", str(peer), {"size": size})
                     return None
             else:
                 room = self.requests
-                if not room.try_take(size):
-                    await room.take(size)  # the connection's idle deadline bounds the wait
-            protocol.request_room, protocol.request_held = room, size
+                if not room.try_take(size, owner):
+                    await room.take(size, owner)  # the connection's idle deadline bounds the wait
+            protocol.request_room, protocol.request_held, protocol.request_owner = room, size, owner
         try:
             if size <= READ_SLICE_BYTES:
                 return await reader.readexactly(size)
@@ -998,12 +999,13 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         self.raised = 0  # kernel send-buffer bytes counted for this connection (ListenerServer._raise_send_buffer)
         self.request_held = 0  # bytes of queued_max_request_bytes its request being served holds (_read_frame)
         self.request_room: RequestRoom | None = None  # the room they are held in (strangers have their own)
+        self.request_owner = ""  # the address they are held for (RequestRoom's share per address)
         self.vectored = False  # plaintext: answers in parts are written with one writev (rlm.listener.net.vectored)
 
     def give_request_room(self) -> None:
         """The request served is answered (or the connection gone): what its frame held of its room given back."""
         if self.request_held and self.request_room is not None:
-            self.request_room.give(self.request_held)
+            self.request_room.give(self.request_held, self.request_owner)
         self.request_held, self.request_room = 0, None
 
     def pause_writing(self) -> None:

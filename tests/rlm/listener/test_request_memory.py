@@ -141,8 +141,9 @@ def test_partial_large_requests_are_held_within_queued_max_request_bytes() -> No
 
 
 def test_strangers_have_a_room_of_their_own_and_make_nobody_who_authenticated_wait() -> None:
-    """With SASL and an 8 MiB room (strangers' own: 1 MiB beside it), 16 unauthenticated connections each send the
-    size of a 512 KiB frame (the largest allowed before authentication) and nothing more: two take the strangers' room,
+    """With SASL and an 8 MiB room (strangers' own: 1 MiB beside it), 16 unauthenticated connections from two
+    addresses each send the size of a 512 KiB frame (the largest allowed before authentication) and nothing more: one
+    of each address takes its half of the strangers' room,
     the other 14 are closed at once (``request_memory``), none left waiting. A client that authenticates meanwhile
     (its frames are small) then sends a 1 MiB request: answered at once. With one room for both (h3's finding, session
     18), the 16 sizes alone filled it and the authenticated request waited for the strangers' deadline (60 s here)."""
@@ -152,7 +153,8 @@ def test_strangers_have_a_room_of_their_own_and_make_nobody_who_authenticated_wa
     limits = ConnectionLimits(queued_max_request_bytes=8 * MiB, authentication_timeout_s=60)
     with serving(limits, sasl) as srv:
         before = closed_for("request_memory")
-        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=20) for _ in range(16)]
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=20,
+                                          source_address=(f"127.0.0.{2 + i % 2}", 0)) for i in range(16)]
         try:
             for s in socks:
                 s.sendall(struct.pack(">i", size))
@@ -182,27 +184,99 @@ def test_a_waiter_cancelled_takes_nothing_and_the_next_is_served_in_order() -> N
     deadline) takes nothing, and one cancelled just as room was given to it hands it on."""
 
     async def scenario() -> list[str]:
-        room, order = RequestRoom(10), []
-        assert room.try_take(8)
+        room, order = RequestRoom(10), []  # each frame from an address of its own (the share per address: 5)
+        assert room.try_take(8, "x")
 
         async def want(name: str, n: int) -> None:
-            await room.take(n)
+            await room.take(n, name)
             order.append(name)
 
         a = asyncio.ensure_future(want("a", 5))
         b = asyncio.ensure_future(want("b", 2))  # would fit now, but waits behind a
         await asyncio.sleep(0)
-        assert not room.try_take(1) and order == []
+        assert not room.try_take(1, "z") and order == []
         a.cancel()
         await asyncio.wait([a, b])
         assert order == ["b"] and room.held == 10
         c = asyncio.ensure_future(want("c", 9))
         await asyncio.sleep(0)
-        room.give(8)
-        room.give(2)  # c is given the room (held 9) and cancelled before it runs: the room goes back
+        room.give(8, "x")
+        room.give(2, "b")  # c is given the room (held 9) and cancelled before it runs: the room goes back
         c.cancel()
         await asyncio.wait([c])
         assert room.held == 0, room.held
         return order
 
     assert asyncio.run(scenario()) == ["b"]
+
+
+def test_a_frame_waiting_for_its_address_share_holds_up_nobody() -> None:
+    """RequestRoom with a bound of 10 (5 per address): address a holds 4 and waits to take 4 more (past its share);
+    b's 5 are taken at once, not queued behind a's frame; a's waiting frame is served once a's first is given back."""
+
+    async def scenario() -> None:
+        room = RequestRoom(10)
+        assert room.try_take(4, "a")
+        second = asyncio.ensure_future(room.take(4, "a"))
+        await asyncio.sleep(0)
+        assert not second.done()
+        assert room.try_take(5, "b"), "b is not held up by a frame waiting for a's share"
+        assert (room.held, room.held_by("a"), room.held_by("b")) == (9, 4, 5)
+        room.give(4, "a")
+        await asyncio.wait_for(second, 1)
+        assert (room.held, room.held_by("a")) == (9, 4)
+        room.give(4, "a")
+        room.give(5, "b")
+        assert room.held == 0 and room.held_by("a") == 0
+
+    asyncio.run(scenario())
+
+
+def test_one_address_holding_frame_sizes_makes_another_wait_for_nothing() -> None:
+    """A 16 MiB room (8 MiB per address): one client (127.0.0.2, no SASL: as authenticated) opens three connections
+    and sends on each the size of an 8 MiB frame and nothing more; another (127.0.0.3) then sends a whole 1 MiB
+    request: answered at once. The first holds one frame's 8 MiB (its other two wait for its share). Without the share
+    its first two frames held all 16 MiB, its third queued, and the 1 MiB request waited behind them until their idle
+    limit (ten minutes by default; the socket's 10 s timeout here)."""
+    size = 8 * MiB
+    with serving(ConnectionLimits(queued_max_request_bytes=16 * MiB)) as srv:
+        hogs = [socket.create_connection(("127.0.0.1", srv.port), timeout=20, source_address=("127.0.0.2", 0))
+                for _ in range(3)]
+        try:
+            for s in hogs:
+                s.sendall(large_frame_head(size))
+            wait_for(lambda: on_loop(srv, lambda: srv.requests.held_by("127.0.0.2")) == size, 10, "a frame held")
+            time.sleep(0.2)  # the other two have asked for room by now
+            assert on_loop(srv, lambda: srv.requests.held) == size
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10, source_address=("127.0.0.3", 0)) as ok:
+                head = large_frame_head(MiB)
+                ok.sendall(head + b"\0" * (MiB + 4 - len(head)))
+                frame = recv_frame(ok)
+                assert frame is not None and struct.unpack_from(">i", frame)[0] == 7, "the 1 MiB request answered"
+        finally:
+            for s in hogs:
+                s.close()
+        wait_for(lambda: on_loop(srv, lambda: srv.requests.held) == 0, 10, "the room given back")
+
+
+def test_room_given_back_between_a_waiter_cancelled_and_its_task_resumed() -> None:
+    """A waiting connection's task is cancelled (its deadline) and, before the task runs again, another request's
+    room is given back: the cancelled waiter is passed over (before: ``set_result`` on its cancelled future raised
+    InvalidStateError out of ``give``, in the connection that gave the room back, and the waiter's own clean-up then
+    failed to find its entry), takes nothing, and the room is whole again."""
+
+    async def scenario() -> None:
+        room = RequestRoom(10)
+        assert room.try_take(8, "x")
+        waiting = asyncio.ensure_future(room.take(5, "a"))
+        await asyncio.sleep(0)
+        waiting.cancel()  # its future is cancelled now; the task resumes at the next loop round
+        room.give(8, "x")
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            pass
+        assert waiting.cancelled()
+        assert room.held == 0 and room.try_take(10, "b")
+
+    asyncio.run(scenario())
