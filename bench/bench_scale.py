@@ -522,6 +522,7 @@ STORE_FSYNC = True  # --store-no-fsync: the store's fsyncs off (staging's stay);
 COPY_WORKERS = 0  # --copy-workers: tasks.copy_workers of this checkout's sidecar (0: the default)
 COPY_COALESCE_MS: int | None = None  # --copy-coalesce-ms: tasks.copy_coalesce_ms of this checkout's (None: default)
 PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
+PROFILE_RATE = 50  # --profile-rate: py-spy's samples a second
 
 
 def profile(pid: int, seconds: float | None, out: Path) -> subprocess.Popen:
@@ -534,7 +535,7 @@ def profile(pid: int, seconds: float | None, out: Path) -> subprocess.Popen:
     if PROFILE_GIL:
         duration.append("--gil")
     spy = Path(sys.executable).parent / "py-spy"  # installed in the venv
-    return subprocess.Popen([str(spy), "record", "--pid", str(pid), *duration, "--rate", "50",
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), *duration, "--rate", str(PROFILE_RATE),
                              "--format", "raw", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -902,6 +903,7 @@ def main() -> None:
     ap.add_argument("--skip-burst", action="store_true", help="skip the burst")
     ap.add_argument("--profile", type=Path, help="record each idle phase with py-spy into this directory")
     ap.add_argument("--profile-gil", action="store_true", help="py-spy samples only the thread holding the GIL")
+    ap.add_argument("--profile-rate", type=int, default=50, help="py-spy's samples a second (50)")
     ap.add_argument("--perf", type=Path,
                     help="record this checkout's sidecar in the (cold) burst with perf (kernel and librdkafka too) "
                          "into this directory, and print where its samples went")
@@ -924,10 +926,11 @@ def main() -> None:
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
-    global COPY_COALESCE_MS, COPY_WORKERS, PROFILE_GIL, STORE_FSYNC
+    global COPY_COALESCE_MS, COPY_WORKERS, PROFILE_GIL, PROFILE_RATE, STORE_FSYNC
     COPY_WORKERS = args.copy_workers
     COPY_COALESCE_MS = args.copy_coalesce_ms
     PROFILE_GIL = args.profile_gil
+    PROFILE_RATE = args.profile_rate
     STORE_FSYNC = not args.store_no_fsync
     if args.partitions % args.topics:
         ap.error("--partitions must be a multiple of --topics")

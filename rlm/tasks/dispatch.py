@@ -188,6 +188,16 @@ class CopyJobs:
         with self._cond:
             return list(self._jobs.values())
 
+    def due_args(self, limit: int) -> list[Sequence[object]]:
+        """The arguments of at most ``limit`` jobs due now and waiting for a worker, the soonest due first (those the
+        workers take next): for work a caller does ahead for them in one go (the sidecar asks the cluster for their
+        runs' last stable offsets in the request of a run's start, :meth:`rlm.sidecar.Sidecar._run_start`)."""
+        with self._cond:
+            now = self._clock()
+            due = heapq.nsmallest(limit, (e for e in self._heap if e[0] <= now and e[2].due == e[0]
+                                          and not e[2].running and not e[2].removed))
+            return [job.args for _due, _seq, job in due]
+
     # ----------------------------------------------------------------------------------------------- workers
     def _schedule(self, job: CopyJob, due: float) -> None:
         """Under the condition: ``job`` runs at ``due``; one waiting worker is told, whatever the job's place in the

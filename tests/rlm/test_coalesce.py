@@ -74,3 +74,33 @@ def test_an_error_reaches_every_caller_of_its_round_and_the_next_round_works() -
     with pytest.raises(RuntimeError, match="unreachable"):
         c.get([1])
     assert c.get([1]) == {1: 1}
+
+
+def test_while_rounds_follow_each_other_the_sender_lingers_and_callers_coming_meanwhile_join_its_round() -> None:
+    """Callers 5 ms apart against a remote that answers at once: alone, each sends a round of its own; once a round was
+    sent less than ``busy_s`` ago, the next round's sender first waits ``linger_s`` (here 200 ms), and the seven callers
+    after it join that round (a caller that does not ask to linger is sent at once). Every answer still comes from a
+    request sent after its caller asked."""
+    remote = Remote(0)
+    c = Coalescer(remote, linger_s=0.2, busy_s=10)
+    c.get([100], linger=True)  # a round sent: rounds now follow each other (busy_s)
+    assert c.lingered == 0  # the first one, alone, did not wait
+    c.get([101])  # one that does not ask to linger: sent at once
+    assert c.lingered == 0 and len(remote.requests) == 2
+    answers: dict[int, tuple[float, tuple[int, float]]] = {}
+
+    def ask(k: int) -> None:
+        asked = time.monotonic()
+        answers[k] = (asked, c.get([k], linger=True)[k])
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+        time.sleep(0.005)
+    for t in threads:
+        t.join(10)
+    assert c.rounds == len(remote.requests) == 3, remote.requests  # without the linger: 10
+    assert c.lingered == 1
+    for k, (asked, (seq, sent)) in answers.items():
+        assert k in remote.requests[seq][1]
+        assert sent >= asked, f"key {k}: answered by a request sent before it asked"

@@ -274,3 +274,24 @@ def test_neither_removing_a_job_nor_shutting_down_waits_for_a_wake_put_off() -> 
     jobs.modify_job("b", next_run_time=datetime.now(UTC))  # put off by another hour of the clock
     assert jobs.shutdown(wait=True, timeout_s=10)
     assert len(runs) == 4
+
+
+def test_due_args_names_the_jobs_waiting_for_a_worker_soonest_first_not_running_paused_or_later_ones() -> None:
+    jobs = CopyJobs(1).start()
+    try:
+        gate = threading.Event()
+        jobs.add_job(lambda _g: gate.wait(10), "interval", id="gate", args=["g"], seconds=3600,
+                     next_run_time=datetime.now(UTC))
+        _wait(lambda: jobs.get_job("gate").running)  # type: ignore[union-attr]
+        for name in "cabd":  # due in this order while the one worker is busy
+            jobs.add_job(lambda _n: None, "interval", id=name, args=[name], seconds=3600,
+                         next_run_time=datetime.now(UTC))
+            time.sleep(0.01)
+        jobs.pause_job("d")
+        jobs.add_job(lambda _n: None, "interval", id="later", args=["later"], seconds=3600)  # due in an hour
+        assert jobs.due_args(64) == [("c",), ("a",), ("b",)]  # not the running one, the paused one, nor "later"
+        assert jobs.due_args(2) == [("c",), ("a",)]
+        gate.set()
+        _wait(lambda: jobs.due_args(64) == [])
+    finally:
+        assert jobs.shutdown(wait=True, timeout_s=10)
