@@ -94,8 +94,10 @@ second). A tail of one record per Produce and per Fetch runs broker code the bul
 (``--latency-only``) the JIT took 0.3-0.75 CPU s a second for 30-44 s, after the reads 0.2-0.66 for the first 8-9 s
 (which the one-second warm-up before session 19 counted), and while it compiles the broker is slow to append: a cold
 broker with a one-second warm-up took p50 169 ms, p99 2.36 s to acknowledge a record, and both consumers' p99 was 2.4
-s. With the warm-up (2026-11-27, 6 runs, load 1.8-10.8), in the 4 runs without a stall: direct p99 3.7-11.6 ms, proxy
-5.2-12.6 (added +1.0 to +6.5), p50 0.47-0.73 vs 0.66-1.32 (+0.19 to +0.49 per record); in 2 the broker stopped
+s; side by side after 0.25 GiB reads (load 4.5-5.6), the bench before: p50 143 / 179 ms, p99 1682 / 1856 (quarter p50s
+131-522 ms), with the warm-up (31 s): 1.24 / 0.60, 32.3 / 30.8 (+1.5), others' processes then taking 0.76 of the 2
+cores. With the warm-up (2026-11-27, 6 runs, load 1.8-10.8), in the 4 runs without a stall: direct p99 3.7-11.6 ms,
+proxy 5.2-12.6 (added +1.0 to +6.5), p50 0.47-0.73 vs 0.66-1.32 (+0.19 to +0.49 per record); in 2 the broker stopped
 appending for ~0.6 s in one second (599-638 records over 20 ms on each side, the producer's acknowledgement p99 82 and
 118 ms) and both p99s were 82-118 ms (added +3.1 and +0.3). The goal row compares the two p99s; printed beside it: the
 per-record difference (proxy - direct), the p50 by quarter of the run, the producer's own latency to the broker's
@@ -104,7 +106,11 @@ the broker's or the machine's stall, on both sides), the records over 20 ms by s
 CPU of other processes, steal, disk busy time and dirty page cache (``machine_cpu``), the machine's busy time over the
 counted part (the bench's processes' and others'), the sidecar's and the broker's CPU by thread and the requests the
 proxy answered. A record a Fetch: the tail costs the broker's request handlers ~0.5 CPU s a second and the sidecar's
-event loop ~0.4 (0.4 ms a proxied Fetch), on 2 cores.
+event loop ~0.4 (0.36-0.53 ms a proxied Fetch, 10-16% of it in the kernel), on 2 cores. Where the loop's goes
+(cProfile of a listener alone serving the tail, 13,100 Fetches): asyncio's loop ~20%, the listener's coroutines for
+one request (serve, answer, dispatch, proxied, fetch, forward, exchange) ~17%, the broker's answer walked 8%
+(``fetch_answer``, 38 us at load 8; its topic id made a UUID 7 us), header and request decoded 9%, metrics 5%, socket
+calls 5%: no one part worth cutting alone; the per-record p50 the proxy adds is its two hops, +0.19 to +0.49 ms.
 For each proxied read, the time per Fetch and the sidecar's CPU per Fetch: the consumer has one Fetch in flight per
 broker, so what the proxy adds to each round trip comes straight off a one-partition read's throughput.
 Each proxied read also prints the sidecar's CPU per GiB by thread: the listener's event loop
