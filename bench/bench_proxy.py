@@ -105,12 +105,15 @@ acknowledgement (a record is fetched only once the broker appended it: an acknow
 the broker's or the machine's stall, on both sides), the records over 20 ms by second of the run beside that second's
 CPU of other processes, steal, disk busy time and dirty page cache (``machine_cpu``), the machine's busy time over the
 counted part (the bench's processes' and others'), the sidecar's and the broker's CPU by thread and the requests the
-proxy answered. A record a Fetch: the tail costs the broker's request handlers ~0.5 CPU s a second and the sidecar's
-event loop ~0.4 (0.36-0.53 ms a proxied Fetch, 10-16% of it in the kernel), on 2 cores. Where the loop's goes
-(cProfile of a listener alone serving the tail, 13,100 Fetches): asyncio's loop ~20%, the listener's coroutines for
-one request (serve, answer, dispatch, proxied, fetch, forward, exchange) ~17%, the broker's answer walked 8%
-(``fetch_answer``, 38 us at load 8; its topic id made a UUID 7 us), header and request decoded 9%, metrics 5%, socket
-calls 5%: no one part worth cutting alone; the per-record p50 the proxy adds is its two hops, +0.19 to +0.49 ms.
+proxy answered (read at the start of the counted part off the producer's thread: the sidecar's metrics took up to 2.6
+s to scrape under load, and a producer stalled that long made up for it in a burst, 1,700 records over 20 ms on both
+sides; the records produced over ``LATE_S`` late are counted and printed). A record a Fetch: the tail costs the
+broker's request handlers ~0.5 CPU s a second and the sidecar's event loop ~0.4 (0.36-0.53 ms a proxied Fetch, 10-16%
+of it in the kernel), on 2 cores. Where the loop's goes (cProfile of a listener alone serving the tail, 13,100
+Fetches): asyncio's loop ~20%, the listener's coroutines for one request (serve, answer, dispatch, proxied, fetch,
+forward, exchange) ~17%, the broker's answer walked 8% (``fetch_answer``, 38 us at load 8; its topic id made a UUID 7
+us), header and request decoded 9%, metrics 5%, socket calls 5%: no one part worth cutting alone; the per-record p50
+the proxy adds is its two hops, +0.19 to +0.49 ms.
 For each proxied read, the time per Fetch and the sidecar's CPU per Fetch: the consumer has one Fetch in flight per
 broker, so what the proxy adds to each round trip comes straight off a one-partition read's throughput.
 Each proxied read also prints the sidecar's CPU per GiB by thread: the listener's event loop
@@ -147,6 +150,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -177,6 +181,7 @@ JIT_QUIET_S = 0.05  # the broker's JIT compiler threads' CPU s a second under wh
 JIT_QUIET_SECONDS = 2  # ... this many seconds running
 JIT_IDLE_S, JIT_IDLE_WINDOW_S, JIT_IDLE_MAX_S = 0.02, 0.5, 10.0  # a read starts once the JIT took under 0.02 CPU s
 # over the last 0.5 s (at most 10 s waited)
+LATE_S = 0.005  # a tail record produced this much after its time is counted late (printed)
 SLOW_MS = 20.0  # a tail record later than this is printed by the second of the run it was produced in
 LIVE, HISTORY, KAFKA, TAIL = "proxy-live", "proxy-history", "proxy-kafka", "proxy-tail"
 HISTORY_N, KAFKA_N = "proxy-history-n", "proxy-kafka-n"  # --partitions N
@@ -366,11 +371,22 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
         pad = b"x" * (TAIL_VALUE_BYTES - STAMP.size)
         warm: int | None = None  # the first record counted, once the warm-up is over
         total = 0
-        cpu0: tuple[dict[str, float], dict[str, float]] = ({}, {})
+        cpu0: tuple[dict[str, float], dict[str, float]] = ({}, {})  # at the start of the counted part
         t_counted = 0.0
         every = [p.pid for p in procs.values()] + [*pids, os.getpid()]  # the bench's processes
         machine = [machine_cpu(every)]  # at each second of the counted part
         asked0: dict[str, float] = {}
+        snapshot: threading.Thread | None = None
+        late = [0.0] * 2  # how late the producer was (s) for a record: counted, the most of them
+
+        snap_s = [0.0]
+
+        def snap() -> None:  # off the producer's thread: the sidecar's metrics over HTTP, ~200 /proc files
+            t = time.monotonic()
+            cpu0[0].update(thread_groups(pids[0]))
+            cpu0[1].update(jvm_thread_groups(pids[1]))
+            asked0.update(request_counts(ops_port))
+            snap_s[0] = time.monotonic() - t
         jit = [jit_seconds(pids[1])]  # the broker's compiler threads' CPU so far, at each second of the warm-up
         t0 = time.monotonic()
         seq = 0
@@ -378,6 +394,9 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
             due = t0 + seq / rate
             if (wait := due - time.monotonic()) > 0:
                 time.sleep(wait)  # not prod.poll(timeout): no wake-ups but the record's, the same for both sides
+            elif warm is not None and -wait > LATE_S:
+                late[0] += 1
+                late[1] = max(late[1], -wait)
             prod.produce(TAIL, STAMP.pack(seq, time.monotonic_ns()) + pad, b"k", partition=0, on_delivery=delivered)
             prod.poll(0)
             seq += 1
@@ -389,14 +408,16 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
                 quiet = len(steps) == JIT_QUIET_SECONDS and max(steps) < JIT_QUIET_S
                 if (seq >= rate * warm_s and quiet) or seq >= rate * warm_max_s:
                     warm, total = seq, seq + int(rate * seconds)
-                    cpu0 = thread_groups(pids[0]), jvm_thread_groups(pids[1])
-                    asked0 = request_counts(ops_port)
+                    snapshot = threading.Thread(target=snap, name="latency-snapshot")
+                    snapshot.start()
                     machine = [machine_cpu(every)]
                     t_counted = time.monotonic()
         prod.produce(TAIL, b"", b"end", partition=0)
         if prod.flush(60):
             raise RuntimeError("tail records left undelivered")
         window = time.monotonic() - t_counted
+        if snapshot is not None:
+            snapshot.join()
         asked = {k: v - asked0.get(k, 0.0) for k, v in request_counts(ops_port).items()}
         steps = [f"{b - a:.2f}" for a, b in itertools.pairwise(jit)]
         print(f"  latency warm-up: {warm // rate} s of records, not counted, "
@@ -428,7 +449,10 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
         for name in ("proxy", "direct")), file=sys.stderr)
     ack = [acked[s] for s in both if s in acked]
     print(f"  latency: the producer's to the broker's acknowledgement p50 / p99 / max {pct(ack, 50):.2f} / "
-          f"{pct(ack, 99):.2f} / {max(ack):.2f} ms (a record is fetched once the broker appended it)", file=sys.stderr)
+          f"{pct(ack, 99):.2f} / {max(ack):.2f} ms (a record is fetched once the broker appended it); the producer "
+          f"was over {LATE_S * 1e3:.0f} ms late for {late[0]:.0f} records (at most {late[1] * 1e3:.0f} ms: records "
+          f"produced late come in a burst; the counters read at the start took {snap_s[0] * 1e3:.0f} ms beside it)",
+          file=sys.stderr)
     # by second: busy, ours, steal, disk busy (s), dirty MB at its end
     steps = [(*(b[i] - a[i] for i in range(4)), b[4]) for a, b in itertools.pairwise(machine)]
     for name in ("proxy", "direct"):
