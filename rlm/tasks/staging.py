@@ -446,10 +446,12 @@ class Staging:
         self._legacy: set[Path] = set()  # segment dirs of the layout before (a dir per segment), as listed
         self._marker_of: dict[Path, str] = {}  # segment key -> its marker's name (released by name, no listing)
         self._resolved: dict[Path, Path] = {}  # partition dir -> its staging root (root_for)
+        self._given: dict[str, Path] = {}  # a log dir as configured, and resolved -> its staging root (root_for)
         self._pdirs: dict[tuple[Path, TopicIdPartition], Path] = {}  # (root, partition) -> its dir (_partition_path)
         self._topic_ids = TopicIdFiles()  # each partition dir's partition.metadata, read when it changed
-        for log_dir, root in roots.items():
-            log_dir, root = Path(log_dir).resolve(), Path(root).resolve()
+        for given, root in roots.items():
+            log_dir, root = Path(given).resolve(), Path(root).resolve()
+            self._given[os.path.normpath(given)] = self._given[str(log_dir)] = root
             if root == log_dir or log_dir in root.parents:
                 raise StagingError(f"staging dir {root} is inside log dir {log_dir}: the broker would refuse it")
             root.mkdir(parents=True, exist_ok=True)
@@ -471,12 +473,17 @@ class Staging:
         root = self._resolved.get(key)  # (a str given)
         if root is not None:
             return root
-        log_dir = key.resolve().parent
-        try:
-            root = self._roots[log_dir]
-        except KeyError:
-            raise StagingError(f"{partition_dir} is in no configured log dir ({sorted(map(str, self._roots))})") \
-                from None
+        # A partition dir named in a log dir as configured (or resolved), not itself a symbolic link, resolves to a
+        # dir of that log dir: one lstat, where resolving the whole path took one a component (a cold burst's 2,000
+        # partitions: 2.5% of its GIL samples, in the stage job, issue 26).
+        parent, name = os.path.split(os.path.normpath(key))
+        root = self._given.get(parent) if name not in ("", ".", "..") and not os.path.islink(key) else None
+        if root is None:
+            try:
+                root = self._roots[key.resolve().parent]
+            except KeyError:
+                raise StagingError(f"{partition_dir} is in no configured log dir ({sorted(map(str, self._roots))})") \
+                    from None
         self._resolved[key] = root
         return root
 

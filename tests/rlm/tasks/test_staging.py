@@ -462,3 +462,38 @@ def test_a_partition_staged_while_another_waits_for_its_fsync(tmp_path: Path, mo
     lister.join(10)
     assert [s.base_offset for s in listed[0]] == [0]  # type: ignore[attr-defined]
     assert [s.tp for s in staging.staged()] == [slow]
+
+
+def test_a_partition_dir_maps_to_its_log_dir_s_staging_root_named_as_configured_resolved_or_through_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two log dirs, one of them configured through a symbolic link. A partition dir named under either log dir as
+    configured, or as resolved, maps to that log dir's staging root without resolving its path; a partition dir that
+    is itself a link into the other log dir maps to the other one's (resolved, as before); one in no log dir is
+    refused."""
+    real_a, real_b = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    real_a.mkdir(parents=True)
+    real_b.mkdir(parents=True)
+    link_a = tmp_path / "link-a"
+    link_a.symlink_to(real_a)
+    roots = {link_a: tmp_path / "a" / "staging", real_b: tmp_path / "b" / "staging"}
+    staging = Staging(roots)
+    (real_a / "t-0").mkdir()
+    (real_b / "t-1").mkdir()
+    (real_a / "t-2").symlink_to(real_b / "t-1")  # a partition dir of a, linked into b
+    root_a, root_b = roots[link_a].resolve(), roots[real_b].resolve()
+    resolved: list[Path] = []
+    resolve = Path.resolve
+
+    def counting(self: Path, strict: bool = False) -> Path:
+        resolved.append(self)
+        return resolve(self, strict)
+
+    monkeypatch.setattr(Path, "resolve", counting)
+    assert staging.root_for(link_a / "t-0") == root_a
+    assert staging.root_for(real_a / "t-0") == root_a
+    assert staging.root_for(str(real_b / "t-1")) == root_b
+    assert resolved == []  # named in a log dir: no path resolved
+    assert staging.root_for(real_a / "t-2") == root_b  # a link: resolved, into b
+    assert resolved == [real_a / "t-2"]
+    with pytest.raises(StagingError):
+        staging.root_for(tmp_path / "elsewhere" / "t-3")
