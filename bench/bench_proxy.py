@@ -43,47 +43,50 @@ protocol and the commits (auto-commit, the default) too. The read window starts 
 the last record; MB/s counts keys + values.
 
 Both sides are treated alike. Warm-up rounds first, not counted: each source read once a round (a quarter of its
-records: the broker's JIT compiles its paths, the proxy's connections are made, the tier's caches filled), the
-sources taking turns, until a round in which the broker's JIT compiler threads took under ``WARM_UP_JIT_S`` CPU s
-during each read, or ``WARM_UP_ROUNDS`` rounds; then ``--repeat`` timed reads per source, the sources taking turns
-(the order reversed every other round). Before every read, warm-up or timed, the bench waits until the JIT took
-under 0.02 CPU s over the last 0.5 s (at most 10 s; printed): the compiles the last read queued run before the
-next read, not during it, whichever side it is. The table gives each source's median, min and max, and the CPU
-seconds per GiB of the sidecar, the broker and the consumer (medians); each goal row the median of the rounds'
-ratios (the two reads of one round, side by side) with their min and max. Each read is printed with its window, when
-its first record came, and the three CPUs: a read whose consumer's CPU is about its window is bound by the consumer
-(its poll loop takes ~1.5-2.3 CPU s per GiB of 1 KiB records), not by what serves it, and a 1 GiB direct read at
-full speed lasts ~1.5 s, so a fraction of a second lost anywhere (the broker's JIT or GC, the other processes of a
-shared machine) moves its MB/s a lot: session 12's direct reads swung 236-698 MB/s. Checked (2026-11-26, direct
-reads of the same GiB, load 5-8): librdkafka's ``fetch.queue.backoff.ms`` (1000 ms: a partition whose local queue
-exceeds ``queued.max.messages.kbytes``, 64 MiB, is not fetched again for up to that long). Its ``debug=fetch`` log
-showed the fetcher stopped 0.07-0.38 s per read at the default and 0.11-0.42 s at 10 ms, not a second per queue
-fill: a part of the swing at most, so the reads keep librdkafka's default. What the per-read CPUs show instead
-(2026-11-26, load 4-20): the direct read of one run at 553 MB/s (1.80 s window; broker 1.05 and consumer 1.36 CPU s)
-and at 123 MB/s (8.07 s; 0.81 and 1.51 CPU s) did the same work: in the slow one both waited, the machine's
-scheduling, not the broker's work (why the direct path's waits swing more than the proxied one's is not found; a
-broker with ``socket.send.buffer.bytes`` 2 MiB instead of 100 KB, side by side, was inconclusive at load 17-26). A
-bench of this path wants a machine with nothing else running, and the CPU per GiB read beside the MB/s.
-Session 18 (2026-11-27, 1 partition, 23 proxied reads at load 1.5-42): the consumer's main thread (its poll loop,
-``consumer_main_s``) used 1.9-3.0 CPU s of windows of 2.8-13.4 s on both sides, so neither side is bound by it; the
-sidecar's CPU for the same 0.93 GiB swung 1.35-2.01 s with the host's speed, and its share of the consumer's CPU
-(which does the same work on both sides) held better: 0.42-0.54 at load 1.5-6, 0.56-0.61 at load 9-42, printed
-with each proxied median run as the yardstick to compare builds by. With ``--repeat 2`` each proxied read follows a
-Kafka tiered read (the warm-ups' order, then the reversed round), and the broker used 0.35-1.6 CPU s during it;
-waiting before each read until the broker and the sidecar were idle (under 0.1 CPU s/s over 0.5 s: 0.5-3 s) left it
-at 0.47-1.16 s, so that is not work a Kafka read left over, and the wait was dropped. Each read gives the broker's
-CPU by thread (:func:`jvm_thread_groups`): after session 18's one warm-up read of each source its JIT compiler
-threads (C1 and C2) still took 0.56-2.58 CPU s of timed reads, proxied ones too (a proxied history read with 1.68 s
-of it read 155 MB/s, the next 328; whole warm-up reads left 0.93-1.60 s of each Kafka read). Session 19 (2026-11-27,
-1 partition, 3 runs at load 1.8-5.1): the warm-up rounds alone (two runs) left 0.08-0.91 s of JIT in timed reads;
-with the wait for the JIT before each read (one run, load 2.4-3.7) 0.07-0.50 s (proxied history 0.14 / 0.23 / 0.19,
-Kafka 0.18 / 0.37 / 0.50), and the history reads were the steadiest yet: proxy 272-293 MB/s, Kafka 232-269
-(1.18x, 1.03-1.23), where the runs before swung 139-304 and 150-289. The JIT is never quiet after 5 rounds: each
-Kafka tiered read, the ninth too, makes it compile 0.2-1.1 CPU s more, as proxied reads do not (0.03-0.13 in rounds
-3-5): the rounds are bounded, and each read carries the compiles it causes. Tried and dropped: starting the
-read-ahead once the answer is handed to the socket (``call_soon``) instead of before its writes, to spare the loop GIL
-hand-offs between its ``sendfile`` calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each, alternating
-with the base, load 2-6).
+records: the broker's JIT compiles its paths, the proxy's connections are made, the tier's caches filled), the sources
+taking turns, until a round in which the broker's JIT compiler threads took under ``WARM_UP_JIT_S`` CPU s during each
+read, or ``WARM_UP_ROUNDS`` rounds; then ``--repeat`` timed reads per source, the sources taking turns (the order
+reversed every other round). Before every read, warm-up or timed, the bench waits until the JIT took under 0.02 CPU s
+over the last 0.5 s (at most 10 s; printed): the compiles the last read queued run before the next read, not during
+it, whichever side it is. The table gives each source's median, min and max, and the CPU seconds per GiB of the
+sidecar, the broker and the consumer (medians); each goal row the median of the rounds' ratios (the two reads of one
+round, side by side) with their min and max. Each read is printed with its window, when its first record came, and the
+three CPUs: a read whose consumer's CPU is about its window is bound by the consumer (its poll loop takes ~1.5-2.3 CPU
+s per GiB of 1 KiB records), not by what serves it, and a 1 GiB direct read at full speed lasts ~1.5 s, so a fraction
+of a second lost anywhere (the broker's JIT or GC, the other processes of a shared machine) moves its MB/s a lot:
+session 12's direct reads swung 236-698 MB/s. Checked (2026-11-26, direct reads of the same GiB, load 5-8):
+librdkafka's ``fetch.queue.backoff.ms`` (1000 ms: a partition whose local queue exceeds
+``queued.max.messages.kbytes``, 64 MiB, is not fetched again for up to that long). Its ``debug=fetch`` log showed the
+fetcher stopped 0.07-0.38 s per read at the default and 0.11-0.42 s at 10 ms, not a second per queue fill: a part of
+the swing at most, so the reads keep librdkafka's default. What the per-read CPUs show instead (2026-11-26, load
+4-20): the direct read of one run at 553 MB/s (1.80 s window; broker 1.05 and consumer 1.36 CPU s) and at 123 MB/s
+(8.07 s; 0.81 and 1.51 CPU s) did the same work: in the slow one both waited, the machine's scheduling, not the
+broker's work (why the direct path's waits swing more than the proxied one's is not found; a broker with
+``socket.send.buffer.bytes`` 2 MiB instead of 100 KB, side by side, was inconclusive at load 17-26). A bench of this
+path wants a machine with nothing else running, and the CPU per GiB read beside the MB/s. Session 18 (2026-11-27, 1
+partition, 23 proxied reads at load 1.5-42): the consumer's main thread (its poll loop, ``consumer_main_s``) used
+1.9-3.0 CPU s of windows of 2.8-13.4 s on both sides, so neither side is bound by it; the sidecar's CPU for the same
+0.93 GiB swung 1.35-2.01 s with the host's speed, and its share of the consumer's CPU (which does the same work on
+both sides) held better: 0.42-0.54 at load 1.5-6, 0.56-0.61 at load 9-42, printed with each proxied median run as the
+yardstick to compare builds by. With ``--repeat 2`` each proxied read follows a Kafka tiered read (the warm-ups'
+order, then the reversed round), and the broker used 0.35-1.6 CPU s during it; waiting before each read until the
+broker and the sidecar were idle (under 0.1 CPU s/s over 0.5 s: 0.5-3 s) left it at 0.47-1.16 s, so that is not work a
+Kafka read left over, and the wait was dropped. Each read gives the broker's CPU by thread
+(:func:`jvm_thread_groups`): after session 18's one warm-up read of each source its JIT compiler threads (C1 and C2)
+still took 0.56-2.58 CPU s of timed reads, proxied ones too (a proxied history read with 1.68 s of it read 155 MB/s,
+the next 328; whole warm-up reads left 0.93-1.60 s of each Kafka read). Session 19 (2026-11-27, 1 partition): the
+warm-up rounds alone (two runs, load 1.8-5.1) left 0.08-0.91 s of JIT in timed reads; with the wait for the JIT before
+each read, 0.07-0.50 s in a full run (load 2.4-3.7: proxied history 0.14 / 0.23 / 0.19, Kafka 0.18 / 0.37 / 0.50;
+proxy 272-293 MB/s, Kafka 232-269, 1.18x, 1.03-1.23, where the two runs before swung 139-304 and 150-289) and
+0.30-2.20 s in two ``--history-only`` runs at load 5-8 (proxied 0.30-0.91, Kafka 1.20-2.20; 1.13x and 0.85x). The JIT
+is never quiet after 5 rounds (in the rounds' reads Kafka's 0.08-1.06 CPU s, proxied 0.03-0.76): the rounds are
+bounded, and each read carries the compiles made while it runs. What it compiles (``jstat -printcompilation`` every
+100 ms over a ``--history-only --repeat 2`` run, load 5-8): 50-150 methods in each read's span, proxied and Kafka
+reads alike, all over the broker (clients, common, storage, server, the group coordinator, the KRaft controller, raft
+and timeline, caffeine): a broker minutes old is still compiling its everyday paths; the Kafka reads' compiles cost
+more (1.20 and 2.20 CPU s of JIT against 0.84 and 0.91). Tried and dropped: starting the read-ahead once the answer is
+handed to the socket (``call_soon``) instead of before its writes, to spare the loop GIL hand-offs between its
+``sendfile`` calls: sidecar / consumer CPU 0.47-0.53 vs 0.47-0.54 (6 reads each, alternating with the base, load 2-6).
 
 Latency: records of 200 B at ``--latency-rate`` per second from a producer in this process (``linger.ms=0``,
 ``acks=1``, straight to the broker; paced by sleeping, not by ``poll(timeout)``), stamped with ``time.monotonic_ns()``
