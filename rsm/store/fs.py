@@ -42,6 +42,7 @@ NAME_MAX_BYTES = 255  # one path component (file name) on ext4, xfs, tmpfs
 CONTINUED = "%+"  # ends each on-disk directory of a key component cut for being longer than a file name
 _PIECE_BYTES = 200
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: the pages mapped by the mmap call itself
+_HELD_BYTES = 1 << 20  # immutable chunks held to go out in one writev with the next (FileSystemStore._write_chunks)
 _DIRS_KEPT = 8192  # key directories FileSystemStore._path keeps (one a partition and key layout; cleared when full)
 
 
@@ -386,11 +387,31 @@ class FileSystemStore:
 
     def _write_chunks(self, key: str, fd: int, chunks: Iterable[Chunk]) -> int:
         """Write ``chunks`` (buffers or gather lists) to ``fd``; the bytes written. Errors of ``chunks`` itself
-        propagate unchanged; a write's, as RemoteStorageError naming the byte."""
+        propagate unchanged; a write's, as RemoteStorageError naming the byte.
+
+        Chunks of ``bytes`` (immutable: a copy's sections, read from their files, and its index object) are held, up to
+        :data:`_HELD_BYTES`, and written in one ``writev`` with what follows them; any other chunk (a block: a view of
+        a buffer its producer fills again once it is written) is written at once, with what is held before it. A copy
+        of a 64 KiB segment wrote its data object in five or six writes (the block, then each section: each write a
+        system call that hands the GIL over), now two (issue 26)."""
         size = 0
+        held: list[bytes] = []
+        held_bytes = 0
         for chunk in chunks:
+            parts = chunk if isinstance(chunk, list) else [chunk]
+            n = sum(len(p) for p in parts)
+            if held_bytes + n <= _HELD_BYTES and all(type(p) is bytes for p in parts):
+                held += parts  # type: ignore[arg-type]
+                held_bytes += n
+                continue
             try:
-                size += _write_all(fd, chunk if isinstance(chunk, list) else [chunk])
+                size += _write_all(fd, [*held, *parts])
+            except OSError as err:
+                raise RemoteStorageError(f"put {key} to {self.root} failed at byte {size}: {err}") from err
+            held, held_bytes = [], 0
+        if held:
+            try:
+                size += _write_all(fd, held)  # type: ignore[arg-type]
             except OSError as err:
                 raise RemoteStorageError(f"put {key} to {self.root} failed at byte {size}: {err}") from err
         return size

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import uuid
 from pathlib import Path
 
@@ -153,6 +154,62 @@ def test_a_copys_data_object_is_written_in_place_and_its_index_object_linked(
     assert list((tmp_path / "remote" / ".tmp").iterdir()) == []
     assert fsyncs.files == 2 * 2  # each object's bytes, still
     assert [o for o, _v in world.values(tp)] == list(range(15))
+
+
+def test_a_copys_data_object_is_written_in_two_writes_its_block_then_its_sections(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of a one-block segment writes its data object with two writev calls: the block (a view of the ledger
+    writer's buffer, written at once), then its sections together (read from their files: bytes, held until the
+    end), where each section was a write of its own (five or six a copy, each a system call handing the GIL over,
+    issue 26); the index object with one. What is read back is what was copied."""
+    world = synced_world(tmp_path)
+    tp = rolled(world, 2)
+    pdir = world.pdir(1, tp)  # the second segment's indexes as the broker leaves them at its roll: an entry each
+    (pdir / f"{5:020d}.index").write_bytes(struct.pack(">ii", 0, 0))
+    (pdir / f"{5:020d}.timeindex").write_bytes(struct.pack(">qi", BASE_TS, 0))
+    copier = world.copier(1, tp)
+    assert [m.end_offset_inclusive for m in copier.run_once(5).copied] == [4]  # the store's directories made
+    writes: list[int] = []
+    writev = os.writev
+
+    def counted(fd: int, buffers):  # type: ignore[no-untyped-def]
+        writes.append(len(buffers))
+        return writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counted)
+    assert [m.end_offset_inclusive for m in copier.run_once(10).copied] == [9]
+    assert writes == [1, 3, 1], writes  # the block; the offset index, time index, leader-epoch checkpoint; the index
+    # object (each section a write of its own before: [1, 1, 1, 1, 1])
+    assert [o for o, _v in world.values(tp)] == list(range(10))
+
+
+def test_a_put_writes_bytes_chunks_together_and_a_view_at_once_with_what_came_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of bytes are held (up to 1 MiB) and written with what follows; any other buffer is written at once (its
+    producer may fill it again for the next chunk), with the bytes held before it."""
+    store = FileSystemStore(tmp_path / "s")
+    store.put("a/w", [b"the directories made"])
+    writes: list[list[bytes]] = []
+    writev = os.writev
+
+    def counted(fd: int, buffers):  # type: ignore[no-untyped-def]
+        writes.append([bytes(b) for b in buffers])
+        return writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counted)
+    buf = bytearray(b"view")
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b"a"
+        yield [b"b", b"c"]
+        yield memoryview(buf)
+        buf[:] = b"VIEW"  # refilled once written: the put wrote the first contents
+        yield b"d"
+        yield b"x" * (1 << 20)  # over what is held: out with what came before it
+
+    assert store.put_uncommitted("a/x", chunks()) == 8 + (1 << 20)
+    assert writes == [[b"a", b"b", b"c", b"view"], [b"d", b"x" * (1 << 20)]]
+    assert store.get_bytes("a/x") == b"abcviewd" + b"x" * (1 << 20)
 
 
 @pytest.mark.parametrize("anonymous", [True, False])
