@@ -382,6 +382,7 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
         prod = Producer({"bootstrap.servers": direct, "linger.ms": 0, "acks": "1"})
         pad = b"x" * (TAIL_VALUE_BYTES - STAMP.size)
         warm: int | None = None  # the first record counted, once the warm-up is over
+        was_quiet = False  # the JIT was quiet when the warm-up ended
         total = 0
         cpu0: tuple[dict[str, float], dict[str, float]] = ({}, {})  # at the start of the counted part
         t_counted = 0.0
@@ -419,7 +420,7 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
                 steps = [b - a for a, b in itertools.pairwise(jit[-1 - JIT_QUIET_SECONDS:])]
                 quiet = len(steps) == JIT_QUIET_SECONDS and max(steps) < JIT_QUIET_S
                 if (seq >= rate * warm_s and quiet) or seq >= rate * warm_max_s:
-                    warm, total = seq, seq + int(rate * seconds)
+                    warm, total, was_quiet = seq, seq + int(rate * seconds), quiet
                     snapshot = threading.Thread(target=snap, name="latency-snapshot")
                     snapshot.start()
                     machine = [machine_cpu(every)]
@@ -433,7 +434,7 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
         asked = {k: v - asked0.get(k, 0.0) for k, v in request_counts(ops_port).items()}
         steps = [f"{b - a:.2f}" for a, b in itertools.pairwise(jit)]
         print(f"  latency warm-up: {warm // rate} s of records, not counted, "
-              + ("until" if warm < rate * warm_max_s else "NOT QUIET at its end:")
+              + ("until" if was_quiet else "NOT QUIET at its end:")
               + f" the broker's JIT compiler threads took under {JIT_QUIET_S} CPU s a second {JIT_QUIET_SECONDS} "
               f"seconds running (at least {warm_s:g} s, at most {warm_max_s:g} s); their CPU s by second: "
               f"{', '.join(steps)}", file=sys.stderr)
@@ -489,7 +490,7 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
         f"{g} {v:.2f}" for g, v in sorted(broker.items(), key=lambda x: -x[1])[:6])
         + (f"; the sidecar's event loop {sidecar.get('loop', 0.0) / asked['fetch'] * 1e3:.3f} ms of CPU a proxied "
            "Fetch (the yardstick of a change to the live-Fetch path)" if asked.get("fetch") else ""), file=sys.stderr)
-    caveats = [] if warm < rate * warm_max_s else ["the broker's JIT was not quiet when the count began"]
+    caveats = [] if was_quiet else ["the broker's JIT was not quiet when the count began"]
     if (busy - ours + steal) / window > OTHERS_MAX_CORES:
         caveats.append(f"other processes and the hypervisor took {(busy - ours + steal) / window:.2f} of "
                        f"{os.cpu_count()} cores")
