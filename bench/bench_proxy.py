@@ -75,9 +75,9 @@ Kafka read left over, and the wait was dropped. Each read gives the broker's CPU
 (:func:`jvm_thread_groups`): after session 18's one warm-up read of each source its JIT compiler threads (C1 and C2)
 still took 0.56-2.58 CPU s of timed reads, proxied ones too (a proxied history read with 1.68 s of it read 155 MB/s,
 the next 328; whole warm-up reads left 0.93-1.60 s of each Kafka read). Session 19 (2026-11-27, 1 partition): the
-warm-up rounds alone (two runs, load 1.8-5.1) left 0.08-0.91 s of JIT in timed reads; with the wait for the JIT before
-each read, 0.07-0.50 s in a full run (load 2.4-3.7: proxied history 0.14 / 0.23 / 0.19, Kafka 0.18 / 0.37 / 0.50;
-proxy 272-293 MB/s, Kafka 232-269, 1.18x, 1.03-1.23, where the two runs before swung 139-304 and 150-289) and
+warm-up rounds alone (two runs, load 1.8-5.1) left up to 0.91 s of JIT in a timed read; with the wait for the JIT
+before each read, up to 0.50 s in a full run (load 2.4-3.7: proxied history 0.14 / 0.23 / 0.19, Kafka 0.18 / 0.37 /
+0.50; proxy 272-293 MB/s, Kafka 232-269, 1.18x, 1.03-1.23, where the two runs before swung 139-304 and 150-289) and
 0.30-2.20 s in two ``--history-only`` runs at load 5-8 (proxied 0.30-0.91, Kafka 1.20-2.20; 1.13x and 0.85x). The JIT
 is never quiet after 5 rounds (in the rounds' reads Kafka's 0.08-1.06 CPU s, proxied 0.03-0.76): the rounds are
 bounded, and each read carries the compiles made while it runs. What it compiles (``jstat -printcompilation`` every
