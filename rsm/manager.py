@@ -33,6 +33,7 @@ configured keys; the opened data key travels with the cached index, so request c
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -728,6 +729,22 @@ def _file_chunks(src: _SectionSource) -> Iterator[bytes]:
         if src:
             yield bytes(src)
         return
+    # A file this process holds open, named through /proc/self/fd (a segment copied from the log dir in place, its
+    # files held open: rlm.tasks.in_place): read with pread on that descriptor, not opened again (an open of a
+    # /proc/self/fd name walks procfs, and two system calls a section, three sections a copy, issue 26).
+    held = _held_fd(src)
+    pos = 0
+    while held is not None:
+        try:
+            chunk = os.pread(held, FILE_CHUNK_BYTES, pos)
+        except OSError as err:
+            if pos or err.errno != errno.EBADF:
+                raise
+            break  # not a descriptor it can read (closed, or write-only): opened by its name below, as any file
+        if not chunk:
+            return
+        pos += len(chunk)
+        yield chunk
     # os.open and os.read: a buffered open's fstat, ioctl and lseeks are most of the system calls of reading an
     # index file of a few hundred bytes, three or four per copy (issue 26)
     try:
@@ -739,3 +756,15 @@ def _file_chunks(src: _SectionSource) -> Iterator[bytes]:
             yield chunk
     finally:
         os.close(fd)
+
+
+_FD_PREFIX = "/proc/self/fd/"
+
+
+def _held_fd(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor ``path`` names when it is ``/proc/self/fd/<n>`` (a file this process holds open), else None."""
+    name = os.fspath(path)
+    if not isinstance(name, str) or not name.startswith(_FD_PREFIX):
+        return None
+    n = name[len(_FD_PREFIX):]
+    return int(n) if n.isdigit() else None

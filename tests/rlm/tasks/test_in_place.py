@@ -4,13 +4,18 @@ what a copy opens and when it gives up to staging. The real broker's cases: ``te
 from __future__ import annotations
 
 import os
+import struct
 import uuid
 from pathlib import Path
 
+import pytest
+
 from rlm.tasks.in_place import InPlaceSegment, LocalRange, staging_deferral_s
+from rlm.tier import to_rsm
 from rlmm.api import TopicIdPartition
+from rsm.api import IndexType
 from rsm.log.partition import segment_file_name
-from tests.support.batches import one_per_batch, write_partition
+from tests.support.batches import BASE_TS, one_per_batch, write_partition
 from tests.support.world import World
 
 
@@ -104,3 +109,45 @@ def test_open_holds_the_files_and_gives_up_on_anything_less_plain(world: World) 
     assert InPlaceSegment.open(LocalRange(tp, 10, 14, pdir), {*names, f"{10:020d}.log.deleted"}) is None
     # gone under both names since the listing
     assert InPlaceSegment.open(LocalRange(tp, 0, 4, pdir), names) is None
+
+
+def test_a_copy_in_place_reads_its_sections_through_the_held_files_not_opened_again(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage manager reads the sections of a segment copied in place (its indexes, through ``/proc/self/fd``
+    names of the files the copy holds open) with pread on those descriptors: no open of a ``/proc/self/fd`` name (two
+    a section before, each walking procfs). The sections stored are the broker's files, byte for byte."""
+    tp = rolled(world, 2)
+    pdir = world.pdir(1, tp)
+    (pdir / f"{5:020d}.index").write_bytes(struct.pack(">ii", 0, 0) + struct.pack(">ii", 3, 200))
+    (pdir / f"{5:020d}.timeindex").write_bytes(struct.pack(">qi", BASE_TS, 0))
+    copier = world.copier(1, tp)
+    copier.defer_staging_s = 1000.0
+    opened: list[str] = []
+    inner = os.open
+
+    def recording(path, *args, **kw):  # type: ignore[no-untyped-def]
+        opened.append(os.fspath(path))
+        return inner(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", recording)
+    result = copier.run_once(10)
+    assert [(m.start_offset, m.end_offset_inclusive) for m in result.copied] == [(0, 4), (5, 9)]
+    assert [p for p in opened if p.startswith("/proc/self/fd/")] == []
+    second = to_rsm(result.copied[1])
+    assert world.rsm.fetch_index(second, IndexType.OFFSET).read() == (pdir / f"{5:020d}.index").read_bytes()
+    assert world.rsm.fetch_index(second, IndexType.TIMESTAMP).read() == (pdir / f"{5:020d}.timeindex").read_bytes()
+    assert world.values(tp) == [(i, b"v-%d" % i) for i in range(10)]
+
+
+def test_a_proc_self_fd_name_of_a_write_only_descriptor_is_read_by_opening_it(tmp_path: Path) -> None:
+    """A section named through a descriptor pread cannot read (write-only, as a file a caller is still writing) is
+    opened by its name, as before, and read whole."""
+    from rsm.manager import _file_chunks
+
+    path = tmp_path / "section"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 3000)
+        assert b"".join(_file_chunks(Path(f"/proc/self/fd/{fd}"))) == b"x" * 3000
+    finally:
+        os.close(fd)
