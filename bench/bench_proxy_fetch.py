@@ -61,9 +61,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from procstat import profile_every_thread  # this checkout's (bench/ is the script's directory), whatever root is
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -214,22 +215,7 @@ def serve(root: Path, mib: int, reads: int, profile: str | None) -> dict[str, An
     from rlm.listener.upstream.proxy import Proxy
     from rlm.listener.upstream.rewrite import PeerAddresses
 
-    profiles: list[tuple[threading.Thread, Any]] = []
-    if profile:
-        import cProfile
-
-        run = threading.Thread.run
-
-        def profiled(self: threading.Thread) -> None:
-            prof = cProfile.Profile(time.thread_time)
-            profiles.append((self, prof))
-            prof.enable()
-            try:
-                run(self)
-            finally:
-                prof.disable()
-
-        threading.Thread.run = profiled  # type: ignore[method-assign]
+    profiles = profile_every_thread() if profile else []
     with tempfile.TemporaryDirectory(prefix="bench-proxy-fetch-") as tmp:
         world, tps, records = bench_tier_read.build(Path(tmp), 1, mib)
         ctx = bench_tier_read.context(world, tps)

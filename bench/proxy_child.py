@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procstat import thread_times  # noqa: E402
+from bench.procstat import profile_every_thread, thread_times  # noqa: E402
 
 __all__ = ["consume", "listener", "tail"]
 
@@ -149,33 +149,12 @@ def tail(bootstrap: str, topic: str, group: str) -> None:
     print(json.dumps({"seq": seqs, "latency_ns": lat}), flush=True)
 
 
-def _profile_every_thread() -> list:
-    """Wrap :meth:`threading.Thread.run` so that each thread started from now on runs under a profiler of its own
-    (cProfile hooks the thread that enables it only); the list gets the profilers."""
-    import cProfile
-
-    profiles: list = []
-    run = threading.Thread.run
-
-    def profiled(self: threading.Thread) -> None:
-        prof = cProfile.Profile(time.thread_time)
-        profiles.append(prof)
-        prof.enable()
-        try:
-            run(self)
-        finally:
-            prof.disable()
-
-    threading.Thread.run = profiled  # type: ignore[method-assign]
-    return profiles
-
-
 def listener(settings_path: str, out: str) -> None:
     import logging
     import pstats
 
     logging.basicConfig(level=logging.WARNING)
-    profiles = _profile_every_thread()  # the serving threads; the main thread's start-up is left out
+    profiles = profile_every_thread()  # the serving threads; the main thread's start-up is left out
     from rlm.config import SidecarSettings
     from rlm.listener import start_listener
     from rsm.manager import RemoteStorageManager
@@ -187,7 +166,7 @@ def listener(settings_path: str, out: str) -> None:
     served.stop()
     time.sleep(0.5)
     stats = None
-    for p in profiles:
+    for _thread, p in profiles:
         try:
             stats = pstats.Stats(p) if stats is None else stats.add(p)  # type: ignore[union-attr]
         except TypeError:  # a profiler that never ran
