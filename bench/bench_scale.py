@@ -312,6 +312,37 @@ ask staging about a segment it knows waits. Where a cold burst goes now (2b8339f
 place 1.5%, the clean-up's metadata listing 1.8%), the stage job 13.8% (``Staging.holds`` 4.9%, cut since), the
 metadata consumer 8.7%, the runs' first ListOffsets 3.2%, discovery 2.8%: what is left of 3 ms is the store's copy
 and the metadata topic's, outside the copier.
+
+Session 19 (h3; 2,000 partitions, 6,000 segments, each run side by side with ``--baseline`` at 7b26f49, the session's
+start; the lead's quiet run of 7b26f49 alone that morning: cold 4.03, warm 4.00 ms, load 0.9-4.3). Cut: a copy run's
+start asks the cluster for up to 64 copy jobs waiting behind it too, and those runs start from that answer (at most
+5 s old; the fence after each batch asks anew), and the ListOffsets of copy runs linger 3 ms while requests follow
+each other (56276d0: 0.24-0.31 ListOffsets a segment against 0.62-0.75, the admin client's thread 0.05-0.11 ms a
+segment against 0.10-0.19); staging's root of a partition dir without resolving its path (84d7bfa: 2.5% of a cold
+burst's GIL samples, in the stage job); a copy's data object in two writes, not one per section (eed9f1d); the
+sections of a segment copied in place read by pread on the files it holds, not opened again through /proc/self/fd
+(0744bcb). Sidecar CPU per segment, this checkout against 7b26f49 beside it:
+
+    commit     load      cold               warm               catch-up (cold)
+    56276d0*   2.6-9.8   3.12 vs 3.34 ms    2.62 vs 2.75       36.2 vs 35.7 s
+    84d7bfa    3.2-10.9  3.02 vs 3.15       2.56 vs 2.72       26.5 vs 26.2 s
+    eed9f1d    3.3-8.3   2.90 vs 3.12       3.36 vs 3.61       21.5 vs 23.2 s
+    0744bcb    4.1-7.7   3.98 vs 4.34       3.17 vs 3.39       27.0 vs 28.6 s
+    0744bcb    3.4-7.9   4.35 vs 4.70       3.69 vs 3.96       25.9 vs 27.5 s   (inode_cost_us 159-264)
+
+(* its ListOffsets linger then also on the expiration job's asks, which no burst saw.) -4 to -8% a segment, cold and
+warm: not the fifth asked for. 500 partitions (1,500 segments, one run each, load 2.2-3.9): the prefetch alone 3.75
+vs 4.15 ms (0.46 vs 0.89 ListOffsets a segment), the linger beside it against without 3.39 vs 3.57 (0.32 vs 0.50).
+Tried and dropped, side by side at 2,000 against the same code without: the metadata writes' group commit lingering
+5 ms instead of 2 (load 4.7-14.4): 3.28 vs 3.28 ms, the consumer thread 0.24 both; ``sys.setswitchinterval(0.02)``
+(load 9-28): 4.29 vs 4.28 ms. Where it goes (0744bcb alone, ``--profile-gil`` at 200 Hz, 3,360 samples, load
+1.7-4.9): copy runs 70% (the store's copy 17%, the FINISHED write and its fence 10%, the STARTED write 6%, preparing
+6%, staging the run 5%, the run's start 4.5%, the clean-up's metadata listing 3.6%, making the batch durable 2.5%),
+the metadata consumer 11%, the stage job 3.6%, discovery 2.8%. Copy runs a segment may decide more of the figure than
+any cut above: alone, caught up within 14 s, that run made 0.86 runs a segment (5.06 ms a segment, py-spy attached);
+beside a baseline, 0.43-0.54 (each run copies more rolls, as the two sidecars slow each other). A run's own work (its
+start, the clean-up's metadata listing, staging, the watermark, the caught-up check, a batch's two metadata writes,
+fence and directory fsync) is spent once however many segments it copies: not measured apart yet.
 """
 
 from __future__ import annotations
@@ -377,6 +408,9 @@ def cluster_calls(port: int) -> dict[str, float]:
     m = re.search(r"^rlm_copy_run_segments_count (\S+)$", text, re.M)
     if m:
         out["copy_runs"] = float(m.group(1))  # (not a call: the copy runs of segment mode, rlm_copy_run_segments)
+    m = re.search(r'^rlm_copy_run_segments_bucket\{le="0\.0"\} (\S+)$', text, re.M)
+    if m:
+        out["empty_runs"] = float(m.group(1))  # (copy runs that copied nothing)
     return out
 
 
@@ -868,7 +902,8 @@ def burst_rows(b: dict, tag: str) -> list[tuple[str, str]]:
          ", ".join(f"{name} {ms:.2f}" for name, ms in b["threads_ms_per_segment"][:12])),
         ("apscheduler's jobs (their pool threads), ms per rolled segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(b["jobs_ms_per_segment"].items(), key=lambda kv: -kv[1]))),
-        ("admin calls to the cluster (and copy_runs: copy runs) per rolled segment", ", ".join(
+        ("admin calls to the cluster (and copy_runs, empty_runs: copy runs, those that copied nothing) per rolled "
+         "segment", ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(b["calls_per_segment"].items())) or "(not counted by this checkout)"),
         ("minor page faults per rolled segment", f"{sp['minflt']:.0f}"),
         ("catch-up after the last record acked", f"{b['catch_up_s']:.1f} s"),
