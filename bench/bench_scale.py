@@ -317,8 +317,8 @@ Session 19 (h3; 2,000 partitions, 6,000 segments, each run side by side with ``-
 start; the lead's quiet run of 7b26f49 alone that morning: cold 4.03, warm 4.00 ms, load 0.9-4.3). Cut: a copy run's
 start asks the cluster for up to 64 copy jobs waiting behind it too, and those runs start from that answer (at most
 5 s old; the fence after each batch asks anew), and the ListOffsets of copy runs linger 3 ms while requests follow
-each other (56276d0: 0.24-0.31 ListOffsets a segment against 0.62-0.75, the admin client's thread 0.05-0.11 ms a
-segment against 0.10-0.19); staging's root of a partition dir without resolving its path (84d7bfa: 2.5% of a cold
+each other (56276d0: 0.24-0.33 ListOffsets a segment against 0.55-0.78, the admin client's thread 0.09-0.11 ms a
+cold segment against 0.12-0.19); staging's root of a partition dir without resolving its path (84d7bfa: 2.5% of a cold
 burst's GIL samples, in the stage job); a copy's data object in two writes, not one per section (eed9f1d); the
 sections of a segment copied in place read by pread on the files it holds, not opened again through /proc/self/fd
 (0744bcb). Sidecar CPU per segment, this checkout against 7b26f49 beside it:
