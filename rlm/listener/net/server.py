@@ -284,7 +284,7 @@ class ListenerServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         CONNECTIONS.inc()
         peer = writer.get_extra_info("peername")
-        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        ip = _address(peer)
         refused = self._admit(ip)
         if refused is not None:
             writer.close()
@@ -697,7 +697,7 @@ class ListenerServer:
                         extra={"peer": str(peer), "size": size})
             return None
         if size > READER_LIMIT_BYTES:
-            owner = str(peer[0]) if isinstance(peer, tuple) else str(peer)  # an address holds half a room at most
+            owner = _address(peer)  # an address holds half a room at most
             if pre_auth is not None:  # a stranger takes from strangers' room only, and neither waits nor queues
                 room = self.pre_auth_requests
                 if not room.try_take(size, owner):
@@ -985,6 +985,11 @@ class _Workers:
     def __call__(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+
+
+def _address(peer: Any) -> str:
+    """A client's address (``peername``'s host): what the per-address bounds count by."""
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 class _ClientProtocol(asyncio.StreamReaderProtocol):
     """asyncio's stream protocol for a client connection, which also tells when the socket has taken all that was
