@@ -27,6 +27,11 @@ authenticated, or any client of a listener without SASL) held the whole room wit
 size of a 100 MiB frame and nothing more, and every other request over 64 KiB (a proxied Produce) waited behind them
 for their idle limit (``connections_max_idle_ms``, 10 minutes).
 
+The share is kept per *owner*, and a frame has one owner per identity of its client: its address, and once it has
+authenticated, its principal too (not ``User:ANONYMOUS``, which every client of a listener without authentication
+shares); it must fit every one of its owners' shares. Without the principal's, one user connecting from three
+addresses held the whole room as one address could before the share (test_one_principal_from_many_addresses...).
+
 Used on the event loop only: no lock.
 """
 
@@ -35,16 +40,20 @@ from __future__ import annotations
 import asyncio
 import collections
 
-__all__ = ["ADDRESS_SHARE", "RequestRoom"]
+__all__ = ["ADDRESS_SHARE", "Owners", "RequestRoom"]
 
 ADDRESS_SHARE = 2
-"""One address holds at most ``bound // ADDRESS_SHARE`` of a room (or one frame, when it holds nothing)."""
+"""One owner (an address, a principal) holds at most ``bound // ADDRESS_SHARE`` of a room (or one frame, when it
+holds nothing)."""
+
+Owners = tuple[str, ...]
+"""The owners a frame is held for: its client's address, and its principal once authenticated."""
 
 
 class RequestRoom:
-    """Bytes of request frames held at once, within ``bound`` and ``bound // ADDRESS_SHARE`` per address (``owner``);
-    the frames waiting for room as a whole are served in their order of arrival, a frame waiting for its own
-    address's share holds up nobody."""
+    """Bytes of request frames held at once, within ``bound`` and ``bound // ADDRESS_SHARE`` per owner (a frame's
+    ``owners``: its client's address and principal); the frames waiting for room as a whole are served in their
+    order of arrival, a frame waiting for one of its owners' shares holds up nobody."""
 
     __slots__ = ("bound", "held", "owner_bound", "_by_owner", "_waiters")
 
@@ -53,11 +62,15 @@ class RequestRoom:
         self.owner_bound = bound // ADDRESS_SHARE
         self.held = 0
         self._by_owner: dict[str, int] = {}
-        self._waiters: collections.deque[tuple[int, str, asyncio.Future[None]]] = collections.deque()
+        self._waiters: collections.deque[tuple[int, Owners, asyncio.Future[None]]] = collections.deque()
 
-    def _owner_fits(self, nbytes: int, owner: str) -> bool:
-        mine = self._by_owner.get(owner, 0)
-        return mine == 0 or mine + nbytes <= self.owner_bound
+    def _owners_fit(self, nbytes: int, owners: Owners) -> bool:
+        by_owner, bound = self._by_owner, self.owner_bound
+        for owner in owners:
+            mine = by_owner.get(owner, 0)
+            if mine and mine + nbytes > bound:
+                return False
+        return True
 
     def _fits(self, nbytes: int) -> bool:
         return self.held == 0 or self.held + nbytes <= self.bound
@@ -66,61 +79,65 @@ class RequestRoom:
         """Bytes ``owner`` holds now."""
         return self._by_owner.get(owner, 0)
 
-    def try_take(self, nbytes: int, owner: str) -> bool:
-        """Take ``nbytes`` for ``owner`` now if they fit, and no frame that waits for the room as a whole came first;
+    def try_take(self, nbytes: int, owners: Owners) -> bool:
+        """Take ``nbytes`` for ``owners`` now if they fit, and no frame that waits for the room as a whole came first;
         False otherwise (nothing taken)."""
-        if not (self._fits(nbytes) and self._owner_fits(nbytes, owner)):
+        if not (self._fits(nbytes) and self._owners_fit(nbytes, owners)):
             return False
-        if any(self._owner_fits(n, o) for n, o, _ in self._waiters):
+        if any(self._owners_fit(n, o) for n, o, _ in self._waiters):
             return False
-        self._take(nbytes, owner)
+        self._take(nbytes, owners)
         return True
 
-    def _take(self, nbytes: int, owner: str) -> None:
+    def _take(self, nbytes: int, owners: Owners) -> None:
         self.held += nbytes
-        self._by_owner[owner] = self._by_owner.get(owner, 0) + nbytes
+        by_owner = self._by_owner
+        for owner in owners:
+            by_owner[owner] = by_owner.get(owner, 0) + nbytes
 
-    async def take(self, nbytes: int, owner: str) -> None:
-        """Take ``nbytes`` for ``owner``, waiting for room behind the frames that waited first for the room as a
-        whole (and for ``owner``'s share). Cancelled (the connection's deadline), it takes nothing."""
-        if self.try_take(nbytes, owner):
+    async def take(self, nbytes: int, owners: Owners) -> None:
+        """Take ``nbytes`` for ``owners``, waiting for room behind the frames that waited first for the room as a
+        whole (and for each owner's share). Cancelled (the connection's deadline), it takes nothing."""
+        if self.try_take(nbytes, owners):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (nbytes, owner, waiter)
+        entry = (nbytes, owners, waiter)
         self._waiters.append(entry)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.give(nbytes, owner)  # room was taken for it as it was cancelled: hand it on
+                self.give(nbytes, owners)  # room was taken for it as it was cancelled: hand it on
             else:
                 if entry in self._waiters:  # (a _wake between its cancellation and now dropped it already)
                     self._waiters.remove(entry)
                 self._wake()
             raise
 
-    def give(self, nbytes: int, owner: str) -> None:
-        """Give back what a request of ``owner`` held (answered, or its connection gone)."""
+    def give(self, nbytes: int, owners: Owners) -> None:
+        """Give back what a request of ``owners`` held (answered, or its connection gone)."""
         self.held -= nbytes
-        mine = self._by_owner[owner] - nbytes
-        if mine:
-            self._by_owner[owner] = mine
-        else:
-            del self._by_owner[owner]
+        by_owner = self._by_owner
+        for owner in owners:
+            mine = by_owner[owner] - nbytes
+            if mine:
+                by_owner[owner] = mine
+            else:
+                del by_owner[owner]
         self._wake()
 
     def _wake(self) -> None:
-        """Serve the waiters in order: one waiting for its address's share is passed over; the first that waits
-        for the room as a whole and does not fit stops the round (those behind it wait their turn)."""
+        """Serve the waiters in order: one waiting for an owner's share is passed over; the first that waits for
+        the room as a whole and does not fit stops the round (those behind it wait their turn)."""
         for entry in list(self._waiters):
-            nbytes, owner, waiter = entry
+            nbytes, owners, waiter = entry
             if waiter.done():  # cancelled (its connection's deadline), its task not resumed yet: it takes nothing
                 self._waiters.remove(entry)
                 continue
-            if not self._owner_fits(nbytes, owner):
+            if not self._owners_fit(nbytes, owners):
                 continue
             if not self._fits(nbytes):
                 break
             self._waiters.remove(entry)
-            self._take(nbytes, owner)
+            self._take(nbytes, owners)
             waiter.set_result(None)

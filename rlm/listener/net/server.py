@@ -80,7 +80,7 @@ from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.deadline import Deadline
 from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
-from rlm.listener.net.request_room import RequestRoom
+from rlm.listener.net.request_room import Owners, RequestRoom
 from rlm.listener.net.vectored import QUEUE_AT_MOST_BYTES, send_parts, vectored, write_parts
 from rlm.listener.protocol.apis import ApiKey, api_label
 from rlm.listener.protocol.codec import (
@@ -351,7 +351,7 @@ class ListenerServer:
                 if protocol.request_held:  # the last request is answered: its frame's room is free, as is it
                     frame = response = None
                     protocol.give_request_room()
-                frame = await self._read_frame(reader, session, peer, protocol)
+                frame = await self._read_frame(reader, session, peer, protocol, client)
                 deadline.disarm()
                 if frame is None:
                     return
@@ -675,13 +675,14 @@ class ListenerServer:
             self._per_ip.pop(ip, None)
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Any, peer: Any,
-                          protocol: _ClientProtocol) -> bytes | memoryview | None:
+                          protocol: _ClientProtocol, client: Callable[[], Client]) -> bytes | memoryview | None:
         """The next request frame (without its size), or None when the connection is to be closed. A frame over
         ``READ_SLICE_BYTES`` is a read-only view (:func:`_read_large`), read only once the connection's last answer
         has been taken (``protocol.answer``): a client that does not read cannot make the server hold a large
         request beside its answer (a small one is in the stream's buffer already). A frame over
         ``READER_LIMIT_BYTES`` is read once it has its room of ``queued_max_request_bytes`` (``protocol.request_held``
-        until it is answered): before authentication none is waited for, the connection is closed."""
+        until it is answered; ``client()`` names who holds it): before authentication none is waited for, the
+        connection is closed."""
         try:
             size_bytes = await reader.readexactly(SIZE.size)
         except asyncio.IncompleteReadError:
@@ -697,7 +698,7 @@ class ListenerServer:
                         extra={"peer": str(peer), "size": size})
             return None
         if size > READER_LIMIT_BYTES:
-            owner = _address(peer)  # an address holds half a room at most
+            owner = _owners(client())  # an address, a principal, holds half a room at most
             if pre_auth is not None:  # a stranger takes from strangers' room only, and neither waits nor queues
                 room = self.pre_auth_requests
                 if not room.try_take(size, owner):
@@ -986,10 +987,16 @@ class _Workers:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
-
 def _address(peer: Any) -> str:
     """A client's address (``peername``'s host): what the per-address bounds count by."""
     return str(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
+def _owners(client: Client) -> Owners:
+    """Who a request frame is held for in its room (each holds a share at most): the client's address, and its
+    principal unless anonymous (every client of a listener without authentication is)."""
+    return (client.host,) if client.principal == ANONYMOUS else (client.host, client.principal)
+
 
 class _ClientProtocol(asyncio.StreamReaderProtocol):
     """asyncio's stream protocol for a client connection, which also tells when the socket has taken all that was
@@ -1004,7 +1011,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         self.raised = 0  # kernel send-buffer bytes counted for this connection (ListenerServer._raise_send_buffer)
         self.request_held = 0  # bytes of queued_max_request_bytes its request being served holds (_read_frame)
         self.request_room: RequestRoom | None = None  # the room they are held in (strangers have their own)
-        self.request_owner = ""  # the address they are held for (RequestRoom's share per address)
+        self.request_owner: Owners = ()  # whom they are held for (RequestRoom's share per address and principal)
         self.vectored = False  # plaintext: answers in parts are written with one writev (rlm.listener.net.vectored)
 
     def give_request_room(self) -> None:

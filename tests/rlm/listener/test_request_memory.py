@@ -185,23 +185,23 @@ def test_a_waiter_cancelled_takes_nothing_and_the_next_is_served_in_order() -> N
 
     async def scenario() -> list[str]:
         room, order = RequestRoom(10), []  # each frame from an address of its own (the share per address: 5)
-        assert room.try_take(8, "x")
+        assert room.try_take(8, ("x",))
 
         async def want(name: str, n: int) -> None:
-            await room.take(n, name)
+            await room.take(n, (name,))
             order.append(name)
 
         a = asyncio.ensure_future(want("a", 5))
         b = asyncio.ensure_future(want("b", 2))  # would fit now, but waits behind a
         await asyncio.sleep(0)
-        assert not room.try_take(1, "z") and order == []
+        assert not room.try_take(1, ("z",)) and order == []
         a.cancel()
         await asyncio.wait([a, b])
         assert order == ["b"] and room.held == 10
         c = asyncio.ensure_future(want("c", 9))
         await asyncio.sleep(0)
-        room.give(8, "x")
-        room.give(2, "b")  # c is given the room (held 9) and cancelled before it runs: the room goes back
+        room.give(8, ("x",))
+        room.give(2, ("b",))  # c is given the room (held 9) and cancelled before it runs: the room goes back
         c.cancel()
         await asyncio.wait([c])
         assert room.held == 0, room.held
@@ -216,17 +216,17 @@ def test_a_frame_waiting_for_its_address_share_holds_up_nobody() -> None:
 
     async def scenario() -> None:
         room = RequestRoom(10)
-        assert room.try_take(4, "a")
-        second = asyncio.ensure_future(room.take(4, "a"))
+        assert room.try_take(4, ("a",))
+        second = asyncio.ensure_future(room.take(4, ("a",)))
         await asyncio.sleep(0)
         assert not second.done()
-        assert room.try_take(5, "b"), "b is not held up by a frame waiting for a's share"
+        assert room.try_take(5, ("b",)), "b is not held up by a frame waiting for a's share"
         assert (room.held, room.held_by("a"), room.held_by("b")) == (9, 4, 5)
-        room.give(4, "a")
+        room.give(4, ("a",))
         await asyncio.wait_for(second, 1)
         assert (room.held, room.held_by("a")) == (9, 4)
-        room.give(4, "a")
-        room.give(5, "b")
+        room.give(4, ("a",))
+        room.give(5, ("b",))
         assert room.held == 0 and room.held_by("a") == 0
 
     asyncio.run(scenario())
@@ -267,16 +267,55 @@ def test_room_given_back_between_a_waiter_cancelled_and_its_task_resumed() -> No
 
     async def scenario() -> None:
         room = RequestRoom(10)
-        assert room.try_take(8, "x")
-        waiting = asyncio.ensure_future(room.take(5, "a"))
+        assert room.try_take(8, ("x",))
+        waiting = asyncio.ensure_future(room.take(5, ("a",)))
         await asyncio.sleep(0)
         waiting.cancel()  # its future is cancelled now; the task resumes at the next loop round
-        room.give(8, "x")
+        room.give(8, ("x",))
         try:
             await waiting
         except asyncio.CancelledError:
             pass
         assert waiting.cancelled()
-        assert room.held == 0 and room.try_take(10, "b")
+        assert room.held == 0 and room.try_take(10, ("b",))
 
     asyncio.run(scenario())
+
+
+def authenticated(addr: str, port: int, name: str, password: str) -> socket.socket:
+    """A connection from ``addr`` logged in as ``name`` (SASL PLAIN)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(addr, 0))
+    assert call(s, SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
+    token = b"\0" + name.encode() + b"\0" + password.encode()
+    s.sendall(request(SASL_AUTHENTICATE, 1, struct.pack(">i", len(token)) + token, correlation_id=9))
+    frame = recv_frame(s)
+    assert frame is not None and struct.unpack_from(">ih", frame) == (9, 0), f"{name} authenticated from {addr}"
+    return s
+
+
+def test_one_principal_from_many_addresses_holds_half_the_room() -> None:
+    """With SASL and a 16 MiB room (8 MiB per address and per principal): alice logs in from three addresses
+    (127.0.0.2-4) and sends on each connection the size of an 8 MiB frame and nothing more; she holds one frame's
+    8 MiB (the others wait for her share). bob (127.0.0.5) then sends a whole 1 MiB request: answered at once.
+    With a share per address only, two of alice's addresses held all 16 MiB and bob waited until their idle limit
+    (the socket's 10 s timeout here)."""
+    users = {"alice": "pw-alice-" + "x" * 8, "bob": "pw-bob-" + "y" * 8}
+    sasl = HistorySaslSettings(mechanisms=["PLAIN"], users=users)
+    size = 8 * MiB
+    with serving(ConnectionLimits(queued_max_request_bytes=16 * MiB), sasl) as srv:
+        hogs = [authenticated(f"127.0.0.{2 + i}", srv.port, "alice", users["alice"]) for i in range(3)]
+        try:
+            for s in hogs:
+                s.sendall(large_frame_head(size))
+            wait_for(lambda: on_loop(srv, lambda: srv.requests.held) >= size, 10, "a frame held")
+            time.sleep(0.2)  # the other two have asked for room by now
+            with authenticated("127.0.0.5", srv.port, "bob", users["bob"]) as ok:
+                head = large_frame_head(MiB)
+                ok.sendall(head + b"\0" * (MiB + 4 - len(head)))
+                frame = recv_frame(ok)
+                assert frame is not None and struct.unpack_from(">i", frame)[0] == 7, "bob's 1 MiB request answered"
+            assert on_loop(srv, lambda: (srv.requests.held, srv.requests.held_by("User:alice"))) == (size, size)
+        finally:
+            for s in hogs:
+                s.close()
+        wait_for(lambda: on_loop(srv, lambda: srv.requests.held) == 0, 10, "the room given back")
