@@ -34,7 +34,11 @@ compression) go to ``proxy-live``, ``proxy-history`` and ``proxy-kafka`` (one pa
 every rolled segment, the broker's local copy goes: ``retention.bytes=1`` on ``proxy-history`` (the broker deletes
 every rolled segment; the tier keeps them), ``local.retention.ms`` on ``proxy-kafka``. Every read covers the rolled
 segments (offsets 0 to the end of the last rolled one; the active segment is never tiered), so the history reads
-are served from the tiers alone. The sidecar is idle during the reads (nothing left to copy).
+are served from the tiers alone. The active segment is rolled once the records are produced (:func:`roll_active`:
+one more record with ``segment.ms`` at 1 ms), so a read ends at the log's end: before session 20 the consumer fetched
+the old active segment's records (librdkafka reads ahead) through the proxy from the broker within the read's window,
+counted in the sidecar's CPU per GiB of history (55 of a 1 GiB read's 1,013 proxied Fetches). The sidecar is idle
+during the reads (nothing left to copy).
 
 Reads: confluent-kafka (librdkafka) consumers, a process each (``bench/proxy_child.py``), with librdkafka's defaults
 but ``group.id`` (a fresh group per read) and ``auto.offset.reset`` (``earliest``; ``latest`` for the tail), and any
@@ -550,6 +554,38 @@ def produce_spread(bootstrap: str, topics: list[str], total_bytes: int, partitio
     return n
 
 
+def roll_active(bootstrap: str, dirs: dict[str, list[Path]]) -> int:
+    """Roll the active segment of every partition of ``dirs`` (topic -> its partition directories, in partition
+    order): ``segment.ms`` 1 ms, then one more record (a value as :func:`bench.bench_history.produce`'s) to each
+    partition until its active segment holds only such records; ``segment.ms`` back to 7 days. Then a read of the
+    rolled segments ends at the log's end: a consumer does not fetch the old active segment's records (up to a
+    segment, ``queued.max.messages.kbytes`` of librdkafka's read-ahead) from the broker past the counted end
+    (session 20: 55 of a 1 GiB read's 1,013 proxied Fetches, 22-25 of 245 at 0.25 GiB, forwarded within the read's
+    window and counted in the sidecar's CPU per GiB of history). Returns the records produced per partition."""
+    from confluent_kafka import Producer
+
+    from bench.bench_history import VALUE_BYTES as HISTORY_VALUE_BYTES
+
+    for topic in dirs:
+        set_topic_config(bootstrap, topic, {"segment.ms": "1"})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "1"})
+    value = bytes(HISTORY_VALUE_BYTES)
+    for n in range(1, 21):
+        time.sleep(0.5)  # the topic config reaches the broker's log
+        for topic, ds in dirs.items():
+            for partition in range(len(ds)):
+                p.produce(topic, value, b"roll-%d" % n, partition=partition)
+        if p.flush(30):
+            raise RuntimeError("a roll record left undelivered")
+        if all(max(d.glob("*.log")).stat().st_size <= n * 2 * HISTORY_VALUE_BYTES for ds in dirs.values() for d in ds):
+            break
+    else:
+        raise RuntimeError("the active segments did not roll")
+    for topic in dirs:
+        set_topic_config(bootstrap, topic, {"segment.ms": str(7 * 24 * 3600 * 1000)})
+    return n
+
+
 def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=1000, method="inclusive")[int(q * 10) - 1] if len(xs) > 1 else xs[0]
 
@@ -802,6 +838,7 @@ def main() -> None:
                 print(f"produced {n:,} records x {len(mine) + 1} topics in {time.perf_counter() - t0:.1f}s "
                       f"({seg_mib} MiB segments)", file=sys.stderr)
                 pdirs = {t: kc.log_dir() / f"{t}-0" for t in (*mine, KAFKA)}
+                roll_active(kc.bootstrap_servers, {t: [d] for t, d in pdirs.items()})
                 rolled = {t: PartitionDir(d).rolled_ranges() for t, d in pdirs.items()}
                 records = min(r[-1][1] for r in rolled.values()) + 1
                 pdirs_n: dict[str, list[Path]] = {}
@@ -813,6 +850,7 @@ def main() -> None:
                           f"{time.perf_counter() - t0:.1f}s ({seg_mib_n} MiB segments)", file=sys.stderr)
                     pdirs_n = {t: [kc.log_dir() / f"{t}-{p}" for p in range(args.partitions)]
                                for t in (HISTORY_N, KAFKA_N)}
+                    roll_active(kc.bootstrap_servers, pdirs_n)
                     rolled_n = {t: [PartitionDir(d).rolled_ranges() for d in ds] for t, ds in pdirs_n.items()}
                     records_n = [min(rolled_n[t][p][-1][1] for t in pdirs_n) + 1 for p in range(args.partitions)]
                     rolled[HISTORY_N] = [r for rs in rolled_n[HISTORY_N] for r in rs]
