@@ -96,6 +96,7 @@ from rsm.format.ledger import (
 )
 from rsm.format.reader import SegmentReader
 from rsm.log.errors import LogFormatError
+from rsm.log.held import held_fd
 from rsm.log.indexes import KafkaIndexBuilder
 from rsm.store.base import Chunk, Store
 from rsm.store.fs import FileSystemStore
@@ -732,7 +733,7 @@ def _file_chunks(src: _SectionSource) -> Iterator[bytes]:
     # A file this process holds open, named through /proc/self/fd (a segment copied from the log dir in place, its
     # files held open: rlm.tasks.in_place): read with pread on that descriptor, not opened again (an open of a
     # /proc/self/fd name walks procfs, and two system calls a section, three sections a copy, issue 26).
-    held = _held_fd(src)
+    held = held_fd(src)
     pos = 0
     while held is not None:
         try:
@@ -756,15 +757,3 @@ def _file_chunks(src: _SectionSource) -> Iterator[bytes]:
             yield chunk
     finally:
         os.close(fd)
-
-
-_FD_PREFIX = "/proc/self/fd/"
-
-
-def _held_fd(path: str | os.PathLike[str]) -> int | None:
-    """The descriptor ``path`` names when it is ``/proc/self/fd/<n>`` (a file this process holds open), else None."""
-    name = os.fspath(path)
-    if not isinstance(name, str) or not name.startswith(_FD_PREFIX):
-        return None
-    n = name[len(_FD_PREFIX):]
-    return int(n) if n.isdigit() else None

@@ -55,6 +55,7 @@ from rsm.log.batch import (
     BatchHeader,
     scan_batches,
 )
+from rsm.log.held import open_read
 from rsm.store.base import IOV_MAX
 
 
@@ -210,7 +211,8 @@ class LedgerWriter:
         part_id = 0
         plan: list[BatchHeader] = []
         planned = BLOCK_HEADER_LENGTH
-        with open(log_path, "rb", buffering=0) as f:
+        # (a /proc/self/fd name, a segment held open for a copy in place, is read on its descriptor: rsm.log.held)
+        with open_read(log_path) as f:
             for header in _kept_headers(log_path, start_offset, end_offset_inclusive, verify_crc=verify_crc):
                 need = ENTRY_HEADER_LENGTH + header.size_bytes
                 if BLOCK_HEADER_LENGTH + need > self.block_size_bytes:

@@ -43,6 +43,7 @@ from typing import BinaryIO
 from rsm.log._crc32c import buffer_address, crc32c_at
 from rsm.log._fastinit import fast_constructor
 from rsm.log.errors import CorruptRecordBatchError
+from rsm.log.held import open_read
 
 __all__ = [
     "ATTRIBUTES_OFFSET",
@@ -202,7 +203,7 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
     if start_position < 0:
         raise ValueError(f"start_position must be >= 0, got {start_position}")
     unpack_header = HEADER.unpack_from
-    with open(path, "rb", buffering=0) as f:
+    with open_read(path) as f:  # (a held descriptor wrapped, not opened again: rsm.log.held)
         file_size = os.fstat(f.fileno()).st_size
         if start_position > file_size:
             raise CorruptRecordBatchError(path, start_position,

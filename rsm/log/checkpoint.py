@@ -21,9 +21,9 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from rsm.log.errors import CorruptCheckpointError
+from rsm.log.held import read_bytes
 
 __all__ = ["EpochEntry", "format_leader_epoch_checkpoint", "parse_leader_epoch_checkpoint",
            "parse_partition_metadata", "read_leader_epoch_checkpoint",
@@ -124,7 +124,7 @@ def read_partition_metadata(path: str | os.PathLike[str]) -> uuid.UUID:
 
 
 def _read_text(path: str | os.PathLike[str]) -> str:
-    data = Path(path).read_bytes()
+    data = read_bytes(path)  # (os.open and os.read: a copy run reads its checkpoint, issue 26)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -33,10 +33,10 @@ import bisect
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from rsm.log.batch import BatchHeader, scan_batches
 from rsm.log.errors import CorruptIndexError
+from rsm.log.held import read_bytes
 
 __all__ = [
     "OFFSET_ENTRY",
@@ -96,7 +96,7 @@ class AbortedTxn:
 
 
 def _read_entries(path: str | os.PathLike[str], entry: struct.Struct, kind: str) -> bytes:
-    data = Path(path).read_bytes()
+    data = read_bytes(path)  # (a held descriptor read with pread: rsm.log.held)
     if len(data) % entry.size:
         raise CorruptIndexError(
             path, len(data) - len(data) % entry.size, f"truncated {kind}: length {len(data)} is not a multiple of "
@@ -150,7 +150,7 @@ def read_time_index(path: str | os.PathLike[str], base_offset: int) -> list[Time
 def read_txn_index(path: str | os.PathLike[str]) -> list[AbortedTxn]:
     """The aborted transactions of a ``.txnindex`` file. Raises :class:`CorruptIndexError` for a truncated file,
     an unknown version or an entry whose offsets are inverted."""
-    return parse_txn_index(Path(path).read_bytes(), path)
+    return parse_txn_index(read_bytes(path), path)
 
 
 def parse_txn_index(data: bytes | memoryview, path: str | os.PathLike[str] = "<txnindex bytes>") -> list[AbortedTxn]:
