@@ -50,6 +50,31 @@ What its first version measured (session 19, 3 reads of 256 MiB a run, 804 Fetch
   ~17 prometheus_client's) and ~460 on the workers (~67 rsm.format's, ~31 rlm.listener's, ~18 prometheus_client's,
   ~17 rlm.tier's): no one function holds a large share; each of the changes above moved less than a run's noise. The
   cyclic GC is not it: 6 young collections in 804 Fetches, 1 us a Fetch.
+
+Session 20 (issue 24: why ``bench_proxy``'s history read cost the sidecar 1.6-1.8 CPU s/GiB where this bench said
+0.97): a probe of every proxied Fetch (its route, the socket's take) in ``bench_proxy`` runs at load 1-3, and
+``--profile`` / ``--perf`` there:
+
+- librdkafka 2.16 sends Fetch v16 (topics by id): the client here sends it too now; v16 and v12 within the noise;
+- 22-25 of a 0.25 GiB read's 245-248 proxied Fetches (55 of 1,013 at 1 GiB) were librdkafka reading ahead into the
+  broker's active segment, past the read's end, forwarded inside its window: ``bench_proxy`` rolls that segment now
+  (5-9 broker Fetches a read remain: the bounds asked once a second). On the sidecar's CPU, within the noise: 1.15 /
+  1.05 CPU s/GiB before, 1.79 (a loaded run) / 1.03 after, 0.42 / 0.39 vs 0.47 / 0.41 of the consumer's CPU;
+- the answers are not queued: 457 of 461 history answers were taken whole by the socket at once (the first of each
+  connection in part, before its send buffer is raised);
+- on a quiet host the two agree: ``bench_proxy`` (4 runs of 1 GiB, load 0.4-3.0, the consumer 2.4-2.7 CPU s/GiB)
+  gave the sidecar 1.03-1.16 CPU s/GiB (loop 0.50-0.64 with its system time, workers 0.43-0.51) against 0.81-1.10
+  here (loop 0.40-0.59, workers 0.40-0.51); one run whose consumer took 3.7 CPU s/GiB (others running) gave 1.79. The
+  1.6-1.8 of earlier runs is the host's speed under load: the same calls, slower. cProfile of a listener alone in
+  ``bench_proxy`` made the calls this bench makes a Fetch but the topic-id lookups (UUID hashes 24 a Fetch against
+  5) and the cluster-ACL check (0.92 a Fetch), each under a microsecond (timeit: a UUID dict lookup 0.18 us);
+- where the CPU goes (``perf``, 1 GiB, load 2.0-2.9): the loop 52% of the sidecar's samples, the workers 43%; the
+  interpreter's eval loop 23%, CRC-32C 9.6% (22% of the workers'), the loop's kernel (TCP, splice) ~5%; the rest the
+  interpreter's long tail. Per Fetch, by timeit: the metrics 4 calls on each side (0.6 us an ``inc``, 1.6 an
+  ``observe``: ~8 us a Fetch, 1%), ``_in_file`` 2.6 us a part (the mapping's address by ctypes; a part sent from
+  its file is looked at twice: ~10 us), none a lever alone;
+- the interpreter: Debian's 3.11.2 (``/usr/bin/python3.11``, the venv's packages) against pyenv's 3.11.7 (built
+  without PGO or LTO), alternating 4 runs each (load 2.5-4.0): 0.87-1.03 vs 0.87-1.10 CPU s/GiB. No lever.
 """
 
 from __future__ import annotations
