@@ -41,10 +41,11 @@ counted in the sidecar's CPU per GiB of history (55 of a 1 GiB read's 1,013 prox
 during the reads (nothing left to copy).
 
 Reads: confluent-kafka (librdkafka) consumers, a process each (``bench/proxy_child.py``), with librdkafka's defaults
-but ``group.id`` (a fresh group per read) and ``auto.offset.reset`` (``earliest``; ``latest`` for the tail), and any
-``--consumer-setting`` (every consumer, both sides): ``subscribe()``, so the proxy serves FindCoordinator, the group
-protocol and the commits (auto-commit, the default) too. The read window starts at the group's assignment and ends at
-the last record; MB/s counts keys + values.
+but ``group.id`` (a fresh group per read), ``auto.offset.reset`` (``earliest``; ``latest`` for the tail) and
+``fetch.queue.backoff.ms`` 10 (below), and any ``--consumer-setting`` (every consumer, both sides; e.g.
+``fetch.queue.backoff.ms=1000`` for librdkafka's default): ``subscribe()``, so the proxy serves FindCoordinator, the
+group protocol and the commits (auto-commit, the default) too. The read window starts at the group's assignment and
+ends at the last record; MB/s counts keys + values.
 
 Both sides are treated alike. Warm-up rounds first, not counted: each source read once a round (a quarter of its
 records: the broker's JIT compiles its paths, the proxy's connections are made, the tier's caches filled), the sources
@@ -62,10 +63,21 @@ session 12's direct reads swung 236-698 MB/s. Checked (2026-11-26, direct reads 
 librdkafka's ``fetch.queue.backoff.ms`` (1000 ms: a partition whose local queue exceeds
 ``queued.max.messages.kbytes``, 64 MiB, is not fetched again for up to that long). Its ``debug=fetch`` log showed the
 fetcher stopped 0.07-0.38 s per read at the default and 0.11-0.42 s at 10 ms, not a second per queue fill: a part of
-the swing at most, so the reads keep librdkafka's default. What the per-read CPUs show instead (2026-11-26, load
-4-20): the direct read of one run at 553 MB/s (1.80 s window; broker 1.05 and consumer 1.36 CPU s) and at 123 MB/s
+the swing at most, so the reads kept librdkafka's default then. Session 20 (2026-11-27, a quieter machine, load
+1.5-5) found otherwise for any source faster than the consumer's poll loop: timed in ``rlm serve`` (an experiment,
+not kept), the proxy answered a history Fetch in 0.8-1.3 ms and the next came 1.0-1.6 ms later, except in 6 of 17
+windows of 250 Fetches whose gaps averaged ~5 ms: one pause of ~1 s each, the 64 MiB queue full and the backoff
+waited out, the consumer's main thread idle meanwhile (busy 1.7-1.9 CPU s of a 4.2 s window). With 10 ms, no gap over
+20 ms in 4,250 Fetches. ``--history-only`` runs of the same code: proxy medians 236, 244, 247 MB/s at the default
+(reads 236-342; two more with the listener's switch interval at 0.5 ms: 306, 247), 319 and 435 at 10 ms (reads
+317-467), Kafka's 257-314 in all; a full run at 10 ms (load 4.5): live direct 349 MB/s (122 in
+session 19's at the default: Kafka answering live data faster than the consumer drains it paused it too, which is
+why the proxy's live read had looked 2x faster than the broker's). So the pause measured the client's self-throttle,
+not what serves it, and whichever side is faster paid it: every read runs with ``fetch.queue.backoff.ms`` 10, both
+sides alike (Kafka's Java consumer, Streams and Spark have no such pause). Session 12's per-read CPUs (load 4-20):
+the direct read of one run at 553 MB/s (1.80 s window; broker 1.05 and consumer 1.36 CPU s) and at 123 MB/s
 (8.07 s; 0.81 and 1.51 CPU s) did the same work: in the slow one both waited, the machine's scheduling, not the
-broker's work (why the direct path's waits swing more than the proxied one's is not found; a broker with
+broker's work (why the direct path's waits swung more than the proxied one's: the backoff above; a broker with
 ``socket.send.buffer.bytes`` 2 MiB instead of 100 KB, side by side, was inconclusive at load 17-26). A bench of this
 path wants a machine with nothing else running, and the CPU per GiB read beside the MB/s. Session 18 (2026-11-27, 1
 partition, 23 proxied reads at load 1.5-42): the consumer's main thread (its poll loop, ``consumer_main_s``) used
@@ -178,6 +190,9 @@ from bench.proxy_child import cpu_seconds  # noqa: E402
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 VALUE_BYTES = 1024
+# Every reading consumer's, both sides (under --consumer-setting): librdkafka's 1 s pause once its 64 MiB queue is
+# full made the faster source wait for the consumer (the docstring's session 20 paragraph).
+DEFAULT_CONSUMER_SETTINGS: dict[str, object] = {"fetch.queue.backoff.ms": 10}
 TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
@@ -767,13 +782,15 @@ def main() -> None:
     ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
                     help="a history_listener setting of the proxy (repeatable), e.g. socket_send_buffer_bytes=-1")
     ap.add_argument("--consumer-setting", action="append", default=[], metavar="KEY=JSON",
-                    help="a librdkafka setting of every reading consumer, both sides (repeatable), e.g. "
-                         "fetch.queue.backoff.ms=10")
+                    help="a librdkafka setting of every reading consumer, both sides (repeatable), over "
+                         f"{json.dumps(DEFAULT_CONSUMER_SETTINGS)}: e.g. fetch.queue.backoff.ms=1000 (librdkafka's "
+                         "default)")
     args = ap.parse_args()
     if args.latency_only and (args.history_only or args.partitions > 1 or args.profile or args.py_spy or args.perf):
         ap.error("--latency-only reads nothing: not with --history-only, --partitions, --profile, --py-spy, --perf")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
-    consumer_settings = {k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}
+    consumer_settings = {**DEFAULT_CONSUMER_SETTINGS,
+                         **{k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}}
     os.environ["PROXY_BENCH_CONSUMER"] = json.dumps(consumer_settings)  # the consumer children's (both sides)
 
     from devtools.devkafka import KafkaCluster, free_port
