@@ -77,7 +77,8 @@ Session 20 (issue 24: why ``bench_proxy``'s history read cost the sidecar 1.6-1.
   without PGO or LTO), alternating 4 runs each (load 2.5-4.0): 0.87-1.03 vs 0.87-1.10 CPU s/GiB. No lever;
 - what a Fetch costs by its size (``max.partition.fetch.bytes`` changed here for one experiment, load 0.9-1.2):
   256 KiB 632 us a Fetch (2.70 CPU s/GiB), 1 MiB 871 / 1206 us (0.94 / 1.30), 4 MiB 2451 / 2647 us (0.67 / 0.73):
-  ~0.50 ms a Fetch whatever its size plus ~0.51 ms a MiB. At librdkafka's 1 MiB, half of the listener's CPU is the
+  ~0.50 ms a Fetch whatever its size plus ~0.51 ms a MiB (the loop ~0.27 ms a Fetch and ~0.27 a MiB, the workers
+  ~0.24 and ~0.24, from the 256 KiB and 4 MiB runs). At librdkafka's 1 MiB, half of the listener's CPU is the
   per-request path (decode, route, bounds, authorize, hand-off to a worker and back, encode, write calls, metrics):
   a third of the total is two thirds of that, a redesign of the steady history Fetch's path, not a cut of one part.
 """
