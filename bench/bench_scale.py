@@ -505,7 +505,8 @@ class SidecarProcess:
             "tasks": {"copy_interval_ms": copy_ms, "discovery_interval_ms": discovery_ms,
                       **({"copy_workers": COPY_WORKERS} if COPY_WORKERS and root == ROOT else {}),
                       **({"copy_coalesce_ms": COPY_COALESCE_MS} if COPY_COALESCE_MS is not None and root == ROOT
-                         else {})},
+                         else {}),
+                      **({"copy_settle_ms": COPY_SETTLE_MS} if COPY_SETTLE_MS is not None and root == ROOT else {})},
             "topics": {"include": [f"{re.escape(topic_prefix)}.*"]},
             "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
             "listen": {"host": "127.0.0.1", "port": self.port},
@@ -555,6 +556,7 @@ def create_topics(kc, prefix: str, topics: int, partitions: int, extra: dict[str
 STORE_FSYNC = True  # --store-no-fsync: the store's fsyncs off (staging's stay); LocalTieredStorage has none
 COPY_WORKERS = 0  # --copy-workers: tasks.copy_workers of this checkout's sidecar (0: the default)
 COPY_COALESCE_MS: int | None = None  # --copy-coalesce-ms: tasks.copy_coalesce_ms of this checkout's (None: default)
+COPY_SETTLE_MS: int | None = None  # --copy-settle-ms: tasks.copy_settle_ms of this checkout's (None: default)
 PROFILE_GIL = False  # --profile-gil: sample only the thread holding the GIL (Python's CPU, not threads waiting)
 PROFILE_RATE = 50  # --profile-rate: py-spy's samples a second
 
@@ -951,6 +953,8 @@ def main() -> None:
                     help="tasks.copy_workers of this checkout's sidecar (--baseline's keeps its default)")
     ap.add_argument("--copy-coalesce-ms", type=int, default=None,
                     help="tasks.copy_coalesce_ms of this checkout's sidecar (--baseline's keeps its default)")
+    ap.add_argument("--copy-settle-ms", type=int, default=None,
+                    help="tasks.copy_settle_ms of this checkout's sidecar (--baseline's keeps its default)")
     ap.add_argument("--warm", action="store_true",
                     help="after the (cold) burst, a second one of as many segments, measured the same way: every "
                          "partition's first copy (its directories, watermark file) is then behind it")
@@ -961,9 +965,10 @@ def main() -> None:
     ap.add_argument("--skip-kafka-tiered", action="store_true",
                     help="skip the burst against Kafka's own tiered storage (LocalTieredStorage)")
     args = ap.parse_args()
-    global COPY_COALESCE_MS, COPY_WORKERS, PROFILE_GIL, PROFILE_RATE, STORE_FSYNC
+    global COPY_COALESCE_MS, COPY_SETTLE_MS, COPY_WORKERS, PROFILE_GIL, PROFILE_RATE, STORE_FSYNC
     COPY_WORKERS = args.copy_workers
     COPY_COALESCE_MS = args.copy_coalesce_ms
+    COPY_SETTLE_MS = args.copy_settle_ms
     PROFILE_GIL = args.profile_gil
     PROFILE_RATE = args.profile_rate
     STORE_FSYNC = not args.store_no_fsync

@@ -123,6 +123,11 @@ class TaskSettings(_Frozen):
         "after it, so that segments rolled one after the other are copied in one run (a run's metadata writes and "
         "ListOffsets calls shared by its segments); the first roll after a quiet spell is copied at once. 0: every "
         "wake runs at once"))
+    copy_settle_ms: int = Field(5 * SECOND_MS, ge=0, le=60 * SECOND_MS, description=(
+        "a copy job woken by a change of its partition directory (a roll) runs this long after the wake, not at "
+        "once, so that the rolls that follow within it are copied in the same run (a run's metadata writes, fence "
+        "and listings shared by its segments); a later wake does not put the run off further: a roll is copied at "
+        "most this long later than without it. 0: a wake runs at once"))
 
     @model_validator(mode="before")
     @classmethod

@@ -20,16 +20,17 @@ followed set) and the stopping flag. Whenever it is free:
    :meth:`still_running` is read).
 
 **Sleeping copy jobs.** A copy run that finds its partition caught up (every rolled segment tiered, nothing staged)
-pauses its own job (:meth:`sleep`): with thousands of partitions, running every idle one each copy interval was most
-of the sidecar's idle CPU. The stage job wakes it (:meth:`wake`: its next run now) when the log-dir watcher sees its
-directory change (a roll, retention, a rewritten checkpoint: :mod:`rlm.watch`), the watcher's slow rescan included.
-A change seen while the run goes sets ``changed``, and a run that began before it does not sleep but asks the
-scheduler to run it again now (up to :data:`RERUNS_ON_CHANGE` times in a row): no roll is missed between a run's
-listing and its pause. A job awake and not running is also run now by a wake. "Now" is the scheduler's:
-:class:`rlm.tasks.dispatch.CopyJobs` runs a job woken while it runs once the run ends, and puts off a wake that
-closely follows the job's last run (``tasks.copy_coalesce_ms``), so that rolls following each other are copied in
-one run (a run again in place, as before, copied a partition rolling quickly one segment a run). A run that did not
-catch up (waiting for the last stable offset, failed, not leading under the cluster's epoch) keeps its interval.
+pauses its own job (:meth:`sleep`): with thousands of partitions, running every idle one each copy interval was most of
+the sidecar's idle CPU. The stage job wakes it (:meth:`wake`: its next run now, or ``tasks.copy_settle_ms`` from now, so
+that the rolls following the first copy with it) when the log-dir watcher sees its directory change (a roll, retention,
+a rewritten checkpoint: :mod:`rlm.watch`), the watcher's slow rescan included. A change seen while the run goes sets
+``changed``, and a run that began before it does not sleep but asks the scheduler to run it again now (up to
+:data:`RERUNS_ON_CHANGE` times in a row): no roll is missed between a run's listing and its pause. A job awake and not
+running is also run now by a wake. "Now" is the scheduler's: :class:`rlm.tasks.dispatch.CopyJobs` runs a job woken while
+it runs once the run ends, and puts off a wake that closely follows the job's last run (``tasks.copy_coalesce_ms``), so
+that rolls following each other are copied in one run (a run again in place, as before, copied a partition rolling
+quickly one segment a run). A run that did not catch up (waiting for the last stable offset, failed, not leading under
+the cluster's epoch) keeps its interval.
 
 Every change takes the lock; readers copy what they need under it and work on the copy outside
 (:meth:`each_led`, :meth:`served`, :meth:`led_partitions`). A :class:`Led`'s ``stop`` and ``cancel`` are set under
@@ -44,7 +45,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -346,8 +347,9 @@ class Leadership:
 
     def wake(self, paths: Collection[Path]) -> list[Led]:
         """The led partitions whose directory is in ``paths`` (they changed: :mod:`rlm.watch`): each is marked
-        changed (a run going now looks again when it ends: :meth:`run_copy`), and a job not running now runs now,
-        sleeping or not (the scheduler's now: ``tasks.copy_coalesce_ms`` after its last run, when that is later).
+        changed (a run going now looks again when it ends: :meth:`run_copy`), and a job not running now runs
+        ``tasks.copy_settle_ms`` from now, sleeping or not (the scheduler's time: ``tasks.copy_coalesce_ms`` after its
+        last run, when that is later; a job due earlier keeps its time, so a wake never puts a run off further).
         Returns them (nothing when stopping)."""
         if not paths:
             return []
@@ -357,12 +359,13 @@ class Leadership:
             # looked up by path, not a walk of every led partition (2,000) at each stage run (issue 26)
             found = (self._led_by_path.get(path) for path in dict.fromkeys(paths))
             woken = [led for led in found if led is not None and not led.stop.is_set()]
+            due = datetime.now(UTC) + timedelta(milliseconds=self.settings.tasks.copy_settle_ms)
             for led in woken:
                 led.changed.set()
                 if led.asleep or not led.running.locked():
                     # (a run starting right now is skipped by apscheduler and rescheduled at its interval; it lists
                     # the directory after the change anyway)
-                    self._scheduler.modify_job(led.job_id, next_run_time=datetime.now(UTC))
+                    self._scheduler.modify_job(led.job_id, next_run_time=due)
                     led.asleep = False
             return woken
 

@@ -223,7 +223,7 @@ def led_partition(tmp_path: Path, run: Any, interval_ms: int = 100,
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
     path = fake_partition_dir(tmp_path / "logs", "t", 0, tp.topic_id)
     scheduler = CopyJobs(4).start()
-    settings = offline_settings(tmp_path, tasks={"copy_interval_ms": interval_ms})
+    settings = offline_settings(tmp_path, tasks={"copy_interval_ms": interval_ms, "copy_settle_ms": 0})  # (a wake: now)
     leadership = Leadership(settings, scheduler, rlmm=InMemoryRemoteLogMetadataManager(), rsm=None,  # type: ignore[arg-type]
                             staging=Staging({tmp_path / "logs": tmp_path / "staging"}),
                             deleter=object(), run=lambda led: run(led, leadership))  # type: ignore[arg-type]

@@ -52,7 +52,7 @@ def make_settings(kafka: KafkaCluster, tmp_path: Path, node_id: int = 1, **overr
                      "state_dir": str(tmp_path / f"state-{node_id}"), "tombstone_delay_ms": 1000,
                      "to_be_deleted_topic": f"__rlm_tbd_{tag}"},
         "tasks": {"copy_interval_ms": 300, "expiration_interval_ms": 500, "discovery_interval_ms": 300,
-                  "gc_interval_ms": 3_600_000, "gc_grace_ms": 0, "purge_grace_ms": 1000},
+                  "gc_interval_ms": 3_600_000, "gc_grace_ms": 0, "purge_grace_ms": 1000, "copy_settle_ms": 0},
         "retention": [{"pattern": ".*", "retention_ms": -1, "retention_bytes": -1}],
         "listen": {"host": "127.0.0.1", "port": 0},
         "log_format": "text",
