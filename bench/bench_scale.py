@@ -343,6 +343,44 @@ any cut above: alone, caught up within 14 s, that run made 0.86 runs a segment (
 beside a baseline, 0.43-0.54 (each run copies more rolls, as the two sidecars slow each other). A run's own work (its
 start, the clean-up's metadata listing, staging, the watermark, the caught-up check, a batch's two metadata writes,
 fence and directory fsync) is spent once however many segments it copies: not measured apart yet.
+
+Session 20 (h1; 2,000 partitions, 6,000 segments). Alone on a quiet machine the sidecar keeps up with the burst, so
+each roll gets a copy run of its own: 0.76-0.79 runs a cold segment alone, 0.42-0.51 beside a baseline (the two
+sidecars' backlog gathers a partition's rolls), and alone is where the figure is asked. A run's own work, measured
+apart: ``bench_copy_path`` (staging path, no Kafka, load 1.6-1.8) 2.78 / 2.90 ms a segment at one segment a run,
+2.01 / 2.25 at three: ~1 ms a run before its metadata writes, fence and ListOffsets; in the burst (91fa404 alone,
+``--profile-gil`` at 200 Hz, 1,721 samples, load 1.3-3.5) about half the copy workers' samples are a run's or a
+batch's, not a segment's: the copy runs 70% (the store's copy 25%, the FINISHED write and its fence 11%, prepare 7%,
+the STARTED write 4%, stage_new 4%, the run's start 3%, the caught-up check 2%, the clean-up's listing 1.5%), the
+metadata consumer 11%, the stage job 5%. Cut: a segment copied in place is read on the descriptors the copy holds
+(fff1cb2, :mod:`rsm.log.held`: the ledger writer and the CRC scan each opened its ``.log`` through ``/proc/self/fd``,
+the time index was read through ``Path.read_bytes``; index files and the leader-epoch checkpoint by ``os.open`` and
+``os.read``): a one-segment copy run in place 72 -> 56 system calls (``strace -f``, a crafted partition); side by
+side with 91fa404, swapping which is the baseline (load 1.1-6.1): cold 2.15 vs 2.25 and 2.44 vs 2.49 ms, warm 2.31
+vs 2.35 and 2.48 vs 2.54. Copy jobs settle (0b6863d, ``tasks.copy_settle_ms``, 5 s): a woken job runs 5 s after the
+wake, and the rolls of the next produce round come with it. Alone, alternating runs:
+
+    run                      load      cold ms (copy runs a seg)  warm ms (runs)   catch-up cold / warm
+    fff1cb2 (no settle)      0.9-3.7   4.09 (0.781)               3.36 (0.539)     10.4 / 13.5 s
+    91fa404                  0.5-3.8   3.88 (0.793)               2.91 (0.580)      9.4 / 12.0
+    settle 5 s               0.8-2.1   2.95 (0.471)               2.62 (0.428)     13.3 / 14.2
+    fff1cb2 (no settle)      0.7-3.9   3.28 (0.761)               4.35 (0.513)      8.1 / 21.7
+    settle 5 s               1.0-2.7   3.22 (0.547)               3.19 (0.440)     11.6 / 14.8
+    0b6863d (5 s, default)   0.8-2.2   2.42 (0.423)               2.52 (0.434)     13.3 / 13.4
+    0b6863d, settle 0        0.6-3.0   3.55 (0.792)               3.31 (0.549)     10.3 / 13.5
+
+The last run of 0b6863d as it ships (quiet, new inodes at 17-25 us): cold 2.42 ms a segment (user 1.76 / system 0.66),
+warm 2.52, peak RSS 137 / 148 MiB, idle 1.5% of a core at 5 s intervals. With the settle, alone: cold 2.42-3.22 ms,
+warm 2.52-3.19 (3 ms met in two runs of three; the third began with new inodes at 242 us); without it 3.28-4.09 cold,
+2.91-4.35 warm. The settle's cost is the lag: catch-up +1 to +5 s cold.
+System calls a segment in a 500-partition burst (``strace -f -c``, 91fa404; strace's slowing inflates the futex
+count): futex 405, openat 17.5, close 15.7, newfstatat 13.1, recvmsg 12.2, read 8.0, getdents64 5.7, lseek 5.3, pread
+5.0, fsync 3.0, writev 3.0. Tried and dropped: ``copy_coalesce_ms`` 6 s against 2 s, side by side (load 0.7-5.4):
+2.46 vs 2.45 ms, 0.495 vs 0.489 runs a segment; a 2 s settle side by side with the same code without (load 0.6-5.4):
+cold 2.96 vs 3.14 ms, warm 2.29 vs 2.33, 0.580 vs 0.631 and 0.421 vs 0.426 runs a segment (beside a baseline the
+backlog gathers rolls already). Not done: the caught-up check's second listing of the directory (five system calls a
+run: the sleep's safety net), the partition's metadata decoded at every run's clean-up (its cost grows with the
+partition's remote segments; a per-partition version in the cache would let a run reuse the last listing).
 """
 
 from __future__ import annotations
