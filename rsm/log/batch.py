@@ -20,7 +20,9 @@ A ``.log`` file is record batches back to back; all integers big-endian::
       RecordCount => Int32
       Records => [Record]             compressed as one block when codec != none (see records.py)
 
-Scanning streams the file through one reusable read buffer (``readinto``): the file is never loaded whole;
+Scanning streams the file through one reusable read buffer (``preadv`` at the scan's own position, never the
+file's offset: a segment held open for a copy in place is scanned on a descriptor others may read too,
+:mod:`rsm.log.held`): the file is never loaded whole;
 a batch larger than the buffer is checked chunk by chunk (``scan_batches``) or read into its own buffer
 (``iter_batches_with_bytes``, one batch in memory at a time).
 
@@ -208,7 +210,6 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
         if start_position > file_size:
             raise CorruptRecordBatchError(path, start_position,
                                           f"start position is beyond the end of the file ({file_size} bytes)")
-        f.seek(start_position)
         # no larger than what is left to scan: a 64 KiB segment's scan zero-filled a 1 MiB buffer, half its CPU
         # (~100 -> ~50 us a scan, the copy's CRC scan of each segment; issue 26)
         chunk = max(1, min(CHUNK_BYTES, file_size - start_position))
@@ -216,7 +217,7 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
         view = memoryview(buf)
         address = buffer_address(buf)
         buf_pos = start_position  # file position of buf[0]
-        buf_len = 0  # valid bytes in buf; the file position is always buf_pos + buf_len
+        buf_len = 0  # valid bytes in buf; the next read is at buf_pos + buf_len
         pos = start_position
         prev_last = -1
         while pos < file_size:
@@ -296,9 +297,7 @@ def _scan(path: str | os.PathLike[str], start_position: int, verify_crc: bool, w
                         left -= n
                     if computed != crc:
                         raise _crc_error(path, pos, crc, computed)
-                else:
-                    f.seek(pos + size)
-                buf_pos, buf_len = pos + size, 0
+                buf_pos, buf_len = pos + size, 0  # the next read starts past this batch
             yield header, data
             prev_last = base_offset + last_delta
             pos += size
@@ -312,10 +311,12 @@ def _crc_error(path: str | os.PathLike[str], pos: int, stored: int, computed: in
 
 def _read_exactly(f: BinaryIO, path: str | os.PathLike[str], into: memoryview, file_pos: int,
                   file_size: int) -> int:
-    """Fill ``into`` from the file's current position (``file_pos``); a short file is a truncation error."""
+    """Fill ``into`` from the file at ``file_pos`` (``preadv``: the file's offset neither read nor moved); a short
+    file is a truncation error."""
+    fd = f.fileno()
     done = 0
     while done < len(into):
-        n = f.readinto(into[done:])
+        n = os.preadv(fd, [into[done:]], file_pos + done)
         if not n:
             raise CorruptRecordBatchError(
                 path, file_pos + done, f"file ended while reading: expected {len(into) - done} more bytes (the "

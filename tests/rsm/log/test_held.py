@@ -68,3 +68,24 @@ def test_a_scan_of_a_held_log_reads_its_descriptor(tmp_path: Path) -> None:
         assert os.fstat(fd).st_size == path.stat().st_size  # still open
     finally:
         os.close(fd)
+
+
+def test_two_scans_of_one_held_descriptor_interleaved_each_read_the_whole_log(tmp_path: Path) -> None:
+    """Two scans of the same held ``.log`` (one descriptor, so one file offset), advanced in turn over a file larger
+    than the scan's read buffer, each yield every batch in order, CRC-checked: the scan reads at its own position,
+    not the shared offset (before, the second scan's reads moved the first's offset and it failed mid-file)."""
+    path = tmp_path / "00000000000000000000.log"
+    value = os.urandom(60_000)
+    path.write_bytes(b"".join(batch(i, [value]) for i in range(40)))  # ~2.3 MiB: several refills of 1 MiB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        name = f"/proc/self/fd/{fd}"
+        a, b = scan_batches(name), scan_batches(name)
+        got_a, got_b = [], []
+        for _ in range(40):
+            got_a.append(next(a).base_offset)
+            got_b.append(next(b).base_offset)
+        assert got_a == got_b == list(range(40))
+        assert next(a, None) is None and next(b, None) is None
+    finally:
+        os.close(fd)
