@@ -1,7 +1,8 @@
 """The sidecar as a principal of an authenticated cluster (SASL/PLAIN, KRaft's StandardAuthorizer): losing
 Describe on a topic never purges its remote data; a real deletion does, after the grace period; a topic deleted
 and re-created under the same name has its old id purged, not the new one; a topic whose config the principal
-may not read is not tiered (its compaction is unknown)."""
+may not read is not tiered (its compaction is unknown), but one the history listener serves stays served when its
+config can no longer be read."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from confluent_kafka.admin import (
 from devtools.devkafka import KafkaCluster
 from rlm import metrics
 from rlm.config import KafkaSettings, SidecarSettings
+from rlm.listener import start_listener
+from rlm.listener.tier.catalog import ServedTopic
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemotePartitionDeleteState, TopicIdPartition
 from tests.support.fixtures import SASL_PRINCIPAL
@@ -204,3 +207,38 @@ def test_topic_whose_config_cannot_be_read_is_not_tiered(kafka_sasl: KafkaCluste
         assert sent_c and remote_segments(sidecar, c_tp) == []
         assert c_tp not in sidecar.known.all()
         assert sidecar.leadership.get(compacted, 0) is None
+
+
+def test_a_served_topic_whose_config_can_no_longer_be_read_stays_served(kafka_sasl: KafkaCluster, topic_name: str,
+                                                                         tmp_path: Path) -> None:
+    """The history listener's catalog, as the sidecar's principal: a topic it serves whose DESCRIBE_CONFIGS is then
+    revoked (DESCRIBE and READ kept) has an unknown compaction at the next refresh; it stays served as it was (before,
+    it was dropped: its history answered OFFSET_OUT_OF_RANGE, a consumer group sent back to ``auto.offset.reset``, and
+    its metadata no longer followed) until its config can be read again. A topic never served is not served while
+    its config is unknown."""
+    kc = kafka_sasl
+    late = f"{topic_name}-late"
+    tid = kc.create_topic(topic_name, config={"segment.ms": "300"})
+    kc.create_topic(late, config={"segment.ms": "300"})
+    grant(kc, _binding(ResourceType.TOPIC, topic_name, AclOperation.ALL))
+    settings = acl_settings(kc, tmp_path, topic_name, late, history_listener={"host": "127.0.0.1", "port": 0})
+    grant(kc, _binding(ResourceType.TOPIC, late, AclOperation.DESCRIBE))
+    with Sidecar(settings) as sidecar:
+        listener = start_listener(settings, sidecar.rsm)
+        try:
+            catalog = listener.server.router.ctx.catalog
+            served = ServedTopic(topic_name, tid, (0,))
+            assert catalog.by_name(topic_name) == served and catalog.by_name(late) is None
+            revoke_topic(kc, topic_name)
+            grant(kc, _binding(ResourceType.TOPIC, topic_name, AclOperation.DESCRIBE),
+                  _binding(ResourceType.TOPIC, topic_name, AclOperation.READ))
+            assert wait_for(lambda: catalog.view.compaction([topic_name]) == {topic_name: None}, 30,
+                            "DescribeConfigs of the topic refused")
+            assert catalog.refresh()
+            assert catalog.by_name(topic_name) == served and catalog.by_id(tid) == served
+            assert catalog.by_name(late) is None
+            grant(kc, _binding(ResourceType.TOPIC, late, AclOperation.ALL))
+            assert wait_for(lambda: catalog.refresh() and catalog.by_name(late) is not None, 30,
+                            "the late topic served once its config is known")
+        finally:
+            listener.stop()

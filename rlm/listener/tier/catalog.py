@@ -3,7 +3,11 @@
 A topic is served when the sidecar's topic selection tiers it (``topics.include``/``exclude``) and it is not
 compacted (compacted topics are never tiered). Its partitions and topic id are the cluster's. The metadata manager
 of the endpoint follows every served partition. A failed refresh keeps the last answer (a broker that is down does
-not make history disappear) and is logged.
+not make history disappear) and is logged; so does a topic whose config could not be read this time (its
+DescribeConfigs unanswered, or refused: a lost DESCRIBE_CONFIGS ACL): a topic served before stays served, as it was,
+until its config is known again (dropping it would answer its history OFFSET_OUT_OF_RANGE, sending a consumer group
+back to ``auto.offset.reset``, and stop following its metadata on an ambiguous signal); one not served before is
+not served yet.
 """
 
 from __future__ import annotations
@@ -76,10 +80,14 @@ class Catalog:
         parts: dict[str, list[int]] = {}
         ids: dict[str, uuid.UUID] = {}
         for (name, partition), info in infos.items():
+            ids[name] = info.topic_id
             if name in names and compaction.get(name) is False:
                 parts.setdefault(name, []).append(partition)
-                ids[name] = info.topic_id
         topics = {n: ServedTopic(n, ids[n], tuple(sorted(p))) for n, p in parts.items()}
+        for name in names:  # config unknown this time: as it was (the same topic id: not one created again)
+            last = self._topics.get(name)
+            if compaction.get(name) is None and last is not None and ids.get(name) == last.topic_id:
+                topics[name] = last
         new = [t.tp(p) for t in topics.values() for p in t.partitions]
         old = {t.tp(p) for t in self._topics.values() for p in t.partitions}
         if set(new) - old:
