@@ -10,7 +10,10 @@ NOT_LEADER_OR_FOLLOWER) each get the listener address of the sidecar next to tha
 - else, with ``history_listener.peer_address`` (a template of ``{node_id}`` and ``{host}``, the broker's advertised
   host): the template filled in, e.g. ``{host}:9095`` when every sidecar listens on 9095 beside its broker;
 - else the broker's own address, unchanged, logged once per broker: the client then reads that broker directly
-  (live data only, no history).
+  (live data only, no history), and that broker's own Metadata answers give it every broker's own address, this
+  one's included: it may then read any broker directly, where an offset below the log start is OFFSET_OUT_OF_RANGE
+  (a consumer group sent back to ``auto.offset.reset``). A client of a consumer group connects to its coordinator
+  and asks any broker it is connected to for metadata: every broker needs a sidecar address.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class PeerAddresses:
             self._unmapped.add(node_id)
         if new:
             log.warning("proxy: no sidecar address for broker %d (history_listener.peers / peer_address): clients "
-                        "are told the broker's own address and read it directly, without history", node_id,
+                        "are told the broker's own address and read it directly, without history; its Metadata "
+                        "then gives them every broker's own address, this one's included", node_id,
                         extra={"node_id": node_id, "broker": f"{broker_host}:{broker_port}"})
         return broker_host, broker_port
 

@@ -5,10 +5,19 @@ leadership moves (reassignment and a preferred election: epoch E1) and the new l
 the new leader tiers it all and proxies it. DeleteRecords then puts the broker's log start inside E1: the broker's
 leader-epoch checkpoint no longer holds E0, and Kafka answers a request for E0 with its log start offset, not where E0
 ended. Through the proxy the answer is the tier's: E0 and the start offset of E1.
+
+Each broker has a proxy listener in front of it, told the others (``history_listener.peers``; those of the other two
+brokers need no sidecar: nothing of the topic is led there), so a client never learns a broker's own address. With
+the new leader's proxy alone, the consumer reached the other brokers as they were named (its group coordinator, or
+another broker a metadata refresh went to while its leader's connection was still down); their Metadata, not
+rewritten, gave it the new leader's own address, and it read the broker directly: OFFSET_OUT_OF_RANGE at its first
+Fetch, no request through the proxy (librdkafka's debug log; 3 of 16 consumers at load 10-14).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import time
 import uuid
@@ -21,7 +30,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from devtools.devkafka import KafkaCluster
+from devtools.devkafka import KafkaCluster, free_port
+from rlm.config import SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
@@ -30,6 +40,7 @@ from tests.rlm.listener.raw_wire import call
 from tests.support.kafka import produce
 from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for
 
+NODES = (1, 2, 3)
 PER_EPOCH = 40
 SEGMENT_MS = 300
 INTO_E1 = 10  # the broker's log start: this many offsets into the new leader's epoch
@@ -38,7 +49,8 @@ INTO_E1 = 10  # the broker's log start: this many offsets into the new leader's 
 @dataclass
 class Epochs:
     kafka: KafkaCluster
-    listener: Listener
+    listener: Listener  # the new leader's proxy
+    proxies: dict[int, int]  # broker -> its proxy's port
     topic: str
     leader: int  # the new leader, the sidecar's broker
     epochs: tuple[int, int]  # (E0, E1)
@@ -65,19 +77,28 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
     sent: dict[int, tuple[bytes, bytes]] = {}
     _produce(kafka, topic, "e0", sent)
     time.sleep(SEGMENT_MS / 1000 + 0.05)
-    new = next(n for n in (1, 2, 3) if n != first)
-    reassign(kafka, {(topic, 0): [new, *(n for n in (1, 2, 3) if n != new)]}, tmp)
+    new = next(n for n in NODES if n != first)
+    reassign(kafka, {(topic, 0): [new, *(n for n in NODES if n != new)]}, tmp)
     wait_for(lambda: states.elect(topic, [0]) and states.leader(topic) == new, 60, f"node {new} to lead")
     e1_start = _produce(kafka, topic, "e1", sent)[0]
     time.sleep(SEGMENT_MS / 1000 + 0.05)
     (end,) = _produce(kafka, topic, "roll", sent)[-1:]  # rolls E1's segment: the tier ends before these
     end += 1
-    settings = make_settings(kafka, tmp, node_id=new, topics={"include": [topic]}, history_listener={
-        "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True}})
+    ports = {n: free_port() for n in NODES}
+    metadata: dict[str, str] = {}
+
+    def settings_of(n: int) -> SidecarSettings:  # one store and metadata topic; each proxy told the others
+        return make_settings(kafka, tmp, node_id=n, topics={"include": [topic]}, metadata=metadata, history_listener={
+            "host": "127.0.0.1", "port": ports[n], "proxy": True, "authorization": {"allow_if_no_authorizer": True},
+            "peers": {m: f"127.0.0.1:{ports[m]}" for m in NODES if m != n}})
+    settings = settings_of(new)
+    metadata.update(topic=settings.metadata.topic, to_be_deleted_topic=settings.metadata.to_be_deleted_topic)
     sidecar = Sidecar(settings).start()
-    listener: Listener | None = None
+    listeners: list[Listener] = []
     try:
         listener = start_listener(settings, sidecar.rsm)
+        listeners.append(listener)
+        listeners += [start_listener(settings_of(n), sidecar.rsm) for n in NODES if n != new]
         tier = listener.server.router.ctx.tier
         tp = TopicIdPartition(tid, topic, 0)
 
@@ -91,10 +112,10 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
         admin = AdminClient(kafka.admin_config())
         for fut in admin.delete_records([TopicPartition(topic, 0, e1_start + INTO_E1)]).values():
             fut.result(30)
-        yield Epochs(kafka, listener, topic, new, pairs, e1_start, end, sent)
+        yield Epochs(kafka, listener, ports, topic, new, pairs, e1_start, end, sent)
     finally:
-        if listener is not None:
-            listener.stop()
+        for li in listeners:
+            li.stop()
         sidecar.stop()
 
 
@@ -122,11 +143,23 @@ def test_an_epoch_the_broker_forgot_is_answered_from_the_tiers_lineage(epochs: E
 def test_a_consumer_validating_an_old_position_reads_on_across_the_leader_change(epochs: Epochs) -> None:
     """A consumer assigned a position inside E0 with its epoch (as after a commit under the old leader) validates it
     against the proxy (OffsetForLeaderEpoch: the current leader epoch is newer) and reads on from it, through E1 and
-    the broker's log start, each offset once: no truncation seen."""
+    the broker's log start, each offset once: no truncation seen. Every connection it opened (librdkafka's
+    ``broker`` debug lines) went to a proxy."""
     e0, _e1 = epochs.epochs
     start = epochs.e1_start - 5
+    lines: list[str] = []
+
+    class Into(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    log = logging.getLogger(f"rdkafka-{uuid.uuid4().hex[:6]}")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    log.addHandler(Into())
     c = Consumer({"bootstrap.servers": f"127.0.0.1:{epochs.listener.port}", "group.id": f"v-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "error", "fetch.wait.max.ms": 100})
+                  "enable.auto.commit": False, "auto.offset.reset": "error", "fetch.wait.max.ms": 100,
+                  "debug": "broker", "log_level": 7}, logger=log)
     try:
         c.assign([TopicPartition(epochs.topic, 0, start, leader_epoch=e0)])
         got = consume_until(c, {(epochs.topic, 0): epochs.end})[(epochs.topic, 0)]
@@ -134,3 +167,8 @@ def test_a_consumer_validating_an_old_position_reads_on_across_the_leader_change
         c.close()
     assert [r.offset for r in got] == list(range(start, epochs.end))
     assert all((r.key, r.value) == epochs.sent[r.offset] for r in got)
+    connected = {int(m.group(1)) for line in lines for m in re.finditer(r"Connecting to ipv4#127\.0\.0\.1:(\d+)",
+                                                                           line)}
+    brokers = {epochs.kafka.node(n).port for n in NODES}
+    assert connected and connected <= set(epochs.proxies.values()) and not connected & brokers, (
+        connected, epochs.proxies, brokers)
