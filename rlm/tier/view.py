@@ -244,13 +244,22 @@ class TierView:
             for tp in tps:
                 self._cache.pop(tp, None)
 
+    def ready(self, tp: TopicIdPartition) -> bool:
+        """Whether the partition's tier is known: its metadata read up to where it was when the metadata manager
+        began serving it (:meth:`rlmm.api.RemoteLogMetadataManager.is_ready`). Before, a tier that is empty or ends
+        early may only not be read yet: asked before :meth:`partition`, true means its answer is complete as of then
+        (a chain read before is not kept)."""
+        return self.reader.rlmm.is_ready(tp)
+
     def partition(self, tp: TopicIdPartition) -> PartitionTier | None:
-        """The partition's tier now, or None when nothing of it is remote."""
+        """The partition's tier now, or None when nothing of it is remote (or, before :meth:`ready`, nothing read
+        yet)."""
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(tp)
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
+        known = self.ready(tp)  # before the read: a chain read before its metadata is caught up is not kept
         segs = tuple(self.reader.segments(tp))
         tier = None
         if segs:
@@ -260,8 +269,9 @@ class TierView:
             # transaction whose first records remote retention expired would otherwise hide the whole tier.
             lso = max(min([hwm, *open_txns.values()]), segs[0].start_offset)
             tier = PartitionTier(tp, segs, segs[0].start_offset, hwm, lso)
-        with self._lock:
-            self._cache[tp] = (now, tier)
+        if known:
+            with self._lock:
+                self._cache[tp] = (now, tier)
         return tier
 
     # --------------------------------------------------------------------------------------------- fetch

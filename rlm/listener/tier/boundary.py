@@ -17,7 +17,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   A broker that answers OFFSET_OUT_OF_RANGE but not the ListOffsets for its bounds (a follower, which serves a
   consumer's Fetch v11+ but not its ListOffsets; a new leader for a moment after a leadership move:
   OFFSET_NOT_AVAILABLE) gets its ListOffsets error passed on instead, which clients retry on: its OFFSET_OUT_OF_RANGE
-  would reset a consumer group (``auto.offset.reset``) from a position the tier holds.
+  would reset a consumer group (``auto.offset.reset``) from a position the tier holds. So does a partition whose tier
+  the listener has not read yet (:meth:`rlm.tier.TierView.ready`: its metadata manager, which at start reads the
+  metadata topic from its cache's progress or from the beginning, not caught up with it) where that tier has
+  nothing at the fetch offset: OFFSET_NOT_AVAILABLE, not the broker's OFFSET_OUT_OF_RANGE, nor a hole.
 - **A hole**: the tier ends below the broker's log start (copy lag past local retention): offsets
   ``tier's high watermark .. broker's log start - 1`` are nowhere. A Fetch there gets the broker's OFFSET_OUT_OF_RANGE,
   as from Kafka; each hole is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range
@@ -160,14 +163,16 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
     (``bounds``: those :func:`out_of_range` named, as the broker gives them now) answered from the tier where it
     holds them (see the module's docstring); a hole met is told to ``holes``. ``unbounded``: those
     :func:`out_of_range` named whose bounds the broker would not give, with its error: their OFFSET_OUT_OF_RANGE
-    is replaced by that error (:func:`_unbounded`). ``budget``: the listener's room for queued answers (its
-    ``queued_max_response_bytes`` left), which lowers the tier's record budget further."""
+    is replaced by that error (:func:`_unbounded`); so is, by OFFSET_NOT_AVAILABLE, that of a partition whose tier
+    has nothing there while it is not known yet (:func:`_tier_known`). ``budget``: the listener's room for queued
+    answers (its ``queued_max_response_bytes`` left), which lowers the tier's record budget further."""
     if unbounded:
         resp = _unbounded(resp, unbounded)
     asked = {(_key(t), p.partition): p for t in req.topics for p in t.partitions}
     below = {k for k, b in bounds.items() if 0 <= asked[k].fetch_offset < b.log_start_offset}
     if not below:
         return resp
+    unknown = {k for k in below if not _tier_known(ctx, k)}  # asked before the tier is read (TierView.ready)
     used = sum(len(p.records or b"") for t in resp.responses for p in t.partitions)
     sub = dataclasses.replace(req, topics=tuple(
         dataclasses.replace(t, partitions=tuple(p for p in t.partitions if (_key(t), p.partition) in below))
@@ -190,6 +195,9 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
         for p in t.partitions:
             got = tier.get((key, p.partition_index))
             if got is None or _nothing_there(got, asked[(key, p.partition_index)].fetch_offset):
+                if (key, p.partition_index) in unknown:  # not read yet, not nowhere: the client fetches again
+                    parts.append(dataclasses.replace(p, error_code=ErrorCode.offset_not_available, records=None))
+                    continue
                 if got is not None and (key, p.partition_index) in below:
                     _hole_at(ctx, holes, key, p.partition_index, asked[(key, p.partition_index)].fetch_offset,
                              bounds[(key, p.partition_index)].log_start_offset)
@@ -276,6 +284,14 @@ def _nothing_there(got: dict[str, Any], fetch_offset: int) -> bool:
     if got["error_code"] == ErrorCode.offset_out_of_range:
         return True
     return got["error_code"] == ErrorCode.none and not got["records"] and fetch_offset >= got["high_watermark"]
+
+
+def _tier_known(ctx: TierContext, key: Any) -> bool:
+    """Whether the listener's tier of the partition ``key`` ((topic key, partition)) is known
+    (:meth:`rlm.tier.TierView.ready`): its metadata manager has caught up with it since it began serving it (at
+    start it reads the metadata topic from its cache's progress, or from the beginning). A topic not served is."""
+    served = ctx.catalog.by_name(key[0]) if isinstance(key[0], str) else ctx.catalog.by_id(key[0])
+    return served is None or ctx.tier.ready(served.tp(key[1]))
 
 
 def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_offset: int, log_start: int) -> None:

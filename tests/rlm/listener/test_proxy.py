@@ -18,6 +18,7 @@ import gc
 import logging
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,15 +33,17 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from devtools.devkafka import KafkaCluster
-from rlm.config import HistoryListenerSettings
+from rlm.config import HistoryListenerSettings, SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.listener.authz import READ
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier import boundary
 from rlm.listener.upstream import bounds, proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
+from rlm.rlmm_config import make_rlmm
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from rlmm.topic_consumer import ConsumerTask
 from rsm.log.batch import header_from_bytes
 from rsm.log.records import decode_records
 from tests.rlm.listener.conftest import Rec, broker_watermarks, consume_until
@@ -79,6 +82,8 @@ class Proxied:
     hole_sent: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     txn_topic: str = ""
     txns: Txns | None = None
+    settings: SidecarSettings | None = None  # the sidecar's, its listener's
+    rsm: Any = None  # the sidecar's storage manager
 
     @property
     def bootstrap(self) -> str:
@@ -154,6 +159,7 @@ def proxied(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         for (t, p), o in starts.items():
             assert broker_watermarks(kafka, t, p)[0] == o
         setup.txns = tiered_txns
+        setup.settings, setup.rsm = settings, sidecar.rsm
         yield setup
     finally:
         if listener is not None:
@@ -555,6 +561,55 @@ def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
     finally:
         c.close()
     assert offsets == [*range(TIERED), *range(start, TIERED + HOLE_AFTER)]
+
+
+def test_a_proxy_whose_metadata_is_not_read_yet_has_the_client_fetch_again_not_reset(
+        proxied: Proxied, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second proxy of the broker, its metadata manager not caught up yet (its consumer held back before it reads
+    a record, as a listener just started reads a long metadata topic, or all of it into an empty cache): the tier it
+    sees is empty. A consumer positioned below the broker's log start (``auto.offset.reset=error``) is answered
+    OFFSET_NOT_AVAILABLE, not the broker's OFFSET_OUT_OF_RANGE (which would reset it), and fetches again, the broker
+    asked each time; once the manager has read the metadata, it reads every offset from there to the end, once (the
+    tier's chain, kept an hour here, is not the empty one read while held)."""
+    cache = tmp_path / "held-cache"
+    released = threading.Event()
+    consume_once = ConsumerTask._consume_once
+
+    def held_back(task: ConsumerTask) -> None:
+        if task.cache.path != cache or released.is_set():
+            consume_once(task)
+        else:
+            time.sleep(0.05)
+    monkeypatch.setattr(ConsumerTask, "_consume_once", held_back)
+    assert proxied.settings is not None
+    rlmm = make_rlmm(proxied.settings, serve_all=True, cache_dir=cache, read_only=True)
+    topic, start, end = proxied.topic, 5, proxied.end(0)
+    listener: Listener | None = None
+    c: Consumer | None = None
+    try:
+        listener = start_listener(proxied.settings, proxied.rsm, rlmm=rlmm)
+        listener.server.router.ctx.tier.ttl_s = 3600.0  # an empty chain read while held, if kept, would stay
+        c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"n-{uuid.uuid4().hex[:6]}",
+                      "auto.offset.reset": "error", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        c.assign([TopicPartition(topic, 0, start)])
+        fetches, deadline = _upstream_requests()["fetch"], time.monotonic() + 60
+        while _upstream_requests()["fetch"] < fetches + 3:  # the first Fetch, and two more after it
+            assert time.monotonic() < deadline, "the consumer stopped fetching"
+            for msg in c.consume(100, 0.2):
+                pytest.fail(f"while the tier is not read: {msg.error() or msg.offset()}")
+        served = listener.server.router.ctx.catalog.by_name(topic)
+        assert served is not None and not rlmm.is_ready(served.tp(0))  # the premise: held back all along
+        released.set()
+        got = consume_until(c, {(topic, 0): end})[(topic, 0)]
+    finally:
+        released.set()
+        if c is not None:
+            c.close()
+        if listener is not None:
+            listener.stop()
+        rlmm.close()
+    assert [r.offset for r in got] == list(range(start, end))
+    assert all((r.key, r.value) == proxied.sent[(0, r.offset)] for r in got)
 
 
 def test_list_offsets_by_timestamp_below_the_log_start_is_the_tiers(proxied: Proxied) -> None:

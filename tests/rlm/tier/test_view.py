@@ -40,6 +40,9 @@ class Seg:
         yield from ((h, b"") for h in self.headers)  # a generator, as the storage manager's
 
 
+CAUGHT_UP = SimpleNamespace(is_ready=lambda _tp: True)  # the reader's metadata manager (TierView.ready)
+
+
 def entry(pid: int, txn_first: int) -> ProducerStateEntry:
     return ProducerStateEntry(pid, 0, 0, txn_first, 0, 0, -1, txn_first)
 
@@ -55,7 +58,7 @@ def _segments_are_their_own_handles(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def view(segs: list[Seg]) -> TierView:
-    reader = SimpleNamespace(segments=lambda _tp: segs, rsm=SimpleNamespace(open_segment=lambda md: md))
+    reader = SimpleNamespace(segments=lambda _tp: segs, rsm=SimpleNamespace(open_segment=lambda md: md), rlmm=CAUGHT_UP)
     return TierView(reader, ttl_s=0)  # type: ignore[arg-type]
 
 
@@ -98,7 +101,7 @@ def test_a_growing_tier_without_snapshots_walks_only_the_new_segments() -> None:
     segs = [Seg(0, 9, None, [batch(7, 0, 4), batch(7, 5, 5, control=True), batch(8, 6, 9)]),
             Seg(10, 19, None, [batch(8, 10, 12), batch(9, 13, 19)])]
     opened: list[int] = []
-    reader = SimpleNamespace(segments=lambda _tp: segs,
+    reader = SimpleNamespace(segments=lambda _tp: segs, rlmm=CAUGHT_UP,
                              rsm=SimpleNamespace(open_segment=lambda md: opened.append(md.start_offset) or md))
     tv = TierView(reader, ttl_s=0)  # type: ignore[arg-type]
     assert tv.partition(TP).last_stable_offset == 6  # pid 8 open since 6
