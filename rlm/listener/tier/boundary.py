@@ -30,7 +30,9 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
   Kafka's after retention) and the client's principal may DESCRIBE the topic. A timestamp lookup is the tier's
   (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes) when the first record at or after the
-  timestamp lies below the broker's log start; LATEST and the other special timestamps are the broker's.
+  timestamp lies below the broker's log start; LATEST and the other special timestamps are the broker's. EARLIEST and
+  timestamp lookups of a partition whose tier the listener has not read yet (:meth:`rlm.tier.TierView.ready`) are
+  OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a consumer past the tier's history.
 - **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
   it: Kafka then answers the requested epoch with its log start) is answered from the tier's lineage
   (:meth:`rlm.tier.Lineage.end_offset_for`: the largest epoch at or below it and the start of the next), DESCRIBE
@@ -317,6 +319,9 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
 
     def change(served: ServedTopic, p: Any) -> Any:
         ts = wanted.get((served.name, p.partition_index))
+        if (ts == EARLIEST or (ts is not None and (served.name, p.partition_index) in log_starts)) and not \
+                ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
+            return _not_available(p)
         if ts == EARLIEST:
             pt = ctx.partition_tier(served.tp(p.partition_index), "list_offsets")
             if pt is not None and pt.log_start_offset < p.offset and not holes.check(pt, p.offset, "list_offsets"):
@@ -332,6 +337,13 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
         return p
 
     return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)
+
+
+def _not_available(p: Any) -> Any:
+    """A ListOffsets partition answer ``p`` as OFFSET_NOT_AVAILABLE (as a new leader answers for a moment: clients
+    ask again), no offset."""
+    return dataclasses.replace(p, error_code=ErrorCode.offset_not_available, timestamp=-1, offset=-1,
+                               **({"leader_epoch": -1} if hasattr(p, "leader_epoch") else {}))
 
 
 def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,

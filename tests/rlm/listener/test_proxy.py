@@ -563,14 +563,25 @@ def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
     assert offsets == [*range(TIERED), *range(start, TIERED + HOLE_AFTER)]
 
 
-def test_a_proxy_whose_metadata_is_not_read_yet_has_the_client_fetch_again_not_reset(
-        proxied: Proxied, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second proxy of the broker, its metadata manager not caught up yet (its consumer held back before it reads
-    a record, as a listener just started reads a long metadata topic, or all of it into an empty cache): the tier it
-    sees is empty. A consumer positioned below the broker's log start (``auto.offset.reset=error``) is answered
-    OFFSET_NOT_AVAILABLE, not the broker's OFFSET_OUT_OF_RANGE (which would reset it), and fetches again, the broker
-    asked each time; once the manager has read the metadata, it reads every offset from there to the end, once (the
-    tier's chain, kept an hour here, is not the empty one read while held)."""
+@dataclass
+class Held:
+    """A second proxy of the module's broker whose metadata manager has read nothing yet (:func:`held_proxy`)."""
+
+    listener: Listener
+    rlmm: Any
+    released: threading.Event  # set: the manager reads the metadata topic
+
+    def caught_up(self, topic: str) -> bool:
+        served = self.listener.server.router.ctx.catalog.by_name(topic)
+        return served is not None and self.rlmm.is_ready(served.tp(0))
+
+
+@pytest.fixture
+def held_proxy(proxied: Proxied, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Held]:
+    """A second proxy of the broker, its metadata manager not caught up (its consumer held back before it reads a
+    record, as a listener just started reads a long metadata topic, or all of it into an empty cache, until
+    ``released``): the tier it sees is empty. Its tier's chains are kept an hour: one read while held, if kept,
+    would stay."""
     cache = tmp_path / "held-cache"
     released = threading.Event()
     consume_once = ConsumerTask._consume_once
@@ -583,33 +594,75 @@ def test_a_proxy_whose_metadata_is_not_read_yet_has_the_client_fetch_again_not_r
     monkeypatch.setattr(ConsumerTask, "_consume_once", held_back)
     assert proxied.settings is not None
     rlmm = make_rlmm(proxied.settings, serve_all=True, cache_dir=cache, read_only=True)
-    topic, start, end = proxied.topic, 5, proxied.end(0)
     listener: Listener | None = None
-    c: Consumer | None = None
     try:
         listener = start_listener(proxied.settings, proxied.rsm, rlmm=rlmm)
-        listener.server.router.ctx.tier.ttl_s = 3600.0  # an empty chain read while held, if kept, would stay
-        c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"n-{uuid.uuid4().hex[:6]}",
-                      "auto.offset.reset": "error", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
-        c.assign([TopicPartition(topic, 0, start)])
-        fetches, deadline = _upstream_requests()["fetch"], time.monotonic() + 60
-        while _upstream_requests()["fetch"] < fetches + 3:  # the first Fetch, and two more after it
-            assert time.monotonic() < deadline, "the consumer stopped fetching"
-            for msg in c.consume(100, 0.2):
-                pytest.fail(f"while the tier is not read: {msg.error() or msg.offset()}")
-        served = listener.server.router.ctx.catalog.by_name(topic)
-        assert served is not None and not rlmm.is_ready(served.tp(0))  # the premise: held back all along
-        released.set()
-        got = consume_until(c, {(topic, 0): end})[(topic, 0)]
+        listener.server.router.ctx.tier.ttl_s = 3600.0
+        yield Held(listener, rlmm, released)
     finally:
         released.set()
-        if c is not None:
-            c.close()
         if listener is not None:
             listener.stop()
+            proxy = listener.server.router.proxy
+            for ahead in list(proxy.prefetched if proxy is not None else ()):  # their blocks out of the gauge now,
+                ahead.claim.release()  # not when the connections are collected (a later test reads it)
         rlmm.close()
+
+
+def _until_asked(api: str, times: int, c: Consumer) -> None:
+    """Poll ``c`` until the proxies asked the broker ``api`` ``times`` more times; nothing may come meanwhile."""
+    asked, deadline = _upstream_requests()[api], time.monotonic() + 60
+    while _upstream_requests()[api] < asked + times:
+        assert time.monotonic() < deadline, f"the consumer stopped asking ({api})"
+        for msg in c.consume(100, 0.2):
+            pytest.fail(f"while the tier is not read: {msg.error() or msg.offset()}")
+
+
+def test_a_proxy_whose_metadata_is_not_read_yet_has_the_client_fetch_again_not_reset(
+        proxied: Proxied, held_proxy: Held) -> None:
+    """Through a proxy whose tier is not read yet (:func:`held_proxy`), a consumer positioned below the broker's log
+    start (``auto.offset.reset=error``) is answered OFFSET_NOT_AVAILABLE, not the broker's OFFSET_OUT_OF_RANGE (which
+    would reset it), and fetches again, the broker asked each time; once the manager has read the metadata, it reads
+    every offset from there to the end, once (the tier's chain is not the empty one read while held)."""
+    topic, start, end = proxied.topic, 5, proxied.end(0)
+    c = Consumer({"bootstrap.servers": f"127.0.0.1:{held_proxy.listener.port}", "group.id": f"n-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "error", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        c.assign([TopicPartition(topic, 0, start)])
+        _until_asked("fetch", 3, c)  # the first Fetch, and two more after it
+        assert not held_proxy.caught_up(topic)  # the premise: held back all along
+        held_proxy.released.set()
+        got = consume_until(c, {(topic, 0): end})[(topic, 0)]
+    finally:
+        c.close()
     assert [r.offset for r in got] == list(range(start, end))
     assert all((r.key, r.value) == proxied.sent[(0, r.offset)] for r in got)
+
+
+def test_earliest_through_a_proxy_whose_metadata_is_not_read_yet_is_asked_again_not_the_brokers(
+        proxied: Proxied, held_proxy: Held) -> None:
+    """Through a proxy whose tier is not read yet (:func:`held_proxy`), ListOffsets EARLIEST is OFFSET_NOT_AVAILABLE,
+    not the broker's log start (a consumer reset to it would never read the tier's history); a consumer with no
+    position and ``auto.offset.reset=earliest`` asks again, and once the manager has read the metadata it starts at
+    0, the tier's first offset."""
+    topic = proxied.topic
+    with socket.create_connection(("127.0.0.1", held_proxy.listener.port), timeout=30) as sock:
+        p = _list_offsets(sock, topic, EARLIEST)
+        assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
+    c = Consumer({"bootstrap.servers": f"127.0.0.1:{held_proxy.listener.port}", "group.id": f"e-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        c.assign([TopicPartition(topic, 0)])
+        _until_asked("list_offsets", 2, c)  # the consumer's EARLIEST, and once more after it
+        assert not held_proxy.caught_up(topic)  # the premise: held back all along
+        held_proxy.released.set()
+        got = consume_until(c, {(topic, 0): LOG_START[0] + 5})[(topic, 0)]
+    finally:
+        c.close()
+    assert [r.offset for r in got[:LOG_START[0] + 5]] == list(range(LOG_START[0] + 5))
+    with socket.create_connection(("127.0.0.1", held_proxy.listener.port), timeout=30) as sock:
+        p = _list_offsets(sock, topic, EARLIEST)
+        assert (p.error_code, p.offset) == (0, 0), p
 
 
 def test_list_offsets_by_timestamp_below_the_log_start_is_the_tiers(proxied: Proxied) -> None:
