@@ -22,10 +22,13 @@ measured is the one a history read takes in ``bench_proxy`` (the answer read ahe
 blocks sent from their file), without the broker, the consumer's CPU or its group protocol.
 
 Printed per run: the listener's CPU per GiB and per Fetch by thread group (``loop``, ``workers``) and their voluntary
-and involuntary context switches per Fetch (``/proc/self/task``). ``--baseline DIR`` (a checkout, e.g. ``git archive``
-of the base commit): each round runs this checkout's code and then DIR's (the order reversed every other round),
-each in a process of its own; the medians side by side. On a shared 2-core machine a run's total swings 1.1-1.7 s/GiB
-within a minute for the same code (session 19): compare medians of several rounds, run under the bench lock.
+and involuntary context switches per Fetch (``/proc/self/task``); and on the client's clock, p50 / p90 / p99 of a
+Fetch sent to its answer's first bytes (the listener's turn) and to its whole answer (that and the transfer: what the
+listener's threads take from each other while it writes shows here, not in its CPU). ``--baseline DIR`` (a checkout,
+e.g. ``git archive`` of the base commit): each round runs this checkout's code and then DIR's (the order reversed
+every other round), each in a process of its own; the medians side by side. On a shared 2-core machine a run's total
+swings 1.1-1.7 s/GiB within a minute for the same code (session 19): compare medians of several rounds, run under the
+bench lock.
 ``--profile FILE``: one more run of this checkout with every listener thread under cProfile (thread CPU time),
 FILE.loop and FILE.workers in pstats format.
 
@@ -96,6 +99,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +215,8 @@ def client(port: int, topic: str, topic_id: str, records: int, reads: int, versi
     correlation = 0
     for _ in range(reads):
         offset = fetches = size = 0
+        firsts: list[float] = []  # a Fetch sent -> its answer's size prefix read (the listener's turn)
+        wholes: list[float] = []  # a Fetch sent -> its answer read whole (that turn and the answer's transfer)
         while offset < records:
             correlation += 1
             frame, header = new_request(1, version, correlation, "bench", {
@@ -218,17 +224,29 @@ def client(port: int, topic: str, topic_id: str, records: int, reads: int, versi
                 "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{**by_id, "partitions": [
                     {"partition": 0, "fetch_offset": offset, "current_leader_epoch": 0, "last_fetched_epoch": -1,
                      "log_start_offset": -1, "partition_max_bytes": PARTITION_MAX_BYTES}]}]})
+            sent = time.perf_counter()
             sock.sendall(frame)
             (n,) = struct.unpack(">i", _receive(sock, 4))
-            p = decode_response(bytes(_receive(sock, n)), header).responses[0].partitions[0]
+            first = time.perf_counter()
+            body = bytes(_receive(sock, n))
+            firsts.append(first - sent)
+            wholes.append(time.perf_counter() - sent)
+            p = decode_response(body, header).responses[0].partitions[0]
             last = last_offset(p.records)
             if p.error_code != 0 or last is None or struct.unpack_from(">q", p.records)[0] > offset or last < offset:
                 raise RuntimeError(f"bad answer at offset {offset}: error {p.error_code}, last offset {last}")
             size += len(p.records)
             offset = last + 1
             fetches += 1
-        print(json.dumps({"fetches": fetches, "bytes": size}), flush=True)
+        print(json.dumps({"fetches": fetches, "bytes": size, "first_ms": _quantiles(firsts),
+                          "whole_ms": _quantiles(wholes)}), flush=True)
     sock.close()
+
+
+def _quantiles(seconds: list[float]) -> list[float]:
+    """p50, p90, p99 of ``seconds``, in ms."""
+    q = statistics.quantiles(seconds, n=100, method="inclusive")
+    return [q[49] * 1e3, q[89] * 1e3, q[98] * 1e3]
 
 
 def _receive(sock: socket.socket, n: int) -> bytearray:
@@ -296,7 +314,8 @@ def serve(root: Path, mib: int, reads: int, profile: str | None, version: int = 
             stats.dump_stats(f"{profile}.{group}")
     used = {g: [a - b for a, b in zip(after[g], before[g], strict=True)] for g in GROUPS}
     return {"fetches": sum(d["fetches"] for d in done), "bytes": sum(d["bytes"] for d in done), "threads": used,
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0],
+            **{k: [statistics.median(d[k][i] for d in done) for i in range(3)] for k in ("first_ms", "whole_ms")}}
 
 
 def report(label: str, run: dict[str, Any]) -> str:
@@ -308,6 +327,9 @@ def report(label: str, run: dict[str, Any]) -> str:
         u, s, v, i = run["threads"][g]
         parts.append(f"{g} user {u / gib:.3f} sys {s / gib:.3f} s/GiB, switches a Fetch {v / fetches:.1f} voluntary "
                      f"{i / fetches:.1f} involuntary")
+    if "first_ms" in run:  # the client's clock, p50 / p90 / p99 (the median of its reads')
+        parts.append("client: first byte " + " / ".join(f"{v:.3f}" for v in run["first_ms"]) + " ms, whole answer "
+                     + " / ".join(f"{v:.3f}" for v in run["whole_ms"]) + " ms (p50 / p90 / p99)")
     return "; ".join(parts)
 
 

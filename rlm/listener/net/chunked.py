@@ -29,13 +29,18 @@ TAG_BYTES = 16
 
 class ChunkedAnswer:
     """One response frame in parts: encoded bytes (memoryviews, or the tier's record buffers) and
-    :class:`StreamedBatch` es, in order."""
+    :class:`StreamedBatch` es, in order. ``then``: what the server calls (on its event loop) once a small answer
+    (up to ``WRITE_SLICE_BYTES``, in memory) is handed to the socket, its first writes made, and before a larger one
+    is written a slice at a time (the proxy reads the next answer ahead there:
+    :meth:`rlm.listener.upstream.proxy.Proxy._tier_answer`)."""
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("parts", "size", "then")
 
-    def __init__(self, parts: list[memoryview | bytes | StreamedBatch], size: int) -> None:
+    def __init__(self, parts: list[memoryview | bytes | StreamedBatch], size: int,
+                 then: Callable[[], None] | None = None) -> None:
         self.parts = parts
         self.size = size
+        self.then = then
 
     def __len__(self) -> int:
         """The frame's bytes, its size prefix included."""

@@ -367,10 +367,17 @@ class ListenerServer:
                 # counted before the write: a client may read the response before the next line would run
                 _bytes_sent(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(len(response))
                 if isinstance(response, ChunkedAnswer):
+                    # response.then (the proxy's next answer read ahead) once the socket has had the first writes of
+                    # a small answer; before a large one's slices, whose writes mostly wait for the client to read
                     if len(response) <= WRITE_SLICE_BYTES and response.in_memory():
                         self._write(writer, protocol, response, peer)
-                    elif not await self._write_chunked(writer, response, peer):
-                        return
+                        if response.then is not None:
+                            response.then()
+                    else:
+                        if response.then is not None:
+                            response.then()
+                        if not await self._write_chunked(writer, response, peer):
+                            return
                 elif len(response) <= WRITE_SLICE_BYTES:
                     self._write(writer, protocol, response, peer)  # taken, or queued (protocol.answer)
                 elif not await self._send(writer, response, peer, loop.time()):

@@ -219,9 +219,13 @@ class Proxy:
         """The answer to ``req`` from the tier alone (:func:`fetch_from_tier`; None: the broker must be asked), in
         parts: the tier's buffers as they are, a batch too large to hold read and written a chunk at a time (PDP-43,
         :func:`fetch_response_parts`). ``ahead``, the answer read ahead for it when the previous Fetch guessed it
-        (:class:`Prefetched`), else read now. Then the next one is read ahead, on a worker, while this answer
-        is written and the client reads it (started first: a client that parses little, as librdkafka's fetcher,
-        sends its next Fetch ~0.5 ms after it has the answer, about what the read takes)."""
+        (:class:`Prefetched`), else read now. Then the next one is read ahead, on a worker, once this answer is
+        handed to the socket (:class:`ChunkedAnswer` ``then``: the server calls it after the first writes of an
+        answer up to 2 MiB, before a larger one's), while the client reads and parses it. Not before the writes, as
+        until session 21: the worker's read (~0.4 ms of Python a 1 MiB answer) then held the GIL between the
+        answer's writes (a ``sendfile`` or ``writev`` a part, each one taking the GIL back), and the answer reached
+        the client later (``bench_proxy_fetch``, the client's clock, load 14-17: whole answer p50 2.1-3.8 ms against
+        3.0-14.0, 4 rounds alternating)."""
         values: dict[str, Any] | None = None
         answer: ChunkedAnswer | None = None
         used = False
@@ -243,8 +247,12 @@ class Proxy:
             values = await run(fetch_from_tier, self.ctx, req, client, known, room() if room else None)
         if values is None:
             return None
-        self._read_ahead(header, req, values, client, upstream, run, room)
-        return answer if answer is not None else ChunkedAnswer(*fetch_response_parts(header, values))
+        if answer is None:
+            answer = ChunkedAnswer(*fetch_response_parts(header, values))
+        left = room() if room else None  # the room now, before this answer is queued against it
+        answer.then = functools.partial(self._read_ahead, header, req, values, client, upstream, run,
+                                        None if left is None else lambda: left)
+        return answer
 
     def _read_ahead(self, header: RequestHeader, req: Any, values: dict[str, Any], client: Client,
                     upstream: Upstream, run: Run, room: Callable[[], int] | None) -> None:

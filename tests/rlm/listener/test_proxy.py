@@ -877,6 +877,9 @@ def test_answers_read_ahead_hold_no_more_block_memory_than_the_budget(proxied: P
             assert part.error_code == 0 and got and list(got) == list(range(position, max(got) + 1)), (position, got)
             assert all(proxied.sent[(p, o)] == kv for o, kv in got.items()), position
             positions[sock] = (p, max(got) + 1)
+            # the next answer is read ahead once this one is handed to the socket (ChunkedAnswer.then): an answer
+            # to ApiVersions on the connection says it has been (a connection's requests are served in turn)
+            assert call(sock, 18, 0, {}) is not None
             held = _held_by(ahead.prefetched)
             assert held == ahead.held.total == REGISTRY.get_sample_value("rlm_history_read_ahead_held_bytes")
             if i == 0:
