@@ -30,9 +30,11 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE
   and ListOffsets EARLIEST too (clients ask again; the broker's OFFSET_OUT_OF_RANGE or log start would reset a
   consumer past offsets tiered seconds later), counted once a range (``rlm_history_tier_holes_pending_total{topic}``)
-  and logged once a range with what is staged. A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as from Kafka,
-  and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``) and logged
-  once with its range, when a Fetch or ListOffsets meets it.
+  and logged once a range with what is staged. A partition with nothing remote is pending so below the broker's log
+  start (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
+  counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE,
+  as from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``)
+  and logged once with its range, when a Fetch or ListOffsets meets it.
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
@@ -146,12 +148,23 @@ class Holes:
                       "last_offset_inclusive": last_offset_inclusive,
                       "offsets": last_offset_inclusive - first_offset + 1, "api": api})
 
-    def check(self, tier: PartitionTier | None, log_start_offset: int, api: str) -> Hole:
+    def check(self, tier: PartitionTier | None, log_start_offset: int, api: str, *,
+              tp: TopicIdPartition | None = None) -> Hole:
         """Whether ``tier`` ends below the broker's ``log_start_offset``: not, pending, or a hole (counted and logged
-        once)."""
-        if tier is None or tier.high_watermark >= log_start_offset:
+        once). ``tier`` None (nothing of partition ``tp`` is remote): the range is everything below the broker's log
+        start, pending as any other (its first segment staged and deleted before its copy, or copied and not read by
+        the listener yet); once confirmed it is not counted nor logged as a hole (nothing was tiered, e.g. tiering
+        began after the broker's retention had run, or remote retention expired it all): the broker's answers
+        stand, as they did."""
+        if tier is not None:
+            if tier.high_watermark >= log_start_offset:
+                return Hole.NONE
+            tp, first = tier.tp, tier.high_watermark
+        elif tp is None or log_start_offset <= 0:
             return Hole.NONE
-        tp, first, last = tier.tp, tier.high_watermark, log_start_offset - 1
+        else:
+            first = 0
+        last = log_start_offset - 1
         staged = [r for r in (self._staged(tp) if self._staged is not None else ()) if r[0] <= last and r[1] >= first]
         now, tell = self._clock(), False
         with self._lock:
@@ -169,7 +182,8 @@ class Holes:
             if not confirmed:
                 tell = _remember(self._told, (tp, first, last))
         if confirmed:
-            self.met(tp, first, last, api)
+            if tier is not None:
+                self.met(tp, first, last, api)
             return Hole.CONFIRMED
         if tell:
             PENDING_HOLES.labels(tp.topic).inc()
@@ -376,9 +390,10 @@ def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_off
     served = ctx.catalog.by_name(key) if isinstance(key, str) else ctx.catalog.by_id(key)
     if served is None:
         return Hole.NONE
-    pt = ctx.partition_tier(served.tp(partition), "fetch")
-    if pt is not None and pt.high_watermark <= fetch_offset:
-        return holes.check(pt, log_start, "fetch")
+    tp = served.tp(partition)
+    pt = ctx.partition_tier(tp, "fetch")
+    if pt is None or pt.high_watermark <= fetch_offset:
+        return holes.check(pt, log_start, "fetch", tp=tp)
     return Hole.NONE
 
 
@@ -399,13 +414,13 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
                 ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
             return _not_available(p)
         if ts == EARLIEST:
-            pt = ctx.partition_tier(served.tp(p.partition_index), "list_offsets")
-            hole = holes.check(pt, p.offset, "list_offsets") if pt is not None and pt.log_start_offset < p.offset \
+            tp = served.tp(p.partition_index)
+            pt = ctx.partition_tier(tp, "list_offsets")
+            hole = holes.check(pt, p.offset, "list_offsets", tp=tp) if pt is None or pt.log_start_offset < p.offset \
                 else None
             if hole is Hole.PENDING:  # the broker's log start would start a consumer past what may yet be tiered
                 return _not_available(p)
-            if hole is Hole.NONE:
-                assert pt is not None
+            if hole is Hole.NONE and pt is not None:
                 return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
         elif ts is not None and (served.name, p.partition_index) in log_starts:
             try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
 
@@ -90,6 +91,23 @@ def test_without_grace_or_staging_a_range_is_a_hole_at_once() -> None:
     assert Holes(0.0, lambda tp: [(40, 79)]).check(_tier(40), 80, "fetch") is Hole.PENDING
 
 
+def test_an_empty_tier_below_the_log_start_is_pending_and_then_no_hole_counted() -> None:
+    """Nothing of the partition remote: everything below the broker's log start is pending while staged and for the
+    grace; then the broker's answers stand, as for a partition whose tiering began after its retention ran: not
+    counted nor logged as a hole."""
+    staged: list[tuple[int, int]] = [(0, 9)]
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: list(staged), clock=clock)
+    before = _sample("rlm_history_tier_holes_total")
+    assert holes.check(None, 0, "list_offsets", tp=TP) is Hole.NONE  # the broker's log starts at 0
+    assert holes.check(None, 20, "fetch", tp=TP) is Hole.PENDING
+    staged.clear()
+    assert holes.check(None, 20, "fetch", tp=TP) is Hole.PENDING
+    clock.now += 5
+    assert holes.check(None, 20, "list_offsets", tp=TP) is Hole.CONFIRMED
+    assert _sample("rlm_history_tier_holes_total") == before
+
+
 class HeldRsm(RemoteStorageManager):
     """The real storage manager whose copies of segments from ``hold_from`` on wait for ``release``."""
 
@@ -104,15 +122,17 @@ class HeldRsm(RemoteStorageManager):
         return super().copy_log_segment_data(segment_metadata, data, **kw)
 
 
+@pytest.mark.parametrize("first_copied", [True, False], ids=["tier", "empty_tier"])
 def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
-        kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+        kafka: KafkaCluster, topic_name: str, tmp_path: Path, first_copied: bool) -> None:
     """The broker's retention deletes each rolled segment within ~1-2 s (retention 500 ms, checked every second; a
     broker just started checks first after 30 s, log.initial.task.delay.ms); the sidecar stages it at its roll. The
-    first segment is copied; the next ones' copy is held back, and retention deletes them: the tier ends below the
-    broker's log start, and the staging covers the difference. Through the proxy a Fetch there and EARLIEST are
-    OFFSET_NOT_AVAILABLE, past ``hole_confirm_ms`` too (staged), and a consumer with ``auto.offset.reset=error``
-    positioned at 0 reads the tier's records and then waits, never reset; once the copy is let go it reads every
-    offset to the end, once. (Without the staging check: OFFSET_OUT_OF_RANGE, and the consumer's reset error.)"""
+    first segment is copied (``empty_tier``: none); the next ones' copy is held back, and retention deletes them:
+    the tier ends below the broker's log start, and the staging covers the difference. Through the proxy a Fetch
+    there and EARLIEST are OFFSET_NOT_AVAILABLE, past ``hole_confirm_ms`` too (staged), and a consumer with
+    ``auto.offset.reset=error`` positioned at 0 reads the tier's records and then waits, never reset; once the copy
+    is let go it reads every offset to the end, once. (Without the staging check: OFFSET_OUT_OF_RANGE, and the
+    consumer's reset error.)"""
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500",
                                                           "file.delete.delay.ms": "1000"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
@@ -120,14 +140,16 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
         "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True},
         "hole_confirm_ms": CONFIRM_MS})
     rsm = HeldRsm(settings.store)
-    rsm.held, rsm.release, rsm.hold_from = threading.Event(), threading.Event(), 1 << 62
+    rsm.held, rsm.release, rsm.hold_from = threading.Event(), threading.Event(), 1 << 62 if first_copied else 0
     with Sidecar(settings, rsm=rsm) as sidecar:
         listener = None
         try:
             wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
-            sent = produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
-            wait_for(lambda: latest_remote(sidecar, tp) >= 19, 30, "the first segment copied",
-                     detail=lambda: copy_state(sidecar, tp))
+            sent: dict[int, tuple[bytes, bytes]] = {}
+            if first_copied:
+                sent = produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+                wait_for(lambda: latest_remote(sidecar, tp) >= 19, 30, "the first segment copied",
+                         detail=lambda: copy_state(sidecar, tp))
             tiered = latest_remote(sidecar, tp) + 1
             rsm.hold_from = tiered
             sent.update(produce_segments(kafka, topic_name, 2, 20, segment_ms=300, roll=False))
@@ -151,8 +173,8 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             def read() -> bool:
                 tier.refresh([tp])
                 t = tier.partition(tp)
-                return t is not None and t.high_watermark == tiered
-            wait_for(read, 30, "the listener to read the first copy")
+                return tier.ready(tp) and (t.high_watermark if t is not None else 0) == tiered
+            wait_for(read, 30, "the listener to read the tier")
             before = REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) or 0.0
             host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
             with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock, \
