@@ -29,6 +29,7 @@ headers as the producer's delivery reports give them):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -366,3 +367,18 @@ def history(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         if history is not None:
             history.stop()
         sidecar.stop()
+
+
+def librdkafka_log() -> tuple[logging.Logger, list[str]]:
+    """A logger for librdkafka's ``debug`` lines (a client's ``logger=``), and the list they go to."""
+    lines: list[str] = []
+
+    class Into(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    log = logging.getLogger(f"rdkafka-{uuid.uuid4().hex[:6]}")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    log.addHandler(Into())
+    return log, lines

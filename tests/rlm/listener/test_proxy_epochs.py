@@ -16,7 +16,6 @@ Fetch, no request through the proxy (librdkafka's debug log; 3 of 16 consumers a
 
 from __future__ import annotations
 
-import logging
 import re
 import socket
 import time
@@ -35,7 +34,7 @@ from rlm.config import SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.listener.conftest import consume_until
+from tests.rlm.listener.conftest import consume_until, librdkafka_log
 from tests.rlm.listener.raw_wire import call
 from tests.support.kafka import produce
 from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for
@@ -147,16 +146,7 @@ def test_a_consumer_validating_an_old_position_reads_on_across_the_leader_change
     ``broker`` debug lines) went to a proxy."""
     e0, _e1 = epochs.epochs
     start = epochs.e1_start - 5
-    lines: list[str] = []
-
-    class Into(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    log = logging.getLogger(f"rdkafka-{uuid.uuid4().hex[:6]}")
-    log.propagate = False
-    log.setLevel(logging.DEBUG)
-    log.addHandler(Into())
+    log, lines = librdkafka_log()
     c = Consumer({"bootstrap.servers": f"127.0.0.1:{epochs.listener.port}", "group.id": f"v-{uuid.uuid4().hex[:6]}",
                   "enable.auto.commit": False, "auto.offset.reset": "error", "fetch.wait.max.ms": 100,
                   "debug": "broker", "log_level": 7}, logger=log)

@@ -22,7 +22,6 @@ lets the broker's ``transaction.version`` 2 (KIP-890, which needs Produce v12+) 
 from __future__ import annotations
 
 import io
-import logging
 import re
 import socket
 import struct
@@ -42,6 +41,7 @@ from rlm.listener import Listener, start_listener
 from rlm.listener.protocol.codec import decode_response, new_request, produce_names_leaders
 from rlm.listener.protocol.frame import RequestHeader
 from rlm.sidecar import Sidecar
+from tests.rlm.listener.conftest import librdkafka_log
 from tests.rlm.listener.raw_wire import recv_frame
 from tests.support.batches import batch
 from tests.support.sidecar import PartitionStates, make_settings, only, reassign, wait_for
@@ -164,21 +164,6 @@ def test_produce_and_transaction_version_are_offered_as_the_broker_gives_them(si
     assert txn_version(ours) == txn_version(broker)
 
 
-def _protocol_log() -> tuple[logging.Logger, list[str]]:
-    """A logger for librdkafka's ``debug`` lines, and the list they go to."""
-    lines: list[str] = []
-
-    class Into(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    log = logging.getLogger(f"rdkafka-{uuid.uuid4().hex[:6]}")
-    log.propagate = False
-    log.setLevel(logging.DEBUG)
-    log.addHandler(Into())
-    return log, lines
-
-
 def _produce_versions(lines: list[str]) -> set[int]:
     """The Produce versions librdkafka sent, from its ``protocol`` debug lines ("Sent ProduceRequest (v11, ...")."""
     return {int(m.group(1)) for line in lines for m in re.finditer(r"Sent ProduceRequest \(v(\d+)", line)}
@@ -207,7 +192,7 @@ def _read_committed(kafka: KafkaCluster, topic: str, partition: int, start: int,
 def test_an_idempotent_producer_with_acks_all_produces_through_the_proxy(single: Single) -> None:
     """confluent-kafka's idempotent producer (acks=all), the proxy its only bootstrap server: it speaks Produce v10+,
     every record is acknowledged and the broker holds each once, in order."""
-    log, lines = _protocol_log()
+    log, lines = librdkafka_log()
     p = Producer({"bootstrap.servers": single.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
                   "debug": "protocol", "log_level": 7}, logger=log)
     acked: dict[int, tuple[bytes, bytes]] = {}
@@ -339,7 +324,7 @@ def test_a_producer_follows_a_leader_move_through_the_proxies(moved: Moved) -> N
     moved.states.admin.create_topics([NewTopic(topic, 1, replica_assignment=[[LEADER, ASKED]])])[topic].result(30)
     wait_for(lambda: moved.states.leader(topic, 0) == LEADER and len(moved.states.isr(topic, 0)) == 2, 60,
              "the leader and its follower in sync")
-    log, lines = _protocol_log()
+    log, lines = librdkafka_log()
     p = Producer({"bootstrap.servers": ",".join(f"127.0.0.1:{li.port}" for li in moved.listeners.values()),
                   "enable.idempotence": True, "acks": "all", "linger.ms": 5, "debug": "broker,protocol",
                   "log_level": 7, "topic.metadata.refresh.interval.ms": 600_000}, logger=log)
