@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from devtools.devkafka import KafkaCluster
+from rlm.config import HistoryListenerSettings
 from rlm.listener import start_listener
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier.boundary import Hole, Holes
@@ -106,6 +108,14 @@ def test_an_empty_tier_below_the_log_start_is_pending_and_then_no_hole_counted()
     clock.now += 5
     assert holes.check(None, 20, "list_offsets", tp=TP) is Hole.CONFIRMED
     assert _sample("rlm_history_tier_holes_total") == before
+
+
+def test_hole_confirm_ms_defaults_to_30_s_and_is_validated() -> None:
+    assert HistoryListenerSettings(proxy=True).hole_confirm_ms == 30_000
+    assert HistoryListenerSettings(proxy=True, hole_confirm_ms=0).hole_confirm_ms == 0
+    for bad in (-1, 3_600_001):
+        with pytest.raises(ValidationError, match="hole_confirm_ms"):
+            HistoryListenerSettings(proxy=True, hole_confirm_ms=bad)
 
 
 class HeldRsm(RemoteStorageManager):
