@@ -388,6 +388,9 @@ def report(label: str, run: dict[str, Any]) -> str:
         u, s, v, i = run["threads"][g]
         parts.append(f"{g} user {u / gib:.3f} sys {s / gib:.3f} s/GiB, switches a Fetch {v / fetches:.1f} voluntary "
                      f"{i / fetches:.1f} involuntary")
+    bu, bs, _bv, _bi = run["threads"].get("broker", (0, 0, 0, 0))
+    if bu or bs:  # --live: the stand-in broker's (not the listener's)
+        parts.append(f"stand-in broker {(bu + bs) / gib:.3f} CPU s/GiB")
     if "first_ms" in run:  # the client's clock, p50 / p90 / p99 (the median of its reads')
         parts.append("client: first byte " + " / ".join(f"{v:.3f}" for v in run["first_ms"]) + " ms, whole answer "
                      + " / ".join(f"{v:.3f}" for v in run["whole_ms"]) + " ms (p50 / p90 / p99)")
