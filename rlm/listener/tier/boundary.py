@@ -21,18 +21,29 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   the listener has not read yet (:meth:`rlm.tier.TierView.ready`: its metadata manager, which at start reads the
   metadata topic from its cache's progress or from the beginning, not caught up with it) where that tier has
   nothing at the fetch offset: OFFSET_NOT_AVAILABLE, not the broker's OFFSET_OUT_OF_RANGE, nor a hole.
-- **A hole**: the tier ends below the broker's log start (copy lag past local retention): offsets
-  ``tier's high watermark .. broker's log start - 1`` are nowhere. A Fetch there gets the broker's OFFSET_OUT_OF_RANGE,
-  as from Kafka; each hole is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range
-  (:class:`Holes`), when a Fetch or ListOffsets meets it.
+- **A hole**: the tier ends below the broker's log start, and the offsets ``tier's high watermark .. broker's log
+  start - 1`` are nowhere. Copy lag past local retention is normal (the sidecar stages every rolled segment it has not
+  copied, :mod:`rlm.tasks.staging`, so the broker may delete it first), so such a range is a hole only once it is
+  *confirmed* (:class:`Holes`): no segment staged for tiering overlaps it (:func:`rlm.tasks.staging.staged_ranges`,
+  read only) and it has been seen so, the same range, for ``history_listener.hole_confirm_ms`` (the moment between a
+  copy's staging released and the listener's own metadata manager and tier view reading the copy; a segment rolled
+  and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE
+  and ListOffsets EARLIEST too (clients ask again; the broker's OFFSET_OUT_OF_RANGE or log start would reset a
+  consumer past offsets tiered seconds later), counted once a range (``rlm_history_tier_holes_pending_total{topic}``)
+  and logged once a range with what is staged. A partition with nothing remote is pending so below the broker's log
+  start (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
+  counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE,
+  as from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``)
+  and logged once with its range, when a Fetch or ListOffsets meets it.
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
-  Kafka's after retention) and the client's principal may DESCRIBE the topic. A timestamp lookup is the tier's
-  (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes) when the first record at or after the
-  timestamp lies below the broker's log start; LATEST and the other special timestamps are the broker's. EARLIEST and
-  timestamp lookups of a partition whose tier the listener has not read yet (:meth:`rlm.tier.TierView.ready`) are
-  OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a consumer past the tier's history.
+  Kafka's after retention; with a pending one, OFFSET_NOT_AVAILABLE) and the client's principal may DESCRIBE the
+  topic. A timestamp lookup is the tier's (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes)
+  when the first record at or after the timestamp lies below the broker's log start; LATEST and the other special
+  timestamps are the broker's. EARLIEST and timestamp lookups of a partition whose tier the listener has not read yet
+  (:meth:`rlm.tier.TierView.ready`) are OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a
+  consumer past the tier's history.
 - **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
   it: Kafka then answers the requested epoch with its log start) is answered from the tier's lineage
   (:meth:`rlm.tier.Lineage.end_offset_for`: the largest epoch at or below it and the start of the next), DESCRIBE
@@ -42,7 +53,9 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,13 +74,16 @@ from rlm.logs import limited_logger
 from rlm.tier import Decided, Isolation, PartitionTier, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
-__all__ = ["BrokerBounds", "Holes", "epochs_below_log_start", "fetch_below_log_start", "fetch_from_tier",
+__all__ = ["BrokerBounds", "Hole", "Holes", "epochs_below_log_start", "fetch_below_log_start", "fetch_from_tier",
            "list_offsets_below_log_start", "out_of_range", "served_partitions"]
 
 log = limited_logger(__name__)
 
 HOLES = Counter("rlm_history_tier_holes", "Holes met by the proxy: ranges below the broker's log start that the "
                 "tier does not hold (each range counted once)", ["topic"])
+PENDING_HOLES = Counter("rlm_history_tier_holes_pending", "Ranges below the broker's log start that the tier does "
+                        "not hold yet, met by the proxy while staged for tiering or within hole_confirm_ms: answered "
+                        "OFFSET_NOT_AVAILABLE (each range counted once)", ["topic"])
 REPORTED_HOLES = 10_000  # holes remembered as already counted and logged (then they are counted again)
 
 
@@ -90,22 +106,40 @@ class BrokerBounds:
         return Decided(self.last_stable_offset, self.aborted)
 
 
-class Holes:
-    """Holes met, each counted and logged once: a hole is its partition and range, so a hole that grows (the broker's
-    log start moved on) is a new one. Thread-safe."""
+class Hole(enum.Enum):
+    """What :meth:`Holes.check` found below the broker's log start."""
 
-    def __init__(self) -> None:
+    NONE = "none"  # the tier reaches the broker's log start
+    PENDING = "pending"  # the tier ends below it, but what is missing may yet be tiered: clients ask again
+    CONFIRMED = "confirmed"  # a hole: the broker's OFFSET_OUT_OF_RANGE and log start stand
+
+
+class Holes:
+    """Ranges below the broker's log start that the tier does not hold, by partition: pending, then confirmed holes
+    (see the module's docstring). A range is pending while a segment staged for tiering (``staged``: a partition's
+    staged ``(base, end inclusive)``, :func:`rlm.tasks.staging.staged_ranges`) overlaps it, and for ``confirm_s``
+    from the first time it was met with none (a pending range that changes, the broker's log start or the tier's end
+    moved on, starts again). Each hole is counted and logged once, each pending range too: a range is its partition
+    and offsets, so a hole that grows is a new one. ``confirm_s`` 0 and no ``staged``: every such range is a hole at
+    once. Thread-safe."""
+
+    def __init__(self, confirm_s: float = 0.0, staged: Callable[[TopicIdPartition], list[tuple[int, int]]] | None
+                 = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.confirm_s = confirm_s
+        self._staged = staged
+        self._clock = clock
         self._seen: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()
+        self._told: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()  # pending ranges logged
+        # partition -> its range (first offset, last offset inclusive), met with nothing staged over it since (None:
+        # staged when last met)
+        self._ranges: OrderedDict[TopicIdPartition, tuple[int, int, float | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def met(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int, api: str) -> None:
         key = (tp, first_offset, last_offset_inclusive)
         with self._lock:
-            if key in self._seen:
+            if not _remember(self._seen, key):
                 return
-            self._seen[key] = None
-            while len(self._seen) > REPORTED_HOLES:
-                self._seen.popitem(last=False)
         HOLES.labels(tp.topic).inc()
         log.error("proxy: a hole below the broker's log start: these offsets are neither remote nor on the broker "
                   "(the broker's retention deleted them before they were tiered); a Fetch of them is answered "
@@ -114,12 +148,70 @@ class Holes:
                       "last_offset_inclusive": last_offset_inclusive,
                       "offsets": last_offset_inclusive - first_offset + 1, "api": api})
 
-    def check(self, tier: PartitionTier | None, log_start_offset: int, api: str) -> bool:
-        """Whether ``tier`` ends below the broker's ``log_start_offset`` (a hole: counted and logged once)."""
-        if tier is None or tier.high_watermark >= log_start_offset:
-            return False
-        self.met(tier.tp, tier.high_watermark, log_start_offset - 1, api)
-        return True
+    def check(self, tier: PartitionTier | None, log_start_offset: int, api: str, *,
+              tp: TopicIdPartition | None = None) -> Hole:
+        """Whether ``tier`` ends below the broker's ``log_start_offset``: not, pending, or a hole (counted and logged
+        once). ``tier`` None (nothing of partition ``tp`` is remote): the range is everything below the broker's log
+        start, pending as any other (its first segment staged and deleted before its copy, or copied and not read by
+        the listener yet); once confirmed it is not counted nor logged as a hole (nothing was tiered, e.g. tiering
+        began after the broker's retention had run, or remote retention expired it all): the broker's answers
+        stand, as they did."""
+        if tier is not None:
+            if tier.high_watermark >= log_start_offset:
+                return Hole.NONE
+            tp, first = tier.tp, tier.high_watermark
+        elif tp is None or log_start_offset <= 0:
+            return Hole.NONE
+        else:
+            first = 0
+        last = log_start_offset - 1
+        try:
+            held = self._staged(tp) if self._staged is not None else []
+        except OSError as err:  # what is staged is not known: nothing is confirmed (fail closed)
+            log.warning("proxy: the staging dir cannot be listed: a range below the broker's log start stays pending",
+                        extra={"topic_partition": str(tp), "error": f"{type(err).__name__}: {err}"})
+            held = [(first, last)]
+        staged = [r for r in held if r[0] <= last and r[1] >= first]
+        now, tell = self._clock(), False
+        with self._lock:
+            was = self._ranges.get(tp)
+            since = was[2] if was is not None and was[:2] == (first, last) else None
+            if staged:
+                since = None
+            elif since is None:
+                since = now
+            self._ranges[tp] = (first, last, since)
+            self._ranges.move_to_end(tp)
+            while len(self._ranges) > REPORTED_HOLES:
+                self._ranges.popitem(last=False)
+            confirmed = since is not None and now - since >= self.confirm_s
+            if not confirmed:
+                tell = _remember(self._told, (tp, first, last))
+        if confirmed:
+            if tier is not None:
+                self.met(tp, first, last, api)
+            return Hole.CONFIRMED
+        if tell:
+            PENDING_HOLES.labels(tp.topic).inc()
+            log.warning("proxy: the tier ends below the broker's log start, and these offsets may yet be tiered "
+                        "(staged for a copy, or met for less than history_listener.hole_confirm_ms): a Fetch of them "
+                        "and ListOffsets EARLIEST are answered OFFSET_NOT_AVAILABLE, and clients ask again (logged "
+                        "once per range)", extra={
+                            "topic_partition": str(tp), "first_offset": first, "last_offset_inclusive": last,
+                            "offsets": last - first + 1, "staged": [list(r) for r in staged],
+                            "hole_confirm_ms": round(self.confirm_s * 1000), "api": api})
+        return Hole.PENDING
+
+
+def _remember(seen: OrderedDict[Any, None], key: Any) -> bool:
+    """Add ``key`` to ``seen`` (the oldest forgotten past :data:`REPORTED_HOLES`); whether it is new. Under the
+    caller's lock."""
+    if key in seen:
+        return False
+    seen[key] = None
+    while len(seen) > REPORTED_HOLES:
+        seen.popitem(last=False)
+    return True
 
 
 def served_partitions(ctx: TierContext, names: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -200,9 +292,11 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
                 if (key, p.partition_index) in unknown:  # not read yet, not nowhere: the client fetches again
                     parts.append(dataclasses.replace(p, error_code=ErrorCode.offset_not_available, records=None))
                     continue
-                if got is not None and (key, p.partition_index) in below:
-                    _hole_at(ctx, holes, key, p.partition_index, asked[(key, p.partition_index)].fetch_offset,
-                             bounds[(key, p.partition_index)].log_start_offset)
+                if got is not None and (key, p.partition_index) in below and _hole_at(
+                        ctx, holes, key, p.partition_index, asked[(key, p.partition_index)].fetch_offset,
+                        bounds[(key, p.partition_index)].log_start_offset) is Hole.PENDING:  # may yet be tiered
+                    parts.append(dataclasses.replace(p, error_code=ErrorCode.offset_not_available, records=None))
+                    continue
                 parts.append(p)
                 continue
             parts.append(build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)},
@@ -296,14 +390,17 @@ def _tier_known(ctx: TierContext, key: Any) -> bool:
     return served is None or ctx.tier.ready(served.tp(key[1]))
 
 
-def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_offset: int, log_start: int) -> None:
-    """A Fetch the tier could not answer below the broker's log start: a hole when the tier ends below both."""
+def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_offset: int, log_start: int) -> Hole:
+    """A Fetch the tier could not answer below the broker's log start: a hole (pending or confirmed,
+    :meth:`Holes.check`) when the tier ends below both."""
     served = ctx.catalog.by_name(key) if isinstance(key, str) else ctx.catalog.by_id(key)
     if served is None:
-        return
-    pt = ctx.partition_tier(served.tp(partition), "fetch")
-    if pt is not None and pt.high_watermark <= fetch_offset:
-        holes.check(pt, log_start, "fetch")
+        return Hole.NONE
+    tp = served.tp(partition)
+    pt = ctx.partition_tier(tp, "fetch")
+    if pt is None or pt.high_watermark <= fetch_offset:
+        return holes.check(pt, log_start, "fetch", tp=tp)
+    return Hole.NONE
 
 
 def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
@@ -323,8 +420,13 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
                 ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
             return _not_available(p)
         if ts == EARLIEST:
-            pt = ctx.partition_tier(served.tp(p.partition_index), "list_offsets")
-            if pt is not None and pt.log_start_offset < p.offset and not holes.check(pt, p.offset, "list_offsets"):
+            tp = served.tp(p.partition_index)
+            pt = ctx.partition_tier(tp, "list_offsets")
+            hole = holes.check(pt, p.offset, "list_offsets", tp=tp) if pt is None or pt.log_start_offset < p.offset \
+                else None
+            if hole is Hole.PENDING:  # the broker's log start would start a consumer past what may yet be tiered
+                return _not_available(p)
+            if hole is Hole.NONE and pt is not None:
                 return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
         elif ts is not None and (served.name, p.partition_index) in log_starts:
             try:

@@ -1,0 +1,231 @@
+"""A range below the broker's log start that the sidecar is still tiering is no hole (``history_listener.proxy``,
+:class:`rlm.listener.tier.boundary.Holes`): the broker's local retention may delete a rolled segment before its copy
+(the sidecar staged it, :mod:`rlm.tasks.staging`), and until the copy lands, and the listener has read it, a Fetch
+there and ListOffsets EARLIEST are OFFSET_NOT_AVAILABLE (clients ask again), not the broker's OFFSET_OUT_OF_RANGE and
+log start (a consumer reset there skips what is tiered seconds later). Against the real broker, with the copy of the
+staged segment held back while retention deletes it; the rules themselves (staged ranges, the grace, a range that
+changes) with a clock of the test's."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import REGISTRY
+from pydantic import ValidationError
+
+from devtools.devkafka import KafkaCluster
+from rlm.config import HistoryListenerSettings
+from rlm.listener import start_listener
+from rlm.listener.protocol.codec import ErrorCode
+from rlm.listener.tier.boundary import Hole, Holes
+from rlm.sidecar import Sidecar
+from rlm.tasks.staging import staged_ranges, staging_roots
+from rlmm.api import TopicIdPartition
+from rsm.manager import RemoteStorageManager
+from tests.rlm.listener.conftest import broker_watermarks, consume_until
+from tests.rlm.listener.test_proxy import EARLIEST, _fetch, _list_offsets, _partition
+from tests.support.kafka import produce
+from tests.support.sidecar import copy_state, latest_remote, make_settings, only, produce_segments, wait_for
+
+TP = TopicIdPartition(uuid.uuid4(), "t", 0)
+FUTURE_MS = 600_000
+CONFIRM_MS = 3000  # the test's hole_confirm_ms: the consumer waits past it while the copy is held; after the copy
+# lands, the listener's own lag (its metadata manager, its tier view's 0.5 s) must stay within it
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tier(high_watermark: int) -> Any:
+    return SimpleNamespace(tp=TP, high_watermark=high_watermark)
+
+
+def _sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name, {"topic": TP.topic}) or 0.0
+
+
+def test_a_range_is_a_hole_once_nothing_staged_covers_it_for_the_grace() -> None:
+    staged: list[tuple[int, int]] = [(40, 59), (60, 79)]
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: list(staged), clock=clock)
+    before = (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total"))
+    assert holes.check(_tier(90), 90, "fetch") is Hole.NONE  # the tier reaches the log start
+    assert holes.check(_tier(40), 80, "fetch") is Hole.PENDING  # 40..79, staged
+    clock.now += 60
+    assert holes.check(_tier(40), 80, "fetch") is Hole.PENDING  # staged still: no grace runs meanwhile
+    staged.clear()  # the copy landed and the staging was released; the listener has not read the copy yet
+    assert holes.check(_tier(40), 80, "fetch") is Hole.PENDING  # the grace starts now
+    clock.now += 4.9
+    assert holes.check(_tier(40), 80, "list_offsets") is Hole.PENDING
+    clock.now += 0.1
+    assert holes.check(_tier(40), 80, "fetch") is Hole.CONFIRMED
+    assert holes.check(_tier(40), 80, "fetch") is Hole.CONFIRMED
+    # one pending range, one hole: each counted once
+    assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
+        before[0] + 1, before[1] + 1)
+    # the broker's log start moved on: another range, its grace from now
+    assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
+    clock.now += 5
+    assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
+    staged.append((30, 45))  # a staged segment overlapping the range (from its first offset) holds it again
+    assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
+    staged[:] = [(10, 39), (100, 120)]  # none overlapping 40..99: the grace starts again
+    assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
+    clock.now += 5
+    assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
+
+
+def test_without_grace_or_staging_a_range_is_a_hole_at_once() -> None:
+    assert Holes().check(_tier(40), 80, "fetch") is Hole.CONFIRMED
+    assert Holes(0.0, lambda tp: [(40, 79)]).check(_tier(40), 80, "fetch") is Hole.PENDING
+
+
+def test_a_staging_dir_that_cannot_be_listed_confirms_nothing() -> None:
+    def unreadable(tp: TopicIdPartition) -> list[tuple[int, int]]:
+        raise PermissionError(13, "Permission denied")
+    clock = Clock()
+    holes = Holes(5.0, unreadable, clock=clock)
+    assert holes.check(_tier(40), 80, "fetch") is Hole.PENDING
+    clock.now += 60
+    assert holes.check(_tier(40), 80, "fetch") is Hole.PENDING
+
+
+def test_an_empty_tier_below_the_log_start_is_pending_and_then_no_hole_counted() -> None:
+    """Nothing of the partition remote: everything below the broker's log start is pending while staged and for the
+    grace; then the broker's answers stand, as for a partition whose tiering began after its retention ran: not
+    counted nor logged as a hole."""
+    staged: list[tuple[int, int]] = [(0, 9)]
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: list(staged), clock=clock)
+    before = _sample("rlm_history_tier_holes_total")
+    assert holes.check(None, 0, "list_offsets", tp=TP) is Hole.NONE  # the broker's log starts at 0
+    assert holes.check(None, 20, "fetch", tp=TP) is Hole.PENDING
+    staged.clear()
+    assert holes.check(None, 20, "fetch", tp=TP) is Hole.PENDING
+    clock.now += 5
+    assert holes.check(None, 20, "list_offsets", tp=TP) is Hole.CONFIRMED
+    assert _sample("rlm_history_tier_holes_total") == before
+
+
+def test_hole_confirm_ms_defaults_to_30_s_and_is_validated() -> None:
+    assert HistoryListenerSettings(proxy=True).hole_confirm_ms == 30_000
+    assert HistoryListenerSettings(proxy=True, hole_confirm_ms=0).hole_confirm_ms == 0
+    for bad in (-1, 3_600_001):
+        with pytest.raises(ValidationError, match="hole_confirm_ms"):
+            HistoryListenerSettings(proxy=True, hole_confirm_ms=bad)
+
+
+class HeldRsm(RemoteStorageManager):
+    """The real storage manager whose copies of segments from ``hold_from`` on wait for ``release``."""
+
+    hold_from: int
+    held: threading.Event
+    release: threading.Event
+
+    def copy_log_segment_data(self, segment_metadata, data, **kw):  # type: ignore[no-untyped-def]
+        if segment_metadata.start_offset >= self.hold_from and not self.release.is_set():
+            self.held.set()
+            self.release.wait(120)
+        return super().copy_log_segment_data(segment_metadata, data, **kw)
+
+
+@pytest.mark.parametrize("first_copied", [True, False], ids=["tier", "empty_tier"])
+def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
+        kafka: KafkaCluster, topic_name: str, tmp_path: Path, first_copied: bool) -> None:
+    """The broker's retention deletes each rolled segment within ~1-2 s (retention 500 ms, checked every second; a
+    broker just started checks first after 30 s, log.initial.task.delay.ms); the sidecar stages it at its roll. The
+    first segment is copied (``empty_tier``: none); the next ones' copy is held back, and retention deletes them:
+    the tier ends below the broker's log start, and the staging covers the difference. Through the proxy a Fetch
+    there and EARLIEST are OFFSET_NOT_AVAILABLE, past ``hole_confirm_ms`` too (staged), and a consumer with
+    ``auto.offset.reset=error`` positioned at 0 reads the tier's records and then waits, never reset; once the copy
+    is let go it reads every offset to the end, once. (Without the staging check: OFFSET_OUT_OF_RANGE, and the
+    consumer's reset error.)"""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500",
+                                                          "file.delete.delay.ms": "1000"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name), history_listener={
+        "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True},
+        "hole_confirm_ms": CONFIRM_MS})
+    rsm = HeldRsm(settings.store)
+    rsm.held, rsm.release, rsm.hold_from = threading.Event(), threading.Event(), 1 << 62 if first_copied else 0
+    with Sidecar(settings, rsm=rsm) as sidecar:
+        listener = None
+        try:
+            wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
+            sent: dict[int, tuple[bytes, bytes]] = {}
+            if first_copied:
+                sent = produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+                wait_for(lambda: latest_remote(sidecar, tp) >= 19, 30, "the first segment copied",
+                         detail=lambda: copy_state(sidecar, tp))
+            tiered = latest_remote(sidecar, tp) + 1
+            rsm.hold_from = tiered
+            sent.update(produce_segments(kafka, topic_name, 2, 20, segment_ms=300, roll=False))
+            # the roll, by a record timestamped ahead: the segment it starts neither rolls nor is deleted by retention
+            roll = (b"ahead", b"a", None, int(time.time() * 1000) + FUTURE_MS)
+            ((_p, active),) = produce(kafka, topic_name, [roll])
+            sent[active] = roll[:2]
+            led = sidecar.leadership.get(topic_name, 0)
+            assert led is not None
+            assert active == max(int(p.name[:20]) for p in led.path.glob("*.log")) > tiered
+            roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
+            wait_for(lambda: staged_ranges(roots, tp) and staged_ranges(roots, tp)[-1][1] == active - 1, 30,
+                     "the rolled segments staged", detail=lambda: copy_state(sidecar, tp))
+            assert rsm.held.wait(30), "no copy held"
+            wait_for(lambda: broker_watermarks(kafka, topic_name)[0] == active, 30, "retention to delete them",
+                     detail=lambda: str(broker_watermarks(kafka, topic_name)))
+            assert latest_remote(sidecar, tp) == tiered - 1  # the premise: the deleted segments are staged only
+            listener = start_listener(settings, sidecar.rsm)
+            tier = listener.server.router.ctx.tier
+
+            def read() -> bool:
+                tier.refresh([tp])
+                t = tier.partition(tp)
+                return tier.ready(tp) and (t.high_watermark if t is not None else 0) == tiered
+            wait_for(read, 30, "the listener to read the tier")
+            before = REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) or 0.0
+            host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+            with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock, \
+                    socket.create_connection((host, int(port)), timeout=30) as broker:
+                assert _partition(_fetch(broker, topic_name, [(0, tiered)])).error_code == \
+                    ErrorCode.offset_out_of_range  # the broker's answer: deleted
+                assert _partition(_fetch(sock, topic_name, [(0, tiered)])).error_code == \
+                    ErrorCode.offset_not_available
+                p = _list_offsets(sock, topic_name, EARLIEST)
+                assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
+            assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) == \
+                before + 1
+            c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"p-{uuid.uuid4().hex[:6]}",
+                          "auto.offset.reset": "error", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+            try:
+                c.assign([TopicPartition(topic_name, 0, 0)])
+                got = consume_until(c, {(topic_name, 0): tiered}, settle_s=CONFIRM_MS / 1000 + 1.5)[(topic_name, 0)]
+                assert [r.offset for r in got] == list(range(tiered))  # nothing more, no error: it waits
+                assert staged_ranges(roots, tp)[0][0] == tiered  # the premise: still staged, not copied
+                rsm.release.set()
+                end = broker_watermarks(kafka, topic_name)[1]
+                got += consume_until(c, {(topic_name, 0): end})[(topic_name, 0)]
+            finally:
+                c.close()
+            assert [r.offset for r in got] == list(range(end))
+            assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in got)  # (rolls unsent)
+            with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock:
+                p = _list_offsets(sock, topic_name, EARLIEST)
+                assert (p.error_code, p.offset) == (0, 0), p
+        finally:
+            rsm.release.set()
+            if listener is not None:
+                listener.stop()
+
