@@ -74,7 +74,7 @@ from rlm.tasks.gc import GarbageCollector
 from rlm.tasks.in_place import staging_deferral_s
 from rlm.tasks.leadership import Leadership, LeadershipChangeError, Led
 from rlm.tasks.purge import DeletionEvidence, purge_deleted_topics, purge_partition
-from rlm.tasks.staging import Staging, default_staging_root
+from rlm.tasks.staging import Staging, staging_roots
 from rlm.tier import RemoteReader
 from rlm.topic_ids import TopicIdFiles
 from rlm.watch import LogDirWatcher
@@ -173,9 +173,7 @@ class Sidecar:
                      replication_factor=s.metadata.replication_factor)
         self.queue = ToBeDeletedQueue(self.client_config, s.metadata.to_be_deleted_topic)
         self.deleter = SegmentDeleter(s.broker_id, self.rlmm, self.rsm, self.queue)
-        roots = {Path(d): (Path(s.staging_dir) / Path(d).resolve().name if s.staging_dir else
-                           default_staging_root(Path(d))) for d in s.log_dirs}
-        self.staging = Staging(roots, max_bytes=s.staging_max_bytes)
+        self.staging = Staging(staging_roots(s.log_dirs, s.staging_dir), max_bytes=s.staging_max_bytes)
         state = StateDir(s.metadata.state_dir)
         self.known = KnownPartitions(state.known_partitions)
         self.deletions = DeletionEvidence(s.tasks.purge_grace_ms, s.tasks.purge_rounds)

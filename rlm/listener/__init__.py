@@ -26,6 +26,7 @@ other reader's: this package holds only the protocol.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from rlm.config import ConfigError, SidecarSettings, is_loopback
@@ -36,6 +37,7 @@ from rlm.listener.net.sasl import PLAIN, SaslAuthenticator, SaslPassThrough
 from rlm.listener.net.server import ConnectionLimits, ListenerServer
 from rlm.listener.net.tls import server_ssl_context, upstream_ssl_context
 from rlm.listener.routing import Router
+from rlm.listener.tier.boundary import Holes
 from rlm.listener.tier.catalog import Catalog
 from rlm.listener.tier.context import TierContext, reads_wait_on_network
 from rlm.listener.tier.node import NodeAnswers, NodeInfo
@@ -44,6 +46,7 @@ from rlm.listener.upstream.proxy import Proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.logs import limited_logger
 from rlm.rlmm_config import make_rlmm
+from rlm.tasks.staging import staged_ranges, staging_roots
 from rlm.tier import RemoteReader, TierView
 from rlmm.api import RemoteLogMetadataManager
 from rsm.api import RemoteStorageManagerApi
@@ -118,6 +121,10 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         proxy = Proxy(ctx, peers, upstream, timeout_s=cfg.connections_max_idle_ms / 1000,
                       max_response_bytes=cfg.queued_max_response_bytes,
                       ssl_context=upstream_ssl_context(cfg.upstream_tls) if cfg.upstream_tls is not None else None)
+        # A range below the broker's log start is a hole once nothing staged for tiering covers it (the sidecar's
+        # staging areas, read only) and it has been met for hole_confirm_ms (rlm.listener.tier.boundary).
+        roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
+        proxy.holes = Holes(cfg.hole_confirm_ms / 1000, functools.partial(staged_ranges, roots))
     server = ListenerServer(Router(ctx, node, proxy=proxy), cfg.host, cfg.port, workers=cfg.workers,
                             poll_s=cfg.fetch_poll_ms / 1000,
                             ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,

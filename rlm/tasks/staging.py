@@ -98,7 +98,8 @@ from rsm.log.partition import (
 )
 
 __all__ = ["TXN_UPLOAD_SUFFIX", "SegmentGoneError", "StageRound", "StagedSegment", "Staging", "StagingError",
-           "StagingFullError", "TopicIdMismatchError", "default_staging_root"]
+           "StagingFullError", "TopicIdMismatchError", "default_staging_root", "partition_staging_dir",
+           "staged_ranges", "staging_roots"]
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,42 @@ def default_staging_root(log_dir: Path) -> Path:
     """``<parent of log dir>/.rlm-staging/<log dir name>``: same filesystem as long as the log dir is no mount."""
     log_dir = Path(log_dir).resolve()
     return log_dir.parent / ".rlm-staging" / log_dir.name
+
+
+def staging_roots(log_dirs: Iterable[Path], staging_dir: Path | None) -> dict[Path, Path]:
+    """Each log dir's staging root, as the settings give them: ``<staging_dir>/<log dir name>``, or, without
+    ``staging_dir``, :func:`default_staging_root`."""
+    return {Path(d): (Path(staging_dir) / Path(d).resolve().name if staging_dir else default_staging_root(Path(d)))
+            for d in log_dirs}
+
+
+def partition_staging_dir(root: Path, tp: TopicIdPartition) -> Path:
+    """``tp``'s staging dir under the staging root ``root``: ``<root>/<topic id>/<topic>-<partition>``."""
+    return root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
+
+
+def staged_ranges(roots: Iterable[Path], tp: TopicIdPartition) -> list[tuple[int, int]]:
+    """``(base offset, end offset inclusive)`` of each complete staged segment of ``tp`` under the staging ``roots``
+    (one listing of its dir per root), oldest first, as :meth:`Staging.staged` finds them, read only: no lock taken,
+    nothing removed, so it may run in another component of the process (the proxying listener,
+    :mod:`rlm.listener.tier.boundary`) while the sidecar stages and releases. A segment being staged counts once
+    its marker is made (last), one being released no more once its marker is gone (first)."""
+    out: list[tuple[int, int]] = []
+    for root in roots:
+        pdir = partition_staging_dir(root, tp)
+        try:
+            entries = list(os.scandir(pdir))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        files: set[str] = set()
+        for e in entries:
+            if not e.is_dir(follow_symlinks=False):
+                files.add(e.name)
+            elif (base := parse_segment_stem(e.name)) is not None and (end := _read_marker(pdir / e.name, base)) \
+                    is not None:  # a segment dir of the layout before
+                out.append((base, end))
+        out += [(base, got[0]) for base, got in _markers(files).items() if got is not None]
+    return sorted(out)
 
 
 def _is_topic_id_dir(name: str) -> uuid.UUID | None:
@@ -504,7 +541,7 @@ class Staging:
         """``tp``'s staging dir under ``root`` (kept: asked at every staging and check of the partition, issue 26)."""
         path = self._pdirs.get((root, tp))
         if path is None:
-            path = self._pdirs[(root, tp)] = root / str(tp.topic_id) / partition_dir_name(tp.topic, tp.partition)
+            path = self._pdirs[(root, tp)] = partition_staging_dir(root, tp)
         return path
 
     def _remove_old_layout(self, root: Path) -> None:

@@ -60,6 +60,7 @@ EARLIEST = -2
 TIERED = ROUNDS * PER_ROUND  # the tier's high watermark (main and hole)
 HOLE_AFTER, HOLE = 10, 5  # hole: records after the tier's end, in the active segment; the first HOLE deleted
 FUTURE_MS = 600_000  # explicit timestamps this far ahead: segments roll only where the test's timestamps say
+HOLE_CONFIRM_MS = 1000  # history_listener.hole_confirm_ms: hole's range is a hole once met for this long
 
 
 @dataclass
@@ -132,7 +133,8 @@ def proxied(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     # produced to it later): the tier ends at TIERED, the broker's log goes on to TIERED + HOLE_AFTER.
     setup.produce_hole(HOLE_AFTER, "after", int(time.time() * 1000) + FUTURE_MS)
     settings = make_settings(kafka, tmp, topics={"include": [topic, hole_topic, txn_topic]}, history_listener={
-        "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True}})
+        "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True},
+        "hole_confirm_ms": HOLE_CONFIRM_MS})
     sidecar = Sidecar(settings).start()
     listener: Listener | None = None
     try:
@@ -519,17 +521,27 @@ def _list_offsets(sock: socket.socket, topic: str, timestamp: int, partition: in
 
 def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
         proxied: Proxied, caplog: pytest.LogCaptureFixture) -> None:
-    """hole's tier ends at TIERED, the broker's log starts at TIERED + HOLE: a Fetch inside the hole gets the very
+    """hole's tier ends at TIERED, the broker's log starts at TIERED + HOLE, nothing is staged: for
+    ``hole_confirm_ms`` from the first time it is met, the range is pending (it may yet be tiered): a Fetch inside it
+    and EARLIEST are OFFSET_NOT_AVAILABLE, not counted as a hole. Then it is one: a Fetch inside it gets the very
     partition answer the broker gives (OFFSET_OUT_OF_RANGE), the last tiered offset is still served; EARLIEST is the
     broker's log start (the tier's would send a resetting consumer back below the hole, forever); the hole is counted
     once and logged once with its range, however often it is met. A consumer positioned at 0 reads the tier, meets
     the hole, resets to earliest as Kafka makes it, and reads the broker's log: every offset but the hole's, once."""
     topic, start = proxied.hole_topic, TIERED + HOLE
     before = REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic}) or 0.0
+    pending = REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic}) or 0.0
     host, port = proxied.kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
     with caplog.at_level(logging.ERROR, logger="rlm.listener.tier.boundary"), \
             socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock, \
             socket.create_connection((host, int(port)), timeout=30) as broker:
+        assert _partition(_fetch(sock, topic, [(0, TIERED + 2)])).error_code == ErrorCode.offset_not_available
+        earliest = _list_offsets(sock, topic, EARLIEST)
+        assert (earliest.error_code, earliest.offset) == (ErrorCode.offset_not_available, -1), earliest
+        assert REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic}) in (None, before)
+        assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic}) == pending + 1
+        wait_for(lambda: _partition(_fetch(sock, topic, [(0, TIERED)])).error_code != ErrorCode.offset_not_available,
+                 30, "the hole confirmed")
         for offset in (TIERED, TIERED + 2, start - 1):
             ours = _partition(_fetch(sock, topic, [(0, offset)]))
             kafkas = _partition(_fetch(broker, topic, [(0, offset)]))
