@@ -150,8 +150,9 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
     first segment is copied (``empty_tier``: none); the next ones' copy is held back, and retention deletes them:
     the tier ends below the broker's log start, and the staging covers the difference. Through the proxy a Fetch
     there and EARLIEST are OFFSET_NOT_AVAILABLE, past ``hole_confirm_ms`` too (staged), and a consumer with
-    ``auto.offset.reset=error`` positioned at 0 reads the tier's records and then waits, never reset; once the copy
-    is let go it reads every offset to the end, once. (Without the staging check: OFFSET_OUT_OF_RANGE, and the
+    ``auto.offset.reset=error`` positioned at 0 reads the tier's records and then waits, never reset, and one with no
+    position and ``earliest`` waits too (EARLIEST asked again); once the copy is let go both read every offset to the
+    end, once. (Without the staging check: OFFSET_OUT_OF_RANGE, and the
     consumer's reset error.)"""
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500",
                                                           "file.delete.delay.ms": "1000"})
@@ -207,20 +208,27 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
                 assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
             assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) == \
                 before + 1
-            c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"p-{uuid.uuid4().hex[:6]}",
-                          "auto.offset.reset": "error", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+            conf = {"bootstrap.servers": f"127.0.0.1:{listener.port}", "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 100}
+            c = Consumer({**conf, "group.id": f"p-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "error"})
+            # and one with no position that starts at EARLIEST: asked again while pending, not the broker's log start
+            c2 = Consumer({**conf, "group.id": f"e-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
             try:
                 c.assign([TopicPartition(topic_name, 0, 0)])
+                c2.assign([TopicPartition(topic_name, 0)])
                 got = consume_until(c, {(topic_name, 0): tiered}, settle_s=CONFIRM_MS / 1000 + 1.5)[(topic_name, 0)]
                 assert [r.offset for r in got] == list(range(tiered))  # nothing more, no error: it waits
                 assert staged_ranges(roots, tp)[0][0] == tiered  # the premise: still staged, not copied
                 rsm.release.set()
                 end = broker_watermarks(kafka, topic_name)[1]
                 got += consume_until(c, {(topic_name, 0): end})[(topic_name, 0)]
+                got2 = consume_until(c2, {(topic_name, 0): end})[(topic_name, 0)]
             finally:
                 c.close()
-            assert [r.offset for r in got] == list(range(end))
-            assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in got)  # (rolls unsent)
+                c2.close()
+            for records in (got, got2):
+                assert [r.offset for r in records] == list(range(end))
+                assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in records)  # (rolls)
             with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock:
                 p = _list_offsets(sock, topic_name, EARLIEST)
                 assert (p.error_code, p.offset) == (0, 0), p
