@@ -453,7 +453,9 @@ class HistoryListenerSettings(_Frozen):
     peer_address: str | None = Field(None, description=(
         "proxy: the listener address of the sidecar in front of each other broker, as a template of {node_id} "
         "and {host} (the broker's advertised host), e.g. '{host}:9095' or 'rlm-{node_id}.kafka.svc:9095'. A "
-        "broker neither this nor peers names keeps its own address (clients then read it directly: no history)"))
+        "broker neither this nor peers names keeps its own address (clients then read it directly: no history; and "
+        "its Metadata gives them every broker's own address, this one's too: a consumer group then reads without "
+        "history, and is reset by OFFSET_OUT_OF_RANGE below the log start). Name every broker"))
     peers: dict[int, str] = Field(default_factory=dict, description=(
         "proxy: broker node id -> host:port of the sidecar listener in front of it (before peer_address)"))
     upstream_tls: HistoryUpstreamTlsSettings | None = Field(None, description=(
