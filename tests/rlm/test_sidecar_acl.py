@@ -242,3 +242,35 @@ def test_a_served_topic_whose_config_can_no_longer_be_read_stays_served(kafka_sa
                             "the late topic served once its config is known")
         finally:
             listener.stop()
+
+
+def test_a_served_topic_left_out_of_the_listing_stays_served_for_a_grace(kafka_sasl: KafkaCluster, topic_name: str,
+                                                                         tmp_path: Path) -> None:
+    """The history listener's catalog, as the sidecar's principal: a topic it serves whose every ACL of the principal
+    is then revoked (no DESCRIBE: the listing leaves it out, as a broker still loading the cluster's metadata after a
+    restart answers UNKNOWN_TOPIC_OR_PARTITION) stays served as it was (before, it was dropped at the next refresh:
+    its history answered OFFSET_OUT_OF_RANGE, a consumer group reset, its metadata no longer followed) until it has
+    been missing for the grace; then it is dropped; listed again, it is served again."""
+    kc = kafka_sasl
+    tid = kc.create_topic(topic_name, config={"segment.ms": "300"})
+    grant(kc, _binding(ResourceType.TOPIC, topic_name, AclOperation.ALL))
+    settings = acl_settings(kc, tmp_path, topic_name, history_listener={"host": "127.0.0.1", "port": 0})
+    with Sidecar(settings) as sidecar:
+        listener = start_listener(settings, sidecar.rsm)
+        try:
+            catalog = listener.server.router.ctx.catalog
+            served = ServedTopic(topic_name, tid, (0,))
+            assert catalog.by_name(topic_name) == served
+            revoke_topic(kc, topic_name)
+            wait_for(lambda: (topic_name, 0) not in catalog.view.partitions(None, skip_unauthorized=True), 30,
+                     "the topic left out of the principal's listing")
+            assert catalog.refresh()
+            assert catalog.by_name(topic_name) == served and catalog.by_id(tid) == served
+            catalog.absent_grace_s = 0.0  # the grace is over
+            assert catalog.refresh()
+            assert catalog.by_name(topic_name) is None and catalog.by_id(tid) is None
+            grant(kc, _binding(ResourceType.TOPIC, topic_name, AclOperation.ALL))
+            assert wait_for(lambda: catalog.refresh() and catalog.by_name(topic_name) == served, 30,
+                            "the topic served again once listed")
+        finally:
+            listener.stop()

@@ -7,12 +7,17 @@ not make history disappear) and is logged; so does a topic whose config could no
 DescribeConfigs unanswered, or refused: a lost DESCRIBE_CONFIGS ACL): a topic served before stays served, as it was,
 until its config is known again (dropping it would answer its history OFFSET_OUT_OF_RANGE, sending a consumer group
 back to ``auto.offset.reset``, and stop following its metadata on an ambiguous signal); one not served before is
-not served yet.
+not served yet. A served topic the cluster's listing leaves out (DescribeTopics answered UNKNOWN_TOPIC_OR_PARTITION,
+as a broker still loading the cluster's metadata after a restart may; or the sidecar's principal lost DESCRIBE on it)
+stays served as it was for :data:`ABSENT_GRACE_S` from the first refresh that missed it, then is dropped (a topic
+deleted for real: the broker answers its Fetches UNKNOWN_TOPIC_ID, never OFFSET_OUT_OF_RANGE, so keeping it a minute
+serves nothing the broker would not). Listed again (or created again: another topic id) it is served as listed.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +29,8 @@ from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 __all__ = ["Catalog", "ServedTopic"]
 
 log = limited_logger(__name__)
+
+ABSENT_GRACE_S = 60.0  # a served topic the listing leaves out stays served this long, then is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +45,15 @@ class ServedTopic:
 
 class Catalog:
     def __init__(self, view: ClusterView, rlmm: RemoteLogMetadataManager, tiered: Callable[[str], bool], *,
-                 interval_s: float = 10.0) -> None:
+                 interval_s: float = 10.0, absent_grace_s: float = ABSENT_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.view = view
         self.rlmm = rlmm
         self.tiered = tiered
         self.interval_s = interval_s
+        self.absent_grace_s = absent_grace_s
+        self.clock = clock
+        self._absent_since: dict[str, float] = {}  # served topics the listing left out: since when
         self._topics: dict[str, ServedTopic] = {}
         self._by_id: dict[uuid.UUID, ServedTopic] = {}
         self._stop = threading.Event()
@@ -88,6 +99,23 @@ class Catalog:
             last = self._topics.get(name)
             if compaction.get(name) is None and last is not None and ids.get(name) == last.topic_id:
                 topics[name] = last
+        now = self.clock()
+        for name, last in self._topics.items():  # left out of the listing: as it was, for a while
+            if name in ids:
+                continue
+            since = self._absent_since.get(name)
+            if since is None:
+                since = self._absent_since[name] = now
+                log.warning("history endpoint: a served topic is not in the cluster's listing (deleted, not yet known "
+                            "to the broker asked, or not describable by the sidecar's principal): served as it was "
+                            "until it has been missing this long", extra={"topic": name,
+                                                                          "grace_s": self.absent_grace_s})
+            if now - since < self.absent_grace_s:
+                topics[name] = last
+            else:
+                log.warning("history endpoint: a served topic missing from the cluster's listing for its grace is "
+                            "no longer served", extra={"topic": name, "grace_s": self.absent_grace_s})
+        self._absent_since = {n: t for n, t in self._absent_since.items() if n in topics and n not in ids}
         new = [t.tp(p) for t in topics.values() for p in t.partitions]
         old = {t.tp(p) for t in self._topics.values() for p in t.partitions}
         if set(new) - old:
