@@ -11,6 +11,7 @@ COPY_SEGMENT_STARTED and its objects are cleaned up by the next start), and the 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -174,8 +175,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if settings.history_listener is not None:
             from rlm.listener import start_listener
+            from rlm.tasks.staging import staged_ranges, staging_roots
 
-            history = start_listener(settings, sidecar.rsm)
+            # as a proxy, a range below the broker's log start that this sidecar holds staged is never a hole
+            roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
+            history = start_listener(settings, sidecar.rsm, staged=functools.partial(staged_ranges, roots))
         stop.wait()
     finally:
         if history is not None:

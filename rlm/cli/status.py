@@ -19,7 +19,10 @@ Sources, each the one owner of its answer:
 
 A **hole** is an offset range neither local nor remote: between the remote end and the local log start (the broker
 deleted segments before they were copied), or a gap inside the remote chain below the local log start. Offsets
-below the remote start are not a hole (remote retention expired them), nor is anything while nothing is remote.
+below the remote start are not a hole (remote retention expired them), nor is anything while nothing is remote. On
+the leader's host, offsets there that a segment the sidecar staged holds (:func:`rlm.tasks.staging.staged_ranges`:
+hard links the broker's retention cannot take, read only) are not a hole either: they are **awaiting copy**
+(``awaiting_copy``), as the proxy treats them (:mod:`rlm.listener.tier.boundary`).
 
 Exit codes (README, "Command line"): 0 no partition has a hole; 1 a partition has a hole; 2 bad arguments or
 config, or no such topic on the cluster; 5 the principal lacks an ACL; 6 the cluster did not answer within --timeout.
@@ -39,12 +42,14 @@ from typing import Any
 from rlm.cli.context import CliContext, add_config_arg, add_timeout_arg, open_context
 from rlm.discovery import PartitionInfo, scan_log_dirs
 from rlm.health import Margin, retention_margin
+from rlm.tasks.staging import staged_ranges, staging_roots
 from rlm.tier import chain_gaps, lineage_of, remote_chain, unchained
 from rlmm.api import RemoteLogSegmentMetadata, TopicIdPartition
 from rsm.log.errors import LogFormatError
 from rsm.log.partition import PartitionDir
 
-__all__ = ["EXIT_HOLE", "Hole", "LocalDir", "LocalRange", "PartitionStatus", "assess", "holes", "register",
+__all__ = ["EXIT_HOLE", "Hole", "LocalDir", "LocalRange", "PartitionStatus", "assess", "awaiting_copy", "holes",
+           "register",
            "topic_summary"]
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,7 @@ class LocalDir:
     path: Path
     retention_ms: int | None
     retention_bytes: int | None
+    staged: tuple[tuple[int, int], ...] = ()  # the sidecar's staged segments of it: (base, end inclusive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class PartitionStatus:
     duplicates: int = 0  # copies outside the chain, awaiting deletion
     diverged: list[tuple[RemoteLogSegmentMetadata, bool]] = field(default_factory=list)  # (copy, awaiting deletion)
     kept: int = 0  # non-diverged copies outside the chain that expiration keeps (they hold offsets it lacks)
+    awaiting_copy: list[tuple[int, int]] = field(default_factory=list)  # below the local start, staged, not remote
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -127,6 +134,8 @@ class PartitionStatus:
             "holes": None if self.holes is None else [
                 {"first_offset": h.first_offset, "last_offset": h.last_offset, "offsets": h.offsets,
                  "where": h.where} for h in self.holes],
+            "awaiting_copy": [{"first_offset": a, "last_offset": b, "offsets": b - a + 1}
+                              for a, b in self.awaiting_copy],
             "duplicate_copies": self.duplicates,
             "diverged_copies": [{
                 "segment_id": str(md.remote_log_segment_id.id), "start_offset": md.start_offset,
@@ -144,13 +153,46 @@ def _finite(v: float) -> float | None:
 
 
 # --------------------------------------------------------------------------------------------------- logic
-def holes(chain: Sequence[RemoteLogSegmentMetadata], local_start: int) -> list[Hole]:
-    """Offset ranges neither in the remote ``chain`` nor local (at or above ``local_start``), ascending."""
+def holes(chain: Sequence[RemoteLogSegmentMetadata], local_start: int,
+          staged: Sequence[tuple[int, int]] = ()) -> list[Hole]:
+    """Offset ranges neither in the remote ``chain`` nor local (at or above ``local_start``), ascending; of those
+    between the remote end and the local start, not the offsets ``staged`` segments hold (:func:`awaiting_copy`)."""
     out = [Hole(first, min(last, local_start - 1), "remote_chain")
            for first, last in chain_gaps(chain) if first < local_start]
     if chain and chain[-1].end_offset_inclusive + 1 < local_start:
-        out.append(Hole(chain[-1].end_offset_inclusive + 1, local_start - 1, "before_local"))
+        uncovered, _covered = _split(chain[-1].end_offset_inclusive + 1, local_start - 1, staged)
+        out += [Hole(first, last, "before_local") for first, last in uncovered]
     return out
+
+
+def awaiting_copy(chain: Sequence[RemoteLogSegmentMetadata], local_start: int,
+                  staged: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The offsets between the remote end and the local start that ``staged`` segments ((base, end inclusive)) hold:
+    deleted by the broker, not remote yet, kept for their copy (ranges, ascending)."""
+    if not chain or chain[-1].end_offset_inclusive + 1 >= local_start:
+        return []
+    return _split(chain[-1].end_offset_inclusive + 1, local_start - 1, staged)[1]
+
+
+def _split(first: int, last: int, ranges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]],
+                                                                            list[tuple[int, int]]]:
+    """``first..last`` as the parts ``ranges`` do not cover and those they do (inclusive ranges, ascending)."""
+    uncovered: list[tuple[int, int]] = []
+    covered: list[tuple[int, int]] = []
+    at = first
+    for a, b in sorted(ranges):
+        if b < at or a > last:
+            continue
+        if a > at:
+            uncovered.append((at, a - 1))
+        hi = min(b, last)
+        covered.append((max(a, at), hi))
+        at = hi + 1
+        if at > last:
+            break
+    if at <= last:
+        uncovered.append((at, last))
+    return uncovered, covered
 
 
 def assess(tp: TopicIdPartition, leader: int, local: LocalRange | None,
@@ -170,7 +212,9 @@ def assess(tp: TopicIdPartition, leader: int, local: LocalRange | None,
     st.diverged.sort(key=lambda d: (d[0].start_offset, d[0].end_offset_inclusive))
     st.kept = sum(1 for md in kept if lineage.holds(md))
     if local is not None:
-        st.holes = holes(chain, local.start_offset)
+        staged = local_dir.staged if local_dir is not None else ()
+        st.holes = holes(chain, local.start_offset, staged)
+        st.awaiting_copy = awaiting_copy(chain, local.start_offset, staged)
         st.lag_offsets = max(0, local.high_watermark - max(remote_end + 1, local.start_offset))
     if local_dir is not None:
         try:
@@ -266,6 +310,7 @@ def _local_dirs(ctx: CliContext, infos: dict[tuple[str, int], PartitionInfo],
     led = {k: i for k, i in infos.items() if i.leader == s.broker_id}
     if not led:
         return {}
+    roots = list(staging_roots(s.log_dirs, s.staging_dir).values())
     out = {}
     for key, lp in scan_log_dirs(s.log_dirs).items():
         info = led.get(key)
@@ -277,7 +322,13 @@ def _local_dirs(ctx: CliContext, infos: dict[tuple[str, int], PartitionInfo],
         except (FileNotFoundError, LogFormatError):
             continue
         cfg = configs.get(key[0]) or {}
-        out[key] = LocalDir(lp.path, _int(cfg.get("retention.ms")), _int(cfg.get("retention.bytes")))
+        try:
+            staged = tuple(staged_ranges(roots, TopicIdPartition(info.topic_id, key[0], key[1])))
+        except OSError as err:  # not known: what is missing is reported as a hole
+            log.info("staging dir not readable: no offsets counted as awaiting copy", extra={
+                "partition": f"{key[0]}-{key[1]}", "error": str(err)})
+            staged = ()
+        out[key] = LocalDir(lp.path, _int(cfg.get("retention.ms")), _int(cfg.get("retention.bytes")), staged)
     return out
 
 
@@ -363,6 +414,8 @@ def _print_topic(topic: str, statuses: Sequence[PartitionStatus]) -> None:
             notes.append(f"error: {s.error}")
         for h in s.holes or ():
             notes.append(f"HOLE {h.first_offset}..{h.last_offset} ({h.where})")
+        for a, b in s.awaiting_copy:
+            notes.append(f"staged {a}..{b} (deleted locally, awaiting copy)")
         awaiting = sum(1 for _md, a in s.diverged if a)
         if awaiting:
             notes.append(f"{awaiting} diverged copies awaiting deletion")

@@ -26,7 +26,7 @@ other reader's: this package holds only the protocol.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlm.config import ConfigError, SidecarSettings, is_loopback
@@ -46,9 +46,8 @@ from rlm.listener.upstream.proxy import Proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.logs import limited_logger
 from rlm.rlmm_config import make_rlmm
-from rlm.tasks.staging import staged_ranges, staging_roots
 from rlm.tier import RemoteReader, TierView
-from rlmm.api import RemoteLogMetadataManager
+from rlmm.api import RemoteLogMetadataManager, TopicIdPartition
 from rsm.api import RemoteStorageManagerApi
 
 __all__ = ["Listener", "start_listener"]
@@ -77,9 +76,14 @@ class Listener:
 
 
 def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
-                  rlmm: RemoteLogMetadataManager | None = None) -> Listener:
+                  rlmm: RemoteLogMetadataManager | None = None,
+                  staged: Callable[[TopicIdPartition], list[tuple[int, int]]] | None = None) -> Listener:
     """Start the endpoint of ``settings.history_listener``. It follows the metadata of every tiered topic with a
     metadata manager of its own (its cache in ``<state_dir>/history-metadata-cache``) unless one is passed.
+    ``staged``: as a proxy, the offsets the sidecar next to it holds staged for tiering, per partition, ``(base, end
+    inclusive)`` of each segment (``rlm serve`` passes its staging's, :func:`rlm.tasks.staging.staged_ranges`): a
+    range below the broker's log start that they cover is never a hole (:class:`~rlm.listener.tier.boundary.Holes`);
+    without it, such a range is a hole once met for ``hole_confirm_ms``.
 
     TLS (``history_listener.tls``) and SASL (``history_listener.sasl``) are set up first: a certificate that cannot
     be loaded or a password SCRAM cannot use raises :class:`~rlm.config.ConfigError` before anything starts."""
@@ -123,8 +127,7 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
                       ssl_context=upstream_ssl_context(cfg.upstream_tls) if cfg.upstream_tls is not None else None)
         # A range below the broker's log start is a hole once nothing staged for tiering covers it (the sidecar's
         # staging areas, read only) and it has been met for hole_confirm_ms (rlm.listener.tier.boundary).
-        roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
-        proxy.holes = Holes(cfg.hole_confirm_ms / 1000, functools.partial(staged_ranges, roots))
+        proxy.holes = Holes(cfg.hole_confirm_ms / 1000, staged)
     server = ListenerServer(Router(ctx, node, proxy=proxy), cfg.host, cfg.port, workers=cfg.workers,
                             poll_s=cfg.fetch_poll_ms / 1000,
                             ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,

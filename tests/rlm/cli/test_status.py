@@ -29,6 +29,7 @@ from rlm.cli import main
 from rlm.cli.status import holes
 from rlm.rlmm_config import make_rlmm
 from rlm.sidecar import Sidecar
+from rlm.tasks.staging import staged_ranges, staging_roots
 from rlmm.api import (
     RemoteLogSegmentId,
     RemoteLogSegmentMetadata,
@@ -36,6 +37,8 @@ from rlmm.api import (
     RemoteLogSegmentState,
     TopicIdPartition,
 )
+from rsm.errors import RemoteStorageError
+from rsm.manager import RemoteStorageManager
 from tests.support.kafka import partition_dir, produce, set_topic_config
 from tests.support.sidecar import latest_remote, make_settings, only, produce_segments, settings_yaml, wait_for
 
@@ -234,3 +237,76 @@ def test_holes_edges() -> None:
     assert [(x.first_offset, x.last_offset, x.where) for x in holes(chain, 150)] == [(100, 149, "remote_chain")]
     assert [(x.first_offset, x.last_offset, x.where) for x in holes(chain, 700)] == [
         (100, 199, "remote_chain"), (300, 399, "remote_chain"), (500, 699, "before_local")]
+
+
+def test_offsets_staged_below_the_local_start_await_their_copy_and_are_no_hole() -> None:
+    """Between the remote end and the local start, what the sidecar's staged segments hold (on the leader's host)
+    awaits its copy: no hole; the rest of that span is one; chain gaps are holes whatever is staged."""
+    from rlm.cli.status import awaiting_copy
+
+    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+
+    def seg(start: int, end: int) -> RemoteLogSegmentMetadata:
+        return segment(tp, start, end, ((0, start),), 0, 1, 1)
+
+    chain = [seg(0, 99), seg(200, 299)]
+
+    def judged(staged: list[tuple[int, int]]) -> tuple[list[tuple[int, int, str]], list[tuple[int, int]]]:
+        return ([(x.first_offset, x.last_offset, x.where) for x in holes(chain, 700, staged)],
+                awaiting_copy(chain, 700, staged))
+
+    gap = (100, 199, "remote_chain")
+    assert judged([]) == ([gap, (300, 699, "before_local")], [])
+    assert judged([(300, 499), (500, 699)]) == ([gap], [(300, 499), (500, 699)])  # all staged: only the gap
+    assert judged([(300, 399), (600, 799)]) == ([gap, (400, 599, "before_local")], [(300, 399), (600, 699)])
+    assert judged([(100, 199), (250, 349)]) == ([gap, (350, 699, "before_local")], [(300, 349)])
+    assert judged([(700, 799)]) == ([gap, (300, 699, "before_local")], [])  # local already: nothing awaits
+    assert awaiting_copy([], 700, [(0, 699)]) == []  # nothing remote: nothing judged
+
+
+class _FailingFrom(RemoteStorageManager):
+    """The real storage manager, failing every copy of a segment from ``fail_from`` on (a store refusing writes):
+    the sidecar keeps such segments staged for its next attempt."""
+
+    fail_from = 1 << 62
+
+    def copy_log_segment_data(self, segment_metadata, data, **kw):  # type: ignore[no-untyped-def]
+        if segment_metadata.start_offset >= self.fail_from:
+            raise RemoteStorageError(f"test: the store refuses the copy of {segment_metadata.start_offset}..")
+        return super().copy_log_segment_data(segment_metadata, data, **kw)
+
+
+def test_segments_the_broker_deleted_while_staged_await_their_copy(
+        kafka: KafkaCluster, topic_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first segment is tiered; the store then refuses every copy, so the next segments stay staged (hard links)
+    while the broker's retention deletes them; the sidecar stops. ``rlm status`` on the leader's host: the offsets
+    between the remote end and the local start are awaiting their copy (the staged segments' ranges), no hole, exit
+    0 (before: a hole, exit 1)."""
+    tid = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "-1"})
+    tp = TopicIdPartition(tid, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name))
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(settings_yaml(settings))
+    rsm = _FailingFrom(settings.store)
+    produce_segments(kafka, topic_name, 1, 20, segment_ms=300)  # 0..19 rolled, the roll record 20 active
+    with Sidecar(settings, rsm=rsm) as sidecar:
+        wait_for(lambda: latest_remote(sidecar, tp) >= 19, 60, "the first segment tiered")
+        rsm.fail_from = 20
+        produce_segments(kafka, topic_name, 2, 20, segment_ms=300, roll=False)
+        # the roll, by a record timestamped ahead: the segment it starts neither rolls nor is deleted by retention
+        ((_p, active),) = produce(kafka, topic_name, [(b"ahead", b"a", None, int(time.time() * 1000) + 600_000)])
+        roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
+        wait_for(lambda: (got := staged_ranges(roots, tp)) and got[-1][1] == active - 1, 60,
+                 "the next segments staged")
+    staged = staged_ranges(roots, tp)
+    set_topic_config(kafka, topic_name, retention_ms="500")
+    wait_for(lambda: watermarks(kafka, topic_name)[0] == active, 60, "the broker to delete them")
+    start = active
+    capsys.readouterr()
+    code = main(["status", topic_name, "--config", str(config), "--json"])
+    (part,) = json.loads(capsys.readouterr().out)["partitions"]
+    assert part["remote"]["end_offset_inclusive"] == 19
+    assert part["holes"] == [] and code == 0, part
+    assert [(a["first_offset"], a["last_offset"]) for a in part["awaiting_copy"]] == [
+        (max(a, 20), min(b, start - 1)) for a, b in staged if b >= 20 and a < start]
+    assert part["awaiting_copy"][0]["first_offset"] == 20 and part["awaiting_copy"][-1]["last_offset"] == start - 1

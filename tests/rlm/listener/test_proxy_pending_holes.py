@@ -188,7 +188,7 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             wait_for(lambda: broker_watermarks(kafka, topic_name)[0] == active, 30, "retention to delete them",
                      detail=lambda: str(broker_watermarks(kafka, topic_name)))
             assert latest_remote(sidecar, tp) == tiered - 1  # the premise: the deleted segments are staged only
-            listener = start_listener(settings, sidecar.rsm)
+            listener = start_listener(settings, sidecar.rsm, staged=lambda tp: staged_ranges(roots, tp))
             tier = listener.server.router.ctx.tier
 
             def read() -> bool:
