@@ -160,6 +160,7 @@ the table; on a loaded machine the ratios swing from run to run, the CPU per GiB
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -195,6 +196,9 @@ VALUE_BYTES = 1024
 DEFAULT_CONSUMER_SETTINGS: dict[str, object] = {"fetch.queue.backoff.ms": 10}
 TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
+JAVA_READER = ROOT / "bench" / "java" / "ProxyConsume.java"  # --client java
+JAVA_READER_HEAP = "512m"
+CLIENT_SUFFIX = {"librdkafka": "", "java": " [java]"}  # a read row's name after its client's
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
 IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
 WARM_UP_PART = 4  # the warm-up read of each source reads this part of its records
@@ -300,16 +304,20 @@ def thread_groups(pid: int) -> dict[str, float]:
     return out
 
 
-def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broker_pid: int) -> Read:
-    """One ``proxy_child.py consume`` read of ``records[p]`` records of each partition p of ``topic`` from offset 0,
-    a fresh group."""
+def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broker_pid: int,
+         client: str = "librdkafka") -> Read:
+    """One read of ``records[p]`` records of each partition p of ``topic`` from offset 0, a fresh group: by
+    ``proxy_child.py consume`` (``client`` librdkafka) or by ``bench/java/ProxyConsume.java`` (``java``: Kafka's
+    own KafkaConsumer; the same checks and the same JSON line)."""
     group = f"bench-proxy-{uuid.uuid4().hex[:8]}"
     before = thread_groups(sidecar_pid)
     broker_before = jvm_thread_groups(broker_pid)
-    out = subprocess.run([sys.executable, str(CHILD), "consume", bootstrap, topic, ",".join(map(str, records)),
-                          f"{sidecar_pid},{broker_pid}", group], capture_output=True, text=True, check=False)
+    args = [bootstrap, topic, ",".join(map(str, records)), f"{sidecar_pid},{broker_pid}", group]
+    cmd = java_reader_cmd(args) if client == "java" else [sys.executable, str(CHILD), "consume", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"the consumer of {topic} via {bootstrap} exited {out.returncode}:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"the {client} consumer of {topic} via {bootstrap} exited {out.returncode}:\n"
+                           f"{out.stderr[-3000:]}")
     after = thread_groups(sidecar_pid)
     broker_after = jvm_thread_groups(broker_pid)
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -317,6 +325,22 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
                 r["consumer_cpu_s"], r.get("consumer_main_s", 0.0), r["first_s"],
                 threads={g: cpu - before.get(g, 0.0) for g, cpu in after.items()},
                 broker_threads={g: cpu - broker_before.get(g, 0.0) for g, cpu in broker_after.items()})
+
+
+@functools.cache
+def _java_reader_classes() -> Path:
+    from devtools.kafka_streams import compile_app
+
+    return compile_app(JAVA_READER)
+
+
+def java_reader_cmd(args: list[str]) -> list[str]:
+    """The command line of a Java reader (:data:`JAVA_READER`, compiled once against the Kafka clients jar) with
+    ``args``: its JVM as the tests' Java apps run (C1 only, serial GC: little JIT and GC work in each short-lived
+    reader, the same on both sides)."""
+    from devtools.kafka_streams import java_app_cmd
+
+    return java_app_cmd(_java_reader_classes(), "ProxyConsume", args, heap=JAVA_READER_HEAP)
 
 
 def machine_cpu(pids: list[int]) -> tuple[float, float, float, float, float]:
@@ -517,16 +541,16 @@ def latency(proxy: str, direct: str, rate: int, seconds: float, pids: tuple[int,
             "added": [got["proxy"][s] - got["direct"][s] for s in both]}, caveats
 
 
-def warm_up(sources: list[tuple[str, str, str, list[int]]], sidecar_pid: int, broker_pid: int) -> None:
+def warm_up(sources: list[tuple[str, str, str, list[int], str]], sidecar_pid: int, broker_pid: int) -> None:
     """Rounds of warm-up reads (not counted) of every source (a :data:`WARM_UP_PART` of its records), the sources
     taking turns as in the timed rounds, until a round in which the broker's JIT compiler threads took under
     :data:`WARM_UP_JIT_S` CPU s during each read, or :data:`WARM_UP_ROUNDS` rounds. The same rule for both sides:
     the JIT compiles what the last reads ran hottest, on the cores both sides share, whichever side it slows."""
     for rnd in range(WARM_UP_ROUNDS):
         jit = []
-        for name, boot, topic, counts in sources if rnd % 2 == 0 else sources[::-1]:
+        for name, boot, topic, counts, client in sources if rnd % 2 == 0 else sources[::-1]:
             waited = jit_settled(broker_pid)
-            r = read(boot, topic, [max(1, c // WARM_UP_PART) for c in counts], sidecar_pid, broker_pid)
+            r = read(boot, topic, [max(1, c // WARM_UP_PART) for c in counts], sidecar_pid, broker_pid, client)
             jit.append(sum(v for g, v in r.broker_threads.items() if "CompilerThre" in g))
             print(f"  warm-up {rnd + 1}, {name}: {r.mb_s:.0f} MB/s, the broker's JIT {jit[-1]:.2f} CPU s (its last "
                   f"compiles waited for {waited:.1f} s before)", file=sys.stderr)
@@ -785,6 +809,11 @@ def main() -> None:
                     help="a librdkafka setting of every reading consumer, both sides (repeatable), over "
                          f"{json.dumps(DEFAULT_CONSUMER_SETTINGS)}: e.g. fetch.queue.backoff.ms=1000 (librdkafka's "
                          "default)")
+    ap.add_argument("--client", choices=("librdkafka", "java", "both"), default="librdkafka",
+                    help="the reading consumers: confluent-kafka (librdkafka), Kafka's own Java KafkaConsumer "
+                         "(bench/java/ProxyConsume.java: as Streams, Connect, Flink and Spark read; its defaults, no "
+                         "--consumer-setting), or both (every read row twice, [java] the Java one's); the tail "
+                         "latency's consumers are librdkafka's")
     args = ap.parse_args()
     if args.latency_only and (args.history_only or args.partitions > 1 or args.profile or args.py_spy or args.perf):
         ap.error("--latency-only reads nothing: not with --history-only, --partitions, --profile, --py-spy, --perf")
@@ -792,6 +821,9 @@ def main() -> None:
     consumer_settings = {**DEFAULT_CONSUMER_SETTINGS,
                          **{k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}}
     os.environ["PROXY_BENCH_CONSUMER"] = json.dumps(consumer_settings)  # the consumer children's (both sides)
+    clients = ["librdkafka", "java"] if args.client == "both" else [args.client]
+    if "java" in clients:
+        _java_reader_classes()  # compiled before the broker starts: a javac failure ends the run at once
 
     from devtools.devkafka import KafkaCluster, free_port
     from rsm.log.partition import PartitionDir
@@ -897,21 +929,23 @@ def main() -> None:
 
                 broker_pid = kc.node(1).process.pid  # type: ignore[union-attr]
                 one = [records]
-                sources = [] if args.history_only else [("live, through the proxy", proxy, LIVE, one),
-                                                        ("live, direct", kc.bootstrap_servers, LIVE, one)]
-                sources += [("history, through the proxy (tier)", proxy, HISTORY, one),
-                           ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA, one)]
+                kinds = [] if args.history_only else [("live, through the proxy", proxy, LIVE, one),
+                                                      ("live, direct", kc.bootstrap_servers, LIVE, one)]
+                kinds += [("history, through the proxy (tier)", proxy, HISTORY, one),
+                          ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA, one)]
                 if many:
-                    sources += [(f"history {args.partitions}p, through the proxy", proxy, HISTORY_N, records_n),
-                                (f"history {args.partitions}p, Kafka tiered", kc.bootstrap_servers, KAFKA_N, records_n)]
+                    kinds += [(f"history {args.partitions}p, through the proxy", proxy, HISTORY_N, records_n),
+                              (f"history {args.partitions}p, Kafka tiered", kc.bootstrap_servers, KAFKA_N, records_n)]
+                sources = [(name + CLIENT_SUFFIX[c], boot, topic, counts, c)
+                           for c in clients for name, boot, topic, counts in kinds]
                 load.append(os.getloadavg())
                 idle = idle_cpu_rate(serve.pid, IDLE_S)
                 warm_up(sources, serve.pid, broker_pid)
                 for rnd in range(args.repeat):
-                    for name, boot, topic, counts in sources if rnd % 2 == 0 else sources[::-1]:
+                    for name, boot, topic, counts, client in sources if rnd % 2 == 0 else sources[::-1]:
                         waited = jit_settled(broker_pid)
                         before = request_counts(ops_port)
-                        r = read(boot, topic, counts, serve.pid, broker_pid)
+                        r = read(boot, topic, counts, serve.pid, broker_pid, client)
                         asked = {k: v - before.get(k, 0.0) for k, v in request_counts(ops_port).items()}
                         r.fetches = int(asked.get("fetch", 0)) if boot == proxy else 0
                         results.setdefault(name, []).append(r)
@@ -965,7 +999,8 @@ def main() -> None:
               f"{_load(load[-1])}." + "".join(f" history_listener.{x}." for x in args.listener_setting))
         return
     mid = {name: sorted(runs, key=lambda r: r.mb_s)[len(runs) // 2] for name, runs in results.items()}  # median
-    first = "history, through the proxy (tier)" if args.history_only else "live, through the proxy"
+    first = ("history, through the proxy (tier)" if args.history_only else "live, through the proxy") + \
+        CLIENT_SUFFIX[clients[0]]
     gib_read = mid[first].bytes / GiB
     first_window = mid[first].window_s
 
@@ -974,11 +1009,11 @@ def main() -> None:
                           for f in ("sidecar_cpu_s", "broker_cpu_s", "consumer_cpu_s"))
 
     print()
-    print(f"{'':40} {'MB/s median':>11} {'min-max':>9} {'records/s':>10} {'CPU s/GiB sidecar / broker / consumer':>38}"
+    print(f"{'':47} {'MB/s median':>11} {'min-max':>9} {'records/s':>10} {'CPU s/GiB sidecar / broker / consumer':>38}"
           f"   every run MB/s")
     for name, runs in results.items():
         mbs = [x.mb_s for x in runs]
-        print(f"{name:40} {statistics.median(mbs):>11.0f} {f'{min(mbs):.0f}-{max(mbs):.0f}':>9} "
+        print(f"{name:47} {statistics.median(mbs):>11.0f} {f'{min(mbs):.0f}-{max(mbs):.0f}':>9} "
               f"{mid[name].records_s:>10,.0f} {cpu(runs):>38}   {', '.join(f'{x:.0f}' for x in mbs)}")
     print()
 
@@ -987,32 +1022,35 @@ def main() -> None:
         rs = [x.mb_s / y.mb_s for x, y in zip(results[a], results[b], strict=True)]
         return statistics.median(rs), min(rs), max(rs)
 
-    hi = ratio("history, through the proxy (tier)", "history, Kafka tiered storage (direct)")
-
     def shown(x: tuple[float, float, float]) -> str:
         return f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})"
 
     rows = []
-    if not args.history_only:
-        lv = ratio("live, through the proxy", "live, direct")
-        rows.append(("1. live 1x: proxy / direct", shown(lv), ">= 0.8x", lv[0] >= 0.8))
-    rows.append(("2. history: proxy (tier) / Kafka tiered", shown(hi), ">= 1.5x", hi[0] >= 1.5))
-    if many:
-        hn = ratio(f"history {args.partitions}p, through the proxy", f"history {args.partitions}p, Kafka tiered")
-        rows.append((f"2b. history, {args.partitions} partitions", shown(hn), ">= 1.5x", hn[0] >= 1.5))
+    pairs: dict[str, str] = {}  # proxied read -> the other side's, for the per-Fetch lines
+    for c in clients:
+        sfx = CLIENT_SUFFIX[c]
+        if not args.history_only:
+            lv = ratio("live, through the proxy" + sfx, "live, direct" + sfx)
+            rows.append(("1. live 1x: proxy / direct" + sfx, shown(lv), ">= 0.8x", lv[0] >= 0.8))
+            pairs["live, through the proxy" + sfx] = "live, direct" + sfx
+        hi = ratio("history, through the proxy (tier)" + sfx, "history, Kafka tiered storage (direct)" + sfx)
+        rows.append(("2. history: proxy (tier) / Kafka tiered" + sfx, shown(hi), ">= 1.5x", hi[0] >= 1.5))
+        pairs["history, through the proxy (tier)" + sfx] = "history, Kafka tiered storage (direct)" + sfx
+        if many:
+            hn = ratio(f"history {args.partitions}p, through the proxy{sfx}",
+                       f"history {args.partitions}p, Kafka tiered{sfx}")
+            rows.append((f"2b. history, {args.partitions} partitions{sfx}", shown(hn), ">= 1.5x", hn[0] >= 1.5))
+            pairs[f"history {args.partitions}p, through the proxy{sfx}"] = \
+                f"history {args.partitions}p, Kafka tiered{sfx}"
     if lat is not None:
         row, tail_line = tail_summary(lat, args.latency_rate, caveats)
         rows.append(row)
-    print(f"{'comparison (median of the rounds, min-max)':44} {'result':>20} {'goal':>9}  met")
+    print(f"{'comparison (median of the rounds, min-max)':50} {'result':>20} {'goal':>9}  met")
     for label, res, goal, ok in rows:
-        print(f"{label:44} {res:>20} {goal:>9}  {_met(ok)}")
+        print(f"{label:50} {res:>20} {goal:>9}  {_met(ok)}")
     print()
     if lat is not None:
         print(tail_line)
-    pairs = {} if args.history_only else {"live, through the proxy": "live, direct"}
-    pairs["history, through the proxy (tier)"] = "history, Kafka tiered storage (direct)"
-    if many:
-        pairs[f"history {args.partitions}p, through the proxy"] = f"history {args.partitions}p, Kafka tiered"
     for name, other in pairs.items():
         r = mid[name]
         if r.fetches:
@@ -1023,8 +1061,12 @@ def main() -> None:
                   f"yardstick of the host's speed); {other}: "
                   f"{mid[other].window_s / r.fetches * 1e3:.2f} ms per as many bytes")
     print(f"\n{records:,} records per read ({gib_read:.3f} GiB of keys + values, {VALUE_BYTES} B values), 1 partition, "
-          f"{seg_mib} MiB segments; confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
-          f"auto.offset.reset; subscribe()), a process each; {args.repeat} rounds after the warm-up rounds, "
+          f"{seg_mib} MiB segments; "
+          + " and ".join({"librdkafka": f"confluent-kafka {_ck_version()} consumers (librdkafka defaults but group.id, "
+                                        "auto.offset.reset; subscribe())",
+                          "java": "Kafka's Java KafkaConsumer (its defaults but group.id, auto.offset.reset; "
+                                  "subscribe(); rows [java])"}[c] for c in clients)
+          + f", a process each; {args.repeat} rounds after the warm-up rounds, "
           f"sources taking turns"
           + (f"; consumer settings {json.dumps(consumer_settings)}" if consumer_settings else "") + ". Sidecar CPU: "
           f"the rlm serve process (listener + idle tiering, which alone takes {idle:.3f} CPU s/s, measured over "
