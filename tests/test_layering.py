@@ -161,3 +161,46 @@ def test_the_listener_protocol_layer_is_only_protocol() -> None:
     bad = [v for v in _violations("rlm/listener/protocol", ("rlm",))
            if not v.split(": imports ")[1].startswith("rlm.listener.protocol")]
     assert _modules("rlm/listener/protocol") and bad == []
+
+
+# ------------------------------------------------------------------------------------------------------- the tests
+def _test_module_imports(paths: list[Path], root: Path = ROOT) -> Iterator[tuple[Path, int, str]]:
+    """(path, line, imported module) of every import in ``paths`` of a module named ``test_*`` (``from a import b``:
+    ``a`` or ``a.b``); relative imports resolved against the importing module's package (its path under ``root``)."""
+    for path in paths:
+        package = path.relative_to(root).with_suffix("").parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = list(package[:len(package) - node.level + 1]) if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if any(part.startswith("test_") for part in name.split(".")):
+                    yield path, node.lineno, name
+                    break
+
+
+def test_the_test_walk_sees_imports_of_test_modules(tmp_path: Path) -> None:
+    """Each way of naming a test module is seen: absolute, relative, ``from package import test_module``; a helper
+    module whose name merely contains ``test_`` (``tests.support.latest_x``) is not one."""
+    (tmp_path / "tests" / "rlm").mkdir(parents=True)
+    probe = tmp_path / "tests" / "rlm" / "probe.py"
+    probe.write_text("import tests.rlm.test_a\nfrom tests.rlm.test_b import x\nfrom .test_c import y\n"
+                     "from .listener import test_d\nfrom ..support.sidecar import latest_remote\n"
+                     "from tests.support.latest_x import z\n")
+    seen = [(line, name) for _, line, name in _test_module_imports([probe], tmp_path)]
+    assert seen == [(1, "tests.rlm.test_a"), (2, "tests.rlm.test_b"), (3, "tests.rlm.test_c"),
+                    (4, "tests.rlm.listener.test_d")]
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in ``tests/support/`` (and a package's fixtures in its ``conftest.py``); no module under
+    ``tests/`` imports a ``test_*`` module: a test module's helpers are its own to change, and one module's tests
+    never break because another's were edited."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {name}"
+           for path, line, name in _test_module_imports(_modules("tests"))]
+    assert bad == []

@@ -11,19 +11,8 @@ import pytest
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
-from tests.support.kafka import partition_dir, produce, set_topic_config
+from tests.support.kafka import broker_watermarks, partition_dir, produce, set_topic_config
 from tests.support.sidecar import assert_readable, make_settings, only, wait_for
-
-
-def broker_earliest_offset(kafka: KafkaCluster, topic: str) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe"})
-    try:
-        lo, _hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        return lo
-    finally:
-        c.close()
 
 
 def latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
@@ -80,7 +69,7 @@ def test_tiered_records_survive_local_retention(kafka: KafkaCluster, topic_name:
         set_topic_config(kafka, topic_name, retention_ms="1000")
         # (Kafka moves the log start offset first, then renames the segments it deletes: wait for both)
         first_log = partition_dir(kafka, topic_name) / "00000000000000000000.log"
-        wait_for(lambda: broker_earliest_offset(kafka, topic_name) > last_sent // 2 and not first_log.exists(), 90,
+        wait_for(lambda: broker_watermarks(kafka, topic_name)[0] > last_sent // 2 and not first_log.exists(), 90,
                  "the broker to delete old local segments")
         # ... and every record is still there, remotely, byte-exact.
         assert_readable(sidecar, tp, sent)

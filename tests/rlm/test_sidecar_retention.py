@@ -9,7 +9,7 @@ from pathlib import Path
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.test_sidecar_e2e import broker_earliest_offset, set_topic_config
+from tests.support.kafka import broker_watermarks, set_topic_config
 from tests.support.sidecar import (
     RecordingRsm,
     assert_contiguous,
@@ -93,7 +93,7 @@ def test_broker_log_start_offset_is_never_followed(kafka: KafkaCluster, topic_na
         before = [s.remote_log_segment_id for s in remote_segments(sidecar, tp)]
         # Short local retention: the broker deletes its copies and moves its log start offset forward.
         set_topic_config(kafka, topic_name, retention_ms="500", local_retention_ms="500")
-        wait_for(lambda: broker_earliest_offset(kafka, topic_name) > max(sent), 90,
+        wait_for(lambda: broker_watermarks(kafka, topic_name)[0] > max(sent), 90,
                  "the broker to delete every rolled local segment")
         time.sleep(2.0)  # several expiration runs after the log start offset moved
         segs = remote_segments(sidecar, tp)

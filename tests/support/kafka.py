@@ -11,7 +11,18 @@ from confluent_kafka import Producer
 
 from devtools.devkafka import KafkaCluster
 
-__all__ = ["grant", "partition_dir", "produce", "roll_and_wait", "rolled_logs"]
+__all__ = ["broker_watermarks", "grant", "partition_dir", "produce", "roll_and_wait", "rolled_logs", "set_topic_config"]
+
+
+def broker_watermarks(kafka: KafkaCluster, topic: str, partition: int = 0) -> tuple[int, int]:
+    """(log start offset, high watermark) of the broker's own log."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    finally:
+        c.close()
 
 
 def partition_dir(kafka: KafkaCluster, topic: str, partition: int = 0, node_id: int = 1) -> Path:

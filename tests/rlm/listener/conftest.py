@@ -46,7 +46,7 @@ from devtools.devkafka import KafkaCluster
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.support.kafka import set_topic_config
+from tests.support.kafka import broker_watermarks, set_topic_config
 from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer
 
@@ -176,15 +176,6 @@ def consume_until(consumer: Consumer, ends: dict[tuple[str, int], int], *, timeo
     while (left := settle - time.monotonic()) > 0:
         poll(min(left, 0.25))
     return got
-
-
-def broker_watermarks(kafka: KafkaCluster, topic: str, partition: int = 0) -> tuple[int, int]:
-    """(log start offset, high watermark) of the broker's own log."""
-    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe"})
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-    finally:
-        c.close()
 
 
 def main_record(p: int, r: int, i: int, base_ts: int

@@ -7,7 +7,10 @@ import socket
 import struct
 from typing import Any
 
-__all__ = ["call", "closed", "kstr", "plain_login", "recv_frame", "request"]
+__all__ = ["EARLIEST", "call", "closed", "fetch", "kstr", "list_offsets", "only_partition", "plain_login", "recv_frame",
+           "request"]
+
+EARLIEST = -2  # ListOffsets' timestamp for the log start
 
 
 def request(api_key: int, version: int, body: bytes, correlation_id: int = 7) -> bytes:
@@ -70,3 +73,30 @@ def plain_login(sock: socket.socket, user: str, password: str) -> bool:
         return False
     resp = call(sock, 36, 0, {"auth_bytes": f"\0{user}\0{password}".encode()})
     return resp is not None and resp.error_code == 0
+
+
+def fetch(sock: socket.socket, topic: str, parts: list[tuple[int, int]], max_bytes: int = 1 << 20,
+          isolation: int = 0, correlation_id: int = 7) -> Any:
+    """A Fetch v11 (no session, no wait) of ``(partition, offset)`` in that order; the answer's correlation id
+    checked (:func:`call`)."""
+    return call(sock, 1, 11, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": isolation,
+        "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
+            {"partition": p, "fetch_offset": o, "current_leader_epoch": -1, "log_start_offset": -1,
+             "partition_max_bytes": max_bytes} for p, o in parts]}]}, correlation_id)
+
+
+def only_partition(resp: Any) -> Any:
+    """The one partition of a Fetch answer of one topic and one partition."""
+    (t,) = resp.responses
+    (p,) = t.partitions
+    return p
+
+
+def list_offsets(sock: socket.socket, topic: str, timestamp: int, partition: int = 0) -> Any:
+    """A ListOffsets v5 (read_uncommitted) of one partition at ``timestamp`` (``EARLIEST``, -1: the end); its
+    partition's answer."""
+    (t,) = call(sock, 2, 5, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
+        {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]}).topics
+    (p,) = t.partitions
+    return p

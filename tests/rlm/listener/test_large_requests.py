@@ -14,7 +14,6 @@ import struct
 import sys
 import threading
 import typing
-import uuid
 from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -28,12 +27,9 @@ from rlm.listener.net.server import INLINE_FRAME_BYTES, ListenerServer
 from rlm.listener.protocol.apis import API_KEYS, PROXY_API_KEYS, SASL_API_KEYS
 from rlm.listener.protocol.codec import ErrorCode, build, decode_request, free_gradually
 from rlm.listener.protocol.frame import BadRequestError, read_header
-from rlm.listener.routing import Router
-from rlm.listener.tier.catalog import ServedTopic
-from rlm.listener.tier.context import TierContext
-from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from tests.rlm.listener.raw_wire import call, recv_frame, request
 from tests.support.sidecar import wait_for
+from tests.support.stub_listener import SERVED, serving
 
 
 def sample(entity_type: type, depth: int = 0) -> dict[str, Any]:
@@ -129,38 +125,10 @@ def test_answers_are_built_with_their_items_listed_and_freed_in_slices() -> None
 
 
 # ------------------------------------------------------------------------------------------------ the server
-SERVED = ServedTopic("served", uuid.UUID(int=1), (0,))
-
-
-class StubCatalog:
-    def topics(self) -> dict[str, ServedTopic]:
-        return {SERVED.name: SERVED}
-
-    def by_name(self, name: str) -> ServedTopic | None:
-        return SERVED if name == SERVED.name else None
-
-    def by_id(self, topic_id: Any) -> ServedTopic | None:
-        return SERVED if topic_id == SERVED.topic_id else None
-
-
-class StubTier:
-    def partition(self, tp: Any) -> None:
-        return None
-
-
-class AllowAll:
-    def allowed(self, principal: str, host: str, operation: str, topics: Any) -> set[str]:
-        return set(topics)
-
-
 @pytest.fixture
 def server() -> Iterator[ListenerServer]:
-    ctx = TierContext(StubCatalog(), StubTier(), AllowAll())  # type: ignore[arg-type]
-    srv = ListenerServer(Router(ctx, NodeAnswers(ctx, NodeInfo(1, "127.0.0.1", 0, "c"))), "127.0.0.1", 0).start()
-    try:
+    with serving() as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_other_connections_are_answered_while_a_large_request_is_being_decoded(

@@ -1,7 +1,8 @@
 """The lines a client can make the listener log are limited per line of code (:class:`rlm.logs.LinesPerSite`): a
 client sending undecodable requests or failing SASL logins gets every answer it is owed, and the log gets ten lines
 of each kind a minute, the rest counted (``rlm_log_lines_suppressed``) and their number given by the next line of the
-kind. Over real sockets against the real server (the stub tier of ``test_large_requests``: no broker needed)."""
+kind. Over real sockets against the real server (the stub tier of :mod:`tests.support.stub_listener`: no broker
+needed)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlm.config import HistorySaslSettings
 from rlm.listener.net.server import ConnectionLimits
 from rlm.logs import CLIENT_LINES, LINES_PER_SITE, LinesPerSite
 from tests.rlm.listener.raw_wire import plain_login, recv_frame, request
-from tests.rlm.listener.test_request_memory import serving
+from tests.support.stub_listener import serving
 
 METADATA = 3
 INVALID_REQUEST = 42

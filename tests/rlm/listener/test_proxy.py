@@ -46,9 +46,9 @@ from rlmm.api import TopicIdPartition
 from rlmm.topic_consumer import ConsumerTask
 from rsm.log.batch import header_from_bytes
 from rsm.log.records import decode_records
-from tests.rlm.listener.conftest import Rec, broker_watermarks, consume_until
-from tests.rlm.listener.raw_wire import call
-from tests.support.kafka import produce
+from tests.rlm.listener.conftest import Rec, consume_until
+from tests.rlm.listener.raw_wire import EARLIEST, call, fetch, list_offsets, only_partition
+from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer
 
@@ -56,7 +56,6 @@ PARTITIONS = 2
 ROUNDS, PER_ROUND = 3, 40  # per partition: three segments of 40 records (batches of up to 10), then a roll
 SEGMENT_MS = 300
 LOG_START = {0: 2 * PER_ROUND - 7, 1: PER_ROUND + 3}  # the broker's log start after DeleteRecords: inside segments
-EARLIEST = -2
 TIERED = ROUNDS * PER_ROUND  # the tier's high watermark (main and hole)
 HOLE_AFTER, HOLE = 10, 5  # hole: records after the tier's end, in the active segment; the first HOLE deleted
 FUTURE_MS = 600_000  # explicit timestamps this far ahead: segments roll only where the test's timestamps say
@@ -281,17 +280,6 @@ def _offsets(records: bytes | None, position: int) -> list[int]:
     return out
 
 
-def _fetch(sock: socket.socket, topic: str, parts: list[tuple[int, int]], max_bytes: int = 1 << 20,
-           isolation: int = 0, correlation_id: int = 7) -> Any:
-    """A Fetch v11 (no session, no wait) of ``(partition, offset)`` in that order; the answer's correlation id
-    checked (:func:`~tests.rlm.listener.raw_wire.call`)."""
-    return call(sock, 1, 11, {
-        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": isolation,
-        "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
-            {"partition": p, "fetch_offset": o, "current_leader_epoch": -1, "log_start_offset": -1,
-             "partition_max_bytes": max_bytes} for p, o in parts]}]}, correlation_id)
-
-
 def test_a_fetch_straddling_the_boundary_is_exact_and_answers_keep_the_clients_order(proxied: Proxied) -> None:
     """One Fetch names a partition above the broker's log start (the broker answers) and one below it (the tier
     answers), in that order: the answer keeps it, with the broker's high watermark on both and the tier's log start
@@ -301,7 +289,7 @@ def test_a_fetch_straddling_the_boundary_is_exact_and_answers_keep_the_clients_o
     topic = proxied.topic
     with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
         ends = {p: proxied.end(p) for p in range(PARTITIONS)}
-        resp = _fetch(sock, topic, [(1, LOG_START[1] + 2), (0, LOG_START[0] - 1)])
+        resp = fetch(sock, topic, [(1, LOG_START[1] + 2), (0, LOG_START[0] - 1)])
         assert resp.error_code == 0 and resp.session_id == 0
         (t,) = resp.responses
         assert [p.partition_index for p in t.partitions] == [1, 0]
@@ -316,7 +304,7 @@ def test_a_fetch_straddling_the_boundary_is_exact_and_answers_keep_the_clients_o
         sources = set()
         position = LOG_START[0] - 1
         while position < ends[0]:
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400).responses  # about two batches at a time
+            (t,) = fetch(sock, topic, [(0, position)], max_bytes=400).responses  # about two batches at a time
             (part,) = t.partitions
             assert part.error_code == 0, (position, part.error_code)
             sources.add("tier" if part.log_start_offset == 0 else "broker")
@@ -353,7 +341,7 @@ def test_history_fetches_below_a_known_log_start_ask_the_broker_nothing_and_stay
         while position < end:
             before = _upstream_requests()
             # each its own correlation id: an answer read ahead is encoded before its request comes
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400, isolation=isolation,
+            (t,) = fetch(sock, topic, [(0, position)], max_bytes=400, isolation=isolation,
                           correlation_id=len(asked) + 1).responses
             after = _upstream_requests()
             asked.append((position, {api: after[api] - before[api] for api in after}))
@@ -429,7 +417,7 @@ def test_a_fetch_whose_bounds_went_stale_asks_the_broker_and_uses_the_answer_rea
             if fetches:
                 time.sleep(bounds.BOUNDS_FRESH_S + 0.2)  # the bounds learned by the last Fetch are stale now
             before = _upstream_requests()
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=400).responses
+            (t,) = fetch(sock, topic, [(0, position)], max_bytes=400).responses
             after = _upstream_requests()
             assert {api: after[api] - before[api] for api in after} == {"fetch": 1, "list_offsets": 2}, position
             (part,) = t.partitions
@@ -470,7 +458,7 @@ def test_an_answer_read_ahead_is_authorized_once_when_it_is_used(proxied: Proxie
         for i in range(5):  # the first asks the broker (and reads the tier); the next four use answers read ahead
             if i == 1:
                 lookups.clear()
-            (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=i + 1).responses
+            (t,) = fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=i + 1).responses
             (part,) = t.partitions
             assert part.error_code == 0, (position, part)
             got = _offsets(part.records, position)
@@ -479,7 +467,7 @@ def test_an_answer_read_ahead_is_authorized_once_when_it_is_used(proxied: Proxie
         assert position < LOG_START[0], position  # every one below the broker's log start
         assert lookups == [{proxied.topic}] * 4, lookups  # one per answer, by the Fetch that used it
         denied.add(proxied.topic)
-        (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=9).responses
+        (t,) = fetch(sock, proxied.topic, [(0, position)], max_bytes=400, correlation_id=9).responses
         (part,) = t.partitions
         assert part.error_code == ErrorCode.topic_authorization_failed.value and not part.records, part
     used = (REGISTRY.get_sample_value("rlm_history_proxy_prefetches_total", {"result": "used"}) or 0.0) - used
@@ -506,19 +494,6 @@ def test_addresses_are_the_listeners_and_earliest_is_the_tiers(proxied: Proxied)
                 p: (0, o) for p, o in want.items()}, ts
 
 
-def _partition(resp: Any) -> Any:
-    (t,) = resp.responses
-    (p,) = t.partitions
-    return p
-
-
-def _list_offsets(sock: socket.socket, topic: str, timestamp: int, partition: int = 0) -> Any:
-    (t,) = call(sock, 2, 5, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
-        {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]}).topics
-    (p,) = t.partitions
-    return p
-
-
 def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
         proxied: Proxied, caplog: pytest.LogCaptureFixture) -> None:
     """hole's tier ends at TIERED, the broker's log starts at TIERED + HOLE, nothing is staged: for
@@ -535,20 +510,20 @@ def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
     with caplog.at_level(logging.ERROR, logger="rlm.listener.tier.boundary"), \
             socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock, \
             socket.create_connection((host, int(port)), timeout=30) as broker:
-        assert _partition(_fetch(sock, topic, [(0, TIERED + 2)])).error_code == ErrorCode.offset_not_available
-        earliest = _list_offsets(sock, topic, EARLIEST)
+        assert only_partition(fetch(sock, topic, [(0, TIERED + 2)])).error_code == ErrorCode.offset_not_available
+        earliest = list_offsets(sock, topic, EARLIEST)
         assert (earliest.error_code, earliest.offset) == (ErrorCode.offset_not_available, -1), earliest
         assert REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic}) in (None, before)
         assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic}) == pending + 1
-        wait_for(lambda: _partition(_fetch(sock, topic, [(0, TIERED)])).error_code != ErrorCode.offset_not_available,
+        wait_for(lambda: only_partition(fetch(sock, topic, [(0, TIERED)])).error_code != ErrorCode.offset_not_available,
                  30, "the hole confirmed")
         for offset in (TIERED, TIERED + 2, start - 1):
-            ours = _partition(_fetch(sock, topic, [(0, offset)]))
-            kafkas = _partition(_fetch(broker, topic, [(0, offset)]))
+            ours = only_partition(fetch(sock, topic, [(0, offset)]))
+            kafkas = only_partition(fetch(broker, topic, [(0, offset)]))
             assert ours.error_code == 1 and ours == kafkas, offset  # OFFSET_OUT_OF_RANGE, the broker's very answer
-        last = _partition(_fetch(sock, topic, [(0, TIERED - 1)]))
+        last = only_partition(fetch(sock, topic, [(0, TIERED - 1)]))
         assert last.error_code == 0 and _offsets(last.records, TIERED - 1) == [TIERED - 1]
-        earliest = _list_offsets(sock, topic, EARLIEST)
+        earliest = list_offsets(sock, topic, EARLIEST)
         assert (earliest.error_code, earliest.offset) == (0, start)
     holes = [(r.topic_partition, r.first_offset, r.last_offset_inclusive) for r in caplog.records  # type: ignore[attr-defined]
              if hasattr(r, "first_offset")]
@@ -659,7 +634,7 @@ def test_earliest_through_a_proxy_whose_metadata_is_not_read_yet_is_asked_again_
     0, the tier's first offset."""
     topic = proxied.topic
     with socket.create_connection(("127.0.0.1", held_proxy.listener.port), timeout=30) as sock:
-        p = _list_offsets(sock, topic, EARLIEST)
+        p = list_offsets(sock, topic, EARLIEST)
         assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
     c = Consumer({"bootstrap.servers": f"127.0.0.1:{held_proxy.listener.port}", "group.id": f"e-{uuid.uuid4().hex[:6]}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 100})
@@ -673,7 +648,7 @@ def test_earliest_through_a_proxy_whose_metadata_is_not_read_yet_is_asked_again_
         c.close()
     assert [r.offset for r in got[:LOG_START[0] + 5]] == list(range(LOG_START[0] + 5))
     with socket.create_connection(("127.0.0.1", held_proxy.listener.port), timeout=30) as sock:
-        p = _list_offsets(sock, topic, EARLIEST)
+        p = list_offsets(sock, topic, EARLIEST)
         assert (p.error_code, p.offset) == (0, 0), p
 
 
@@ -695,16 +670,16 @@ def test_list_offsets_by_timestamp_below_the_log_start_is_the_tiers(proxied: Pro
         for offset in (PER_ROUND + 5, LOG_START[0] - 1, LOG_START[0] + 2):
             ts = stamps[offset]
             want = min(o for o, t in stamps.items() if t >= ts)
-            got = _list_offsets(sock, proxied.topic, ts)
+            got = list_offsets(sock, proxied.topic, ts)
             assert (got.error_code, got.offset, got.leader_epoch) == (0, want, 0), offset
             assert got.timestamp == stamps[want]
-            kafkas = _list_offsets(broker, proxied.topic, ts)
+            kafkas = list_offsets(broker, proxied.topic, ts)
             if want < LOG_START[0]:
                 assert kafkas.offset >= LOG_START[0]  # what the broker alone says
             else:
                 assert kafkas == got
-        latest = _list_offsets(sock, proxied.topic, -1)
-        assert latest == _list_offsets(broker, proxied.topic, -1)
+        latest = list_offsets(sock, proxied.topic, -1)
+        assert latest == list_offsets(broker, proxied.topic, -1)
 
 
 def test_read_committed_across_the_boundary_gets_the_committed_records_each_once(proxied: Proxied) -> None:
@@ -793,7 +768,7 @@ def test_history_answers_keep_within_the_listeners_room_for_queued_answers(
     with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
         position = 0
         for _ in range(4):
-            (t,) = _fetch(sock, topic, [(0, position)], max_bytes=50 << 20).responses
+            (t,) = fetch(sock, topic, [(0, position)], max_bytes=50 << 20).responses
             (part,) = t.partitions
             assert part.error_code == 0, (position, part)
             got = _offsets(part.records, position)
@@ -826,7 +801,7 @@ def test_a_proxied_fetch_holds_its_room_while_the_tier_is_read(proxied: Proxied,
     with socket.create_connection(("127.0.0.1", proxied.listener.port), timeout=30) as sock:
         position = 0
         for _ in range(3):
-            (t,) = _fetch(sock, proxied.topic, [(0, position)], max_bytes=pmb).responses
+            (t,) = fetch(sock, proxied.topic, [(0, position)], max_bytes=pmb).responses
             (part,) = t.partitions
             assert part.error_code == 0, (position, part)
             position = _offsets(part.records, position)[-1] + 1
@@ -851,7 +826,7 @@ def test_answers_read_ahead_are_capped_in_the_process(proxied: Proxied, monkeypa
         positions = {a: 0, b: 0}
         seen: dict[socket.socket, list[int]] = {a: [], b: []}
         for sock in (a, a, b, b, b, a):  # a holds a read-ahead from its first Fetch on; b's are refused
-            (t,) = _fetch(sock, proxied.topic, [(0, positions[sock])], max_bytes=400).responses
+            (t,) = fetch(sock, proxied.topic, [(0, positions[sock])], max_bytes=400).responses
             (part,) = t.partitions
             assert part.error_code == 0, part
             got = _offsets(part.records, positions[sock])
@@ -883,7 +858,7 @@ def test_answers_read_ahead_hold_no_more_block_memory_than_the_budget(proxied: P
         positions = dict(zip(socks, starts, strict=True))
         for i, sock in enumerate(socks * 2):
             p, position = positions[sock]
-            (t,) = _fetch(sock, proxied.topic, [(p, position)], max_bytes=400).responses
+            (t,) = fetch(sock, proxied.topic, [(p, position)], max_bytes=400).responses
             (part,) = t.partitions
             got = _records(part.records, position)
             assert part.error_code == 0 and got and list(got) == list(range(position, max(got) + 1)), (position, got)

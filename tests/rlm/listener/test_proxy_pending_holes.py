@@ -30,9 +30,9 @@ from rlm.sidecar import Sidecar
 from rlm.tasks.staging import staged_ranges, staging_roots
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
-from tests.rlm.listener.conftest import broker_watermarks, consume_until
-from tests.rlm.listener.test_proxy import EARLIEST, _fetch, _list_offsets, _partition
-from tests.support.kafka import produce
+from tests.rlm.listener.conftest import consume_until
+from tests.rlm.listener.raw_wire import EARLIEST, fetch, list_offsets, only_partition
+from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import copy_state, latest_remote, make_settings, only, produce_segments, wait_for
 
 TP = TopicIdPartition(uuid.uuid4(), "t", 0)
@@ -200,11 +200,11 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
             with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock, \
                     socket.create_connection((host, int(port)), timeout=30) as broker:
-                assert _partition(_fetch(broker, topic_name, [(0, tiered)])).error_code == \
+                assert only_partition(fetch(broker, topic_name, [(0, tiered)])).error_code == \
                     ErrorCode.offset_out_of_range  # the broker's answer: deleted
-                assert _partition(_fetch(sock, topic_name, [(0, tiered)])).error_code == \
+                assert only_partition(fetch(sock, topic_name, [(0, tiered)])).error_code == \
                     ErrorCode.offset_not_available
-                p = _list_offsets(sock, topic_name, EARLIEST)
+                p = list_offsets(sock, topic_name, EARLIEST)
                 assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
             assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) == \
                 before + 1
@@ -230,7 +230,7 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
                 assert [r.offset for r in records] == list(range(end))
                 assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in records)  # (rolls)
             with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock:
-                p = _list_offsets(sock, topic_name, EARLIEST)
+                p = list_offsets(sock, topic_name, EARLIEST)
                 assert (p.error_code, p.offset) == (0, 0), p
         finally:
             rsm.release.set()

@@ -1,7 +1,8 @@
 """What clients that send part of a request and stop can make the listener hold: ``queued_max_request_bytes`` and the
 stream's read-ahead (:mod:`rlm.listener.net.request_room`), over real sockets against the real server (no broker:
-the server over the stub catalog of ``test_large_requests``; frames are never decoded before they are whole, so no
-topic is needed). Memory is the process's RSS from ``/proc/self/status``; the clients send from one shared buffer.
+the server over the stub tier of :mod:`tests.support.stub_listener`; frames are never decoded before they are
+whole, so no topic is needed). Memory is the process's RSS from ``/proc/self/status``; the clients send from one
+shared buffer.
 """
 
 from __future__ import annotations
@@ -11,22 +12,16 @@ import gc
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import REGISTRY
 
 from rlm.config import HistorySaslSettings
 from rlm.listener.net.request_room import RequestRoom
-from rlm.listener.net.sasl import SaslAuthenticator
 from rlm.listener.net.server import ConnectionLimits, ListenerServer
-from rlm.listener.routing import Router
-from rlm.listener.tier.context import TierContext
-from rlm.listener.tier.node import NodeAnswers, NodeInfo
 from tests.rlm.listener.raw_wire import call, closed, recv_frame, request
-from tests.rlm.listener.test_large_requests import AllowAll, StubCatalog, StubTier
 from tests.support.sidecar import wait_for
+from tests.support.stub_listener import serving
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 MiB = 1 << 20
@@ -42,18 +37,6 @@ def rss_mib() -> float:
 
 def closed_for(reason: str) -> float:
     return REGISTRY.get_sample_value("rlm_history_closed_connections_total", {"reason": reason}) or 0
-
-
-@contextmanager
-def serving(limits: ConnectionLimits, sasl: HistorySaslSettings | None = None) -> Iterator[ListenerServer]:
-    ctx = TierContext(StubCatalog(), StubTier(), AllowAll())  # type: ignore[arg-type]
-    factory = SaslAuthenticator(sasl, failed_authentication_delay_s=0).session if sasl is not None else None
-    srv = ListenerServer(Router(ctx, NodeAnswers(ctx, NodeInfo(1, "127.0.0.1", 0, "c"))), "127.0.0.1", 0,
-                         limits=limits, session_factory=factory).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def on_loop(srv: ListenerServer, fn: Any) -> Any:
