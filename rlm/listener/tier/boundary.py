@@ -47,7 +47,11 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
 - **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
   it: Kafka then answers the requested epoch with its log start) is answered from the tier's lineage
   (:meth:`rlm.tier.Lineage.end_offset_for`: the largest epoch at or below it and the start of the next), DESCRIBE
-  checked; the broker's answer stands for every other epoch and for every error.
+  checked; the broker's answer stands for every other epoch and for every error. Before the listener has read the
+  partition's tier (:meth:`rlm.tier.TierView.ready`) its lineage is not used (empty, or partial mid-replay): an answer
+  the broker did not give from its checkpoint (its end offset at or below its log start, or undefined) is
+  OFFSET_NOT_AVAILABLE, which clients retry; the broker's log start not known, too. The broker's answer from its
+  checkpoint (an end offset above its log start) stands.
 """
 
 from __future__ import annotations
@@ -452,20 +456,48 @@ def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client
                            log_starts: dict[tuple[str, int], int]) -> Any:
     """``resp`` (the broker's OffsetForLeaderEpoch answer to ``req``) with the epochs that ended below the broker's log
     start (``log_starts``: (topic, partition) -> offset) answered from the tier's lineage, for the topics the client's
-    principal may DESCRIBE."""
+    principal may DESCRIBE. Before the partition's tier is known (:meth:`rlm.tier.TierView.ready`) its lineage is
+    not read: an answer the broker did not give from its own checkpoint is OFFSET_NOT_AVAILABLE
+    (:func:`_epoch_not_available`)."""
     asked = {(t.topic, p.partition): p.leader_epoch for t in req.topics for p in t.partitions if p.leader_epoch >= 0}
 
     def change(served: ServedTopic, p: Any) -> Any:
         epoch, start = asked.get((served.name, p.partition)), log_starts.get((served.name, p.partition))
-        if epoch is None or start is None:
+        if epoch is None:
             return p
-        pt = ctx.partition_tier(served.tp(p.partition), "offset_for_leader_epoch")
+        tp = served.tp(p.partition)
+        if not ctx.tier.ready(tp):  # asked before the read: a lineage read before may be empty or partial
+            return _epoch_not_available(p) if start is None or _past_checkpoint(p, start) else p
+        if start is None:
+            return p
+        pt = ctx.partition_tier(tp, "offset_for_leader_epoch")
         end = pt.lineage.end_offset_for(epoch) if pt is not None else None
         if end is None or end[1] >= start:
             return p
         return dataclasses.replace(p, leader_epoch=end[0], end_offset=end[1])
 
     return _served_partitions_changed(ctx, client, resp, lambda t: t.topic, lambda p: p.partition, change)
+
+
+def _past_checkpoint(p: Any, log_start: int) -> bool:
+    """Whether the broker's OffsetForLeaderEpoch answer ``p`` may not come from its leader-epoch checkpoint: its end
+    offset at or below its log start ``log_start`` (an epoch the checkpoint no longer holds: Kafka's
+    ``LeaderEpochFileCache.endOffsetFor`` answers one below its first entry with that entry's start, raised to the log
+    start by retention), or undefined (-1, no epoch or end offset found). Then only the tier knows where the epoch
+    ended."""
+    return p.end_offset < 0 or p.leader_epoch < 0 or p.end_offset <= log_start
+
+
+def _epoch_not_available(p: Any) -> Any:
+    """An OffsetForLeaderEpoch partition answer ``p`` as OFFSET_NOT_AVAILABLE, no epoch or end offset: the epoch's end
+    is the tier's to give and the tier is not read yet. Passed on, the broker's answer would have the client check its
+    position against the broker's log start (a truncation below it hidden: offsets of the new lineage skipped) or
+    against -1 (a truncation seen where there is none: the client resets by ``auto.offset.reset``, skipping offsets or
+    reading them twice). OFFSET_NOT_AVAILABLE is the error both client families retry without resetting: Kafka's
+    consumer (``OffsetsForLeaderEpochUtils.handleResponse``) retries it after ``retry.backoff.ms`` with a metadata
+    update, librdkafka (``rd_kafka_toppar_handle_OffsetForLeaderEpoch``) validates again 500 ms later with a metadata
+    refresh; and it is what the listener answers a Fetch or ListOffsets with before the tier is read."""
+    return dataclasses.replace(p, error_code=ErrorCode.offset_not_available, leader_epoch=-1, end_offset=-1)
 
 
 def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name: Callable[[Any], str],

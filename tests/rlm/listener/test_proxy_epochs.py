@@ -12,6 +12,10 @@ the new leader's proxy alone, the consumer reached the other brokers as they wer
 another broker a metadata refresh went to while its leader's connection was still down); their Metadata, not
 rewritten, gave it the new leader's own address, and it read the broker directly: OFFSET_OUT_OF_RANGE at its first
 Fetch, no request through the proxy (librdkafka's debug log; 3 of 16 consumers at load 10-14).
+
+Before a proxy has read the tier (its metadata manager not caught up: :func:`tests.support.held_metadata.held_listener`,
+a second proxy of each broker), E0 is OFFSET_NOT_AVAILABLE, which clients retry: the broker's answer (its log start)
+would hide a truncation below it, and a consumer whose position claims E0 past its end would skip E1's first offsets.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +32,17 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from prometheus_client import REGISTRY
 
 from devtools.devkafka import KafkaCluster, free_port
 from rlm.config import SidecarSettings
 from rlm.listener import Listener, start_listener
+from rlm.listener.protocol.codec import ErrorCode
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.rlm.listener.conftest import consume_until, librdkafka_log
 from tests.rlm.listener.raw_wire import call
+from tests.support.held_metadata import Held, held_listener
 from tests.support.kafka import produce
 from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for
 
@@ -56,6 +63,8 @@ class Epochs:
     e1_start: int  # E1's first offset
     end: int  # the broker's high watermark
     sent: dict[int, tuple[bytes, bytes]]
+    settings_of: Callable[[int, dict[int, int]], SidecarSettings]  # broker, every broker's proxy port -> settings
+    rsm: Any
 
 
 def _produce(kafka: KafkaCluster, topic: str, tag: str, sent: dict[int, tuple[bytes, bytes]]) -> list[int]:
@@ -86,7 +95,8 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
     ports = {n: free_port() for n in NODES}
     metadata: dict[str, str] = {}
 
-    def settings_of(n: int) -> SidecarSettings:  # one store and metadata topic; each proxy told the others
+    # one store and metadata topic; each proxy (on ``ports``, by broker) told the others
+    def settings_of(n: int, ports: dict[int, int] = ports) -> SidecarSettings:
         return make_settings(kafka, tmp, node_id=n, topics={"include": [topic]}, metadata=metadata, history_listener={
             "host": "127.0.0.1", "port": ports[n], "proxy": True, "authorization": {"allow_if_no_authorizer": True},
             "peers": {m: f"127.0.0.1:{ports[m]}" for m in NODES if m != n}})
@@ -111,7 +121,7 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
         admin = AdminClient(kafka.admin_config())
         for fut in admin.delete_records([TopicPartition(topic, 0, e1_start + INTO_E1)]).values():
             fut.result(30)
-        yield Epochs(kafka, listener, ports, topic, new, pairs, e1_start, end, sent)
+        yield Epochs(kafka, listener, ports, topic, new, pairs, e1_start, end, sent, settings_of, sidecar.rsm)
     finally:
         for li in listeners:
             li.stop()
@@ -162,3 +172,95 @@ def test_a_consumer_validating_an_old_position_reads_on_across_the_leader_change
     brokers = {epochs.kafka.node(n).port for n in NODES}
     assert connected and connected <= set(epochs.proxies.values()) and not connected & brokers, (
         connected, epochs.proxies, brokers)
+
+
+@pytest.fixture
+def held(epochs: Epochs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Held]:
+    """A second proxy of each broker, the new leader's first, sharing one metadata manager that has read nothing yet
+    (:func:`held_listener`): their tier is empty and not ready until released. Each is told the others' ports, so a
+    client that bootstraps from them stays among them: the module's proxies, told each other, would take it to the
+    new leader's first proxy, whose tier is read (librdkafka refreshes its metadata when its validation is refused,
+    and a broker's proxy it asks names the new leader's proxy by its port: a consumer was seen reading there)."""
+    ports = {n: free_port() for n in NODES}
+    order = [epochs.leader, *(n for n in NODES if n != epochs.leader)]
+    with held_listener([epochs.settings_of(n, ports) for n in order], epochs.rsm, tmp_path / "held-cache",
+                       monkeypatch) as h:
+        yield h
+
+
+def _asked() -> float:
+    """OffsetForLeaderEpoch and Fetch requests the proxies forwarded to their brokers so far."""
+    return sum(REGISTRY.get_sample_value("rlm_history_upstream_requests_total", {"api": api}) or 0.0
+               for api in ("offset_for_leader_epoch", "fetch"))
+
+
+def _until_asked(times: int, c: Consumer) -> None:
+    """Poll ``c`` until the proxies forwarded ``times`` more OffsetForLeaderEpoch or Fetch requests (the consumer
+    validating its position, or fetching from it); nothing may come meanwhile, neither a record nor an error."""
+    asked, deadline = _asked(), time.monotonic() + 60
+    while _asked() < asked + times:
+        assert time.monotonic() < deadline, "the consumer stopped asking"
+        for msg in c.consume(100, 0.2):
+            pytest.fail(f"while the tier is not read: {msg.error() or msg.offset()}")
+
+
+def test_before_the_tier_is_read_an_epoch_the_broker_forgot_is_asked_again(epochs: Epochs, held: Held) -> None:
+    """Through a proxy whose tier is not read yet (:func:`held`), E0, which the broker answers with its log start (its
+    checkpoint no longer holds E0), is OFFSET_NOT_AVAILABLE, not the broker's answer: where E0 ended is the tier's to
+    say. E1, which the broker answers from its checkpoint (its log end, above its log start), is the broker's answer.
+    Once the manager has read the metadata, E0 is the tier's: it ended where E1 began."""
+    e0, e1 = epochs.epochs
+    broker = ("127.0.0.1", epochs.kafka.node(epochs.leader).port)
+    proxy = ("127.0.0.1", held.listener.port)
+    assert _end_offset(broker, epochs.topic, e0, e1) == (0, e0, epochs.e1_start + INTO_E1)  # at its log start
+    assert _end_offset(proxy, epochs.topic, e0, e1) == (ErrorCode.offset_not_available.value, -1, -1)
+    assert _end_offset(proxy, epochs.topic, e1, e1) == _end_offset(broker, epochs.topic, e1, e1)
+    assert not held.caught_up(epochs.topic)  # the premise: held back all along
+    held.released.set()
+    wait_for(lambda: held.caught_up(epochs.topic), 60, "the held manager to catch up")
+    assert _end_offset(proxy, epochs.topic, e0, e1) == (0, e0, epochs.e1_start)
+
+
+def test_before_the_tier_is_read_a_consumer_validating_an_old_position_waits_then_reads_on_once(
+        epochs: Epochs, held: Held) -> None:
+    """A consumer assigned a position inside E0 with its epoch, through a proxy whose tier is not read yet, validates
+    it again and again (OffsetForLeaderEpoch answered OFFSET_NOT_AVAILABLE), neither reset (``auto.offset.reset=error``
+    would raise it) nor reading; once the manager has read the metadata it reads on from its position, each offset
+    once. (The broker's answer, E0 ending at its log start, passes this position too: then its Fetches wait.)"""
+    e0, _e1 = epochs.epochs
+    start = epochs.e1_start - 5
+    c = Consumer({"bootstrap.servers": f"127.0.0.1:{held.listener.port}", "group.id": f"h-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "error", "fetch.wait.max.ms": 100})
+    try:
+        c.assign([TopicPartition(epochs.topic, 0, start, leader_epoch=e0)])
+        _until_asked(4, c)  # validating, or fetching, again and again
+        assert not held.caught_up(epochs.topic)  # the premise: held back all along
+        held.released.set()
+        got = consume_until(c, {(epochs.topic, 0): epochs.end})[(epochs.topic, 0)]
+    finally:
+        c.close()
+    assert [r.offset for r in got] == list(range(start, epochs.end))
+    assert all((r.key, r.value) == epochs.sent[r.offset] for r in got)
+
+
+def test_before_the_tier_is_read_a_truncation_below_the_log_start_is_not_hidden(epochs: Epochs, held: Held) -> None:
+    """A consumer whose position claims E0 past where E0 ended (E1's start + 3, as one that read E0 records a new
+    leader never had would hold) validates it through a proxy whose tier is not read yet. The broker's answer (E0 ends
+    at its log start, E1's start + 10) would pass it, and it would read on from there once the tier is read (its
+    Fetches wait until then), never reading E1's first three offsets; it validates again instead. Once the manager
+    has read the metadata, the tier's answer (E0 ended at E1's start) shows the truncation, and the consumer reads
+    from E1's start (librdkafka seeks to the end offset given; ``auto.offset.reset=earliest`` would start it at 0):
+    every offset from there once."""
+    e0, _e1 = epochs.epochs
+    c = Consumer({"bootstrap.servers": f"127.0.0.1:{held.listener.port}", "group.id": f"t-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+    try:
+        c.assign([TopicPartition(epochs.topic, 0, epochs.e1_start + 3, leader_epoch=e0)])
+        _until_asked(4, c)
+        assert not held.caught_up(epochs.topic)  # the premise: held back all along
+        held.released.set()
+        got = consume_until(c, {(epochs.topic, 0): epochs.end})[(epochs.topic, 0)]
+    finally:
+        c.close()
+    assert [r.offset for r in got] == list(range(epochs.e1_start, epochs.end))
+    assert all((r.key, r.value) == epochs.sent[r.offset] for r in got)
