@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import REGISTRY
 
 from devtools.devkafka import KafkaCluster, free_port
+from devtools.kafka_streams import compile_app, java_app_cmd
 from rlm.config import SidecarSettings
 from rlm.listener import Listener, start_listener
 from rlm.listener.protocol.codec import ErrorCode
@@ -50,6 +53,7 @@ NODES = (1, 2, 3)
 PER_EPOCH = 40
 SEGMENT_MS = 300
 INTO_E1 = 10  # the broker's log start: this many offsets into the new leader's epoch
+JAVA_SOURCE = Path(__file__).resolve().parents[2] / "support" / "java" / "EpochSeek.java"
 
 
 @dataclass
@@ -264,3 +268,39 @@ def test_before_the_tier_is_read_a_truncation_below_the_log_start_is_not_hidden(
         c.close()
     assert [r.offset for r in got] == list(range(epochs.e1_start, epochs.end))
     assert all((r.key, r.value) == epochs.sent[r.offset] for r in got)
+
+
+def test_before_the_tier_is_read_kafkas_java_consumer_waits_then_sees_the_truncation(
+        epochs: Epochs, held: Held, tmp_path: Path) -> None:
+    """The truncation above through Kafka's own KafkaConsumer (``tests/support/java/EpochSeek.java``: seek() with
+    the epoch, ``auto.offset.reset=earliest``): while the proxies' tier is not read it validates again
+    (``OffsetsForLeaderEpochUtils`` retries OFFSET_NOT_AVAILABLE) and reads nothing; once it is, it seeks to where E0
+    ended (E1's start) and reads every offset from there once."""
+    classes = compile_app(JAVA_SOURCE)
+    e0, _e1 = epochs.epochs
+    cmd = java_app_cmd(classes, "EpochSeek", [f"127.0.0.1:{held.listener.port}", epochs.topic, "0",
+                                              str(epochs.e1_start + 3), str(e0), str(epochs.end), "earliest", "120000"])
+    lines: list[str] = []
+    with open(tmp_path / "java.log", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+        reader.start()
+        try:
+            asked, deadline = _asked(), time.monotonic() + 90
+            while _asked() < asked + 4:  # validating, or fetching, again and again
+                assert time.monotonic() < deadline and proc.poll() is None, (proc.returncode, lines)
+                time.sleep(0.1)
+            assert lines == []  # nothing read while the tier is not read
+            assert not held.caught_up(epochs.topic)  # the premise: held back all along
+            held.released.set()
+            proc.wait(150)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join(10)
+    assert proc.returncode == 0, (lines[-3:], (tmp_path / "java.log").read_text(errors="replace")[-4000:])
+    records = [line.rstrip("\n").split("\t")[1:] for line in lines if line.startswith("RECORD")]
+    assert [int(o) for o, _k in records] == list(range(epochs.e1_start, epochs.end))
+    assert all(bytes.fromhex(k) == epochs.sent[int(o)][0] for o, k in records)
