@@ -28,9 +28,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   read only) and it has been seen so, the same range, for ``history_listener.hole_confirm_ms`` (the moment between a
   copy's staging released and the listener's own metadata manager and tier view reading the copy; a segment rolled
   and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE
-  and ListOffsets EARLIEST too (clients ask again; the broker's OFFSET_OUT_OF_RANGE or log start would reset a
-  consumer past offsets tiered seconds later), counted once a range (``rlm_history_tier_holes_pending_total{topic}``)
-  and logged once a range with what is staged. A partition with nothing remote is pending so below the broker's log
+  and ListOffsets EARLIEST too, and OffsetForLeaderEpoch of an epoch that may end there (clients ask again; the
+  broker's OFFSET_OUT_OF_RANGE or log start would reset a consumer past offsets tiered seconds later, or let a
+  truncation pass), counted once a range (``rlm_history_tier_holes_pending_total{topic}``) and logged once a range
+  with what is staged. A partition with nothing remote is pending so below the broker's log
   start (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
   counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE,
   as from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``)
@@ -51,7 +52,9 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   partition's tier (:meth:`rlm.tier.TierView.ready`) its lineage is not used (empty, or partial mid-replay): an answer
   the broker did not give from its checkpoint (its end offset at or below its log start, or undefined) is
   OFFSET_NOT_AVAILABLE, which clients retry; the broker's log start not known, too. The broker's answer from its
-  checkpoint (an end offset above its log start) stands.
+  checkpoint (an end offset above its log start) stands. So is an epoch the lineage has nothing above, the broker's
+  answer not from its checkpoint, while the tier ends below the broker's log start in a pending range (see *A hole*):
+  the next epoch's start may yet be tiered; with a confirmed hole the broker's answer stands.
 """
 
 from __future__ import annotations
@@ -198,9 +201,9 @@ class Holes:
         if tell:
             PENDING_HOLES.labels(tp.topic).inc()
             log.warning("proxy: the tier ends below the broker's log start, and these offsets may yet be tiered "
-                        "(staged for a copy, or met for less than history_listener.hole_confirm_ms): a Fetch of them "
-                        "and ListOffsets EARLIEST are answered OFFSET_NOT_AVAILABLE, and clients ask again (logged "
-                        "once per range)", extra={
+                        "(staged for a copy, or met for less than history_listener.hole_confirm_ms): a Fetch of them, "
+                        "ListOffsets EARLIEST and OffsetForLeaderEpoch of an epoch ending there are answered "
+                        "OFFSET_NOT_AVAILABLE, and clients ask again (logged once per range)", extra={
                             "topic_partition": str(tp), "first_offset": first, "last_offset_inclusive": last,
                             "offsets": last - first + 1, "staged": [list(r) for r in staged],
                             "hole_confirm_ms": round(self.confirm_s * 1000), "api": api})
@@ -453,12 +456,14 @@ def _not_available(p: Any) -> Any:
 
 
 def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
-                           log_starts: dict[tuple[str, int], int]) -> Any:
+                           log_starts: dict[tuple[str, int], int], holes: Holes) -> Any:
     """``resp`` (the broker's OffsetForLeaderEpoch answer to ``req``) with the epochs that ended below the broker's log
     start (``log_starts``: (topic, partition) -> offset) answered from the tier's lineage, for the topics the client's
-    principal may DESCRIBE. Before the partition's tier is known (:meth:`rlm.tier.TierView.ready`) its lineage is
-    not read: an answer the broker did not give from its own checkpoint is OFFSET_NOT_AVAILABLE
-    (:func:`_epoch_not_available`)."""
+    principal may DESCRIBE. An answer the broker did not give from its own checkpoint is OFFSET_NOT_AVAILABLE
+    (:func:`_epoch_not_available`) where the tier may yet say more: before the partition's tier is known
+    (:meth:`rlm.tier.TierView.ready`; its lineage not read), and where the lineage has no epoch above the one asked
+    while the tier ends below the broker's log start in a pending range (:meth:`Holes.check`: what is missing may yet
+    be tiered, and with it the next epoch's start)."""
     asked = {(t.topic, p.partition): p.leader_epoch for t in req.topics for p in t.partitions if p.leader_epoch >= 0}
 
     def change(served: ServedTopic, p: Any) -> Any:
@@ -472,6 +477,9 @@ def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client
             return p
         pt = ctx.partition_tier(tp, "offset_for_leader_epoch")
         end = pt.lineage.end_offset_for(epoch) if pt is not None else None
+        if end is None and _past_checkpoint(p, start) and holes.check(
+                pt, start, "offset_for_leader_epoch", tp=tp) is Hole.PENDING:
+            return _epoch_not_available(p)
         if end is None or end[1] >= start:
             return p
         return dataclasses.replace(p, leader_epoch=end[0], end_offset=end[1])
@@ -490,13 +498,14 @@ def _past_checkpoint(p: Any, log_start: int) -> bool:
 
 def _epoch_not_available(p: Any) -> Any:
     """An OffsetForLeaderEpoch partition answer ``p`` as OFFSET_NOT_AVAILABLE, no epoch or end offset: the epoch's end
-    is the tier's to give and the tier is not read yet. Passed on, the broker's answer would have the client check its
-    position against the broker's log start (a truncation below it hidden: offsets of the new lineage skipped) or
-    against -1 (a truncation seen where there is none: the client resets by ``auto.offset.reset``, skipping offsets or
-    reading them twice). OFFSET_NOT_AVAILABLE is the error both client families retry without resetting: Kafka's
-    consumer (``OffsetsForLeaderEpochUtils.handleResponse``) retries it after ``retry.backoff.ms`` with a metadata
-    update, librdkafka (``rd_kafka_toppar_handle_OffsetForLeaderEpoch``) validates again 500 ms later with a metadata
-    refresh; and it is what the listener answers a Fetch or ListOffsets with before the tier is read."""
+    is the tier's to give and the tier is not read yet, or not tiered yet. Passed on, the broker's answer would have
+    the client check its position against the broker's log start (a truncation below it hidden: offsets of the new
+    lineage skipped) or against -1 (a truncation seen where there is none: the client resets by
+    ``auto.offset.reset``, skipping offsets or reading them twice). OFFSET_NOT_AVAILABLE is the error both client
+    families retry without resetting: Kafka's consumer (``OffsetsForLeaderEpochUtils.handleResponse``) retries it
+    after ``retry.backoff.ms`` with a metadata update, librdkafka (``rd_kafka_toppar_handle_OffsetForLeaderEpoch``)
+    validates again 500 ms later with a metadata refresh; and it is what the listener answers a Fetch or ListOffsets
+    with before the tier is read, or in a pending range."""
     return dataclasses.replace(p, error_code=ErrorCode.offset_not_available, leader_epoch=-1, end_offset=-1)
 
 

@@ -161,7 +161,7 @@ class Proxy:
             starts = await self._log_starts(upstream, served_partitions(self.ctx, asked)) if asked else {}
             answer = await upstream.request(frame)
             return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
-                self.ctx, req, body, client, starts))
+                self.ctx, req, body, client, starts, self.holes))
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,

@@ -12,7 +12,7 @@ from kio.index import load_request_schema, load_response_schema
 
 from rlm.listener.net.principals import Client
 from rlm.listener.protocol.codec import ErrorCode, build
-from rlm.listener.tier.boundary import epochs_below_log_start
+from rlm.listener.tier.boundary import Holes, epochs_below_log_start
 from rlm.listener.tier.catalog import ServedTopic
 from rlm.tier import Lineage
 from rlmm.api import TopicIdPartition
@@ -23,29 +23,30 @@ LINEAGE = Lineage(((0, 0), (3, 40), (5, 60)))  # the tier's: E3 ended at 60, E0 
 NOT_AVAILABLE = (ErrorCode.offset_not_available, -1, -1)
 
 
-def _ctx(ready: bool, read: list[TopicIdPartition]) -> Any:
+def _ctx(ready: bool, read: list[TopicIdPartition], lineage: Lineage, high_watermark: int) -> Any:
     served = ServedTopic(TOPIC, uuid.uuid4(), tuple(range(8)))
 
     def partition_tier(tp: TopicIdPartition, api: str) -> Any:
         read.append(tp)
-        return SimpleNamespace(lineage=LINEAGE)
+        return SimpleNamespace(lineage=lineage, tp=tp, high_watermark=high_watermark)
     return SimpleNamespace(catalog=SimpleNamespace(by_name=lambda name: served if name == TOPIC else None),
                            tier=SimpleNamespace(ready=lambda tp: ready), partition_tier=partition_tier,
                            allowed=lambda client, op, names: set(names))
 
 
 def _answer(ready: bool, asked: dict[int, int], broker: dict[int, tuple[int, int, int]],
-            log_starts: dict[int, int]) -> tuple[dict[int, tuple[int, int, int]], list[TopicIdPartition]]:
+            log_starts: dict[int, int], lineage: Lineage = LINEAGE, high_watermark: int = 80,
+            holes: Holes | None = None) -> tuple[dict[int, tuple[int, int, int]], list[TopicIdPartition]]:
     """The proxy's answer, partition -> (error code, leader epoch, end offset), to a request for ``asked``
-    (partition -> epoch) that the broker answered ``broker``, its log start ``log_starts``; and the partitions whose
-    tier was read."""
+    (partition -> epoch) that the broker answered ``broker``, its log start ``log_starts``, the tier's ``lineage``
+    ending at ``high_watermark``; and the partitions whose tier was read."""
     req = build(load_request_schema(23, 4), {"replica_id": -1, "topics": [{"topic": TOPIC, "partitions": [
         {"partition": p, "current_leader_epoch": 6, "leader_epoch": e} for p, e in asked.items()]}]})
     resp = build(load_response_schema(23, 4), {"throttle_time_ms": 0, "topics": [{"topic": TOPIC, "partitions": [
         {"error_code": c, "partition": p, "leader_epoch": e, "end_offset": o} for p, (c, e, o) in broker.items()]}]})
     read: list[TopicIdPartition] = []
-    out = epochs_below_log_start(_ctx(ready, read), req, resp, Client("User:a", "127.0.0.1"),
-                                 {(TOPIC, p): s for p, s in log_starts.items()})
+    out = epochs_below_log_start(_ctx(ready, read, lineage, high_watermark), req, resp, Client("User:a", "127.0.0.1"),
+                                 {(TOPIC, p): s for p, s in log_starts.items()}, holes or Holes())
     (t,) = out.topics
     return {p.partition: (p.error_code, p.leader_epoch, p.end_offset) for p in t.partitions}, read
 
@@ -73,3 +74,18 @@ def test_once_the_tier_is_read_an_epoch_below_the_log_start_is_the_lineages() ->
     got, read = _answer(True, asked, broker, {p: LOG_START for p in range(4)})
     assert got == {0: (0, 0, 40), 1: (0, 0, 40), 2: (0, 3, 60), 3: (0, 5, 70)}
     assert len(read) == 4
+
+
+def test_an_epoch_the_tier_may_yet_end_is_asked_again_while_its_range_is_pending() -> None:
+    """Ready, the tier ending at 45 below the broker's log start (50) with E3 its last epoch: E3, which the broker
+    answers with its log start, may have ended anywhere from 45 to 50 (the next epoch's start not tiered yet):
+    OFFSET_NOT_AVAILABLE while the range is pending (within ``hole_confirm_ms``), the broker's answer once it is a
+    confirmed hole (as Kafka's after its retention). E0 (the lineage's) and E5 (from the broker's checkpoint) keep
+    their answers either way."""
+    asked, starts = {0: 3, 1: 0, 2: 5}, {p: LOG_START for p in range(3)}
+    broker = {0: (0, 3, LOG_START), 1: (0, 0, LOG_START), 2: (0, 5, 70)}
+    short = Lineage(((0, 0), (3, 40)))
+    got, _read = _answer(True, asked, broker, starts, short, 45, Holes(confirm_s=3600.0))
+    assert got == {0: NOT_AVAILABLE, 1: (0, 0, 40), 2: (0, 5, 70)}
+    got, _read = _answer(True, asked, broker, starts, short, 45, Holes(confirm_s=0.0))
+    assert got == {0: (0, 3, LOG_START), 1: (0, 0, 40), 2: (0, 5, 70)}

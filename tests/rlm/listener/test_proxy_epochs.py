@@ -16,6 +16,8 @@ Fetch, no request through the proxy (librdkafka's debug log; 3 of 16 consumers a
 Before a proxy has read the tier (its metadata manager not caught up: :func:`tests.support.held_metadata.held_listener`,
 a second proxy of each broker), E0 is OFFSET_NOT_AVAILABLE, which clients retry: the broker's answer (its log start)
 would hide a truncation below it, and a consumer whose position claims E0 past its end would skip E1's first offsets.
+So is E0 of a second topic whose tier, read, ends at E1's start below the broker's log start (E1's segment not rolled
+yet: the range between pending), the tier's lineage holding nothing above E0.
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ JAVA_SOURCE = Path(__file__).resolve().parents[2] / "support" / "java" / "EpochS
 
 
 @dataclass
+class Pending:
+    """The second topic: E1 still in the new leader's active segment, the broker's log start inside it (``INTO_E1``
+    offsets in), so the tier ends at E1's start, below the broker's log start, until E1's segment rolls."""
+
+    topic: str
+    tp: TopicIdPartition
+    e0: int
+    e1_start: int
+    sent: dict[int, tuple[bytes, bytes]]
+
+
+@dataclass
 class Epochs:
     kafka: KafkaCluster
     listener: Listener  # the new leader's proxy
@@ -69,11 +83,13 @@ class Epochs:
     sent: dict[int, tuple[bytes, bytes]]
     settings_of: Callable[[int, dict[int, int]], SidecarSettings]  # broker, every broker's proxy port -> settings
     rsm: Any
+    pending: Pending
 
 
-def _produce(kafka: KafkaCluster, topic: str, tag: str, sent: dict[int, tuple[bytes, bytes]]) -> list[int]:
+def _produce(kafka: KafkaCluster, topic: str, tag: str, sent: dict[int, tuple[bytes, bytes]], batch: int = 10
+             ) -> list[int]:
     recs = [(f"{tag}-{i}".encode(), f"{tag}-value-{i}".encode() * 3) for i in range(PER_EPOCH)]
-    offsets = [off for _p, off in produce(kafka, topic, recs, acks="all", **{"batch.num.messages": 10})]
+    offsets = [off for _p, off in produce(kafka, topic, recs, acks="all", **{"batch.num.messages": batch})]
     sent.update(zip(offsets, recs, strict=True))
     return offsets
 
@@ -82,17 +98,23 @@ def _produce(kafka: KafkaCluster, topic: str, tag: str, sent: dict[int, tuple[by
 def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Epochs]:
     kafka = kafka_cluster3
     tmp: Path = tmp_path_factory.mktemp("proxy-epochs")
-    topic = f"proxy-epochs-{uuid.uuid4().hex[:6]}"
+    tag = uuid.uuid4().hex[:6]
+    topic, pending_topic = f"proxy-epochs-{tag}", f"proxy-epochs-pending-{tag}"
     tid = kafka.create_topic(topic, 1, replication_factor=3, config={"segment.ms": str(SEGMENT_MS)})
+    tid2 = kafka.create_topic(pending_topic, 1, replication_factor=3, config={"segment.ms": str(SEGMENT_MS)})
     states = PartitionStates(kafka)
-    first = states.leader(topic)
+    firsts = {states.leader(topic), states.leader(pending_topic)}
     sent: dict[int, tuple[bytes, bytes]] = {}
+    sent2: dict[int, tuple[bytes, bytes]] = {}
     _produce(kafka, topic, "e0", sent)
+    _produce(kafka, pending_topic, "e0", sent2)
     time.sleep(SEGMENT_MS / 1000 + 0.05)
-    new = next(n for n in NODES if n != first)
-    reassign(kafka, {(topic, 0): [new, *(n for n in NODES if n != new)]}, tmp)
-    wait_for(lambda: states.elect(topic, [0]) and states.leader(topic) == new, 60, f"node {new} to lead")
+    new = next(n for n in NODES if n not in firsts)
+    reassign(kafka, {(t, 0): [new, *(n for n in NODES if n != new)] for t in (topic, pending_topic)}, tmp)
+    wait_for(lambda: all(states.elect(t, [0]) and states.leader(t) == new for t in (topic, pending_topic)), 60,
+             f"node {new} to lead")
     e1_start = _produce(kafka, topic, "e1", sent)[0]
+    e1_start2 = _produce(kafka, pending_topic, "e1", sent2, batch=PER_EPOCH)[0]  # one append: no roll inside E1
     time.sleep(SEGMENT_MS / 1000 + 0.05)
     (end,) = _produce(kafka, topic, "roll", sent)[-1:]  # rolls E1's segment: the tier ends before these
     end += 1
@@ -101,9 +123,12 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
 
     # one store and metadata topic; each proxy (on ``ports``, by broker) told the others
     def settings_of(n: int, ports: dict[int, int] = ports) -> SidecarSettings:
-        return make_settings(kafka, tmp, node_id=n, topics={"include": [topic]}, metadata=metadata, history_listener={
-            "host": "127.0.0.1", "port": ports[n], "proxy": True, "authorization": {"allow_if_no_authorizer": True},
-            "peers": {m: f"127.0.0.1:{ports[m]}" for m in NODES if m != n}})
+        proxy = {"host": "127.0.0.1", "port": ports[n], "proxy": True,
+                 "authorization": {"allow_if_no_authorizer": True},
+                 "peers": {m: f"127.0.0.1:{ports[m]}" for m in NODES if m != n},
+                 "hole_confirm_ms": 3_600_000}  # the pending topic's range below the log start stays pending
+        return make_settings(kafka, tmp, node_id=n, topics={"include": [topic, pending_topic]}, metadata=metadata,
+                             history_listener=proxy)
     settings = settings_of(new)
     metadata.update(topic=settings.metadata.topic, to_be_deleted_topic=settings.metadata.to_be_deleted_topic)
     sidecar = Sidecar(settings).start()
@@ -122,10 +147,20 @@ def epochs(kafka_cluster3: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
         t = wait_for(tiered, 60, f"{tp} tiered past {e1_start + INTO_E1}")
         pairs = (t.epoch_of(0), t.epoch_of(e1_start))
         assert pairs[0] < pairs[1] and t.epoch_of(e1_start - 1) == pairs[0], pairs
+        tp2 = TopicIdPartition(tid2, pending_topic, 0)
+
+        def e0_tiered() -> Any:
+            tier.refresh([tp2])
+            t = tier.partition(tp2)
+            return t if t is not None and t.high_watermark >= e1_start2 else None
+        t2 = wait_for(e0_tiered, 60, f"{tp2}'s E0 tiered")
+        assert t2.high_watermark == e1_start2, t2.high_watermark  # E1's segment is the broker's active one
         admin = AdminClient(kafka.admin_config())
-        for fut in admin.delete_records([TopicPartition(topic, 0, e1_start + INTO_E1)]).values():
+        for fut in admin.delete_records([TopicPartition(topic, 0, e1_start + INTO_E1),
+                                         TopicPartition(pending_topic, 0, e1_start2 + INTO_E1)]).values():
             fut.result(30)
-        yield Epochs(kafka, listener, ports, topic, new, pairs, e1_start, end, sent, settings_of, sidecar.rsm)
+        yield Epochs(kafka, listener, ports, topic, new, pairs, e1_start, end, sent, settings_of, sidecar.rsm,
+                     Pending(pending_topic, tp2, t2.epoch_of(0), e1_start2, sent2))
     finally:
         for li in listeners:
             li.stop()
@@ -304,3 +339,19 @@ def test_before_the_tier_is_read_kafkas_java_consumer_waits_then_sees_the_trunca
     records = [line.rstrip("\n").split("\t")[1:] for line in lines if line.startswith("RECORD")]
     assert [int(o) for o, _k in records] == list(range(epochs.e1_start, epochs.end))
     assert all(bytes.fromhex(k) == epochs.sent[int(o)][0] for o, k in records)
+
+
+def test_an_epoch_whose_end_is_not_tiered_yet_is_asked_again(epochs: Epochs) -> None:
+    """The pending topic (:class:`Pending`): the tier, read, ends at E1's start, below the broker's log start, and its
+    lineage has nothing above E0, so only the broker answers E0: with its log start. The range between may yet be
+    tiered (pending: ``hole_confirm_ms`` an hour, nothing staged), and with it E1's start: E0 is OFFSET_NOT_AVAILABLE,
+    as a Fetch there is."""
+    pend = epochs.pending
+    tier = epochs.listener.server.router.ctx.tier
+    broker = ("127.0.0.1", epochs.kafka.node(epochs.leader).port)
+    proxy = ("127.0.0.1", epochs.listener.port)
+    tier.refresh([pend.tp])
+    t = tier.partition(pend.tp)
+    assert t is not None and t.high_watermark == pend.e1_start  # the premise: E1 is not tiered
+    assert _end_offset(broker, pend.topic, pend.e0, -1) == (0, pend.e0, pend.e1_start + INTO_E1)  # its log start
+    assert _end_offset(proxy, pend.topic, pend.e0, -1) == (ErrorCode.offset_not_available.value, -1, -1)
