@@ -2,49 +2,21 @@
 
 from __future__ import annotations
 
-import random
 import shutil
-import struct
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 from confluent_kafka import Producer
 
-from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
-from rsm.log.batch import BatchHeader, batch_crc, scan_batches
+from rsm.api import LogSegmentData
+from rsm.log.batch import scan_batches
 from rsm.log.partition import PartitionDir
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
-from tests.support.kafka import partition_dir, produce, roll_and_wait
-
-CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-
-
-@dataclass(frozen=True)
-class BrokerSegment:
-    """A rolled segment the broker wrote (files copied aside so retention cannot take them)."""
-
-    topic_name: str
-    topic_id: uuid.UUID
-    base_offset: int
-    end_offset_inclusive: int
-    data: LogSegmentData
-    batches: tuple[BatchHeader, ...]
-
-    def metadata(self, segment_id: uuid.UUID | None = None) -> RemoteSegmentMetadata:
-        epochs = sorted({b.partition_leader_epoch for b in self.batches})
-        return RemoteSegmentMetadata(
-            remote_segment_id=segment_id or uuid.uuid4(), topic_id=self.topic_id, topic_name=self.topic_name,
-            partition=0, start_offset=self.base_offset, end_offset_inclusive=self.end_offset_inclusive,
-            max_timestamp_ms=max(b.max_timestamp for b in self.batches),
-            segment_size_bytes=self.data.log_path.stat().st_size,
-            broker_id=1, event_timestamp_ms=1_700_000_000_000,
-            segment_leader_epochs=tuple(EpochEntry(e, self.base_offset) for e in epochs))
+from tests.support.kafka import CODECS, BrokerSegment, partition_dir, produce, roll_and_wait
+from tests.support.stores import new_bucket, s3_client_for
 
 
 def _produce_transactions(kafka, topic: str) -> None:
@@ -110,52 +82,10 @@ def broker_segments(kafka, tmp_path_factory) -> list[BrokerSegment]:
     return result
 
 
-def s3_client_for(endpoint: str):
-    """A boto3 client of ``endpoint`` with the default credentials, checksums only when required, path-style."""
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
-                                      response_checksum_validation="when_required"))
-
-
 @pytest.fixture(scope="session")
 def s3_client(s3_endpoint):
     """A client of moto's server."""
     return s3_client_for(s3_endpoint)
-
-
-def _varint(n: int) -> bytes:
-    z, out = (n << 1) ^ (n >> 63), bytearray()
-    while z > 0x7F:
-        out.append(z & 0x7F | 0x80)
-        z >>= 7
-    return bytes(out + bytes([z]))
-
-
-def synthetic_segment(tmp: Path, size_bytes: int) -> tuple[LogSegmentData, int]:
-    """A ``.log`` of about ``size_bytes`` in ``tmp`` (empty offset and time indexes): uncompressed v2 batches of one
-    60 KiB record each, valid CRC-32C, offsets 0, 1, 2 ...; its data and its last offset."""
-    rng = random.Random(5)
-    ts = 1_700_000_000_000
-    with open(tmp / "0.log", "wb") as f:
-        offset = 0
-        while offset * 61440 < size_bytes:
-            value = rng.randbytes(61440)
-            body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-            after_len = (struct.pack(">ibI", 0, 2, 0) + struct.pack(">hiqqqhii", 0, 0, ts, ts, -1, -1, -1, 1)
-                         + _varint(len(body)) + body)
-            batch = bytearray(struct.pack(">qi", offset, len(after_len)) + after_len)
-            batch[17:21] = struct.pack(">I", batch_crc(batch))
-            f.write(batch)
-            offset += 1
-    (tmp / "0.index").write_bytes(b"")
-    (tmp / "0.timeindex").write_bytes(b"")
-    return LogSegmentData(tmp / "0.log", tmp / "0.index", tmp / "0.timeindex", None, None, b"0\n0\n"), offset - 1
-
-
-def new_bucket(s3_client) -> str:
-    name = f"rsm-{uuid.uuid4().hex[:12]}"
-    s3_client.create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture(params=["fs", "moto", "s3proxy"])
@@ -176,17 +106,3 @@ def store(store_kind, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
         yield s3
     finally:
         s3.close()
-
-
-def corrupt_byte(store, key: str, position: int) -> None:
-    """Flip one byte of a stored object behind the store's back (bit rot)."""
-    if isinstance(store, FileSystemStore):
-        path = store.root / key
-        data = bytearray(path.read_bytes())
-        data[position] ^= 0xFF
-        path.write_bytes(bytes(data))
-    else:
-        k = store.key_prefix + key
-        data = bytearray(store.client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
-        data[position] ^= 0xFF
-        store.client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))

@@ -23,7 +23,7 @@ from rsm.format import reader as reader_module
 from rsm.format.readahead import read_ahead_bytes
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
-from tests.rsm.conftest import synthetic_segment
+from tests.support.batches import synthetic_segment
 from tests.support.sidecar import wait_for
 
 KiB = 1024

@@ -17,7 +17,8 @@ from rsm.log.batch import Codec
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.verify import main as verify_main
 from rsm.verify import verify_prefix, verify_segment
-from tests.rsm.conftest import CODECS, corrupt_byte
+from tests.support.kafka import CODECS
+from tests.support.stores import corrupt_byte
 
 pytestmark = [pytest.mark.kafka, pytest.mark.s3]
 

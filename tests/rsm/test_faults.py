@@ -12,8 +12,8 @@ from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.s3 import S3Store
 from rsm.verify import verify_segment
-from tests.rsm.conftest import new_bucket
 from tests.rsm.faultproxy import FaultProxy
+from tests.support.stores import new_bucket
 
 pytestmark = [pytest.mark.s3]
 

@@ -23,9 +23,9 @@ from rsm.format.index import decode_index
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from rsm.verify import verify_segment
-from tests.rsm.conftest import corrupt_byte
 from tests.support.batches import batch, one_per_batch
 from tests.support.bigbatch import run_measured
+from tests.support.stores import corrupt_byte
 
 MiB = 1 << 20
 BLOCK = 1024  # fragment payload: 1024 - 128 - 12 = 884 bytes

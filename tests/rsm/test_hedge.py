@@ -18,8 +18,9 @@ from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store import hedge
 from rsm.store.hedge import Hedger
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for, synthetic_segment
 from tests.rsm.faultproxy import FaultProxy
+from tests.support.batches import synthetic_segment
+from tests.support.stores import new_bucket, s3_client_for
 
 MiB = 1024 * 1024
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rsm.api import RemoteSegmentMetadata
 from rsm.manager import RemoteStorageManager, RsmConfig, index_size_bytes
 from rsm.store.fs import FileSystemStore
-from tests.rsm.conftest import synthetic_segment
+from tests.support.batches import synthetic_segment
 
 KiB = 1024
 

@@ -20,7 +20,7 @@ from rsm.format.custom_metadata import (
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for
+from tests.support.stores import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.s3]
 

@@ -19,7 +19,7 @@ from rsm.format import blockcache
 from rsm.log._crc32c import buffer_address, crc32c_at
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
-from tests.rsm.conftest import synthetic_segment
+from tests.support.batches import synthetic_segment
 
 KiB = 1024
 SMALL = {"block_size_bytes": 64 * KiB, "max_data_object_bytes": 320 * KiB}  # five 64 KiB blocks a data object

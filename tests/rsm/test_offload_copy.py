@@ -13,7 +13,7 @@ from rsm.errors import RemoteResourceNotFoundError, RemoteStorageError
 from rsm.log.batch import iter_batches_with_bytes
 from rsm.log.indexes import read_time_index
 from rsm.manager import RemoteStorageManager, RsmConfig
-from tests.rsm.conftest import BrokerSegment
+from tests.support.kafka import BrokerSegment
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from rsm.log.batch import batch_crc
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for
+from tests.support.stores import new_bucket, s3_client_for
 
 KiB = 1024
 

@@ -15,8 +15,9 @@ from rsm.api import RemoteSegmentMetadata
 from rsm.errors import RemoteStorageError
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for, synthetic_segment
 from tests.rsm.faultproxy import FaultProxy
+from tests.support.batches import synthetic_segment
+from tests.support.stores import new_bucket, s3_client_for
 
 KiB, MiB = 1024, 1024 * 1024
 OUTLIERS = LatencyModel(first_byte_median_ms=2, first_byte_sigma=0.3, first_byte_floor_ms=1, put_base_ms=1,

@@ -12,7 +12,7 @@ import pytest
 from devtools.s3latency import LatencyModel, S3Latency
 from rsm.errors import RemoteResourceNotFoundError
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for
+from tests.support.stores import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.s3]
 

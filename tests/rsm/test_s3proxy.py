@@ -13,7 +13,7 @@ import pytest
 from botocore.config import Config
 
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for
+from tests.support.stores import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.s3]
 

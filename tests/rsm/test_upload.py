@@ -21,7 +21,8 @@ from rsm.errors import CopyCancelledError, RemoteStorageError
 from rsm.manager import RemoteStorageManager, RsmConfig
 from rsm.store import upload
 from rsm.store.s3 import S3Store
-from tests.rsm.conftest import new_bucket, s3_client_for, synthetic_segment
+from tests.support.batches import synthetic_segment
+from tests.support.stores import new_bucket, s3_client_for
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -7,13 +7,16 @@ headers. What they prove is proven against the real broker's own segments too (t
 from __future__ import annotations
 
 import base64
+import random
 import struct
 import uuid
 from pathlib import Path
 
+from rsm.api import LogSegmentData
 from rsm.log.batch import batch_crc
 
-__all__ = ["BASE_TS", "CONTROL", "TXN", "abort_marker", "batch", "one_per_batch", "record", "write_partition"]
+__all__ = ["BASE_TS", "CONTROL", "TXN", "abort_marker", "batch", "one_per_batch", "record", "synthetic_segment",
+           "write_partition"]
 
 TXN = 0x10
 CONTROL = 0x20
@@ -59,6 +62,20 @@ def abort_marker(base: int, producer_id: int, ts: int = BASE_TS) -> bytes:
 
 def one_per_batch(base: int, n: int, tag: bytes, epoch: int = 0) -> list[bytes]:
     return [batch(base + i, [b"%s-%d" % (tag, base + i)], epoch=epoch) for i in range(n)]
+
+
+def synthetic_segment(tmp: Path, size_bytes: int) -> tuple[LogSegmentData, int]:
+    """A ``.log`` of about ``size_bytes`` in ``tmp`` (empty offset and time indexes): one batch per offset 0, 1, 2 ...,
+    each of one random 60 KiB record (seeded: the same bytes every time); its data and its last offset."""
+    rng = random.Random(5)
+    with open(tmp / "0.log", "wb") as f:
+        offset = 0
+        while offset * 61440 < size_bytes:
+            f.write(batch(offset, [rng.randbytes(61440)]))
+            offset += 1
+    (tmp / "0.index").write_bytes(b"")
+    (tmp / "0.timeindex").write_bytes(b"")
+    return LogSegmentData(tmp / "0.log", tmp / "0.index", tmp / "0.timeindex", None, None, b"0\n0\n"), offset - 1
 
 
 def write_partition(path: Path, topic_id: uuid.UUID, segments: dict[int, list[bytes]],

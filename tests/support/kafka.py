@@ -1,17 +1,47 @@
-"""Helpers for tests that make the real broker write segments: produce, roll, find the files."""
+"""Helpers for tests that make the real broker write segments: produce, roll, find the files, keep them."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
 from devtools.devkafka import KafkaCluster
+from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
+from rsm.log.batch import BatchHeader
 
-__all__ = ["broker_watermarks", "grant", "partition_dir", "produce", "roll_and_wait", "rolled_logs", "set_topic_config"]
+__all__ = ["CODECS", "ROLL_KEY", "BrokerSegment", "broker_watermarks", "grant", "partition_dir", "produce",
+           "roll_and_wait", "rolled_logs", "set_topic_config"]
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")  # the producer's compression.type values
+ROLL_KEY = b"__roll__"  # the key of the one-byte filler records appended to roll a segment
+
+
+@dataclass(frozen=True)
+class BrokerSegment:
+    """A rolled segment the broker wrote (files copied aside so retention cannot take them)."""
+
+    topic_name: str
+    topic_id: uuid.UUID
+    base_offset: int
+    end_offset_inclusive: int
+    data: LogSegmentData
+    batches: tuple[BatchHeader, ...]
+
+    def metadata(self, segment_id: uuid.UUID | None = None) -> RemoteSegmentMetadata:
+        epochs = sorted({b.partition_leader_epoch for b in self.batches})
+        return RemoteSegmentMetadata(
+            remote_segment_id=segment_id or uuid.uuid4(), topic_id=self.topic_id, topic_name=self.topic_name,
+            partition=0, start_offset=self.base_offset, end_offset_inclusive=self.end_offset_inclusive,
+            max_timestamp_ms=max(b.max_timestamp for b in self.batches),
+            segment_size_bytes=self.data.log_path.stat().st_size,
+            broker_id=1, event_timestamp_ms=1_700_000_000_000,
+            segment_leader_epochs=tuple(EpochEntry(e, self.base_offset) for e in epochs))
 
 
 def broker_watermarks(kafka: KafkaCluster, topic: str, partition: int = 0) -> tuple[int, int]:
@@ -77,7 +107,7 @@ def roll_and_wait(kafka: KafkaCluster, topic: str, partition: int = 0, *, rolled
     """Make the broker roll until ``rolled`` segments are immutable; return their ``.log`` paths.
 
     The topic must have been created with ``segment.ms`` <= ``segment_ms``: a segment rolls on the first append
-    after it is that old, so this appends a one-byte filler record (key ``b"__roll__"``) until enough rolled.
+    after it is that old, so this appends a one-byte filler record (key ``ROLL_KEY``) until enough rolled.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,7 +116,7 @@ def roll_and_wait(kafka: KafkaCluster, topic: str, partition: int = 0, *, rolled
         if len(logs) >= rolled:
             return logs
         time.sleep(segment_ms / 1000)
-        produce(kafka, topic, [(b"__roll__", b"r")], partition=partition)
+        produce(kafka, topic, [(ROLL_KEY, b"r")], partition=partition)
     raise TimeoutError(f"{topic}-{partition} did not roll {rolled} segments within {timeout}s")
 
 

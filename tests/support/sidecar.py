@@ -86,7 +86,7 @@ def produce_segments(kafka: KafkaCluster, topic: str, rounds: int, per_round: in
                      roll: bool = True, **producer_conf: Any) -> dict[int, tuple[bytes, bytes]]:
     """Produce ``rounds`` batches of records, one segment each (the topic's ``segment.ms`` <= ``segment_ms``);
     with ``roll`` a last one-record append rolls the segment holding the last round. Returns offset -> (k, v)."""
-    from tests.support.kafka import produce
+    from tests.support.kafka import ROLL_KEY, produce
 
     sent: dict[int, tuple[bytes, bytes]] = {}
     tag = uuid.uuid4().hex[:6]
@@ -97,7 +97,7 @@ def produce_segments(kafka: KafkaCluster, topic: str, rounds: int, per_round: in
             sent[off] = (rec[0], rec[1])
         time.sleep(segment_ms / 1000 + 0.05)
     if roll:
-        produce(kafka, topic, [(b"__roll__", b"r")])
+        produce(kafka, topic, [(ROLL_KEY, b"r")])
     return sent
 
 

@@ -23,8 +23,8 @@ from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegm
 from rlmm.memory import InMemoryRemoteLogMetadataManager as MemRlmm
 from rsm.api import LogSegmentData, RemoteSegmentMetadata
 from rsm.manager import RemoteStorageManager, RsmConfig
-from tests.rsm.conftest import new_bucket, s3_client_for
 from tests.support.batches import batch
+from tests.support.stores import new_bucket, s3_client_for
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 

@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.support.kafka import partition_dir, produce, roll_and_wait
+from tests.support.kafka import CODECS, partition_dir, produce, roll_and_wait
 
-CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 MiB = 1024 * 1024
 BIG_VALUE_BYTES = 5 * MiB
 TS0 = 1_700_000_000_000
-ROLL_KEY = b"__roll__"
 
 
 @dataclass
@@ -126,7 +124,7 @@ def broker_topics(kafka) -> dict[str, ProducedTopic]:
 
     for t in topics.values():
         t.pdir = partition_dir(kafka, t.name)
-        # roll after the last produce; a filler append (key __roll__) starts the new active segment
+        # roll after the last produce; a filler append (key ROLL_KEY) starts the new active segment
         roll_and_wait(kafka, t.name, 0, rolled=1)
         last = max(t.expected)
         while not any(int(p.stem) > last for p in t.pdir.glob("*.log")):
