@@ -3,8 +3,8 @@
 ``history`` (module-scoped, so each test module gets one) produces the topics below on the session broker, tiers
 them with an in-process :class:`~rlm.sidecar.Sidecar`, starts :func:`rlm.listener.start_listener` on a free port of
 127.0.0.1, and waits until the endpoint serves every produced offset. Then the broker gives up its own copy of the
-static topics: ``retention.bytes=1`` (its retention task deletes the segments; the first run comes 30 s after the
-broker started, ``log.initial.task.delay.ms``) and, at once, DeleteRecords to the tier's end; the broker's log start
+static topics: ``retention.bytes=1`` (its retention task deletes the segments, every second from the broker's start:
+``LOG_TASKS_FROM_START`` of the fixtures) and, at once, DeleteRecords to the tier's end; the broker's log start
 offset is asserted past every offset tiered: what the tests read can only come from the remote tier.
 
 Topics (names ``hist-<tag>-<what>``), with what was produced kept as :class:`Rec` (offset, timestamp, key, value,
