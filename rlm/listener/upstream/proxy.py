@@ -26,7 +26,8 @@ must change:
   partition OFFSET_OUT_OF_RANGE below the log start it then gives, the answer is the tier's alone the same way (the
   answer read ahead used, written in parts), not the broker's decoded and encoded again.
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
-  tier answers (their partitions' log start offsets asked first when the tier may answer).
+  tier answers (their partitions' log start offsets asked too when the tier may answer: before a ListOffsets, after
+  an OffsetForLeaderEpoch, whose answer may be the broker's log start as it was then).
 """
 
 from __future__ import annotations
@@ -158,8 +159,10 @@ class Proxy:
                 self.ctx, req, body, client, starts, self.holes))
         if key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
             asked = _by_name((t.topic, p.partition) for t in req.topics for p in t.partitions if p.leader_epoch >= 0)
-            starts = await self._log_starts(upstream, served_partitions(self.ctx, asked)) if asked else {}
             answer = await upstream.request(frame)
+            # The log start after the answer: at least the one the broker answered with (it only moves up), so an
+            # epoch it answered with its log start is seen as such even if retention moved it in between.
+            starts = await self._log_starts(upstream, served_partitions(self.ctx, asked)) if asked else {}
             return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
                 self.ctx, req, body, client, starts, self.holes))
         raise ValueError(f"api key {key} has no proxied route {route}")

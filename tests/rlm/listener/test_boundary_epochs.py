@@ -1,9 +1,11 @@
 """OffsetForLeaderEpoch answers as the proxy changes them (:func:`rlm.listener.tier.boundary.epochs_below_log_start`),
-for every kind of broker answer, before and after the tier is read: a fast test of the decision, the tier and the
-catalog stood in for (the real broker's answers: ``test_proxy_epochs.py``)."""
+for every kind of broker answer, before and after the tier is read, and the order in which the proxy asks its broker:
+fast tests of the decision, the tier, the catalog and the broker stood in for (the real broker's answers:
+``test_proxy_epochs.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -11,9 +13,14 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 
 from rlm.listener.net.principals import Client
-from rlm.listener.protocol.codec import ErrorCode, build
+from rlm.listener.protocol.apis import ApiKey
+from rlm.listener.protocol.codec import ErrorCode, build, decode_response, encode_response
+from rlm.listener.protocol.frame import RequestHeader
+from rlm.listener.routing import Route
 from rlm.listener.tier.boundary import Holes, epochs_below_log_start
 from rlm.listener.tier.catalog import ServedTopic
+from rlm.listener.upstream.proxy import Proxy
+from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.tier import Lineage
 from rlmm.api import TopicIdPartition
 
@@ -89,3 +96,45 @@ def test_an_epoch_the_tier_may_yet_end_is_asked_again_while_its_range_is_pending
     assert got == {0: NOT_AVAILABLE, 1: (0, 0, 40), 2: (0, 5, 70)}
     got, _read = _answer(True, asked, broker, starts, short, 45, Holes(confirm_s=0.0))
     assert got == {0: (0, 3, LOG_START), 1: (0, 0, 40), 2: (0, 5, 70)}
+
+
+class _Broker:
+    """A stand-in for the proxy's connection to its broker (:class:`rlm.listener.upstream.brokers.Upstream`) whose
+    log start moves from ``before`` to ``after`` while it answers the client's OffsetForLeaderEpoch (retention or
+    DeleteRecords between the proxy's two requests), answering the epoch with the log start it has then."""
+
+    def __init__(self, header: RequestHeader, epoch: int, before: int, after: int) -> None:
+        self.header, self.epoch, self.log_start, self.after = header, epoch, before, after
+
+    async def ask(self, api_key: int, api_version: int, values: dict[str, Any]) -> Any:
+        assert api_key == ApiKey.LIST_OFFSETS
+        return build(load_response_schema(api_key, api_version), {"throttle_time_ms": 0, "topics": [
+            {"name": t["name"], "partitions": [{"partition_index": p["partition_index"], "error_code": 0,
+                                                "timestamp": -1, "offset": self.log_start, "leader_epoch": 0}
+                                               for p in t["partitions"]]} for t in values["topics"]]})
+
+    async def request(self, frame: bytes) -> bytes:
+        self.log_start = self.after
+        body = build(load_response_schema(23, self.header.api_version), {"throttle_time_ms": 0, "topics": [
+            {"topic": TOPIC, "partitions": [{"error_code": 0, "partition": 0, "leader_epoch": self.epoch,
+                                             "end_offset": self.log_start}]}]})
+        return encode_response(self.header, body)[4:]
+
+
+def test_the_proxy_asks_the_log_start_after_the_brokers_answer() -> None:
+    """The broker answers E3 with its log start, 50, having moved it from 40 a moment before: compared with the log
+    start asked before the answer (40), 50 looks like an end offset from its checkpoint and would be passed on; asked
+    after (50, or more: it only moves up), it is seen for what it is (not ready here: OFFSET_NOT_AVAILABLE)."""
+    req = build(load_request_schema(23, 4), {"replica_id": -1, "topics": [{"topic": TOPIC, "partitions": [
+        {"partition": 0, "current_leader_epoch": 6, "leader_epoch": 3}]}]})
+    header = RequestHeader(23, 4, 7, "c", True, 0)
+    broker = _Broker(header, 3, 40, LOG_START)
+    proxy = Proxy(_ctx(False, [], LINEAGE, 80), PeerAddresses(1, lambda: ("127.0.0.1", 9092), {}), "127.0.0.1:1",
+                  timeout_s=1.0, max_response_bytes=1 << 20)
+
+    async def run(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+    framed = asyncio.run(proxy.answer(Route.SPLIT, header, b"", req, Client("User:a", "127.0.0.1"), broker, run))
+    (t,) = decode_response(bytes(framed)[4:], header).topics
+    (p,) = t.partitions
+    assert (p.error_code, p.leader_epoch, p.end_offset) == NOT_AVAILABLE
