@@ -105,10 +105,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().handlers[:] = [handler]  # the console is for the demo's own lines
 
     _say("starting a local Kafka broker (KRaft) on 127.0.0.1 ...")
-    # log.initial.task.delay.ms: the broker starts its retention 30 s after it starts by default; the demo waits for
-    # retention, so 1 s, the dev broker's retention check interval (3,000 records: 36-41 s, now 17-19 s)
-    with devkafka.KafkaCluster(brokers=1, base_dir=base / "kafka",
-                               broker_config={"log.initial.task.delay.ms": "1000"}) as kc:
+    # retention from the broker's start, not 30 s after it: the demo waits for retention
+    with devkafka.KafkaCluster(brokers=1, base_dir=base / "kafka", broker_config=devkafka.LOG_TASKS_FROM_START) as kc:
         _say(f"broker up at {kc.bootstrap_servers}, log dir {kc.log_dir()}")
         local_retention_ms = 8000
         # file.delete.delay.ms at Kafka's default (the dev broker's is 1 s): a segment retention deletes lingers as

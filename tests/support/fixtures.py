@@ -1,8 +1,8 @@
 """The session fixtures for the real systems the tests run against, as a pytest plugin (``tests/conftest.py`` loads it).
 
 - ``kafka``: one real Apache Kafka broker (KRaft) on 127.0.0.1, started once per session, its log tasks (retention)
-  running from its start (``LOG_TASKS_FROM_START``). If it cannot start the fixture raises, so every test that needs
-  it errors: broker tests never skip (CI included).
+  running from its start (``devtools.devkafka.LOG_TASKS_FROM_START``). If it cannot start the fixture raises, so
+  every test that needs it errors: broker tests never skip (CI included).
 - ``kafka_cluster3``: a 3-broker cluster for leadership tests (started on first use).
 - ``kafka_sasl``: a 1-broker cluster with SASL_PLAINTEXT/PLAIN and KRaft's StandardAuthorizer (started on first
   use): ``admin_config()`` is the super user's client configuration, ``client_config(SASL_PRINCIPAL)`` (and
@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from devtools.devkafka import JVM_PROFILES, KafkaCluster, KafkaStartError
+from devtools.devkafka import JVM_PROFILES, LOG_TASKS_FROM_START, KafkaCluster, KafkaStartError
 
 __all__ = ["SASL_PRINCIPAL", "SASL_READER", "SASL_VIEWER", "SCRAM_PRINCIPAL"]
 
@@ -73,12 +73,6 @@ def _log_allowance_full() -> None:
     CLIENT_LINES.reset()
 
 
-# The broker's log manager starts its tasks (retention, the removal of deleted topics' logs, the checkpoints)
-# ``log.initial.task.delay.ms`` after it starts: 30 s by default, so a broker just started deletes nothing for 30 s
-# whatever a topic's retention, and a test waiting for retention waits that out when it comes first (run alone:
-# test_proxy_pending_holes' tier test 38-40 s, the module 50 s; with 1 s: 12 s, the module 23-25 s).
-# 1 s: from its start the broker does what it does all along after (log.retention.check.interval.ms is 1 s too).
-LOG_TASKS_FROM_START = {"log.initial.task.delay.ms": "1000"}
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@
 them with an in-process :class:`~rlm.sidecar.Sidecar`, starts :func:`rlm.listener.start_listener` on a free port of
 127.0.0.1, and waits until the endpoint serves every produced offset. Then the broker gives up its own copy of the
 static topics: ``retention.bytes=1`` (its retention task deletes the segments, every second from the broker's start:
-``LOG_TASKS_FROM_START`` of the fixtures) and, at once, DeleteRecords to the tier's end; the broker's log start
+the ``kafka`` fixture's ``LOG_TASKS_FROM_START``) and, at once, DeleteRecords to the tier's end; the broker's log start
 offset is asserted past every offset tiered: what the tests read can only come from the remote tier.
 
 Topics (names ``hist-<tag>-<what>``), with what was produced kept as :class:`Rec` (offset, timestamp, key, value,

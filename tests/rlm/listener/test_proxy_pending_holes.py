@@ -146,7 +146,7 @@ class HeldRsm(RemoteStorageManager):
 def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
         kafka: KafkaCluster, topic_name: str, tmp_path: Path, first_copied: bool) -> None:
     """The broker's retention deletes each rolled segment within ~1-2 s (retention 500 ms, checked every second from
-    the broker's start: ``LOG_TASKS_FROM_START`` of the fixtures); the sidecar stages it at its roll. The
+    the broker's start: the ``kafka`` fixture's ``LOG_TASKS_FROM_START``); the sidecar stages it at its roll. The
     first segment is copied (``empty_tier``: none); the next ones' copy is held back, and retention deletes them:
     the tier ends below the broker's log start, and the staging covers the difference. Through the proxy a Fetch
     there and EARLIEST are OFFSET_NOT_AVAILABLE, past ``hole_confirm_ms`` too (staged), and a consumer with
