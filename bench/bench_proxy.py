@@ -198,6 +198,7 @@ TAIL_VALUE_BYTES = 200
 CHILD = ROOT / "bench" / "proxy_child.py"
 JAVA_READER = ROOT / "bench" / "java" / "ProxyConsume.java"  # --client java
 JAVA_READER_HEAP = "512m"
+CONSUMER_LOGS: list[str] = []  # --consumer-logs: [directory, the proxy's ":port"]
 CLIENT_SUFFIX = {"librdkafka": "", "java": " [java]"}  # a read row's name after its client's
 STAMP = struct.Struct(">qq")  # as proxy_child.STAMP
 IDLE_S = 10.0  # the sidecar's idle CPU is measured over this long before the reads
@@ -315,6 +316,9 @@ def read(bootstrap: str, topic: str, records: list[int], sidecar_pid: int, broke
     args = [bootstrap, topic, ",".join(map(str, records)), f"{sidecar_pid},{broker_pid}", group]
     cmd = java_reader_cmd(args) if client == "java" else [sys.executable, str(CHILD), "consume", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if CONSUMER_LOGS:  # --consumer-logs DIR: each read's stderr kept (librdkafka's debug log with debug=...)
+        Path(CONSUMER_LOGS[0], f"{len(list(Path(CONSUMER_LOGS[0]).iterdir())):03d}-{client}-{topic}-"
+             f"{'proxy' if bootstrap.endswith(CONSUMER_LOGS[1]) else 'direct'}.log").write_text(out.stderr)
     if out.returncode != 0:
         raise RuntimeError(f"the {client} consumer of {topic} via {bootstrap} exited {out.returncode}:\n"
                            f"{out.stderr[-3000:]}")
@@ -814,6 +818,9 @@ def main() -> None:
                          "(bench/java/ProxyConsume.java: as Streams, Connect, Flink and Spark read; its defaults, no "
                          "--consumer-setting), or both (every read row twice, [java] the Java one's); the tail "
                          "latency's consumers are librdkafka's")
+    ap.add_argument("--consumer-logs", type=Path, default=None, metavar="DIR",
+                    help="keep each read's consumer stderr in DIR (e.g. with --consumer-setting "
+                         "'debug=\"fetch,protocol\"': librdkafka's every Fetch sent and answered, with its rtt)")
     args = ap.parse_args()
     if args.latency_only and (args.history_only or args.partitions > 1 or args.profile or args.py_spy or args.perf):
         ap.error("--latency-only reads nothing: not with --history-only, --partitions, --profile, --py-spy, --perf")
@@ -874,6 +881,9 @@ def main() -> None:
                                      env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # noqa: SIM115
             proxy = f"127.0.0.1:{proxy_port}"
+            if args.consumer_logs:
+                args.consumer_logs.mkdir(parents=True, exist_ok=True)
+                CONSUMER_LOGS[:] = [str(args.consumer_logs), f":{proxy_port}"]
 
             if args.latency_only:  # the tail alone: nothing produced to read, nothing to tier first
                 wait_until(lambda: serve.poll() is None and listening(proxy_port), 120,

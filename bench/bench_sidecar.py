@@ -270,7 +270,8 @@ def main() -> None:
             count = 0
             last = -1
             while last < theirs_last:
-                for m in c.consume(10_000, 10):
+                for m in c.consume(min(10_000, theirs_last - last), 10):  # consume(n, timeout) waits for n
+                    # records or the timeout: no more than are left (asking 10,000 waited up to 10 s at the end)
                     if m.error():
                         raise RuntimeError(str(m.error()))
                     count += 1

@@ -116,7 +116,8 @@ def consume(bootstrap: str, topic: str, records: int, properties: list[str]) -> 
     while last < records - 1:
         if time.time() - start > CLIENT_TIMEOUT_S:
             raise RuntimeError(f"read {n} records of {records} in {CLIENT_TIMEOUT_S} s")
-        msgs = c.consume(10_000, 1.0)
+        msgs = c.consume(min(10_000, records - 1 - last), 1.0)  # not more than are left: consume(n, timeout) waits
+        # for n records or the timeout (asking 10,000 waited 1 s after the last record, in every read's time)
         for m in msgs:
             if m.error():
                 raise KafkaException(m.error())

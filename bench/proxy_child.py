@@ -47,6 +47,7 @@ __all__ = ["consume", "listener", "tail"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 CLIENT_TIMEOUT_S = 1800
+CONSUME_BATCH = 10_000  # records a consume() call asks for at most
 STAMP = struct.Struct(">qq")  # seq, producer's monotonic_ns
 
 
@@ -78,11 +79,16 @@ def consume(bootstrap: str, topic: str, records: list[int], pids: list[int], gro
     n = size = 0
     first = 0.0  # when the first record came
     expect = [0] * len(records)
+    wanted = sum(records)
     left = len(records)  # partitions not read to their count yet
     while left:
         if time.monotonic() - start > CLIENT_TIMEOUT_S:
             raise RuntimeError(f"read {n} records of {sum(records)} in {CLIENT_TIMEOUT_S} s")
-        for m in c.consume(10_000, 1.0):
+        # No more than the records still wanted: consume(n, timeout) returns once n records came or the timeout
+        # passed, so asking 10,000 when fewer are left waited out the whole timeout after the last record (1 s
+        # in every read's window, both sides: session 22 found it in librdkafka's debug log, the last Fetch
+        # answered ~1 s before the window closed).
+        for m in c.consume(min(CONSUME_BATCH, wanted - n), 1.0):
             if m.error():
                 raise KafkaException(m.error())
             p = m.partition()
