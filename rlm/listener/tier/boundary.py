@@ -41,7 +41,8 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
   Kafka's after retention; with a pending one, OFFSET_NOT_AVAILABLE) and the client's principal may DESCRIBE the
   topic. A timestamp lookup is the tier's (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes)
-  when the first record at or after the timestamp lies below the broker's log start; LATEST and the other special
+  when the first record at or after the timestamp lies below the broker's log start (asked after its answer, which
+  may be past records it deleted a moment before; not given, OFFSET_NOT_AVAILABLE); LATEST and the other special
   timestamps are the broker's. EARLIEST and timestamp lookups of a partition whose tier the listener has not read yet
   (:meth:`rlm.tier.TierView.ready`) are OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a
   consumer past the tier's history.
@@ -414,7 +415,10 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
                                  log_starts: dict[tuple[str, int], int], holes: Holes) -> Any:
     """``resp`` (the broker's ListOffsets answer to ``req``) with EARLIEST and timestamp lookups answered by the tier
     where the module's docstring says. ``log_starts``: the broker's log start offset of the partitions asked by
-    timestamp, (topic, partition) -> offset (EARLIEST's own answer is the broker's log start)."""
+    timestamp, (topic, partition) -> offset, asked after its answer (EARLIEST's own answer is the broker's log start):
+    a lookup it answered past records it deleted a moment before (its answer its new log start) has the tier's hit
+    below it. One whose log start it did not give (leadership moved between the two) is OFFSET_NOT_AVAILABLE: its
+    answer may be past records the tier holds."""
     wanted = {(t.name, p.partition_index): p.timestamp for t in req.topics for p in t.partitions
               if p.timestamp == EARLIEST or p.timestamp >= 0}
     if not wanted:
@@ -423,8 +427,9 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
 
     def change(served: ServedTopic, p: Any) -> Any:
         ts = wanted.get((served.name, p.partition_index))
-        if (ts == EARLIEST or (ts is not None and (served.name, p.partition_index) in log_starts)) and not \
-                ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
+        if ts is None:
+            return p
+        if not ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
             return _not_available(p)
         if ts == EARLIEST:
             tp = served.tp(p.partition_index)
@@ -435,13 +440,16 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
                 return _not_available(p)
             if hole is Hole.NONE and pt is not None:
                 return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
-        elif ts is not None and (served.name, p.partition_index) in log_starts:
+        else:
+            start = log_starts.get((served.name, p.partition_index))
+            if start is None:
+                return _not_available(p)
             try:
                 hit = offset_of(ctx, served, p.partition_index, ts, isolation)
             except UnreadableCopyError as err:  # the broker's answer stands
                 ctx.unreadable(err, "list_offsets")
                 hit = {}
-            if "offset" in hit and hit["offset"] < log_starts[(served.name, p.partition_index)]:
+            if "offset" in hit and hit["offset"] < start:
                 return build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, **hit})
         return p
 

@@ -26,8 +26,8 @@ must change:
   partition OFFSET_OUT_OF_RANGE below the log start it then gives, the answer is the tier's alone the same way (the
   answer read ahead used, written in parts), not the broker's decoded and encoded again.
 - ListOffsets and OffsetForLeaderEpoch (SPLIT) are forwarded as bytes, their answers decoded and changed where the
-  tier answers (their partitions' log start offsets asked too when the tier may answer: before a ListOffsets, after
-  an OffsetForLeaderEpoch, whose answer may be the broker's log start as it was then).
+  tier answers (their partitions' log start offsets asked too when the tier may answer, after the answer: the
+  broker's answer to a timestamp or an epoch may be its log start as it was then).
 """
 
 from __future__ import annotations
@@ -151,19 +151,21 @@ class Proxy:
             return await run(_rewritten, answer, header, rewrite)
         if key == ApiKey.FETCH:
             return await self._fetch(header, frame, req, client, upstream, run, room)
-        if key == ApiKey.LIST_OFFSETS:
-            by_ts = _by_name((t.name, p.partition_index) for t in req.topics for p in t.partitions if p.timestamp >= 0)
-            starts = await self._log_starts(upstream, served_partitions(self.ctx, by_ts)) if by_ts else {}
-            answer = await upstream.request(frame)
-            return await run(_rewritten, answer, header, lambda body: list_offsets_below_log_start(
-                self.ctx, req, body, client, starts, self.holes))
-        if key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
-            asked = _by_name((t.topic, p.partition) for t in req.topics for p in t.partitions if p.leader_epoch >= 0)
+        if key in (ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH):
+            if key == ApiKey.LIST_OFFSETS:  # by timestamp: EARLIEST's answer is the broker's log start itself
+                asked = _by_name((t.name, p.partition_index) for t in req.topics for p in t.partitions
+                                 if p.timestamp >= 0)
+                change = list_offsets_below_log_start
+            else:
+                asked = _by_name((t.topic, p.partition) for t in req.topics for p in t.partitions
+                                 if p.leader_epoch >= 0)
+                change = epochs_below_log_start
             answer = await upstream.request(frame)
             # The log start after the answer: at least the one the broker answered with (it only moves up), so an
-            # epoch it answered with its log start is seen as such even if retention moved it in between.
+            # answer past records retention or DeleteRecords deleted in between (a timestamp's first record, an
+            # epoch's end: the broker's log start then) is seen below it, and the tier's used or asked again.
             starts = await self._log_starts(upstream, served_partitions(self.ctx, asked)) if asked else {}
-            return await run(_rewritten, answer, header, lambda body: epochs_below_log_start(
+            return await run(_rewritten, answer, header, lambda body: change(
                 self.ctx, req, body, client, starts, self.holes))
         raise ValueError(f"api key {key} has no proxied route {route}")
 
