@@ -10,17 +10,9 @@ import pytest
 
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
-from rlmm.api import PartitionNotServedError, RemoteLogSegmentState, TopicIdPartition
+from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from tests.support.kafka import broker_watermarks, partition_dir, produce, set_topic_config
-from tests.support.sidecar import assert_readable, make_settings, only, wait_for
-
-
-def latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
-    try:
-        latest = sidecar.reader.latest_offset(tp)
-    except PartitionNotServedError:
-        return -1  # discovery has not found the partition yet
-    return -1 if latest is None else latest
+from tests.support.sidecar import assert_readable, latest_remote, make_settings, only, wait_for
 
 
 @pytest.fixture(params=["fs", "moto", "s3proxy"])

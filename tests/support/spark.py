@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,49 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlm.spark.options import parse_options
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, TopicIdPartition
-from tests.rlm.spark.conftest import TieredData
 from tests.support.kafka import produce
-from tests.support.sidecar import latest_remote, remote_segments, wait_for
+from tests.support.sidecar import latest_remote, make_settings, remote_segments, wait_for
 
-__all__ = ["CODECS", "PER_ROUND", "SEGMENT_MS", "Env", "Record", "collect", "expected", "load", "options", "seg",
-           "start", "stream"]
+__all__ = ["CODECS", "PER_ROUND", "SEGMENT_MS", "Env", "Produced", "Record", "TieredData", "collect", "expected",
+           "load", "options", "seg", "start", "stream", "tier"]
+
+
+@dataclass(frozen=True)
+class Produced:
+    """A record as it was produced (kept under the offset of its delivery report)."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int
+
+
+@dataclass
+class TieredData:
+    """A topic produced and tiered for a read: where its tier is and what each partition holds up to the tier's end."""
+
+    topic: str
+    options: dict[str, str]                                   # where the remote tier is, for .options(**)
+    records: dict[int, dict[int, Produced]] = field(default_factory=dict)   # partition -> offset -> record
+    segments: dict[int, int] = field(default_factory=dict)                  # partition -> remote segments
+    aborted: set[int] = field(default_factory=set)            # offsets of the aborted transaction's records
+
+
+def tier(kafka: KafkaCluster, tmp: Path, data: TieredData, topic_id: uuid.UUID, store: dict[str, Any],
+         partitions: int) -> None:
+    """Run the sidecar until every produced record but the last (the active segment's roll record) is remote."""
+    settings = make_settings(kafka, tmp, store=store)
+    data.options.update({"kafka.bootstrap.servers": kafka.bootstrap_servers,
+                         "metadata.topic": settings.metadata.topic})
+    with Sidecar(settings) as sidecar:
+        for p in range(partitions):
+            tp = TopicIdPartition(topic_id, data.topic, p)
+            last = sorted(data.records[p])[-2]
+            wait_for(lambda tp=tp, last=last: latest_remote(sidecar, tp) >= last, 120,
+                     f"{data.topic}-{p} to be remote up to offset {last}")
+            end = latest_remote(sidecar, tp)
+            data.records[p] = {o: r for o, r in data.records[p].items() if o <= end}
+            data.segments[p] = len(sidecar.reader.segments(tp))
 
 def load(spark: Any, data: TieredData, **options: str) -> Any:
     return spark.read.format("kafka-remote").options(**data.options).options(**options).load()

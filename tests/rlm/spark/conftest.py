@@ -15,66 +15,18 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 from devtools.devkafka import KafkaCluster
-from rlm.sidecar import Sidecar
-from rlmm.api import PartitionNotServedError, TopicIdPartition
-from tests.support.kafka import produce
-from tests.support.sidecar import make_settings, wait_for
+from tests.support.kafka import CODECS, produce
+from tests.support.spark import Produced, TieredData, tier
 
-CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ROUNDS = 3
 PER_ROUND = 300
 SEGMENT_MS = 400
 ROUND_MS = 100_000  # record time between rounds: each round is a segment of its own
-
-
-@dataclass(frozen=True)
-class Produced:
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    timestamp_ms: int
-
-
-@dataclass
-class TieredData:
-    topic: str
-    options: dict[str, str]                                   # where the remote tier is, for .options(**)
-    records: dict[int, dict[int, Produced]] = field(default_factory=dict)   # partition -> offset -> record
-    segments: dict[int, int] = field(default_factory=dict)                  # partition -> remote segments
-    aborted: set[int] = field(default_factory=set)            # offsets of the aborted transaction's records
-
-
-def _latest_remote(sidecar: Sidecar, tp: TopicIdPartition) -> int:
-    try:
-        latest = sidecar.reader.latest_offset(tp)
-    except PartitionNotServedError:
-        return -1
-    return -1 if latest is None else latest
-
-
-def _tier(kafka: KafkaCluster, tmp: Path, data: TieredData, topic_id: uuid.UUID, store: dict[str, Any],
-          partitions: int) -> None:
-    """Run the sidecar until every produced record but the last (the active segment's roll record) is remote."""
-    settings = make_settings(kafka, tmp, store=store)
-    data.options.update({"kafka.bootstrap.servers": kafka.bootstrap_servers,
-                         "metadata.topic": settings.metadata.topic})
-    with Sidecar(settings) as sidecar:
-        for p in range(partitions):
-            tp = TopicIdPartition(topic_id, data.topic, p)
-            last = sorted(data.records[p])[-2]
-            wait_for(lambda tp=tp, last=last: _latest_remote(sidecar, tp) >= last, 120,
-                     f"{data.topic}-{p} to be remote up to offset {last}")
-            end = _latest_remote(sidecar, tp)
-            data.records[p] = {o: r for o, r in data.records[p].items() if o <= end}
-            data.segments[p] = len(sidecar.reader.segments(tp))
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +65,7 @@ def codec_data(kafka: KafkaCluster, s3_endpoint: str, tmp_path_factory: pytest.T
     store = {"store": "s3", "bucket": bucket, "endpoint_url": s3_endpoint, "create_bucket": True,
              "block_size_bytes": 16 * 1024}  # several blocks per segment: block-range splits
     data.options.update({"store": "s3", "store.bucket": bucket, "store.endpoint_url": s3_endpoint})
-    _tier(kafka, tmp_path_factory.mktemp("spark-codecs"), data, topic_id, store, n)
+    tier(kafka, tmp_path_factory.mktemp("spark-codecs"), data, topic_id, store, n)
     return data
 
 
@@ -150,5 +102,5 @@ def txn_data(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> T
     tmp = tmp_path_factory.mktemp("spark-txn")
     store = {"store": "fs", "root_path": str(tmp / "remote"), "block_size_bytes": 64 * 1024}
     data.options.update({"store": "fs", "store.root_path": str(tmp / "remote")})
-    _tier(kafka, tmp, data, topic_id, store, 1)
+    tier(kafka, tmp, data, topic_id, store, 1)
     return data

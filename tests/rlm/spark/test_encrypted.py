@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from devtools.devkafka import KafkaCluster
-from tests.rlm.spark.conftest import SEGMENT_MS, Produced, TieredData, _tier
 from tests.support.kafka import produce
-from tests.support.spark import collect, expected, load
+from tests.support.spark import SEGMENT_MS, Produced, TieredData, collect, expected, load, tier
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -53,7 +52,7 @@ def encrypted_data(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
     # Spark options are strings: the encryption section goes as JSON (it names the key file, not the keys)
     data.options.update({"store": "fs", "store.root_path": str(tmp / "remote"),
                          "store.encryption": json.dumps({"key_file": str(key_file)})})
-    _tier(kafka, tmp, data, topic_id, store, 2)
+    tier(kafka, tmp, data, topic_id, store, 2)
     return data
 
 

@@ -10,10 +10,9 @@ from typing import Any
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.spark.conftest import Produced, TieredData
 from tests.support.kafka import produce
 from tests.support.sidecar import latest_remote, make_settings, only, remote_segments, wait_for
-from tests.support.spark import collect, expected, load
+from tests.support.spark import Produced, TieredData, collect, expected, load
 
 
 def test_offload_segments_read_exactly(spark: Any, kafka: KafkaCluster, tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from rlm.spark.options import SparkSourceError, parse_options
-from tests.rlm.spark.conftest import CODECS, Produced, TieredData
-from tests.support.spark import collect, expected, load
+from tests.support.kafka import CODECS
+from tests.support.spark import Produced, TieredData, collect, expected, load
 
 
 def test_every_record_of_every_codec_comes_back_exactly(spark: Any, codec_data: TieredData) -> None:

@@ -19,9 +19,8 @@ from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlm.spark.source import HEADERS_DDL, KAFKA_SCHEMA_DDL
 from rlmm.api import TopicIdPartition
-from tests.rlm.spark.conftest import TieredData
 from tests.support.sidecar import latest_remote, make_settings, remote_segments, wait_for
-from tests.support.spark import PER_ROUND, Env, Record, start, stream
+from tests.support.spark import PER_ROUND, Env, Record, TieredData, start, stream
 
 
 @pytest.fixture(scope="module")
