@@ -61,8 +61,9 @@ from rlm import metrics
 from rlm.state import fsync_dir
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.in_place import InPlaceSegment, LocalRange, live_log
+from rlm.tasks.segment_epochs import segment_epochs
 from rlm.tasks.staging import StagedSegment, Staging, StagingFullError, TopicIdMismatchError
-from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, epochs_for_range, lineage_of, remote_chain, to_rsm
+from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, lineage_of, remote_chain, to_rsm
 from rlmm.api import (
     CopyFencedError,
     InvalidStateTransitionError,
@@ -684,16 +685,14 @@ class PartitionCopier:
         segment is immutable)."""
         log_path = s.log_path  # (built on each look: once here)
         time_index_path = s.path(".timeindex")
-        seg_epochs = epochs_for_range(epochs, start_offset, s.end_offset_inclusive)
-        if not seg_epochs:
-            # No checkpoint entry covers the segment (should not happen on a leader): take the batches' epochs.
-            first = next(iter(scan_batches(log_path)), None)
-            seg_epochs = [EpochEntry(max(first.partition_leader_epoch, 0) if first else 0, start_offset)]
         max_ts = self._max_timestamp(s.base_offset, log_path, time_index_path)
         if self.min_max_timestamp_ms is not None and 0 <= max_ts < self.min_max_timestamp_ms:
             log.info("segment older than remote retention: not copied", extra={
                 "partition": str(self.tp), "base_offset": s.base_offset, "max_timestamp_ms": max_ts})
             return None
+        # The batches' epochs: the checkpoint may start past the segment (rlm.tasks.segment_epochs)
+        seg_epochs = segment_epochs(scan_batches(log_path, verify_crc=False), start_offset, s.end_offset_inclusive,
+                                    epochs, str(log_path))
         now_ms = int(time.time() * 1000)
         txn_index = self._aborted_index(s, start_offset)
         md = RemoteLogSegmentMetadata(

@@ -42,7 +42,8 @@ from pathlib import Path
 
 from rlm import metrics
 from rlm.tasks.copier import CopyFencedError, CopyResult, PartitionCopier
-from rlm.tier import epoch_pairs, epochs_for_range, to_rsm
+from rlm.tasks.segment_epochs import segment_epochs
+from rlm.tier import epoch_pairs, to_rsm
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState
 from rsm.api import LogPiece, LogRangeData
 from rsm.errors import CopyCancelledError
@@ -291,10 +292,8 @@ class StreamingOffloader:
               current_leader_epoch: Callable[[], int | None] | None) -> RemoteLogSegmentMetadata:
         copier = self.copier
         start, end = cut.start_offset, cut.last_offset
-        seg_epochs = epochs_for_range(epochs, start, end)
-        if not seg_epochs:
-            first = next(iter(scan_batches(cut.pieces[0].log_path, start_position=cut.pieces[0].start_position)))
-            seg_epochs = [EpochEntry(max(first.partition_leader_epoch, 0), start)]
+        # The batches' epochs: the checkpoint may start past the cut (rlm.tasks.segment_epochs)
+        seg_epochs = segment_epochs(_cut_headers(cut), start, end, epochs, str(cut.pieces[0].log_path))
         base = max((f.base_offset for f in self._local_files() if f.base_offset <= start), default=start)
         # every .txnindex from the local segment holding `start` on (aborted_txns takes those above its base)
         aborted = copier.aborted_txns(base - 1, start, end)
@@ -320,3 +319,23 @@ class StreamingOffloader:
                                 leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
         metrics.OFFLOAD_SEGMENT_SECONDS.observe(self.clock() - (cut.opened_at or self.clock()))
         return md
+
+
+def _cut_headers(cut: OffloadCut) -> Iterator[BatchHeader]:
+    """The batch headers of ``cut``'s pieces, in offset order. A piece is whole batches; what follows it in an
+    active segment (a batch the broker is writing) is none of the cut's: the scan ends there, whatever it finds."""
+    for piece in cut.pieces:
+        reached = piece.start_position
+        try:
+            for h in scan_batches(piece.log_path, start_position=piece.start_position, verify_crc=False,
+                                  zero_tail_ok=True):
+                if h.position >= piece.end_position:
+                    break
+                yield h
+                reached = h.end_position
+        except CorruptRecordBatchError as err:
+            if err.position is None or err.position < piece.end_position:
+                raise
+        if reached != piece.end_position:
+            raise CorruptRecordBatchError(piece.log_path, reached, f"the offload segment's batches end at byte "
+                                          f"{piece.end_position}, the file's at {reached}")

@@ -20,6 +20,7 @@ from tests.support.world import World
 
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 TEN_AND_ONE = {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 1, b"v")}  # [0,9] rolled, 10 active
+TEN_AND_ONE_E5 = {0: one_per_batch(0, 10, b"v", 5), 10: one_per_batch(10, 1, b"v", 5)}  # the same, under epoch 5
 
 
 def new_tp(topic: str = "t") -> TopicIdPartition:
@@ -45,7 +46,7 @@ def test_straddling_segment_is_copied_from_the_tier_end_once(world: World) -> No
 def test_leadership_move_during_a_copy_fences_the_old_leaders_copy(world: World) -> None:
     tp = new_tp()
     for broker in (1, 2):
-        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE,
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE_E5,
                         epochs=((5, 0),) if broker == 1 else ((5, 0), (6, 11)))
     old, new = world.copier(1, tp), world.copier(2, tp)
     epoch_now = {"e": 5}
@@ -167,10 +168,10 @@ def test_duplicate_copies_serve_once_and_the_extra_one_is_deleted(world: World) 
 
 def test_a_lower_epoch_copy_left_started_is_cleaned_up_at_once(world: World) -> None:
     tp = new_tp()
-    write_partition(world.pdir(2, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0), (6, 11)))
+    write_partition(world.pdir(2, tp), tp.topic_id, TEN_AND_ONE_E5, epochs=((5, 0), (6, 11)))
     # Broker 1, leader under epoch 5, was killed mid-copy: its STARTED copy is young (not abandoned by age).
     zombie = world.copier(1, tp)
-    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0),))
+    write_partition(world.pdir(1, tp), tp.topic_id, TEN_AND_ONE_E5, epochs=((5, 0),))
     staged = zombie.staging.stage(tp, zombie.partition_dir, 0, 9)
 
     class Killed(Exception):
@@ -348,7 +349,7 @@ def test_a_clean_up_raced_by_another_sidecar_goes_on(world: World) -> None:
 
     tp = new_tp()
     for broker in (2, 3):
-        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE, epochs=((5, 0), (6, 11)))
+        write_partition(world.pdir(broker, tp), tp.topic_id, TEN_AND_ONE_E5, epochs=((5, 0), (6, 11)))
     zombie = replace(segment(tp, 0, 9, {5: 0}, broker_id=1), broker_leader_epoch=5)
     world.rlmm.add_remote_log_segment_metadata(zombie)
     stale = world.rlmm.list_remote_log_segments(tp)

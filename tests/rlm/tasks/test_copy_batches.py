@@ -22,10 +22,13 @@ FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 
 def five_rolled(world: World, broker: int = 1, epochs: tuple[tuple[int, int], ...] = ((5, 0),)) -> TopicIdPartition:
-    """A partition of five rolled segments of ten records ([0,9] ... [40,49]) and an active one at 50."""
+    """A partition of five rolled segments of ten records ([0,9] ... [40,49]) and an active one at 50, written
+    under the one epoch of ``epochs`` (the batches carry it, as the checkpoint says)."""
     tp = TopicIdPartition(uuid.uuid4(), "t", 0)
-    segments = {base: one_per_batch(base, 10, b"v") for base in range(0, 50, 10)}
-    write_partition(world.pdir(broker, tp), tp.topic_id, {**segments, 50: one_per_batch(50, 1, b"v")}, epochs=epochs)
+    ((epoch, _start),) = epochs
+    segments = {base: one_per_batch(base, 10, b"v", epoch) for base in range(0, 50, 10)}
+    write_partition(world.pdir(broker, tp), tp.topic_id, {**segments, 50: one_per_batch(50, 1, b"v", epoch)},
+                    epochs=epochs)
     return tp
 
 
@@ -126,8 +129,8 @@ def test_a_metadata_fence_in_a_batch_records_none_of_it(world: World) -> None:
     """The new leader's STARTED (epoch 8) lands during the old leader's batch (epoch 7), after which the old
     leader's check still answers 7: the metadata refuses each FINISHED of the batch."""
     tp = five_rolled(world, epochs=((7, 0),))
-    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 10, b"v"), 10: one_per_batch(10, 1, b"v")},
-                    epochs=((7, 0),))
+    write_partition(world.pdir(2, tp), tp.topic_id, {0: one_per_batch(0, 10, b"v", 7),
+                                                     10: one_per_batch(10, 1, b"v", 7)}, epochs=((7, 0),))
     old, new = world.copier(1, tp), world.copier(2, tp)
     during_copy(world, old, 2, lambda: new.copy_segment(new.staging.stage(tp, new.partition_dir, 0, 9), 0,
                                                         PartitionDir(new.partition_dir).leader_epochs(),

@@ -23,8 +23,8 @@ def lag(tp: TopicIdPartition) -> tuple[float | None, float | None]:
 def five_rolled(world: World) -> TopicIdPartition:
     """Five rolled segments of ten records ([0,9] ... [40,49]) and an active one at 50, under a topic of its own."""
     tp = TopicIdPartition(uuid.uuid4(), f"lag-{uuid.uuid4().hex[:8]}", 0)
-    segments = {base: one_per_batch(base, 10, b"v") for base in range(0, 50, 10)}
-    write_partition(world.pdir(1, tp), tp.topic_id, {**segments, 50: one_per_batch(50, 1, b"v")}, epochs=((5, 0),))
+    segments = {base: one_per_batch(base, 10, b"v", 5) for base in range(0, 50, 10)}  # under epoch 5, as checkpointed
+    write_partition(world.pdir(1, tp), tp.topic_id, {**segments, 50: one_per_batch(50, 1, b"v", 5)}, epochs=((5, 0),))
     return tp
 
 
