@@ -18,7 +18,7 @@ source never imports the Kafka listener (``rlm.listener``).
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -164,9 +164,19 @@ def test_the_listener_protocol_layer_is_only_protocol() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- the tests
-def _test_module_imports(paths: list[Path], root: Path = ROOT) -> Iterator[tuple[Path, int, str]]:
-    """(path, line, imported module) of every import in ``paths`` of a module named ``test_*`` (``from a import b``:
-    ``a`` or ``a.b``); relative imports resolved against the importing module's package (its path under ``root``)."""
+def _is_test_module(name: str) -> bool:
+    return any(part.startswith("test_") for part in name.split("."))
+
+
+def _is_conftest(name: str) -> bool:
+    return "conftest" in name.split(".")
+
+
+def _imports_under(paths: list[Path], wanted: Callable[[str], bool],
+                   root: Path = ROOT) -> Iterator[tuple[Path, int, str]]:
+    """(path, line, imported module) of every import in ``paths`` of a module ``wanted`` says yes to (``from a
+    import b``: ``a`` or ``a.b``); relative imports resolved against the importing module's package (its path under
+    ``root``)."""
     for path in paths:
         package = path.relative_to(root).with_suffix("").parts[:-1]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -179,28 +189,37 @@ def _test_module_imports(paths: list[Path], root: Path = ROOT) -> Iterator[tuple
             else:
                 continue
             for name in names:
-                if any(part.startswith("test_") for part in name.split(".")):
+                if wanted(name):
                     yield path, node.lineno, name
                     break
 
 
-def test_the_test_walk_sees_imports_of_test_modules(tmp_path: Path) -> None:
-    """Each way of naming a test module is seen: absolute, relative, ``from package import test_module``; a helper
-    module whose name merely contains ``test_`` (``tests.support.latest_x``) is not one."""
+def test_the_test_walk_sees_imports_of_test_modules_and_conftests(tmp_path: Path) -> None:
+    """Each way of naming a test module or a conftest is seen: absolute, relative, ``from package import module``;
+    a helper module whose name merely contains ``test_`` (``tests.support.latest_x``) is neither."""
     (tmp_path / "tests" / "rlm").mkdir(parents=True)
     probe = tmp_path / "tests" / "rlm" / "probe.py"
     probe.write_text("import tests.rlm.test_a\nfrom tests.rlm.test_b import x\nfrom .test_c import y\n"
                      "from .listener import test_d\nfrom ..support.sidecar import latest_remote\n"
-                     "from tests.support.latest_x import z\n")
-    seen = [(line, name) for _, line, name in _test_module_imports([probe], tmp_path)]
-    assert seen == [(1, "tests.rlm.test_a"), (2, "tests.rlm.test_b"), (3, "tests.rlm.test_c"),
-                    (4, "tests.rlm.listener.test_d")]
+                     "from tests.support.latest_x import z\nfrom tests.rsm.conftest import new_bucket\n"
+                     "from .conftest import w\nfrom . import conftest\n")
+    assert [(line, name) for _, line, name in _imports_under([probe], _is_test_module, tmp_path)] == [
+        (1, "tests.rlm.test_a"), (2, "tests.rlm.test_b"), (3, "tests.rlm.test_c"), (4, "tests.rlm.listener.test_d")]
+    assert [(line, name) for _, line, name in _imports_under([probe], _is_conftest, tmp_path)] == [
+        (7, "tests.rsm.conftest"), (8, "tests.rlm.conftest"), (9, "tests.rlm.conftest")]
 
 
 def test_no_test_module_imports_another() -> None:
-    """What tests share lives in ``tests/support/`` (and a package's fixtures in its ``conftest.py``); no module under
-    ``tests/`` imports a ``test_*`` module: a test module's helpers are its own to change, and one module's tests
-    never break because another's were edited."""
+    """What tests share lives in ``tests/support/``; no module under ``tests/`` imports a ``test_*`` module: a test
+    module's helpers are its own to change, and one module's tests never break because another's were edited."""
     bad = [f"{path.relative_to(ROOT)}:{line}: imports {name}"
-           for path, line, name in _test_module_imports(_modules("tests"))]
+           for path, line, name in _imports_under(_modules("tests"), _is_test_module)]
+    assert bad == []
+
+
+def test_no_module_imports_a_conftest() -> None:
+    """A ``conftest.py`` holds its package's fixtures, for pytest to load: nothing imports it (pytest's advice: under
+    ``--import-mode=importlib`` a conftest imported by name is a second module beside the one pytest loaded)."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {name}"
+           for path, line, name in _imports_under(_modules("tests"), _is_conftest)]
     assert bad == []

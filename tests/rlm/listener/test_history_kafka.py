@@ -1,8 +1,9 @@
 """The history endpoint against Kafka clients: confluent-kafka (librdkafka) consumers and raw protocol requests.
 
-Every read here is served from the remote tier: the ``history`` set-up (``conftest.py``) has the broker's log start
-offset past every offset the tests read. Expectations come from what was produced (the producer's delivery
-reports), never from the read path under test. Raw requests are encoded with kio and framed with ``struct``.
+Every read here is served from the remote tier: the ``history`` set-up (:mod:`tests.support.history`) has the
+broker's log start offset past every offset the tests read. Expectations come from what was produced (the
+producer's delivery reports), never from the read path under test. Raw requests are encoded with kio and framed
+with ``struct``.
 """
 
 from __future__ import annotations
@@ -39,16 +40,9 @@ from kio.schema.produce.v9 import request as produce_v9
 from kio.serial import entity_reader, entity_writer
 from prometheus_client import REGISTRY
 
-from tests.rlm.listener.conftest import (
-    BIG_BYTES,
-    CODECS,
-    SEGMENT_MS,
-    HistorySetup,
-    Rec,
-    consume_until,
-    producer,
-    send,
-)
+from tests.support.clients import Rec, consume_until, producer, send
+from tests.support.history import BIG_BYTES, SEGMENT_MS, HistorySetup
+from tests.support.kafka import CODECS
 
 READ_COMMITTED = {"isolation.level": "read_committed"}
 READ_UNCOMMITTED = {"isolation.level": "read_uncommitted"}

@@ -46,8 +46,8 @@ from rlmm.api import TopicIdPartition
 from rlmm.topic_consumer import ConsumerTask
 from rsm.log.batch import header_from_bytes
 from rsm.log.records import decode_records
-from tests.rlm.listener.conftest import Rec, consume_until
 from tests.rlm.listener.raw_wire import EARLIEST, call, fetch, list_offsets, only_partition
+from tests.support.clients import Rec, consume_until
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer

@@ -46,8 +46,9 @@ from rlm.listener import start_listener
 from rlm.listener.net.server import REQUESTS
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.listener.conftest import Rec, broker_watermarks, producer, send
 from tests.support import spark_kafka_child
+from tests.support.clients import Rec, producer, send
+from tests.support.kafka import broker_watermarks
 from tests.support.sidecar import make_settings, wait_for
 
 PARTITIONS = 2

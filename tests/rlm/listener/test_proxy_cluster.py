@@ -48,8 +48,8 @@ from devtools.devkafka import KafkaCluster, free_port
 from rlm.listener import Listener, start_listener
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.listener.conftest import broker_watermarks
 from tests.rlm.listener.raw_wire import call
+from tests.support.kafka import broker_watermarks
 from tests.support.sidecar import AckedProducer, PartitionStates, make_settings, only, reassign, wait_for
 
 pytestmark = pytest.mark.slow

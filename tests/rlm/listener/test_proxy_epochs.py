@@ -45,8 +45,8 @@ from rlm.listener import Listener, start_listener
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.listener.conftest import consume_until, librdkafka_log
 from tests.rlm.listener.raw_wire import call
+from tests.support.clients import consume_until, librdkafka_log
 from tests.support.held_metadata import Held, held_listener
 from tests.support.kafka import produce
 from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for

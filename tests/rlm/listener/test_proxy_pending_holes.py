@@ -30,8 +30,8 @@ from rlm.sidecar import Sidecar
 from rlm.tasks.staging import staged_ranges, staging_roots
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
-from tests.rlm.listener.conftest import consume_until
 from tests.rlm.listener.raw_wire import EARLIEST, fetch, list_offsets, only_partition
+from tests.support.clients import consume_until
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import copy_state, latest_remote, make_settings, only, produce_segments, wait_for
 

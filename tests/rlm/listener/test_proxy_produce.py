@@ -41,9 +41,9 @@ from rlm.listener import Listener, start_listener
 from rlm.listener.protocol.codec import decode_response, new_request, produce_names_leaders
 from rlm.listener.protocol.frame import RequestHeader
 from rlm.sidecar import Sidecar
-from tests.rlm.listener.conftest import librdkafka_log
 from tests.rlm.listener.raw_wire import recv_frame
 from tests.support.batches import batch
+from tests.support.clients import librdkafka_log
 from tests.support.sidecar import PartitionStates, make_settings, only, reassign, wait_for
 
 PRODUCE, FETCH, API_VERSIONS = 0, 1, 18

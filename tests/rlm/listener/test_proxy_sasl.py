@@ -42,9 +42,9 @@ from rlm.listener import Listener, start_listener
 from rlm.listener.net.sasl import plain_user, scram_user
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from tests.rlm.listener.conftest import consume_until
 from tests.rlm.listener.pki import Pki, make_pki
 from tests.rlm.listener.raw_wire import call, closed, plain_login
+from tests.support.clients import consume_until
 from tests.support.fixtures import SASL_READER, SASL_VIEWER
 from tests.support.kafka import grant, produce
 from tests.support.sidecar import latest_remote, make_settings, produce_segments, wait_for
