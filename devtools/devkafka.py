@@ -563,8 +563,11 @@ class KafkaCluster:
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: Mapping[str, str] | None = None, timeout: float = 30.0) -> uuid.UUID:
-        """Create a topic and wait until every partition has a leader; return its topic id."""
-        from confluent_kafka import TopicCollection
+        """Create a topic and wait until every partition has a leader; return its topic id.
+
+        The leaders are seen in one broker's metadata and the id asked of another, which may not know the topic yet
+        (UNKNOWN_TOPIC_OR_PART: seen once on the 3-broker cluster): asked again until ``timeout``."""
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({**self.admin_config(), "logger": logging.getLogger("devkafka.librdkafka")})
@@ -576,7 +579,13 @@ class KafkaCluster:
             if md and md.error is None and len(md.partitions) == partitions and all(
                 p.leader >= 0 for p in md.partitions.values()
             ):
-                desc = admin.describe_topics(TopicCollection([name]))[name].result(timeout)
+                try:
+                    desc = admin.describe_topics(TopicCollection([name]))[name].result(timeout)
+                except KafkaException as err:
+                    if err.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
+                    time.sleep(0.1)
+                    continue
                 tid = desc.topic_id
                 msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
                 return uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1)))
