@@ -1,6 +1,6 @@
 """``devtools.devkafka``'s JVMs: the class-data sharing archive (``devtools.cds``) is named after the JDK and the
 exact jars, put in place atomically, and maps into a Kafka JVM of this machine; the suite's brokers run the
-``quick`` profile."""
+``quick`` profile. And ``create_topic`` asks a new topic's id again of a broker that does not know it yet."""
 
 from __future__ import annotations
 
