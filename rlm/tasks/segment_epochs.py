@@ -18,7 +18,9 @@ reads it). Where the checkpoint covers the range (from its first entry on) it mu
 it says nothing. A disagreement is no copy (:class:`EpochMismatchError`): the run fails and the next one reads the
 checkpoint again (Kafka writes it asynchronously: a checkpoint read between a truncation and its flush is stale).
 
-Cost, ``bench/bench_segment_epochs.py``: see its docstring for the figures per 64 MiB segment.
+Cost (``bench/bench_segment_epochs.py``, ms of CPU per 64 MiB segment): 119 in batches of 1 KiB, 17 of 16 KiB, 9 of
+1 MiB; the storage manager's copy of the same segment to the filesystem store 400, 97, 63. For segments of 64 KiB
+(``bench/bench_copy_path.py``): ~0.1 ms of the ~2.5 ms a segment's copy path costs.
 """
 
 from __future__ import annotations
