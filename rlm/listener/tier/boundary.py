@@ -27,23 +27,26 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   *confirmed* (:class:`Holes`): no segment staged for tiering overlaps it (:func:`rlm.tasks.staging.staged_ranges`,
   read only) and it has been seen so, the same range, for ``history_listener.hole_confirm_ms`` (the moment between a
   copy's staging released and the listener's own metadata manager and tier view reading the copy; a segment rolled
-  and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE
-  and ListOffsets EARLIEST too, and OffsetForLeaderEpoch of an epoch that may end there (clients ask again; the
-  broker's OFFSET_OUT_OF_RANGE or log start would reset a consumer past offsets tiered seconds later, or let a
-  truncation pass), counted once a range (``rlm_history_tier_holes_pending_total{topic}``) and logged once a range
-  with what is staged. A partition with nothing remote is pending so below the broker's log
-  start (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
-  counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE,
-  as from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``)
-  and logged once with its range, when a Fetch or ListOffsets meets it.
+  and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE and
+  ListOffsets EARLIEST too, and a timestamp lookup the tier has no answer to below the broker's log start (its first
+  record at or after the timestamp may be there), and OffsetForLeaderEpoch of an epoch that may end there (clients ask
+  again; the broker's OFFSET_OUT_OF_RANGE, log start or answer past it would reset a consumer past offsets tiered
+  seconds later, or let a truncation pass), counted once a range (``rlm_history_tier_holes_pending_total{topic}``) and
+  logged once a range with what is staged. A partition with nothing remote is pending so below the broker's log start
+  (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
+  counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as
+  from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``) and
+  logged once with its range, when a Fetch or ListOffsets meets it.
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
   Kafka's after retention; with a pending one, OFFSET_NOT_AVAILABLE) and the client's principal may DESCRIBE the
   topic. A timestamp lookup is the tier's (:meth:`rlm.tier.TierView.offset_for_timestamp`, the remote time indexes)
   when the first record at or after the timestamp lies below the broker's log start (asked after its answer, which
-  may be past records it deleted a moment before; not given, OFFSET_NOT_AVAILABLE); LATEST and the other special
-  timestamps are the broker's. EARLIEST and timestamp lookups of a partition whose tier the listener has not read yet
+  may be past records it deleted a moment before; not given, OFFSET_NOT_AVAILABLE); with no answer from the tier
+  there while the tier ends below the broker's log start in a pending range (see *A hole*), OFFSET_NOT_AVAILABLE (the
+  first record at or after the timestamp may be in that range). LATEST and the other special timestamps are the
+  broker's. EARLIEST and timestamp lookups of a partition whose tier the listener has not read yet
   (:meth:`rlm.tier.TierView.ready`) are OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a
   consumer past the tier's history.
 - **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
@@ -203,7 +206,8 @@ class Holes:
             PENDING_HOLES.labels(tp.topic).inc()
             log.warning("proxy: the tier ends below the broker's log start, and these offsets may yet be tiered "
                         "(staged for a copy, or met for less than history_listener.hole_confirm_ms): a Fetch of them, "
-                        "ListOffsets EARLIEST and OffsetForLeaderEpoch of an epoch ending there are answered "
+                        "ListOffsets EARLIEST, ListOffsets by a timestamp the tier has no answer to and "
+                        "OffsetForLeaderEpoch of an epoch ending there are answered "
                         "OFFSET_NOT_AVAILABLE, and clients ask again (logged once per range)", extra={
                             "topic_partition": str(tp), "first_offset": first, "last_offset_inclusive": last,
                             "offsets": last - first + 1, "staged": [list(r) for r in staged],
@@ -451,6 +455,9 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
                 hit = {}
             if "offset" in hit and hit["offset"] < start:
                 return build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, **hit})
+            tp = served.tp(p.partition_index)
+            if holes.check(ctx.partition_tier(tp, "list_offsets"), start, "list_offsets", tp=tp) is Hole.PENDING:
+                return _not_available(p)  # the first record at or after it may be in the range yet to be tiered
         return p
 
     return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)

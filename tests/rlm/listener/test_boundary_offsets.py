@@ -33,12 +33,13 @@ BROKER_END, BROKER_MAX_TS = 120, (110, 9_000)  # the broker's LATEST and MAX_TIM
 NOT_AVAILABLE = (ErrorCode.offset_not_available, -1)
 
 
-def _ctx(ready: bool = True) -> Any:
-    """A tier holding offsets 0..79 of every partition, its first record at or after TS at 45."""
+def _ctx(ready: bool = True, end: int = TIER_END) -> Any:
+    """A tier holding offsets 0..``end`` - 1 of every partition, its first record at or after TS at 45 (its last
+    before TS + 1)."""
     served = ServedTopic(TOPIC, uuid.uuid4(), tuple(range(8)))
 
     def partition(tp: TopicIdPartition) -> Any:
-        return SimpleNamespace(tp=tp, log_start_offset=0, high_watermark=TIER_END, end_offset=lambda iso: TIER_END,
+        return SimpleNamespace(tp=tp, log_start_offset=0, high_watermark=end, end_offset=lambda iso: end,
                                epoch_of=lambda offset: 0)
 
     def offset_for_timestamp(tp: TopicIdPartition, ts: int) -> TimestampHit | None:
@@ -135,14 +136,17 @@ def test_no_log_start_is_asked_for_lookups_the_tier_does_not_answer() -> None:
     assert order == ["client's"]
 
 
-def _decide(asked: dict[int, int], log_starts: dict[int, int], ready: bool = True) -> dict[int, tuple[int, int]]:
+def _decide(asked: dict[int, int], log_starts: dict[int, int], ready: bool = True, end: int = TIER_END,
+            holes: Holes | None = None) -> dict[int, tuple[int, int]]:
     """:func:`list_offsets_below_log_start`'s answer to ``asked`` (partition -> timestamp), the broker having answered
-    each with ``log_starts``' offset (its log start: past the tier's hit), its log start as asked ``log_starts``."""
+    each with 50 (its log start: past the tier's hit), its log start as asked ``log_starts``, the tier ending at
+    ``end``."""
     resp = build(load_response_schema(ApiKey.LIST_OFFSETS, VERSION), {"throttle_time_ms": 0, "topics": [
         {"name": TOPIC, "partitions": [{"partition_index": p, "error_code": 0, "timestamp": TS + 1, "offset": 50,
                                         "leader_epoch": 0} for p in asked]}]})
-    return _answers(list_offsets_below_log_start(_ctx(ready), _request(asked), resp, Client("User:a", "127.0.0.1"),
-                                                 {(TOPIC, p): s for p, s in log_starts.items()}, Holes()))
+    return _answers(list_offsets_below_log_start(_ctx(ready, end), _request(asked), resp,
+                                                 Client("User:a", "127.0.0.1"),
+                                                 {(TOPIC, p): s for p, s in log_starts.items()}, holes or Holes()))
 
 
 def test_a_timestamp_lookup_whose_log_start_is_not_known_is_asked_again() -> None:
@@ -156,3 +160,15 @@ def test_a_timestamp_lookup_whose_log_start_is_not_known_is_asked_again() -> Non
 def test_before_the_tier_is_read_a_timestamp_lookup_is_asked_again() -> None:
     """Not ready: OFFSET_NOT_AVAILABLE, its log start known or not (the tier's answer not known yet)."""
     assert _decide({0: TS, 1: TS}, {1: 50}, ready=False) == {0: NOT_AVAILABLE, 1: NOT_AVAILABLE}
+
+
+def test_a_timestamp_lookup_the_tier_has_no_answer_to_waits_while_the_range_below_the_log_start_is_pending() -> None:
+    """The tier ends at 48 below the broker's log start (50). A timestamp whose first record the tier holds (45): the
+    tier's. One past every record it holds: its first record may be in 48..49, not tiered yet (staged, or met for
+    less than ``hole_confirm_ms``): OFFSET_NOT_AVAILABLE while the range is pending, not the broker's 50 (a consumer
+    starting there would skip 48 and 49 once tiered); the broker's once the range is a confirmed hole (as Kafka's
+    after its retention). The tier reaching the log start (ending at 80): the broker's, no wait."""
+    asked, starts = {0: TS, 1: TS + 1}, {0: 50, 1: 50}
+    assert _decide(asked, starts, end=48, holes=Holes(confirm_s=3600.0)) == {0: (0, TIER_HIT), 1: NOT_AVAILABLE}
+    assert _decide(asked, starts, end=48, holes=Holes(confirm_s=0.0)) == {0: (0, TIER_HIT), 1: (0, 50)}
+    assert _decide(asked, starts, end=TIER_END, holes=Holes(confirm_s=3600.0)) == {0: (0, TIER_HIT), 1: (0, 50)}
