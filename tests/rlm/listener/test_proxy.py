@@ -18,7 +18,6 @@ import gc
 import logging
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,14 +39,13 @@ from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier import boundary
 from rlm.listener.upstream import bounds, proxy
 from rlm.listener.upstream.rewrite import PeerAddresses
-from rlm.rlmm_config import make_rlmm
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
-from rlmm.topic_consumer import ConsumerTask
 from rsm.log.batch import header_from_bytes
 from rsm.log.records import decode_records
 from tests.rlm.listener.raw_wire import EARLIEST, call, fetch, list_offsets, only_partition
 from tests.support.clients import Rec, consume_until
+from tests.support.held_metadata import Held, held_listener
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import make_settings, wait_for
 from tests.support.txn import TxnProducer
@@ -550,50 +548,14 @@ def test_a_hole_is_out_of_range_as_from_kafka_counted_and_logged_once(
     assert offsets == [*range(TIERED), *range(start, TIERED + HOLE_AFTER)]
 
 
-@dataclass
-class Held:
-    """A second proxy of the module's broker whose metadata manager has read nothing yet (:func:`held_proxy`)."""
-
-    listener: Listener
-    rlmm: Any
-    released: threading.Event  # set: the manager reads the metadata topic
-
-    def caught_up(self, topic: str) -> bool:
-        served = self.listener.server.router.ctx.catalog.by_name(topic)
-        return served is not None and self.rlmm.is_ready(served.tp(0))
-
-
 @pytest.fixture
 def held_proxy(proxied: Proxied, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Held]:
-    """A second proxy of the broker, its metadata manager not caught up (its consumer held back before it reads a
-    record, as a listener just started reads a long metadata topic, or all of it into an empty cache, until
-    ``released``): the tier it sees is empty. Its tier's chains are kept an hour: one read while held, if kept,
-    would stay."""
-    cache = tmp_path / "held-cache"
-    released = threading.Event()
-    consume_once = ConsumerTask._consume_once
-
-    def held_back(task: ConsumerTask) -> None:
-        if task.cache.path != cache or released.is_set():
-            consume_once(task)
-        else:
-            time.sleep(0.05)
-    monkeypatch.setattr(ConsumerTask, "_consume_once", held_back)
+    """A second proxy of the broker, its metadata manager not caught up (:func:`held_listener`: its consumer held back
+    before it reads a record, as a listener just started reads a long metadata topic, or all of it into an empty
+    cache, until ``released``): the tier it sees is empty."""
     assert proxied.settings is not None
-    rlmm = make_rlmm(proxied.settings, serve_all=True, cache_dir=cache, read_only=True)
-    listener: Listener | None = None
-    try:
-        listener = start_listener(proxied.settings, proxied.rsm, rlmm=rlmm)
-        listener.server.router.ctx.tier.ttl_s = 3600.0
-        yield Held(listener, rlmm, released)
-    finally:
-        released.set()
-        if listener is not None:
-            listener.stop()
-            proxy = listener.server.router.proxy
-            for ahead in list(proxy.prefetched if proxy is not None else ()):  # their blocks out of the gauge now,
-                ahead.claim.release()  # not when the connections are collected (a later test reads it)
-        rlmm.close()
+    with held_listener([proxied.settings], proxied.rsm, tmp_path / "held-cache", monkeypatch) as held:
+        yield held
 
 
 def _until_asked(api: str, times: int, c: Consumer) -> None:
