@@ -6,9 +6,9 @@ offset; ``LeaderEpochFileCache.assign``). The cache's checkpoint is no record of
 broker's log start moves (local retention, DeleteRecords), Kafka cuts the checkpoint back to it
 (``LeaderEpochFileCache.truncateFromStartAsyncFlush``: the entries below are dropped, the last of them starting at
 the log start instead). A segment the sidecar staged and copies after that (:mod:`rlm.tasks.staging`) has offsets
-below the checkpoint's first entry; taken from the checkpoint, its map started its first epoch too late (a segment
-40..79 whose epoch 1 begins at 50 recorded ``((1, 50),)`` with the log start at 50) or, with the log start past the
-segment, lost every epoch change inside it (the first batch's epoch alone). The tier's lineage
+below the checkpoint's first entry. Taken from the checkpoint, the map of a segment 40..79 whose batches hold epoch
+0 up to 49 and epoch 1 from 50 was ``((1, 60),)`` with the log start at 60 (epoch 0 lost, epoch 1 ten offsets late)
+and ``((0, 40),)`` with the log start past the segment (the first batch's epoch alone). The tier's lineage
 (:mod:`rlm.tier.chain`) is built from these maps: an epoch ending at the wrong offset there hides a truncation from
 a consumer validating its position through the proxy (OffsetForLeaderEpoch).
 
