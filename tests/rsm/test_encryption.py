@@ -30,6 +30,7 @@ from rsm.store.fs import FileSystemStore
 from rsm.store.s3 import S3Store
 from rsm.verify import main as verify_main
 from rsm.verify import verify_segment
+from tests.support.stores import corrupt_byte
 
 
 def _key(seed: int) -> bytes:
@@ -51,20 +52,6 @@ def make_rsm(store, key_file: Path | None = None, active: str | None = None, **c
 def read_all(stream) -> bytes:
     with stream as f:
         return f.read()
-
-
-def flip_byte(store, key: str, position: int) -> None:
-    """Flip one byte of a stored object behind the store's back."""
-    if isinstance(store, FileSystemStore):
-        path = store.root / key
-        data = bytearray(path.read_bytes())
-        data[position] ^= 0x01
-        path.write_bytes(bytes(data))
-    else:
-        k = store.key_prefix + key
-        data = bytearray(store.client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
-        data[position] ^= 0x01
-        store.client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))
 
 
 def raw_object(store, key: str) -> bytes:
@@ -360,7 +347,7 @@ def test_flipped_byte_in_a_block_names_the_key_and_block(store, broker_segments,
     rsm.copy_log_segment_data(md, seg.data)
     keys = rsm.keys(md)
     block = rsm.reader(md).ledger.blocks[1]
-    flip_byte(store, keys.data(0), block.object_position + 128 + 40)  # inside the sealed second block
+    corrupt_byte(store, keys.data(0), block.object_position + 128 + 40)  # inside the sealed second block
     fresh = make_rsm(store, key_file)
     with pytest.raises(CorruptRemoteObjectError, match=r"block 1 .*fails authentication") as exc:
         read_all(fresh.fetch_log_segment(md, block.log_position))
@@ -381,19 +368,19 @@ def test_flipped_byte_in_the_index_object_or_a_section_names_the_key(store, brok
     rsm.copy_log_segment_data(md, seg.data)
     keys = rsm.keys(md)
     section = rsm.reader(md).ledger.section(IndexType.OFFSET)
-    flip_byte(store, keys.data(0), section.position + 20)
+    corrupt_byte(store, keys.data(0), section.position + 20)
     with pytest.raises(CorruptRemoteObjectError, match="OFFSET index section .*fails authentication") as exc:
         make_rsm(store, key_file).fetch_index(md, IndexType.OFFSET)
     assert exc.value.key == keys.data(0)
     size = len(raw_object(store, keys.index))
     for position in (size - 1, size // 2, 8):  # the tag, the sealed index, the wrapped data key
-        flip_byte(store, keys.index, position)
+        corrupt_byte(store, keys.index, position)
         with pytest.raises(CorruptRemoteObjectError) as exc:
             make_rsm(store, key_file).fetch_log_segment(md, 0)
         assert exc.value.key == keys.index and keys.index in str(exc.value)
         report = verify_segment(store, keys, key_provider=rsm.key_provider)
         assert not report.ok and report.bad_key == keys.index
-        flip_byte(store, keys.index, position)  # back
+        corrupt_byte(store, keys.index, position)  # back
     assert read_all(make_rsm(store, key_file).fetch_log_segment(md, 0)) == seg.data.log_path.read_bytes()
 
 
