@@ -48,7 +48,12 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   first record at or after the timestamp may be in that range). LATEST and the other special timestamps are the
   broker's. EARLIEST and timestamp lookups of a partition whose tier the listener has not read yet
   (:meth:`rlm.tier.TierView.ready`) are OFFSET_NOT_AVAILABLE (clients ask again): the broker's answers would start a
-  consumer past the tier's history.
+  consumer past the tier's history. One whose tier cannot be read where its answer may be (the tier's bounds, or the
+  time index or segment of a copy beginning below the broker's log start: a store error, a corrupt object) is
+  KAFKA_STORAGE_ERROR, as a Fetch there (:data:`rlm.listener.tier.context.UNREADABLE_ERROR`, which clients retry),
+  counted and logged as one (:meth:`rlm.listener.tier.context.TierContext.unreadable`). A lookup the tier could answer
+  only at or past the broker's log start (no copy beginning below it has a record at or after the timestamp) is the
+  broker's, nothing read; so is any, EARLIEST too, where the broker's log start is 0 (nothing below it).
 - **OffsetForLeaderEpoch**: an epoch that ended below the broker's log start (the broker's checkpoint no longer holds
   it: Kafka then answers the requested epoch with its log start) is answered from the tier's lineage
   (:meth:`rlm.tier.Lineage.end_offset_for`: the largest epoch at or below it and the start of the next), DESCRIBE
@@ -65,6 +70,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -433,40 +439,59 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
         ts = wanted.get((served.name, p.partition_index))
         if ts is None:
             return p
-        if not ctx.tier.ready(served.tp(p.partition_index)):  # the tier's answer not known yet
+        tp = served.tp(p.partition_index)
+        if not ctx.tier.ready(tp):  # the tier's answer not known yet
             return _not_available(p)
-        if ts == EARLIEST:
-            tp = served.tp(p.partition_index)
-            pt = ctx.partition_tier(tp, "list_offsets")
-            hole = holes.check(pt, p.offset, "list_offsets", tp=tp) if pt is None or pt.log_start_offset < p.offset \
-                else None
-            if hole is Hole.PENDING:  # the broker's log start would start a consumer past what may yet be tiered
-                return _not_available(p)
-            if hole is Hole.NONE and pt is not None:
-                return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
-        else:
-            start = log_starts.get((served.name, p.partition_index))
-            if start is None:
-                return _not_available(p)
-            try:
-                hit = offset_of(ctx, served, p.partition_index, ts, isolation)
-            except UnreadableCopyError as err:  # the broker's answer stands
-                ctx.unreadable(err, "list_offsets")
-                hit = {}
-            if "offset" in hit and hit["offset"] < start:
-                return build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, **hit})
-            tp = served.tp(p.partition_index)
-            if holes.check(ctx.partition_tier(tp, "list_offsets"), start, "list_offsets", tp=tp) is Hole.PENDING:
-                return _not_available(p)  # the first record at or after it may be in the range yet to be tiered
-        return p
+        start = p.offset if ts == EARLIEST else log_starts.get((served.name, p.partition_index))
+        if start is None:
+            return _not_available(p)
+        if start <= 0:  # nothing below the broker's log start: its answer, the tier not read
+            return p
+        try:
+            pt = ctx.tier.partition(tp)
+            if ts == EARLIEST:
+                return _earliest(holes, tp, pt, p)
+            return _by_timestamp(ctx, holes, served, pt, p, ts, start, isolation)
+        except UnreadableCopyError as err:  # the tier's answer not known: as a Fetch of it, never the broker's
+            return _not_available(p, ctx.unreadable(err, "list_offsets"))
 
     return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)
 
 
-def _not_available(p: Any) -> Any:
+def _earliest(holes: Holes, tp: TopicIdPartition, pt: PartitionTier | None, p: Any) -> Any:
+    """The broker's EARLIEST answer ``p`` (its log start) as the proxy sends it: the tier's log start ``pt`` where
+    it is below and the tier reaches the broker's; OFFSET_NOT_AVAILABLE while the range between is pending."""
+    hole = holes.check(pt, p.offset, "list_offsets", tp=tp) if pt is None or pt.log_start_offset < p.offset else None
+    if hole is Hole.PENDING:  # the broker's log start would start a consumer past what may yet be tiered
+        return _not_available(p)
+    if hole is Hole.NONE and pt is not None:
+        return dataclasses.replace(p, offset=pt.log_start_offset, leader_epoch=pt.epoch_of(pt.log_start_offset))
+    return p
+
+
+def _by_timestamp(ctx: TierContext, holes: Holes, served: ServedTopic, pt: PartitionTier | None, p: Any, ts: int,
+                  start: int, isolation: Isolation) -> Any:
+    """The broker's answer ``p`` to timestamp ``ts`` as the proxy sends it, its log start ``start`` asked after it:
+    the tier's first record at or after ``ts`` where it lies below ``start``. The tier's time indexes are read only
+    where that may be, a segment of ``pt`` beginning below ``start`` with a record at or after ``ts`` (its largest
+    timestamp at or past it: the first such segment is the first the lookup reads); a lookup whose answer lies past
+    the broker's log start is the broker's, a copy past it (a segment the broker still holds) not read.
+    OFFSET_NOT_AVAILABLE while the tier ends below ``start`` in a pending range and has no answer."""
+    hit: dict[str, Any] = {}
+    if pt is not None and any(s.max_timestamp_ms >= ts for s in itertools.takewhile(
+            lambda s: s.start_offset < start, pt.segments)):
+        hit = offset_of(ctx, served, p.partition_index, ts, isolation)
+    if "offset" in hit and hit["offset"] < start:
+        return build(type(p), {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, **hit})
+    if holes.check(pt, start, "list_offsets", tp=served.tp(p.partition_index)) is Hole.PENDING:
+        return _not_available(p)  # the first record at or after it may be in the range yet to be tiered
+    return p
+
+
+def _not_available(p: Any, code: ErrorCode = ErrorCode.offset_not_available) -> Any:
     """A ListOffsets partition answer ``p`` as OFFSET_NOT_AVAILABLE (as a new leader answers for a moment: clients
-    ask again), no offset."""
-    return dataclasses.replace(p, error_code=ErrorCode.offset_not_available, timestamp=-1, offset=-1,
+    ask again), or ``code`` (an unreadable copy's, :data:`rlm.listener.tier.context.UNREADABLE_ERROR`), no offset."""
+    return dataclasses.replace(p, error_code=code, timestamp=-1, offset=-1,
                                **({"leader_epoch": -1} if hasattr(p, "leader_epoch") else {}))
 
 

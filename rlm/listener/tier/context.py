@@ -16,12 +16,13 @@ from prometheus_client import Counter
 
 from rlm.listener.authz import Authorizer
 from rlm.listener.net.principals import Client
+from rlm.listener.protocol.codec import ErrorCode
 from rlm.listener.tier.catalog import Catalog
 from rlm.logs import limited_logger
 from rlm.tier import PartitionTier, TierView, UnreadableCopyError
 from rlmm.api import TopicIdPartition
 
-__all__ = ["FETCH_MAX_BYTES", "TierContext", "reads_wait_on_network"]
+__all__ = ["FETCH_MAX_BYTES", "UNREADABLE_ERROR", "TierContext", "reads_wait_on_network"]
 
 log = limited_logger(__name__)
 
@@ -31,6 +32,18 @@ REPORTED_COPIES = 10_000  # copies remembered as already logged (then they are l
 GAPS = Counter("rlm_history_tier_gaps", "Gaps of the remote chain met by a Fetch (offsets no remote segment holds, "
                "answered OFFSET_OUT_OF_RANGE), each gap counted once", ["topic"])
 FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): history_listener.fetch_max_bytes
+UNREADABLE_ERROR = ErrorCode.kafka_storage_error
+"""A partition whose answer needs a remote copy that cannot be read (:meth:`TierContext.unreadable`), in every API
+that reads the tier: Fetch and ListOffsets, the endpoint's and the proxy's below the broker's log start. Never the
+broker's answer instead: past its log start, it would start a consumer past records the tier holds. Both client
+families retry it without resetting: Kafka's consumer retries a ListOffsets partition with it
+(``OffsetFetcherUtils.handleListOffsetResponse``, with OFFSET_NOT_AVAILABLE and NOT_LEADER_OR_FOLLOWER) and refreshes
+its metadata on a Fetch (``FetchCollector.handleInitializeErrors``), its admin client retries it (a
+``RetriableException``); librdkafka refreshes on it in ListOffsets (``rd_kafka_handle_ListOffsets``, as
+OFFSET_NOT_AVAILABLE), its consumer queries the offset again 500 ms later (``rd_kafka_toppar_handle_Offset``) and
+handles it in a Fetch itself. Kafka's broker answers a remote ListOffsets read that failed with
+``Errors.forException``, UNKNOWN_SERVER_ERROR for a ``RemoteStorageException`` (``DelayedRemoteListOffsets``), which
+librdkafka treats as permanent (``auto.offset.reset``): not that."""
 
 
 class TierContext:
@@ -46,13 +59,14 @@ class TierContext:
         self._reported: OrderedDict[str, None] = OrderedDict()  # copies whose failure was logged
         self._reported_lock = threading.Lock()
 
-    def unreadable(self, err: UnreadableCopyError, api: str) -> None:
+    def unreadable(self, err: UnreadableCopyError, api: str) -> ErrorCode:
         """Count a partition answered without its data; log the copy the first time it fails (a client retrying
-        the partition would otherwise write a line per request)."""
+        the partition would otherwise write a line per request). Returns the partition's error,
+        :data:`UNREADABLE_ERROR`."""
         UNREADABLE.labels(api).inc()
         with self._reported_lock:
             if err.copy_id in self._reported:
-                return
+                return UNREADABLE_ERROR
             self._reported[err.copy_id] = None
             while len(self._reported) > REPORTED_COPIES:
                 self._reported.popitem(last=False)
@@ -63,6 +77,7 @@ class TierContext:
                       "start_offset": seg.start_offset if seg else None,
                       "end_offset_inclusive": seg.end_offset_inclusive if seg else None,
                       "reason": f"{type(err.cause).__name__}: {err.cause}"})
+        return UNREADABLE_ERROR
 
     def gap(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int) -> None:
         """Count and log (once per gap) a Fetch of offsets lost from the tier: a gap between two segments of the

@@ -181,8 +181,7 @@ def _answer(ctx: TierContext, r: _Read, res: FetchResult | UnreadableCopyError, 
             left: int) -> tuple[int, int]:
     """Set ``r``'s answer from its tier read ``res``; returns the record bytes and the budget after it."""
     if isinstance(res, UnreadableCopyError):
-        ctx.unreadable(res, "fetch")
-        r.answer = partition_answer(r.index, FetchResult(), ErrorCode.kafka_storage_error)
+        r.answer = partition_answer(r.index, FetchResult(), ctx.unreadable(res, "fetch"))
         return total, left
     if res.gap is not None:
         ctx.gap(r.tp, *res.gap)

@@ -39,8 +39,7 @@ def list_offsets(ctx: TierContext, req: Any, client: Client) -> dict[str, Any]:
                 try:
                     answer.update(offset_of(ctx, topic, p.partition_index, p.timestamp, isolation))
                 except UnreadableCopyError as err:
-                    ctx.unreadable(err, "list_offsets")
-                    answer["error_code"] = ErrorCode.kafka_storage_error
+                    answer["error_code"] = ctx.unreadable(err, "list_offsets")
             parts.append(answer)
         out.append({"name": t.name, "partitions": parts})
     return {"throttle_time": 0, "topics": out}

@@ -40,7 +40,8 @@ def _ctx(ready: bool = True, end: int = TIER_END) -> Any:
 
     def partition(tp: TopicIdPartition) -> Any:
         return SimpleNamespace(tp=tp, log_start_offset=0, high_watermark=end, end_offset=lambda iso: end,
-                               epoch_of=lambda offset: 0)
+                               epoch_of=lambda offset: 0, segments=(SimpleNamespace(start_offset=0,
+                                                                                    max_timestamp_ms=TS),))
 
     def offset_for_timestamp(tp: TopicIdPartition, ts: int) -> TimestampHit | None:
         return TimestampHit(TIER_HIT, TS, 0) if ts <= TS else None
