@@ -437,15 +437,18 @@ class HistoryListenerSettings(_Frozen):
         "the network in clear text (Kafka allows it on SASL_PLAINTEXT; we refuse unless told)"))
     proxy: bool = Field(False, description=(
         "the listener proxies the broker this sidecar runs next to: every request is forwarded to it, except what "
-        "the tier answers (Fetch and ListOffsets EARLIEST below the broker's log start) and the broker addresses "
+        "the tier answers (below the broker's log start: Fetch, ListOffsets EARLIEST and by timestamp, "
+        "OffsetForLeaderEpoch) and the broker addresses "
         "in Metadata / FindCoordinator / DescribeCluster, replaced by the sidecars' (peer_address, peers). Off: "
         "the history endpoint, serving the tier alone"))
     hole_confirm_ms: int = Field(30_000, ge=0, le=3_600_000, description=(
         "proxy: how long a range below the broker's log start that the tier does not hold, and that nothing "
-        "staged for tiering covers, must have been seen before it is a hole (a Fetch there answered "
-        "OFFSET_OUT_OF_RANGE, EARLIEST the broker's log start); until then both are OFFSET_NOT_AVAILABLE and "
-        "clients ask again. It covers the moment between a copy's staging released and the listener's metadata "
-        "manager and tier view reading the copy, and a rolled segment not staged yet"))
+        "staged for tiering covers, must have been seen before it is a hole (then the broker's answers stand: a "
+        "Fetch there OFFSET_OUT_OF_RANGE, ListOffsets EARLIEST its log start, a timestamp lookup the tier has no "
+        "answer to and OffsetForLeaderEpoch of an epoch the tier has nothing above its own answer); until then "
+        "these four are OFFSET_NOT_AVAILABLE and clients ask again. It covers the moment between a copy's staging "
+        "released and the listener's metadata manager and tier view reading the copy, and a rolled segment not "
+        "staged yet"))
     upstream: str | None = Field(None, description=(
         "proxy: host:port of the broker's listener this sidecar forwards to, speaking upstream_security_protocol "
         "(default: the address the cluster's metadata gives for broker_id, when the sidecar's own Kafka client "
