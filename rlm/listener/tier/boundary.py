@@ -36,7 +36,8 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
   counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as
   from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``) and
-  logged once with its range, when a Fetch or ListOffsets meets it.
+  logged once with its range, when a Fetch or ListOffsets meets it. A Fetch's range is the one the tier it read
+  gives (its answer's high watermark), not a second read's (:func:`_hole_at`).
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
@@ -63,7 +64,11 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   OFFSET_NOT_AVAILABLE, which clients retry; the broker's log start not known, too. The broker's answer from its
   checkpoint (an end offset above its log start) stands. So is an epoch the lineage has nothing above, the broker's
   answer not from its checkpoint, while the tier ends below the broker's log start in a pending range (see *A hole*):
-  the next epoch's start may yet be tiered; with a confirmed hole the broker's answer stands.
+  the next epoch's start may yet be tiered; with a confirmed hole the broker's answer stands. The tier is read only
+  for an answer not from the broker's checkpoint (one from it is exact: Kafka's checkpoint holds every epoch from its
+  log start on); where it cannot be read then (its bounds), KAFKA_STORAGE_ERROR, as a Fetch there
+  (:data:`rlm.listener.tier.context.UNREADABLE_ERROR`), counted and logged as one: taken for a tier with nothing
+  remote, the range below the broker's log start was a hole once confirmed and the broker's log start went out.
 """
 
 from __future__ import annotations
@@ -173,10 +178,17 @@ class Holes:
         began after the broker's retention had run, or remote retention expired it all): the broker's answers
         stand, as they did."""
         if tier is not None:
-            if tier.high_watermark >= log_start_offset:
+            return self.check_end(tier.tp, tier.high_watermark, log_start_offset, api)
+        return self.check_end(tp, None, log_start_offset, api) if tp is not None else Hole.NONE
+
+    def check_end(self, tp: TopicIdPartition, high_watermark: int | None, log_start_offset: int, api: str) -> Hole:
+        """:meth:`check` of partition ``tp``'s tier ending at ``high_watermark`` (None: nothing of it is remote), as
+        a read of the tier gave it: a Fetch's (:func:`_hole_at`), whose answer must be judged by the tier it read."""
+        if high_watermark is not None:
+            if high_watermark >= log_start_offset:
                 return Hole.NONE
-            tp, first = tier.tp, tier.high_watermark
-        elif tp is None or log_start_offset <= 0:
+            first = high_watermark
+        elif log_start_offset <= 0:
             return Hole.NONE
         else:
             first = 0
@@ -204,7 +216,7 @@ class Holes:
             if not confirmed:
                 tell = _remember(self._told, (tp, first, last))
         if confirmed:
-            if tier is not None:
+            if high_watermark is not None:
                 self.met(tp, first, last, api)
             return Hole.CONFIRMED
         if tell:
@@ -310,7 +322,7 @@ def fetch_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client,
                     parts.append(dataclasses.replace(p, error_code=ErrorCode.offset_not_available, records=None))
                     continue
                 if got is not None and (key, p.partition_index) in below and _hole_at(
-                        ctx, holes, key, p.partition_index, asked[(key, p.partition_index)].fetch_offset,
+                        ctx, holes, key, p.partition_index, got, asked[(key, p.partition_index)].fetch_offset,
                         bounds[(key, p.partition_index)].log_start_offset) is Hole.PENDING:  # may yet be tiered
                     parts.append(dataclasses.replace(p, error_code=ErrorCode.offset_not_available, records=None))
                     continue
@@ -407,16 +419,20 @@ def _tier_known(ctx: TierContext, key: Any) -> bool:
     return served is None or ctx.tier.ready(served.tp(key[1]))
 
 
-def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, fetch_offset: int, log_start: int) -> Hole:
-    """A Fetch the tier could not answer below the broker's log start: a hole (pending or confirmed,
-    :meth:`Holes.check`) when the tier ends below both."""
+def _hole_at(ctx: TierContext, holes: Holes, key: Any, partition: int, got: dict[str, Any], fetch_offset: int,
+             log_start: int) -> Hole:
+    """A Fetch the tier could not answer below the broker's log start (``got``, the tier's answer): a hole (pending
+    or confirmed, :meth:`Holes.check_end`) when the tier ends below both. Judged by the tier's end that answer
+    carries (its high watermark; -1: nothing remote), not by a second read of the tier: one that failed would take
+    the tier for empty (0..log start, a range whose grace may have run), one that saw a copy read in between would
+    end past ``fetch_offset`` (no hole): either let the broker's OFFSET_OUT_OF_RANGE through for a range pending
+    (test_boundary_fetch_hole)."""
     served = ctx.catalog.by_name(key) if isinstance(key, str) else ctx.catalog.by_id(key)
     if served is None:
         return Hole.NONE
-    tp = served.tp(partition)
-    pt = ctx.partition_tier(tp, "fetch")
-    if pt is None or pt.high_watermark <= fetch_offset:
-        return holes.check(pt, log_start, "fetch", tp=tp)
+    end = got["high_watermark"]
+    if end <= fetch_offset:
+        return holes.check_end(served.tp(partition), end if end >= 0 else None, log_start, "fetch")
     return Hole.NONE
 
 
@@ -521,12 +537,14 @@ def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client
         tp = served.tp(p.partition)
         if not ctx.tier.ready(tp):  # asked before the read: a lineage read before may be empty or partial
             return _epoch_not_available(p) if start is None or _past_checkpoint(p, start) else p
-        if start is None:
+        if start is None or not _past_checkpoint(p, start):  # the broker's exact answer: the tier not read
             return p
-        pt = ctx.partition_tier(tp, "offset_for_leader_epoch")
+        try:
+            pt = ctx.tier.partition(tp)
+        except UnreadableCopyError as err:  # the epoch's end not known: as a Fetch there, never the broker's
+            return _epoch_not_available(p, ctx.unreadable(err, "offset_for_leader_epoch"))
         end = pt.lineage.end_offset_for(epoch) if pt is not None else None
-        if end is None and _past_checkpoint(p, start) and holes.check(
-                pt, start, "offset_for_leader_epoch", tp=tp) is Hole.PENDING:
+        if end is None and holes.check(pt, start, "offset_for_leader_epoch", tp=tp) is Hole.PENDING:
             return _epoch_not_available(p)
         if end is None or end[1] >= start:
             return p
@@ -544,7 +562,7 @@ def _past_checkpoint(p: Any, log_start: int) -> bool:
     return p.end_offset < 0 or p.leader_epoch < 0 or p.end_offset <= log_start
 
 
-def _epoch_not_available(p: Any) -> Any:
+def _epoch_not_available(p: Any, code: ErrorCode = ErrorCode.offset_not_available) -> Any:
     """An OffsetForLeaderEpoch partition answer ``p`` as OFFSET_NOT_AVAILABLE, no epoch or end offset: the epoch's end
     is the tier's to give and the tier is not read yet, or not tiered yet. Passed on, the broker's answer would have
     the client check its position against the broker's log start (a truncation below it hidden: offsets of the new
@@ -553,8 +571,10 @@ def _epoch_not_available(p: Any) -> Any:
     families retry without resetting: Kafka's consumer (``OffsetsForLeaderEpochUtils.handleResponse``) retries it
     after ``retry.backoff.ms`` with a metadata update, librdkafka (``rd_kafka_toppar_handle_OffsetForLeaderEpoch``)
     validates again 500 ms later with a metadata refresh; and it is what the listener answers a Fetch or ListOffsets
-    with before the tier is read, or in a pending range."""
-    return dataclasses.replace(p, error_code=ErrorCode.offset_not_available, leader_epoch=-1, end_offset=-1)
+    with before the tier is read, or in a pending range. Or as ``code``: the tier cannot be read
+    (:data:`rlm.listener.tier.context.UNREADABLE_ERROR`, KAFKA_STORAGE_ERROR, in the same lists of both clients:
+    retried the same way)."""
+    return dataclasses.replace(p, error_code=code, leader_epoch=-1, end_offset=-1)
 
 
 def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name: Callable[[Any], str],

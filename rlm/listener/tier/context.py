@@ -34,7 +34,9 @@ GAPS = Counter("rlm_history_tier_gaps", "Gaps of the remote chain met by a Fetch
 FETCH_MAX_BYTES = 57_671_680  # Kafka's fetch.max.bytes default (55 MiB): history_listener.fetch_max_bytes
 UNREADABLE_ERROR = ErrorCode.kafka_storage_error
 """A partition whose answer needs a remote copy that cannot be read (:meth:`TierContext.unreadable`), in every API
-that reads the tier: Fetch and ListOffsets, the endpoint's and the proxy's below the broker's log start. Never the
+that reads the tier: Fetch and ListOffsets, the endpoint's and the proxy's below the broker's log start, and the
+proxy's OffsetForLeaderEpoch of an epoch its broker no longer holds (Kafka's consumer and librdkafka retry it there
+too: ``OffsetsForLeaderEpochUtils.handleResponse``, ``rd_kafka_toppar_handle_OffsetForLeaderEpoch``). Never the
 broker's answer instead: past its log start, it would start a consumer past records the tier holds. Both client
 families retry it without resetting: Kafka's consumer retries a ListOffsets partition with it
 (``OffsetFetcherUtils.handleListOffsetResponse``, with OFFSET_NOT_AVAILABLE and NOT_LEADER_OR_FOLLOWER) and refreshes
