@@ -1,4 +1,4 @@
-"""ListOffsets through the proxy where a tier copy below the broker's log start cannot be read, real broker.
+"""ListOffsets and OffsetForLeaderEpoch through the proxy where a tier copy cannot be read, real broker.
 
 One topic of two partitions, each three segments of 40 records (each record its own timestamp, each segment rolled
 by its first record's, ``segment.ms`` apart) and one record that rolls the third, tiered by an in-process sidecar
@@ -10,11 +10,12 @@ before), ``hole_confirm_ms`` 0 (a range below the broker's log start the tier is
 - partition 0, the copy 40..79: the timestamp of record 60 is KAFKA_STORAGE_ERROR, not the broker's answer (-1 or
   80: past 60..79, which the tier holds);
 - partition 1, the newest copy 80..119, whose producer snapshot gives the tier's bounds: EARLIEST is
-  KAFKA_STORAGE_ERROR, not the broker's log start 80.
+  KAFKA_STORAGE_ERROR, not the broker's log start 80; so is OffsetForLeaderEpoch of an epoch the broker answers
+  undefined (-1, -1: above its latest, E0), while its answer from its checkpoint (E0: the log end) passes unread.
 
 Once the byte is flipped back, the same clients read exactly: offsets_for_times gives 60 and a consumer reads
 60..120, a consumer started at the beginning while the copy could not be read reads 0..120. The fast tests of the
-decision: ``test_boundary_unreadable.py``.
+decision: ``test_boundary_unreadable.py``, ``test_boundary_epochs_unreadable.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
 from rsm.store.fs import FileSystemStore
-from tests.rlm.listener.raw_wire import list_offsets
+from tests.rlm.listener.raw_wire import call, list_offsets
 from tests.support.clients import consume_until
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import make_settings, wait_for
@@ -149,8 +150,18 @@ def _ask(listener: Listener, topic: str, ts: int, partition: int) -> tuple[int, 
     return got.error_code, got.offset
 
 
-def _unreadable_answers() -> float:
-    return REGISTRY.get_sample_value("rlm_history_unreadable_copies_total", {"api": "list_offsets"}) or 0.0
+def _unreadable_answers(api: str = "list_offsets") -> float:
+    return REGISTRY.get_sample_value("rlm_history_unreadable_copies_total", {"api": api}) or 0.0
+
+
+def _end_offset(address: tuple[str, int], topic: str, epoch: int, partition: int) -> tuple[int, int, int]:
+    """OffsetForLeaderEpoch v3 (a consumer's: replica id -1, no current epoch): (error code, leader epoch, end
+    offset)."""
+    with socket.create_connection(address, timeout=30) as sock:
+        resp = call(sock, 23, 3, {"replica_id": -1, "topics": [{"topic": topic, "partitions": [
+            {"partition": partition, "current_leader_epoch": -1, "leader_epoch": epoch}]}]})
+    ((p,),) = [t.partitions for t in resp.topics]
+    return p.error_code, p.leader_epoch, p.end_offset
 
 
 def _consumer(listener: Listener) -> Consumer:
@@ -207,3 +218,27 @@ def test_earliest_whose_tier_bounds_cannot_be_read_is_a_storage_error(tiered: Ti
             assert _unreadable_answers() > before + 2
         got = consume_until(c, {(t.topic, 1): TIERED + 1}, settle_s=0.5)[(t.topic, 1)]
     assert [(r.offset, r.timestamp) for r in got] == [(o, t.stamps[o]) for o in range(TIERED + 1)]
+
+
+def test_an_epoch_the_broker_does_not_answer_from_its_checkpoint_is_a_storage_error_while_the_tier_cannot_be_read(
+        tiered: Tiered) -> None:
+    """Partition 1, the newest copy 80..119 corrupt (the tier's bounds cannot be read), every record of epoch 0. E1,
+    above the broker's latest epoch, it answers undefined (-1, -1: librdkafka resets by ``auto.offset.reset`` on it):
+    only the tier could say more, and it cannot be read: KAFKA_STORAGE_ERROR through the proxy, counted in
+    ``rlm_history_unreadable_copies_total{api="offset_for_leader_epoch"}`` (before: the tier taken for empty, 0..79 a
+    hole at once, the broker's answer passed on). E0, its latest, it answers from its checkpoint with its log end
+    (0, 121): the proxy's answer too, the tier not read. The byte flipped back: E1 is the broker's (-1, -1), the
+    tier's lineage holding nothing above E0."""
+    t = tiered
+    broker = ("127.0.0.1", t.kafka.nodes[0].port)
+    assert _end_offset(broker, t.topic, 0, 1) == (0, 0, TIERED + 1)
+    assert _end_offset(broker, t.topic, 1, 1) == (0, -1, -1)
+    with _proxy(t) as listener:
+        proxy = ("127.0.0.1", listener.port)
+        with _unreadable(t, 1, 80):
+            before = _unreadable_answers("offset_for_leader_epoch")
+            assert _end_offset(proxy, t.topic, 1, 1) == (STORAGE_ERROR, -1, -1)
+            assert _unreadable_answers("offset_for_leader_epoch") == before + 1
+            assert _end_offset(proxy, t.topic, 0, 1) == (0, 0, TIERED + 1)
+            assert _unreadable_answers("offset_for_leader_epoch") == before + 1
+        assert _end_offset(proxy, t.topic, 1, 1) == (0, -1, -1)
