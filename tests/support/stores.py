@@ -1,17 +1,21 @@
 """The tests' stores from the outside: S3 clients of the test servers (moto, s3proxy), fresh buckets, and bit rot
-made behind a store's back."""
+made behind a store's back (a byte, or a copy's index object on the filesystem store for a while)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
+from rlmm.api import TopicIdPartition
 from rsm.store.fs import FileSystemStore
 
-__all__ = ["corrupt_byte", "new_bucket", "s3_client_for"]
+__all__ = ["corrupt_byte", "index_base", "index_keys", "new_bucket", "s3_client_for", "unreadable_copy"]
 
 
 def s3_client_for(endpoint: str) -> Any:
@@ -40,3 +44,29 @@ def corrupt_byte(store: Any, key: str, position: int) -> None:
         data = bytearray(store.client.get_object(Bucket=store.bucket, Key=k)["Body"].read())
         data[position] ^= 0xFF
         store.client.put_object(Bucket=store.bucket, Key=k, Body=bytes(data))
+
+
+def index_keys(root: Path, tp: TopicIdPartition) -> list[str]:
+    """The keys of ``tp``'s copies' index objects (each written last of its copy) in the filesystem store at
+    ``root``."""
+    return [str(p.relative_to(root)) for p in root.glob(f"*-{tp.topic_id}/{tp.partition}/*-index")]
+
+
+def index_base(key: str) -> int:
+    """The first offset of the copy whose index object is ``key``."""
+    return int(key.rsplit("/", 1)[1][:20])
+
+
+@contextmanager
+def unreadable_copy(root: Path, tp: TopicIdPartition, base: int) -> Iterator[None]:
+    """The index object of ``tp``'s copy beginning at ``base`` in the filesystem store at ``root`` with one byte
+    flipped (its time index, block list and producer snapshot cannot be read:
+    :class:`rsm.errors.CorruptRemoteObjectError`), then flipped back."""
+    (key,) = [k for k in index_keys(root, tp) if index_base(k) == base]
+    store = FileSystemStore(root)
+    at = (store.root / key).stat().st_size // 2
+    corrupt_byte(store, key, at)
+    try:
+        yield
+    finally:
+        corrupt_byte(store, key, at)

@@ -45,11 +45,13 @@ from rlm.listener import Listener, start_listener
 from rlm.listener.protocol.codec import ErrorCode
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
+from rsm.manager import RemoteStorageManager
 from tests.rlm.listener.raw_wire import call
 from tests.support.clients import consume_until, librdkafka_log
 from tests.support.held_metadata import Held, held_listener
 from tests.support.kafka import produce
 from tests.support.sidecar import PartitionStates, make_settings, reassign, wait_for
+from tests.support.stores import index_base, index_keys, unreadable_copy
 
 NODES = (1, 2, 3)
 PER_EPOCH = 40
@@ -186,6 +188,47 @@ def test_an_epoch_the_broker_forgot_is_answered_from_the_tiers_lineage(epochs: E
     assert _end_offset(broker, epochs.topic, e0, e1) == (0, e0, epochs.e1_start + INTO_E1)  # Kafka: its log start
     assert _end_offset(proxy, epochs.topic, e0, e1) == (0, e0, epochs.e1_start)  # the tier's lineage
     assert _end_offset(proxy, epochs.topic, e1, e1) == _end_offset(broker, epochs.topic, e1, e1)
+
+
+def test_an_epoch_the_broker_forgot_is_a_storage_error_while_the_tier_cannot_be_read(epochs: Epochs,
+                                                                                   tmp_path: Path) -> None:
+    """The newest copy (E1's segment) with a byte of its index object flipped on the filesystem store: the tier's
+    bounds cannot be read. A proxy of the new leader with a storage manager of its own (no copy read before) and
+    ``hole_confirm_ms`` 0 answers E0, which the broker answers with its log start, KAFKA_STORAGE_ERROR (retried by
+    both client families), counted in ``rlm_history_unreadable_copies_total{api="offset_for_leader_epoch"}``; before,
+    the tier was taken for empty, everything below the broker's log start a hole at once, and the broker's log start
+    went out as E0's end (a consumer at a position of E0 past its real end passes validation: a truncation hidden).
+    E1, which the broker answers from its checkpoint, is its answer, the tier not read. The byte flipped back: E0
+    ends where E1 began, the tier's lineage."""
+    e0, e1 = epochs.epochs
+    settings = epochs.settings_of(epochs.leader, {**epochs.proxies, epochs.leader: free_port()})
+    settings = settings.model_copy(update={  # its own metadata cache (the module's proxy holds the leader's)
+        "history_listener": settings.history_listener.model_copy(update={"hole_confirm_ms": 0}),
+        "metadata": settings.metadata.model_copy(update={"state_dir": tmp_path / "state"})})
+    root = settings.store.root_path
+    broker = ("127.0.0.1", epochs.kafka.node(epochs.leader).port)
+    tp = epochs.listener.server.router.ctx.catalog.by_name(epochs.topic).tp(0)
+    newest = max(index_base(k) for k in index_keys(root, tp))
+    rsm = RemoteStorageManager(settings.store)
+    listener = start_listener(settings, rsm)
+    try:
+        tier = listener.server.router.ctx.tier
+        wait_for(lambda: tier.ready(tp), 30, f"{tp} read by the proxy")
+        proxy = ("127.0.0.1", listener.port)
+        with unreadable_copy(root, tp, newest):
+            before = _unreadable_answers()
+            assert _end_offset(proxy, epochs.topic, e0, e1) == (ErrorCode.kafka_storage_error, -1, -1)
+            assert _unreadable_answers() == before + 1
+            assert _end_offset(proxy, epochs.topic, e1, e1) == _end_offset(broker, epochs.topic, e1, e1)
+            assert _unreadable_answers() == before + 1
+        assert _end_offset(proxy, epochs.topic, e0, e1) == (0, e0, epochs.e1_start)
+    finally:
+        listener.stop()
+        rsm.close()
+
+
+def _unreadable_answers() -> float:
+    return REGISTRY.get_sample_value("rlm_history_unreadable_copies_total", {"api": "offset_for_leader_epoch"}) or 0.0
 
 
 def test_a_consumer_validating_an_old_position_reads_on_across_the_leader_change(epochs: Epochs) -> None:

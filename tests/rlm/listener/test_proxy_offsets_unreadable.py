@@ -24,7 +24,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +41,11 @@ from rlm.listener.tier.offsets import EARLIEST
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
-from rsm.store.fs import FileSystemStore
 from tests.rlm.listener.raw_wire import call, list_offsets
 from tests.support.clients import consume_until
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import make_settings, wait_for
-from tests.support.stores import corrupt_byte
+from tests.support.stores import index_base, index_keys, unreadable_copy
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -102,30 +101,12 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def _tiered(settings: SidecarSettings, tp: TopicIdPartition) -> bool:
     """Whether the store holds the copies 0..39, 40..79 and 80..119 of ``tp`` (their index objects: written last)."""
-    return sorted(_index_base(k) for k in _index_keys(settings, tp)) == [0, 40, 80]
+    return sorted(index_base(k) for k in index_keys(settings.store.root_path, tp)) == [0, 40, 80]
 
 
-def _index_keys(settings: SidecarSettings, tp: TopicIdPartition) -> list[str]:
-    root = settings.store.root_path
-    return [str(p.relative_to(root)) for p in root.glob(f"*-{tp.topic_id}/{tp.partition}/*-index")]
-
-
-def _index_base(key: str) -> int:
-    return int(key.rsplit("/", 1)[1][:20])
-
-
-@contextmanager
-def _unreadable(t: Tiered, partition: int, base: int) -> Iterator[None]:
+def _unreadable(t: Tiered, partition: int, base: int) -> AbstractContextManager[None]:
     """The index object of ``partition``'s copy beginning at ``base`` with one byte flipped, then flipped back."""
-    (key,) = [k for k in _index_keys(t.settings, TopicIdPartition(t.topic_id, t.topic, partition))
-              if _index_base(k) == base]
-    store = FileSystemStore(t.settings.store.root_path)
-    at = (store.root / key).stat().st_size // 2
-    corrupt_byte(store, key, at)
-    try:
-        yield
-    finally:
-        corrupt_byte(store, key, at)
+    return unreadable_copy(t.settings.store.root_path, TopicIdPartition(t.topic_id, t.topic, partition), base)
 
 
 @contextmanager
