@@ -17,7 +17,9 @@ Before a proxy has read the tier (its metadata manager not caught up: :func:`tes
 a second proxy of each broker), E0 is OFFSET_NOT_AVAILABLE, which clients retry: the broker's answer (its log start)
 would hide a truncation below it, and a consumer whose position claims E0 past its end would skip E1's first offsets.
 So is E0 of a second topic whose tier, read, ends at E1's start below the broker's log start (E1's segment not rolled
-yet: the range between pending), the tier's lineage holding nothing above E0.
+yet: the range between pending), the tier's lineage holding nothing above E0. A proxy whose tier's bounds cannot be
+read (the newest copy corrupt on the filesystem store) answers E0 KAFKA_STORAGE_ERROR, also retried: not the broker's
+log start.
 """
 
 from __future__ import annotations
