@@ -61,12 +61,15 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   checked; the broker's answer stands for every other epoch and for every error. Before the listener has read the
   partition's tier (:meth:`rlm.tier.TierView.ready`) its lineage is not used (empty, or partial mid-replay): an answer
   the broker did not give from its checkpoint (its end offset at or below its log start, or undefined) is
-  OFFSET_NOT_AVAILABLE, which clients retry; the broker's log start not known, too. The broker's answer from its
-  checkpoint (an end offset above its log start) stands. So is an epoch the lineage has nothing above, the broker's
-  answer not from its checkpoint, while the tier ends below the broker's log start in a pending range (see *A hole*):
-  the next epoch's start may yet be tiered; with a confirmed hole the broker's answer stands. The tier is read only
-  for an answer not from the broker's checkpoint (one from it is exact: Kafka's checkpoint holds every epoch from its
-  log start on); where it cannot be read then (its bounds), KAFKA_STORAGE_ERROR, as a Fetch there
+  OFFSET_NOT_AVAILABLE, which clients retry; the broker's answer from its checkpoint (an end offset above its log
+  start) stands. So is, whether the tier is read or not, a partition whose log start the broker did not give (its
+  ListOffsets after the answer failed for it: leadership moved between the two): an answer from its checkpoint cannot
+  be told then from one at its log start, which a client would take for the epoch's end and check its position
+  against (offsets of a truncated lineage below it skipped). So is an epoch the lineage has nothing above, the
+  broker's answer not from its checkpoint, while the tier ends below the broker's log start in a pending range (see
+  *A hole*): the next epoch's start may yet be tiered; with a confirmed hole the broker's answer stands. The tier is
+  read only for an answer not from the broker's checkpoint (one from it is exact: Kafka's checkpoint holds every
+  epoch from its log start on); where it cannot be read then (its bounds), KAFKA_STORAGE_ERROR, as a Fetch there
   (:data:`rlm.listener.tier.context.UNREADABLE_ERROR`), counted and logged as one: taken for a tier with nothing
   remote, the range below the broker's log start was a hole once confirmed and the broker's log start went out.
 """
@@ -527,17 +530,22 @@ def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client
     (:func:`_epoch_not_available`) where the tier may yet say more: before the partition's tier is known
     (:meth:`rlm.tier.TierView.ready`; its lineage not read), and where the lineage has no epoch above the one asked
     while the tier ends below the broker's log start in a pending range (:meth:`Holes.check`: what is missing may yet
-    be tiered, and with it the next epoch's start)."""
+    be tiered, and with it the next epoch's start). So is any answer of a partition ``log_starts`` lacks (the
+    broker's ListOffsets failed for it): without the log start, one from the checkpoint cannot be told from one at
+    the log start; an older log start would not do (it only moves up: an end offset at or below it is past the
+    checkpoint, one above it may be either)."""
     asked = {(t.topic, p.partition): p.leader_epoch for t in req.topics for p in t.partitions if p.leader_epoch >= 0}
 
     def change(served: ServedTopic, p: Any) -> Any:
         epoch, start = asked.get((served.name, p.partition)), log_starts.get((served.name, p.partition))
         if epoch is None:
             return p
+        if start is None:  # whether the answer is from the broker's checkpoint cannot be told: asked again
+            return _epoch_not_available(p)
         tp = served.tp(p.partition)
         if not ctx.tier.ready(tp):  # asked before the read: a lineage read before may be empty or partial
-            return _epoch_not_available(p) if start is None or _past_checkpoint(p, start) else p
-        if start is None or not _past_checkpoint(p, start):  # the broker's exact answer: the tier not read
+            return _epoch_not_available(p) if _past_checkpoint(p, start) else p
+        if not _past_checkpoint(p, start):  # the broker's exact answer: the tier not read
             return p
         try:
             pt = ctx.tier.partition(tp)

@@ -98,20 +98,40 @@ def test_an_epoch_the_tier_may_yet_end_is_asked_again_while_its_range_is_pending
     assert got == {0: (0, 3, LOG_START), 1: (0, 0, 40), 2: (0, 5, 70)}
 
 
+def test_an_answer_whose_log_start_the_broker_did_not_give_is_asked_again_once_the_tier_is_read() -> None:
+    """Ready, the broker's log start not given for partitions 0-2 (its ListOffsets after the answer failed for them:
+    leadership moved between the two): E3 answered with 50 may be the broker's log start (its checkpoint no longer
+    holding E3) or an end offset from its checkpoint, and E5's 70 too (the log start may have moved past 70 in
+    between); E3 undefined (-1) is no answer either. Each is OFFSET_NOT_AVAILABLE, which clients retry: passed on, the
+    client would check its position against 50 where the tier says E3 ended at 60 or 40. A broker's error stands;
+    partition 4, whose log start is known, gets the lineage's end (E0 at 40). Only partition 4's tier is read."""
+    asked = {0: 3, 1: 5, 2: 3, 3: 3, 4: 0}
+    broker = {0: (0, 3, LOG_START), 1: (0, 5, 70), 2: (0, -1, -1), 3: (ErrorCode.not_leader_or_follower.value, -1, -1),
+              4: (0, 0, LOG_START)}
+    got, read = _answer(True, asked, broker, {3: LOG_START, 4: LOG_START})
+    assert got == {0: NOT_AVAILABLE, 1: NOT_AVAILABLE, 2: NOT_AVAILABLE,
+                   3: (ErrorCode.not_leader_or_follower, -1, -1), 4: (0, 0, 40)}
+    assert [tp.partition for tp in read] == [4]
+
+
 class _Broker:
     """A stand-in for the proxy's connection to its broker (:class:`rlm.listener.upstream.brokers.Upstream`) whose
     log start moves from ``before`` to ``after`` while it answers the client's OffsetForLeaderEpoch (retention or
-    DeleteRecords between the proxy's two requests), answering the epoch with the log start it has then."""
+    DeleteRecords between the proxy's two requests), answering the epoch with the log start it has then; the proxy's
+    ListOffsets of its log start with ``error`` (a partition error: no log start) when given."""
 
-    def __init__(self, header: RequestHeader, epoch: int, before: int, after: int) -> None:
-        self.header, self.epoch, self.log_start, self.after = header, epoch, before, after
+    def __init__(self, header: RequestHeader, epoch: int, before: int, after: int, error: ErrorCode = ErrorCode.none
+                 ) -> None:
+        self.header, self.epoch, self.log_start, self.after, self.error = header, epoch, before, after, error
 
     async def ask(self, api_key: int, api_version: int, values: dict[str, Any]) -> Any:
         assert api_key == ApiKey.LIST_OFFSETS
         return build(load_response_schema(api_key, api_version), {"throttle_time_ms": 0, "topics": [
-            {"name": t["name"], "partitions": [{"partition_index": p["partition_index"], "error_code": 0,
-                                                "timestamp": -1, "offset": self.log_start, "leader_epoch": 0}
-                                               for p in t["partitions"]]} for t in values["topics"]]})
+            {"name": t["name"], "partitions": [
+                {"partition_index": p["partition_index"], "error_code": self.error.value, "timestamp": -1,
+                 "offset": self.log_start if self.error == ErrorCode.none else -1,
+                 "leader_epoch": 0 if self.error == ErrorCode.none else -1}
+                for p in t["partitions"]]} for t in values["topics"]]})
 
     async def request(self, frame: bytes) -> bytes:
         self.log_start = self.after
@@ -121,20 +141,35 @@ class _Broker:
         return encode_response(self.header, body)[4:]
 
 
-def test_the_proxy_asks_the_log_start_after_the_brokers_answer() -> None:
-    """The broker answers E3 with its log start, 50, having moved it from 40 a moment before: compared with the log
-    start asked before the answer (40), 50 looks like an end offset from its checkpoint and would be passed on; asked
-    after (50, or more: it only moves up), it is seen for what it is (not ready here: OFFSET_NOT_AVAILABLE)."""
+def _route(broker: _Broker, ready: bool) -> tuple[int, int, int]:
+    """The proxy's answer (error code, leader epoch, end offset) to a client's OffsetForLeaderEpoch of E3, partition
+    0, through :meth:`Proxy.answer` and ``broker``, the tier read (``ready``) or not."""
     req = build(load_request_schema(23, 4), {"replica_id": -1, "topics": [{"topic": TOPIC, "partitions": [
         {"partition": 0, "current_leader_epoch": 6, "leader_epoch": 3}]}]})
-    header = RequestHeader(23, 4, 7, "c", True, 0)
-    broker = _Broker(header, 3, 40, LOG_START)
-    proxy = Proxy(_ctx(False, [], LINEAGE, 80), PeerAddresses(1, lambda: ("127.0.0.1", 9092), {}), "127.0.0.1:1",
+    proxy = Proxy(_ctx(ready, [], LINEAGE, 80), PeerAddresses(1, lambda: ("127.0.0.1", 9092), {}), "127.0.0.1:1",
                   timeout_s=1.0, max_response_bytes=1 << 20)
 
     async def run(fn: Any, *args: Any) -> Any:
         return fn(*args)
-    framed = asyncio.run(proxy.answer(Route.SPLIT, header, b"", req, Client("User:a", "127.0.0.1"), broker, run))
-    (t,) = decode_response(bytes(framed)[4:], header).topics
+    framed = asyncio.run(proxy.answer(Route.SPLIT, broker.header, b"", req, Client("User:a", "127.0.0.1"),
+                                      broker, run))  # type: ignore[arg-type]
+    (t,) = decode_response(bytes(framed)[4:], broker.header).topics
     (p,) = t.partitions
-    assert (p.error_code, p.leader_epoch, p.end_offset) == NOT_AVAILABLE
+    return p.error_code, p.leader_epoch, p.end_offset
+
+
+def test_the_proxy_asks_the_log_start_after_the_brokers_answer() -> None:
+    """The broker answers E3 with its log start, 50, having moved it from 40 a moment before: compared with the log
+    start asked before the answer (40), 50 looks like an end offset from its checkpoint and would be passed on; asked
+    after (50, or more: it only moves up), it is seen for what it is (not ready here: OFFSET_NOT_AVAILABLE)."""
+    assert _route(_Broker(RequestHeader(23, 4, 7, "c", True, 0), 3, 40, LOG_START), False) == NOT_AVAILABLE
+
+
+def test_an_answer_is_asked_again_when_the_proxys_log_start_ask_fails_for_the_partition() -> None:
+    """The broker answers E3 with its log start (50), then the proxy's ListOffsets for that log start with
+    NOT_LEADER_OR_FOLLOWER (leadership moved between the two), or OFFSET_NOT_AVAILABLE (a new leader for a moment):
+    the tier read or not, OFFSET_NOT_AVAILABLE, not the broker's 50 (the tier's lineage ends E3 at 60)."""
+    header = RequestHeader(23, 4, 7, "c", True, 0)
+    for error in (ErrorCode.not_leader_or_follower, ErrorCode.offset_not_available):
+        for ready in (True, False):
+            assert _route(_Broker(header, 3, LOG_START, LOG_START, error), ready) == NOT_AVAILABLE, (error, ready)
