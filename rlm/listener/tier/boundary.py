@@ -25,9 +25,12 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   start - 1`` are nowhere. Copy lag past local retention is normal (the sidecar stages every rolled segment it has not
   copied, :mod:`rlm.tasks.staging`, so the broker may delete it first), so such a range is a hole only once it is
   *confirmed* (:class:`Holes`): no segment staged for tiering overlaps it (:func:`rlm.tasks.staging.staged_ranges`,
-  read only) and it has been seen so, the same range, for ``history_listener.hole_confirm_ms`` (the moment between a
-  copy's staging released and the listener's own metadata manager and tier view reading the copy; a segment rolled
-  and deleted before the stage job staged it). Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE and
+  read only) and it has been seen so, from the same first offset (where the tier ends), for
+  ``history_listener.hole_confirm_ms`` (the moment between a copy's staging released and the listener's own metadata
+  manager and tier view reading the copy; a segment rolled and deleted before the stage job staged it). A range that
+  only grows at its end (the broker's retention deleting a segment every few seconds) keeps its clock: only the copy
+  holding its first offset can end it, and were its grace to start again at every move of the broker's log start, a
+  real hole would stay pending for ever. Until then it is *pending*: a Fetch there gets OFFSET_NOT_AVAILABLE and
   ListOffsets EARLIEST too, and a timestamp lookup the tier has no answer to below the broker's log start (its first
   record at or after the timestamp may be there), and OffsetForLeaderEpoch of an epoch that may end there (clients ask
   again; the broker's OFFSET_OUT_OF_RANGE, log start or answer past it would reset a consumer past offsets tiered
@@ -142,10 +145,12 @@ class Holes:
     """Ranges below the broker's log start that the tier does not hold, by partition: pending, then confirmed holes
     (see the module's docstring). A range is pending while a segment staged for tiering (``staged``: a partition's
     staged ``(base, end inclusive)``, :func:`rlm.tasks.staging.staged_ranges`) overlaps it, and for ``confirm_s``
-    from the first time it was met with none (a pending range that changes, the broker's log start or the tier's end
-    moved on, starts again). Each hole is counted and logged once, each pending range too: a range is its partition
-    and offsets, so a hole that grows is a new one. ``confirm_s`` 0 and no ``staged``: every such range is a hole at
-    once. Thread-safe."""
+    from the first time its first offset (where the tier ends) was met with none over the range: a range that grows
+    at its end (the broker's log start moved on) keeps its clock, one whose first offset moved (the tier read more,
+    or less) is a new one, and a staged segment over any of it holds it pending and starts its clock again once gone
+    (a copy just released is read by the listener within the grace). Each hole is counted and logged once, each
+    pending range too: there a range is its partition and offsets, so a hole that grows is a new one. ``confirm_s`` 0
+    and no ``staged``: every such range is a hole at once. Thread-safe."""
 
     def __init__(self, confirm_s: float = 0.0, staged: Callable[[TopicIdPartition], list[tuple[int, int]]] | None
                  = None, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -154,9 +159,9 @@ class Holes:
         self._clock = clock
         self._seen: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()
         self._told: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()  # pending ranges logged
-        # partition -> its range (first offset, last offset inclusive), met with nothing staged over it since (None:
-        # staged when last met)
-        self._ranges: OrderedDict[TopicIdPartition, tuple[int, int, float | None]] = OrderedDict()
+        # partition -> its range's first offset (where the tier ends) and since when it has been met with nothing
+        # staged over the range (None: staged when last met)
+        self._ranges: OrderedDict[TopicIdPartition, tuple[int, float | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def met(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int, api: str) -> None:
@@ -206,12 +211,12 @@ class Holes:
         now, tell = self._clock(), False
         with self._lock:
             was = self._ranges.get(tp)
-            since = was[2] if was is not None and was[:2] == (first, last) else None
+            since = was[1] if was is not None and was[0] == first else None
             if staged:
                 since = None
             elif since is None:
                 since = now
-            self._ranges[tp] = (first, last, since)
+            self._ranges[tp] = (first, since)
             self._ranges.move_to_end(tp)
             while len(self._ranges) > REPORTED_HOLES:
                 self._ranges.popitem(last=False)

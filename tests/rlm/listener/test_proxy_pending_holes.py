@@ -76,9 +76,7 @@ def test_a_range_is_a_hole_once_nothing_staged_covers_it_for_the_grace() -> None
     # one pending range, one hole: each counted once
     assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
         before[0] + 1, before[1] + 1)
-    # the broker's log start moved on: another range, its grace from now
-    assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
-    clock.now += 5
+    # the broker's log start moved on: the same hole, grown at its end (counted and logged as a new range)
     assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
     staged.append((30, 45))  # a staged segment overlapping the range (from its first offset) holds it again
     assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
@@ -86,6 +84,44 @@ def test_a_range_is_a_hole_once_nothing_staged_covers_it_for_the_grace() -> None
     assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
     clock.now += 5
     assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
+
+
+def test_a_range_that_grows_at_its_end_keeps_its_clock() -> None:
+    """The broker's retention moves its log start every second (a segment deleted each time) while the tier ends at
+    40: the range from 40 to the log start grows at its end at every check. It is a hole ``confirm_s`` after 40 was
+    first met with nothing staged over the range, whatever its end: were its grace to start again at every move (the
+    range keyed by both its offsets), it would stay pending for ever and a consumer at 40 be told to ask again without
+    end. A staged segment over the new end holds it pending and starts its clock again once gone (fail closed: never a
+    hole while a staged segment overlaps it); a stale, lower log start does not restart it; the tier reading more
+    (ending at 60) makes a new range, with its own clock; so does a tier with nothing remote (from 0)."""
+    staged: list[tuple[int, int]] = []
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: list(staged), clock=clock)
+    start = 80
+    for _ in range(5):  # 100 .. 104 s, the log start 80 .. 120
+        assert holes.check(_tier(40), start, "fetch") is Hole.PENDING, (clock.now, start)
+        clock.now, start = clock.now + 1, start + 10
+    assert holes.check(_tier(40), start, "list_offsets") is Hole.CONFIRMED  # 105 s, 40..129
+    staged.append((130, 139))  # rolled and staged, then deleted by the broker before its copy
+    start = 140
+    assert holes.check(_tier(40), start, "fetch") is Hole.PENDING
+    staged.clear()  # copied: the listener reads it within the grace
+    assert holes.check(_tier(40), start, "fetch") is Hole.PENDING
+    clock.now += 4.9
+    assert holes.check(_tier(40), start + 10, "fetch") is Hole.PENDING
+    clock.now += 0.1
+    assert holes.check(_tier(40), start + 20, "fetch") is Hole.CONFIRMED
+    assert holes.check(_tier(40), start, "fetch") is Hole.CONFIRMED  # a log start asked before the last move
+    assert holes.check(_tier(60), start + 20, "fetch") is Hole.PENDING  # the tier read a copy: 60.., from now
+    clock.now += 4.9
+    assert holes.check(_tier(60), start + 30, "fetch") is Hole.PENDING
+    clock.now += 0.1
+    assert holes.check(_tier(60), start + 40, "fetch") is Hole.CONFIRMED
+    empty = TopicIdPartition(uuid.uuid4(), "t", 1)
+    for i in range(6):  # nothing remote: 0.., its log start moving every second
+        want = Hole.CONFIRMED if i == 5 else Hole.PENDING
+        assert holes.check(None, 20 + 10 * i, "fetch", tp=empty) is want, i
+        clock.now += 1
 
 
 def test_without_grace_or_staging_a_range_is_a_hole_at_once() -> None:
