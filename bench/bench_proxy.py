@@ -2,7 +2,8 @@
 (``history_listener.proxy: true``) next to a consumer talking to the broker itself. One run, one table, three rows:
 
     ./dev bench proxy [--gib 1] [--repeat 3] [--segment-mib 64] [--latency-seconds 20] [--latency-rate 1000]
-                      [--latency-warm-up 2] [--partitions N] [--history-only | --latency-only] [--profile FILE]
+                      [--latency-warm-up 2] [--partitions N] [--history-only | --live-only | --latency-only]
+                      [--profile FILE]
                       [--py-spy FILE [--py-spy-blocking] [--py-spy-rate N]] [--perf FILE]
                       [--listener-setting KEY=JSON ...]
                       [--consumer-setting KEY=JSON ...] [--client librdkafka|java|both]
@@ -25,7 +26,8 @@
 3. latency: produce-to-consume latency p50 / p99 of a live tail, through the proxy vs direct, both consumers
    reading the same records at once (goal: <= 5 ms added at p99).
 ``--history-only``: rows 2 and 2b alone (the live topic not produced, no tail latency): what a change to the tier's
-answers moves, in less time. ``--latency-only``: row 3 alone (the tail topic alone, nothing else produced or read;
+answers moves, in less time. ``--live-only``: row 1 alone (the history topics not produced, no tail latency; ~3
+minutes with both clients). ``--latency-only``: row 3 alone (the tail topic alone, nothing else produced or read;
 ~2 minutes with ``--latency-seconds 30``).
 
 Set-up: one broker (KRaft, 127.0.0.1, ``devtools/devkafka``) with Kafka's tiered storage on. ``rlm serve`` (a child
@@ -828,6 +830,9 @@ def main() -> None:
     ap.add_argument("--history-only", action="store_true",
                     help="only the history rows (1 partition; N too with --partitions N): no live read, no tail "
                          "latency, the live topic not produced")
+    ap.add_argument("--live-only", action="store_true",
+                    help="only the live rows (1 partition): no history, no tail latency, the history topics not "
+                         "produced")
     ap.add_argument("--listener-setting", action="append", default=[], metavar="KEY=JSON",
                     help="a history_listener setting of the proxy (repeatable), e.g. socket_send_buffer_bytes=-1")
     ap.add_argument("--consumer-setting", action="append", default=[], metavar="KEY=JSON",
@@ -848,6 +853,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.latency_only and (args.history_only or args.partitions > 1 or args.profile or args.py_spy or args.perf):
         ap.error("--latency-only reads nothing: not with --history-only, --partitions, --profile, --py-spy, --perf")
+    if args.live_only and (args.history_only or args.latency_only or args.partitions > 1 or args.profile or args.py_spy
+                           or args.perf):
+        ap.error("--live-only reads the live topic alone: not with --history-only, --latency-only, --partitions, "
+                 "--profile, --py-spy, --perf")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
     consumer_settings = {**DEFAULT_CONSUMER_SETTINGS,
                          **{k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}}
@@ -916,11 +925,13 @@ def main() -> None:
                 load.append(os.getloadavg())
             else:
                 t0 = time.perf_counter()
-                mine = [HISTORY] if args.history_only else [LIVE, HISTORY]  # the topics the sidecar reads
-                n = produce(kc.bootstrap_servers, [*mine, KAFKA], total, "none")
-                print(f"produced {n:,} records x {len(mine) + 1} topics in {time.perf_counter() - t0:.1f}s "
+                # the topics the sidecar reads
+                mine = [HISTORY] if args.history_only else [LIVE] if args.live_only else [LIVE, HISTORY]
+                theirs = [] if args.live_only else [KAFKA]  # Kafka's tiered storage's
+                n = produce(kc.bootstrap_servers, [*mine, *theirs], total, "none")
+                print(f"produced {n:,} records x {len(mine) + len(theirs)} topics in {time.perf_counter() - t0:.1f}s "
                       f"({seg_mib} MiB segments)", file=sys.stderr)
-                pdirs = {t: kc.log_dir() / f"{t}-0" for t in (*mine, KAFKA)}
+                pdirs = {t: kc.log_dir() / f"{t}-0" for t in (*mine, *theirs)}
                 roll_active(kc.bootstrap_servers, {t: [d] for t, d in pdirs.items()})
                 rolled = {t: PartitionDir(d).rolled_ranges() for t, d in pdirs.items()}
                 records = min(r[-1][1] for r in rolled.values()) + 1
@@ -945,15 +956,17 @@ def main() -> None:
                                f"the sidecar to tier {t} (log: {work / 'serve.log'})")
                     if serve.poll() is not None:
                         raise RuntimeError(f"rlm serve exited {serve.returncode}: {(work / 'serve.log').read_text()}")
-                kafka_rolled = len(rolled[KAFKA]) + len(rolled.get(KAFKA_N, []))
-                wait_until(lambda: kafka_remote_segments(kafka_remote) >= kafka_rolled, 1800,
-                           "Kafka's tiered storage to copy every rolled segment")
-                print(f"both tiers hold every rolled segment {time.perf_counter() - t0:.1f}s later", file=sys.stderr)
-                set_topic_config(kc.bootstrap_servers, HISTORY, {"retention.bytes": "1"})
-                set_topic_config(kc.bootstrap_servers, KAFKA, {"local.retention.ms": "1000"})
-                for t in (HISTORY, KAFKA):
-                    wait_until(lambda t=t: not PartitionDir(pdirs[t]).rolled_ranges(), 600,
-                               f"the broker to delete {t}'s rolled segments locally")
+                if not args.live_only:
+                    kafka_rolled = len(rolled[KAFKA]) + len(rolled.get(KAFKA_N, []))
+                    wait_until(lambda: kafka_remote_segments(kafka_remote) >= kafka_rolled, 1800,
+                               "Kafka's tiered storage to copy every rolled segment")
+                    print(f"both tiers hold every rolled segment {time.perf_counter() - t0:.1f}s later",
+                          file=sys.stderr)
+                    set_topic_config(kc.bootstrap_servers, HISTORY, {"retention.bytes": "1"})
+                    set_topic_config(kc.bootstrap_servers, KAFKA, {"local.retention.ms": "1000"})
+                    for t in (HISTORY, KAFKA):
+                        wait_until(lambda t=t: not PartitionDir(pdirs[t]).rolled_ranges(), 600,
+                                   f"the broker to delete {t}'s rolled segments locally")
                 if many:
                     set_topic_config(kc.bootstrap_servers, HISTORY_N, {"retention.bytes": "1"})
                     set_topic_config(kc.bootstrap_servers, KAFKA_N, {"local.retention.ms": "1000"})
@@ -965,8 +978,9 @@ def main() -> None:
                 one = [records]
                 kinds = [] if args.history_only else [("live, through the proxy", proxy, LIVE, one),
                                                       ("live, direct", kc.bootstrap_servers, LIVE, one)]
-                kinds += [("history, through the proxy (tier)", proxy, HISTORY, one),
-                          ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA, one)]
+                if not args.live_only:
+                    kinds += [("history, through the proxy (tier)", proxy, HISTORY, one),
+                              ("history, Kafka tiered storage (direct)", kc.bootstrap_servers, KAFKA, one)]
                 if many:
                     kinds += [(f"history {args.partitions}p, through the proxy", proxy, HISTORY_N, records_n),
                               (f"history {args.partitions}p, Kafka tiered", kc.bootstrap_servers, KAFKA_N, records_n)]
@@ -999,7 +1013,7 @@ def main() -> None:
                               file=sys.stderr)
             lat: dict[str, list[float]] | None = None
             caveats: list[str] = []
-            if not args.history_only:
+            if not args.history_only and not args.live_only:
                 lat, caveats = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds,
                                        (serve.pid, broker_pid), ops_port, args.latency_warm_up)
             load.append(os.getloadavg())
@@ -1067,9 +1081,10 @@ def main() -> None:
             lv = ratio("live, through the proxy" + sfx, "live, direct" + sfx)
             rows.append(("1. live 1x: proxy / direct" + sfx, shown(lv), ">= 0.8x", lv[0] >= 0.8))
             pairs["live, through the proxy" + sfx] = "live, direct" + sfx
-        hi = ratio("history, through the proxy (tier)" + sfx, "history, Kafka tiered storage (direct)" + sfx)
-        rows.append(("2. history: proxy (tier) / Kafka tiered" + sfx, shown(hi), ">= 1.5x", hi[0] >= 1.5))
-        pairs["history, through the proxy (tier)" + sfx] = "history, Kafka tiered storage (direct)" + sfx
+        if not args.live_only:
+            hi = ratio("history, through the proxy (tier)" + sfx, "history, Kafka tiered storage (direct)" + sfx)
+            rows.append(("2. history: proxy (tier) / Kafka tiered" + sfx, shown(hi), ">= 1.5x", hi[0] >= 1.5))
+            pairs["history, through the proxy (tier)" + sfx] = "history, Kafka tiered storage (direct)" + sfx
         if many:
             hn = ratio(f"history {args.partitions}p, through the proxy{sfx}",
                        f"history {args.partitions}p, Kafka tiered{sfx}")
