@@ -2,6 +2,7 @@
 beside the store copy of the same segment, in one run.
 
     .venv/bin/python bench/bench_segment_epochs.py [--size-mb 64] [--batch-kib 1 16 1024] [--repeat 5] [--no-copy]
+    .venv/bin/python bench/bench_segment_epochs.py --baseline DIR [--rounds 3] [--size-mb 64] [--batch-kib ...]
 
 For each batch size, a ``.log`` of ``--size-mb`` of valid v2 batches (one template batch, its base offset and leader
 epoch rewritten: the CRC covers neither), the epoch changing three times, warm in the page cache. Rows, each the
@@ -25,13 +26,22 @@ Measured 2026-11-27 (2 cores, shared; load average 1.3-3.0), 64 MiB, best of 5, 
 
 So the map costs 15-30% of the store copy's own CPU (filesystem store; an S3 copy adds the upload's). Per batch the
 scan costs ~1.9 us, the pread ~2.5 us (a system call each), so preads pay only for batches of 16 KiB and more.
+
+``--baseline DIR`` (``DIR`` holding ``rlm/``, ``rsm/``, ``rlmm/`` of another commit, e.g. ``git archive BASE rlm rsm
+rlmm | tar -x -C DIR``): a whole copy as the copier makes it, map and store copy (filesystem, no fsync), the base's
+code beside this tree's, each in a child process of its own (``--child``), base and new alternating, ``--rounds``
+times; the best of each (process CPU). Rows: the base (the map from a walk of the headers, then the store copy's
+walk); the new code where the checkpoint covers the segment (the checkpoint's slice, checked on the store copy's
+walk: ``check_epochs``) and where it is cut past it (a walk of the headers first, as before, and the check).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +50,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--child" in sys.argv:  # the code measured first (a base's, --baseline): the tree for tests.support only
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--child") + 1]).resolve()))
 
 from rlm.tasks.segment_epochs import segment_epochs  # noqa: E402
 from rlm.tier import epochs_for_range  # noqa: E402
@@ -127,13 +139,106 @@ def measure(root: Path, rsm: RemoteStorageManager, size_mb: int, kib: int, repea
         print(f"  {name:38} {cpu * 1000:9.2f} ms CPU ({wall * 1000:9.2f} ms)")
 
 
+def whole_copy(code: Path, segment: Path, end: int, epochs: list[tuple[int, int]], repeat: int) -> dict[str, float]:
+    """In a child process: the best of ``repeat`` whole copies (map and store copy) of ``segment`` with the code of
+    ``code``, process CPU seconds, for a checkpoint that covers the segment and one cut past it (the base code's
+    map is the same walk either way)."""
+    import rlm.tasks.segment_epochs as se
+    from rsm.api import EpochEntry as Entry
+    from rsm.api import LogSegmentData as Data
+    from rsm.api import RemoteSegmentMetadata as Metadata
+    from rsm.log.batch import scan_batches as scan
+    from rsm.manager import RemoteStorageManager as Rsm
+    from rsm.manager import RsmConfig as Config
+
+    assert Path(se.__file__).is_relative_to(code), se.__file__
+    exact = [Entry(e, o) for e, o in epochs]
+    checkpoints = {"covered": exact, "cut": [Entry(exact[-1].epoch, end - 10)]}
+    root = segment.parent
+    data = Data(segment, root / "0.index", root / "0.timeindex", None, None, b"0\n0\n")
+    new = hasattr(se, "copy_epochs")
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-epochs-store-") as tmp:
+        rsm = Rsm(Config(store="fs", root_path=Path(tmp), fsync=False))
+
+        def copy(checkpoint: list) -> None:
+            if new:
+                found = se.copy_epochs(checkpoint, 0, end, lambda: scan(segment, verify_crc=False), str(segment),
+                                       copy_checks=True)
+            else:
+                found = se.segment_epochs(scan(segment, verify_crc=False), 0, end, checkpoint, str(segment))
+            assert found == exact, found
+            md = Metadata(remote_segment_id=uuid.uuid4(), topic_id=uuid.uuid4(), topic_name="t", partition=0,
+                          start_offset=0, end_offset_inclusive=end, max_timestamp_ms=0,
+                          segment_size_bytes=segment.stat().st_size, broker_id=1, event_timestamp_ms=0,
+                          segment_leader_epochs=tuple(found), custom_metadata=None)
+            rsm.copy_log_segment_data(md, data, **({"check_epochs": True} if new else {}))
+
+        for name, checkpoint in checkpoints.items():
+            runs = []
+            for _ in range(repeat):
+                c0 = time.process_time()
+                copy(checkpoint)
+                runs.append(time.process_time() - c0)
+            out[name] = min(runs)
+    return out
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """``--baseline``: the base's whole copy beside this tree's, in alternating child processes."""
+    here = Path(__file__).resolve().parents[1]
+    base = Path(args.baseline).resolve()
+    print("whole copy (map + filesystem store copy, no fsync), ms of process CPU, best of "
+          f"{args.rounds} rounds x {args.repeat} in alternating children")
+    print(f"  {'batches of':22} {'base':>8} {'new, covered':>13} {'new, cut':>9} {'covered vs base':>16}")
+    with tempfile.TemporaryDirectory(prefix="bench-epochs-") as tmp:
+        root = Path(tmp)
+        for kib in args.batch_kib:
+            path = root / "00000000000000000000.log"
+            end, epochs = make_segment(path, args.size_mb * MB, kib * 1024)
+            (root / "0.index").write_bytes(b"")
+            (root / "0.timeindex").write_bytes(b"")
+            nbatches = sum(1 for _ in scan_batches(path, verify_crc=False))
+            path.read_bytes()  # warm
+            best_of: dict[str, dict[str, float]] = {"base": {}, "new": {}}
+            loads = []
+            for _ in range(args.rounds):
+                for name, code in (("base", base), ("new", here)):
+                    loads.append(os.getloadavg()[0])
+                    got = subprocess.run(
+                        [sys.executable, __file__, "--child", str(code), "--segment", str(path), "--end", str(end),
+                         "--epochs", ",".join(f"{e.epoch}:{e.start_offset}" for e in epochs),
+                         "--repeat", str(args.repeat)], check=True, capture_output=True, text=True).stdout
+                    for k, v in json.loads(got.splitlines()[-1]).items():
+                        best_of[name][k] = min(v, best_of[name].get(k, v))
+            b, n = best_of["base"], best_of["new"]
+            base_ms = min(b.values()) * 1000
+            label = f"{path.stat().st_size // nbatches:,} B ({nbatches:,})"
+            print(f"  {label:22} {base_ms:8.1f} {n['covered'] * 1000:13.1f} {n['cut'] * 1000:9.1f} "
+                  f"{(n['covered'] * 1000 / base_ms - 1) * 100:+15.0f}%   (load {min(loads):.1f}-{max(loads):.1f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=64)
     ap.add_argument("--batch-kib", type=int, nargs="+", default=[1, 16, 1024])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-copy", action="store_true", help="skip the store copy row")
+    ap.add_argument("--baseline", help="the base code's root (rlm/, rsm/, rlmm/): whole copies side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="--baseline: alternations of base and new")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--segment", help=argparse.SUPPRESS)
+    ap.add_argument("--end", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--epochs", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        epochs = [(int(e), int(o)) for e, o in (pair.split(":") for pair in args.epochs.split(","))]
+        print(json.dumps(whole_copy(Path(args.child), Path(args.segment), args.end, epochs, args.repeat)))
+        return 0
+    if args.baseline:
+        print(f"load average {os.getloadavg()}, python {sys.version.split()[0]}, {os.cpu_count()} cpus")
+        side_by_side(args)
+        return 0
     print(f"load average {os.getloadavg()}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
           f"best of {args.repeat}, thread CPU (wall)")
     with tempfile.TemporaryDirectory(prefix="bench-epochs-") as tmp:

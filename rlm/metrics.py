@@ -10,8 +10,10 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "BYTES_COPIED",
     "BYTES_READ",
+    "COPY_HELD",
     "COPY_LAG_BYTES",
     "COPY_LAG_SEGMENTS",
+    "COPY_REFUSALS",
     "COPY_RUN_SEGMENTS",
     "COPY_SECONDS",
     "OFFLOAD_OPEN_SECONDS",
@@ -41,6 +43,14 @@ COPY_LAG_BYTES = Gauge("rlm_copy_lag_bytes", "Bytes of the local log not yet rem
 COPY_LAG_SEGMENTS = Gauge("rlm_copy_lag_segments", "Local segments not yet remote (segment mode: rolled ones; "
                           "streaming mode: those holding offsets not yet remote, the active one included)",
                           ["topic", "partition"])
+COPY_HELD = Gauge(
+    "rlm_copy_held", "1 while a led partition's copying is held at a segment whose copy was refused for its batches' "
+    "leader epochs (reason: epoch-mismatch, the broker's leader-epoch checkpoint and the batches disagree; "
+    "no-leader-epoch, epoch-backwards, no-batches: the batches give no map); nothing from that segment on is copied "
+    "until a copy of it succeeds (each run tries again)", ["topic", "partition", "reason"])
+COPY_REFUSALS = Counter(
+    "rlm_copy_refusals", "Copies refused for their batches' leader epochs (reasons as rlm_copy_held's)",
+    ["topic", "reason"])
 BYTES_COPIED = Counter("rlm_bytes_copied", "Segment bytes copied to the remote store", ["topic"])
 SEGMENTS_COPIED = Counter("rlm_segments_copied", "Segments copied to the remote store", ["topic"])
 BYTES_READ = Counter("rlm_bytes_read", "Bytes served from the remote store by remote reads", ["topic"])

@@ -6,7 +6,9 @@ size):
      only the batches of ``[start_offset, end_offset_inclusive]`` are kept: leading batches below
      ``start_offset`` (a segment straddling the highest remote offset after a leadership move) are skipped, and
      the first kept one must start exactly at ``start_offset`` (checked before anything is uploaded).
-     :func:`kept_range` tells the caller the kept bytes beforehand (its ``segment_size_bytes``);
+     :func:`kept_range` tells the caller the kept bytes beforehand (its ``segment_size_bytes``). With
+     ``check_epochs`` the batches' leader-epoch map is taken on the way (:mod:`rsm.log.epochs`) and must be the
+     metadata's ``segment_leader_epochs`` once the last block is out, before any section or the index object;
   2. blocks are streamed into data object 0, 1, ... each closed before it would pass
      ``max_data_object_bytes`` (PIP-76 offload segments: a huge segment spans several objects);
   3. Kafka's five indexes are appended verbatim to the last data object (sections, CRC-32C each);
@@ -95,6 +97,7 @@ from rsm.format.ledger import (
     kept_range,
 )
 from rsm.format.reader import SegmentReader
+from rsm.log.epochs import BatchEpochError, BatchEpochs, EpochMismatchError
 from rsm.log.errors import LogFormatError
 from rsm.log.held import held_fd
 from rsm.log.indexes import KafkaIndexBuilder
@@ -265,6 +268,12 @@ class _LruCache:
 class RemoteStorageManager(RemoteStorageManagerApi):
     """KIP-405 RemoteStorageManager over a :class:`~rsm.store.base.Store`. Thread-safe."""
 
+    checks_epochs = True
+    """Its copies take ``check_epochs``: with it, the copied batches' leader epochs (:mod:`rsm.log.epochs`, from the
+    copy's own walk of the batches) must be the metadata's ``segment_leader_epochs``; else
+    :class:`~rsm.log.epochs.EpochMismatchError` (or :class:`~rsm.log.epochs.BatchEpochError`: batches without a map),
+    raised as is, not as a :class:`RemoteStorageError` (the store did nothing wrong), nothing readable."""
+
     def __init__(self, config: RsmConfig, store: Store | None = None, *, copy_throttle: Throttle | None = None,
                  fetch_throttle: Throttle | None = None) -> None:
         self.config = config
@@ -344,14 +353,16 @@ class RemoteStorageManager(RemoteStorageManagerApi):
 
     def copy_log_segment_data(self, segment_metadata: RemoteSegmentMetadata,
                               segment_data: LogSegmentData, *, cancel: threading.Event | None = None,
-                              durable: bool = True) -> bytes | None:
+                              durable: bool = True, check_epochs: bool = False) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_segment_data`. Always written under the current layout
         (``self.layout``), whatever ``segment_metadata.custom_metadata`` says; returns that layout's custom
         metadata (``rsm.format.custom_metadata``). ``durable=False``: the copy is durable only once
-        :meth:`make_durable` of it returns (see the module doc)."""
+        :meth:`make_durable` of it returns (see the module doc). ``check_epochs``: the copied batches' leader epochs
+        must be ``segment_metadata.segment_leader_epochs`` (:attr:`checks_epochs`)."""
         m = segment_metadata
         data = segment_data
-        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
+        epochs = BatchEpochs(m.start_offset, m.end_offset_inclusive, data.log_path) if check_epochs else None
+        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes, epochs=epochs)
         sections: list[tuple[IndexType, _SectionSource]] = [
             (IndexType.OFFSET, data.offset_index_path), (IndexType.TIMESTAMP, data.time_index_path)]
         if data.producer_snapshot_path is not None:
@@ -359,26 +370,29 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         if data.transaction_index_path is not None:
             sections.append((IndexType.TRANSACTION, data.transaction_index_path))
         sections.append((IndexType.LEADER_EPOCH, data.leader_epoch_checkpoint))
-        return self._copy_guarded(m, writer, lambda: writer.blocks(
+        return self._copy_guarded(m, writer, lambda: _epochs_checked(writer.blocks(
             data.log_path, verify_crc=True, start_offset=m.start_offset,
-            end_offset_inclusive=m.end_offset_inclusive), sections, cancel, durable)
+            end_offset_inclusive=m.end_offset_inclusive), epochs, m), sections, cancel, durable)
 
     def copy_log_range(self, segment_metadata: RemoteSegmentMetadata, range_data: LogRangeData, *,
-                       cancel: threading.Event | None = None, durable: bool = True) -> bytes | None:
+                       cancel: threading.Event | None = None, durable: bool = True,
+                       check_epochs: bool = False) -> bytes | None:
         """See :meth:`RemoteStorageManagerApi.copy_log_range`: the offset and time indexes are written here
         (:class:`~rsm.log.indexes.KafkaIndexBuilder`) as the blocks are, and appended after them as sections.
-        ``durable``: as :meth:`copy_log_segment_data`'s."""
+        ``durable``, ``check_epochs``: as :meth:`copy_log_segment_data`'s."""
         m = segment_metadata
-        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes)
+        where = range_data.pieces[0].log_path if range_data.pieces else "<no piece>"
+        epochs = BatchEpochs(m.start_offset, m.end_offset_inclusive, where) if check_epochs else None
+        writer = LedgerWriter(ledger_id_for(m.remote_segment_id), self.config.block_size_bytes, epochs=epochs)
         indexes = KafkaIndexBuilder(m.start_offset)
         sections: list[tuple[IndexType, _SectionSource]] = [
             (IndexType.OFFSET, indexes.offset_index), (IndexType.TIMESTAMP, indexes.time_index)]
         if range_data.transaction_index is not None:
             sections.append((IndexType.TRANSACTION, range_data.transaction_index))
         sections.append((IndexType.LEADER_EPOCH, range_data.leader_epoch_checkpoint))
-        return self._copy_guarded(m, writer, lambda: writer.piece_blocks(
+        return self._copy_guarded(m, writer, lambda: _epochs_checked(writer.piece_blocks(
             range_data.pieces, start_offset=m.start_offset, end_offset_inclusive=m.end_offset_inclusive,
-            on_batch=indexes.add), sections, cancel, durable)
+            on_batch=indexes.add), epochs, m), sections, cancel, durable)
 
     def make_durable(self, segment_metadatas: Iterable[RemoteSegmentMetadata]) -> None:
         """Make copies written with ``durable=False`` durable (their objects' names: their bytes are already): on the
@@ -405,6 +419,8 @@ class RemoteStorageManager(RemoteStorageManagerApi):
             ledger = self._copy(m, keys, writer, blocks(), sections, cancel, durable)
         except BaseException as err:
             self._cleanup(keys)
+            if isinstance(err, BatchEpochError | EpochMismatchError):
+                raise  # (check_epochs) the local segment's epochs refused: no store failure, as CopyCancelledError
             if isinstance(err, SegmentRangeError):
                 raise RemoteStorageError(f"copy of {keys.base} (offsets {m.start_offset}..{m.end_offset_inclusive}): "
                                          f"{err}; nothing uploaded") from err
@@ -714,6 +730,16 @@ class RemoteStorageManager(RemoteStorageManagerApi):
         rest = [o.key for o in store.list(keys.prefix) if o.key != keys.index]
         if rest:
             store.delete_many(rest)
+
+
+def _epochs_checked(blocks: Iterator[tuple[BlockDraft, memoryview]], epochs: BatchEpochs | None,
+                    m: RemoteSegmentMetadata) -> Iterator[tuple[BlockDraft, memoryview]]:
+    """``blocks``, then (``check_epochs``: ``epochs`` fed by their writer) the batches' leader epochs checked against
+    the metadata's, after the last block and before the sections and the index object: a mismatch leaves nothing
+    readable."""
+    yield from blocks
+    if epochs is not None:
+        epochs.expect(m.segment_leader_epochs)
 
 
 def _crc_tracked(chunks: Iterator[bytes], crc: list[int]) -> Iterator[bytes]:

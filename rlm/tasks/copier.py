@@ -61,7 +61,7 @@ from rlm import metrics
 from rlm.state import fsync_dir
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.in_place import InPlaceSegment, LocalRange, live_log
-from rlm.tasks.segment_epochs import segment_epochs
+from rlm.tasks.segment_epochs import BatchEpochError, EpochMismatchError, copy_epochs
 from rlm.tasks.staging import StagedSegment, Staging, StagingFullError, TopicIdMismatchError
 from rlm.tier import Lineage, checkpoint_epoch_at, epoch_pairs, lineage_of, remote_chain, to_rsm
 from rlmm.api import (
@@ -79,12 +79,13 @@ from rsm.api import LogSegmentData, RemoteStorageManagerApi
 from rsm.errors import CopyCancelledError
 from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry, format_leader_epoch_checkpoint
+from rsm.log.epochs import REASONS as BATCH_EPOCH_REASONS
 from rsm.log.errors import LogFormatError
 from rsm.log.indexes import TXN_ENTRY, AbortedTxn, format_txn_index, parse_txn_index, read_time_index
 from rsm.log.partition import DELETED_SUFFIX, PartitionDir, segment_file_name
 from rsm.manager import kept_range
 
-__all__ = ["CopyFencedError", "CopyResult", "PartitionCopier", "highest_remote_offset"]
+__all__ = ["REFUSED", "CopyFencedError", "CopyResult", "PartitionCopier", "forget_held", "highest_remote_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ COPY_BATCH_BYTES = 64 * 1024 * 1024
 
 
 Copied = StagedSegment | InPlaceSegment  # a segment as a copy reads it: staged, or held open in place
+REFUSED = (EpochMismatchError, BatchEpochError)
+"""A copy refused for its batches' leader epochs (:mod:`rlm.tasks.segment_epochs`): the partition's copying is held
+at that segment, each run trying it again, until it clears (:meth:`PartitionCopier.refused`)."""
 
 
 def _size(path: Path) -> int:
@@ -181,6 +185,12 @@ class PartitionCopier:
         # of each store copy (of this copier's and the streaming offloader's) say so.
         self.copy_options: dict[str, bool] = {"durable": False} if callable(getattr(rsm, "make_durable", None)) \
             else {}
+        # A storage manager whose copy checks the batches' leader epochs against the metadata's on its own walk of
+        # them (rsm check_epochs): a range the checkpoint covers is not walked here first (rlm.tasks.segment_epochs).
+        self.copy_checks_epochs = getattr(rsm, "checks_epochs", False) is True
+        self.epoch_options: dict[str, bool] = {"check_epochs": True} if self.copy_checks_epochs else {}
+        """The keyword arguments of each store copy (the copier's and the offloader's) that have it check them."""
+        self._held: tuple[str, int] | None = None  # (reason, start offset) of the refused copy holding the partition
 
     # --------------------------------------------------------------------------------------------- staging
     @property
@@ -468,8 +478,17 @@ class PartitionCopier:
                     break  # (the batch before it is committed below)
                 if isinstance(s, InPlaceSegment):
                     opened.append(s)
-                prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
-                                         size or None)
+                try:
+                    prepared = self._prepare(s, max(s.base_offset, planned + 1), epochs, leader_epoch,
+                                             size or None)
+                except REFUSED as err:
+                    # the batch before it copied first: the partition is held at this segment, not before it
+                    if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
+                        batch = []
+                        break
+                    batch = []
+                    self.refused(err, s.log_path, max(s.base_offset, planned + 1))
+                    raise
                 if prepared is None:
                     # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
                     if batch and not self._commit_batch(batch, result, leader_epoch, current_leader_epoch, stop):
@@ -557,7 +576,31 @@ class PartitionCopier:
         if isinstance(err, CopyCancelledError):
             result.cancelled = True
             return False
+        if isinstance(err, REFUSED):
+            s = batch[len(finished)][0]
+            self.refused(err, s.log_path, batch[len(finished)][1].start_offset)
         raise err
+
+    def refused(self, err: EpochMismatchError | BatchEpochError, log_path: Path | str, start_offset: int) -> None:
+        """A copy from ``start_offset`` of the ``.log`` at ``log_path`` refused for its batches' leader epochs: the
+        partition's copying is held there (``rlm_copy_held``, with the reason; ``rlm_copy_refusals``), logged with the
+        segment, the offset and the reason, until a copy from there succeeds (:meth:`tiered`) or the partition is no
+        longer led (:func:`forget_held`)."""
+        reason = "epoch-mismatch" if isinstance(err, EpochMismatchError) else err.reason
+        labels = (self.tp.topic, str(self.tp.partition))
+        metrics.COPY_REFUSALS.labels(self.tp.topic, reason).inc()
+        if self._held is not None and self._held[0] != reason:
+            _remove_held(labels, self._held[0])
+        metrics.COPY_HELD.labels(*labels, reason).set(1)
+        self._held = (reason, start_offset)
+        log.error("copy refused: the batches' leader epochs; the partition's copying is held at this segment", extra={
+            "partition": str(self.tp), "segment": str(log_path), "start_offset": start_offset,
+            "offset": err.offset, "position": getattr(err, "position", None), "reason": reason, "error": str(err)})
+
+    @property
+    def held(self) -> tuple[str, int] | None:
+        """(reason, start offset) of the refused copy the partition's copying is held at; None when it is not."""
+        return self._held
 
     def caught_up(self) -> bool:
         """Nothing left for a later run unless the partition directory changes: a run has happened, every rolled local
@@ -588,6 +631,11 @@ class PartitionCopier:
         self._highest = end_offset_inclusive
         self._watermark = (end_offset_inclusive, epoch)
         self._watermark_unrecorded |= not recorded
+        if self._held is not None and end_offset_inclusive >= self._held[1]:
+            _remove_held((self.tp.topic, str(self.tp.partition)), self._held[0])
+            log.info("copy no longer held: the segment it was held at is tiered", extra={
+                "partition": str(self.tp), "start_offset": self._held[1], "reason": self._held[0]})
+            self._held = None
 
     # ------------------------------------------------------------------------------------------ watermark
     def _read_watermark(self) -> tuple[int, int | None] | None:
@@ -690,9 +738,11 @@ class PartitionCopier:
             log.info("segment older than remote retention: not copied", extra={
                 "partition": str(self.tp), "base_offset": s.base_offset, "max_timestamp_ms": max_ts})
             return None
-        # The batches' epochs: the checkpoint may start past the segment (rlm.tasks.segment_epochs)
-        seg_epochs = segment_epochs(scan_batches(log_path, verify_crc=False), start_offset, s.end_offset_inclusive,
-                                    epochs, str(log_path))
+        # The batches' epochs: the checkpoint's where it covers the segment (the store's copy checks them), else
+        # a walk of its batches here (rlm.tasks.segment_epochs)
+        seg_epochs = copy_epochs(epochs, start_offset, s.end_offset_inclusive,
+                                 lambda: scan_batches(log_path, verify_crc=False), str(log_path),
+                                 copy_checks=self.copy_checks_epochs)
         now_ms = int(time.time() * 1000)
         txn_index = self._aborted_index(s, start_offset)
         md = RemoteLogSegmentMetadata(
@@ -720,7 +770,8 @@ class PartitionCopier:
             producer_snapshot_path=s.file(".snapshot"),
             leader_epoch_checkpoint=checkpoint,
         )
-        return md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel, **self.copy_options)
+        return md, lambda: self.rsm.copy_log_segment_data(to_rsm(md), data, cancel=self.cancel, **self.copy_options,
+                                                          **self.epoch_options)
 
     def commit_copy(self, md: RemoteLogSegmentMetadata, copy: Callable[[], bytes | None], *,
                     leader_epoch: int | None, current_leader_epoch: Callable[[], int | None] | None,
@@ -882,3 +933,17 @@ class PartitionCopier:
                                                           "reason": reason, "error": str(cleanup_err)})
 
 
+
+
+def _remove_held(labels: tuple[str, str], reason: str) -> None:
+    try:
+        metrics.COPY_HELD.remove(*labels, reason)
+    except KeyError:
+        pass  # (dropped by forget_held meanwhile)
+
+
+def forget_held(tp: TopicIdPartition) -> None:
+    """Drop ``rlm_copy_held`` of a partition no longer led (its new leader's sidecar reports it), whatever the
+    reason."""
+    for reason in ("epoch-mismatch", *BATCH_EPOCH_REASONS):
+        _remove_held((tp.topic, str(tp.partition)), reason)

@@ -53,7 +53,7 @@ from rlm import metrics
 from rlm.config import SidecarSettings
 from rlm.errors import RlmError
 from rlm.state import StateDir
-from rlm.tasks.copier import PartitionCopier
+from rlm.tasks.copier import PartitionCopier, forget_held
 from rlm.tasks.deleter import SegmentDeleter
 from rlm.tasks.offload import StreamingOffloader
 from rlm.tasks.staging import Staging
@@ -405,3 +405,4 @@ def _forget_gauges(tp: TopicIdPartition) -> None:
             gauge.remove(tp.topic, str(tp.partition))
         except KeyError:
             pass  # never set (nothing staged yet, segment mode)
+    forget_held(tp)

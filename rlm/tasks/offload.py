@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlm import metrics
-from rlm.tasks.copier import CopyFencedError, CopyResult, PartitionCopier
-from rlm.tasks.segment_epochs import segment_epochs
+from rlm.tasks.copier import REFUSED, CopyFencedError, CopyResult, PartitionCopier
+from rlm.tasks.segment_epochs import copy_epochs
 from rlm.tier import epoch_pairs, to_rsm
 from rlmm.api import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState
 from rsm.api import LogPiece, LogRangeData
@@ -172,6 +172,10 @@ class StreamingOffloader:
             result.cancelled = True
             self.reset()
             return result
+        except REFUSED as err:
+            copier.refused(err, cut.pieces[0].log_path, cut.start_offset)
+            self.reset()
+            raise
         except Exception:
             self.reset()  # the failed copy was removed; the next run cuts again from the resume point
             raise
@@ -292,8 +296,10 @@ class StreamingOffloader:
               current_leader_epoch: Callable[[], int | None] | None) -> RemoteLogSegmentMetadata:
         copier = self.copier
         start, end = cut.start_offset, cut.last_offset
-        # The batches' epochs: the checkpoint may start past the cut (rlm.tasks.segment_epochs)
-        seg_epochs = segment_epochs(_cut_headers(cut), start, end, epochs, str(cut.pieces[0].log_path))
+        # The batches' epochs: the checkpoint's where it covers the cut (the store's copy checks them), else a walk
+        # of its batches here (rlm.tasks.segment_epochs)
+        seg_epochs = copy_epochs(epochs, start, end, lambda: _cut_headers(cut), str(cut.pieces[0].log_path),
+                                 copy_checks=copier.copy_checks_epochs)
         base = max((f.base_offset for f in self._local_files() if f.base_offset <= start), default=start)
         # every .txnindex from the local segment holding `start` on (aborted_txns takes those above its base)
         aborted = copier.aborted_txns(base - 1, start, end)
@@ -315,7 +321,7 @@ class StreamingOffloader:
             transaction_index=format_txn_index(aborted) if aborted else None,
             leader_epoch_checkpoint=format_leader_epoch_checkpoint([e for e in epochs if e.start_offset <= end]))
         md = copier.commit_copy(md, lambda: copier.rsm.copy_log_range(to_rsm(md), data, cancel=copier.cancel,
-                                                                      **copier.copy_options),
+                                                                      **copier.copy_options, **copier.epoch_options),
                                 leader_epoch=leader_epoch, current_leader_epoch=current_leader_epoch)
         metrics.OFFLOAD_SEGMENT_SECONDS.observe(self.clock() - (cut.opened_at or self.clock()))
         return md

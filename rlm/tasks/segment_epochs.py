@@ -12,65 +12,48 @@ and ``((0, 40),)`` with the log start past the segment (the first batch's epoch 
 (:mod:`rlm.tier.chain`) is built from these maps: an epoch ending at the wrong offset there hides a truncation from
 a consumer validating its position through the proxy (OffsetForLeaderEpoch).
 
-So the map comes from the batch headers of the copied range, always (:func:`segment_epochs`), streamed (one read
-buffer, :func:`rsm.log.batch.scan_batches`; no CRC: the storage manager's copy checks every batch's CRC as it
-reads it). Where the checkpoint covers the range (from its first entry on) it must say the same; where it does not,
-it says nothing. A disagreement is no copy (:class:`EpochMismatchError`): the run fails and the next one reads the
-checkpoint again (Kafka writes it asynchronously: a checkpoint read between a truncation and its flush is stale).
+So the map comes from the batch headers of the copied range, always, built by :class:`rsm.log.epochs.BatchEpochs`
+(one piece of logic, which the storage manager's copy uses too). Where the checkpoint covers the range (from its
+first entry on) it must say the same; where it does not, it says nothing. A disagreement is no copy
+(:class:`EpochMismatchError`): the run fails and the next one reads the checkpoint again (Kafka writes it
+asynchronously: a checkpoint read between a truncation and its flush is stale).
 
-Cost (``bench/bench_segment_epochs.py``, ms of CPU per 64 MiB segment): 119 in batches of 1 KiB, 17 of 16 KiB, 9 of
-1 MiB; the storage manager's copy of the same segment to the filesystem store 400, 97, 63. For segments of 64 KiB
-(``bench/bench_copy_path.py``): ~0.1 ms of the ~2.5 ms a segment's copy path costs.
+The headers are read once (:func:`copy_epochs`): where the checkpoint covers the whole range (the segment is at or
+above the broker's log start, as it is unless the log start moved past it while it waited staged), the map is the
+checkpoint's slice, and the storage manager's copy checks, on its own walk of the batches (``check_epochs``), that
+the batches say the same before its copy is readable; a mismatch is the same :class:`EpochMismatchError`, raised by
+the copy. Only a range the checkpoint does not cover is walked before its COPY_SEGMENT_STARTED (the metadata records
+the map then, and Kafka's FINISHED update carries none), streamed (one read buffer,
+:func:`rsm.log.batch.scan_batches`; no CRC: the copy checks every batch's CRC as it reads it).
+
+Cost (``bench/bench_segment_epochs.py``, ms of CPU per 64 MiB segment): the walk of its own 119 in batches of 1 KiB,
+17 of 16 KiB, 9 of 1 MiB, 15-30% of the storage manager's copy of the same segment to the filesystem store (400, 97,
+63); the map taken on the copy's walk instead: see that benchmark's table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rlm.tier import epochs_for_range
 from rsm.log.batch import BatchHeader
 from rsm.log.checkpoint import EpochEntry
-from rsm.log.errors import CorruptRecordBatchError
+from rsm.log.epochs import BatchEpochError, EpochMismatchError, batch_epochs, describe_epochs
 
-__all__ = ["EpochMismatchError", "segment_epochs"]
-
-
-class EpochMismatchError(Exception):
-    """The partition's leader-epoch checkpoint and the batches of a range it covers disagree about the leader epoch
-    of some offset. Nothing is copied; the next copy run reads the checkpoint again. Should it persist, the local
-    log and its checkpoint disagree: compare the batches' epochs (``kafka-dump-log``) with the checkpoint."""
+__all__ = ["BatchEpochError", "EpochMismatchError", "copy_epochs", "covers", "segment_epochs"]
 
 
 def segment_epochs(headers: Iterable[BatchHeader], start_offset: int, end_offset_inclusive: int,
                    checkpoint: Sequence[EpochEntry], path: str = "<batches>") -> list[EpochEntry]:
-    """The leader epochs of ``[start_offset, end_offset_inclusive]``: the epoch of the first batch holding an
-    offset of the range, from ``start_offset`` on, then each later batch's epoch where it changes, from that batch's
-    base offset on (as Kafka's cache assigns them). ``headers``: the batches holding the range, in offset order
-    (batches wholly outside it are passed over); ``checkpoint``: the partition's leader-epoch checkpoint, which must
-    agree from its first entry on; ``path``: the ``.log`` file, named in errors.
+    """The leader epochs of ``[start_offset, end_offset_inclusive]`` from ``headers`` (the batches holding the range,
+    in offset order; :func:`rsm.log.epochs.batch_epochs`), which ``checkpoint``, the partition's leader-epoch
+    checkpoint, must agree with from its first entry on; ``path``: the ``.log`` file, named in errors.
 
-    Raises :class:`CorruptRecordBatchError` for a batch without a leader epoch (negative) or an epoch below the one
-    before it, and when no batch holds an offset of the range (nothing to copy: the file is not what its name
-    says); :class:`EpochMismatchError` when the checkpoint disagrees."""
-    out: list[EpochEntry] = []
-    for h in headers:
-        if h.last_offset < start_offset:
-            continue
-        if h.base_offset > end_offset_inclusive:
-            break
-        epoch = h.partition_leader_epoch
-        if out and epoch == out[-1].epoch:
-            continue
-        if epoch < 0:
-            raise CorruptRecordBatchError(path, h.position, f"batch {h.base_offset}..{h.last_offset} has no leader "
-                                          f"epoch ({epoch})")
-        if out and epoch < out[-1].epoch:
-            raise CorruptRecordBatchError(path, h.position, f"leader epoch goes backwards: batch {h.base_offset}.."
-                                          f"{h.last_offset} has epoch {epoch} after epoch {out[-1].epoch}")
-        out.append(EpochEntry(epoch, max(h.base_offset, start_offset)))
-    if not out:
-        raise CorruptRecordBatchError(path, None, f"no batch holds an offset of {start_offset}.."
-                                      f"{end_offset_inclusive}")
+    Raises :class:`BatchEpochError` (a :class:`~rsm.log.errors.CorruptRecordBatchError`) for a batch without a
+    leader epoch (negative) or an epoch below the one before it, and when no batch holds an offset of the range
+    (nothing to copy: the file is not what its name says); :class:`EpochMismatchError` when the checkpoint
+    disagrees."""
+    out = batch_epochs(headers, start_offset, end_offset_inclusive, path)
     covered = max(start_offset, checkpoint[0].start_offset) if checkpoint else end_offset_inclusive + 1
     if covered <= end_offset_inclusive:
         says = epochs_for_range(checkpoint, covered, end_offset_inclusive)
@@ -78,9 +61,20 @@ def segment_epochs(headers: Iterable[BatchHeader], start_offset: int, end_offset
         if says != found:
             raise EpochMismatchError(
                 f"{path}: offsets {covered}..{end_offset_inclusive}: the leader-epoch checkpoint says "
-                f"{_pairs(says)}, the batches say {_pairs(found)}")
+                f"{describe_epochs(says)}, the batches say {describe_epochs(found)}", path=path, offset=covered)
     return out
 
 
-def _pairs(entries: Sequence[EpochEntry]) -> str:
-    return ", ".join(f"epoch {e.epoch} from {e.start_offset}" for e in entries) or "nothing"
+def covers(checkpoint: Sequence[EpochEntry], start_offset: int) -> bool:
+    """The checkpoint covers a range from ``start_offset`` on (its first entry starts at or before it)."""
+    return bool(checkpoint) and checkpoint[0].start_offset <= start_offset
+
+
+def copy_epochs(checkpoint: Sequence[EpochEntry], start_offset: int, end_offset_inclusive: int,
+                headers: Callable[[], Iterable[BatchHeader]], path: str, *, copy_checks: bool) -> list[EpochEntry]:
+    """The map a copy of ``[start_offset, end_offset_inclusive]`` records. ``copy_checks``: the storage manager's
+    copy checks the batches against it (``check_epochs``); then, where ``checkpoint`` covers the range, its slice,
+    no header read here. Otherwise :func:`segment_epochs` of ``headers()`` (a walk of the range's batches)."""
+    if copy_checks and covers(checkpoint, start_offset):
+        return epochs_for_range(checkpoint, start_offset, end_offset_inclusive)
+    return segment_epochs(headers(), start_offset, end_offset_inclusive, checkpoint, path)

@@ -27,7 +27,9 @@ header and CRC-32C and plans the blocks; each block is then framed in a reused b
 are read straight into their places with ``preadv`` (one system call per up to IOV_MAX batches, no other copy), so
 a block is handed out as one contiguous buffer, the unit one AES-GCM message seals in an encrypted copy. Two
 buffers take turns, so a block stays valid while the next one is read (an encrypted copy seals block *i* on a
-worker thread while block *i + 1* is read). Memory: two block buffers, whatever the segment size. Where blocks go
+worker thread while block *i + 1* is read). Memory: two block buffers, whatever the segment size. A writer given a
+:class:`~rsm.log.epochs.BatchEpochs` feeds it each block's batches as it frames them: the batches' leader-epoch map
+comes with the copy, no walk of the headers of its own. Where blocks go
 (which data object, at which position) is the caller's business.
 """
 
@@ -55,6 +57,7 @@ from rsm.log.batch import (
     BatchHeader,
     scan_batches,
 )
+from rsm.log.epochs import BatchEpochs
 from rsm.log.held import open_read
 from rsm.store.base import IOV_MAX
 
@@ -188,7 +191,9 @@ class LedgerWriter:
     MIN_BLOCK_SIZE_BYTES = BLOCK_HEADER_LENGTH + ENTRY_HEADER_LENGTH + BATCH_HEADER_SIZE
     """A block holds at least a batch header (the first fragment of a large batch holds its header whole)."""
 
-    def __init__(self, ledger_id: int, block_size_bytes: int) -> None:
+    def __init__(self, ledger_id: int, block_size_bytes: int, *, epochs: BatchEpochs | None = None) -> None:
+        """``epochs``: fed every batch written, a block's at a time (:mod:`rsm.log.epochs`): the copy's walk of the
+        batches gives their leader-epoch map, no walk of its own."""
         if block_size_bytes < self.MIN_BLOCK_SIZE_BYTES:
             raise ValueError(f"block_size_bytes {block_size_bytes} is smaller than one block header, entry header and "
                              f"batch header ({self.MIN_BLOCK_SIZE_BYTES})")
@@ -199,6 +204,7 @@ class LedgerWriter:
         self.first_offset: int | None = None
         self.last_offset: int | None = None
         self.max_timestamp_ms = -1
+        self.epochs = epochs
 
     def blocks(self, log_path: str | os.PathLike[str], *, verify_crc: bool = True, start_offset: int | None = None,
                end_offset_inclusive: int | None = None) -> Iterator[tuple[BlockDraft, memoryview]]:
@@ -322,6 +328,8 @@ class LedgerWriter:
                         or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
                     raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
                 crc = crc32c_at(buf, address, at + ATTRIBUTES_OFFSET, n - ATTRIBUTES_OFFSET)
+                if self.epochs is not None:
+                    self.epochs.add_all((h,))
             else:
                 crc = crc32c_at(buf, address, at, n, crc)
             if k == count - 1 and crc != h.crc:
@@ -354,6 +362,8 @@ class LedgerWriter:
                     or int.from_bytes(raw[_CRC_FIELD], "big") != h.crc):
                 raise LedgerChangedError(f"{log_path} changed while being copied (batch at byte {h.position})")
             max_ts = max(max_ts, h.max_timestamp)
+        if self.epochs is not None:
+            self.epochs.add_all(plan)
         self.entry_count += len(plan)
         self.log_bytes += n
         if self.first_offset is None:

@@ -5,18 +5,23 @@ copied range. The same against the real broker: ``tests/rlm/test_copy_epochs.py`
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
+import rsm.log.batch
 from rlm.tasks.offload import StreamingOffloader
 from rlm.tasks.segment_epochs import EpochMismatchError, segment_epochs
-from rlmm.api import TopicIdPartition
+from rlmm.api import RemoteLogSegmentState, TopicIdPartition
 from rsm.log.batch import scan_batches
 from rsm.log.checkpoint import EpochEntry
 from rsm.log.errors import CorruptRecordBatchError
-from tests.support.batches import batch, one_per_batch, write_partition
+from rsm.log.indexes import TIME_ENTRY
+from tests.support.batches import BASE_TS, batch, one_per_batch, write_partition
 from tests.support.world import World
 
 E = EpochEntry
@@ -75,15 +80,92 @@ def test_batches_without_an_epoch_or_going_back_or_none_at_all_are_an_error(tmp_
 
 
 # ------------------------------------------------------------------------------------- copier and offloader
-def _partition(world: World, checkpoint: tuple[tuple[int, int], ...]) -> TopicIdPartition:
+def _partition(world: World, checkpoint: tuple[tuple[int, int], ...], topic: str = "t") -> TopicIdPartition:
     """Rolled segments [0,39] (epoch 0) and [40,79] (epoch 0 to 49, epoch 1 from 50), active [80] (epoch 1), and
-    ``checkpoint`` as the broker's leader-epoch checkpoint."""
-    tp = TopicIdPartition(uuid.uuid4(), "t", 0)
+    ``checkpoint`` as the broker's leader-epoch checkpoint. The rolled segments' time indexes hold the entry Kafka
+    appends at a roll (so the copier reads no batch for their largest timestamp)."""
+    tp = TopicIdPartition(uuid.uuid4(), topic, 0)
     epoch = {o: 0 if o < 50 else 1 for o in range(81)}
-    write_partition(world.pdir(1, tp), tp.topic_id, {
+    pdir = world.pdir(1, tp)
+    write_partition(pdir, tp.topic_id, {
         base: [one_per_batch(o, 1, b"v", epoch[o])[0] for o in range(base, end)]
         for base, end in ((0, 40), (40, 80), (80, 81))}, epochs=checkpoint)
+    for base, last in ((0, 39), (40, 79)):
+        (pdir / f"{base:020d}.timeindex").write_bytes(TIME_ENTRY.pack(BASE_TS, last - base))
     return tp
+
+
+def _checkpoint(world: World, tp: TopicIdPartition, checkpoint: tuple[tuple[int, int], ...]) -> None:
+    lines = ["0", str(len(checkpoint)), *(f"{e} {o}" for e, o in checkpoint)]
+    (world.pdir(1, tp) / "leader-epoch-checkpoint").write_text("\n".join(lines) + "\n")
+
+
+def _header_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """From now on, every batch header a scan of a ``.log`` yields (any scan: the copier's, the storage manager's
+    copy's), counted by file name."""
+    inner = rsm.log.batch._scan
+    reads: Counter[str] = Counter()
+
+    def counted(path, *args):  # type: ignore[no-untyped-def]
+        for item in inner(path, *args):
+            reads[Path(path).name] += 1
+            yield item
+
+    monkeypatch.setattr(rsm.log.batch, "_scan", counted)
+    return reads
+
+
+def _held(tp: TopicIdPartition, reason: str) -> float | None:
+    return REGISTRY.get_sample_value("rlm_copy_held", {"topic": tp.topic, "partition": str(tp.partition),
+                                                       "reason": reason})
+
+
+@pytest.mark.parametrize(("checkpoint", "reads"), [(((0, 0), (1, 50)), 1), (((1, 80),), 2)],
+                         ids=["covered", "cut_past"])
+def test_a_copy_reads_its_batch_headers_once_where_the_checkpoint_covers_it(
+        world: World, monkeypatch: pytest.MonkeyPatch, checkpoint: tuple[tuple[int, int], ...], reads: int) -> None:
+    """Where the checkpoint covers a segment its map is the checkpoint's, checked on the storage manager's walk of
+    the batches: each header read once (was twice: a walk for the map, then the copy's). A segment below the
+    checkpoint's start is walked for its map first, as before."""
+    tp = _partition(world, checkpoint)
+    counted = _header_reads(monkeypatch)
+    copied = world.copier(1, tp).run_once(80, leader_epoch=1).copied
+    assert [(m.start_offset, m.segment_leader_epochs) for m in copied] == [(0, ((0, 0),)), (40, ((0, 40), (1, 50)))]
+    assert dict(counted) == {f"{0:020d}.log": 40 * reads, f"{40:020d}.log": 40 * reads}
+
+
+@pytest.mark.parametrize(("refused", "fixed", "offset"), [(((0, 0), (1, 51)), ((0, 0), (1, 50)), 40),
+                                                          (((2, 60),), ((1, 60),), 60)],
+                         ids=["covered_store_copy_refuses", "cut_walk_refuses"])
+def test_a_refused_copy_holds_the_partition_where_an_operator_sees_it_until_it_clears(
+        world: World, caplog: pytest.LogCaptureFixture, refused: tuple[tuple[int, int], ...],
+        fixed: tuple[tuple[int, int], ...], offset: int) -> None:
+    """The checkpoint disagrees with the second segment's batches (epoch 1 from 51, not 50: the storage manager's
+    copy refuses it; epoch 2 from 60 where the batches hold epoch 1: the walk before the copy refuses it). The
+    segment before it is copied, the refused one and every later one not; ``rlm_copy_held{reason="epoch-mismatch"}``
+    is 1, ``rlm_copy_refusals_total`` counts it, an ERROR names the segment file and the offset. Once the checkpoint
+    agrees, the next run copies it and the gauge is gone."""
+    tp = _partition(world, refused, topic=f"held-{uuid.uuid4().hex[:8]}")
+    copier = world.copier(1, tp)
+    with caplog.at_level(logging.INFO, logger="rlm.tasks.copier"), pytest.raises(EpochMismatchError):
+        copier.run_once(80, leader_epoch=1)
+    assert world.finished(tp) == [(0, 39)]
+    assert {m.state for m in world.rlmm.list_remote_log_segments(tp)} == {RemoteLogSegmentState.COPY_SEGMENT_FINISHED}
+    assert _held(tp, "epoch-mismatch") == 1.0 and copier.held == ("epoch-mismatch", 40)
+    assert REGISTRY.get_sample_value("rlm_copy_refusals_total", {"topic": tp.topic, "reason": "epoch-mismatch"}) == 1
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("copy refused")]
+    assert line.levelno == logging.ERROR
+    assert (line.partition, Path(line.segment).name, line.start_offset, line.offset, line.reason) == (  # type: ignore[attr-defined]
+        str(tp), f"{40:020d}.log", 40, offset, "epoch-mismatch")
+    # held: the next run refuses it again, nothing past it copied
+    with pytest.raises(EpochMismatchError):
+        copier.run_once(80, leader_epoch=1)
+    assert world.finished(tp) == [(0, 39)] and _held(tp, "epoch-mismatch") == 1.0
+    _checkpoint(world, tp, fixed)
+    assert [m.start_offset for m in copier.run_once(80, leader_epoch=1).copied] == [40]
+    assert world.finished(tp) == [(0, 39), (40, 79)]
+    assert _held(tp, "epoch-mismatch") is None and copier.held is None
+    assert [o for o, _v in world.values(tp)] == list(range(80))
 
 
 @pytest.mark.parametrize("checkpoint", [((0, 0), (1, 50)), ((1, 60),), ((1, 80),)],
