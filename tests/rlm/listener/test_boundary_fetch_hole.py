@@ -51,11 +51,12 @@ class _Tier:
     bounds give ``reads`` in turn (a high watermark: the chain 0..hwm-1; None: nothing remote; an exception: raised),
     the last one from then on. :meth:`fetch` reads them first, as the tier view's does."""
 
-    def __init__(self, *reads: int | None | Exception) -> None:
+    def __init__(self, *reads: int | None | Exception, ready: bool = True) -> None:
         self.reads = list(reads)
+        self.known = ready
 
     def ready(self, tp: TopicIdPartition) -> bool:
-        return True
+        return self.known
 
     def partition(self, tp: TopicIdPartition) -> Any:
         got = self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
@@ -82,6 +83,12 @@ def _unreadable(tp: TopicIdPartition) -> UnreadableCopyError:
 
 def _answer(tier: _Tier, holes: Holes) -> int:
     """The proxy's error code for the partition of a Fetch at ``FETCHED`` the broker answered OFFSET_OUT_OF_RANGE."""
+    return _partition(tier, holes).error_code
+
+
+def _partition(tier: _Tier, holes: Holes, unbounded: dict[tuple[Any, int], ErrorCode] | None = None) -> Any:
+    """The proxy's partition answer to a Fetch at ``FETCHED`` the broker answered OFFSET_OUT_OF_RANGE (its records
+    empty, as Kafka's ``MemoryRecords.EMPTY``), its bounds known, or not and ``unbounded`` given."""
     catalog = SimpleNamespace(by_name=lambda name: SERVED if name == TOPIC else None, by_id=lambda tid: None)
     authorizer = SimpleNamespace(allowed=lambda principal, host, op, names: set(names))
     ctx = TierContext(catalog, tier, authorizer, parallel_reads=False)  # type: ignore[arg-type]
@@ -94,11 +101,11 @@ def _answer(tier: _Tier, holes: Holes) -> int:
         "throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": TOPIC, "partitions": [
             {"partition_index": 0, "error_code": ErrorCode.offset_out_of_range.value, "high_watermark": -1,
              "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-             "preferred_read_replica": -1, "records": None}]}]})
-    got = fetch_below_log_start(ctx, req, resp, Client("User:a", "127.0.0.1"),
-                                {(TOPIC, 0): BrokerBounds(LOG_START, 100, 100)}, holes)
+             "preferred_read_replica": -1, "records": b""}]}]})
+    bounds = {} if unbounded else {(TOPIC, 0): BrokerBounds(LOG_START, 100, 100)}
+    got = fetch_below_log_start(ctx, req, resp, Client("User:a", "127.0.0.1"), bounds, holes, unbounded)
     ((p,),) = [t.partitions for t in got.responses]
-    return p.error_code
+    return p
 
 
 def test_a_range_pending_stays_pending_when_a_second_read_of_the_tier_fails() -> None:
@@ -122,3 +129,16 @@ def test_a_range_pending_stays_pending_when_a_second_read_sees_more_of_the_tier(
     Before, the second read's end (80, past 45) made it no hole at all: the broker's OFFSET_OUT_OF_RANGE."""
     holes = Holes(CONFIRM_S, clock=_Clock())
     assert _answer(_Tier(40, 80), holes) == ErrorCode.offset_not_available
+
+
+def test_an_error_the_proxy_puts_in_place_of_out_of_range_carries_empty_records_not_null() -> None:
+    """OFFSET_NOT_AVAILABLE for a range pending, for a tier not read yet, and the broker's own ListOffsets error where
+    it gave no bounds: each partition's records are empty (length 0), as Kafka's for an error
+    (``MemoryRecords.EMPTY``), not null (length -1): librdkafka fails the whole Fetch answer on a null
+    ("Protocol parse failure for Fetch ... invalid MessageSetSize -1"), the other partitions' records with it."""
+    pending = _partition(_Tier(40), Holes(CONFIRM_S, clock=_Clock()))
+    unknown = _partition(_Tier(None, ready=False), Holes(CONFIRM_S, clock=_Clock()))
+    unbounded = _partition(_Tier(40), Holes(), {(TOPIC, 0): ErrorCode.not_leader_or_follower})
+    assert [(p.error_code, p.records) for p in (pending, unknown, unbounded)] == [
+        (ErrorCode.offset_not_available, b""), (ErrorCode.offset_not_available, b""),
+        (ErrorCode.not_leader_or_follower, b"")]

@@ -8,6 +8,7 @@ changes) with a clock of the test's."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
@@ -47,6 +48,24 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ClientLog(logging.Handler):
+    """A client's librdkafka log lines (its ``logger``: served by its poll and consume calls), kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.logger = logging.getLogger(f"test.librdkafka.{uuid.uuid4().hex[:6]}")
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def parse_failures(self) -> list[str]:
+        """Answers the client could not parse (a null where it wants empty records: it drops the whole answer)."""
+        return [line for line in self.lines if "parse failure" in line or "MessageSetSize" in line]
 
 
 def _tier(high_watermark: int) -> Any:
@@ -244,8 +263,9 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
                 assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
             assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) == \
                 before + 1
+            client_log = ClientLog()
             conf = {"bootstrap.servers": f"127.0.0.1:{listener.port}", "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 100}
+                    "fetch.wait.max.ms": 100, "logger": client_log.logger}
             c = Consumer({**conf, "group.id": f"p-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "error"})
             # and one with no position that starts at EARLIEST: asked again while pending, not the broker's log start
             c2 = Consumer({**conf, "group.id": f"e-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
@@ -262,6 +282,7 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             finally:
                 c.close()
                 c2.close()
+            assert client_log.parse_failures() == []  # the pending answers were read as errors, not dropped
             for records in (got, got2):
                 assert [r.offset for r in records] == list(range(end))
                 assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in records)  # (rolls)
@@ -273,3 +294,114 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             if listener is not None:
                 listener.stop()
 
+
+
+def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_resets_past_it(
+        kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
+    """A real hole, its end moving: the first segment is copied, then the sidecar stops (nothing more is staged or
+    copied) while a producer keeps the broker's retention deleting a segment about every second (segment.ms 300,
+    retention 500 ms, checked every second from the broker's start: ``LOG_TASKS_FROM_START``). Through the proxy
+    (``hole_confirm_ms`` 3 s) a Fetch at the tier's end is OFFSET_NOT_AVAILABLE at first; a consumer positioned at 0
+    with ``auto.offset.reset=earliest`` reads the tier, waits out the grace, is told OFFSET_OUT_OF_RANGE, resets to
+    the broker's log start and reads on: each offset it gets once, in order, as produced, up to the end. The broker's
+    log start moved at least three times meanwhile: with the grace started again at each move, the range stayed
+    pending and the consumer never got past the tier's end."""
+    topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500",
+                                                          "file.delete.delay.ms": "1000"})
+    tp = TopicIdPartition(topic_id, topic_name, 0)
+    settings = make_settings(kafka, tmp_path, topics=only(topic_name), history_listener={
+        "host": "127.0.0.1", "port": 0, "proxy": True, "authorization": {"allow_if_no_authorizer": True},
+        "hole_confirm_ms": CONFIRM_MS})
+    with Sidecar(settings) as sidecar:
+        wait_for(lambda: sidecar.health()[1]["leading"] == 1, 30, "the sidecar to lead the partition")
+        sent = produce_segments(kafka, topic_name, 1, 20, segment_ms=300)
+        wait_for(lambda: latest_remote(sidecar, tp) >= 19, 30, "the first segment copied",
+                 detail=lambda: copy_state(sidecar, tp))
+        tiered = latest_remote(sidecar, tp) + 1
+    roots = list(staging_roots(settings.log_dirs, settings.staging_dir).values())
+    stop, lock = threading.Event(), threading.Lock()
+
+    def keep_producing() -> None:  # a record every 100 ms: a segment rolls every ~300 ms, retention deletes it
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 0})
+
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            with lock:
+                sent[msg.offset()] = (msg.key(), msg.value())
+        i = 0
+        while not stop.is_set():
+            producer.produce(topic_name, key=f"k{i}".encode(), value=f"v{i}".encode() * 10, partition=0,
+                             on_delivery=delivered)
+            producer.poll(0)
+            stop.wait(0.1)
+            i += 1
+        assert producer.flush(30) == 0
+
+    producing = threading.Thread(target=keep_producing, name="keep-producing", daemon=True)
+    producing.start()
+    listener = None
+    try:
+        wait_for(lambda: broker_watermarks(kafka, topic_name)[0] > tiered, 30, "retention past the tier's end",
+                 detail=lambda: str(broker_watermarks(kafka, topic_name)))
+        assert staged_ranges(roots, tp) == []  # the premise: nothing staged, a real hole
+        listener = start_listener(settings, RemoteStorageManager(settings.store),
+                                  staged=lambda tp: staged_ranges(roots, tp))
+        tier = listener.server.router.ctx.tier
+
+        def read() -> bool:
+            tier.refresh([tp])
+            t = tier.partition(tp)
+            return tier.ready(tp) and t is not None and t.high_watermark == tiered
+        wait_for(read, 30, "the listener to read the tier")
+        before = REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic_name}) or 0.0
+        host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock, \
+                socket.create_connection((host, int(port)), timeout=30) as broker:
+            assert only_partition(fetch(sock, topic_name, [(0, tiered)])).error_code == \
+                ErrorCode.offset_not_available  # pending: met for less than hole_confirm_ms
+            client_log = ClientLog()
+            c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                          "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+                          "logger": client_log.logger})
+            got: list[tuple[int, bytes, bytes]] = []
+            starts: set[int] = set()
+            try:
+                c.assign([TopicPartition(topic_name, 0, 0)])
+                deadline = time.monotonic() + 60
+                while not got or got[-1][0] < tiered:  # past the hole
+                    assert time.monotonic() < deadline, (f"the consumer never got past the tier's end {tiered}",
+                                                         got[-1:], sorted(starts))
+                    starts.add(list_offsets(broker, topic_name, EARLIEST).offset)
+                    for msg in c.consume(100, 0.2):
+                        if msg.error() is None:
+                            got.append((msg.offset(), msg.key(), msg.value()))
+                        else:  # the hole met: librdkafka's reset to earliest
+                            assert msg.error().code() in (KafkaError.OFFSET_OUT_OF_RANGE,
+                                                          KafkaError._AUTO_OFFSET_RESET), msg.error()
+                stop.set()
+                producing.join(30)
+                end = broker_watermarks(kafka, topic_name)[1]
+                while got[-1][0] < end - 1:
+                    assert time.monotonic() < deadline + 30, (got[-1:], end)
+                    for msg in c.consume(100, 0.2):
+                        if msg.error() is None:
+                            got.append((msg.offset(), msg.key(), msg.value()))
+                        else:
+                            assert msg.error().code() in (KafkaError.OFFSET_OUT_OF_RANGE,
+                                                          KafkaError._AUTO_OFFSET_RESET), msg.error()
+            finally:
+                c.close()
+            assert len(starts) >= 3, sorted(starts)  # the premise: the hole's end moved while it was pending
+            assert client_log.parse_failures() == []  # OFFSET_NOT_AVAILABLE read as such (empty records, not null)
+            assert only_partition(fetch(sock, topic_name, [(0, tiered)])).error_code == ErrorCode.offset_out_of_range
+        offsets = [o for o, _k, _v in got]
+        assert offsets[:tiered] == list(range(tiered)) and offsets == sorted(set(offsets)), offsets
+        assert offsets[tiered] > tiered and offsets[-1] == end - 1
+        with lock:
+            assert all((k, v) == sent.get(o, (b"__roll__", b"r")) for o, k, v in got)
+        assert (REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic_name}) or 0.0) > before
+    finally:
+        stop.set()
+        producing.join(30)
+        if listener is not None:
+            listener.stop()
