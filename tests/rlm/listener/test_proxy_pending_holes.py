@@ -8,7 +8,6 @@ changes) with a clock of the test's."""
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -32,7 +31,7 @@ from rlm.tasks.staging import staged_ranges, staging_roots
 from rlmm.api import TopicIdPartition
 from rsm.manager import RemoteStorageManager
 from tests.rlm.listener.raw_wire import EARLIEST, fetch, list_offsets, only_partition
-from tests.support.clients import consume_until
+from tests.support.clients import consume_until, librdkafka_log
 from tests.support.kafka import broker_watermarks, produce
 from tests.support.sidecar import copy_state, latest_remote, make_settings, only, produce_segments, wait_for
 
@@ -50,22 +49,10 @@ class Clock:
         return self.now
 
 
-class ClientLog(logging.Handler):
-    """A client's librdkafka log lines (its ``logger``: served by its poll and consume calls), kept."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-        self.logger = logging.getLogger(f"test.librdkafka.{uuid.uuid4().hex[:6]}")
-        self.logger.propagate = False
-        self.logger.addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def parse_failures(self) -> list[str]:
-        """Answers the client could not parse (a null where it wants empty records: it drops the whole answer)."""
-        return [line for line in self.lines if "parse failure" in line or "MessageSetSize" in line]
+def _parse_failures(lines: list[str]) -> list[str]:
+    """librdkafka's lines (:func:`tests.support.clients.librdkafka_log`) of answers it could not parse: a null where
+    it wants empty records makes it drop the whole answer."""
+    return [line for line in lines if "parse failure" in line or "MessageSetSize" in line]
 
 
 def _tier(high_watermark: int) -> Any:
@@ -263,9 +250,9 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
                 assert (p.error_code, p.offset) == (ErrorCode.offset_not_available, -1), p
             assert REGISTRY.get_sample_value("rlm_history_tier_holes_pending_total", {"topic": topic_name}) == \
                 before + 1
-            client_log = ClientLog()
+            log, lines = librdkafka_log()
             conf = {"bootstrap.servers": f"127.0.0.1:{listener.port}", "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 100, "logger": client_log.logger}
+                    "fetch.wait.max.ms": 100, "logger": log}
             c = Consumer({**conf, "group.id": f"p-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "error"})
             # and one with no position that starts at EARLIEST: asked again while pending, not the broker's log start
             c2 = Consumer({**conf, "group.id": f"e-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
@@ -282,7 +269,7 @@ def test_a_segment_retention_deleted_while_staged_is_read_once_copied_no_reset(
             finally:
                 c.close()
                 c2.close()
-            assert client_log.parse_failures() == []  # the pending answers were read as errors, not dropped
+            assert _parse_failures(lines) == []  # the pending answers were read as errors, not dropped
             for records in (got, got2):
                 assert [r.offset for r in records] == list(range(end))
                 assert all((r.key, r.value) == sent.get(r.offset, (b"__roll__", b"r")) for r in records)  # (rolls)
@@ -359,10 +346,10 @@ def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_res
                 socket.create_connection((host, int(port)), timeout=30) as broker:
             assert only_partition(fetch(sock, topic_name, [(0, tiered)])).error_code == \
                 ErrorCode.offset_not_available  # pending: met for less than hole_confirm_ms
-            client_log = ClientLog()
+            log, lines = librdkafka_log()
             c = Consumer({"bootstrap.servers": f"127.0.0.1:{listener.port}", "group.id": f"g-{uuid.uuid4().hex[:6]}",
                           "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
-                          "logger": client_log.logger})
+                          "logger": log})
             got: list[tuple[int, bytes, bytes]] = []
             starts: set[int] = set()
             try:
@@ -392,7 +379,7 @@ def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_res
             finally:
                 c.close()
             assert len(starts) >= 3, sorted(starts)  # the premise: the hole's end moved while it was pending
-            assert client_log.parse_failures() == []  # OFFSET_NOT_AVAILABLE read as such (empty records, not null)
+            assert _parse_failures(lines) == []  # OFFSET_NOT_AVAILABLE read as such (empty records, not null)
             assert only_partition(fetch(sock, topic_name, [(0, tiered)])).error_code == ErrorCode.offset_out_of_range
         offsets = [o for o, _k, _v in got]
         assert offsets[:tiered] == list(range(tiered)) and offsets == sorted(set(offsets)), offsets
