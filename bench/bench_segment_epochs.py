@@ -33,6 +33,9 @@ code beside this tree's, each in a child process of its own (``--child``), base 
 times; the best of each (process CPU). Rows: the base (the map from a walk of the headers, then the store copy's
 walk); the new code where the checkpoint covers the segment (the checkpoint's slice, checked on the store copy's
 walk: ``check_epochs``) and where it is cut past it (a walk of the headers first, as before, and the check).
+
+``--pairs N``: the same in one process, this tree's code both ways, alternating N times (less noise than children):
+the walk for the map and the copy unchecked (the base's way) vs the checkpoint's slice and the checked copy.
 """
 
 from __future__ import annotations
@@ -173,14 +176,15 @@ def whole_copy(code: Path, segment: Path, end: int, epochs: list[tuple[int, int]
                           segment_size_bytes=segment.stat().st_size, broker_id=1, event_timestamp_ms=0,
                           segment_leader_epochs=tuple(found), custom_metadata=None)
             rsm.copy_log_segment_data(md, data, **({"check_epochs": True} if new else {}))
+            return md
 
-        for name, checkpoint in checkpoints.items():
-            runs = []
-            for _ in range(repeat):
+        for _ in range(repeat):
+            for name, checkpoint in checkpoints.items():  # (the two kinds alternate)
                 c0 = time.process_time()
-                copy(checkpoint)
-                runs.append(time.process_time() - c0)
-            out[name] = min(runs)
+                md = copy(checkpoint)
+                spent = time.process_time() - c0
+                out[name] = min(spent, out.get(name, spent))
+                rsm.delete_log_segment_data(md)  # (the store's files do not pile up in the page cache)
     return out
 
 
@@ -190,7 +194,8 @@ def side_by_side(args: argparse.Namespace) -> None:
     base = Path(args.baseline).resolve()
     print("whole copy (map + filesystem store copy, no fsync), ms of process CPU, best of "
           f"{args.rounds} rounds x {args.repeat} in alternating children")
-    print(f"  {'batches of':22} {'base':>8} {'new, covered':>13} {'new, cut':>9} {'covered vs base':>16}")
+    print(f"  {'batches of':22} {'base, covered':>14} {'base, cut':>10} {'new, covered':>13} {'new, cut':>9} "
+          f"{'covered vs base':>16}")
     with tempfile.TemporaryDirectory(prefix="bench-epochs-") as tmp:
         root = Path(tmp)
         for kib in args.batch_kib:
@@ -212,10 +217,59 @@ def side_by_side(args: argparse.Namespace) -> None:
                     for k, v in json.loads(got.splitlines()[-1]).items():
                         best_of[name][k] = min(v, best_of[name].get(k, v))
             b, n = best_of["base"], best_of["new"]
-            base_ms = min(b.values()) * 1000
             label = f"{path.stat().st_size // nbatches:,} B ({nbatches:,})"
-            print(f"  {label:22} {base_ms:8.1f} {n['covered'] * 1000:13.1f} {n['cut'] * 1000:9.1f} "
-                  f"{(n['covered'] * 1000 / base_ms - 1) * 100:+15.0f}%   (load {min(loads):.1f}-{max(loads):.1f})")
+            print(f"  {label:22} {b['covered'] * 1000:14.1f} {b['cut'] * 1000:10.1f} {n['covered'] * 1000:13.1f} "
+                  f"{n['cut'] * 1000:9.1f} {(n['covered'] / b['covered'] - 1) * 100:+15.0f}%   "
+                  f"(load {min(loads):.1f}-{max(loads):.1f})")
+
+
+def pairs(args: argparse.Namespace) -> None:
+    """``--pairs``: the base's way and the new way of a whole copy, alternating in this process."""
+    from rlm.tasks.segment_epochs import copy_epochs
+
+    print(f"whole copy (map + filesystem store copy, no fsync), ms of process CPU, {args.pairs} alternating pairs")
+    print(f"  {'batches of':22} {'walk + copy (min / median)':>28} {'slice + checked copy':>22} {'min vs min':>11}")
+    with tempfile.TemporaryDirectory(prefix="bench-epochs-") as tmp:
+        root = Path(tmp)
+        rsm = RemoteStorageManager(RsmConfig(store="fs", root_path=root / "remote", fsync=False))
+        for kib in args.batch_kib:
+            path = root / "00000000000000000000.log"
+            end, epochs = make_segment(path, args.size_mb * MB, kib * 1024)
+            (root / "0.index").write_bytes(b"")
+            (root / "0.timeindex").write_bytes(b"")
+            nbatches = sum(1 for _ in scan_batches(path, verify_crc=False))
+            data = LogSegmentData(path, root / "0.index", root / "0.timeindex", None, None, b"0\n0\n")
+            path.read_bytes()  # warm
+
+            def copy(new: bool, path: Path = path, end: int = end, epochs: list[EpochEntry] = epochs,
+                     data: LogSegmentData = data) -> float:
+                c0 = time.process_time()
+                if new:
+                    found = copy_epochs(epochs, 0, end, lambda: scan_batches(path, verify_crc=False), str(path),
+                                        copy_checks=True)
+                else:
+                    found = segment_epochs(scan_batches(path, verify_crc=False), 0, end, epochs, str(path))
+                md = RemoteSegmentMetadata(
+                    remote_segment_id=uuid.uuid4(), topic_id=uuid.uuid4(), topic_name="t", partition=0,
+                    start_offset=0, end_offset_inclusive=end, max_timestamp_ms=0,
+                    segment_size_bytes=path.stat().st_size, broker_id=1, event_timestamp_ms=0,
+                    segment_leader_epochs=tuple(found), custom_metadata=None)
+                rsm.copy_log_segment_data(md, data, check_epochs=new)
+                spent = time.process_time() - c0
+                rsm.delete_log_segment_data(md)
+                return spent
+
+            runs: dict[bool, list[float]] = {False: [], True: []}
+            loads = []
+            for _ in range(args.pairs):
+                loads.append(os.getloadavg()[0])
+                for new in (False, True):
+                    runs[new].append(copy(new))
+            old, new_ = (sorted(runs[k]) for k in (False, True))
+            label = f"{path.stat().st_size // nbatches:,} B ({nbatches:,})"
+            print(f"  {label:22} {old[0] * 1000:18.1f} / {old[len(old) // 2] * 1000:7.1f} "
+                  f"{new_[0] * 1000:12.1f} / {new_[len(new_) // 2] * 1000:7.1f} {(new_[0] / old[0] - 1) * 100:+10.0f}%"
+                  f"   (load {min(loads):.1f}-{max(loads):.1f})")
 
 
 def main() -> int:
@@ -226,6 +280,7 @@ def main() -> int:
     ap.add_argument("--no-copy", action="store_true", help="skip the store copy row")
     ap.add_argument("--baseline", help="the base code's root (rlm/, rsm/, rlmm/): whole copies side by side")
     ap.add_argument("--rounds", type=int, default=3, help="--baseline: alternations of base and new")
+    ap.add_argument("--pairs", type=int, help="whole copies, the base's way and the new way alternating, in-process")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--segment", help=argparse.SUPPRESS)
     ap.add_argument("--end", type=int, help=argparse.SUPPRESS)
@@ -235,9 +290,12 @@ def main() -> int:
         epochs = [(int(e), int(o)) for e, o in (pair.split(":") for pair in args.epochs.split(","))]
         print(json.dumps(whole_copy(Path(args.child), Path(args.segment), args.end, epochs, args.repeat)))
         return 0
-    if args.baseline:
+    if args.baseline or args.pairs:
         print(f"load average {os.getloadavg()}, python {sys.version.split()[0]}, {os.cpu_count()} cpus")
-        side_by_side(args)
+        if args.pairs:
+            pairs(args)
+        if args.baseline:
+            side_by_side(args)
         return 0
     print(f"load average {os.getloadavg()}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
           f"best of {args.repeat}, thread CPU (wall)")

@@ -261,8 +261,11 @@ class Sidecar:
                                log_dir_problems=self.log_dir_problems, store_probes=self.store_probes,
                                store_copies=self.store_copies, margins=self.margins)
         leading, following = self.leadership.counts()
+        # not a check (a refused copy is the local log's, not the sidecar's): where copying is held, and why
+        held = {str(led.tp): {"reason": h[0], "start_offset": h[1]}
+                for led in self.leadership.each_led() if (h := led.copier.held) is not None}
         return ok, {"checks": checks, "last_discovery_ok": self.last_discovery_ok, "last_error": self.last_error,
-                    "leading": leading, "following": following}
+                    "leading": leading, "following": following, "copy_held": held}
 
     def _not_caught_up(self, served: list[TopicIdPartition]) -> list[TopicIdPartition]:
         return [tp for tp in served if not self.rlmm.is_ready(tp)]

@@ -26,6 +26,7 @@ EXPECTED_ALERTS = {
     "RlmCopyLagBytesGrowing", "RlmCopyLagSegmentsGrowing",  # copy lag growing, bytes and segments
     "RlmRetentionMarginLow", "RlmRetentionMarginBytesLow",  # retention margin below the minimum
     "RlmSegmentGap",  # data lost before it was copied
+    "RlmCopyHeld",  # a partition's copying held at a refused segment
     "RlmLogDirUnreadable",
     "RlmMetadataNotCaughtUp",  # metadata not caught up
     "RlmStoreFailures", "RlmTaskErrors",  # store failures, other tasks failing
