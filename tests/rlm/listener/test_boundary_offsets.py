@@ -68,17 +68,20 @@ class _Broker:
     DeleteRecords between the proxy's two requests), answering with the log it has then: a timestamp below its
     records, and EARLIEST, with its log start; LATEST and MAX_TIMESTAMP from its end."""
 
-    def __init__(self, header: RequestHeader, before: int, after: int) -> None:
-        self.header, self.log_start, self.after = header, before, after
+    def __init__(self, header: RequestHeader, before: int, after: int, error: ErrorCode = ErrorCode.none) -> None:
+        self.header, self.log_start, self.after, self.error = header, before, after, error
         self.asked: list[str] = []  # the proxy's requests, in order: "log start", "client's"
 
     async def ask(self, api_key: int, api_version: int, values: dict[str, Any]) -> Any:
+        """The proxy's ListOffsets of the log start: answered, or each partition with ``error``."""
         assert api_key == ApiKey.LIST_OFFSETS
         assert all(p["timestamp"] == EARLIEST for t in values["topics"] for p in t["partitions"])
         self.asked.append("log start")
+        ok = self.error == ErrorCode.none
         return build(load_response_schema(api_key, api_version), {"throttle_time_ms": 0, "topics": [
-            {"name": t["name"], "partitions": [{"partition_index": p["partition_index"], "error_code": 0,
-                                                "timestamp": -1, "offset": self.log_start, "leader_epoch": 0}
+            {"name": t["name"], "partitions": [{"partition_index": p["partition_index"], "error_code": self.error.value,
+                                                "timestamp": -1, "offset": self.log_start if ok else -1,
+                                                "leader_epoch": 0 if ok else -1}
                                                for p in t["partitions"]]} for t in values["topics"]]})
 
     async def request(self, frame: bytes) -> bytes:
@@ -100,12 +103,14 @@ class _Broker:
             {"name": TOPIC, "partitions": [one(p, ts) for p, ts in asked.items()]}]})
 
 
-def _route(asked: dict[int, int], before: int, after: int) -> tuple[dict[int, tuple[int, int]], list[str]]:
+def _route(asked: dict[int, int], before: int, after: int, error: ErrorCode = ErrorCode.none
+           ) -> tuple[dict[int, tuple[int, int]], list[str]]:
     """The proxy's answer, partition -> (error code, offset), to a client's ListOffsets of ``asked`` (partition ->
     timestamp) through :meth:`Proxy.answer`, its broker's log start moving from ``before`` to ``after`` while it
-    answers; and the order of the proxy's requests to the broker."""
+    answers (its ask of the log start answered with ``error`` when given); and the order of the proxy's requests
+    to the broker."""
     header = RequestHeader(ApiKey.LIST_OFFSETS, VERSION, 7, "c", True, 0)
-    broker = _Broker(header, before, after)
+    broker = _Broker(header, before, after, error)
     broker.answering(asked)
     proxy = Proxy(_ctx(), PeerAddresses(1, lambda: ("127.0.0.1", 9092), {}), "127.0.0.1:1", timeout_s=1.0,
                   max_response_bytes=1 << 20)
@@ -127,6 +132,17 @@ def test_a_timestamp_lookup_the_broker_answers_past_records_it_just_deleted_is_t
     got, order = _route(asked, 40, 50)
     assert got == {0: (0, TIER_HIT), 1: (0, 0), 2: (0, BROKER_END), 3: (0, BROKER_MAX_TS[0])}
     assert order == ["client's", "log start"]
+
+
+def test_a_timestamp_lookup_is_asked_again_when_the_proxys_log_start_ask_fails_for_the_partition() -> None:
+    """The broker answers the timestamp with its log start (50), then the proxy's ListOffsets of that log start with
+    NOT_LEADER_OR_FOLLOWER (leadership moved between the two) or OFFSET_NOT_AVAILABLE: whether the first record at or
+    after the timestamp lies below it is not known (the tier's is at 45): OFFSET_NOT_AVAILABLE, not the broker's 50.
+    EARLIEST (its answer the broker's log start itself) and LATEST are not changed by it."""
+    for error in (ErrorCode.not_leader_or_follower, ErrorCode.offset_not_available):
+        got, order = _route({0: TS, 1: EARLIEST, 2: LATEST}, 40, 50, error)
+        assert got == {0: NOT_AVAILABLE, 1: (0, 0), 2: (0, BROKER_END)}, error
+        assert order == ["client's", "log start"]
 
 
 def test_no_log_start_is_asked_for_lookups_the_tier_does_not_answer() -> None:
