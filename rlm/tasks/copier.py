@@ -487,7 +487,7 @@ class PartitionCopier:
                         batch = []
                         break
                     batch = []
-                    self.refused(err, s.log_path, max(s.base_offset, planned + 1))
+                    self.refused(err, s.base_offset, s.log_path, max(s.base_offset, planned + 1))
                     raise
                 if prepared is None:
                     # Nothing worth copying (expired already); not a gap. Tiered only once the batch before it is.
@@ -577,15 +577,17 @@ class PartitionCopier:
             result.cancelled = True
             return False
         if isinstance(err, REFUSED):
-            s = batch[len(finished)][0]
-            self.refused(err, s.log_path, batch[len(finished)][1].start_offset)
+            s, md, _copy = batch[len(finished)]
+            self.refused(err, s.base_offset, s.log_path, md.start_offset)
         raise err
 
-    def refused(self, err: EpochMismatchError | BatchEpochError, log_path: Path | str, start_offset: int) -> None:
-        """A copy from ``start_offset`` of the ``.log`` at ``log_path`` refused for its batches' leader epochs: the
-        partition's copying is held there (``rlm_copy_held``, with the reason; ``rlm_copy_refusals``), logged with the
-        segment, the offset and the reason, until a copy from there succeeds (:meth:`tiered`) or the partition is no
-        longer led (:func:`forget_held`)."""
+    def refused(self, err: EpochMismatchError | BatchEpochError, base_offset: int, log_path: Path | str,
+                start_offset: int) -> None:
+        """A copy from ``start_offset`` of the segment of ``base_offset``, read at ``log_path`` (staged, held open, or
+        the broker's), refused for its batches' leader epochs: the partition's copying is held there
+        (``rlm_copy_held``, with the reason; ``rlm_copy_refusals``), logged with the segment's file in the partition
+        dir, the file read, the offsets and the reason, until a copy from there succeeds (:meth:`tiered`) or the
+        partition is no longer led (:func:`forget_held`)."""
         reason = "epoch-mismatch" if isinstance(err, EpochMismatchError) else err.reason
         labels = (self.tp.topic, str(self.tp.partition))
         metrics.COPY_REFUSALS.labels(self.tp.topic, reason).inc()
@@ -594,7 +596,8 @@ class PartitionCopier:
         metrics.COPY_HELD.labels(*labels, reason).set(1)
         self._held = (reason, start_offset)
         log.error("copy refused: the batches' leader epochs; the partition's copying is held at this segment", extra={
-            "partition": str(self.tp), "segment": str(log_path), "start_offset": start_offset,
+            "partition": str(self.tp), "segment": str(self.partition_dir / segment_file_name(base_offset, ".log")),
+            "file": str(log_path), "start_offset": start_offset,
             "offset": err.offset, "position": getattr(err, "position", None), "reason": reason, "error": str(err)})
 
     @property

@@ -173,7 +173,7 @@ class StreamingOffloader:
             self.reset()
             return result
         except REFUSED as err:
-            copier.refused(err, cut.pieces[0].log_path, cut.start_offset)
+            copier.refused(err, self._base_of(cut.start_offset), cut.pieces[0].log_path, cut.start_offset)
             self.reset()
             raise
         except Exception:
@@ -276,6 +276,10 @@ class StreamingOffloader:
             return
         self._torn = None
 
+    def _base_of(self, offset: int) -> int:
+        """The base offset of the local segment holding ``offset`` (``offset`` itself when none does)."""
+        return max((f.base_offset for f in self._local_files() if f.base_offset <= offset), default=offset)
+
     @staticmethod
     def _position(f: _LocalFile, offset: int, cut: OffloadCut) -> int:
         """Where to scan ``f`` from for ``offset``: right after the cut's last batch (or the previous offload
@@ -300,7 +304,7 @@ class StreamingOffloader:
         # of its batches here (rlm.tasks.segment_epochs)
         seg_epochs = copy_epochs(epochs, start, end, lambda: _cut_headers(cut), str(cut.pieces[0].log_path),
                                  copy_checks=copier.copy_checks_epochs)
-        base = max((f.base_offset for f in self._local_files() if f.base_offset <= start), default=start)
+        base = self._base_of(start)
         # every .txnindex from the local segment holding `start` on (aborted_txns takes those above its base)
         aborted = copier.aborted_txns(base - 1, start, end)
         md = RemoteLogSegmentMetadata(

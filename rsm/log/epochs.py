@@ -10,8 +10,8 @@ batch's base offset on.
 as it packs the batches into blocks (``check_epochs``: the batches' map must be the one the segment's metadata
 records, else :class:`EpochMismatchError` before the copy's index object, nothing readable), or a walk of its own
 (:func:`batch_epochs`). A header whose epoch is the one before costs one comparison (the copy feeds a block's
-batches at a time): 62,718 batches of 1 KiB, a 64 MiB segment, ~4 ms (``bench/bench_segment_epochs.py``), against
-~119 ms for a walk of their headers of its own.
+batches at a time): the 62,718 headers of a 64 MiB segment of 1 KiB batches, fed 3,000 at a time, 4.0 ms of CPU,
+against 119 ms for a walk of their headers of its own (``bench/bench_segment_epochs.py``'s scan row).
 """
 
 from __future__ import annotations

@@ -193,3 +193,24 @@ def test_the_offloader_records_the_batches_epochs(world: World, checkpoint: tupl
     copied = off.run_once(70).copied
     assert [(m.start_offset, m.end_offset_inclusive, m.segment_leader_epochs) for m in copied] == [
         (0, 69, ((0, 0), (1, 50)))]
+
+
+def test_a_refused_offload_holds_the_partition_until_it_clears(world: World) -> None:
+    """The streaming offloader's copy of 0..69 refused (the checkpoint says epoch 1 from 51, the batches from 50):
+    held at 0, the cut dropped; with the checkpoint agreeing, the next cut copies and the gauge is gone."""
+    tp = _partition(world, ((0, 0), (1, 51)), topic=f"held-{uuid.uuid4().hex[:8]}")
+    now = [0.0]
+    copier = world.copier(1, tp)
+    off = StreamingOffloader(copier, max_bytes=1 << 20, max_ms=5000, clock=lambda: now[0])
+    assert not off.run_once(70, leader_epoch=1).copied  # the cut opens
+    now[0] += 6
+    with pytest.raises(EpochMismatchError, match="the batches say epoch 0 from 0, epoch 1 from 50"):
+        off.run_once(70, leader_epoch=1)
+    assert world.finished(tp) == [] and _held(tp, "epoch-mismatch") == 1.0 and copier.held == ("epoch-mismatch", 0)
+    assert not world.rlmm.list_remote_log_segments(tp)  # the refused copy removed
+    _checkpoint(world, tp, ((0, 0), (1, 50)))
+    assert not off.run_once(70, leader_epoch=1).copied  # a new cut opens
+    now[0] += 6
+    assert [(m.start_offset, m.end_offset_inclusive, m.segment_leader_epochs)
+            for m in off.run_once(70, leader_epoch=1).copied] == [(0, 69, ((0, 0), (1, 50)))]
+    assert _held(tp, "epoch-mismatch") is None and copier.held is None
