@@ -828,7 +828,8 @@ class PartitionCopier:
                 self._remove(md, "cancelled-copy")
                 break
             except Exception as err:  # noqa: BLE001 - returned: the caller raises it
-                metrics.ERRORS.labels("copy").inc()
+                if not isinstance(err, REFUSED):  # (counted and logged as a refusal: not the store's failure)
+                    metrics.ERRORS.labels("copy").inc()
                 log.error("copy failed; removing the attempt", extra={
                     "partition": str(self.tp), "start_offset": md.start_offset,
                     "segment": str(md.remote_log_segment_id), "error": str(err)})

@@ -147,8 +147,11 @@ def test_a_refused_copy_holds_the_partition_where_an_operator_sees_it_until_it_c
     agrees, the next run copies it and the gauge is gone."""
     tp = _partition(world, refused, topic=f"held-{uuid.uuid4().hex[:8]}")
     copier = world.copier(1, tp)
+    copy_errors = REGISTRY.get_sample_value("rlm_errors_total", {"op": "copy"}) or 0
     with caplog.at_level(logging.INFO, logger="rlm.tasks.copier"), pytest.raises(EpochMismatchError):
         copier.run_once(80, leader_epoch=1)
+    # not a store failure (RlmStoreFailures counts rlm_errors_total{op="copy"})
+    assert (REGISTRY.get_sample_value("rlm_errors_total", {"op": "copy"}) or 0) == copy_errors
     assert world.finished(tp) == [(0, 39)]
     assert {m.state for m in world.rlmm.list_remote_log_segments(tp)} == {RemoteLogSegmentState.COPY_SEGMENT_FINISHED}
     assert _held(tp, "epoch-mismatch") == 1.0 and copier.held == ("epoch-mismatch", 40)
