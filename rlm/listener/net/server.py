@@ -97,6 +97,7 @@ from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, 
 from rlm.listener.routing import Route, Router
 from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
+from rlm.listener.upstream.relay import RELAY_MIN_BYTES, Relayed, held_back
 from rlm.logs import limited_logger
 from rlm.tier import StreamedBatch, UnreadableCopyError
 
@@ -125,6 +126,7 @@ WRITE_POLL_S = 1.0  # how often a queued answer is checked for progress (write_t
 # one up to this size (a consumer's usual answer: max.partition.fetch.bytes, 1 MiB, and its headers) is written in
 # one piece and not waited for (ListenerServer._write)
 WRITE_SLICE_BYTES = 2 << 20
+FETCH_KEY = ApiKey.FETCH.to_bytes(2, "big")  # a request frame's first bytes
 FREE_WHOLE_STRUCTS = 1024  # an answer built of at most this many structs is freed whole (_encoded)
 READ_SLICE_BYTES = 256 * 1024  # a request frame larger than this is taken from the stream this much at a time
 # A connection's stream stops reading from its socket once it buffers twice this (plus one receive, 256 KiB): what a
@@ -305,6 +307,12 @@ class ListenerServer:
         # As a proxy: this connection's own connection to the broker, opened at its first request (a proxy's session
         # passes SASL through on it: rlm.listener.net.sasl.PassThroughSession).
         upstream = self.router.proxy.connection() if self.router.proxy is not None else None
+        if upstream is not None:
+            upstream.client = writer.transport  # Fetch answers cut through (rlm.listener.upstream.relay)
+        # As a proxy over plaintext, the broker's answers, once handed to the transport (which copies what its socket
+        # does not take at once), give their buffer back for the next large answer (Upstream.recycle); asyncio's TLS
+        # transport may keep a reference to what it was given, so over TLS each answer has a buffer of its own.
+        recycled = upstream is not None and self.ssl_context is None
         session = self.session_factory(peer, upstream) if self.session_factory is not None else None
         # Who the client is, for the cluster's ACLs: its SASL user once authenticated, else its certificate's mapped
         # subject (mutual TLS), else User:ANONYMOUS. A certificate no mapping rule matches is refused, as Kafka does.
@@ -366,7 +374,12 @@ class ListenerServer:
                     continue  # Produce with acks=0, or a long poll whose client left
                 # counted before the write: a client may read the response before the next line would run
                 _bytes_sent(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(len(response))
-                if isinstance(response, ChunkedAnswer):
+                if isinstance(response, Relayed):  # its first bytes went as they came: the rest
+                    self._write(writer, protocol, response.rest(), peer, counted=len(response))
+                    upstream.client_paced = held_back(sock)  # type: ignore[union-attr]
+                    if recycled:
+                        upstream.recycle(response.frame)  # type: ignore[union-attr]
+                elif isinstance(response, ChunkedAnswer):
                     # response.then (the proxy's next answer read ahead) once the socket has had the first writes of
                     # a small answer; before a large one's slices, whose writes mostly wait for the client to read
                     if len(response) <= WRITE_SLICE_BYTES and response.in_memory():
@@ -380,6 +393,11 @@ class ListenerServer:
                             return
                 elif len(response) <= WRITE_SLICE_BYTES:
                     self._write(writer, protocol, response, peer)  # taken, or queued (protocol.answer)
+                    if upstream is not None and isinstance(response, bytearray):  # the broker's answer (a proxy's)
+                        if len(response) >= RELAY_MIN_BYTES and frame[:2] == FETCH_KEY:
+                            upstream.client_paced = held_back(sock)
+                        if recycled:
+                            upstream.recycle(response)
                 elif not await self._send(writer, response, peer, loop.time()):
                     return
                 if session is not None and session.close_after_response:
@@ -460,15 +478,16 @@ class ListenerServer:
                         "(history_listener.tls.principal_mapping_rules)", extra={"peer": str(peer), "error": str(err)})
             return False
 
-    def _write(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol, data: bytes | bytearray | ChunkedAnswer,
-               peer: Any) -> None:
+    def _write(self, writer: asyncio.StreamWriter, protocol: _ClientProtocol,
+               data: bytes | bytearray | memoryview | ChunkedAnswer, peer: Any, *, counted: int | None = None) -> None:
         """Hand an answer of at most ``WRITE_SLICE_BYTES`` to the transport whole, without waiting: what the socket
         does not take at once is the connection's queued answer (:class:`_QueuedAnswer`, counted in
         :meth:`queued_response_bytes` until the socket has taken it all), which the next request waits for. A
         consumer's next Fetch comes once it has read this answer, so it seldom waits: no event-loop round per
         answer to wake a drain, one to read the request. A :class:`ChunkedAnswer` (of parts in memory only) is
-        handed over as its parts, not joined (:meth:`_write_parts`)."""
-        n = len(data)
+        handed over as its parts, not joined (:meth:`_write_parts`). ``counted``: the bytes the answer counts for
+        when more than ``data`` (the rest of a relayed answer, whose first bytes may still be in the transport)."""
+        n = len(data) if counted is None else counted
         self._queued += n
         if isinstance(data, ChunkedAnswer):
             self._write_parts(writer, protocol, data.parts)  # type: ignore[arg-type]  # in memory (the caller's check)

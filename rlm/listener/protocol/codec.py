@@ -55,6 +55,7 @@ __all__ = [
     "error_body",
     "FetchAnswer",
     "fetch_answer",
+    "fetch_records_end",
     "fetch_sessionless",
     "free_gradually",
     "last_offset",
@@ -424,6 +425,53 @@ def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
     except (IndexError, struct.error):
         raise BadRequestError(f"FetchResponse v{v}: truncated", header) from None
     return FetchAnswer(error_code, tuple(errors), names_leaders, pos)
+
+
+def fetch_records_end(answer: bytes | memoryview, header: RequestHeader) -> int | None:
+    """Where the records of a broker's Fetch answer (without its size prefix) to ``header``'s request (v4+) end, read
+    from as much of its start as has come, when it is an answer of one topic of one partition, with records and no
+    error, top-level or the partition's: its bytes up to there are the same whatever the rest holds (the proxy's
+    cut-through, :mod:`rlm.listener.upstream.relay`). None when it is not such an answer. Raises ``IndexError`` or
+    ``struct.error`` when ``answer`` is too short to tell."""
+    v = header.api_version
+    flexible = v >= FETCH_FIRST_FLEXIBLE
+    pos = _skip_tags(answer, 4) if flexible else 4  # correlation id (response header v1: tagged fields)
+    pos += 4  # throttle_time_ms
+    if v >= FETCH_FIRST_SESSION:
+        (error_code,) = _I16.unpack_from(answer, pos)
+        if error_code:
+            return None
+        pos += 6  # error_code, session_id
+    topics, pos = _array_length(answer, pos, flexible)
+    if topics != 1:
+        return None
+    if v >= FETCH_FIRST_TOPIC_ID:
+        pos += 16
+    else:
+        _name, pos = _string(answer, pos, flexible)
+    partitions, pos = _array_length(answer, pos, flexible)
+    if partitions != 1:
+        return None
+    _index, code = _INDEX_ERROR.unpack_from(answer, pos)
+    if code:
+        return None
+    pos += 6 + 8 + 8 + (8 if v >= 5 else 0)  # high watermark, last stable, log start offsets
+    aborted, pos = _array_length(answer, pos, flexible)
+    for _ in range(aborted):
+        pos += 16  # producer_id, first_offset
+        if flexible:
+            pos = _skip_tags(answer, pos)
+    if v >= 11:
+        pos += 4  # preferred_read_replica
+    if flexible:
+        n, pos = _uvarint(answer, pos)
+        n -= 1
+    else:
+        (n,) = _I32.unpack_from(answer, pos)
+        pos += 4
+    if pos > len(answer):
+        raise IndexError(pos)
+    return pos + n if n > 0 else None
 
 
 def encode_fetch_response(header: RequestHeader, values: Mapping[str, Any]) -> bytes:

@@ -16,9 +16,12 @@ a broker that closes the connection or does not answer within the timeout ends t
 closed too (:class:`UpstreamError`), and it reconnects as it does when a broker goes away.
 
 The broker's answers are read by a buffered protocol (:class:`_Answers`), not a stream reader: each answer lands in
-one buffer of its own, size prefix included, which the listener sends on to the client as it is (a 1 MiB Fetch
-answer is copied by no one), and the task waiting for it wakes once, when it is whole (a stream reader wakes it per
-chunk read; ``asyncio.wait_for`` made a task per wait: bench_proxy's profile had ~34 event-loop rounds per Fetch).
+one buffer, size prefix included, which the listener sends on to the client as it is (a 1 MiB Fetch answer is copied
+by no one), and the task waiting for it wakes once, when it is whole (a stream reader wakes it per chunk read;
+``asyncio.wait_for`` made a task per wait: bench_proxy's profile had ~34 event-loop rounds per Fetch). Over plaintext
+the listener gives a large answer's buffer back once it is sent (:meth:`Upstream.recycle`), for the next one: a new
+1 MiB ``bytearray`` an answer was mapped, zeroed, faulted in and unmapped again each time. A one-partition Fetch
+answer is sent on to the client as it comes (:mod:`rlm.listener.upstream.relay`).
 :class:`_Answers` can await the rest of a large answer in the kernel (``SO_RCVLOWAT``, :data:`LOWAT_MAX_BYTES` at
 most: the socket reported readable once that much has come, not per chunk the broker's 100 KB send buffer lets
 through), but the proxy does not use it (:data:`UPSTREAM_LOW_WATER`): it saves event-loop rounds and costs latency.
@@ -49,6 +52,7 @@ from rlm.listener.protocol.frame import (
     correlation_id_of_response,
 )
 from rlm.listener.upstream.bounds import KnownBounds
+from rlm.listener.upstream.relay import Relay
 from rlm.logs import limited_logger
 
 __all__ = ["BROKER_API_VERSIONS_VERSION", "Upstream", "UpstreamError", "broker_address"]
@@ -105,8 +109,11 @@ class _Answers(asyncio.BufferedProtocol):
         self._scratch = bytearray(SCRATCH_BYTES)  # reads between answers: size prefixes and small answers
         self._scratch_len = 0
         self._frame: bytearray | None = None  # the answer being read (larger than what the scratch held)
+        self._spare: bytearray | None = None  # a large answer's buffer, sent and given back (recycle)
         self._frame_len = 0
         self._answers: deque[bytearray] = deque()
+        self.relay: Relay | None = None  # the cut-through of the next answer begun (armed by Upstream.forward)
+        self._relaying: Relay | None = None  # the answer being read's
         self._waiter: asyncio.Future[None] | None = None  # an answer, or the connection lost
         self._drained: asyncio.Future[None] | None = None  # writing may go on (resume_writing)
         self.paused = False
@@ -126,6 +133,8 @@ class _Answers(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._frame is not None:
             self._frame_len += nbytes
+            if self._relaying is not None:
+                self._relaying.advance(self._frame, self._frame_len)
             if self._frame_len == len(self._frame):
                 frame, self._frame = self._frame, None
                 self._low_water_at(1)
@@ -141,10 +150,13 @@ class _Answers(asyncio.BufferedProtocol):
                 self._lost(UpstreamError(f"the broker's answer of {size} bytes is outside "
                                          f"4..{self.max_response_bytes}"))
                 return
-            frame = bytearray(SIZE.size + size)
+            frame = self._buffer_of(SIZE.size + size)
             have = min(end - pos, len(frame))
             frame[:have] = scratch[pos:pos + have]
             pos += have
+            self._relaying, self.relay = self.relay, None
+            if self._relaying is not None:
+                self._relaying.advance(frame, have)
             if have < len(frame):  # the rest is read into it directly, once it has come (or the most awaited)
                 self._frame, self._frame_len = frame, have
                 self._low_water_at(len(frame) - have)
@@ -154,6 +166,28 @@ class _Answers(asyncio.BufferedProtocol):
         if left:  # a size prefix not yet whole (same-length assignment: the buffer is exported)
             scratch[:left] = scratch[pos:end]
         self._scratch_len = left
+
+    def _buffer_of(self, nbytes: int) -> bytearray:
+        """A buffer of ``nbytes`` for an answer: the spare one given back (:meth:`recycle`) for a large answer, sized
+        to it, its old bytes all written over before the answer is handed on; else a new one. A new 1 MiB bytearray
+        costs more than its zeroing: its pages are mapped, faulted in and unmapped again with each answer."""
+        spare = self._spare
+        if spare is not None and nbytes > SCRATCH_BYTES:
+            self._spare = None
+            try:
+                if len(spare) > nbytes:
+                    del spare[nbytes:]  # in place: CPython keeps the allocation down to half of it
+                elif len(spare) < nbytes:
+                    spare.extend(bytes(nbytes - len(spare)))
+                return spare
+            except BufferError:  # still viewed somewhere: not to be written over
+                pass
+        return bytearray(nbytes)
+
+    def recycle(self, frame: bytearray) -> None:
+        """``frame``, an answer handed over, is sent (or copied by the transport): its buffer may serve the next."""
+        if len(frame) > SCRATCH_BYTES:
+            self._spare = frame
 
     def _low_water_at(self, nbytes: int) -> None:
         """The socket reported readable once ``nbytes`` (at most :data:`LOWAT_MAX_BYTES`) have come: the kernel
@@ -235,6 +269,10 @@ class Upstream:
         self.prefetched: Any = None  # the proxy's answer from the tier read ahead for this client's next Fetch
         self._deadline: Deadline | None = None  # the broker's answer (or taking a request) is awaited until then
         self._awaited: asyncio.Future[None] | None = None
+        # the client's transport, for cut-through of Fetch answers (rlm.listener.upstream.relay); set by the listener,
+        # as is whether the client's path held back the last large answer it was handed (relay.held_back)
+        self.client: asyncio.WriteTransport | None = None
+        self.client_paced = False
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -285,9 +323,10 @@ class Upstream:
         framed = await self.forward(frame, answered=answered)
         return None if framed is None else bytes(memoryview(framed)[SIZE.size:])
 
-    async def forward(self, frame: bytes, *, answered: bool = True) -> bytearray | None:
+    async def forward(self, frame: bytes, *, answered: bool = True, relay: Relay | None = None) -> bytearray | None:
         """As :meth:`request`, the answer as it goes to the client: size prefix included, in the one buffer it was
-        read into (no copy)."""
+        read into (no copy). ``relay``: its bytes that may go early are sent to the client as they come
+        (:mod:`rlm.listener.upstream.relay`: the caller finishes or aborts it)."""
         await self.ready()
         client_id = int.from_bytes(frame[4:8], "big", signed=True)
         ours = self._correlation_id()
@@ -298,7 +337,7 @@ class Upstream:
         if not answered:
             await self._send(data)
             return None
-        answer = await self._exchange(data, ours)
+        answer = await self._exchange(data, ours, relay)
         CORRELATION_ID.pack_into(answer, SIZE.size, client_id)
         return answer
 
@@ -317,11 +356,16 @@ class Upstream:
             self.close()
             raise answers.error
 
-    async def _exchange(self, data: bytes | bytearray, correlation_id: int) -> bytearray:
-        """``data`` (a request, size prefix included) sent; the next answer, size prefix included."""
-        await self._send(data)
+    async def _exchange(self, data: bytes | bytearray, correlation_id: int, relay: Relay | None = None
+                        ) -> bytearray:
+        """``data`` (a request, size prefix included) sent; the next answer, size prefix included (``relay``: its
+        cut-through, armed for it)."""
         answers = self._answers
         assert answers is not None
+        if relay is not None:
+            relay.upstream_id = correlation_id
+        answers.relay = relay
+        await self._send(data)
         try:
             got = answers.answer()
             while not isinstance(got, bytearray):
@@ -330,7 +374,8 @@ class Upstream:
         except UpstreamError:
             self.close()
             raise
-        answer_id = correlation_id_of_response(memoryview(got)[SIZE.size:])
+        answer_id = (correlation_id if relay is not None and relay.sent  # checked before it went, then replaced
+                     else correlation_id_of_response(memoryview(got)[SIZE.size:]))
         if answer_id != correlation_id:
             self.close()
             raise UpstreamError(f"the broker answered correlation id {answer_id}, expected {correlation_id}")
@@ -362,6 +407,12 @@ class Upstream:
     def _correlation_id(self) -> int:
         self._next_id = (self._next_id + 1) & INT32_MASK
         return self._next_id
+
+    def recycle(self, frame: bytearray) -> None:
+        """``frame``, an answer :meth:`forward` gave and the listener has sent (the transport took it or copied what
+        its socket did not: nothing references it), serves the next large answer instead of a new buffer."""
+        if self._answers is not None:
+            self._answers.recycle(frame)
 
     def close(self) -> None:
         if self._answers is not None and self._answers.transport is not None:

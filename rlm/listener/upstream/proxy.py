@@ -73,7 +73,8 @@ from rlm.listener.tier.boundary import (
 from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import in_request_order
 from rlm.listener.tier.held import Claim, HeldBlocks, budget_of
-from rlm.listener.upstream.brokers import Upstream
+from rlm.listener.upstream.brokers import Upstream, UpstreamError
+from rlm.listener.upstream.relay import Relay, Relayed
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.tier import StreamedBatch
 
@@ -131,7 +132,7 @@ class Proxy:
 
     async def answer(self, route: Route, header: RequestHeader, frame: bytes, req: Any, client: Client,
                      upstream: Upstream, run: Run, room: Callable[[], int] | None = None
-                     ) -> bytes | bytearray | ChunkedAnswer | None:
+                     ) -> bytes | bytearray | ChunkedAnswer | Relayed | None:
         """The answer frame (size prefix included) to one client request, ``b""`` for none (Produce acks=0); a
         Fetch answer carrying a batch too large to hold is a :class:`ChunkedAnswer` (PDP-43: the batch read from the
         store and written a chunk at a time).
@@ -170,7 +171,8 @@ class Proxy:
         raise ValueError(f"api key {key} has no proxied route {route}")
 
     async def _fetch(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream,
-                     run: Run, room: Callable[[], int] | None = None) -> bytes | bytearray | ChunkedAnswer:
+                     run: Run, room: Callable[[], int] | None = None
+                     ) -> bytes | bytearray | ChunkedAnswer | Relayed:
         """A Fetch forwarded as the client's bytes, asking for no session (:func:`fetch_sessionless`); the broker's
         answer walked (:func:`fetch_answer`), not decoded, and passed as its bytes unless a partition of a topic the
         tier serves is OFFSET_OUT_OF_RANGE (then decoded and split: the tier's part merged in) or it names leaders'
@@ -183,13 +185,26 @@ class Proxy:
             if tier is not None:
                 return tier
             ahead = None  # taken (used or missed)
-        framed = await upstream.forward(fetch_sessionless(frame, header))
+        # cut through when the client's path held back the last large answer (rlm.listener.upstream.relay)
+        relay = Relay(upstream.client, header) if upstream.client is not None and upstream.client_paced else None
+        try:
+            framed = await upstream.forward(fetch_sessionless(frame, header), relay=relay)
+        except UpstreamError:
+            if relay is not None:
+                relay.abort()  # part of the answer went: the client must not take the rest of another
+            raise
         assert framed is not None
         answer = memoryview(framed)[SIZE.size:]
         walk = fetch_answer(answer, header, max_partitions=INLINE_FETCH_WALK_PARTITIONS)
         if walk is None:  # many partitions: walked on a worker
             walk = await run(fetch_answer, answer, header)
         refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
+        if relay is not None and relay.sent:
+            answer.release()
+            if refused or walk.names_leaders:  # cannot be: such an answer has an error, never relayed
+                relay.abort()
+                raise UpstreamError("a Fetch answer sent on as it came needed a change once whole")
+            return relay.finished(framed)
         if refused:
             return await self._split_fetch(header, bytes(answer), req, client, upstream, run, room, ahead)
         if walk.names_leaders:

@@ -23,6 +23,7 @@ from rlm.listener.protocol.codec import (
     encode_fetch_response,
     encode_response,
     fetch_answer,
+    fetch_records_end,
     fetch_sessionless,
     last_offset,
     new_request,
@@ -113,6 +114,48 @@ def test_the_walk_agrees_with_kio_on_every_fetch_version_and_no_session_is_made(
         # Unpatched, the broker makes the session the request asks for: the patch is what declines it.
         frame, header = new_request(ApiKey.FETCH, versions[-1], 12, "t", _fetch_values(topic, topic_id, 0))
         assert decode_response(_send(sock, frame), header).session_id != 0
+
+
+def test_where_a_one_partition_answers_records_end_is_read_from_its_first_bytes(kafka: KafkaCluster) -> None:
+    """:func:`fetch_records_end` (the proxy's cut-through, rlm.listener.upstream.relay) on the broker's answers at every
+    Fetch version: the end of the one partition's records (kio's decode of the same bytes), the same from every prefix
+    that holds the partition's fields, "too short" from those that do not; None for an answer of two partitions, a
+    partition's error, no records."""
+    topic = f"fetch-end-{uuid.uuid4().hex[:6]}"
+    topic_id = uuid.UUID(str(kafka.create_topic(topic, 2)))
+    produce(kafka, topic, [(b"k", b"plain")] * 3)
+    txn = TxnProducer(kafka, topic)
+    txn.txn("aborted", 4, commit=False)
+    host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    ours = PROXY_API_KEYS.get(ApiKey.FETCH) or API_KEYS[ApiKey.FETCH]
+    part = {"current_leader_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20}
+
+    def ask(version: int, isolation: int, parts: list[tuple[int, int]]) -> tuple[bytes, Any]:
+        frame, header = new_request(ApiKey.FETCH, version, 13, "t", {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": isolation,
+            "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "topic_id": topic_id,
+                "partitions": [{**part, "partition": p, "fetch_offset": o} for p, o in parts]}]})
+        return _send(sock, frame), header
+
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        lo, hi = _broker_fetch_versions(sock)
+        for version in range(max(lo, ours[0]), min(hi, ours[1]) + 1):
+            for isolation in (0, 1):
+                answer, header = ask(version, isolation, [(0, 0)])
+                (p0,) = [p for t in decode_response(answer, header).responses for p in t.partitions]
+                assert p0.records and (p0.aborted_transactions is not None) is (isolation == 1), version
+                end = fetch_records_end(answer, header)
+                assert end is not None and answer[end - len(p0.records):end] == bytes(p0.records), version
+                assert end == len(answer) - (3 if version >= 12 else 0), version  # then the three tagged fields
+                fields = end - len(p0.records)
+                for cut in range(fields - 1):
+                    with pytest.raises((IndexError, struct.error)):
+                        fetch_records_end(answer[:cut], header)
+                assert all(fetch_records_end(memoryview(answer)[:cut], header) == end
+                           for cut in range(fields, len(answer) + 1, 97))
+            for parts in ([(0, 0), (1, 0)], [(0, 10**9)], [(1, 0)]):  # two, out of range, no records
+                answer, header = ask(version, 0, parts)
+                assert fetch_records_end(answer, header) is None, (version, parts)
 
 
 @pytest.mark.parametrize("version", [16, 17, 18])

@@ -78,3 +78,33 @@ def test_known_bounds_keep_the_largest_log_start_per_topic_id_and_go_stale() -> 
     assert known.below(TopicIdPartition(uuid.uuid4(), "t", 0), 10) is None
     now[0] = 1.5
     assert known.below(tp, 10) is None
+
+
+def test_a_large_answer_given_back_serves_the_next_and_is_written_over_whole() -> None:
+    """:meth:`_Answers.recycle`: an answer sent serves as the next large answer's buffer, sized to it (smaller,
+    larger), every byte of the old answer written over; a buffer still viewed (or a small answer's) is not reused."""
+    async def run() -> None:
+        answers = _Answers(max_response_bytes=1 << 22)
+        frames = _frames([3 * SCRATCH_BYTES + 7, 2 * SCRATCH_BYTES, 5 * SCRATCH_BYTES + 1, 2 * SCRATCH_BYTES + 3])
+        got = []
+        for frame in frames:
+            _feed(answers, frame, 5000)
+            a = answers.answer()
+            assert isinstance(a, bytearray) and a == frame  # each byte its own answer's (the fill differs)
+            got.append(a)
+            answers.recycle(a)
+        assert got[1] is got[0] and got[2] is got[0] and got[3] is got[0]
+        view = memoryview(got[3])  # held: the buffer may not change size under it
+        answers.recycle(got[3])
+        _feed(answers, frames[1], 5000)
+        again = answers.answer()
+        assert again is not got[3] and again == frames[1]
+        view.release()
+        answers.recycle(again)
+        _feed(answers, _frames([10])[0], 3)  # a small answer: a buffer of its own, the spare kept
+        small = answers.answer()
+        assert isinstance(small, bytearray) and small is not again
+        _feed(answers, frames[0], 5000)
+        assert answers.answer() is again
+
+    asyncio.run(run())
