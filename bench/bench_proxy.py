@@ -783,9 +783,10 @@ def spy_summary(path: Path, top: int = 25) -> str:
 
 def request_counts(ops_port: int) -> dict[str, float]:
     """Requests the sidecar's listener answered so far, by api (``rlm_history_requests``); and, as
-    ``broker fetch`` and ``read ahead used`` / ``missed``, the Fetches it sent its broker
-    (``rlm_history_upstream_requests``) and its answers read ahead by what became of them
-    (``rlm_history_proxy_prefetches``)."""
+    ``broker fetch``, ``read ahead used`` / ``missed`` and ``relayed sent`` / ``aborted``, the Fetches it sent its
+    broker (``rlm_history_upstream_requests``), its answers read ahead by what became of them
+    (``rlm_history_proxy_prefetches``) and the broker's answers it cut through
+    (``rlm_history_proxy_relayed_answers``)."""
     out: dict[str, float] = {}
     for (name, labels), v in scrape(ops_port).items():
         key = None
@@ -795,6 +796,8 @@ def request_counts(ops_port: int) -> dict[str, float]:
             key = "broker fetch"
         elif name == "rlm_history_proxy_prefetches_total":
             key = f"read ahead {dict(labels)['result']}"
+        elif name == "rlm_history_proxy_relayed_answers_total":
+            key = f"relayed {dict(labels)['result']}"
         if key is not None:
             out[key] = out.get(key, 0.0) + v
     return out
