@@ -75,6 +75,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   epoch from its log start on); where it cannot be read then (its bounds), KAFKA_STORAGE_ERROR, as a Fetch there
   (:data:`rlm.listener.tier.context.UNREADABLE_ERROR`), counted and logged as one: taken for a tier with nothing
   remote, the range below the broker's log start was a hole once confirmed and the broker's log start went out.
+- **A topic the listener's ACL view refuses DESCRIBE** whose ListOffsets or OffsetForLeaderEpoch the broker answers
+  all the same (an ACL granted since the view's last fetch, CLUSTER_ACTION on the cluster, a super user or a host the
+  view does not share, the view unavailable): a partition whose answer the tier would change is OFFSET_NOT_AVAILABLE,
+  neither the broker's answer nor the tier's (:func:`_served_partitions_changed`).
 """
 
 from __future__ import annotations
@@ -486,7 +490,8 @@ def list_offsets_below_log_start(ctx: TierContext, req: Any, resp: Any, client: 
         except UnreadableCopyError as err:  # the tier's answer not known: as a Fetch of it, never the broker's
             return _not_available(p, ctx.unreadable(err, "list_offsets"))
 
-    return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change)
+    return _served_partitions_changed(ctx, client, resp, lambda t: t.name, lambda p: p.partition_index, change,
+                                      _not_available)
 
 
 def _earliest(holes: Holes, tp: TopicIdPartition, pt: PartitionTier | None, p: Any) -> Any:
@@ -571,7 +576,8 @@ def epochs_below_log_start(ctx: TierContext, req: Any, resp: Any, client: Client
             return p
         return dataclasses.replace(p, leader_epoch=end[0], end_offset=end[1])
 
-    return _served_partitions_changed(ctx, client, resp, lambda t: t.topic, lambda p: p.partition, change)
+    return _served_partitions_changed(ctx, client, resp, lambda t: t.topic, lambda p: p.partition, change,
+                                      _epoch_not_available)
 
 
 def _past_checkpoint(p: Any, log_start: int) -> bool:
@@ -599,14 +605,29 @@ def _epoch_not_available(p: Any, code: ErrorCode = ErrorCode.offset_not_availabl
 
 
 def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name: Callable[[Any], str],
-                               index: Callable[[Any], int], change: Callable[[ServedTopic, Any], Any]) -> Any:
+                               index: Callable[[Any], int], change: Callable[[ServedTopic, Any], Any],
+                               withheld: Callable[[Any], Any]) -> Any:
     """``resp`` (a broker's answer whose ``topics`` each hold ``partitions``) with every partition answered without an
-    error, of a topic the tier serves and the client's principal may DESCRIBE, replaced by ``change(topic, p)``."""
-    ok = ctx.allowed(client, DESCRIBE, {name(t) for t in resp.topics if ctx.catalog.by_name(name(t)) is not None})
+    error, of a topic the tier serves, replaced by ``change(topic, p)`` where the client's principal may DESCRIBE the
+    topic, by ``withheld(p)`` (OFFSET_NOT_AVAILABLE) where it may not and ``change`` would not keep the broker's
+    answer. The broker answered it, so the broker let the principal have it: by an ACL the listener's view has not
+    fetched yet (a grant, up to ``acl_cache_ttl_ms / 2`` old), by CLUSTER_ACTION on the cluster (Kafka's
+    OffsetForLeaderEpoch takes it instead of DESCRIBE), a super user of the broker not in ``super_users``, an ACL of
+    the proxy's host, or the view unavailable. Passed on, its answer (its log start as an epoch's end or as EARLIEST)
+    would hide what the tier holds; the tier's may not go to a principal the view refuses. Clients ask again, and
+    get the tier's answer once the view allows it."""
+    served_names = {name(t) for t in resp.topics if ctx.catalog.by_name(name(t)) is not None}
+    ok = ctx.allowed(client, DESCRIBE, served_names)
     topics = []
     for t in resp.topics:
-        served = ctx.catalog.by_name(name(t)) if name(t) in ok else None
-        topics.append(dataclasses.replace(t, partitions=tuple(
-            change(served, p) if served is not None and p.error_code == ErrorCode.none
-            and index(p) in served.partitions else p for p in t.partitions)))
+        served = ctx.catalog.by_name(name(t)) if name(t) in served_names else None
+        parts = []
+        for p in t.partitions:
+            if served is None or p.error_code != ErrorCode.none or index(p) not in served.partitions:
+                parts.append(p)
+            elif name(t) in ok:
+                parts.append(change(served, p))
+            else:
+                parts.append(p if change(served, p) == p else withheld(p))
+        topics.append(dataclasses.replace(t, partitions=tuple(parts)))
     return dataclasses.replace(resp, topics=tuple(topics))
