@@ -97,7 +97,7 @@ from rlm.listener.protocol.frame import MAX_FRAME_BYTES, SIZE, BadRequestError, 
 from rlm.listener.routing import Route, Router
 from rlm.listener.tier.polls import EXPIRED, GONE, LongPolls, Mark, PendingFetch, tier_marks
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
-from rlm.listener.upstream.relay import RELAY_MIN_BYTES, Relayed, held_back
+from rlm.listener.upstream.relay import RELAY_MIN_BYTES, Relayed, peer_window
 from rlm.logs import limited_logger
 from rlm.tier import StreamedBatch, UnreadableCopyError
 
@@ -376,7 +376,7 @@ class ListenerServer:
                 _bytes_sent(api_label(int.from_bytes(frame[:2], "big", signed=True))).inc(len(response))
                 if isinstance(response, Relayed):  # its first bytes went as they came: the rest
                     self._write(writer, protocol, response.rest(), peer, counted=len(response))
-                    upstream.client_paced = held_back(sock)  # type: ignore[union-attr]
+                    upstream.answered_large(len(response), peer_window(sock))  # type: ignore[union-attr]
                     if recycled:
                         upstream.recycle(response.frame)  # type: ignore[union-attr]
                 elif isinstance(response, ChunkedAnswer):
@@ -395,7 +395,7 @@ class ListenerServer:
                     self._write(writer, protocol, response, peer)  # taken, or queued (protocol.answer)
                     if upstream is not None and isinstance(response, bytearray):  # the broker's answer (a proxy's)
                         if len(response) >= RELAY_MIN_BYTES and frame[:2] == FETCH_KEY:
-                            upstream.client_paced = held_back(sock)
+                            upstream.answered_large(len(response), peer_window(sock))
                         if recycled:
                             upstream.recycle(response)
                 elif not await self._send(writer, response, peer, loop.time()):

@@ -270,8 +270,10 @@ class Upstream:
         self._deadline: Deadline | None = None  # the broker's answer (or taking a request) is awaited until then
         self._awaited: asyncio.Future[None] | None = None
         # the client's transport, for cut-through of Fetch answers (rlm.listener.upstream.relay); set by the listener,
-        # as is whether the client's path held back the last large answer it was handed (relay.held_back)
+        # as are the largest receive window the client advertised after a large answer (relay.peer_window) and
+        # whether that window is smaller than the last large answer (the client takes answers a window at a time)
         self.client: asyncio.WriteTransport | None = None
+        self.client_window = 0
         self.client_paced = False
 
     @classmethod
@@ -407,6 +409,15 @@ class Upstream:
     def _correlation_id(self) -> int:
         self._next_id = (self._next_id + 1) & INT32_MASK
         return self._next_id
+
+    def answered_large(self, size: int, window: int | None) -> None:
+        """A Fetch answer of ``size`` bytes was handed to the client, whose window is now ``window`` (None: unknown):
+        whether the next is cut through (:mod:`rlm.listener.upstream.relay`)."""
+        if window is None:
+            self.client_paced = False
+            return
+        self.client_window = max(self.client_window, window)
+        self.client_paced = self.client_window < size
 
     def recycle(self, frame: bytearray) -> None:
         """``frame``, an answer :meth:`forward` gave and the listener has sent (the transport took it or copied what

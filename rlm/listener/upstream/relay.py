@@ -13,10 +13,13 @@ transfer could have begun with the broker's. A client that takes a 1 MiB answer 
 by the kernel's autotuning, on loopback) gains nothing from it, and each piece sent early is another wake-up of the
 client and of the broker's sending thread: on the 2-core bench machine, relayed pieces took the consumer 0.3-0.4 and
 the broker 0.15-0.2 more CPU s/GiB, and librdkafka's live read went from 0.86-0.97x of direct to 0.72-0.79x while the
-Java consumer's went from 0.65-0.70x to 0.78-0.92x (``bench_proxy --live-only --client both``, session 23). So an
-answer is relayed when the last large one left the client's socket with ``RELAY_MIN_BYTES`` or more it could not send
-yet (:func:`held_back`, the kernel's count of the send queue's unsent bytes), and in pieces of at least
-``RELAY_MIN_BYTES``; an answer smaller than that is stored whole.
+Java consumer's went from 0.65-0.70x to 0.78-1.04x (``bench_proxy --live-only --client both``, session 23). So an
+answer is relayed when the largest receive window the client has advertised (:func:`peer_window`, read after each
+large answer) is smaller than the last large answer, and in pieces of at least ``RELAY_MIN_BYTES``; an answer smaller
+than that is stored whole. (The kernel's count of the bytes a socket could not send yet, tried first, also counted a
+librdkafka whose process the loaded machine had not run for a moment: it relayed 20-29% of librdkafka's answers.)
+A client behind a network slower than loopback with a large window is not relayed: the broker's loopback transfer it
+would overlap is the short one.
 
 What may go before the answer is whole is what cannot change whatever its rest holds: an answer of one topic of one
 partition with records and no error, top-level or the partition's, up to its records' end
@@ -36,7 +39,6 @@ broker.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import socket
 import struct
 
@@ -45,7 +47,7 @@ from prometheus_client import Counter
 from rlm.listener.protocol.codec import fetch_records_end
 from rlm.listener.protocol.frame import CORRELATION_ID, SIZE, RequestHeader
 
-__all__ = ["RELAY_MIN_BYTES", "Relay", "Relayed", "held_back"]
+__all__ = ["RELAY_MIN_BYTES", "Relay", "Relayed", "peer_window"]
 
 RELAYED = Counter("rlm_history_proxy_relayed_answers", "As a proxy: the broker's Fetch answers sent on to the client "
                   "as they came (cut-through), by how they ended: sent, or aborted (the client's connection closed: "
@@ -55,24 +57,24 @@ _UNDECIDED, _DECLINED = 0, -1
 # What comes is sent on once this much has gathered (or the records' end has come): a send each time the broker's
 # bytes are read (~100-200 KB at a time) took more CPU of the proxy and the consumer than the overlap saved.
 RELAY_MIN_BYTES = 256 * 1024
-SIOCOUTQNSD = 0x894B  # Linux: the bytes of a TCP socket's send queue not sent yet (the peer's window, or cwnd, full)
-_INT = struct.Struct("i")
+# struct tcp_info (linux/tcp.h): tcpi_snd_wnd, the peer's advertised receive window after scaling (Linux 5.4+)
+_TCP_INFO_BYTES = 232
+_SND_WND = struct.Struct("=I")
+_SND_WND_AT = 228
 
 
-def held_back(sock: socket.socket | None) -> bool:
-    """Whether ``sock``'s send queue holds at least ``RELAY_MIN_BYTES`` the kernel has not sent yet: the client's
-    path, not the proxy, paces its answers (a receive window smaller than an answer, as the Java consumer's 64 KiB
-    ``receive.buffer.bytes``; a network slower than loopback), and an answer cut through overlaps the broker's
-    transfer with the client's. Asked once an answer is handed to the transport. Not what the transport holds: that
-    is what the socket's send buffer (the listener's own, raised after the first large answer) did not take, not
-    what the client's path held back. False where the kernel cannot be asked."""
+def peer_window(sock: socket.socket | None) -> int | None:
+    """The receive window the client on ``sock`` advertises now (bytes; the kernel's ``TCP_INFO``), None where it
+    cannot be asked. Its largest so far tells a client that can take an answer at once (the kernel's autotuning grows
+    librdkafka's to MiBs within a few answers) from one that takes it a window at a time (the Java consumer's 64 KiB
+    ``receive.buffer.bytes``: ~95 KB on loopback, for good)."""
     if sock is None:
-        return False
+        return None
     try:
-        unsent = _INT.unpack(fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0"))[0]
-    except (OSError, ValueError):
-        return False
-    return unsent >= RELAY_MIN_BYTES
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+    except (OSError, AttributeError):
+        return None
+    return _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _TCP_INFO_BYTES else None
 
 
 class Relay:
