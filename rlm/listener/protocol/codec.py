@@ -365,6 +365,30 @@ class FetchAnswer:
         return [(key, p) for key, p, code in self.errors if code == ErrorCode.offset_out_of_range.value]
 
 
+def _fetch_answer_head(answer: bytes | memoryview, v: int) -> tuple[int, int]:
+    """A Fetch answer's (v4+, without its size prefix) top-level error code (0 before v7) and the position of its
+    topics array: after the correlation id (and the v12+ header's tagged fields), throttle time, error and session."""
+    pos = _skip_tags(answer, 4) if v >= FETCH_FIRST_FLEXIBLE else 4  # correlation id, response header v1's tags
+    pos += 4  # throttle_time_ms
+    if v < FETCH_FIRST_SESSION:
+        return 0, pos
+    (error_code,) = _I16.unpack_from(answer, pos)
+    return error_code, pos + 6  # error_code, session_id
+
+
+def _skip_partition_head(answer: bytes | memoryview, pos: int, v: int) -> int:
+    """The position of a Fetch answer partition's records field, from its start at ``pos``: its index and error,
+    offsets, aborted transactions and preferred read replica skipped."""
+    flexible = v >= FETCH_FIRST_FLEXIBLE
+    pos += 6 + 8 + 8 + (8 if v >= 5 else 0)  # index, error, high watermark, last stable, log start offsets
+    aborted, pos = _array_length(answer, pos, flexible)
+    for _ in range(aborted):
+        pos += 16  # producer_id, first_offset
+        if flexible:
+            pos = _skip_tags(answer, pos)
+    return pos + 4 if v >= 11 else pos  # preferred_read_replica
+
+
 def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
                  max_partitions: int | None = None) -> FetchAnswer | None:
     """A broker's Fetch answer (without its size prefix) to ``header``'s request (v4+), walked field by field: a
@@ -379,11 +403,7 @@ def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
     error_code = 0
     names_leaders = False
     try:
-        pos = _skip_tags(answer, 4) if flexible else 4  # correlation id (response header v1: tagged fields)
-        pos += 4  # throttle_time_ms
-        if v >= FETCH_FIRST_SESSION:
-            (error_code,) = _I16.unpack_from(answer, pos)
-            pos += 6  # error_code, session_id
+        error_code, pos = _fetch_answer_head(answer, v)
         topics, pos = _array_length(answer, pos, flexible)
         for _ in range(topics):
             if by_id:
@@ -400,14 +420,7 @@ def fetch_answer(answer: bytes | memoryview, header: RequestHeader, *,
                 index, code = _INDEX_ERROR.unpack_from(answer, pos)
                 if code:
                     errors.append((key, index, code))
-                pos += 6 + 8 + 8 + (8 if v >= 5 else 0)  # high watermark, last stable, log start offsets
-                aborted, pos = _array_length(answer, pos, flexible)
-                for _ in range(aborted):
-                    pos += 16  # producer_id, first_offset
-                    if flexible:
-                        pos = _skip_tags(answer, pos)
-                if v >= 11:
-                    pos += 4  # preferred_read_replica
+                pos = _skip_partition_head(answer, pos, v)
                 if flexible:
                     pos = _skip_compact(answer, pos)  # records
                     pos = _skip_tags(answer, pos)  # diverging_epoch, current_leader, snapshot_id
@@ -435,13 +448,9 @@ def fetch_records_end(answer: bytes | memoryview, header: RequestHeader) -> int 
     ``struct.error`` when ``answer`` is too short to tell."""
     v = header.api_version
     flexible = v >= FETCH_FIRST_FLEXIBLE
-    pos = _skip_tags(answer, 4) if flexible else 4  # correlation id (response header v1: tagged fields)
-    pos += 4  # throttle_time_ms
-    if v >= FETCH_FIRST_SESSION:
-        (error_code,) = _I16.unpack_from(answer, pos)
-        if error_code:
-            return None
-        pos += 6  # error_code, session_id
+    error_code, pos = _fetch_answer_head(answer, v)
+    if error_code:
+        return None
     topics, pos = _array_length(answer, pos, flexible)
     if topics != 1:
         return None
@@ -455,14 +464,7 @@ def fetch_records_end(answer: bytes | memoryview, header: RequestHeader) -> int 
     _index, code = _INDEX_ERROR.unpack_from(answer, pos)
     if code:
         return None
-    pos += 6 + 8 + 8 + (8 if v >= 5 else 0)  # high watermark, last stable, log start offsets
-    aborted, pos = _array_length(answer, pos, flexible)
-    for _ in range(aborted):
-        pos += 16  # producer_id, first_offset
-        if flexible:
-            pos = _skip_tags(answer, pos)
-    if v >= 11:
-        pos += 4  # preferred_read_replica
+    pos = _skip_partition_head(answer, pos, v)
     if flexible:
         n, pos = _uvarint(answer, pos)
         n -= 1

@@ -326,19 +326,7 @@ def test_an_answer_a_client_takes_at_once_is_stored_whole(relayed: Setup) -> Non
     with relayed.proxy(window=None) as sock:
         for _ in range(3):  # the window grows as it reads
             _paced(sock, frame)
-        sent = _relayed("sent")
-        _held(gate)
-        try:
-            sock.sendall(frame)
-            assert gate.holding.wait(30)
-            sock.settimeout(1.0)
-            with pytest.raises(TimeoutError):
-                sock.recv(1)  # nothing before the answer is whole
-        finally:
-            _open(gate)
-        sock.settimeout(30)
-        assert recv_frame(sock) is not None
-    assert _relayed("sent") == sent
+        assert recv_frame(_stored_whole(gate, sock, frame)) is not None
 
 
 def test_an_answer_of_two_partitions_is_stored_whole(relayed: Setup) -> None:
@@ -346,20 +334,26 @@ def test_an_answer_of_two_partitions_is_stored_whole(relayed: Setup) -> None:
     frame, _header = _fetch(11, relayed.two, None, [0, 1], 47)
     with relayed.proxy() as sock:
         _paced(sock, frame)
-        sent = _relayed("sent")
-        _held(gate)
-        try:
-            sock.sendall(frame)
-            assert gate.holding.wait(30)
-            sock.settimeout(1.0)
-            with pytest.raises(TimeoutError):
-                sock.recv(1)  # nothing before the answer is whole
-        finally:
-            _open(gate)
-        sock.settimeout(30)
-        answer = recv_frame(sock)
+        answer = recv_frame(_stored_whole(gate, sock, frame))
         assert answer is not None and struct.unpack_from(">i", answer)[0] == 47 and len(answer) > 2 * RECORDS * 1000
+
+
+def _stored_whole(gate: Gate, sock: socket.socket, frame: bytes) -> socket.socket:
+    """``frame`` sent on ``sock`` while the gate holds the broker's answer after its first bytes: nothing reaches the
+    client before the answer is whole, none counted as relayed; ``sock``, its answer to be read."""
+    sent = _relayed("sent")
+    _held(gate)
+    try:
+        sock.sendall(frame)
+        assert gate.holding.wait(30)
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)
+    finally:
+        _open(gate)
+    sock.settimeout(30)
     assert _relayed("sent") == sent
+    return sock
 
 
 # ------------------------------------------------------------------------------------------- the parts alone
