@@ -16,7 +16,8 @@ Layers, each a package or module of its own (this module only wires them, :func:
     authz.py    the cluster's ACLs for the client's principal
     routing.py  the one table: api key -> who answers it (here, forwarded, rewritten, split)
     upstream/   as a proxy: brokers.py (a connection per client to the broker), rewrite.py (broker addresses ->
-                the sidecars'), proxy.py (the forwarded, rewritten and split routes)
+                the sidecars'), hosts.py (which clients may be forwarded: host-based ACLs), proxy.py (the
+                forwarded, rewritten and split routes)
     tier/       the answers from the tier: catalog (served topics), node, offsets, fetch, polls (long polls),
                 boundary (as a proxy: what lies below the broker's log start)
 
@@ -92,12 +93,10 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         raise ValueError("history_listener is not configured")
     ssl_context = server_ssl_context(cfg.tls) if cfg.tls is not None else None
     sasl: SaslAuthenticator | SaslPassThrough | None = None
-    if cfg.sasl is not None and cfg.proxy:  # the broker authenticates each client, through the proxy
-        sasl = SaslPassThrough(cfg.sasl)
-    elif cfg.sasl is not None:
+    if cfg.sasl is not None and not cfg.proxy:  # as a proxy: passed through to the broker (below)
         sasl = SaslAuthenticator(cfg.sasl, failed_authentication_delay_s=cfg.connection_failed_authentication_delay_ms
                                  / 1000)
-    if sasl is not None and PLAIN in sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
+    if cfg.sasl is not None and PLAIN in cfg.sasl.mechanisms and ssl_context is None and not is_loopback(cfg.host):
         # Refused by the settings unless allow_sasl_plain_without_tls says so: said at every start.
         log.warning("history endpoint: SASL PLAIN without TLS sends passwords in clear text over the network "
                     "(history_listener.allow_sasl_plain_without_tls): configure history_listener.tls, or offer "
@@ -117,7 +116,7 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
     ctx = TierContext(catalog, TierView(RemoteReader(rlmm, rsm)), authorizer, fetch_max_bytes=cfg.fetch_max_bytes,
                       parallel_reads=reads_wait_on_network(rsm))
     node = NodeAnswers(ctx, NodeInfo(settings.broker_id, cfg.advertised, cfg.port, view.cluster_id()),
-                       sasl=sasl is not None)
+                       sasl=cfg.sasl is not None)
     proxy = None
     if upstream is not None:
         peers = PeerAddresses(settings.broker_id, lambda: (cfg.advertised, server.port), cfg.peers,
@@ -128,6 +127,9 @@ def start_listener(settings: SidecarSettings, rsm: RemoteStorageManagerApi, *,
         # A range below the broker's log start is a hole once nothing staged for tiering covers it (the sidecar's
         # staging areas, read only) and it has been met for hole_confirm_ms (rlm.listener.tier.boundary).
         proxy.holes = Holes(cfg.hole_confirm_ms / 1000, staged)
+        if cfg.sasl is not None:  # the broker authenticates each client, through the proxy, which then checks
+            # that the broker would judge the client's requests as from its own address (host-based ACLs)
+            sasl = SaslPassThrough(cfg.sasl, proxy.hosts.refused)
     server = ListenerServer(Router(ctx, node, proxy=proxy), cfg.host, cfg.port, workers=cfg.workers,
                             poll_s=cfg.fetch_poll_ms / 1000,
                             ssl_context=ssl_context, session_factory=sasl.session if sasl is not None else None,

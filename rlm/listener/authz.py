@@ -12,18 +12,24 @@ imply). The decision is Kafka's ``StandardAuthorizer``'s, for topic resources:
 4. a matching ALLOW of the operation, of ALL, or of an operation implying it, allows;
 5. no ACL at all on the topic (of any principal): ``allow_everyone_if_no_acl_found``; otherwise refused.
 
-The ACLs come from the cluster: :class:`AclCache` asks DescribeAcls for every topic ACL, as the sidecar's own Kafka
+The ACLs come from the cluster: :class:`AclCache` asks DescribeAcls for every ACL binding, as the sidecar's own Kafka
 principal (which needs DESCRIBE on the cluster), every ``acl_cache_ttl_ms / 2`` on a thread of its own, so no
 request waits for it, through one admin client kept between refreshes (:class:`ClusterAcls`). It fails closed:
 ACLs not refreshed for ``acl_cache_ttl_ms`` (the principal may not describe them, the cluster is unreachable) refuse
 every topic, counted (``rlm_history_authorizations{result="unavailable"}``) and logged once until they can be fetched
 again. A cluster without an authorizer (DescribeAcls answers SECURITY_DISABLED) allows everything only with
 ``allow_if_no_authorizer``.
+
+Of the other resources' bindings (groups, transactional ids, the cluster...) only those naming a host (not ``*``)
+are kept, for the proxy (:func:`forwarding_blocked`): the broker judges a forwarded request by the address it sees,
+the proxy's, so such a binding of a client's principal naming the client's address or the proxy's would be applied
+to the wrong client (:mod:`rlm.listener.upstream.hosts`).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -37,14 +43,15 @@ from prometheus_client import Counter, Gauge
 from rlm.config import HistoryAuthorizationSettings
 from rlm.logs import limited_logger
 
-__all__ = ["DESCRIBE", "READ", "AclCache", "AclsUnavailableError", "Authorizer", "ClusterAcls", "TopicAcl",
-           "Unavailable"]
+__all__ = ["DESCRIBE", "READ", "Acl", "AclCache", "Acls", "AclsUnavailableError", "Authorizer", "ClusterAcls",
+           "Unavailable", "forwarding_blocked", "same_address"]
 
 log = limited_logger(__name__)
 
 READ, DESCRIBE, ALL = "READ", "DESCRIBE", "ALL"
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
+TOPIC = "TOPIC"
 # An ALLOW of any of these allows the key (Kafka's AclEntry.supportedOperations / implied operations).
 IMPLIED_BY = {DESCRIBE: {DESCRIBE, READ, "WRITE", "DELETE", "ALTER", ALL}, READ: {READ, ALL}}
 LOGGED_DENIALS = 10_000  # (principal, operation, topic) remembered as logged
@@ -72,8 +79,8 @@ class Unavailable:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicAcl:
-    """One ACL binding on topics, as DescribeAcls gives it."""
+class Acl:
+    """One ACL binding, as DescribeAcls gives it."""
 
     pattern_type: str  # LITERAL or PREFIXED
     name: str
@@ -81,18 +88,33 @@ class TopicAcl:
     host: str
     operation: str  # READ, DESCRIBE, ALL, WRITE...
     allow: bool
+    # librdkafka's names: TOPIC, GROUP, BROKER (Kafka's cluster resource), TRANSACTIONAL_ID, UNKNOWN (those it has
+    # no name for: delegation tokens, users)
+    resource_type: str = TOPIC
 
 
 class Acls:
-    """The topic ACLs of one DescribeAcls answer, indexed by name and prefix (one lookup per prefix of a topic)."""
+    """The ACLs of one DescribeAcls answer: those on topics indexed by name and prefix (one lookup per prefix of a
+    topic), and those of any resource naming a host (not ``*``) by principal."""
 
-    def __init__(self, acls: Iterable[TopicAcl]) -> None:
-        self._literal: dict[str, list[TopicAcl]] = defaultdict(list)
-        self._prefixed: dict[str, list[TopicAcl]] = defaultdict(list)
+    def __init__(self, acls: Iterable[Acl]) -> None:
+        self._literal: dict[str, list[Acl]] = defaultdict(list)
+        self._prefixed: dict[str, list[Acl]] = defaultdict(list)
+        self._hosted: dict[str, list[Acl]] = defaultdict(list)
         for acl in acls:
-            (self._prefixed if acl.pattern_type == "PREFIXED" else self._literal)[acl.name].append(acl)
+            if acl.host != WILDCARD:
+                self._hosted[acl.principal].append(acl)
+            if acl.resource_type == TOPIC:
+                (self._prefixed if acl.pattern_type == "PREFIXED" else self._literal)[acl.name].append(acl)
 
-    def on(self, topic: str) -> list[TopicAcl]:
+    def naming_hosts(self, principal: str, hosts: Iterable[str]) -> list[Acl]:
+        """The bindings of ``principal`` or ``User:*``, on any resource, whose host is one of ``hosts`` (compared as
+        addresses: :func:`same_address`)."""
+        keys = {_address_key(h) for h in hosts}
+        return [acl for p in (principal, WILDCARD_PRINCIPAL) for acl in self._hosted.get(p, ())
+                if _address_key(acl.host) in keys]
+
+    def on(self, topic: str) -> list[Acl]:
         """Every ACL whose pattern matches ``topic``."""
         found = [*self._literal.get(topic, ()), *self._literal.get(WILDCARD, ())]
         if self._prefixed:
@@ -116,9 +138,44 @@ class Acls:
         return allowed
 
 
+def forwarding_blocked(acls: Acls | Unavailable, principal: str, client_host: str, proxy_host: str | None
+                       ) -> Acl | Unavailable | None:
+    """What keeps the broker from judging ``principal``'s requests from ``client_host`` as it would judge them from
+    there, when they reach it from ``proxy_host`` (the proxy's address as the broker sees it; None: not known): a
+    binding of the principal or ``User:*``, on any resource, allow or deny, whose host is either address (the
+    broker would apply one of the proxy's host, not one of the client's); or no ACLs to look in (fail closed). None
+    when nothing does: the two addresses are the same, no binding names either (one of a third host matches
+    neither), or the cluster has no authorizer (no ACLs at all: the broker allows every request from anywhere)."""
+    if proxy_host is None:
+        return Unavailable("error", "the proxy's address towards the broker is not known")
+    if same_address(client_host, proxy_host):
+        return None
+    if isinstance(acls, Unavailable):
+        return None if acls.reason == "no_authorizer" else acls
+    found = acls.naming_hosts(principal, (client_host, proxy_host))
+    return found[0] if found else None
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two hosts are one address: as IP addresses where both are (``::ffff:10.0.0.5`` is ``10.0.0.5``,
+    ``0:0:0:0:0:0:0:1`` is ``::1``: Java writes a client's address in full, Python in short), else as strings."""
+    return _address_key(a) == _address_key(b)
+
+
+def _address_key(host: str) -> str:
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])  # without an IPv6 scope (fe80::1%eth0)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
 class ClusterAcls:
-    """Every topic ACL of the cluster, by DescribeAcls as the principal of ``client_config``, through one admin client
-    kept from one refresh to the next (:meth:`__call__`, on :class:`AclCache`'s thread only).
+    """Every topic ACL of the cluster and every other binding naming a host, by one DescribeAcls (of any resource
+    type) as the principal of ``client_config``, through one admin client kept from one refresh to the next
+    (:meth:`__call__`, on :class:`AclCache`'s thread only).
 
     One client, not one a refresh: a client a refresh started 4 librdkafka threads (6 with 3 brokers) and a
     connection (a SASL handshake) every ``acl_cache_ttl_ms / 2`` and destroyed them, ~1 thread a second in a
@@ -134,8 +191,9 @@ class ClusterAcls:
         self.timeout_s = timeout_s
         self._admin: Any = None
 
-    def __call__(self) -> list[TopicAcl]:
-        """The cluster's topic ACLs now. Raises :class:`AclsUnavailableError`.
+    def __call__(self) -> list[Acl]:
+        """The cluster's topic ACLs now, and its other bindings that name a host (:class:`Acls`). Raises
+        :class:`AclsUnavailableError`.
 
         librdkafka (2.16 at least) drops DescribeAcls' top-level error: a principal without DESCRIBE on the cluster,
         and a cluster without an authorizer (SECURITY_DISABLED), both get an empty list, which would read as "no ACL
@@ -162,7 +220,7 @@ class ClusterAcls:
         self._admin = None
         return AclsUnavailableError("error", f"{what} failed: {err}")
 
-    def _describe(self, admin: Any) -> list[TopicAcl]:
+    def _describe(self, admin: Any) -> list[Acl]:
         from confluent_kafka.admin import (
             AclBindingFilter,
             AclOperation,
@@ -182,7 +240,8 @@ class ClusterAcls:
         if not ops & {DESCRIBE, ALL}:
             raise AclsUnavailableError("error", "the sidecar's Kafka principal may not describe the cluster's ACLs: "
                                                 "grant it DESCRIBE on the cluster")
-        flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+        # every resource type in one request: the topics' bindings, and the others' naming a host (for the proxy)
+        flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
                                AclPermissionType.ANY)
         try:
             bindings = admin.describe_acls(flt, request_timeout=timeout_s).result(timeout_s + 5)
@@ -198,14 +257,16 @@ class ClusterAcls:
             if entry is not None and not entry.value:
                 raise AclsUnavailableError("no_authorizer", "the cluster has no authorizer (authorizer.class.name "
                                                             "is empty)")
-        return [TopicAcl(b.resource_pattern_type.name, b.name, b.principal, b.host, b.operation.name,
-                         b.permission_type.name == "ALLOW") for b in bindings]
+        return [Acl(b.resource_pattern_type.name, b.name, b.principal, b.host, b.operation.name,
+                    b.permission_type.name == "ALLOW", b.restype.name) for b in bindings
+                if b.restype.name == TOPIC or b.host != WILDCARD]
 
 
 class AclCache:
-    """The cluster's topic ACLs, refreshed every ``ttl_s / 2`` on a thread; :meth:`current` is what to apply."""
+    """The cluster's ACLs (:class:`Acls`), refreshed every ``ttl_s / 2`` on a thread; :meth:`current` is what to
+    apply."""
 
-    def __init__(self, fetch: Callable[[], list[TopicAcl]], ttl_s: float, *, allow_if_no_authorizer: bool = False,
+    def __init__(self, fetch: Callable[[], list[Acl]], ttl_s: float, *, allow_if_no_authorizer: bool = False,
                  clock: Callable[[], float] = time.monotonic, close: Callable[[], None] | None = None) -> None:
         self._fetch = fetch
         self._close = close  # called by stop(), once the refresh thread has ended (ClusterAcls.close)

@@ -16,7 +16,7 @@ from rsm.api import EpochEntry, LogSegmentData, RemoteSegmentMetadata
 from rsm.log.batch import BatchHeader
 
 __all__ = ["CODECS", "ROLL_KEY", "BrokerSegment", "broker_watermarks", "grant", "partition_dir", "produce",
-           "roll_and_wait", "rolled_logs", "set_topic_config"]
+           "revoke", "roll_and_wait", "rolled_logs", "set_topic_config"]
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")  # the producer's compression.type values
 ROLL_KEY = b"__roll__"  # the key of the one-byte filler records appended to roll a segment
@@ -126,6 +126,17 @@ def grant(kc: KafkaCluster, *bindings: Any) -> None:
 
     admin = AdminClient(kc.admin_config())
     for fut in admin.create_acls(list(bindings)).values():
+        fut.result(30)
+
+
+def revoke(kc: KafkaCluster, *bindings: Any) -> None:
+    """Delete ACLs (confluent-kafka ``AclBinding``s, each matched exactly) as the cluster's super user."""
+    from confluent_kafka.admin import AclBindingFilter, AdminClient
+
+    admin = AdminClient(kc.admin_config())
+    filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
+                                b.permission_type) for b in bindings]
+    for fut in admin.delete_acls(filters).values():
         fut.result(30)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ANONYMOUS",
@@ -32,6 +33,7 @@ __all__ = [
     "NoMatchingRuleError",
     "PrincipalMapper",
     "parse_mapping_rules",
+    "peer_host",
     "subject_dn",
     "user",
 ]
@@ -64,6 +66,11 @@ class NoMatchingRuleError(ValueError):
 def user(name: str) -> str:
     """The principal of an authenticated user name."""
     return f"User:{name}"
+
+
+def peer_host(peer: Any) -> str:
+    """A client's address (its socket's ``peername``'s host), as its :class:`Client` carries it."""
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 @dataclass(frozen=True, slots=True)

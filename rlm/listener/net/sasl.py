@@ -46,7 +46,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
@@ -56,6 +56,7 @@ from pydantic import SecretStr
 from scramp import ScramException, ScramMechanism
 
 from rlm.config import ConfigError, HistorySaslSettings
+from rlm.listener.net.principals import peer_host, user
 from rlm.listener.protocol.apis import SASL_API_KEYS, ApiKey, api_label
 from rlm.listener.protocol.codec import (
     ErrorCode,
@@ -438,10 +439,15 @@ class SaslPassThrough:
     principal, and the sidecar's principal carries none of them. The proxy learns the principal from the exchange
     the broker accepted (:func:`plain_user`, :func:`scram_user`) for the tier's ACL checks: ``User:<name>``, which
     is what Kafka's default principal builder makes of a PLAIN or SCRAM authentication (a broker with a custom
-    ``principal.builder.class`` or SASL callback handler that maps names otherwise is not supported)."""
+    ``principal.builder.class`` or SASL callback handler that maps names otherwise is not supported).
 
-    def __init__(self, settings: HistorySaslSettings) -> None:
+    ``refused(principal, client address, upstream)`` is the proxy's check of a principal the broker authenticated
+    (:meth:`rlm.listener.upstream.hosts.HostCheck.refused`): a message when its requests may not be forwarded (the
+    broker would judge them by the proxy's address, host-based ACLs), answered as SASL_AUTHENTICATION_FAILED."""
+
+    def __init__(self, settings: HistorySaslSettings, refused: Callable[[str, str, Any], str | None]) -> None:
         self.mechanisms: tuple[str, ...] = tuple(settings.mechanisms)
+        self.refused = refused
 
     def session(self, peer: Any = None, upstream: Any = None) -> PassThroughSession:
         if upstream is None:
@@ -455,21 +461,26 @@ class PassThroughSession(_Gate):
 
         HANDSHAKE     --SaslHandshake v1, mechanism enabled, the broker answers NONE-->    AUTHENTICATE
         AUTHENTICATE  --SaslAuthenticate, the broker answers NONE (PLAIN: 1 round; SCRAM: 2)--> AUTHENTICATED
-        any state     --the broker refuses, a token the proxy cannot read, an unexpected request--> closed
+        any state     --the broker refuses, a token the proxy cannot read, an unexpected request,
+                        a principal the proxy may not forward (host-based ACLs)--> closed
 
     Before the broker said the authentication succeeded, only ApiVersions (answered by the proxy from the broker's
     versions, asked on the client's connection before it authenticates, which Kafka allows) and the SASL requests
     are read; anything else closes the connection without an answer, as :class:`SaslSession`. A token whose user
     cannot be read exactly as the broker reads it is refused here (SASL_AUTHENTICATION_FAILED), not forwarded. A
     failed authentication is the broker's answer (its message, its ``connection.failed.authentication.delay.ms``),
-    then both connections close. Re-authentication (KIP-368) is declined: a session lifetime the broker grants is
-    answered as 0, so the client never re-authenticates; the broker closes the connection when the lifetime ends and
-    the client reconnects and authenticates again (later SASL requests get ILLEGAL_SASL_STATE)."""
+    then both connections close. A principal the broker authenticated whose requests it would judge by the proxy's
+    address (host-based ACLs: :mod:`rlm.listener.upstream.hosts`) gets SASL_AUTHENTICATION_FAILED from the proxy
+    instead of the broker's success, its message saying why, then both connections close. Re-authentication
+    (KIP-368) is declined: a session lifetime the broker grants is answered as 0, so the client never
+    re-authenticates; the broker closes the connection when the lifetime ends and the client reconnects and
+    authenticates again (later SASL requests get ILLEGAL_SASL_STATE)."""
 
     who = "proxy"
 
     def __init__(self, passthrough: SaslPassThrough, peer: Any, upstream: Any) -> None:
         super().__init__(passthrough.mechanisms, peer)
+        self.passthrough = passthrough
         self.upstream = upstream
         self._user: str | None = None  # the user of the exchange under way (SCRAM: from its client-first message)
 
@@ -506,6 +517,13 @@ class PassThroughSession(_Gate):
             return answer
         if self.mechanism != PLAIN and first:
             return answer  # SCRAM's server-first: the client's proof comes next
+        # The broker authenticated the client: refused all the same when the broker would judge its requests by the
+        # proxy's address (checked only now: before, anyone could learn which users have host-based ACLs); counted
+        # and logged by the check
+        refused = self.passthrough.refused(user(self._user), peer_host(self.peer), self.upstream)
+        if refused is not None:
+            self.state = State.CLOSED
+            return _error(header, ErrorCode.sasl_authentication_failed, refused)
         AUTHENTICATIONS.labels(self.mechanism or "?", "ok").inc()
         log.info("proxy: client authenticated by the broker", extra={
             "peer": str(self.peer), "mechanism": self.mechanism, "user": self._user})

@@ -79,7 +79,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from rlm.config import HistoryListenerSettings
 from rlm.listener.net.chunked import ChunkedAnswer, encode_streamed
 from rlm.listener.net.deadline import Deadline
-from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, user
+from rlm.listener.net.principals import ANONYMOUS, Client, NoMatchingRuleError, PrincipalMapper, peer_host, user
 from rlm.listener.net.request_room import Owners, RequestRoom
 from rlm.listener.net.vectored import QUEUE_AT_MOST_BYTES, send_parts, vectored, write_parts
 from rlm.listener.protocol.apis import ApiKey, api_label
@@ -286,7 +286,7 @@ class ListenerServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         CONNECTIONS.inc()
         peer = writer.get_extra_info("peername")
-        ip = _address(peer)
+        ip = peer_host(peer)  # what the per-address bounds count by
         refused = self._admit(ip)
         if refused is not None:
             writer.close()
@@ -875,7 +875,13 @@ class ListenerServer:
     async def _proxied(self, header: RequestHeader, frame: bytes, req: Any, client: Client, upstream: Upstream
                        ) -> bytes | None:
         """A proxied route's answer (:mod:`rlm.listener.upstream.proxy`); None closes the client's connection: the
-        broker's failed (or its answer did not decode), as a client loses its connection when a broker goes."""
+        broker's failed (or its answer did not decode), as a client loses its connection when a broker goes, or the
+        client's requests may not be forwarded (:mod:`rlm.listener.upstream.hosts`)."""
+        # Not forwarded for a client whose requests the broker would judge by the proxy's address (host-based ACLs,
+        # rlm.listener.upstream.hosts): closed, counted and logged there.
+        if self.router.proxy.hosts.refused(client.principal, client.host, upstream) is not None:
+            upstream.close()
+            return None
         # A Fetch's tier reads hold their room while they run, as the listener's own Fetch's do (_fetch): else
         # concurrent proxied Fetches each saw all of it and together read past queued_max_response_bytes.
         room = _FetchRoom(self, req) if header.api_key == ApiKey.FETCH and req is not None else self._fetch_room
@@ -1011,11 +1017,6 @@ class _Workers:
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-
-def _address(peer: Any) -> str:
-    """A client's address (``peername``'s host): what the per-address bounds count by."""
-    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 def _owners(client: Client) -> Owners:

@@ -275,6 +275,11 @@ class Upstream:
         self.client: asyncio.WriteTransport | None = None
         self.client_window = 0
         self.client_paced = False
+        # the proxy's address as the broker sees it (this connection's local address, once connected), and the ACLs
+        # (rlm.listener.authz.AclCache.current) this connection's client was found forwardable for
+        # (rlm.listener.upstream.hosts)
+        self.local_host: str | None = None
+        self.forwardable_for: Any = None
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -289,12 +294,14 @@ class Upstream:
         loop = asyncio.get_running_loop()
         try:
             low_water = UPSTREAM_LOW_WATER and self.ssl_context is None  # plaintext only: TLS bytes would not count
-            _transport, self._answers = await asyncio.wait_for(loop.create_connection(
+            transport, self._answers = await asyncio.wait_for(loop.create_connection(
                 lambda: _Answers(self.max_response_bytes, low_water=low_water), self.host, self.port,
                 ssl=self.ssl_context, server_hostname=self.host if self.ssl_context is not None else None),
                 self.timeout_s)
         except (OSError, TimeoutError) as err:  # ssl.SSLError (a certificate refused) is an OSError
             raise UpstreamError(f"cannot connect to the broker at {self.host}:{self.port}: {err}") from err
+        sockname = transport.get_extra_info("sockname")
+        self.local_host = str(sockname[0]) if isinstance(sockname, tuple) else None
         frame, header = new_request(ApiKey.API_VERSIONS, BROKER_API_VERSIONS_VERSION, self._correlation_id(),
                                     CLIENT_ID, {"client_software_name": CLIENT_ID, "client_software_version": "1"})
         answer = bytes(memoryview(await self._exchange(frame, header.correlation_id))[SIZE.size:])
@@ -433,6 +440,7 @@ class Upstream:
         self.offered = None
         self.known.clear()
         self.prefetched = None
+        self.local_host = self.forwardable_for = None
         if self._deadline is not None:
             self._deadline.close()
             self._deadline = None

@@ -74,6 +74,7 @@ from rlm.listener.tier.context import TierContext
 from rlm.listener.tier.fetch import in_request_order
 from rlm.listener.tier.held import Claim, HeldBlocks, budget_of
 from rlm.listener.upstream.brokers import Upstream, UpstreamError
+from rlm.listener.upstream.hosts import HostCheck
 from rlm.listener.upstream.relay import Relay, Relayed
 from rlm.listener.upstream.rewrite import PeerAddresses
 from rlm.tier import StreamedBatch
@@ -124,6 +125,7 @@ class Proxy:
         self.holes = Holes()
         self.prefetched: weakref.WeakSet[Prefetched] = weakref.WeakSet()  # held by connections, not yet used
         self.held = HeldBlocks(budget_of(ctx))  # the block buffers they hold, within the block cache's budget
+        self.hosts = HostCheck(ctx.authorizer)  # which clients' requests may be forwarded (host-based ACLs)
 
     def connection(self) -> Upstream:
         """A new client connection's connection to the broker (opened at its first request)."""

@@ -14,18 +14,28 @@ from pathlib import Path
 import pytest
 
 from rlm.config import HistoryAuthorizationSettings, HistoryTlsSettings
-from rlm.listener.authz import DESCRIBE, READ, AclCache, Acls, AclsUnavailableError, Authorizer, TopicAcl
+from rlm.listener.authz import (
+    DESCRIBE,
+    READ,
+    Acl,
+    AclCache,
+    Acls,
+    AclsUnavailableError,
+    Authorizer,
+    Unavailable,
+    forwarding_blocked,
+)
 from rlm.listener.net.principals import NoMatchingRuleError, PrincipalMapper, parse_mapping_rules, subject_dn
 
 ALICE, BOB = "User:alice", "User:bob"
 
 
 def acl(name: str, op: str = READ, *, principal: str = ALICE, allow: bool = True, prefixed: bool = False,
-        host: str = "*") -> TopicAcl:
-    return TopicAcl("PREFIXED" if prefixed else "LITERAL", name, principal, host, op, allow)
+        host: str = "*") -> Acl:
+    return Acl("PREFIXED" if prefixed else "LITERAL", name, principal, host, op, allow)
 
 
-def allows(acls: list[TopicAcl], topic: str, op: str = READ, principal: str = ALICE, host: str = "10.0.0.1",
+def allows(acls: list[Acl], topic: str, op: str = READ, principal: str = ALICE, host: str = "10.0.0.1",
            if_none: bool = False) -> bool:
     return Acls(acls).allows(principal, host, op, topic, if_none=if_none)
 
@@ -57,7 +67,7 @@ def allows(acls: list[TopicAcl], topic: str, op: str = READ, principal: str = AL
     ([acl("orders", host="10.0.0.2")], "orders", READ, False),
     ([acl("orders"), acl("orders", host="10.0.0.1", allow=False)], "orders", READ, False),
 ])
-def test_kafka_acl_decision(acls: list[TopicAcl], topic: str, op: str, expected: bool) -> None:
+def test_kafka_acl_decision(acls: list[Acl], topic: str, op: str, expected: bool) -> None:
     assert allows(acls, topic, op) is expected
 
 
@@ -67,6 +77,64 @@ def test_no_acl_found_follows_the_setting_only_when_no_acl_names_the_topic() -> 
     # An ACL of another principal on the topic is "an ACL found": alice is refused even with if_none.
     assert allows([acl("orders", principal=BOB)], "orders", if_none=True) is False
     assert allows([acl("payments")], "orders", if_none=True) is True
+
+
+# ------------------------------------------------------------------ host-based ACLs through the proxy
+CLIENT, PROXY, THIRD = "10.0.0.5", "10.0.0.9", "10.0.0.7"  # the client's address, the proxy's towards the broker
+
+
+def bound(resource_type: str, name: str, host: str, *, principal: str = ALICE, op: str = "READ",
+          allow: bool = True) -> Acl:
+    return Acl("LITERAL", name, principal, host, op, allow, resource_type)
+
+
+@pytest.mark.parametrize(("acls", "blocked"), [
+    ([], False),
+    ([acl("orders"), acl("orders", principal="User:*", allow=False)], False),  # host *: the same from anywhere
+    ([acl("orders", host=CLIENT, allow=False)], True),  # a DENY of the client's host the broker would not see
+    ([acl("orders", host=PROXY)], True),  # an ALLOW of the proxy's host it would give every client of the proxy
+    ([acl("orders", host=PROXY, principal="User:*")], True),
+    ([acl("orders", host=CLIENT, principal="User:*", allow=False)], True),
+    ([acl("orders", host=CLIENT, principal=BOB, allow=False)], False),  # another principal's
+    ([acl("orders", host=THIRD, allow=False), acl("orders", host=THIRD)], False),  # a third host: neither address
+    ([bound("GROUP", "g", CLIENT, allow=False)], True),  # any resource type
+    ([bound("BROKER", "kafka-cluster", PROXY, op="IDEMPOTENT_WRITE")], True),  # the cluster (librdkafka's name)
+    ([bound("TRANSACTIONAL_ID", "tx", CLIENT, principal="User:*", op="WRITE")], True),
+    ([bound("UNKNOWN", "alice", PROXY, op="CREATE_TOKENS")], True),  # a type librdkafka has no name for
+    ([bound("GROUP", "g", "*", allow=False)], False),
+    ([acl("orders", host=f"::ffff:{CLIENT}", allow=False)], True),  # the client's address, written as IPv6
+    ([acl("orders", host="client.example", allow=False)], False),  # a name: Kafka matches addresses only
+])
+def test_which_bindings_keep_the_proxy_from_forwarding_a_principal(acls: list[Acl], blocked: bool) -> None:
+    """A binding of the principal or User:*, on any resource, allow or deny, naming the client's address or the
+    proxy's (which the broker sees instead): the broker would not judge the client's requests as its own."""
+    got = forwarding_blocked(Acls(acls), ALICE, CLIENT, PROXY)
+    assert got == (next(a for a in acls if a.host not in ("*", THIRD)) if blocked else None)
+
+
+def test_forwarding_from_the_proxys_own_address_is_faithful() -> None:
+    """A client at the address the proxy reaches the broker from is seen by the broker where it is: any binding
+    applies to it as it would directly (``0:0:0:0:0:0:0:1``, as Java writes it, is ``::1``)."""
+    acls = Acls([acl("orders", host=PROXY, allow=False), acl("orders", host="::1", allow=False)])
+    assert forwarding_blocked(acls, ALICE, PROXY, PROXY) is None
+    assert forwarding_blocked(acls, ALICE, "0:0:0:0:0:0:0:1", "::1") is None
+    assert forwarding_blocked(acls, ALICE, "127.0.0.1", "::1") == acl("orders", host="::1", allow=False)
+
+
+def test_forwarding_fails_closed_without_acls_or_without_the_proxys_address() -> None:
+    """No ACLs to look in (not fetched within the TTL): refused; the cluster without an authorizer has no ACLs, so
+    the broker allows every request from anywhere and nothing is widened; the proxy's address unknown: refused."""
+    failed, none = Unavailable("error", "DescribeAcls failed"), Unavailable("no_authorizer", "SECURITY_DISABLED")
+    assert forwarding_blocked(failed, ALICE, CLIENT, PROXY) is failed
+    assert forwarding_blocked(failed, ALICE, PROXY, PROXY) is None  # the same address: nothing to widen
+    assert forwarding_blocked(none, ALICE, CLIENT, PROXY) is None
+    assert isinstance(forwarding_blocked(Acls([]), ALICE, CLIENT, None), Unavailable)
+
+
+def test_other_resources_bindings_stay_out_of_topic_decisions() -> None:
+    """A GROUP binding named like a topic decides nothing about the topic (only host-based ones are kept)."""
+    acls = [acl("orders"), bound("GROUP", "orders", CLIENT, allow=False)]
+    assert Acls(acls).allows(ALICE, CLIENT, READ, "orders", if_none=False)
 
 
 class FakeClock:
@@ -79,9 +147,9 @@ class FakeClock:
 
 def test_cache_fails_closed_once_the_acls_are_older_than_the_ttl() -> None:
     clock = FakeClock()
-    answers: list[list[TopicAcl] | AclsUnavailableError] = [[acl("orders")]]
+    answers: list[list[Acl] | AclsUnavailableError] = [[acl("orders")]]
 
-    def fetch() -> list[TopicAcl]:
+    def fetch() -> list[Acl]:
         a = answers[0]
         if isinstance(a, AclsUnavailableError):
             raise a
@@ -107,7 +175,7 @@ def test_stop_closes_the_source_after_its_last_refresh() -> None:
     never while a refresh may still use it."""
     events: list[str] = []
 
-    def fetch() -> list[TopicAcl]:
+    def fetch() -> list[Acl]:
         events.append("fetch")
         return []
 
@@ -119,7 +187,7 @@ def test_stop_closes_the_source_after_its_last_refresh() -> None:
 
 
 def test_nothing_fetched_yet_refuses_everything() -> None:
-    def fail() -> list[TopicAcl]:
+    def fail() -> list[Acl]:
         raise AclsUnavailableError("error", "broker unreachable")
 
     auth = Authorizer(AclCache(fail, 10), HistoryAuthorizationSettings())
@@ -129,7 +197,7 @@ def test_nothing_fetched_yet_refuses_everything() -> None:
 @pytest.mark.parametrize(("allow_if_no_authorizer", "expected"), [(False, set()), (True, {"orders"})])
 def test_a_cluster_without_authorizer_is_open_only_when_configured(allow_if_no_authorizer: bool,
                                                                    expected: set[str]) -> None:
-    def no_authorizer() -> list[TopicAcl]:
+    def no_authorizer() -> list[Acl]:
         raise AclsUnavailableError("no_authorizer", "SECURITY_DISABLED")
 
     settings = HistoryAuthorizationSettings(allow_if_no_authorizer=allow_if_no_authorizer)
@@ -139,7 +207,7 @@ def test_a_cluster_without_authorizer_is_open_only_when_configured(allow_if_no_a
 
 
 def test_super_users_need_no_acl_even_when_acls_are_unavailable() -> None:
-    def fail() -> list[TopicAcl]:
+    def fail() -> list[Acl]:
         raise AclsUnavailableError("error", "down")
 
     auth = Authorizer(AclCache(fail, 10), HistoryAuthorizationSettings(super_users=["User:admin"]))
@@ -233,7 +301,7 @@ def test_refused_requests_keep_nothing_alive() -> None:
     import gc
     import weakref
 
-    def fail() -> list[TopicAcl]:
+    def fail() -> list[Acl]:
         raise AclsUnavailableError("error", "DescribeAcls refused (test)")
 
     class Records:  # stands in for a Fetch answer's record bytes, held by the caller while it authorizes
@@ -245,7 +313,7 @@ def test_refused_requests_keep_nothing_alive() -> None:
             auth.allowed(ALICE, "h", READ, ["orders"])
             return weakref.ref(records)
 
-        def no_authorizer() -> list[TopicAcl]:
+        def no_authorizer() -> list[Acl]:
             raise AclsUnavailableError("no_authorizer", "SECURITY_DISABLED (test)")
 
         cache = AclCache(fail if reason == "error" else no_authorizer, 10,
