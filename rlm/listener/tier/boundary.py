@@ -612,8 +612,9 @@ def _served_partitions_changed(ctx: TierContext, client: Client, resp: Any, name
     topic, by ``withheld(p)`` (OFFSET_NOT_AVAILABLE) where it may not and ``change`` would not keep the broker's
     answer. The broker answered it, so the broker let the principal have it: by an ACL the listener's view has not
     fetched yet (a grant, up to ``acl_cache_ttl_ms / 2`` old), by CLUSTER_ACTION on the cluster (Kafka's
-    OffsetForLeaderEpoch takes it instead of DESCRIBE), a super user of the broker not in ``super_users``, an ACL of
-    the proxy's host, or the view unavailable. Passed on, its answer (its log start as an epoch's end or as EARLIEST)
+    OffsetForLeaderEpoch takes it instead of DESCRIBE), a super user of the broker not in ``super_users``, or the
+    view unavailable (not an ACL of the proxy's host: such a client is not forwarded,
+    :mod:`rlm.listener.upstream.hosts`). Passed on, its answer (its log start as an epoch's end or as EARLIEST)
     would hide what the tier holds; the tier's may not go to a principal the view refuses. Clients ask again, and
     get the tier's answer once the view allows it."""
     served_names = {name(t) for t in resp.topics if ctx.catalog.by_name(name(t)) is not None}
