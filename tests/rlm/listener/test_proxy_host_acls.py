@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from prometheus_client import REGISTRY
 
-from devtools.devkafka import KafkaCluster
+from devtools.devkafka import ADMIN_USER, KafkaCluster
 from rlm.config import HistoryAuthorizationSettings, KafkaSettings
 from rlm.listener import Listener, start_listener
 from rlm.listener.authz import Acl, AclCache, Authorizer
@@ -43,7 +43,8 @@ from tests.support.sidecar import make_settings
 
 CLIENT_HOST, PROXY_HOST, THIRD_HOST = "127.0.0.2", "127.0.0.1", "10.9.8.7"
 TOPIC_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED = 29, 58
-SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+SASL_HANDSHAKE, SASL_AUTHENTICATE, CREATE_ACLS, DELETE_ACLS = 17, 36, 30, 31
+USER, LITERAL, DESCRIBE_TOKENS, ALLOW = 7, 3, 14, 3  # Kafka's ResourceType, PatternType, AclOperation, permission
 LATEST = -1
 
 
@@ -206,6 +207,34 @@ def test_a_binding_added_while_connected_stops_forwarding_at_the_next_refresh(pr
     with p.connect(p.proxy) as sock:
         assert p.authenticate(sock, SASL_PRINCIPAL).error_code == 0
         assert p.read(sock)[0] == 0  # type: ignore[index]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_binding_of_a_resource_type_librdkafka_cannot_name_counts_and_breaks_nothing(proxied: Proxied) -> None:
+    """A USER resource's binding (KIP-373: who may create or describe tokens for a user; librdkafka names types up to
+    TRANSACTIONAL_ID only), made by a raw CreateAcls: the view's DescribeAcls of every type still succeeds (else
+    every topic would be refused), and the binding, naming 127.0.0.2, refuses rlm from there."""
+    p = proxied
+    binding = {"resource_type": USER, "resource_name": f"User:{SASL_PRINCIPAL}", "principal": f"User:{SASL_PRINCIPAL}",
+               "host": CLIENT_HOST, "operation": DESCRIBE_TOKENS, "permission_type": ALLOW}
+    with p.connect(p.broker, source=PROXY_HOST) as admin:
+        assert p.authenticate(admin, ADMIN_USER).error_code == 0
+        (made,) = call(admin, CREATE_ACLS, 1, {"creations": [{**binding, "resource_pattern_type": LITERAL}]}).results
+        assert made.error_code == 0, made.error_message
+        try:
+            assert p.listener.authorizer.cache.refresh()
+            with p.connect(p.proxy) as sock:
+                assert p.authenticate(sock, SASL_PRINCIPAL).error_code == SASL_AUTHENTICATION_FAILED
+        finally:
+            (gone,) = call(admin, DELETE_ACLS, 1, {"filters": [{
+                "resource_type_filter": USER, "resource_name_filter": binding["resource_name"],
+                "pattern_type_filter": LITERAL, "principal_filter": binding["principal"], "host_filter": CLIENT_HOST,
+                "operation": DESCRIBE_TOKENS, "permission_type": ALLOW}]}).filter_results
+            assert gone.error_code == 0 and len(gone.matching_acls) == 1
+    assert p.listener.authorizer.cache.refresh()
+    with p.connect(p.proxy) as sock:
+        assert p.authenticate(sock, SASL_PRINCIPAL).error_code == 0
 
 
 # ------------------------------------------------------------------------------------------------ no broker
