@@ -44,6 +44,7 @@ def _run(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_sidecar_runs_without_spark(bare_venv: Path) -> None:
     # The distributions the venv's own interpreter sees installed.
     listed = _run(bare_venv, str(bare_venv / "bin" / "python"), "-c",
@@ -62,6 +63,7 @@ def test_sidecar_runs_without_spark(bare_venv: Path) -> None:
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
 def test_spark_names_the_extra(bare_venv: Path) -> None:
     out = _run(bare_venv, str(bare_venv / "bin" / "python"), "-c", "import rlm.spark")
     assert out.returncode != 0

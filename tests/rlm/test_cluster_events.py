@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import NewTopic
 
 from devtools.devkafka import KafkaCluster
@@ -34,6 +35,8 @@ from tests.support.sidecar import (
     reassign,
     wait_for,
 )
+
+pytestmark = pytest.mark.slow
 
 
 # --------------------------------------------------------------------------------------------------- helpers

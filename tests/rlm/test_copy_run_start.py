@@ -16,6 +16,8 @@ from rlmm.api import TopicIdPartition
 from tests.support.kafka import produce
 from tests.support.sidecar import assert_contiguous, assert_readable, latest_remote, make_settings, only, wait_for
 
+pytestmark = pytest.mark.slow
+
 PARTITIONS = 12
 
 

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from devtools.devkafka import KafkaCluster
@@ -100,6 +101,7 @@ def test_missing_log_dir_and_refusing_store(kafka: KafkaCluster, tmp_path: Path)
         sidecar.stop()
 
 
+@pytest.mark.slow
 def test_stopped_broker_makes_the_sidecar_not_ready(tmp_path: Path) -> None:
     with KafkaCluster(base_dir=tmp_path / "kafka") as cluster:
         settings = make_settings(cluster, tmp_path, health={"broker_stale_ms": 2000})

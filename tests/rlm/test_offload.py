@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka.admin import NewTopic
 
 from devtools.devkafka import KafkaCluster
@@ -66,6 +67,7 @@ def send(kafka: KafkaCluster, topic: str, tag: str, n: int, **conf: Any) -> dict
     return {off: kv for (_p, off), kv in zip(produce(kafka, topic, recs, **conf), recs, strict=True)}
 
 
+@pytest.mark.slow
 def test_every_codec_remote_within_seconds_while_the_broker_never_rolls(kafka: KafkaCluster, topic_name: str,
                                                                         tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config=NO_ROLL)
@@ -201,6 +203,7 @@ def test_switching_modes_both_ways_leaves_no_gap_or_overlap(kafka: KafkaCluster,
     assert third.copies[0][0] == streamed_end + 1 and not third.ranges
 
 
+@pytest.mark.slow
 def test_sigkill_during_offload_leaves_no_gap_and_no_double_range(kafka: KafkaCluster, topic_name: str,
                                                                    tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config=NO_ROLL)
@@ -257,6 +260,7 @@ def test_sigkill_during_offload_leaves_no_gap_and_no_double_range(kafka: KafkaCl
     assert log_text.count('"segment copied"') >= rounds // 2, log_text[-3000:]  # the killed processes offloaded
 
 
+@pytest.mark.slow
 def test_leadership_moves_mid_offload_on_three_brokers(kafka_cluster3: KafkaCluster, topic_name: str,
                                                        tmp_path: Path) -> None:
     """A producer writes all along (acks=all) while leadership moves 2 -> 3 -> 2 by preferred elections: each new

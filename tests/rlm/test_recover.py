@@ -140,6 +140,7 @@ def tiered(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Tie
     return t
 
 
+@pytest.mark.slow
 def test_recover_rebuilds_the_lost_metadata_topic(tiered: Tiered) -> None:
     t = tiered
     config = config_with(t, "lost")
@@ -208,6 +209,7 @@ def test_read_only_sidecar_writes_nothing(tiered: Tiered) -> None:
     assert metadata_end_offsets(t.kafka, settings.metadata.to_be_deleted_topic) is None
 
 
+@pytest.mark.slow
 def test_recover_onto_a_recreated_topic_by_name_and_by_map(tiered: Tiered) -> None:
     t = tiered
     admin = AdminClient({"bootstrap.servers": t.kafka.bootstrap_servers})

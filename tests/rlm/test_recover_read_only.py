@@ -27,7 +27,7 @@ from tests.support.kafka import produce
 from tests.support.processes import json_lines, ok, rlm
 from tests.support.sidecar import latest_remote, make_settings, produce_segments, settings_yaml, store_keys, wait_for
 
-pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.timeout(400)]
 
 Sent = dict[int, tuple[bytes, bytes]]
 

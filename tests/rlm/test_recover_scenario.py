@@ -43,7 +43,7 @@ from tests.support.sidecar import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.timeout(300)]
 
 SEGMENT_MS = 400
 HOUR_MS = 3_600_000

@@ -40,6 +40,8 @@ from tests.support.fixtures import SCRAM_PRINCIPAL
 from tests.support.kafka import produce
 from tests.support.sidecar import make_settings, only, produce_segments, wait_for
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 180
 ROUNDS = 3

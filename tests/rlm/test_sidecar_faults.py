@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from devtools.devkafka import KafkaCluster, free_port
 from rlm.sidecar import Sidecar
 from rlmm.api import RemoteLogSegmentState, TopicIdPartition
@@ -72,6 +74,7 @@ def test_serve_answers_health_and_metrics(kafka: KafkaCluster, topic_name: str, 
         assert_readable(sidecar, tp, sent)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
@@ -150,6 +153,7 @@ def test_local_retention_shorter_than_copy_interval(kafka: KafkaCluster, topic_n
         assert_readable(sidecar, tp, sent)
 
 
+@pytest.mark.slow
 def test_broker_stopped_for_a_while(kafka: KafkaCluster, topic_name: str, tmp_path: Path) -> None:
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300"})
     tp = TopicIdPartition(topic_id, topic_name, 0)

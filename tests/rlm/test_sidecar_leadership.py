@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import ElectionType, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -22,6 +23,8 @@ from tests.support.sidecar import (
     remote_segments,
     wait_for,
 )
+
+pytestmark = pytest.mark.slow
 
 
 class Describer:

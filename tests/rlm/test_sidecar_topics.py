@@ -254,6 +254,7 @@ def test_backfill_of_a_topic_with_history(kafka: KafkaCluster, topic_name: str, 
 
 
 # ---------------------------------------------------------------------------------------------- log dir move
+@pytest.mark.slow
 def test_replica_moved_between_log_dirs_is_followed(topic_name: str, tmp_path: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="rlm")

@@ -39,6 +39,7 @@ def _stores(kind: str, tmp_path, s3_endpoint):
     return mk("tenant-a/"), mk("")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fs", "s3", "s3proxy"])
 def test_copies_survive_a_key_layout_change(kind, tmp_path, request, broker_segments):
     s3_endpoint = None if kind == "fs" else request.getfixturevalue("s3proxy_endpoint" if kind == "s3proxy"

@@ -3,6 +3,8 @@
 
 - :mod:`tests.support.fixtures`: the session fixtures, a pytest plugin (``tests/conftest.py`` loads it): the real
   broker and clusters, the S3 servers, the SparkSession, topic names;
+- :mod:`tests.support.ordering`: a pytest plugin too: under xdist, the modules holding ``slow`` tests are handed out
+  first;
 - :mod:`tests.support.kafka`: producing to the real broker, rolling segments, finding its files (and keeping them:
   ``BrokerSegment``), its watermarks, topic configs, ACLs;
 - :mod:`tests.support.clients`: confluent-kafka clients as the tests drive them (``Rec``, ``send``,

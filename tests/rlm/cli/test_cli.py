@@ -40,6 +40,8 @@ from tests.support.sidecar import (
 )
 from tests.support.txn import TxnProducer, plain
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 
 # offset -> (key, value, headers, timestamp)

@@ -119,6 +119,7 @@ def stopped(kafka: KafkaCluster, live_config: Path) -> Target:
 
 
 # ------------------------------------------------------------------------------------------------------ serve
+@pytest.mark.slow
 def test_serve_stopped_once_its_broker_is_gone_abandons_the_stuck_job(kafka: KafkaCluster, live_config: Path,
                                                                       tmp_path: Path) -> None:
     """Serve tiers the topic; the broker stops; SIGTERM: the discovery round waiting on the gone broker (up to 20 s)

@@ -75,6 +75,7 @@ def test_demo_from_an_installed_copy_without_the_checkout(tmp_path: Path) -> Non
     assert not (tmp_path / "demo-data").exists()
 
 
+@pytest.mark.slow
 def test_demo_runs_quietly(tmp_path: Path) -> None:
     """The demo's quick form, as a user runs it: it shows offset 0 served remotely, and its whole output has no
     ERROR line and no librdkafka line (``%3|`` errors, ``%4|`` warnings): clients close before the broker stops,

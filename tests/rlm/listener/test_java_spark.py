@@ -35,6 +35,8 @@ import pytest
 from devtools.devkafka import KafkaCluster
 from tests.support import spark_kafka_child
 
+pytestmark = pytest.mark.slow
+
 MiB = 1024 * 1024
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 ROUND_MS = 60_000  # record time between rounds: the broker rolls a segment at each round's first batch

@@ -51,6 +51,8 @@ from tests.support.clients import Rec, producer, send
 from tests.support.kafka import broker_watermarks
 from tests.support.sidecar import make_settings, wait_for
 
+pytestmark = pytest.mark.slow
+
 PARTITIONS = 2
 ROUNDS, PER_ROUND = 3, 50  # per partition: three tiered segments, then a roll record, then LIVE more (not tiered)
 LIVE = 30

@@ -47,6 +47,8 @@ from tests.support.proxy_epochs import INTO_E1, NODES, Epochs, end_offset, forgo
 from tests.support.sidecar import wait_for
 from tests.support.stores import index_base, index_keys, unreadable_copy
 
+pytestmark = pytest.mark.slow
+
 JAVA_SOURCE = Path(__file__).resolve().parents[2] / "support" / "java" / "EpochSeek.java"
 
 

@@ -56,6 +56,7 @@ def encrypted_data(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
     return data
 
 
+@pytest.mark.slow
 def test_encrypted_copies_read_exactly_in_the_executors(spark: Any, encrypted_data: TieredData) -> None:
     data = encrypted_data
     root = Path(data.options["store.root_path"])

@@ -7,12 +7,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from devtools.devkafka import KafkaCluster
 from rlm.sidecar import Sidecar
 from rlmm.api import TopicIdPartition
 from tests.support.kafka import produce
 from tests.support.sidecar import latest_remote, make_settings, only, remote_segments, wait_for
 from tests.support.spark import Produced, TieredData, collect, expected, load
+
+pytestmark = pytest.mark.slow
 
 
 def test_offload_segments_read_exactly(spark: Any, kafka: KafkaCluster, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from tests.support.kafka import CODECS
 from tests.support.spark import Produced, TieredData, collect, expected, load
 
 
+@pytest.mark.slow
 def test_every_record_of_every_codec_comes_back_exactly(spark: Any, codec_data: TieredData) -> None:
     df = load(spark, codec_data, subscribe=codec_data.topic, includeHeaders="true")
     assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
@@ -95,6 +96,7 @@ def test_pushed_filters_prune_before_reading_and_rows_are_exact(spark: Any, code
     assert collect(dft) == expected(codec_data, lambda p, o, r: p == 4 and r.timestamp_ms >= cut, headers=False)
 
 
+@pytest.mark.slow
 def test_large_segments_split_into_block_ranges(spark: Any, codec_data: TieredData) -> None:
     df = load(spark, codec_data, subscribe=codec_data.topic, maxPartitionBytes=str(20_000),
               includeHeaders="true")

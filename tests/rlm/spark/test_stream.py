@@ -67,6 +67,7 @@ def wait_sink(spark: Any, out: Path, query: Any, want: dict[tuple[int, int], Rec
     assert got == want
 
 
+@pytest.mark.slow
 def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any, env: Env, tmp_path: Path) -> None:
     topic = f"stream-{env.tag}-main"
     env.create(topic, 2)
@@ -96,6 +97,7 @@ def test_stream_delivers_tiered_records_exactly_once_across_a_restart(spark: Any
     assert got == env.tiered(topic)  # every tiered record once, byte-exact: no duplicate, no gap
 
 
+@pytest.mark.slow
 def test_subscribe_pattern_picks_up_a_topic_created_while_the_query_runs(spark: Any, env: Env,
                                                                          tmp_path: Path) -> None:
     first, second = f"stream-{env.tag}-pat-a", f"stream-{env.tag}-pat-b"
@@ -166,6 +168,7 @@ def test_max_offsets_per_trigger_bounds_each_batch_under_available_now(spark: An
     assert len(spans) >= len(want) // 300
 
 
+@pytest.mark.slow
 def test_starting_timestamp_starts_each_partition_at_its_first_record_at_or_after_it(spark: Any, env: Env,
                                                                                      tmp_path: Path) -> None:
     topic = f"stream-{env.tag}-ts"
@@ -186,6 +189,7 @@ def test_starting_timestamp_starts_each_partition_at_its_first_record_at_or_afte
     assert got == want and {p for p, _o in got} == {0, 1}
 
 
+@pytest.mark.slow
 def test_fail_on_data_loss_after_retention_deleted_unread_segments(spark: Any, env: Env, tmp_path: Path) -> None:
     topic = f"stream-{env.tag}-loss"
     env.create(topic, 1)
