@@ -10,6 +10,7 @@ returned says which). Pass the jars with ``spark.jars`` when the SparkSession (i
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import time
@@ -36,6 +37,14 @@ def spark_kafka_jars(version: str) -> tuple[str, list[Path]]:
     pyspark_jars = Path(pyspark.__file__).parent / "jars"
     shipped = {_artifact(j.name) for j in pyspark_jars.glob("*.jar")}
     cache.mkdir(parents=True, exist_ok=True)
+    # One resolution at a time: in a clean checkout the suite's two workers may both ask first, and each would
+    # delete the other's half-copied .partial directory. The second then finds the first's result.
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _resolve(version, pom, cache, shipped)
+
+
+def _resolve(version: str, pom: Path, cache: Path, shipped: set[str]) -> tuple[str, list[Path]]:
     settings = cache / "maven-settings.xml"  # Spark's parent POM names a mirror host that may not resolve
     settings.write_text(MAVEN_SETTINGS)
     errors = []
