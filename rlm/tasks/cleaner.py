@@ -10,6 +10,14 @@ The retry is the one delete path (:meth:`rlm.tasks.deleter.SegmentDeleter.retry`
 recorded for a queued segment), the store's delete, DELETE_SEGMENT_FINISHED; only a refusal is handled apart
 (logged, counted as ``cleaner-delete``, never queued again).
 
+The consumer subscribes once the broker lists the topic (:meth:`Cleaner._wait_listed`). The sidecar creates it just
+before (:func:`rlm.tasks.deleter.ensure_topic`), and Kafka's CreateTopics answers once the controller has the topic,
+not once the broker answering Metadata has applied it. Behind a large change (a topic of 50 partitions created just
+before: the metadata topic's default, ``__consumer_offsets`` on a new cluster) the broker listed it 0.35-1.3 s
+later, and 7 of 8 consumers subscribed at once were told ``UNKNOWN_TOPIC_OR_PART`` (0 of 8 after the wait; session
+24): librdkafka tells the subscription that once, as an error, then takes the topic up when it is listed; every run
+of bench_sidecar logged it as a warning. An error after the wait is the topic gone or the cluster failing: a warning.
+
 ``rlm_deletions_queued`` is the cleaner's backlog: records of the to-be-deleted topic in the partitions this
 sidecar's cleaner consumes, not yet done (the high watermark it last fetched minus its position), refreshed about
 once a second. Summed over the sidecars it is the whole queue; it stays above 0 while the store refuses.
@@ -21,7 +29,7 @@ import logging
 import threading
 import time
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from rlm import metrics
 from rlm.config import MetadataSettings
@@ -41,6 +49,7 @@ __all__ = ["Cleaner", "group_for"]
 log = logging.getLogger(__name__)
 
 BACKLOG_INTERVAL_S = 1.0
+LISTED_WAIT_S = 30.0  # at most this long for the broker to list the topic before subscribing all the same
 DEFAULT_TOPIC = MetadataSettings.model_fields["to_be_deleted_topic"].default
 DEFAULT_GROUP = "rlm-cleaner"
 
@@ -69,6 +78,16 @@ def _backlog(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> in
         return total
     except Exception:  # noqa: BLE001 - a gauge: not worth failing the cleaner for
         return 0
+
+
+def _listed(consumer: Consumer, topic: str) -> bool:
+    """Whether the broker ``consumer`` asks lists ``topic``, each of its partitions with a leader."""
+    try:
+        md = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+    except KafkaException:
+        return False
+    return (md is not None and md.error is None and bool(md.partitions)
+            and all(p.error is None and p.leader >= 0 for p in md.partitions.values()))
 
 
 class Cleaner:
@@ -107,11 +126,12 @@ class Cleaner:
 
     def _run(self) -> None:
         consumer = Consumer(self._consumer_config)
-        consumer.subscribe([self.topic])
         attempt = 0
         measured = 0.0
         next_offsets: dict[tuple[str, int], int] = {}  # per partition: the next record to handle
         try:
+            self._wait_listed(consumer)
+            consumer.subscribe([self.topic])
             while not self._stop.is_set():
                 if time.monotonic() - measured >= BACKLOG_INTERVAL_S:
                     measured = time.monotonic()
@@ -142,6 +162,14 @@ class Cleaner:
         finally:
             consumer.close()
             metrics.DELETIONS_QUEUED.set(0)  # (its partitions go to another sidecar's cleaner)
+
+    def _wait_listed(self, consumer: Consumer) -> None:
+        """Wait (up to ``LISTED_WAIT_S``, or until stopped) until the broker lists the topic (see the module's
+        docstring); not listed by then, the consumer subscribes all the same, and librdkafka's error is a warning."""
+        deadline = time.monotonic() + LISTED_WAIT_S
+        while not _listed(consumer, self.topic):
+            if self._stop.wait(0.1) or time.monotonic() >= deadline:
+                return
 
     def handle(self, value: bytes | None) -> bool:
         """Try one queued delete; True when the record is done with (deleted, or nothing left to do)."""
