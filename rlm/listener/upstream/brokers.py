@@ -275,11 +275,11 @@ class Upstream:
         self.client: asyncio.WriteTransport | None = None
         self.client_window = 0
         self.client_paced = False
-        # the proxy's address as the broker sees it (this connection's local address, once connected), and the ACLs
-        # (rlm.listener.authz.AclCache.current) this connection's client was found forwardable for
-        # (rlm.listener.upstream.hosts)
+        # the proxy's address as the broker sees it (this connection's local address, once connected), and the ACL
+        # view's generation (rlm.listener.authz.AclCache.generation) this connection's client was found forwardable
+        # in (rlm.listener.upstream.hosts)
         self.local_host: str | None = None
-        self.forwardable_for: Any = None
+        self.forwardable_in: int | None = None
 
     @classmethod
     def of(cls, address: str, *, timeout_s: float, max_response_bytes: int,
@@ -440,7 +440,7 @@ class Upstream:
         self.offered = None
         self.known.clear()
         self.prefetched = None
-        self.local_host = self.forwardable_for = None
+        self.local_host = self.forwardable_in = None
         if self._deadline is not None:
             self._deadline.close()
             self._deadline = None

@@ -14,13 +14,15 @@ cannot be fetched (fail closed, as the tier's reads are refused then). A binding
 address and changes nothing; a cluster without an authorizer has no ACLs to widen.
 
 Checked when a SASL client's authentication succeeds (:class:`~rlm.listener.net.sasl.PassThroughSession` answers
-SASL_AUTHENTICATION_FAILED instead of the broker's success, then closes), and before each request forwarded, the
-proxy's own on the client's connection included (the listener closes the connection: a client without SASL, or a
-binding that appeared after it authenticated). The decision is kept per connection for the ACLs it was made on
-(:meth:`~rlm.listener.authz.AclCache.current` is one object until the next refresh), so a request costs one
-identity check, and a binding added applies to connections already open at their first request after the
-listener's next refresh. Refusals are counted (``rlm_history_proxy_refused{reason}``) and logged once per principal
-and address with the binding (principal, resource, host).
+SASL_AUTHENTICATION_FAILED instead of the broker's success, then closes), and before each client request is
+forwarded, so before the proxy's own on the client's connection too (the listener closes the connection: a client
+without SASL, or a binding that appeared after it authenticated). The decision is kept per connection for the
+view's generation it was made in (:meth:`~rlm.listener.authz.AclCache.unchanged_since`: no refresh since, the ACLs
+not expired), so a request costs two attribute reads and a clock read: 0.53-0.62 us a call against 1.16-1.41 us
+asking the view's ``current()`` (its lock) and comparing (side by side, load 2), and a binding added applies to
+connections already open at their first request after the listener's next refresh. Refusals are counted
+(``rlm_history_proxy_refused{reason}``) and logged once per principal and address with the binding (principal,
+resource, host).
 """
 
 from __future__ import annotations
@@ -62,14 +64,17 @@ class HostCheck:
     def refused(self, principal: str, host: str, upstream: Upstream) -> str | None:
         """Why ``principal``'s requests from ``host`` may not be forwarded on ``upstream`` (connected): a message for
         the client; None when they may. Counted and logged when refused (the caller closes the connection)."""
-        acls = self.authorizer.cache.current()
-        if acls is upstream.forwardable_for:  # decided for these ACLs already (allowed: a refusal closes)
+        cache = self.authorizer.cache
+        decided = upstream.forwardable_in
+        if decided is not None and cache.unchanged_since(decided):  # allowed for these ACLs (a refusal closes)
             return None
+        generation = cache.generation  # before current(): a refresh in between is seen at the next request
+        acls = cache.current()
         blocked = forwarding_blocked(acls, principal, host, upstream.local_host)
         if blocked is None:
-            upstream.forwardable_for = acls
+            upstream.forwardable_in = generation
             return None
-        upstream.forwardable_for = None
+        upstream.forwardable_in = None
         if isinstance(blocked, Unavailable):
             _UNAVAILABLE.inc()
             self._log(principal, host, upstream, {"reason": "unavailable", "error": blocked.message})

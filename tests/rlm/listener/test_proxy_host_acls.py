@@ -33,7 +33,7 @@ from prometheus_client import REGISTRY
 from devtools.devkafka import ADMIN_USER, KafkaCluster
 from rlm.config import HistoryAuthorizationSettings, KafkaSettings
 from rlm.listener import Listener, start_listener
-from rlm.listener.authz import Acl, AclCache, Authorizer
+from rlm.listener.authz import Acl, AclCache, AclsUnavailableError, Authorizer
 from rlm.listener.upstream.hosts import REFUSED_MESSAGE, UNAVAILABLE_MESSAGE, HostCheck
 from rlm.sidecar import Sidecar
 from tests.rlm.listener.raw_wire import call, closed, fetch, list_offsets, only_partition
@@ -242,17 +242,22 @@ CLIENT, PROXY, ALICE = "10.0.0.5", "10.0.0.9", "User:alice"
 
 
 def test_the_decision_is_kept_per_connection_for_the_acls_it_was_made_on(caplog: pytest.LogCaptureFixture) -> None:
-    """Allowed once, a connection is not decided again until the view changes (one identity check a request); a
-    binding of the client's host in the next fetch refuses it, counted, logged once per principal and address
-    with the binding; ACLs older than the TTL (not fetched again) refuse it as unavailable."""
+    """Allowed once, a connection is not decided again (the view not even asked) until the view is refreshed or its
+    ACLs expire; a binding of the client's host in the next fetch refuses it, counted, logged once per principal
+    and address with the binding; ACLs older than the TTL (not fetched again) refuse it as unavailable."""
     answers: list[list[Acl]] = [[]]
     now = [100.0]
     cache = AclCache(lambda: answers[0], ttl_s=10, clock=lambda: now[0])
     assert cache.refresh()
     check = HostCheck(Authorizer(cache, HistoryAuthorizationSettings()))
-    conn = SimpleNamespace(local_host=PROXY, forwardable_for=None)
+    conn = SimpleNamespace(local_host=PROXY, forwardable_in=None)
     assert check.refused(ALICE, CLIENT, conn) is None  # type: ignore[arg-type]
-    assert conn.forwardable_for is cache.current()
+    assert conn.forwardable_in == cache.generation
+    asked: list[int] = []
+    current = cache.current
+    cache.current = lambda: asked.append(1) or current()  # type: ignore[method-assign]
+    assert check.refused(ALICE, CLIENT, conn) is None  # type: ignore[arg-type]
+    assert asked == []
 
     answers[0] = [Acl("LITERAL", "g", ALICE, CLIENT, "READ", False, "GROUP")]
     assert check.refused(ALICE, CLIENT, conn) is None  # type: ignore[arg-type]  # not fetched yet
@@ -260,7 +265,7 @@ def test_the_decision_is_kept_per_connection_for_the_acls_it_was_made_on(caplog:
     before = refused()
     with caplog.at_level(logging.WARNING, logger="rlm.listener.upstream.hosts"):
         assert check.refused(ALICE, CLIENT, conn) == REFUSED_MESSAGE  # type: ignore[arg-type]
-        other = SimpleNamespace(local_host=PROXY, forwardable_for=None)
+        other = SimpleNamespace(local_host=PROXY, forwardable_in=None)
         assert check.refused(ALICE, CLIENT, other) == REFUSED_MESSAGE  # type: ignore[arg-type]
     assert refused() == before + 2
     (line,) = [r for r in caplog.records if r.name == "rlm.listener.upstream.hosts"]
@@ -269,10 +274,26 @@ def test_the_decision_is_kept_per_connection_for_the_acls_it_was_made_on(caplog:
 
     answers[0] = []
     assert cache.refresh()
-    conn = SimpleNamespace(local_host=PROXY, forwardable_for=None)
+    conn = SimpleNamespace(local_host=PROXY, forwardable_in=None)
     assert check.refused(ALICE, CLIENT, conn) is None  # type: ignore[arg-type]
     now[0] += 11  # no fetch since: the view is older than its TTL
     before = refused("unavailable")
     assert check.refused(ALICE, CLIENT, conn) == UNAVAILABLE_MESSAGE  # type: ignore[arg-type]
     assert refused("unavailable") == before + 1
     assert check.refused(ALICE, PROXY, conn) is None  # type: ignore[arg-type]  # the proxy's own address
+
+
+def test_a_cluster_without_authorizer_is_decided_once_per_refresh() -> None:
+    """No ACLs at all (no authorizer): nothing to widen, every client forwarded; the decision kept until the next
+    refresh like any other (the failure current() gives does not expire)."""
+    def no_authorizer() -> list[Acl]:
+        raise AclsUnavailableError("no_authorizer", "SECURITY_DISABLED (test)")
+
+    cache = AclCache(no_authorizer, ttl_s=10)
+    assert not cache.refresh()
+    check = HostCheck(Authorizer(cache, HistoryAuthorizationSettings()))
+    conn = SimpleNamespace(local_host=PROXY, forwardable_in=None)
+    assert check.refused(ALICE, CLIENT, conn) is None  # type: ignore[arg-type]
+    assert conn.forwardable_in == cache.generation and cache.unchanged_since(cache.generation)
+    assert not cache.refresh()
+    assert not cache.unchanged_since(conn.forwardable_in)
