@@ -35,12 +35,13 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   record at or after the timestamp may be there), and OffsetForLeaderEpoch of an epoch that may end there (clients ask
   again; the broker's OFFSET_OUT_OF_RANGE, log start or answer past it would reset a consumer past offsets tiered
   seconds later, or let a truncation pass), counted once a range (``rlm_history_tier_holes_pending_total{topic}``) and
-  logged once a range with what is staged. A partition with nothing remote is pending so below the broker's log start
-  (its first segments staged, or copied and not read yet); confirmed, the broker's answers stand and no hole is
-  counted (tiering began after the broker's retention ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as
-  from Kafka, and EARLIEST is the broker's log start; it is counted once (``rlm_history_tier_holes_total{topic}``) and
-  logged once with its range, when a Fetch or ListOffsets meets it. A Fetch's range is the one the tier it read
-  gives (its answer's high watermark), not a second read's (:func:`_hole_at`).
+  logged once a range with what is staged, a range being its partition and first offset (its end as first met). A
+  partition with nothing remote is pending so below the broker's log start (its first segments staged, or copied and not
+  read yet); confirmed, the broker's answers stand and no hole is counted (tiering began after the broker's retention
+  ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as from Kafka, and EARLIEST is the broker's log start;
+  it is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range then, when a Fetch or
+  ListOffsets meets it; its growing later is neither. A Fetch's range is the one the tier it read gives (its answer's
+  high watermark), not a second read's (:func:`_hole_at`).
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
   hole, be told OFFSET_OUT_OF_RANGE, reset to the tier's start again, forever; with a hole EARLIEST is the broker's, as
@@ -111,10 +112,11 @@ __all__ = ["BrokerBounds", "Hole", "Holes", "epochs_below_log_start", "fetch_bel
 log = limited_logger(__name__)
 
 HOLES = Counter("rlm_history_tier_holes", "Holes met by the proxy: ranges below the broker's log start that the "
-                "tier does not hold (each range counted once)", ["topic"])
+                "tier does not hold (each counted once: a range is its partition and first offset)", ["topic"])
 PENDING_HOLES = Counter("rlm_history_tier_holes_pending", "Ranges below the broker's log start that the tier does "
                         "not hold yet, met by the proxy while staged for tiering or within hole_confirm_ms: answered "
-                        "OFFSET_NOT_AVAILABLE (each range counted once)", ["topic"])
+                        "OFFSET_NOT_AVAILABLE (each counted once: a range is its partition and first offset)",
+                        ["topic"])
 REPORTED_HOLES = 10_000  # holes remembered as already counted and logged (then they are counted again)
 
 
@@ -153,30 +155,36 @@ class Holes:
     at its end (the broker's log start moved on) keeps its clock, one whose first offset moved (the tier read more,
     or less) is a new one, and a staged segment over any of it holds it pending and starts its clock again once gone
     (a copy just released is read by the listener within the grace). Each hole is counted and logged once, each
-    pending range too: there a range is its partition and offsets, so a hole that grows is a new one. ``confirm_s`` 0
-    and no ``staged``: every such range is a hole at once. Thread-safe."""
+    pending range too, by its partition and first offset: one that grows at its end is the same range, its pending
+    line giving its end as first met and its hole line its end when confirmed (until session 24 each end met was
+    another range, counted and logged again: a range met at 8 ends, 5 of them pending, was 5 pending ranges and 3
+    holes).
+    ``confirm_s`` 0 and no ``staged``: every such range is a hole at once. Thread-safe."""
 
     def __init__(self, confirm_s: float = 0.0, staged: Callable[[TopicIdPartition], list[tuple[int, int]]] | None
                  = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.confirm_s = confirm_s
         self._staged = staged
         self._clock = clock
-        self._seen: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()
-        self._told: OrderedDict[tuple[TopicIdPartition, int, int], None] = OrderedDict()  # pending ranges logged
+        # (partition, first offset) of the holes counted and logged, and of the pending ranges
+        self._seen: OrderedDict[tuple[TopicIdPartition, int], None] = OrderedDict()
+        self._told: OrderedDict[tuple[TopicIdPartition, int], None] = OrderedDict()
         # partition -> its range's first offset (where the tier ends) and since when it has been met with nothing
         # staged over the range (None: staged when last met)
         self._ranges: OrderedDict[TopicIdPartition, tuple[int, float | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def met(self, tp: TopicIdPartition, first_offset: int, last_offset_inclusive: int, api: str) -> None:
-        key = (tp, first_offset, last_offset_inclusive)
+        """A hole of partition ``tp`` from ``first_offset`` met: counted and logged, with its range now, unless one
+        from there was already (it grows at its end as the broker's log start moves on)."""
         with self._lock:
-            if not _remember(self._seen, key):
+            if not _remember(self._seen, (tp, first_offset)):
                 return
         HOLES.labels(tp.topic).inc()
         log.error("proxy: a hole below the broker's log start: these offsets are neither remote nor on the broker "
                   "(the broker's retention deleted them before they were tiered); a Fetch of them is answered "
-                  "OFFSET_OUT_OF_RANGE (logged once per hole)", extra={
+                  "OFFSET_OUT_OF_RANGE (logged once per hole, with its range now: it grows as the broker's log "
+                  "start moves on)", extra={
                       "topic_partition": str(tp), "first_offset": first_offset,
                       "last_offset_inclusive": last_offset_inclusive,
                       "offsets": last_offset_inclusive - first_offset + 1, "api": api})
@@ -226,7 +234,7 @@ class Holes:
                 self._ranges.popitem(last=False)
             confirmed = since is not None and now - since >= self.confirm_s
             if not confirmed:
-                tell = _remember(self._told, (tp, first, last))
+                tell = _remember(self._told, (tp, first))
         if confirmed:
             if high_watermark is not None:
                 self.met(tp, first, last, api)
@@ -237,7 +245,8 @@ class Holes:
                         "(staged for a copy, or met for less than history_listener.hole_confirm_ms): a Fetch of them, "
                         "ListOffsets EARLIEST, ListOffsets by a timestamp the tier has no answer to and "
                         "OffsetForLeaderEpoch of an epoch ending there are answered "
-                        "OFFSET_NOT_AVAILABLE, and clients ask again (logged once per range)", extra={
+                        "OFFSET_NOT_AVAILABLE, and clients ask again (logged once per range, with its range as "
+                        "first met: it grows as the broker's log start moves on)", extra={
                             "topic_partition": str(tp), "first_offset": first, "last_offset_inclusive": last,
                             "offsets": last - first + 1, "staged": [list(r) for r in staged],
                             "hole_confirm_ms": round(self.confirm_s * 1000), "api": api})

@@ -8,6 +8,7 @@ changes) with a clock of the test's."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -82,7 +83,7 @@ def test_a_range_is_a_hole_once_nothing_staged_covers_it_for_the_grace() -> None
     # one pending range, one hole: each counted once
     assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
         before[0] + 1, before[1] + 1)
-    # the broker's log start moved on: the same hole, grown at its end (counted and logged as a new range)
+    # the broker's log start moved on: the same hole, grown at its end (not counted again)
     assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
     staged.append((30, 45))  # a staged segment overlapping the range (from its first offset) holds it again
     assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
@@ -90,6 +91,42 @@ def test_a_range_is_a_hole_once_nothing_staged_covers_it_for_the_grace() -> None
     assert holes.check(_tier(40), 100, "fetch") is Hole.PENDING
     clock.now += 5
     assert holes.check(_tier(40), 100, "fetch") is Hole.CONFIRMED
+    # the same range all along (partition and first offset 40): counted once, pending and as a hole
+    assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
+        before[0] + 1, before[1] + 1)
+
+
+def _lines(caplog: pytest.LogCaptureFixture, tp: TopicIdPartition) -> list[tuple[str, int, int]]:
+    """The hole lines logged of ``tp``: (level, first offset, last offset)."""
+    return [(r.levelname, r.first_offset, r.last_offset_inclusive) for r in caplog.records  # type: ignore[attr-defined]
+            if r.name == "rlm.listener.tier.boundary" and getattr(r, "topic_partition", None) == str(tp)]
+
+
+def test_a_growing_range_is_counted_and_logged_once_pending_and_once_a_hole(caplog: pytest.LogCaptureFixture) -> None:
+    """The broker's log start moves on every second while the tier ends at 40, before and after the range is
+    confirmed: one pending range and one hole (by partition and first offset), the pending line with the range as
+    first met (40..79), the hole's with its range when confirmed (40..129). Keyed by both offsets, each end met was
+    counted and logged again (5 pending, 3 holes here). The tier reading more (ending at 60) is another range."""
+    caplog.set_level(logging.WARNING, logger="rlm.listener.tier.boundary")
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: [], clock=clock)
+    before = (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total"))
+    start = 80
+    for _ in range(5):  # 100 .. 104 s, the log start 80 .. 120
+        assert holes.check(_tier(40), start, "fetch") is Hole.PENDING
+        clock.now, start = clock.now + 1, start + 10
+    for _ in range(3):  # confirmed at 105 s (40..129), then it grows on
+        assert holes.check(_tier(40), start, "fetch") is Hole.CONFIRMED
+        clock.now, start = clock.now + 1, start + 10
+    assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
+        before[0] + 1, before[1] + 1)
+    assert _lines(caplog, TP) == [("WARNING", 40, 79), ("ERROR", 40, 129)]
+    assert holes.check(_tier(60), start, "fetch") is Hole.PENDING  # the tier read a copy: 60.., a new range
+    clock.now += 5
+    assert holes.check(_tier(60), start + 10, "fetch") is Hole.CONFIRMED
+    assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
+        before[0] + 2, before[1] + 2)
+    assert _lines(caplog, TP)[2:] == [("WARNING", 60, start - 1), ("ERROR", 60, start + 9)]
 
 
 def test_a_range_that_grows_at_its_end_keeps_its_clock() -> None:
@@ -292,7 +329,8 @@ def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_res
     with ``auto.offset.reset=earliest`` reads the tier, waits out the grace, is told OFFSET_OUT_OF_RANGE, resets to
     the broker's log start and reads on: each offset it gets once, in order, as produced, up to the end. The broker's
     log start moved meanwhile (4 values seen in the grace's 3 s, one run): with the grace started again at each move,
-    the range stayed pending and the consumer never got past the tier's end (60 s)."""
+    the range stayed pending and the consumer never got past the tier's end (60 s). The range is counted once
+    pending and once a hole, however its end moved."""
     topic_id = kafka.create_topic(topic_name, 1, config={"segment.ms": "300", "retention.ms": "500",
                                                           "file.delete.delay.ms": "1000"})
     tp = TopicIdPartition(topic_id, topic_name, 0)
@@ -340,7 +378,10 @@ def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_res
             t = tier.partition(tp)
             return tier.ready(tp) and t is not None and t.high_watermark == tiered
         wait_for(read, 30, "the listener to read the tier")
-        before = REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic_name}) or 0.0
+        def counted() -> tuple[float, float]:  # (pending ranges, holes) of the topic
+            return tuple(REGISTRY.get_sample_value(f"rlm_history_tier_holes{kind}_total", {"topic": topic_name})
+                         or 0.0 for kind in ("_pending", ""))  # type: ignore[return-value]
+        before = counted()
         host, port = kafka.bootstrap_servers.split(",")[0].rsplit(":", 1)
         with socket.create_connection(("127.0.0.1", listener.port), timeout=30) as sock, \
                 socket.create_connection((host, int(port)), timeout=30) as broker:
@@ -386,7 +427,9 @@ def test_a_hole_whose_end_retention_keeps_moving_is_confirmed_and_a_consumer_res
         assert offsets[tiered] > tiered and offsets[-1] == end - 1
         with lock:
             assert all((k, v) == sent.get(o, (b"__roll__", b"r")) for o, k, v in got)
-        assert (REGISTRY.get_sample_value("rlm_history_tier_holes_total", {"topic": topic_name}) or 0.0) > before
+        # one range from the tier's end, its end moving all along: one pending range, one hole (a count for each end
+        # met until session 24)
+        assert counted() == (before[0] + 1, before[1] + 1)
     finally:
         stop.set()
         producing.join(30)
