@@ -58,7 +58,7 @@ from rlm.listener.protocol.codec import (
     produce_acks,
     produce_names_leaders,
 )
-from rlm.listener.protocol.frame import CORRELATION_ID, SIZE, RequestHeader
+from rlm.listener.protocol.frame import CORRELATION_ID, SIZE, BadRequestError, RequestHeader
 from rlm.listener.routing import Route
 from rlm.listener.tier.boundary import (
     BrokerBounds,
@@ -189,23 +189,25 @@ class Proxy:
             ahead = None  # taken (used or missed)
         # cut through when the client's path held back the last large answer (rlm.listener.upstream.relay)
         relay = Relay(upstream.client, header) if upstream.client is not None and upstream.client_paced else None
+        broker = f"{upstream.host}:{upstream.port}"
         try:
             framed = await upstream.forward(fetch_sessionless(frame, header), relay=relay)
-        except UpstreamError:
+            assert framed is not None
+            answer = memoryview(framed)[SIZE.size:]
+            walk = fetch_answer(answer, header, max_partitions=INLINE_FETCH_WALK_PARTITIONS)
+            if walk is None:  # many partitions: walked on a worker
+                walk = await run(fetch_answer, answer, header)
+        except (UpstreamError, BadRequestError) as err:  # the broker's connection failed, or its answer is malformed
             if relay is not None:
-                relay.abort()  # part of the answer went: the client must not take the rest of another
+                relay.abort(str(err), broker)  # part of the answer went: the client must not take the rest of another
             raise
-        assert framed is not None
-        answer = memoryview(framed)[SIZE.size:]
-        walk = fetch_answer(answer, header, max_partitions=INLINE_FETCH_WALK_PARTITIONS)
-        if walk is None:  # many partitions: walked on a worker
-            walk = await run(fetch_answer, answer, header)
         refused = self._served(walk.out_of_range()) if walk.error_code == ErrorCode.none.value else False
         if relay is not None and relay.sent:
             answer.release()
             if refused or walk.names_leaders:  # cannot be: such an answer has an error, never relayed
-                relay.abort()
-                raise UpstreamError("a Fetch answer sent on as it came needed a change once whole")
+                why = "a Fetch answer sent on as it came needed a change once whole"
+                relay.abort(why, broker)
+                raise UpstreamError(why)
             return relay.finished(framed)
         if refused:
             return await self._split_fetch(header, bytes(answer), req, client, upstream, run, room, ahead)

@@ -30,10 +30,13 @@ sent by the listener. An answer of several partitions is stored whole as before:
 (OFFSET_OUT_OF_RANGE below the log start, for the tier to answer) comes after the earlier ones' records, and the
 answer's size, sent first, would change.
 
-A relayed answer that its walk finds must change after all (no broker answers so), or whose broker connection fails
-before it is whole, cannot be taken back: the client's connection is aborted (counted,
-``rlm_history_proxy_relayed_answers_total{result}``) and the client fetches again on a new one, as after losing a
-broker.
+A relayed answer that its walk finds must change after all (no broker answers so) or cannot walk (a malformed
+answer), or whose broker connection fails before it is whole, cannot be taken back: the client's connection is reset
+(:meth:`Relay.abort`: its queued bytes dropped, RST; counted, ``rlm_history_proxy_relayed_answers_total{result}``,
+and logged with the broker and the reason) and the client fetches again on a new one, as after losing a broker.
+Closed gracefully instead, the client would first be given the rest of what was queued for it. A client that leaves
+mid-answer is written no more (:meth:`Relay.advance`: asyncio logs each write to a lost connection from the fifth
+on), counted as ``closed``.
 """
 
 from __future__ import annotations
@@ -46,13 +49,18 @@ from prometheus_client import Counter
 
 from rlm.listener.protocol.codec import fetch_records_end
 from rlm.listener.protocol.frame import CORRELATION_ID, SIZE, RequestHeader
+from rlm.logs import limited_logger
 
 __all__ = ["RELAY_MIN_BYTES", "Relay", "Relayed", "peer_window"]
 
+log = limited_logger(__name__)
+
 RELAYED = Counter("rlm_history_proxy_relayed_answers", "As a proxy: the broker's Fetch answers sent on to the client "
-                  "as they came (cut-through), by how they ended: sent, or aborted (the client's connection closed: "
-                  "the broker's failed, or the answer needed a change once whole)", ["result"])
-_SENT, _ABORTED = RELAYED.labels("sent"), RELAYED.labels("aborted")
+                  "as they came (cut-through), by how they ended: sent; aborted (the client's connection reset: the "
+                  "broker's failed, or the answer did not walk or needed a change once whole); closed (the client's "
+                  "connection closed before the answer was whole)", ["result"])
+_SENT, _ABORTED, _CLOSED = RELAYED.labels("sent"), RELAYED.labels("aborted"), RELAYED.labels("closed")
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 _UNDECIDED, _DECLINED = 0, -1
 # What comes is sent on once this much has gathered (or the records' end has come): a send each time the broker's
 # bytes are read (~100-200 KB at a time) took more CPU of the proxy and the consumer than the overlap saved.
@@ -112,21 +120,33 @@ class Relay:
             self._until = SIZE.size + end
             CORRELATION_ID.pack_into(frame, SIZE.size, self.client_id)
         upto = min(have, self._until)
-        if upto - self.sent >= RELAY_MIN_BYTES or upto == self._until > self.sent:
+        if (upto - self.sent >= RELAY_MIN_BYTES or upto == self._until > self.sent) \
+                and not self.transport.is_closing():  # the client left: nothing more to write
             self.transport.write(memoryview(frame)[self.sent:upto])
             self.sent = upto
 
-    def abort(self) -> None:
-        """The answer cannot be finished as it was begun: the client's connection is aborted (when part of it went)."""
-        if self.sent:
-            _ABORTED.inc()
-            self.transport.abort()
+    def abort(self, reason: str, broker: str) -> None:
+        """The answer from ``broker`` (host:port) cannot be finished as it was begun, for ``reason``: when part of
+        it went, the client's connection is reset (what is queued for it dropped, RST), counted and logged."""
+        if not self.sent:
+            return
+        _ABORTED.inc()
+        log.warning("proxy: a Fetch answer sent on to the client as it came cannot be finished: the client's "
+                    "connection is reset (it fetches again on a new one)",
+                    extra={"broker": broker, "reason": reason, "sent_bytes": self.sent})
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            except OSError:
+                pass  # closed already
+        self.transport.abort()
 
     def finished(self, frame: bytearray) -> Relayed | None:
         """The answer whole and found unchanged: what is left of it to send, or None when none of it went early."""
         if not self.sent:
             return None
-        _SENT.inc()
+        (_CLOSED if self.transport.is_closing() else _SENT).inc()
         return Relayed(frame, self.sent)
 
 

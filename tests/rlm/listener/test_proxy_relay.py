@@ -1,16 +1,18 @@
 """Cut-through of the broker's Fetch answers through the proxy (:mod:`rlm.listener.upstream.relay`), real broker.
 
 The proxy reaches the broker through a middleman of the test's (:class:`Gate`) that can hold each large answer after
-its first bytes, or cut the connection there. A one-partition answer with records reaches the client while the rest
-is held (stored whole before, the client got nothing until the proxy had it all), byte for byte the broker's own
-answer to the same request; a connection lost in the middle aborts the client's connection, with nothing of another
-answer after the part sent; an answer of two partitions is still stored whole (a later partition's error, for the
-tier to answer, would come after the first one's records).
+its first bytes, or cut the connection there, or spoil its end. A one-partition answer with records reaches the
+client while the rest is held (stored whole before, the client got nothing until the proxy had it all), byte for byte
+the broker's own answer to the same request; a connection lost in the middle aborts the client's connection, with
+nothing of another answer after the part sent, and so does an answer found malformed once whole; an answer of two
+partitions is still stored whole (a later partition's error, for the tier to answer, would come after the first one's
+records). The relay alone: fed an answer a few bytes at a time, and writing to a client that has gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import subprocess
@@ -49,14 +51,15 @@ JAVA_WINDOW = 65536  # the Java consumer's receive.buffer.bytes: a window smalle
 class Gate:
     """A TCP middleman between the proxy and the broker: requests pass as they come; each answer over ``LARGE``
     bytes, while :attr:`hold` is set, passes its first ``FIRST`` bytes, then (:attr:`holding` set) waits for
-    :attr:`release` before the rest, or with :attr:`cut` closes both connections instead."""
+    :attr:`release` before the rest, or with :attr:`cut` closes both connections instead; with :attr:`mangle` its
+    last byte (a v12+ answer's tagged fields' count, 0) says one tagged field follows, and none does."""
 
     def __init__(self, broker: tuple[str, int]) -> None:
         self.broker = broker
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.hold, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
-        self.cut = False
+        self.cut = self.mangle = False
         self._socks: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -83,6 +86,8 @@ class Gate:
         try:
             while (frame := _whole(src)) is not None:
                 if len(frame) > LARGE and self.hold.is_set():
+                    if self.mangle:
+                        frame = frame[:-1] + b"\x01"
                     dst.sendall(frame[:FIRST])
                     self.holding.set()
                     if self.cut:  # shut down: a close alone waits for the other thread's recv on it
@@ -225,16 +230,16 @@ def _relayed(result: str) -> float:
     return REGISTRY.get_sample_value("rlm_history_proxy_relayed_answers_total", {"result": result}) or 0.0
 
 
-def _held(gate: Gate, *, cut: bool = False) -> None:
+def _held(gate: Gate, *, cut: bool = False, mangle: bool = False) -> None:
     gate.holding.clear()
     gate.release.clear()
-    gate.cut = cut
+    gate.cut, gate.mangle = cut, mangle
     gate.hold.set()
 
 
 def _open(gate: Gate) -> None:
     gate.hold.clear()
-    gate.cut = False
+    gate.cut = gate.mangle = False
     gate.release.set()
 
 
@@ -318,6 +323,41 @@ def test_a_broker_connection_lost_in_the_middle_aborts_the_clients(relayed: Setu
         assert answer is not None and len(answer) > LARGE
 
 
+def test_an_answer_found_malformed_once_whole_resets_the_clients(relayed: Setup,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A relayed answer whose walk fails once it is whole (the broker's answer malformed: its last tagged-field
+    count says one more follows) cannot be taken back: the client's connection is reset, counted aborted and logged
+    with the broker and the reason (until session 24 it was closed after the rest of what was queued for it, not
+    counted); a new connection reads the answer whole."""
+    gate = relayed.gate
+    frame, _header = _fetch(16, relayed.topic, relayed.topic_id, [0], 45)
+    aborted = _relayed("aborted")
+    with relayed.proxy() as sock:
+        _paced(sock, frame)
+        _held(gate, mangle=True)
+        try:
+            sock.sendall(frame)
+            assert gate.holding.wait(30)
+            sock.settimeout(10)
+            got = sock.recv(1 << 20)  # relayed while the gate holds the rest
+            assert got
+        finally:
+            _open(gate)
+        sock.settimeout(30)
+        with pytest.raises(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                got += chunk
+        assert len(got) < struct.unpack_from(">i", got)[0] + 4  # never the whole answer
+    wait_for(lambda: _relayed("aborted") == aborted + 1, 10, "the aborted relay counted")
+    lines = [r for r in caplog.records if r.name == "rlm.listener.upstream.relay"]
+    assert [(r.levelname, r.broker, "truncated" in r.reason) for r in lines] == [  # type: ignore[attr-defined]
+        ("WARNING", f"127.0.0.1:{gate.port}", True)]
+    with relayed.proxy() as sock:
+        sock.sendall(frame)
+        answer = recv_frame(sock)
+        assert answer is not None and len(answer) > LARGE
+
+
 def test_an_answer_a_client_takes_at_once_is_stored_whole(relayed: Setup) -> None:
     """A client whose window takes an answer whole (the kernel's autotuning, as librdkafka leaves it) gets no
     relayed answer: its pieces would cost both ends CPU and save nothing."""
@@ -369,6 +409,12 @@ class _Transport:
 
     def abort(self) -> None:
         self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def get_extra_info(self, name: str) -> Any:
+        return None
 
 
 def _answer(version: int, records: bytes, partitions: int = 1, correlation_id: int = 5) -> tuple[bytes, Any]:
@@ -474,9 +520,48 @@ def test_an_aborted_relay_closes_the_client_only_once_part_went() -> None:
     relay = Relay(_Transport(), header)  # type: ignore[arg-type]
     relay.upstream_id = 5
     relay.advance(bytearray(answer), RELAY_MIN_BYTES - 1)  # what came is sent once RELAY_MIN_BYTES have
-    relay.abort()
+    relay.abort("test", "127.0.0.1:9092")
     assert relay.sent == 0 and not relay.transport.aborted  # type: ignore[attr-defined]
     relay.advance(bytearray(answer), RELAY_MIN_BYTES + 100)
     assert relay.sent == RELAY_MIN_BYTES + 100
-    relay.abort()
+    relay.abort("test", "127.0.0.1:9092")
     assert relay.transport.aborted  # type: ignore[attr-defined]
+
+
+def test_a_client_gone_mid_relay_is_written_no_more(caplog: pytest.LogCaptureFixture) -> None:
+    """The client resets its connection after the first piece of its answer went: the relay writes to its transport
+    no more (asyncio logs "socket.send() raised exception." at each write to a lost connection from the fifth on:
+    at 6 of the 10 here until session 24), and the answer is counted closed, not sent."""
+    async def run() -> None:
+        accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+        async def serve(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await accepted.put(writer)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        client = socket.create_connection(server.sockets[0].getsockname()[:2])
+        writer = await accepted.get()
+        answer, header = _answer(16, b"x" * (10 * RELAY_MIN_BYTES))
+        relay = Relay(writer.transport, header)  # type: ignore[arg-type]
+        relay.upstream_id = 5
+        frame = bytearray(answer)
+        relay.advance(frame, RELAY_MIN_BYTES)
+        assert relay.sent == RELAY_MIN_BYTES
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset
+        await asyncio.sleep(0.1)
+        assert writer.transport.is_closing()  # the premise: asyncio has seen it
+        for have in [*range(2 * RELAY_MIN_BYTES, len(frame), RELAY_MIN_BYTES), len(frame)]:
+            relay.advance(frame, have)
+            await asyncio.sleep(0)
+        assert relay.sent == RELAY_MIN_BYTES
+        closed, sent = _relayed("closed"), _relayed("sent")
+        done = relay.finished(frame)
+        assert done is not None and (_relayed("closed"), _relayed("sent")) == (closed + 1, sent)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    asyncio.run(run())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
