@@ -127,8 +127,12 @@ class Relay:
 
     def abort(self, reason: str, broker: str) -> None:
         """The answer from ``broker`` (host:port) cannot be finished as it was begun, for ``reason``: when part of
-        it went, the client's connection is reset (what is queued for it dropped, RST), counted and logged."""
+        it went, the client's connection is reset (what is queued for it dropped, RST), counted and logged; a client
+        that left first is counted ``closed``."""
         if not self.sent:
+            return
+        if self.transport.is_closing():
+            _CLOSED.inc()
             return
         _ABORTED.inc()
         log.warning("proxy: a Fetch answer sent on to the client as it came cannot be finished: the client's "

@@ -524,8 +524,11 @@ def test_an_aborted_relay_closes_the_client_only_once_part_went() -> None:
     assert relay.sent == 0 and not relay.transport.aborted  # type: ignore[attr-defined]
     relay.advance(bytearray(answer), RELAY_MIN_BYTES + 100)
     assert relay.sent == RELAY_MIN_BYTES + 100
+    aborted, closed = _relayed("aborted"), _relayed("closed")
     relay.abort("test", "127.0.0.1:9092")
     assert relay.transport.aborted  # type: ignore[attr-defined]
+    relay.abort("test", "127.0.0.1:9092")  # the client's connection closed already: not aborted again, nor counted so
+    assert (_relayed("aborted"), _relayed("closed")) == (aborted + 1, closed + 1)
 
 
 def test_a_client_gone_mid_relay_is_written_no_more(caplog: pytest.LogCaptureFixture) -> None:
