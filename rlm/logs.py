@@ -1,4 +1,5 @@
-"""Structured logging: one JSON object per line (or plain text), with ``extra=`` fields kept as keys."""
+"""Structured logging: one JSON object per line (or plain text), with ``extra=`` fields kept as keys (text:
+``key=value`` pairs after the message)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Counter
 
-__all__ = ["CLIENT_LINES", "JsonFormatter", "LinesPerSite", "kafka_logger", "limited_logger", "setup_logging"]
+__all__ = ["CLIENT_LINES", "JsonFormatter", "LinesPerSite", "TextFormatter", "kafka_logger", "limited_logger",
+           "setup_logging"]
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime", "taskName"}
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a ``log.*`` call gave in ``extra=`` (every attribute of ``record`` a bare LogRecord lacks, but
+    those named with a leading underscore), in the order given."""
+    return {key: value for key, value in vars(record).items() if key not in _STANDARD and not key.startswith("_")}
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,12 +33,36 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
+        out.update(_extras(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message key=value ...``, the ``extra=`` fields (:func:`_extras`) in the order given, then
+    the exception's traceback on the lines after, as :class:`logging.Formatter` writes it. A value is written as the
+    JSON format writes it (``json.dumps``, ``str`` of what JSON has no type for), without spaces after its
+    separators; a ``str`` bare unless it is empty or holds a space, a quote, ``=`` or a character that is not
+    printable: then as a JSON string (``peer=127.0.0.1:50412 error="unexpected end of data"``)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging.Formatter's name)
+        line = super().formatMessage(record)
+        fields = _extras(record)
+        if not fields:
+            return line
+        return line + " " + " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str):
+        if value and value.isprintable() and not any(c in value for c in ' "='):
+            return value
+        return json.dumps(value)
+    return json.dumps(value, default=str, separators=(",", ":"))
 
 
 def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
@@ -37,7 +70,7 @@ def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
