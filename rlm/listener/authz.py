@@ -6,7 +6,9 @@ imply). The decision is Kafka's ``StandardAuthorizer``'s, for topic resources:
 
 1. a principal in ``super_users`` is allowed;
 2. the ACLs whose pattern matches the topic: LITERAL of its name, LITERAL ``*``, and PREFIXED of any prefix of
-   its name; of those, the ones for this principal or ``User:*``, from this host or ``*``;
+   its name; of those, the ones for this principal or ``User:*``, from this host or ``*`` (hosts compared as
+   addresses, :func:`same_address`: Kafka compares strings, Java's ``0:0:0:0:0:0:0:1`` with the binding's, where
+   Python writes the client's ``::1``);
 3. a matching DENY of the operation (or ALL) refuses, whatever allows it (DENY over ALLOW; a DENY implies
    nothing: DENY READ does not refuse DESCRIBE);
 4. a matching ALLOW of the operation, of ALL, or of an operation implying it, allows;
@@ -34,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -104,8 +106,9 @@ class Acls:
         for acl in acls:
             if acl.host != WILDCARD:
                 self._hosted[acl.principal].append(acl)
-            if acl.resource_type == TOPIC:
-                (self._prefixed if acl.pattern_type == "PREFIXED" else self._literal)[acl.name].append(acl)
+            if acl.resource_type == TOPIC:  # its host as an address (same_address), for allows()
+                keyed = acl if acl.host == WILDCARD else replace(acl, host=_address_key(acl.host))
+                (self._prefixed if acl.pattern_type == "PREFIXED" else self._literal)[acl.name].append(keyed)
 
     def naming_hosts(self, principal: str, hosts: Iterable[str]) -> list[Acl]:
         """The bindings of ``principal`` or ``User:*``, on any resource, whose host is one of ``hosts`` (compared as
@@ -123,12 +126,18 @@ class Acls:
         return found
 
     def allows(self, principal: str, host: str, operation: str, topic: str, *, if_none: bool) -> bool:
+        # compared as addresses (same_address): Kafka's hosts are Java's getHostAddress(), ours Python's
+        return self.allows_from(principal, _address_key(host), operation, topic, if_none=if_none)
+
+    def allows_from(self, principal: str, address: str, operation: str, topic: str, *, if_none: bool) -> bool:
+        """:meth:`allows` for a host already written as :func:`same_address` compares it (once a request, not once
+        a topic: 0.15-0.25 us a lookup)."""
         matching = self.on(topic)
         if not matching:
             return if_none
         allowed = False
         for acl in matching:
-            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.host not in (host, WILDCARD):
+            if acl.principal not in (principal, WILDCARD_PRINCIPAL) or acl.host not in (address, WILDCARD):
                 continue
             if not acl.allow:
                 if acl.operation in (operation, ALL):
@@ -162,6 +171,7 @@ def same_address(a: str, b: str) -> bool:
     return _address_key(a) == _address_key(b)
 
 
+@functools.lru_cache(maxsize=4096)  # clients' addresses and the bindings' hosts: once each, not once a request
 def _address_key(host: str) -> str:
     try:
         ip = ipaddress.ip_address(host.split("%", 1)[0])  # without an IPv6 scope (fe80::1%eth0)
@@ -413,7 +423,8 @@ class Authorizer:
             _decisions(operation, "unavailable").inc(len(names))
             return set()
         if_none = self.settings.allow_everyone_if_no_acl_found
-        ok = {t for t in names if acls.allows(principal, host, operation, t, if_none=if_none)}
+        address = _address_key(host)
+        ok = {t for t in names if acls.allows_from(principal, address, operation, t, if_none=if_none)}
         if ok:
             _decisions(operation, "allowed").inc(len(ok))
         if len(ok) < len(names):

@@ -71,6 +71,17 @@ def test_kafka_acl_decision(acls: list[Acl], topic: str, op: str, expected: bool
     assert allows(acls, topic, op) is expected
 
 
+def test_hosts_are_compared_as_addresses() -> None:
+    """Kafka matches a binding's host against Java's ``getHostAddress()``, which writes an IPv6 client in full
+    (``0:0:0:0:0:0:0:1``) where Python writes ``::1``: compared as addresses, a DENY the broker applies is applied
+    here too (before: not, the tier's read allowed). ``::1`` written in a binding matches as well, which Kafka's
+    string comparison would not (refusing more, never less)."""
+    assert not allows([acl("orders"), acl("orders", host="0:0:0:0:0:0:0:1", allow=False)], "orders", host="::1")
+    assert allows([acl("orders", host="0:0:0:0:0:0:0:1")], "orders", host="::1")
+    assert not allows([acl("orders"), acl("orders", host="::1", allow=False)], "orders", host="::1")
+    assert not allows([acl("orders"), acl("orders", host="10.0.0.1", allow=False)], "orders", host="::ffff:10.0.0.1")
+
+
 def test_no_acl_found_follows_the_setting_only_when_no_acl_names_the_topic() -> None:
     assert allows([], "orders") is False
     assert allows([], "orders", if_none=True) is True
