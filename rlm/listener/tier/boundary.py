@@ -38,9 +38,10 @@ fills in only what the broker no longer holds, so the crossing is exact, driven 
   logged once a range with what is staged, a range being its partition and first offset (its end as first met). A
   partition with nothing remote is pending so below the broker's log start (its first segments staged, or copied and not
   read yet); confirmed, the broker's answers stand and no hole is counted (tiering began after the broker's retention
-  ran). A confirmed hole gets the broker's OFFSET_OUT_OF_RANGE, as from Kafka, and EARLIEST is the broker's log start;
-  it is counted once (``rlm_history_tier_holes_total{topic}``) and logged once with its range then, when a Fetch or
-  ListOffsets meets it; its growing later is neither. A Fetch's range is the one the tier it read gives (its answer's
+  ran, or remote retention expired everything), its range logged once at WARNING. A confirmed hole gets the broker's
+  OFFSET_OUT_OF_RANGE, as from Kafka, and EARLIEST is the broker's log start; it is counted once
+  (``rlm_history_tier_holes_total{topic}``) and logged once at ERROR with its range then, when a Fetch or ListOffsets
+  meets it; its growing later is neither. A Fetch's range is the one the tier it read gives (its answer's
   high watermark), not a second read's (:func:`_hole_at`).
 - **ListOffsets**: EARLIEST is the tier's log start offset (and its leader epoch) when it is below the broker's answer,
   the tier reaches the broker's log start (no hole: otherwise a consumer reset to the tier's start would read up to the
@@ -158,7 +159,8 @@ class Holes:
     pending range too, by its partition and first offset: one that grows at its end is the same range, its pending
     line giving its end as first met and its hole line its end when confirmed (until session 24 each end met was
     another range, counted and logged again: a range met at 8 ends, 5 of them pending, was 5 pending ranges and 3
-    holes).
+    holes). A partition with nothing remote: its confirmed range is not counted as a hole, and logged once at WARNING
+    (:meth:`check`).
     ``confirm_s`` 0 and no ``staged``: every such range is a hole at once. Thread-safe."""
 
     def __init__(self, confirm_s: float = 0.0, staged: Callable[[TopicIdPartition], list[tuple[int, int]]] | None
@@ -189,14 +191,30 @@ class Holes:
                       "last_offset_inclusive": last_offset_inclusive,
                       "offsets": last_offset_inclusive - first_offset + 1, "api": api})
 
+    def _nothing_remote(self, tp: TopicIdPartition, last_offset_inclusive: int, api: str) -> None:
+        """Partition ``tp``'s range ``0 .. last_offset_inclusive`` confirmed with nothing of it remote: logged once,
+        with its range now, and not counted as a hole (:meth:`check`)."""
+        with self._lock:
+            if not _remember(self._seen, (tp, 0)):  # a tier's range starts at its high watermark, 1 or more
+                return
+        log.warning("proxy: nothing of this partition is remote and the broker's log starts above 0: these offsets "
+                    "are neither remote nor on the broker, and the broker's answers stand (a Fetch of them "
+                    "OFFSET_OUT_OF_RANGE, EARLIEST its log start). Not counted as a hole: tiering began after the "
+                    "broker's retention ran, or remote retention expired everything, or (a loss) the broker deleted "
+                    "the first segments before their copy (logged once per partition, with its range now)", extra={
+                        "topic_partition": str(tp), "first_offset": 0, "last_offset_inclusive": last_offset_inclusive,
+                        "offsets": last_offset_inclusive + 1, "api": api})
+
     def check(self, tier: PartitionTier | None, log_start_offset: int, api: str, *,
               tp: TopicIdPartition | None = None) -> Hole:
         """Whether ``tier`` ends below the broker's ``log_start_offset``: not, pending, or a hole (counted and logged
         once). ``tier`` None (nothing of partition ``tp`` is remote): the range is everything below the broker's log
         start, pending as any other (its first segment staged and deleted before its copy, or copied and not read by
-        the listener yet); once confirmed it is not counted nor logged as a hole (nothing was tiered, e.g. tiering
-        began after the broker's retention had run, or remote retention expired it all): the broker's answers
-        stand, as they did."""
+        the listener yet); once confirmed it is not counted as a hole, as nothing may have been tiered (tiering began
+        after the broker's retention had run, and the first copy is not read within the grace; or remote retention
+        expired it all: an ERROR and a hole counted would be false for these, and the listener cannot tell them from
+        first segments deleted before their copy), and it is logged once at WARNING with its range then (until
+        session 24 its pending line was its last): the broker's answers stand, as they did."""
         if tier is not None:
             return self.check_end(tier.tp, tier.high_watermark, log_start_offset, api)
         return self.check_end(tp, None, log_start_offset, api) if tp is not None else Hole.NONE
@@ -238,6 +256,8 @@ class Holes:
         if confirmed:
             if high_watermark is not None:
                 self.met(tp, first, last, api)
+            else:
+                self._nothing_remote(tp, last, api)
             return Hole.CONFIRMED
         if tell:
             PENDING_HOLES.labels(tp.topic).inc()

@@ -129,6 +129,33 @@ def test_a_growing_range_is_counted_and_logged_once_pending_and_once_a_hole(capl
     assert _lines(caplog, TP)[2:] == [("WARNING", 60, start - 1), ("ERROR", 60, start + 9)]
 
 
+def test_an_empty_tiers_confirmed_range_is_logged_once_and_not_counted_as_a_hole(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing of the partition remote, the broker's log start moving on every second: one pending line (0..19, as
+    first met), then, once confirmed, one line with its range then (0..69), "nothing ... remote", at WARNING (not a
+    hole's ERROR: tiering may have begun after the broker's retention ran), whatever it grows to later; one pending
+    range counted, no hole. Until session 24 the pending line was its last. Another partition's is its own."""
+    caplog.set_level(logging.WARNING, logger="rlm.listener.tier.boundary")
+    clock = Clock()
+    holes = Holes(5.0, lambda tp: [], clock=clock)
+    before = (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total"))
+    start = 20
+    for i in range(8):  # 100 .. 107 s, the log start 20 .. 90: confirmed at 105 s (0..69)
+        assert holes.check(None, start, "fetch", tp=TP) is (Hole.CONFIRMED if i >= 5 else Hole.PENDING), i
+        clock.now, start = clock.now + 1, start + 10
+    assert (_sample("rlm_history_tier_holes_pending_total"), _sample("rlm_history_tier_holes_total")) == (
+        before[0] + 1, before[1])
+    assert _lines(caplog, TP) == [("WARNING", 0, 19), ("WARNING", 0, 69)]
+    confirmed = [r for r in caplog.records if getattr(r, "topic_partition", None) == str(TP)][1]
+    assert "nothing of this partition is remote" in confirmed.getMessage()
+    assert confirmed.offsets == 70 and confirmed.api == "fetch"  # type: ignore[attr-defined]
+    other = TopicIdPartition(uuid.uuid4(), "t", 1)
+    assert holes.check(None, 30, "list_offsets", tp=other) is Hole.PENDING
+    clock.now += 5
+    assert holes.check(None, 30, "list_offsets", tp=other) is Hole.CONFIRMED
+    assert _lines(caplog, other) == [("WARNING", 0, 29), ("WARNING", 0, 29)]
+
+
 def test_a_range_that_grows_at_its_end_keeps_its_clock() -> None:
     """The broker's retention moves its log start every second (a segment deleted each time) while the tier ends at
     40: the range from 40 to the log start grows at its end at every check. It is a hole ``confirm_s`` after 40 was
@@ -185,7 +212,7 @@ def test_a_staging_dir_that_cannot_be_listed_confirms_nothing() -> None:
 def test_an_empty_tier_below_the_log_start_is_pending_and_then_no_hole_counted() -> None:
     """Nothing of the partition remote: everything below the broker's log start is pending while staged and for the
     grace; then the broker's answers stand, as for a partition whose tiering began after its retention ran: not
-    counted nor logged as a hole."""
+    counted as a hole (its line: test_an_empty_tiers_confirmed_range_is_logged_once_and_not_counted_as_a_hole)."""
     staged: list[tuple[int, int]] = [(0, 9)]
     clock = Clock()
     holes = Holes(5.0, lambda tp: list(staged), clock=clock)
