@@ -38,7 +38,7 @@ def _ctx(ready: bool, read: list[TopicIdPartition], lineage: Lineage, high_water
         return SimpleNamespace(lineage=lineage, tp=tp, high_watermark=high_watermark)
     return SimpleNamespace(catalog=SimpleNamespace(by_name=lambda name: served if name == TOPIC else None),
                            tier=SimpleNamespace(ready=lambda tp: ready, partition=partition),
-                           allowed=lambda client, op, names: set(names))
+                           allowed=lambda client, op, names: set(names), authorizer=None)
 
 
 def _answer(ready: bool, asked: dict[int, int], broker: dict[int, tuple[int, int, int]],

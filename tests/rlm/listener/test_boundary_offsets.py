@@ -48,7 +48,7 @@ def _ctx(ready: bool = True, end: int = TIER_END) -> Any:
     tier = SimpleNamespace(ready=lambda tp: ready, partition=partition, offset_for_timestamp=offset_for_timestamp)
     return SimpleNamespace(catalog=SimpleNamespace(by_name=lambda name: served if name == TOPIC else None),
                            tier=tier, partition_tier=lambda tp, api: partition(tp),
-                           allowed=lambda client, op, names: set(names))
+                           allowed=lambda client, op, names: set(names), authorizer=None)
 
 
 def _request(asked: dict[int, int]) -> Any:
