@@ -148,7 +148,8 @@ one) with py-spy sampling the sidecar (``--nonblocking`` unless ``--py-spy-block
 FILE.history.txt and a summary printed (shares by thread, frames on the stack and at its top). py-spy samples
 threads that wait to be scheduled or sit in a system call as busy; ``--perf FILE`` samples CPU time only (Linux
 ``perf record -g`` on the sidecar during one more history read, and N-partition one): the shares by thread and by
-shared object and symbol (the interpreter, CRC, ``memmove``, the kernel's socket copies), FILE.history.data. The
+shared object and symbol (the interpreter, CRC, ``memmove``, the kernel's socket copies), FILE.history.data. With
+``--live-only`` both sample one more live read instead, by each ``--client`` (FILE.live[-java].txt / .data). The
 per-thread CPU of each proxied read also gives the loop's and the workers' system (kernel) seconds apart
 (``loop sys``, ``workers sys``).
 ``--profile FILE``: afterwards one more live read and one more history read, each through a listener alone
@@ -705,22 +706,24 @@ def profile_reads(kc, raw: dict, work: Path, records: int, out: Path,  # noqa: A
 
 
 def spy_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, list[int]]], out: Path, *,
-              blocking: bool = False, rate: int = 250) -> None:
+              blocking: bool = False, rate: int = 250, clients: list[str] | None = None) -> None:
     """One more read of each of ``reads`` ((label, bootstrap, topic, records per partition)) with ``py-spy``
     sampling the sidecar (``serve_pid``) ``rate`` times a second meanwhile; the raw stacks to ``out``.LABEL.txt, and
     the sampled frames printed: each thread's share of the samples, then per thread the frames most often on the
     stack and at its top. Not ``blocking`` (``--nonblocking``): the process is not stopped to be sampled, so it runs
     at about its unsampled speed, but a thread waiting to run (a loaded machine) or in a system call counts as
-    busy; ``blocking``: stopped at each sample, idle threads told apart (a slower read, truer shares)."""
+    busy; ``blocking``: stopped at each sample, idle threads told apart (a slower read, truer shares). Each read by
+    each of ``clients`` (librdkafka's alone by default; another's samples to ``out``.LABEL-CLIENT.txt)."""
     spy = Path(sys.executable).with_name("py-spy")
-    for label, boot, topic, counts in reads:
+    for (label, boot, topic, counts), client in itertools.product(reads, clients or ["librdkafka"]):
+        label = label if client == "librdkafka" else f"{label}-{client}"
         path = out.with_name(f"{out.name}.{label}.txt")
         proc = subprocess.Popen([str(spy), "record", "--pid", str(serve_pid), "--threads", "--rate", str(rate),
                                  *([] if blocking else ["--nonblocking"]), "--format", "raw", "-o", str(path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attached
         try:
-            r = read(boot, topic, counts, serve_pid, broker_pid)
+            r = read(boot, topic, counts, serve_pid, broker_pid, client)
         finally:
             proc.send_signal(signal.SIGINT)  # py-spy writes what it sampled on SIGINT
             proc.wait(60)
@@ -729,18 +732,21 @@ def spy_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, 
         print(spy_summary(path), file=sys.stderr)
 
 
-def perf_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, list[int]]], out: Path) -> None:
-    """One more read of each of ``reads`` with Linux ``perf record`` sampling the sidecar's CPU (``-g``, every
-    thread): what py-spy cannot tell, where its CPU time goes in C and in the kernel (the interpreter, ``memcpy``,
-    CRC, the socket's copies, page faults), and nothing while a thread waits or is not scheduled. The samples to
-    ``out``.LABEL.data; printed, by thread (comm) and by symbol (self time)."""
-    for label, boot, topic, counts in reads:
+def perf_reads(serve_pid: int, broker_pid: int, reads: list[tuple[str, str, str, list[int]]], out: Path,
+               clients: list[str] | None = None) -> None:
+    """One more read of each of ``reads`` (by each of ``clients``, librdkafka's alone by default) with Linux ``perf
+    record`` sampling the sidecar's CPU (``-g``, every thread): what py-spy cannot tell, where its CPU time goes in C
+    and in the kernel (the interpreter, ``memcpy``, CRC, the socket's copies, page faults), and nothing while a thread
+    waits or is not scheduled. The samples to ``out``.LABEL[-java].data; printed, by thread (comm) and by symbol
+    (self time)."""
+    for (label, boot, topic, counts), client in itertools.product(reads, clients or ["librdkafka"]):
+        label = label if client == "librdkafka" else f"{label}-{client}"
         path = out.with_name(f"{out.name}.{label}.data")
         proc = subprocess.Popen(["perf", "record", "-g", "-F", "499", "-p", str(serve_pid), "-o", str(path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # perf attached
         try:
-            r = read(boot, topic, counts, serve_pid, broker_pid)
+            r = read(boot, topic, counts, serve_pid, broker_pid, client)
         finally:
             proc.send_signal(signal.SIGINT)  # perf writes what it sampled on SIGINT
             proc.wait(60)
@@ -821,12 +827,14 @@ def main() -> None:
                          "thread): FILE.live, FILE.history")
     ap.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
                     help="afterwards, one more history read (and N-partition one) through the proxy with py-spy "
-                         "sampling the sidecar: FILE.history.txt (raw stacks), summary printed")
+                         "sampling the sidecar: FILE.history.txt (raw stacks), summary printed; with --live-only "
+                         "one more live read by each --client: FILE.live[-java].txt")
     ap.add_argument("--py-spy-blocking", action="store_true",
                     help="py-spy stops the sidecar at each sample (true shares, slower reads); --py-spy-rate N")
     ap.add_argument("--perf", type=Path, default=None, metavar="FILE",
                     help="afterwards, one more history read (and N-partition one) through the proxy with Linux "
-                         "perf sampling the sidecar's CPU (C and kernel symbols): FILE.history.data, summary printed")
+                         "perf sampling the sidecar's CPU (C and kernel symbols): FILE.history.data, summary printed; "
+                         "with --live-only one more live read by each --client: FILE.live[-java].data")
     ap.add_argument("--py-spy-rate", type=int, default=250, help="py-spy's samples per second")
     ap.add_argument("--partitions", type=int, default=1,
                     help="N > 1: also the history rows with --gib spread over a topic of N partitions each side")
@@ -856,10 +864,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.latency_only and (args.history_only or args.partitions > 1 or args.profile or args.py_spy or args.perf):
         ap.error("--latency-only reads nothing: not with --history-only, --partitions, --profile, --py-spy, --perf")
-    if args.live_only and (args.history_only or args.latency_only or args.partitions > 1 or args.profile or args.py_spy
-                           or args.perf):
+    if args.live_only and (args.history_only or args.latency_only or args.partitions > 1 or args.profile):
         ap.error("--live-only reads the live topic alone: not with --history-only, --latency-only, --partitions, "
-                 "--profile, --py-spy, --perf")
+                 "--profile")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the broker and rlm serve too (finally)
     consumer_settings = {**DEFAULT_CONSUMER_SETTINGS,
                          **{k: json.loads(v) for k, _, v in (x.partition("=") for x in args.consumer_setting)}}
@@ -1020,11 +1027,16 @@ def main() -> None:
                 lat, caveats = latency(proxy, kc.bootstrap_servers, args.latency_rate, args.latency_seconds,
                                        (serve.pid, broker_pid), ops_port, args.latency_warm_up)
             load.append(os.getloadavg())
-            if args.py_spy:
+            if args.py_spy and args.live_only:  # the live read through the proxy, by each client
+                spy_reads(serve.pid, broker_pid, [("live", proxy, LIVE, one)], args.py_spy,
+                          blocking=args.py_spy_blocking, rate=args.py_spy_rate, clients=clients)
+            elif args.py_spy:
                 spy_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
                     [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.py_spy,
                           blocking=args.py_spy_blocking, rate=args.py_spy_rate)
-            if args.perf:
+            if args.perf and args.live_only:  # the live read through the proxy, by each client
+                perf_reads(serve.pid, broker_pid, [("live", proxy, LIVE, one)], args.perf, clients)
+            elif args.perf:
                 perf_reads(serve.pid, broker_pid, [("history", proxy, HISTORY, one)] + (
                     [("history-n", proxy, HISTORY_N, records_n)] if many else []), args.perf)
             if args.profile:
