@@ -96,7 +96,12 @@ def context(world: object, tps: list[object]) -> object:
     topic = ServedTopic(tps[0].topic, tps[0].topic_id, tuple(tp.partition for tp in tps))  # type: ignore[attr-defined]
     catalog = SimpleNamespace(by_name=lambda n: topic if n == topic.name else None,
                               by_id=lambda i: topic if i == topic.topic_id else None)
-    authorizer = SimpleNamespace(allowed=lambda _p, _h, _op, names: set(names))
+    from rlm.listener.authz import Unavailable
+
+    # the proxy's host check (rlm.listener.upstream.hosts) reads the ACL view: a cluster without an authorizer
+    acls = SimpleNamespace(generation=0, unchanged_since=lambda _g: True,
+                           current=lambda: Unavailable("no_authorizer", "the bench's cluster has no authorizer"))
+    authorizer = SimpleNamespace(allowed=lambda _p, _h, _op, names: set(names), cache=acls)
     return TierContext(catalog, TierView(world.reader, ttl_s=1.0), authorizer)  # type: ignore[arg-type,attr-defined]
 
 
